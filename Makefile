@@ -1,0 +1,43 @@
+# Two entry points for a newcomer: `make demo` and `make test`. Both bootstrap .venv (the pinned torch from
+# pyproject.toml) and the CMake build, and reuse them on the next run.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD := build
+TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
+
+.PHONY: demo test build venv cpp-test py-test bench clean
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)" numpy pytest matplotlib tqdm ninja "cmake>=3.25" scikit-build-core
+	@# The source tree's package is importable from the venv (the build drops _C and libshardtensor into it).
+	echo "$(CURDIR)/python" > $$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/shardtensor-dev.pth
+	touch $@
+
+build: venv
+	@if [ ! -f $(BUILD)/build.ninja ]; then \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(CURDIR)/$(PY) ; fi
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(BUILD)
+
+demo: build
+	$(PY) examples/python/demo.py
+
+cpp-test: build
+	cd $(BUILD) && ctest --output-on-failure
+
+py-test: build
+	$(PY) -m pytest -q tests/python
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure
+	$(PY) -m pytest -q tests/python
+
+bench: build
+	$(PY) benchmarks/dispatch_overhead/bench.py
+
+clean:
+	rm -rf $(BUILD) python/shardtensor/_C*.so python/shardtensor/lib

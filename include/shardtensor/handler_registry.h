@@ -1,0 +1,26 @@
+// Extending ShardTensor: register a domain-parallel handler for an operator (aten or a custom op).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <functional>
+#include <string>
+
+namespace shardtensor {
+
+// A boxed handler: receives the operator and the stack holding its arguments (ShardTensors, plain tensors,
+// scalars) and must leave the operator's returns on the stack. It runs below autograd.
+using BoxedHandler = std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack)>;
+
+// Register (or replace) the handler of `op_name` ("aten::add.Tensor", "mylib::knn"; "aten::add" is the
+// overload-less name). Ops not registered at load (custom ops) are bound to the ShardTensor key now.
+void register_handler(const std::string& op_name, BoxedHandler handler);
+
+// True when `op_name` has a domain-parallel rule (built-in or registered).
+bool has_handler(const std::string& op_name);
+
+// Names of every op with a rule, for the supported-ops table.
+std::vector<std::string> registered_handlers();
+
+} // namespace shardtensor

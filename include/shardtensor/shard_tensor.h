@@ -1,0 +1,88 @@
+// The ShardTensor type and the user-facing operations on it.
+#pragma once
+
+#include <shardtensor/spec.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <optional>
+#include <string>
+
+namespace shardtensor {
+
+// The dispatch key ShardTensors carry. One constant so it can move to PrivateUse3 if a vendor plugin owns
+// PrivateUse1 in the same process.
+constexpr c10::DispatchKey kShardKey = c10::DispatchKey::PrivateUse1;
+constexpr c10::DispatchKey kShardAutogradKey = c10::DispatchKey::AutogradPrivateUse1;
+
+// A TensorImpl that holds this rank's local tensor and the spec. sizes() are global, device() is the local
+// device, storage access throws.
+class ShardTensorImpl final : public c10::TensorImpl {
+ public:
+  ShardTensorImpl(at::Tensor local, SpecPtr spec);
+
+  const at::Tensor& local() const { return local_; }
+  const SpecPtr& spec() const { return spec_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+  void release_resources() override;
+
+  // Replace the local tensor and spec in place (used by in-place ops that change nothing visible globally).
+  void set_local(at::Tensor local);
+
+ private:
+  template <typename VersionCounter>
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach_core(
+      VersionCounter&& version_counter, bool allow_tensor_metadata_change) const;
+  void refresh_metadata();
+  const char* tensorimpl_type_name() const override { return "ShardTensorImpl"; }
+
+  at::Tensor local_;
+  SpecPtr spec_;
+};
+
+bool is_shard_tensor(const at::Tensor& t);
+// nullptr for plain tensors.
+ShardTensorImpl* shard_impl(const at::Tensor& t);
+// Throws TypeError-like c10::TypeError for plain tensors.
+ShardTensorImpl& checked_shard_impl(const at::Tensor& t, const char* what);
+
+// Wrap without autograd (the local must not require grad). Checks local shape against the spec.
+at::Tensor make_shard_tensor(at::Tensor local, SpecPtr spec);
+
+// ---- The public API (differentiable where it says so) ----
+
+// How from_local learns the extents of sharded dims.
+enum class ShapeInference { Infer, Even, Explicit };
+
+// Differentiable. `Infer`: one small all-gather of extents per sharded mesh dim. `Even`: default split of
+// `global_shape` (required). `Explicit`: `sharding_shapes` gives the extents.
+at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
+                      ShapeInference mode = ShapeInference::Infer,
+                      const ShardingShapes& sharding_shapes = {},
+                      std::optional<std::vector<int64_t>> global_shape = std::nullopt);
+// Differentiable; the gradient is rewrapped with the input's spec (Partial taken as Replicate).
+at::Tensor to_local(const at::Tensor& shard);
+// Differentiable; a collective. The incoming gradient is taken as replicated.
+at::Tensor full_tensor(const at::Tensor& shard);
+// Differentiable; target extents default to the default split (or the current ones where unchanged).
+at::Tensor redistribute(const at::Tensor& shard, Placements placements,
+                        const ShardingShapes& sharding_shapes = {});
+// Every rank holds the same full tensor; each keeps its slice. Differentiable.
+at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements,
+                             const ShardingShapes& sharding_shapes = {});
+// `full` is read on global rank `src` only (undefined elsewhere); a real scatter along each mesh dim.
+at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Placements placements,
+                          const ShardingShapes& sharding_shapes = {});
+
+// A summary of the local shard and the spec; never communicates.
+std::string shard_repr(const at::Tensor& shard);
+
+} // namespace shardtensor

@@ -1,0 +1,128 @@
+// shardtensor._C: the pybind11 bindings (torch's bundled pybind11; tensors cross via torch's caster).
+#include <shardtensor/comm_stats.h>
+#include <shardtensor/handler_registry.h>
+#include <shardtensor/shard_tensor.h>
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/python.h>
+
+namespace py = pybind11;
+using namespace shardtensor;
+
+namespace {
+
+// Placements cross as (kind, dim, op) tuples: kind 0 Replicate, 1 Shard, 2 Partial.
+Placements to_placements(const std::vector<std::tuple<int, int64_t, std::string>>& items) {
+  Placements out;
+  for (const auto& [kind, dim, op] : items) {
+    switch (kind) {
+      case 0: out.push_back(Placement::replicate()); break;
+      case 1: out.push_back(Placement::shard(dim)); break;
+      case 2: out.push_back(Placement::partial(reduce_op_from_string(op))); break;
+      default: TORCH_CHECK_VALUE(false, "unknown placement kind ", kind);
+    }
+  }
+  return out;
+}
+
+std::vector<std::tuple<int, int64_t, std::string>> from_placements(const Placements& p) {
+  std::vector<std::tuple<int, int64_t, std::string>> out;
+  for (const auto& x : p) {
+    out.emplace_back(x.is_replicate() ? 0 : x.is_shard() ? 1 : 2, x.is_shard() ? x.dim : -1,
+                     x.is_partial() ? to_string(x.op) : "");
+  }
+  return out;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ShardTensor C++ core";
+
+  py::class_<Mesh, std::shared_ptr<Mesh>>(m, "Mesh")
+      .def_static(
+          "from_group_names",
+          [](std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int64_t> coordinate,
+             std::vector<std::string> dim_names, const std::string& device_type, std::vector<int64_t> ranks) {
+            auto mesh = Mesh::from_group_names(std::move(shape), names, std::move(coordinate), std::move(dim_names),
+                                               c10::Device(device_type).type(), std::move(ranks));
+            return std::const_pointer_cast<Mesh>(mesh);
+          })
+      .def_property_readonly("shape", &Mesh::shape)
+      .def_property_readonly("coordinate", &Mesh::coordinates)
+      .def_property_readonly("dim_names", &Mesh::dim_names)
+      .def_property_readonly("ranks", &Mesh::ranks)
+      .def_property_readonly("id", &Mesh::id)
+      .def("__repr__", &Mesh::str);
+
+  m.def("is_shard_tensor", &is_shard_tensor);
+  m.def("placements", [](const at::Tensor& t) {
+    return from_placements(checked_shard_impl(t, "placements").spec()->placements);
+  });
+  m.def("mesh_of", [](const at::Tensor& t) {
+    return std::const_pointer_cast<Mesh>(checked_shard_impl(t, "device_mesh").spec()->mesh);
+  });
+  m.def("sharding_shapes", [](const at::Tensor& t) { return checked_shard_impl(t, "sharding_shapes").spec()->sharding_shapes(); });
+  m.def("local_shape", [](const at::Tensor& t) { return checked_shard_impl(t, "local_shape").spec()->local_shape; });
+  m.def("local_offsets", [](const at::Tensor& t) {
+    auto& spec = *checked_shard_impl(t, "offsets").spec();
+    std::vector<int64_t> out;
+    for (int64_t d = 0; d < spec.ndim(); ++d) out.push_back(spec.local_offset(d));
+    return out;
+  });
+  m.def("shard_repr", &shard_repr);
+
+  m.def(
+      "from_local",
+      [](const at::Tensor& local, const std::shared_ptr<Mesh>& mesh,
+         const std::vector<std::tuple<int, int64_t, std::string>>& placements, const std::string& mode,
+         const ShardingShapes& shapes, std::optional<std::vector<int64_t>> global_shape) {
+        auto inference = mode == "infer" ? ShapeInference::Infer : mode == "even" ? ShapeInference::Even
+                                                                                  : ShapeInference::Explicit;
+        return from_local(local, mesh, to_placements(placements), inference, shapes, std::move(global_shape));
+      },
+      py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("mode"), py::arg("sharding_shapes"),
+      py::arg("global_shape"), py::call_guard<py::gil_scoped_release>());
+  m.def("to_local", &to_local, py::call_guard<py::gil_scoped_release>());
+  m.def("full_tensor", &full_tensor, py::call_guard<py::gil_scoped_release>());
+  m.def("redistribute", [](const at::Tensor& t, const std::vector<std::tuple<int, int64_t, std::string>>& p,
+                           const ShardingShapes& shapes) { return redistribute(t, to_placements(p), shapes); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("distribute_tensor", [](const at::Tensor& t, const std::shared_ptr<Mesh>& mesh,
+                                const std::vector<std::tuple<int, int64_t, std::string>>& p,
+                                const ShardingShapes& shapes) { return distribute_tensor(t, mesh, to_placements(p), shapes); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("scatter_tensor", [](std::optional<at::Tensor> t, int64_t src, const std::shared_ptr<Mesh>& mesh,
+                             const std::vector<std::tuple<int, int64_t, std::string>>& p, const ShardingShapes& shapes) {
+    return scatter_tensor(t.value_or(at::Tensor()), src, mesh, to_placements(p), shapes);
+  }, py::call_guard<py::gil_scoped_release>());
+
+  m.def("register_handler", [](const std::string& name, py::function fn) {
+    // The Python handler receives the op's arguments and returns its result(s); it runs with the GIL.
+    auto holder = std::make_shared<py::object>(std::move(fn));
+    register_handler(name, [holder](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+      const auto n = op.schema().arguments().size();
+      py::gil_scoped_acquire gil;
+      py::tuple args(n);
+      for (size_t i = 0; i < n; ++i) args[i] = torch::jit::toPyObject((*stack)[stack->size() - n + i]);
+      torch::jit::drop(*stack, n);
+      py::object result = (*holder)(*args);
+      const auto& returns = op.schema().returns();
+      if (returns.size() == 1) {
+        torch::jit::push(*stack, torch::jit::toIValue(result, returns[0].type()));
+      } else {
+        auto tup = result.cast<py::tuple>();
+        for (size_t i = 0; i < returns.size(); ++i) torch::jit::push(*stack, torch::jit::toIValue(tup[i], returns[i].type()));
+      }
+    });
+  });
+  m.def("has_handler", &has_handler);
+  m.def("registered_handlers", &registered_handlers);
+
+  m.def("comm_stats", []() {
+    auto s = comm_stats();
+    return py::make_tuple(s.calls, s.bytes);
+  });
+  m.def("reset_comm_stats", &reset_comm_stats);
+}

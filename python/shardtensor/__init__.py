@@ -1,0 +1,257 @@
+"""ShardTensor: domain parallelism for PyTorch.
+
+One huge sample is split spatially across ranks; every rank holds a shard; ordinary ``torch`` code runs on
+the sharded tensor and gives the single-device result. The tensors you get are ordinary ``torch.Tensor``
+objects backed by a C++ ``ShardTensorImpl``; every op is handled in C++ (no Python on the per-op path).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from .mesh import as_cpp_mesh, device_mesh_of
+from .placement import Partial, Replicate, Shard, from_wire, normalize_placements, to_wire
+
+__all__ = [
+    "Shard", "Replicate", "Partial",
+    "scatter_tensor", "distribute_tensor", "from_local", "to_local", "full_tensor", "redistribute",
+    "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
+    "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter",
+]
+
+__version__ = "0.1.0"
+
+
+def _check(x, what: str):
+    if not isinstance(x, torch.Tensor) or not _C.is_shard_tensor(x):
+        raise TypeError(f"{what}: expected a ShardTensor, got {'a plain tensor' if isinstance(x, torch.Tensor) else type(x).__name__}; "
+                        "build one with shardtensor.from_local, distribute_tensor or scatter_tensor")
+
+
+def _shapes(sharding_shapes) -> dict:
+    return {int(k): [int(e) for e in v] for k, v in (sharding_shapes or {}).items()}
+
+
+def is_shard_tensor(x) -> bool:
+    """True if ``x`` is a ShardTensor."""
+    return isinstance(x, torch.Tensor) and _C.is_shard_tensor(x)
+
+
+def placements(x) -> tuple:
+    """The placements of ``x``, one per mesh dim."""
+    _check(x, "placements")
+    return from_wire(_C.placements(x))
+
+
+def device_mesh(x):
+    """The mesh of ``x`` (the DeviceMesh it was built with)."""
+    _check(x, "device_mesh")
+    return device_mesh_of(_C.mesh_of(x))
+
+
+def sharding_shapes(x) -> dict:
+    """``{mesh_dim: [extent on coordinate 0, 1, ...]}`` for every sharded mesh dim of ``x``."""
+    _check(x, "sharding_shapes")
+    return dict(_C.sharding_shapes(x))
+
+
+def local_offsets(x) -> tuple:
+    """The global index of this rank's first element along every tensor dim."""
+    _check(x, "local_offsets")
+    return tuple(_C.local_offsets(x))
+
+
+def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", global_shape=None) -> torch.Tensor:
+    """Wrap this rank's ``local`` tensor as a ShardTensor (differentiable).
+
+    ``sharding_shapes``: ``"infer"`` (one small all-gather of local shapes per sharded mesh dim), ``"even"``
+    (the default split of ``global_shape``, which is then required; no communication) or an explicit
+    ``{mesh_dim: [extent_of_coordinate_0, ...]}``.
+    """
+    cpp = as_cpp_mesh(mesh)
+    pl = normalize_placements(placements, len(cpp.shape))
+    if isinstance(sharding_shapes, str):
+        if sharding_shapes not in ("infer", "even"):
+            raise ValueError(f"sharding_shapes must be 'infer', 'even' or a dict, got {sharding_shapes!r}")
+        mode, shapes = sharding_shapes, {}
+    else:
+        mode, shapes = "explicit", _shapes(sharding_shapes)
+    gs = None if global_shape is None else [int(s) for s in global_shape]
+    return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs)
+
+
+def to_local(x) -> torch.Tensor:
+    """This rank's local tensor (differentiable; its gradient is rewrapped with ``x``'s layout)."""
+    _check(x, "to_local")
+    return _C.to_local(x)
+
+
+def full_tensor(x) -> torch.Tensor:
+    """The whole global tensor on every rank (a collective; differentiable)."""
+    _check(x, "full_tensor")
+    return _C.full_tensor(x)
+
+
+def redistribute(x, placements, sharding_shapes=None) -> torch.Tensor:
+    """``x`` with new placements (collectives only along mesh dims that change; differentiable)."""
+    _check(x, "redistribute")
+    pl = normalize_placements(placements, len(_C.mesh_of(x).shape))
+    return _C.redistribute(x, to_wire(pl), _shapes(sharding_shapes))
+
+
+def distribute_tensor(tensor: torch.Tensor, mesh, placements, sharding_shapes=None) -> torch.Tensor:
+    """Every rank holds the same full ``tensor``; each keeps its slice (differentiable)."""
+    cpp = as_cpp_mesh(mesh)
+    pl = normalize_placements(placements, len(cpp.shape))
+    return _C.distribute_tensor(tensor, cpp, to_wire(pl), _shapes(sharding_shapes))
+
+
+def scatter_tensor(tensor: Optional[torch.Tensor], src: int, mesh, placements, sharding_shapes=None,
+                   requires_grad: bool = False) -> torch.Tensor:
+    """Scatter ``tensor`` from global rank ``src``; other ranks may pass ``None`` (shape and dtype travel
+    with the data). Each rank receives only its own shard."""
+    cpp = as_cpp_mesh(mesh)
+    pl = normalize_placements(placements, len(cpp.shape))
+    out = _C.scatter_tensor(tensor, int(src), cpp, to_wire(pl), _shapes(sharding_shapes))
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def sync_module(module: torch.nn.Module, mesh, src_rank: Optional[int] = None) -> torch.nn.Module:
+    """Broadcast every plain parameter and buffer of ``module`` over the mesh from ``src_rank`` (default: the
+    mesh's first rank), so all domain ranks start from the same weights. ShardTensor parameters are skipped."""
+    if hasattr(mesh, "get_group"):
+        groups = [mesh.get_group(i) for i in range(mesh.ndim)]
+        ranks = mesh.mesh.flatten().tolist()
+    else:
+        raise TypeError("sync_module: pass the torch DeviceMesh")
+    src = ranks[0] if src_rank is None else int(src_rank)
+    coord_src = mesh.mesh.flatten().tolist().index(src)
+    shape = list(mesh.mesh.shape)
+    src_coord = []
+    rest = coord_src
+    for s in reversed(shape):
+        src_coord.append(rest % s)
+        rest //= s
+    src_coord.reverse()
+    me = mesh.get_coordinate()
+    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if not is_shard_tensor(t)]
+    with torch.no_grad():
+        # Along each mesh dim in turn, from the line that already holds src's values.
+        for d in reversed(range(len(shape))):
+            if any(me[k] != src_coord[k] for k in range(d)):
+                continue
+            group = groups[d]
+            root = dist.get_global_rank(group, src_coord[d])
+            for t in tensors:
+                dist.broadcast(t.data, src=root, group=group)
+    return module
+
+
+def register_handler(op, fn) -> None:
+    """Register a domain-parallel handler for an aten op or a ``torch.library`` custom op.
+
+    ``op`` is an ``OpOverload`` (``torch.ops.aten.add.Tensor``) or a name (``"aten::add.Tensor"``). ``fn``
+    receives the op's arguments (ShardTensors, plain tensors, scalars) and returns its result(s); it runs below
+    autograd, so it should work on ``to_local()`` values and wrap results with ``from_local``.
+    """
+    name = op if isinstance(op, str) else op.name() if hasattr(op, "name") else str(op)
+    if "::" not in name:
+        name = "aten::" + name
+    _C.register_handler(name, fn)
+
+
+def init_distributed(backend: Optional[str] = None):
+    """``init_process_group`` from torchrun's environment: NCCL (with Gloo for CPU tensors) when CUDA is
+    available, else Gloo. Returns (rank, world_size)."""
+    if not dist.is_initialized():
+        if backend is None:
+            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def comm_stats() -> dict:
+    """Collectives issued by this process so far: ``{"calls": {kind: n}, "bytes": {kind: n}}``."""
+    calls, nbytes = _C.comm_stats()
+    return {"calls": dict(calls), "bytes": dict(nbytes)}
+
+
+def reset_comm_stats() -> None:
+    """Zero the communication counters."""
+    _C.reset_comm_stats()
+
+
+class CommCounter:
+    """Context manager counting the collectives issued inside it (like torch's CommDebugMode)::
+
+        with st.CommCounter() as c:
+            y = model(x)
+        print(c.calls, c.bytes)
+    """
+
+    def __enter__(self):
+        self._start = comm_stats()
+        return self
+
+    def __exit__(self, *exc):
+        end = comm_stats()
+        self.calls = {k: v - self._start["calls"].get(k, 0) for k, v in end["calls"].items()
+                      if v - self._start["calls"].get(k, 0)}
+        self.bytes = {k: v - self._start["bytes"].get(k, 0) for k, v in end["bytes"].items()
+                      if v - self._start["bytes"].get(k, 0)}
+        return False
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+
+# ---- torch.Tensor methods and properties for ShardTensors ----
+
+def _install_tensor_methods():
+    torch.Tensor.full_tensor = full_tensor
+    torch.Tensor.to_local = to_local
+    torch.Tensor.redistribute = redistribute
+    torch.Tensor.placements = property(placements)
+    torch.Tensor.device_mesh = property(device_mesh)
+    torch.Tensor.sharding_shapes = property(sharding_shapes)
+
+    original_repr = torch.Tensor.__repr__
+
+    def __repr__(self, *args, **kwargs):
+        # Never communicates: printing on one rank must not hang the others.
+        if _C.is_shard_tensor(self):
+            return _C.shard_repr(self)
+        return original_repr(self, *args, **kwargs)
+
+    torch.Tensor.__repr__ = __repr__
+
+    original_reduce_ex = torch.Tensor.__reduce_ex__
+
+    def __reduce_ex__(self, protocol):
+        if _C.is_shard_tensor(self):
+            raise TypeError("a ShardTensor cannot be pickled or saved directly: save x.full_tensor() (the whole "
+                            "tensor, a collective) or x.to_local() with its placements and sharding_shapes")
+        return original_reduce_ex(self, protocol)
+
+    torch.Tensor.__reduce_ex__ = __reduce_ex__
+
+    original_deepcopy = torch.Tensor.__deepcopy__
+
+    def __deepcopy__(self, memo):
+        if _C.is_shard_tensor(self):
+            out = self.detach().clone().requires_grad_(self.requires_grad)
+            memo[id(self)] = out
+            return out
+        return original_deepcopy(self, memo)
+
+    torch.Tensor.__deepcopy__ = __deepcopy__
+
+
+_install_tensor_methods()

@@ -1,0 +1,251 @@
+// The differentiable public API: from_local, to_local, full_tensor, redistribute, distribute_tensor,
+// scatter_tensor. Each backward runs the adjoint placement transition.
+#include "comm/collectives.h"
+#include "comm/redistribute.h"
+#include "comm/spec_holder.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+namespace shardtensor {
+
+TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
+  m.class_<SpecHolder>("_SpecHolder");
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool needs_graph(const at::Tensor& t) {
+  return at::GradMode::is_enabled() && t.requires_grad();
+}
+
+// A gradient arriving for a ShardTensor with spec `spec`: ShardTensors are redistributed to the spec (with
+// Partial read as Replicate); a plain gradient is taken as the full replicated value.
+at::Tensor grad_to_spec(const at::Tensor& grad, const SpecPtr& spec) {
+  auto target = without_partial(spec);
+  if (is_shard_tensor(grad)) return redistribute_to(grad, target);
+  auto full_spec = ShardSpec::make(spec->mesh, Placements(spec->mesh->ndim(), Placement::replicate()),
+                                   spec->global_shape);
+  return redistribute_to(make_shard_tensor(grad, full_spec), target);
+}
+
+at::Tensor local_of(const at::Tensor& shard) {
+  return shard_impl(shard)->local();
+}
+
+struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, SpecPtr spec) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["spec"] = spec_ivalue(spec);
+    return make_shard_tensor(local.detach(), std::move(spec));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
+    return {local_of(grad_to_spec(grads[0], spec)), at::Tensor()};
+  }
+};
+
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard) {
+    ctx->set_materialize_grads(false);
+    auto& impl = *shard_impl(shard);
+    ctx->saved_data["spec"] = spec_ivalue(impl.spec());
+    return impl.local().detach();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor()};
+    auto spec = without_partial(spec_from_ivalue(ctx->saved_data["spec"]));
+    TORCH_CHECK(!is_shard_tensor(grads[0]), "to_local: the gradient of a local tensor must be a plain tensor");
+    return {make_shard_tensor(grads[0], spec)};
+  }
+};
+
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, SpecPtr dst) {
+    ctx->set_materialize_grads(false);
+    auto& impl = *shard_impl(shard);
+    ctx->saved_data["spec"] = spec_ivalue(impl.spec());
+    auto out = redistribute_to(shard, dst);
+    // Outputs of a custom Function must not be its inputs.
+    return out.is_same(shard) ? make_shard_tensor(impl.local(), impl.spec()) : out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return {grad_to_spec(grads[0], spec_from_ivalue(ctx->saved_data["spec"])), at::Tensor()};
+  }
+};
+
+} // namespace
+
+at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements, ShapeInference mode,
+                      const ShardingShapes& sharding_shapes, std::optional<std::vector<int64_t>> global_shape) {
+  TORCH_CHECK_TYPE(local.defined() && !is_shard_tensor(local),
+                   "from_local: expected a plain local tensor, got ", local.defined() ? "a ShardTensor" : "None");
+  TORCH_CHECK_VALUE(mesh, "from_local: mesh is null");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(placements.size()) == mesh->ndim(), "from_local: got ",
+                    placements.size(), " placements ", to_string(placements), " for a ", mesh->ndim(),
+                    "-d mesh");
+  const auto ndim = local.dim();
+  for (auto& p : placements) {
+    if (!p.is_shard()) continue;
+    if (p.dim < 0) p.dim += ndim;
+    TORCH_CHECK_VALUE(p.dim >= 0 && p.dim < ndim, "from_local: ", to_string(placements),
+                      " shards a dim out of range for a ", ndim, "-d local tensor");
+  }
+  std::vector<int64_t> global = local.sizes().vec();
+  ShardingShapes shapes;
+  switch (mode) {
+    case ShapeInference::Infer: {
+      // One small all-gather of the full local shape per sharded mesh dim; every rank sees every shape, so a
+      // mismatch raises on all ranks alike.
+      for (int64_t m = 0; m < mesh->ndim(); ++m) {
+        if (!placements[m].is_shard()) continue;
+        const auto d = placements[m].dim;
+        auto all = comm::all_gather_ints(local.sizes().vec(), *mesh, m);
+        std::vector<int64_t> ext;
+        for (size_t r = 0; r < all.size(); ++r) {
+          TORCH_CHECK_VALUE(static_cast<int64_t>(all[r].size()) == ndim, "from_local: rank ", r,
+                            " along mesh dim ", m, " has a ", all[r].size(), "-d local tensor, this rank ", ndim);
+          for (int64_t i = 0; i < ndim; ++i) {
+            TORCH_CHECK_VALUE(i == d || all[r][i] == all[0][i], "from_local: local shapes differ in unsharded dim ",
+                              i, " along mesh dim ", m, " (", all[0][i], " vs ", all[r][i], ") for placements ",
+                              to_string(placements));
+          }
+          ext.push_back(all[r][d]);
+        }
+        int64_t total = 0;
+        for (auto e : ext) total += e;
+        global[d] = total;
+        shapes[m] = std::move(ext);
+      }
+      break;
+    }
+    case ShapeInference::Even: {
+      TORCH_CHECK_VALUE(global_shape.has_value(), "from_local: sharding_shapes='even' needs global_shape");
+      global = *global_shape;
+      TORCH_CHECK_VALUE(static_cast<int64_t>(global.size()) == ndim, "from_local: global_shape has ",
+                        global.size(), " dims but the local tensor has ", ndim);
+      break;
+    }
+    case ShapeInference::Explicit: {
+      shapes = sharding_shapes;
+      for (int64_t m = 0; m < mesh->ndim(); ++m) {
+        if (!placements[m].is_shard()) continue;
+        auto it = shapes.find(m);
+        TORCH_CHECK_VALUE(it != shapes.end(), "from_local: explicit sharding_shapes lack mesh dim ", m, " (",
+                          placements[m].str(), ")");
+        int64_t total = 0;
+        for (auto e : it->second) total += e;
+        global[placements[m].dim] = total;
+      }
+      if (global_shape) {
+        TORCH_CHECK_VALUE(*global_shape == global, "from_local: global_shape does not match the sharding shapes");
+      }
+      break;
+    }
+  }
+  auto spec = ShardSpec::make(mesh, placements, global, shapes);
+  TORCH_CHECK_VALUE(local.sizes() == c10::IntArrayRef(spec->local_shape), "from_local: local shape ",
+                    local.sizes(), " does not match the expected local shape for ", spec->str());
+  if (needs_graph(local)) return FromLocalFn::apply(local, spec);
+  return make_shard_tensor(local.detach(), spec);
+}
+
+at::Tensor to_local(const at::Tensor& shard) {
+  auto& impl = checked_shard_impl(shard, "to_local");
+  if (needs_graph(shard)) return ToLocalFn::apply(shard);
+  return impl.local();
+}
+
+at::Tensor redistribute(const at::Tensor& shard, Placements placements, const ShardingShapes& sharding_shapes) {
+  auto& impl = checked_shard_impl(shard, "redistribute");
+  for (const auto& p : placements) {
+    TORCH_CHECK_VALUE(!p.is_partial() || impl.spec()->placements.size() != placements.size() ||
+                          std::find(impl.spec()->placements.begin(), impl.spec()->placements.end(), p) !=
+                              impl.spec()->placements.end(),
+                      "redistribute: a Partial target ", to_string(placements),
+                      " is for internal use; redistribute to Replicate() or Shard(d)");
+  }
+  auto dst = redistribute_target_spec(*impl.spec(), placements, sharding_shapes);
+  if (needs_graph(shard)) return RedistributeFn::apply(shard, dst);
+  return redistribute_to(shard, dst);
+}
+
+at::Tensor full_tensor(const at::Tensor& shard) {
+  auto& impl = checked_shard_impl(shard, "full_tensor");
+  Placements rep(impl.spec()->mesh->ndim(), Placement::replicate());
+  return to_local(redistribute(shard, rep));
+}
+
+at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements,
+                             const ShardingShapes& sharding_shapes) {
+  TORCH_CHECK_VALUE(mesh, "distribute_tensor: mesh is null");
+  Placements rep(mesh->ndim(), Placement::replicate());
+  auto replicated = from_local(full, mesh, rep, ShapeInference::Even, {}, full.sizes().vec());
+  return redistribute(replicated, std::move(placements), sharding_shapes);
+}
+
+at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Placements placements,
+                          const ShardingShapes& sharding_shapes) {
+  TORCH_CHECK_VALUE(mesh, "scatter_tensor: mesh is null");
+  auto src_coord = mesh->coordinate_of(src);
+  TORCH_CHECK_VALUE(!src_coord.empty(), "scatter_tensor: src rank ", src, " is not in the mesh ", mesh->str());
+  const auto& me = mesh->coordinates();
+  const bool is_src = me == src_coord;
+  TORCH_CHECK_VALUE(!is_src || full.defined(), "scatter_tensor: the src rank must pass the tensor");
+  for (const auto& p : placements)
+    TORCH_CHECK_VALUE(!p.is_partial(), "scatter_tensor: Partial placements cannot be scattered; use Replicate()");
+  // Metadata (ndim, dtype, device kind, shape) travels from src along each mesh dim in turn.
+  constexpr int64_t kMaxDims = 16;
+  std::vector<int64_t> meta(kMaxDims + 2, 0);
+  if (is_src) {
+    TORCH_CHECK_VALUE(full.dim() <= kMaxDims, "scatter_tensor: at most ", kMaxDims, " dims");
+    meta[0] = full.dim();
+    meta[1] = static_cast<int64_t>(full.scalar_type());
+    for (int64_t i = 0; i < full.dim(); ++i) meta[2 + i] = full.size(i);
+  }
+  auto device = mesh->device_type() == c10::DeviceType::CUDA ? at::Device(at::kCUDA, at::Device(at::kCUDA).index())
+                                                             : at::Device(at::kCPU);
+  if (full.defined()) device = full.device();
+  // Metadata walks the mesh dims from last to first: at step m the ranks whose coords on dims < m equal
+  // src's receive it along dim m from the one that holds it.
+  auto meta_t = at::tensor(meta, at::kLong);
+  for (int64_t m = mesh->ndim() - 1; m >= 0; --m) {
+    bool take_part = true;
+    for (int64_t k = 0; k < m; ++k)
+      if (me[k] != src_coord[k]) take_part = false;
+    if (take_part) meta_t = comm::broadcast(device.is_cuda() ? meta_t.to(device) : meta_t, src_coord[m], *mesh, m).cpu();
+  }
+  auto mv = std::vector<int64_t>(meta_t.data_ptr<int64_t>(), meta_t.data_ptr<int64_t>() + meta_t.numel());
+  std::vector<int64_t> shape(mv.begin() + 2, mv.begin() + 2 + mv[0]);
+  auto dtype = static_cast<at::ScalarType>(mv[1]);
+  auto spec = ShardSpec::make(mesh, placements, shape, sharding_shapes);
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
+  // Data: for mesh dims from first to last, ranks whose coords on later dims equal src's hold a slab
+  // (the part of the tensor that their coords on earlier dims select) and pass it along dim m.
+  at::Tensor data = is_src ? full.contiguous() : at::Tensor();
+  std::vector<int64_t> cur_shape = shape;
+  for (int64_t m = 0; m < mesh->ndim(); ++m) {
+    bool take_part = true;
+    for (int64_t k = m + 1; k < mesh->ndim(); ++k)
+      if (me[k] != src_coord[k]) take_part = false;
+    const auto& p = spec->placements[m];
+    if (take_part) {
+      const bool holder = me[m] == src_coord[m];
+      if (p.is_shard()) {
+        data = comm::scatter_v(holder ? data : at::empty({0}, opts), src_coord[m], p.dim, spec->extents[m],
+                               cur_shape, opts, *mesh, m);
+      } else {
+        data = comm::broadcast(holder ? data : at::empty(cur_shape, opts), src_coord[m], *mesh, m);
+      }
+    }
+    if (p.is_shard()) cur_shape[p.dim] = spec->extents[m][me[m]];
+  }
+  return make_shard_tensor(data, spec);
+}
+
+} // namespace shardtensor

@@ -1,0 +1,311 @@
+#include "comm/collectives.h"
+
+#include "comm/comm_stats.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace shardtensor::comm {
+
+namespace {
+
+// Gloo lacks several collectives for CUDA tensors; stage those through host memory (correctness first).
+bool needs_host_staging(c10d::ProcessGroup& pg, const at::Tensor& t) {
+  if (!t.is_cuda()) return false;
+  try {
+    auto backend = pg.getBackend(c10::DeviceType::CUDA);
+    if (backend->getBackendName() == "nccl") return false;
+  } catch (const std::exception&) {
+  }
+  TORCH_WARN_ONCE("shardtensor: the process group has no NCCL backend for CUDA tensors; collectives are staged "
+                  "through host memory (correct, but slow). Use init_process_group('cpu:gloo,cuda:nccl') or "
+                  "'nccl' for CUDA tensors.");
+  return true;
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return c10d::ReduceOp::SUM;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+at::Tensor finish_avg(at::Tensor t, ReduceOp op, int64_t n) {
+  if (op != ReduceOp::Avg) return t;
+  if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) return t.div(n, "trunc");
+  return t.div_(n);
+}
+
+// Reduce a stack of N terms (dim 0) with the given op.
+at::Tensor reduce_terms(const at::Tensor& terms, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return terms.sum(0);
+    case ReduceOp::Avg:
+      return at::isIntegralType(terms.scalar_type(), true) ? terms.sum(0).div(terms.size(0), "trunc")
+                                                            : terms.mean(0);
+    case ReduceOp::Max: return std::get<0>(terms.max(0));
+    case ReduceOp::Min: return std::get<0>(terms.min(0));
+  }
+  return terms.sum(0);
+}
+
+// Element counts of `shape` with `dim` replaced by each extent.
+std::vector<int64_t> numel_per_extent(at::IntArrayRef shape, int64_t dim, const std::vector<int64_t>& extents) {
+  int64_t rest = 1;
+  for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i)
+    if (i != dim) rest *= shape[i];
+  std::vector<int64_t> out;
+  out.reserve(extents.size());
+  for (auto e : extents) out.push_back(e * rest);
+  return out;
+}
+
+// One flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
+// elements from rank j. Returns the received flat chunks in rank order.
+std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_pieces,
+                                        const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,
+                                        const Mesh& mesh, int64_t mesh_dim) {
+  auto& pg = *mesh.group(mesh_dim);
+  std::vector<at::Tensor> flat;
+  std::vector<int64_t> send_splits;
+  for (const auto& p : send_pieces) {
+    flat.push_back(p.reshape({-1}));
+    send_splits.push_back(p.numel());
+  }
+  auto input = at::cat(flat);
+  int64_t recv_total = 0;
+  for (auto n : recv_numels) recv_total += n;
+  const bool stage = needs_host_staging(pg, input);
+  auto in = stage ? input.cpu() : input;
+  auto out = at::empty({recv_total}, opts.device(in.device()));
+  auto recv_splits = recv_numels;
+  record_collective("all_to_all", in.numel() * in.element_size());
+  pg.alltoall_base(out, in, recv_splits, send_splits)->wait();
+  if (stage) out = out.to(input.device());
+  std::vector<at::Tensor> chunks;
+  int64_t off = 0;
+  for (auto n : recv_numels) {
+    chunks.push_back(out.narrow(0, off, n));
+    off += n;
+  }
+  return chunks;
+}
+
+} // namespace
+
+at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
+                        const Mesh& mesh, int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  if (n == 1) return local;
+  auto& pg = *mesh.group(mesh_dim);
+  int64_t max_extent = 0;
+  bool even = true;
+  for (auto e : extents) {
+    max_extent = std::max(max_extent, e);
+    even = even && e == extents[0];
+  }
+  // Gloo's allgather needs equal sizes: pad along `dim` to the largest extent, trim after.
+  auto padded_shape = local.sizes().vec();
+  padded_shape[dim] = max_extent;
+  at::Tensor input = local.contiguous();
+  if (!even && local.size(dim) != max_extent) {
+    input = at::zeros(padded_shape, local.options());
+    input.narrow(dim, 0, local.size(dim)).copy_(local);
+  }
+  const bool stage = needs_host_staging(pg, input);
+  if (stage) input = input.cpu();
+  std::vector<at::Tensor> outputs;
+  for (int64_t i = 0; i < n; ++i) outputs.push_back(at::empty(padded_shape, input.options()));
+  std::vector<std::vector<at::Tensor>> out_lists{outputs};
+  std::vector<at::Tensor> in_list{input};
+  record_collective("all_gather", input.numel() * input.element_size() * n);
+  pg.allgather(out_lists, in_list)->wait();
+  std::vector<at::Tensor> pieces;
+  for (int64_t i = 0; i < n; ++i) {
+    auto piece = out_lists[0][i];
+    pieces.push_back(even ? piece : piece.narrow(dim, 0, extents[i]));
+  }
+  auto full = at::cat(pieces, dim);
+  return stage ? full.to(local.device()) : full;
+}
+
+at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  if (n == 1) return local.clone();
+  auto& pg = *mesh.group(mesh_dim);
+  const bool stage = needs_host_staging(pg, local);
+  auto t = stage ? local.cpu() : local.clone(at::MemoryFormat::Contiguous);
+  if (stage) t = t.contiguous();
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  record_collective("all_reduce", t.numel() * t.element_size());
+  pg.allreduce(ts, opts)->wait();
+  t = finish_avg(t, op, n);
+  return stage ? t.to(local.device()) : t;
+}
+
+at::Tensor reduce_scatter_v(const at::Tensor& local, ReduceOp op, int64_t dim, const std::vector<int64_t>& extents,
+                            const Mesh& mesh, int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  if (n == 1) return local.clone();
+  // Send chunk j to rank j, receive every rank's term of my chunk, reduce locally. Works on every backend
+  // with uneven chunks and moves exactly the reduce-scatter volume.
+  std::vector<at::Tensor> send;
+  int64_t off = 0;
+  for (auto e : extents) {
+    send.push_back(local.narrow(dim, off, e));
+    off += e;
+  }
+  const auto me = mesh.coordinate(mesh_dim);
+  auto my_shape = local.sizes().vec();
+  my_shape[dim] = extents[me];
+  int64_t my_numel = 1;
+  for (auto s : my_shape) my_numel *= s;
+  auto chunks = flat_all_to_all(send, std::vector<int64_t>(n, my_numel), local.options(), mesh, mesh_dim);
+  std::vector<at::Tensor> terms;
+  for (auto& c : chunks) terms.push_back(c.view(my_shape));
+  return reduce_terms(at::stack(terms), op);
+}
+
+at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vector<int64_t>& src_extents,
+                        int64_t dst_dim, const std::vector<int64_t>& dst_extents, const Mesh& mesh,
+                        int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  const auto me = mesh.coordinate(mesh_dim);
+  if (n == 1) return local;
+  std::vector<at::Tensor> send;
+  std::vector<int64_t> recv_numels;
+  std::vector<std::vector<int64_t>> recv_shapes;
+  if (src_dim != dst_dim) {
+    int64_t off = 0;
+    for (auto e : dst_extents) {
+      send.push_back(local.narrow(dst_dim, off, e));
+      off += e;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      auto shape = local.sizes().vec();
+      shape[src_dim] = src_extents[i];
+      shape[dst_dim] = dst_extents[me];
+      recv_shapes.push_back(shape);
+    }
+  } else {
+    // Same dim, new extents: send the overlap of my source range with each target range.
+    auto src_off = [&](int64_t r) {
+      int64_t o = 0;
+      for (int64_t i = 0; i < r; ++i) o += src_extents[i];
+      return o;
+    };
+    auto dst_off = [&](int64_t r) {
+      int64_t o = 0;
+      for (int64_t i = 0; i < r; ++i) o += dst_extents[i];
+      return o;
+    };
+    auto overlap = [](int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+      return std::pair<int64_t, int64_t>{std::max(a0, b0), std::max(std::max(a0, b0), std::min(a1, b1))};
+    };
+    const auto my_src0 = src_off(me), my_src1 = my_src0 + src_extents[me];
+    const auto my_dst0 = dst_off(me), my_dst1 = my_dst0 + dst_extents[me];
+    for (int64_t j = 0; j < n; ++j) {
+      auto [lo, hi] = overlap(my_src0, my_src1, dst_off(j), dst_off(j) + dst_extents[j]);
+      send.push_back(local.narrow(src_dim, lo - my_src0, hi - lo));
+      auto [rlo, rhi] = overlap(src_off(j), src_off(j) + src_extents[j], my_dst0, my_dst1);
+      auto shape = local.sizes().vec();
+      shape[src_dim] = rhi - rlo;
+      recv_shapes.push_back(shape);
+    }
+  }
+  for (auto& s : recv_shapes) {
+    int64_t k = 1;
+    for (auto v : s) k *= v;
+    recv_numels.push_back(k);
+  }
+  auto chunks = flat_all_to_all(send, recv_numels, local.options(), mesh, mesh_dim);
+  std::vector<at::Tensor> pieces;
+  for (int64_t i = 0; i < n; ++i) pieces.push_back(chunks[i].view(recv_shapes[i]));
+  return at::cat(pieces, src_dim);
+}
+
+at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, int64_t mesh_dim) {
+  if (mesh.size(mesh_dim) == 1) return tensor;
+  auto& pg = *mesh.group(mesh_dim);
+  const bool stage = needs_host_staging(pg, tensor);
+  auto t = stage ? tensor.cpu() : tensor.contiguous();
+  if (mesh.coordinate(mesh_dim) == root && !stage) t = t.clone();
+  std::vector<at::Tensor> ts{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  record_collective("broadcast", t.numel() * t.element_size());
+  pg.broadcast(ts, opts)->wait();
+  return stage ? t.to(tensor.device()) : t;
+}
+
+at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const std::vector<int64_t>& extents,
+                     const std::vector<int64_t>& full_shape, const at::TensorOptions& options, const Mesh& mesh,
+                     int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  const auto me = mesh.coordinate(mesh_dim);
+  if (n == 1) return full;
+  auto& pg = *mesh.group(mesh_dim);
+  // c10d scatter needs equal sizes: pad every chunk to the largest extent, trim after.
+  int64_t max_extent = 0;
+  for (auto e : extents) max_extent = std::max(max_extent, e);
+  auto padded_shape = full_shape;
+  padded_shape[dim] = max_extent;
+  auto opts = me == root ? full.options() : options;
+  const bool stage = needs_host_staging(pg, at::empty({0}, opts));
+  auto host_opts = stage ? opts.device(at::kCPU) : opts;
+  auto out = at::empty(padded_shape, host_opts);
+  std::vector<at::Tensor> outputs{out};
+  std::vector<std::vector<at::Tensor>> inputs;
+  if (me == root) {
+    std::vector<at::Tensor> chunks;
+    int64_t off = 0;
+    for (auto e : extents) {
+      auto chunk = at::zeros(padded_shape, host_opts);
+      chunk.narrow(dim, 0, e).copy_(full.narrow(dim, off, e));
+      chunks.push_back(chunk);
+      off += e;
+    }
+    inputs.push_back(chunks);
+  }
+  c10d::ScatterOptions so;
+  so.rootRank = root;
+  record_collective("scatter", me == root ? out.numel() * out.element_size() * n : 0);
+  pg.scatter(outputs, inputs, so)->wait();
+  auto mine = out.narrow(dim, 0, extents[me]).clone();
+  return stage ? mine.to(opts.device()) : mine;
+}
+
+std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
+                                                  int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  auto local = at::tensor(values, at::TensorOptions().dtype(at::kLong));
+  if (n == 1) return {values};
+  auto& pg = *mesh.group(mesh_dim);
+  // Small metadata: on a CUDA-only backend it must travel on the device.
+  bool cuda = false;
+  try {
+    cuda = pg.getBackend(c10::DeviceType::CPU) == nullptr;
+  } catch (const std::exception&) {
+    cuda = true;
+  }
+  at::Tensor in = cuda ? local.cuda() : local;
+  std::vector<at::Tensor> outs;
+  for (int64_t i = 0; i < n; ++i) outs.push_back(at::empty_like(in));
+  std::vector<std::vector<at::Tensor>> out_lists{outs};
+  std::vector<at::Tensor> in_list{in};
+  record_collective("all_gather", in.numel() * in.element_size() * n);
+  pg.allgather(out_lists, in_list)->wait();
+  std::vector<std::vector<int64_t>> result;
+  for (auto& t : out_lists[0]) {
+    auto c = t.cpu();
+    result.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  return result;
+}
+
+} // namespace shardtensor::comm

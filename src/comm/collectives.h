@@ -1,0 +1,44 @@
+// Collectives over one mesh dim's c10d process group, on plain local tensors. Uneven shapes everywhere.
+// Every function is a collective: all ranks of the mesh dim's group must call it, in the same order.
+#pragma once
+
+#include <shardtensor/mesh.h>
+#include <shardtensor/placement.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace shardtensor::comm {
+
+// Gather a tensor sharded along `dim` with `extents` (one per coordinate) into the full tensor.
+at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
+                        const Mesh& mesh, int64_t mesh_dim);
+
+// Reduce over the mesh dim; returns a new tensor.
+at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, int64_t mesh_dim);
+
+// Each rank holds a full-size term along `dim`; returns this rank's chunk (`extents`) of the reduction.
+at::Tensor reduce_scatter_v(const at::Tensor& local, ReduceOp op, int64_t dim,
+                            const std::vector<int64_t>& extents, const Mesh& mesh, int64_t mesh_dim);
+
+// Re-split: `local` is split along `src_dim` with `src_extents`; the result is split along `dst_dim` with
+// `dst_extents`. `src_dim == dst_dim` changes the extents of one dim.
+at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vector<int64_t>& src_extents,
+                        int64_t dst_dim, const std::vector<int64_t>& dst_extents, const Mesh& mesh,
+                        int64_t mesh_dim);
+
+// Broadcast from coordinate `root` along the mesh dim. Non-root ranks pass a tensor of the right shape.
+at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, int64_t mesh_dim);
+
+// Scatter from coordinate `root`: the root passes the full tensor (split along `dim` with `extents`),
+// others pass an empty tensor with the right dtype/device and `shape_template` as the full shape.
+at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const std::vector<int64_t>& extents,
+                     const std::vector<int64_t>& full_shape, const at::TensorOptions& options,
+                     const Mesh& mesh, int64_t mesh_dim);
+
+// All-gather of a small int64 vector (same length on every rank); result [size, n] row-major.
+std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
+                                                  int64_t mesh_dim);
+
+} // namespace shardtensor::comm

@@ -1,0 +1,23 @@
+// Placement transitions on local tensors (below autograd). The plan depends only on the two specs, so
+// every rank issues the same collectives in the same order.
+#pragma once
+
+#include <shardtensor/shard_tensor.h>
+
+namespace shardtensor {
+
+// The spec a tensor with spec `src` has after redistribution to `placements`: explicit sharding shapes
+// win, a Shard(d) kept on the same mesh dim keeps its extents, anything else uses the default split.
+SpecPtr redistribute_target_spec(const ShardSpec& src, const Placements& placements,
+                                 const ShardingShapes& sharding_shapes = {});
+
+// Move a local tensor from layout `src` to layout `dst` (same mesh, same global shape).
+at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& src, const ShardSpec& dst);
+
+// ShardTensor -> ShardTensor with spec `dst`; no autograd graph (used inside kernels and backward).
+at::Tensor redistribute_to(const at::Tensor& shard, const SpecPtr& dst);
+
+// `spec` with every Partial replaced by Replicate (the placement of a gradient of a Partial value).
+SpecPtr without_partial(const SpecPtr& spec);
+
+} // namespace shardtensor

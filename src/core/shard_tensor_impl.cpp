@@ -1,0 +1,112 @@
+// ShardTensorImpl: a storage-less TensorImpl on the shard dispatch key that wraps the local tensor.
+#include <shardtensor/shard_tensor.h>
+
+#include <ATen/ExpandUtils.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace shardtensor {
+
+ShardTensorImpl::ShardTensorImpl(at::Tensor local, SpecPtr spec)
+    // The base constructor adds AutogradPrivateUse1 and ADInplaceOrView from the backend key.
+    : c10::TensorImpl(c10::DispatchKeySet(kShardKey), local.dtype(), local.device()),
+      local_(std::move(local)),
+      spec_(std::move(spec)) {
+  TORCH_INTERNAL_ASSERT(local_.defined(), "ShardTensor: undefined local tensor");
+  TORCH_INTERNAL_ASSERT(!local_.requires_grad(), "ShardTensor: the local tensor must not carry autograd history");
+  TORCH_INTERNAL_ASSERT(!is_shard_tensor(local_), "ShardTensor: nested ShardTensors are not allowed");
+  TORCH_INTERNAL_ASSERT(local_.sizes() == c10::IntArrayRef(spec_->local_shape), "ShardTensor: local shape ",
+                        local_.sizes(), " does not match the spec: ", spec_->str());
+  set_storage_access_should_throw();
+  refresh_metadata();
+}
+
+void ShardTensorImpl::refresh_metadata() {
+  // Global sizes with dense strides in the local tensor's stride order, so autograd's layout contract
+  // (grad strides == param strides) holds without a dense global copy.
+  const auto& global = spec_->global_shape;
+  auto strides = at::infer_dense_strides(global, local_.strides());
+  sizes_and_strides_.set_sizes(global);
+  for (size_t i = 0; i < strides.size(); ++i) sizes_and_strides_.stride_at_unchecked(i) = strides[i];
+  refresh_numel();
+  refresh_contiguous();
+}
+
+void ShardTensorImpl::set_local(at::Tensor local) {
+  TORCH_INTERNAL_ASSERT(local.sizes() == local_.sizes() && local.dtype() == local_.dtype());
+  local_ = std::move(local);
+}
+
+template <typename VersionCounter>
+c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::shallow_copy_and_detach_core(
+    VersionCounter&& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<ShardTensorImpl>(local_, spec_);
+  copy_tensor_metadata(this, impl.get(), std::forward<VersionCounter>(version_counter),
+                       allow_tensor_metadata_change);
+  impl->refresh_numel();
+  impl->refresh_contiguous();
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  return shallow_copy_and_detach_core(version_counter, allow_tensor_metadata_change);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  return shallow_copy_and_detach_core(std::move(version_counter), allow_tensor_metadata_change);
+}
+
+void ShardTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<ShardTensorImpl*>(impl.get());
+  TORCH_CHECK_TYPE(other, "ShardTensor: cannot assign a plain tensor to a ShardTensor's .data; use "
+                          "shardtensor.from_local or distribute_tensor to build a ShardTensor");
+  copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
+  local_ = other->local_;
+  spec_ = other->spec_;
+  refresh_numel();
+  refresh_contiguous();
+}
+
+void ShardTensorImpl::release_resources() {
+  TensorImpl::release_resources();
+  local_.reset();
+  spec_.reset();
+}
+
+bool is_shard_tensor(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(kShardKey) &&
+      dynamic_cast<ShardTensorImpl*>(t.unsafeGetTensorImpl()) != nullptr;
+}
+
+ShardTensorImpl* shard_impl(const at::Tensor& t) {
+  if (!t.defined() || !t.key_set().has(kShardKey)) return nullptr;
+  return dynamic_cast<ShardTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+ShardTensorImpl& checked_shard_impl(const at::Tensor& t, const char* what) {
+  auto* impl = shard_impl(t);
+  TORCH_CHECK_TYPE(impl, what, ": expected a ShardTensor, got a plain tensor; wrap it first with "
+                   "shardtensor.from_local, distribute_tensor or scatter_tensor");
+  return *impl;
+}
+
+at::Tensor make_shard_tensor(at::Tensor local, SpecPtr spec) {
+  TORCH_INTERNAL_ASSERT(spec);
+  return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec));
+}
+
+std::string shard_repr(const at::Tensor& shard) {
+  auto& impl = checked_shard_impl(shard, "shard_repr");
+  std::ostringstream os;
+  const auto& l = impl.local();
+  os << "ShardTensor(" << impl.spec()->str() << ", local=" << l.dtype().name() << l.sizes() << " on "
+     << l.device();
+  if (shard.requires_grad()) os << ", requires_grad=True";
+  os << ")";
+  return os.str();
+}
+
+} // namespace shardtensor

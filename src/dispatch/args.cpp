@@ -1,0 +1,78 @@
+#include "dispatch/args.h"
+
+#include <sstream>
+
+namespace shardtensor::dispatch {
+
+const ShardTensorImpl* first_shard_arg(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  const ShardTensorImpl* found = nullptr;
+  for (const auto& v : op_args(op, stack)) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!found) found = shard_impl(t);
+    });
+    if (found) break;
+  }
+  return found;
+}
+
+MeshPtr common_mesh(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  MeshPtr mesh;
+  for (const auto& v : op_args(op, stack)) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      auto* impl = shard_impl(t);
+      if (!impl) return;
+      if (!mesh) {
+        mesh = impl->spec()->mesh;
+        return;
+      }
+      TORCH_CHECK_VALUE(mesh->same_as(*impl->spec()->mesh), "ShardTensor: ", qualified_name(op),
+                        " got ShardTensors on different meshes (", mesh->str(), " and ",
+                        impl->spec()->mesh->str(), "); redistribute them onto one mesh first");
+    });
+  }
+  TORCH_INTERNAL_ASSERT(mesh, "common_mesh: no ShardTensor argument for ", qualified_name(op));
+  return mesh;
+}
+
+std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  std::ostringstream os;
+  os << "(";
+  const auto& schema = op.schema();
+  auto args = op_args(op, stack);
+  bool first = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool any = false;
+    std::ostringstream one;
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (any) one << ", ";
+      any = true;
+      if (auto* impl = shard_impl(t)) {
+        one << to_string(impl->spec()->placements) << " global " << t.sizes();
+      } else {
+        one << "plain " << t.sizes();
+      }
+    });
+    if (!any) continue;
+    os << (first ? "" : ", ") << schema.arguments()[i].name() << ": " << one.str();
+    first = false;
+  }
+  os << ")";
+  return os.str();
+}
+
+SpecPtr replicate_spec(const MeshPtr& mesh, at::IntArrayRef shape) {
+  return ShardSpec::make(mesh, Placements(mesh->ndim(), Placement::replicate()), shape.vec());
+}
+
+at::Tensor as_shard(const at::Tensor& t, const MeshPtr& mesh) {
+  if (shard_impl(t)) return t;
+  return make_shard_tensor(t, replicate_spec(mesh, t.sizes()));
+}
+
+std::string qualified_name(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+} // namespace shardtensor::dispatch

@@ -1,0 +1,216 @@
+// Binds every aten operator (and registered custom ops) to the ShardTensor keys.
+//
+// PrivateUse1: one boxed kernel per op (a "slot") that runs the op's handler or raises NotImplementedError.
+// Per-op kernels are required: CompositeExplicitAutograd(NonFunctional) kernels win over a backend fallback
+// and would run dense global-size code on the wrapper.
+//
+// AutogradPrivateUse1: per op with an autograd formula, a kernel that promotes plain tensors requiring grad
+// to Replicate ShardTensors (so their gradient is reduced exactly once, by the promotion's backward) and
+// then runs the op's own autograd kernel.
+#include "dispatch/registry.h"
+
+#include "dispatch/args.h"
+#include "dispatch/promote.h"
+#include "ops/ops.h"
+
+#include <shardtensor/shard_tensor.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace shardtensor {
+namespace dispatch {
+
+namespace {
+
+struct Slot {
+  c10::OperatorName name;
+  BoxedHandler handler; // empty: no rule
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<c10::OperatorName, std::unique_ptr<Slot>> slots;
+  std::unordered_map<std::string, std::unique_ptr<torch::Library>> shard_libs;
+  std::unordered_map<std::string, std::unique_ptr<torch::Library>> autograd_libs;
+  bool installed = false;
+};
+
+Registry& registry() {
+  static auto* r = new Registry(); // never destroyed: kernels may run during interpreter shutdown
+  return *r;
+}
+
+struct SlotKernel final : c10::OperatorKernel {
+  explicit SlotKernel(Slot* s) : slot(s) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (!slot->handler) not_implemented(op, stack);
+    slot->handler(op, stack);
+  }
+  Slot* slot;
+};
+
+struct PromoteKernel final : c10::OperatorKernel {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    if (at::GradMode::is_enabled()) promote_plain_args(op, stack);
+    // Run the op's generated autograd kernel, which is also bound to AutogradOther.
+    auto next = (ks - c10::autograd_dispatch_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther);
+    op.redispatchBoxed(next, stack);
+  }
+};
+
+std::string qualified(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+torch::Library& library_for(std::unordered_map<std::string, std::unique_ptr<torch::Library>>& libs,
+                            const std::string& ns, c10::DispatchKey key) {
+  auto& lib = libs[ns];
+  if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+  return *lib;
+}
+
+// Bind one op to the shard key (and its autograd kernel where the op has a derivative formula).
+Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHandle& handle) {
+  auto it = r.slots.find(name);
+  if (it != r.slots.end()) return it->second.get();
+  auto slot = std::make_unique<Slot>(Slot{name, nullptr});
+  auto* raw = slot.get();
+  const auto sep = name.name.find("::");
+  const auto ns = name.name.substr(0, sep);
+  const auto local_name = qualified(name).substr(sep + 2);
+  library_for(r.shard_libs, ns, kShardKey)
+      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SlotKernel>(raw)));
+  if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) &&
+      !handle.hasKernelForDispatchKey(kShardAutogradKey)) {
+    library_for(r.autograd_libs, ns, kShardAutogradKey)
+        .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<PromoteKernel>()));
+  }
+  r.slots.emplace(name, std::move(slot));
+  return raw;
+}
+
+bool should_bind(const c10::OperatorHandle& h) {
+  // Composite-implicit ops must keep decomposing above the backend (binding them would drop their autograd).
+  return !h.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+      !h.hasKernelForDispatchKey(kShardKey);
+}
+
+c10::OperatorName parse_name(const std::string& full) {
+  auto dot = full.find('.', full.find("::"));
+  if (dot == std::string::npos) return {full, ""};
+  return {full.substr(0, dot), full.substr(dot + 1)};
+}
+
+void shard_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  not_implemented(op, stack);
+}
+
+} // namespace
+
+void install_dispatch() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.installed) return;
+  r.installed = true;
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& name : d.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto h = d.findOp(name);
+    if (!h || !should_bind(*h)) continue;
+    bind_op(r, name, *h);
+  }
+  static torch::Library fallback_lib(torch::Library::IMPL, "_", kShardKey, __FILE__, __LINE__);
+  fallback_lib.fallback(torch::CppFunction::makeFromBoxedFunction<&shard_fallback>());
+  static torch::Library autograd_fallback_lib(torch::Library::IMPL, "_", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_fallback_lib.fallback(torch::autograd::autogradNotImplementedFallback());
+}
+
+void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool strict) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.slots.find(name);
+  if (it == r.slots.end()) {
+    auto h = c10::Dispatcher::singleton().findOp(name);
+    TORCH_CHECK_VALUE(h.has_value(), "register_handler: no operator named '", qualified(name),
+                      "' is registered; define the op (torch.library) before registering its handler");
+    if (!strict && h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return;
+    TORCH_CHECK_NOT_IMPLEMENTED(!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
+                                "register_handler: '", qualified(name),
+                                "' is composite-implicit (it decomposes into other ops); register handlers "
+                                "for the ops it decomposes into instead");
+    bind_op(r, name, *h)->handler = std::move(handler);
+    return;
+  }
+  it->second->handler = std::move(handler);
+}
+
+void set_handler(const char* qualified_name, BoxedHandler handler) {
+  set_handler(parse_name(qualified_name), std::move(handler), /*strict=*/false);
+}
+
+void set_handler_all_overloads(const char* base_name, BoxedHandler handler) {
+  auto& d = c10::Dispatcher::singleton();
+  bool any = false;
+  for (const auto& name : d.getAllOpNames()) {
+    // out= overloads write into a caller's tensor and are handled by the op's own rule, if any.
+    if (name.name != base_name || name.overload_name == "out") continue;
+    auto h = d.findOp(name);
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    set_handler(name, handler, /*strict=*/false);
+    any = true;
+  }
+  TORCH_INTERNAL_ASSERT(any, "no bindable overload of ", base_name);
+}
+
+void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const std::string& why) {
+  std::string placements = describe_shard_args(op, stack);
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "ShardTensor: ", qualified(op.operator_name()),
+                              " has no domain-parallel rule", why.empty() ? "" : " (" + why + ")",
+                              " for arguments ", placements,
+                              ". Remedies: redistribute the input first (x.redistribute([Replicate()]) or "
+                              "x.full_tensor()), run the op on x.to_local(), or register a handler with "
+                              "shardtensor.register_handler.");
+}
+
+} // namespace dispatch
+
+void register_handler(const std::string& op_name, BoxedHandler handler) {
+  auto full = op_name.find("::") == std::string::npos ? "aten::" + op_name : op_name;
+  dispatch::set_handler(dispatch::parse_name(full), std::move(handler), /*strict=*/true);
+}
+
+bool has_handler(const std::string& op_name) {
+  auto& r = dispatch::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.slots.find(dispatch::parse_name(op_name.find("::") == std::string::npos ? "aten::" + op_name : op_name));
+  return it != r.slots.end() && it->second->handler != nullptr;
+}
+
+std::vector<std::string> registered_handlers() {
+  auto& r = dispatch::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [name, slot] : r.slots)
+    if (slot->handler) out.push_back(dispatch::qualified(name));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+// Installed when the library loads; every aten op is registered by then (libtorch loads first).
+struct Installer {
+  Installer() {
+    dispatch::install_dispatch();
+    ops::register_all();
+  }
+} installer;
+} // namespace
+
+} // namespace shardtensor

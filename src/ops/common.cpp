@@ -1,0 +1,86 @@
+#include "ops/common.h"
+
+#include "ops/ops.h"
+
+namespace shardtensor::ops {
+
+Placements placements_of(const at::Tensor& t, const MeshPtr& mesh) {
+  if (auto* impl = shard_impl(t)) return impl->spec()->placements;
+  return Placements(mesh->ndim(), Placement::replicate());
+}
+
+at::Tensor local_as(const at::Tensor& t, const MeshPtr& mesh, const Placements& want, const DimExtents& ext) {
+  if (auto* impl = shard_impl(t)) {
+    const auto& spec = *impl->spec();
+    if (spec.placements == want) {
+      bool same = true;
+      for (size_t m = 0; m < want.size(); ++m)
+        if (want[m].is_shard()) {
+          auto it = ext.find(want[m].dim);
+          if (it != ext.end() && it->second != spec.extents[m]) same = false;
+        }
+      if (same) return impl->local();
+    }
+    auto dst = ShardSpec::make_with_dim_extents(mesh, want, spec.global_shape, ext);
+    return shard_impl(redistribute_to(t, dst))->local();
+  }
+  // Plain = Replicate: slice the sharded dims.
+  at::Tensor local = t;
+  bool sliced = false;
+  for (size_t m = 0; m < want.size(); ++m) {
+    if (!want[m].is_shard()) {
+      TORCH_INTERNAL_ASSERT(!want[m].is_partial(), "local_as: a plain tensor cannot be Partial");
+      continue;
+    }
+    const auto d = want[m].dim;
+    auto it = ext.find(d);
+    const auto extents = it != ext.end() ? it->second : default_split(t.size(d), mesh->size(m));
+    const auto coord = mesh->coordinate(static_cast<int64_t>(m));
+    int64_t off = 0;
+    for (int64_t i = 0; i < coord; ++i) off += extents[i];
+    local = local.narrow(d, off, extents[coord]);
+    sliced = true;
+  }
+  return sliced ? local : t;
+}
+
+at::Tensor resolve_partial(const at::Tensor& t) {
+  auto* impl = shard_impl(t);
+  if (!impl || !impl->spec()->has_partial()) return t;
+  return redistribute_to(t, without_partial(impl->spec()));
+}
+
+void register_all() {
+  register_factory();
+  register_pointwise();
+  register_reduction();
+  register_view();
+  register_linear();
+  register_softmax();
+  register_embedding();
+}
+
+} // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+at::Tensor local_aligned(const at::Tensor& t, const MeshPtr& mesh, at::IntArrayRef out_shape, const Placements& target,
+                         const DimExtents& target_ext) {
+  const auto shift = static_cast<int64_t>(out_shape.size()) - t.dim();
+  Placements want(target.size(), Placement::replicate());
+  DimExtents ext;
+  for (size_t m = 0; m < target.size(); ++m) {
+    const auto& p = target[m];
+    if (p.is_shard()) {
+      const auto d_in = p.dim - shift;
+      if (d_in >= 0 && t.size(d_in) == out_shape[p.dim]) {
+        want[m] = Placement::shard(d_in);
+        auto it = target_ext.find(p.dim);
+        ext[d_in] = it != target_ext.end() ? it->second : default_split(out_shape[p.dim], mesh->size(static_cast<int64_t>(m)));
+      }
+    } else if (p.is_partial() && placements_of(t, mesh)[m].is_partial()) {
+      want[m] = p;
+    }
+  }
+  return local_as(t, mesh, want, ext);
+}
+} // namespace shardtensor::ops

@@ -1,0 +1,47 @@
+// Shared helpers for handlers: building output specs and bringing arguments to a wanted layout.
+#pragma once
+
+#include "comm/redistribute.h"
+#include "dispatch/args.h"
+#include "dispatch/registry.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <vector>
+
+namespace shardtensor::ops {
+
+using DimExtents = std::map<int64_t, std::vector<int64_t>>; // tensor dim -> extents along its mesh dim
+
+// The local tensor of `t` laid out as `want` on `mesh` (extents from `ext` where given). ShardTensors are
+// redistributed (collectives, the same on every rank); plain tensors are Replicate and are sliced locally.
+at::Tensor local_as(const at::Tensor& t, const MeshPtr& mesh, const Placements& want, const DimExtents& ext);
+
+// Placements of `t` on `mesh` (plain tensors: all Replicate).
+Placements placements_of(const at::Tensor& t, const MeshPtr& mesh);
+
+// Wrap an op's local output.
+inline at::Tensor wrap(at::Tensor local, const MeshPtr& mesh, Placements placements, std::vector<int64_t> global,
+                       const DimExtents& ext) {
+  return make_shard_tensor(std::move(local),
+                           ShardSpec::make_with_dim_extents(mesh, std::move(placements), std::move(global), ext));
+}
+
+// Bring every Partial placement of `t` to Replicate (an all-reduce per Partial mesh dim).
+at::Tensor resolve_partial(const at::Tensor& t);
+
+// Normalize a possibly negative dim.
+inline int64_t wrap_dim(int64_t d, int64_t ndim) {
+  return at::maybe_wrap_dim(d, ndim);
+}
+
+} // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+// The local tensor of `t` aligned to an output of `out_shape` laid out as `target`/`target_ext` (numpy
+// broadcasting: `t`'s dims align to the trailing output dims; broadcast dims stay Replicate; a Partial target
+// keeps `t`'s own Partial or asks for Replicate).
+at::Tensor local_aligned(const at::Tensor& t, const MeshPtr& mesh, at::IntArrayRef out_shape, const Placements& target,
+                         const DimExtents& target_ext);
+} // namespace shardtensor::ops

@@ -1,0 +1,242 @@
+// Contractions. mm/bmm/addmm/baddbmm pick the output layout per mesh dim from the operands' shards:
+// batch or row or column shards stay shards, a sharded contracted dim gives Partial(sum).
+// `linear` and `matmul` are bound above autograd so token-sharded (..., S, K) inputs are never flattened
+// across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
+#include "comm/collectives.h"
+#include "comm/redistribute.h"
+#include "dispatch/promote.h"
+#include "ops/common.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/linear_native.h>
+#include <ATen/ops/matmul_native.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+// Labels: 'b' batch, 'm' rows, 'k' contracted, 'n' columns.
+struct ContractPlan {
+  Placements pa, pb, po;
+  DimExtents ea, eb, eo;
+  std::vector<int64_t> partial_mesh_dims; // where the output is Partial(sum) because k is sharded
+};
+
+ContractPlan plan_contraction(const at::Tensor& a, const std::string& la, const at::Tensor& b, const std::string& lb,
+                              const std::string& lo, const MeshPtr& mesh) {
+  ContractPlan plan;
+  const auto nm = static_cast<size_t>(mesh->ndim());
+  plan.pa.assign(nm, Placement::replicate());
+  plan.pb.assign(nm, Placement::replicate());
+  plan.po.assign(nm, Placement::replicate());
+  auto pa0 = placements_of(a, mesh), pb0 = placements_of(b, mesh);
+  const ShardSpec* sa = shard_impl(a) ? shard_impl(a)->spec().get() : nullptr;
+  const ShardSpec* sb = shard_impl(b) ? shard_impl(b)->spec().get() : nullptr;
+  std::string used;
+  for (size_t m = 0; m < nm; ++m) {
+    const char La = pa0[m].is_shard() ? la[pa0[m].dim] : 0;
+    const char Lb = pb0[m].is_shard() ? lb[pb0[m].dim] : 0;
+    char X = 0;
+    for (char c : {'b', 'm', 'n', 'k'})
+      if ((La == c || Lb == c) && used.find(c) == std::string::npos) {
+        X = c;
+        break;
+      }
+    if (!X) {
+      // Keep a single pending sum (linear in that operand).
+      const bool a_part = pa0[m].is_partial() && pa0[m].op == ReduceOp::Sum;
+      const bool b_part = pb0[m].is_partial() && pb0[m].op == ReduceOp::Sum;
+      if (a_part != b_part) {
+        (a_part ? plan.pa : plan.pb)[m] = Placement::partial(ReduceOp::Sum);
+        plan.po[m] = Placement::partial(ReduceOp::Sum);
+      }
+      continue;
+    }
+    used.push_back(X);
+    const std::vector<int64_t>& ext = La == X ? sa->extents[m] : sb->extents[m];
+    if (auto i = la.find(X); i != std::string::npos) {
+      plan.pa[m] = Placement::shard(static_cast<int64_t>(i));
+      plan.ea[static_cast<int64_t>(i)] = ext;
+    }
+    if (auto i = lb.find(X); i != std::string::npos) {
+      plan.pb[m] = Placement::shard(static_cast<int64_t>(i));
+      plan.eb[static_cast<int64_t>(i)] = ext;
+    }
+    if (auto i = lo.find(X); i != std::string::npos) {
+      plan.po[m] = Placement::shard(static_cast<int64_t>(i));
+      plan.eo[static_cast<int64_t>(i)] = ext;
+    } else {
+      plan.po[m] = Placement::partial(ReduceOp::Sum);
+      plan.partial_mesh_dims.push_back(static_cast<int64_t>(m));
+    }
+  }
+  return plan;
+}
+
+// Only the first rank along every Partial mesh dim adds a bias term (so the pending sum counts it once).
+bool owns_bias(const ContractPlan& plan, const Mesh& mesh) {
+  for (size_t m = 0; m < plan.po.size(); ++m)
+    if (plan.po[m].is_partial() && mesh.coordinate(static_cast<int64_t>(m)) != 0) return false;
+  return true;
+}
+
+// mm(a, b), bmm(a, b), addmm(bias, a, b, beta, alpha), baddbmm(bias, a, b, beta, alpha)
+void contraction_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto name = op.schema().name();
+  const bool batched = name == "aten::bmm" || name == "aten::baddbmm";
+  const bool with_bias = name == "aten::addmm" || name == "aten::baddbmm";
+  auto mesh = dispatch::common_mesh(op, stack);
+  const size_t ai = with_bias ? 1 : 0;
+  auto a = args[ai].toTensor(), b = args[ai + 1].toTensor();
+  const std::string la = batched ? "bmk" : "mk", lb = batched ? "bkn" : "kn", lo = batched ? "bmn" : "mn";
+  auto plan = plan_contraction(a, la, b, lb, lo, mesh);
+  auto a_local = local_as(a, mesh, plan.pa, plan.ea);
+  auto b_local = local_as(b, mesh, plan.pb, plan.eb);
+  std::vector<int64_t> out_shape = batched ? std::vector<int64_t>{a.size(0), a.size(1), b.size(2)}
+                                           : std::vector<int64_t>{a.size(0), b.size(1)};
+  at::Tensor out;
+  if (with_bias) {
+    auto bias = args[0].toTensor();
+    auto beta = args[3].toScalar(), alpha = args[4].toScalar();
+    Placements bias_target = plan.po;
+    for (auto& p : bias_target)
+      if (p.is_partial()) p = Placement::replicate();
+    auto bias_local = local_aligned(resolve_partial(bias), mesh, out_shape, bias_target, plan.eo);
+    if (!owns_bias(plan, *mesh)) beta = 0;
+    out = batched ? at::baddbmm(bias_local, a_local, b_local, beta, alpha)
+                  : at::addmm(bias_local, a_local, b_local, beta, alpha);
+  } else {
+    out = batched ? at::bmm(a_local, b_local) : at::mm(a_local, b_local);
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, mesh, plan.po, out_shape, plan.eo));
+}
+
+// ---- linear above autograd ----
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Is `x @ w.T + b` computable on local tokens? x sharded only on leading (non-contracted) dims, no Partial;
+// w and b plain or fully replicated.
+bool token_local_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  auto* xi = shard_impl(x);
+  if (!xi || x.dim() < 2) return false;
+  for (const auto& p : xi->spec()->placements) {
+    if (p.is_partial()) return false;
+    if (p.is_shard() && p.dim == x.dim() - 1) return false;
+  }
+  auto replicated = [](const at::Tensor& t) {
+    auto* i = shard_impl(t);
+    return !i || i->spec()->all_replicate();
+  };
+  return replicated(w) && (!b || !b->defined() || replicated(*b));
+}
+
+at::Tensor plain_of(const at::Tensor& t) {
+  auto* i = shard_impl(t);
+  return i ? i->local() : t;
+}
+
+// Reduce a per-rank term of a weight gradient over every mesh dim that shards the tokens, then hand it back in
+// the parameter's own kind (plain, or Replicate ShardTensor).
+at::Tensor reduce_param_grad(at::Tensor term, const ShardSpec& x_spec, const at::Tensor& param) {
+  for (size_t m = 0; m < x_spec.placements.size(); ++m)
+    if (x_spec.placements[m].is_shard())
+      term = comm::all_reduce(term, ReduceOp::Sum, *x_spec.mesh, static_cast<int64_t>(m));
+  if (shard_impl(param)) return make_shard_tensor(term, shard_impl(param)->spec());
+  return term;
+}
+
+at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  auto* xi = shard_impl(x);
+  auto out = at::linear(xi->local(), plain_of(w), b.defined() ? std::optional<at::Tensor>(plain_of(b)) : std::nullopt);
+  auto shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  return make_shard_tensor(out, ShardSpec::make(xi->spec()->mesh, xi->spec()->placements, shape,
+                                                xi->spec()->sharding_shapes()));
+}
+
+// Gradients of x, w and (when defined) b.
+variable_list linear_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  at::NoGradGuard no_grad;
+  const auto& x_spec = *shard_impl(x)->spec();
+  auto g_local = local_aligned(resolve_partial(g), x_spec.mesh, g.sizes(), x_spec.placements, x_spec.dim_extents());
+  auto x_local = shard_impl(x)->local();
+  at::Tensor gx, gw, gb;
+  if (x.requires_grad()) gx = make_shard_tensor(at::matmul(g_local, plain_of(w)), shard_impl(x)->spec());
+  auto g2 = g_local.reshape({-1, g_local.size(-1)});
+  if (w.requires_grad()) gw = reduce_param_grad(at::mm(g2.t(), x_local.reshape({-1, x_local.size(-1)})), x_spec, w);
+  if (b.defined() && b.requires_grad()) gb = reduce_param_grad(g2.sum(0), x_spec, b);
+  return {gx, gw, gb};
+}
+
+// Undefined tensors cannot be Function inputs: one Function with a bias, one without.
+struct LinearFn : torch::autograd::Function<LinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({x, w, b});
+    return linear_forward(x, w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    return linear_backward(grads[0], s[0], s[1], s[2]);
+  }
+};
+
+struct LinearNoBiasFn : torch::autograd::Function<LinearNoBiasFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({x, w});
+    return linear_forward(x, w, at::Tensor());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto g = linear_backward(grads[0], s[0], s[1], at::Tensor());
+    return {g[0], g[1]};
+  }
+};
+
+at::Tensor apply_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  if (b && b->defined()) return LinearFn::apply(x, w, *b);
+  return LinearNoBiasFn::apply(x, w);
+}
+
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  if (token_local_linear(x, w, b)) return apply_linear(x, w, b);
+  return at::native::linear(x, w, b);
+}
+
+at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
+  // (..., S, K) @ (K, N) with tokens sharded: a linear without bias.
+  if (b.dim() == 2 && a.dim() >= 3 && token_local_linear(a, b, std::nullopt)) {
+    return apply_linear(a, b.t(), std::nullopt);
+  }
+  // (..., S, K) @ (K,): a one-output linear.
+  if (b.dim() == 1 && a.dim() >= 2 && token_local_linear(a, b, std::nullopt)) {
+    return at::squeeze(apply_linear(a, b.unsqueeze(0), std::nullopt), -1);
+  }
+  return at::native::matmul(a, b);
+}
+
+} // namespace
+
+void register_linear() {
+  for (const char* name : {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
+    dispatch::set_handler(name, contraction_handler);
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("linear", TORCH_FN(linear_autograd));
+  autograd_lib.impl("matmul", TORCH_FN(matmul_autograd));
+  // Inference mode skips autograd keys: bind the same entry points below autograd too.
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("linear", TORCH_FN(linear_autograd));
+  shard_lib.impl("matmul", TORCH_FN(matmul_autograd));
+}
+
+} // namespace shardtensor::ops

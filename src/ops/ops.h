@@ -1,0 +1,16 @@
+// Built-in domain-parallel handlers, one registration function per op family.
+#pragma once
+
+namespace shardtensor::ops {
+
+void register_all();
+
+void register_pointwise();
+void register_factory();
+void register_reduction();
+void register_view();
+void register_linear();
+void register_softmax();
+void register_embedding();
+
+} // namespace shardtensor::ops

@@ -1,0 +1,235 @@
+// Elementwise ops (every aten op tagged `pointwise`, plus activations' backward ops and random elementwise
+// ops): broadcast global shapes, pick the output layout from the sharded inputs, bring inputs to it, run the
+// op on local tensors. Partial inputs stay Partial only through ops that are linear in them.
+#include "ops/common.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ExpandUtils.h>
+
+#include <unordered_map>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+// How an op treats Partial(sum/avg) inputs.
+enum class PartialRule { None, AllSame, OneFactor, Numerator, Unary };
+
+const std::unordered_map<std::string, PartialRule>& partial_rules() {
+  static const std::unordered_map<std::string, PartialRule> rules = {
+      {"aten::add.Tensor", PartialRule::AllSame},   {"aten::add_.Tensor", PartialRule::AllSame},
+      {"aten::add.out", PartialRule::AllSame},      {"aten::sub.Tensor", PartialRule::AllSame},
+      {"aten::sub_.Tensor", PartialRule::AllSame},  {"aten::sub.out", PartialRule::AllSame},
+      {"aten::mul.Tensor", PartialRule::OneFactor}, {"aten::mul_.Tensor", PartialRule::OneFactor},
+      {"aten::mul.out", PartialRule::OneFactor},    {"aten::div.Tensor", PartialRule::Numerator},
+      {"aten::div_.Tensor", PartialRule::Numerator}, {"aten::div.out", PartialRule::Numerator},
+      {"aten::mul.Scalar", PartialRule::Unary},     {"aten::mul_.Scalar", PartialRule::Unary},
+      {"aten::div.Scalar", PartialRule::Unary},     {"aten::div_.Scalar", PartialRule::Unary},
+      {"aten::neg", PartialRule::Unary},            {"aten::neg_", PartialRule::Unary},
+      {"aten::neg.out", PartialRule::Unary},
+  };
+  return rules;
+}
+
+struct TensorArg {
+  size_t index;     // argument index
+  at::Tensor value;
+  bool written;
+  bool scalar_like; // wrapped number or 0-dim plain tensor
+};
+
+bool is_written(const c10::Argument& a) {
+  return a.alias_info() && a.alias_info()->isWrite();
+}
+
+bool linear_partial(ReduceOp op) {
+  return op == ReduceOp::Sum || op == ReduceOp::Avg;
+}
+
+// May mesh dim `m` keep a Partial placement through this op?
+std::optional<Placement> partial_output(PartialRule rule, const std::vector<TensorArg>& inputs, size_t m,
+                                        const MeshPtr& mesh) {
+  if (rule == PartialRule::None) return std::nullopt;
+  std::optional<Placement> partial;
+  int n_partial = 0;
+  bool any_plain_full = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& a = inputs[i];
+    auto p = placements_of(a.value, mesh)[m];
+    if (p.is_partial()) {
+      if (!linear_partial(p.op)) return std::nullopt;
+      if (partial && *partial != p) return std::nullopt;
+      partial = p;
+      ++n_partial;
+      if (rule == PartialRule::Numerator && i != 0) return std::nullopt;
+    } else if (!a.scalar_like || shard_impl(a.value)) {
+      any_plain_full = true;
+    }
+  }
+  if (!partial) return std::nullopt;
+  switch (rule) {
+    case PartialRule::AllSame: return any_plain_full ? std::nullopt : partial;
+    case PartialRule::OneFactor:
+    case PartialRule::Numerator: return n_partial == 1 ? partial : std::nullopt;
+    case PartialRule::Unary: return n_partial == 1 && inputs.size() == 1 ? partial : std::nullopt;
+    case PartialRule::None: break;
+  }
+  return std::nullopt;
+}
+
+void pointwise_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto n = schema.arguments().size();
+  const auto base = stack->size() - n;
+  auto mesh = dispatch::common_mesh(op, stack);
+  const auto rule_it = partial_rules().find(dispatch::qualified_name(op));
+  const auto rule = rule_it == partial_rules().end() ? PartialRule::None : rule_it->second;
+
+  std::vector<TensorArg> inputs;
+  std::optional<TensorArg> written;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = (*stack)[base + i];
+    if (!v.isTensor()) {
+      TORCH_CHECK_NOT_IMPLEMENTED(!v.isTensorList() && !(v.isList() && !v.toListRef().empty() &&
+                                                         v.toListRef()[0].isTensor()),
+                                  "ShardTensor: ", dispatch::qualified_name(op), " takes a tensor list; "
+                                  "elementwise ops on tensor lists are not domain-parallel");
+      continue;
+    }
+    const auto& t = v.toTensor();
+    if (!t.defined()) continue;
+    TensorArg a{i, t, is_written(schema.arguments()[i]),
+                !shard_impl(t) && (t.dim() == 0 || t.unsafeGetTensorImpl()->is_wrapped_number())};
+    if (a.written) {
+      TORCH_CHECK_NOT_IMPLEMENTED(!written, "ShardTensor: ", dispatch::qualified_name(op),
+                                  " writes several tensors; not supported");
+      written = a;
+    } else {
+      inputs.push_back(a);
+    }
+  }
+  // The global output shape: the broadcast of every input's global shape.
+  c10::DimVector out_shape;
+  bool first = true;
+  for (const auto& a : inputs) {
+    out_shape = first ? c10::DimVector(a.value.sizes()) : at::infer_size_dimvector(out_shape, a.value.sizes());
+    first = false;
+  }
+  if (written) {
+    if (inputs.empty()) out_shape = c10::DimVector(written->value.sizes());
+    TORCH_CHECK_NOT_IMPLEMENTED(written->value.sizes() == c10::IntArrayRef(out_shape), "ShardTensor: ",
+                                dispatch::qualified_name(op), " would resize its output ", written->value.sizes(),
+                                " to ", c10::IntArrayRef(out_shape), "; resizing ShardTensors is not supported");
+  }
+  const auto out_ndim = static_cast<int64_t>(out_shape.size());
+  const auto mesh_ndim = static_cast<size_t>(mesh->ndim());
+
+  // Output layout.
+  Placements target(mesh_ndim, Placement::replicate());
+  DimExtents target_ext;
+  if (written && shard_impl(written->value)) {
+    auto* wimpl = shard_impl(written->value);
+    auto wspec = wimpl->spec();
+    bool keep_partial = true;
+    for (size_t m = 0; m < mesh_ndim; ++m) {
+      if (!wspec->placements[m].is_partial()) continue;
+      std::vector<TensorArg> all = inputs;
+      all.insert(all.begin(), *written);
+      auto p = partial_output(rule, all, m, mesh);
+      keep_partial = keep_partial && p && *p == wspec->placements[m];
+    }
+    if (!keep_partial) {
+      // Complete the pending reduction of the written tensor in place before updating it.
+      auto full = resolve_partial(written->value);
+      wimpl->shallow_copy_from(full.getIntrusivePtr());
+      wspec = wimpl->spec();
+    }
+    target = wspec->placements;
+    target_ext = wspec->dim_extents();
+  } else if (!written) {
+    std::vector<bool> claimed(out_ndim, false);
+    for (size_t m = 0; m < mesh_ndim; ++m) {
+      if (auto p = partial_output(rule, inputs, m, mesh)) {
+        target[m] = *p;
+        continue;
+      }
+      for (const auto& a : inputs) {
+        auto* impl = shard_impl(a.value);
+        if (!impl) continue;
+        const auto& p = impl->spec()->placements[m];
+        if (!p.is_shard()) continue;
+        const auto d_out = p.dim + (out_ndim - a.value.dim());
+        if (a.value.size(p.dim) != out_shape[d_out] || claimed[d_out]) continue;
+        target[m] = Placement::shard(d_out);
+        target_ext[d_out] = impl->spec()->extents[m];
+        claimed[d_out] = true;
+        break;
+      }
+    }
+  }
+
+  // Bring every input to the output layout (aligned to its own dims; broadcast dims stay Replicate).
+  for (const auto& a : inputs) {
+    if (a.scalar_like) continue;
+    (*stack)[base + a.index] = local_aligned(a.value, mesh, out_shape, target, target_ext);
+  }
+  for (const auto& a : inputs)
+    if (a.scalar_like && shard_impl(a.value)) (*stack)[base + a.index] = shard_impl(a.value)->local();
+  if (written) (*stack)[base + written->index] = dispatch::local_or_self(written->value);
+
+  op.callBoxed(stack);
+
+  // Wrap results.
+  const auto& returns = schema.returns();
+  const auto nret = returns.size();
+  for (size_t r = 0; r < nret; ++r) {
+    auto& out = (*stack)[stack->size() - nret + r];
+    if (!out.isTensor()) continue;
+    if (returns[r].alias_info() && returns[r].alias_info()->isWrite() && written) {
+      out = written->value;
+      continue;
+    }
+    const auto& local = out.toTensor();
+    for (size_t m = 0; m < mesh_ndim; ++m)
+      if (target[m].is_shard() && !target_ext.count(target[m].dim))
+        target_ext[target[m].dim] = default_split(out_shape[target[m].dim], mesh->size(m));
+    out = wrap(local, mesh, target, std::vector<int64_t>(out_shape.begin(), out_shape.end()), target_ext);
+  }
+}
+
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
+
+} // namespace
+
+void register_pointwise() {
+  // Elementwise ops that carry no `pointwise` tag.
+  static const char* extra[] = {
+      "aten::leaky_relu",        "aten::leaky_relu_",         "aten::leaky_relu_backward", "aten::hardtanh_backward",
+      "aten::elu_backward",      "aten::softplus_backward",   "aten::mish_backward",       "aten::hardswish",
+      "aten::hardswish_",        "aten::hardswish_backward",  "aten::hardsigmoid_backward", "aten::native_dropout",
+      "aten::rrelu_with_noise",  "aten::bernoulli_",          "aten::bernoulli",           "aten::uniform_",
+      "aten::normal_",           "aten::exponential_",        "aten::log_sigmoid_forward", "aten::log_sigmoid_backward",
+      "aten::glu",               "aten::masked_fill_",        "aten::fill_",               "aten::zero_",
+      "aten::gelu_",             "aten::silu_",               "aten::prelu",               "aten::threshold_",
+      "aten::hardshrink_backward", "aten::softshrink_backward", "aten::logit_backward",    "aten::where",
+      "aten::copy_",
+  };
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& name : d.getAllOpNames()) {
+    if (!starts_with(name.name, "aten::")) continue;
+    auto h = d.findOp(name);
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    bool match = h->hasTag(at::Tag::pointwise);
+    for (const char* e : extra)
+      if (name.name == e) match = true;
+    // glu halves a dim; prelu's weight broadcasts on dim 1: not elementwise in the broadcast sense.
+    if (name.name == "aten::glu" || name.name == "aten::prelu") match = false;
+    if (match) dispatch::set_handler(name, pointwise_handler);
+  }
+}
+
+} // namespace shardtensor::ops

@@ -1,0 +1,419 @@
+// Reductions. Over unsharded dims they are local. Over a sharded dim: sum/mean give Partial(sum), amax/amin
+// give Partial(max/min); max/min/argmax/argmin with indices, prod, all/any, norms and var/std combine small
+// per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
+#include "comm/collectives.h"
+#include "ops/common.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+// Reduced dims (sorted, wrapped) from an `int[]? dim` or `int dim` argument; empty list / None = all dims.
+std::vector<int64_t> reduced_dims(const c10::IValue& v, int64_t ndim) {
+  std::vector<int64_t> dims;
+  if (v.isNone()) {
+  } else if (v.isInt()) {
+    dims.push_back(wrap_dim(v.toInt(), std::max<int64_t>(ndim, 1)));
+  } else {
+    for (auto d : v.toDimVector()) dims.push_back(wrap_dim(d, std::max<int64_t>(ndim, 1)));
+  }
+  if (dims.empty())
+    for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+bool contains(const std::vector<int64_t>& v, int64_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Output layout of a reduction: sharded kept dims move to their new index; reduced sharded mesh dims are
+// reported in `reduced_mesh_dims`.
+struct ReduceLayout {
+  Placements placements;
+  DimExtents ext;
+  std::vector<int64_t> out_shape;
+  std::vector<int64_t> reduced_mesh_dims;
+};
+
+ReduceLayout reduce_layout(const ShardSpec& spec, const std::vector<int64_t>& dims, bool keepdim) {
+  ReduceLayout l;
+  const auto ndim = spec.ndim();
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (!contains(dims, d)) {
+      l.out_shape.push_back(spec.global_shape[d]);
+    } else if (keepdim) {
+      l.out_shape.push_back(1);
+    }
+  }
+  l.placements = spec.placements;
+  for (size_t m = 0; m < l.placements.size(); ++m) {
+    auto& p = l.placements[m];
+    if (!p.is_shard()) continue;
+    if (contains(dims, p.dim)) {
+      l.reduced_mesh_dims.push_back(static_cast<int64_t>(m));
+      p = Placement::replicate();
+      continue;
+    }
+    auto nd = keepdim ? p.dim : p.dim - static_cast<int64_t>(std::count_if(dims.begin(), dims.end(),
+                                                                            [&](int64_t k) { return k < p.dim; }));
+    l.ext[nd] = spec.extents[m];
+    p = Placement::shard(nd);
+  }
+  return l;
+}
+
+// Local output shape of a reduction of `local` over `dims`.
+std::vector<int64_t> local_reduced_shape(const at::Tensor& local, const std::vector<int64_t>& dims, bool keepdim) {
+  std::vector<int64_t> s;
+  for (int64_t d = 0; d < local.dim(); ++d) {
+    if (!contains(dims, d)) {
+      s.push_back(local.size(d));
+    } else if (keepdim) {
+      s.push_back(1);
+    }
+  }
+  return s;
+}
+
+bool empty_reduction(const at::Tensor& local, const std::vector<int64_t>& dims) {
+  for (auto d : dims)
+    if (d < local.dim() && local.size(d) == 0) return true;
+  return false;
+}
+
+at::Scalar lowest(at::ScalarType t) {
+  if (at::isFloatingType(t)) return -std::numeric_limits<double>::infinity();
+  if (t == at::kBool) return false;
+  return std::numeric_limits<int64_t>::min();
+}
+at::Scalar highest(at::ScalarType t) {
+  if (at::isFloatingType(t)) return std::numeric_limits<double>::infinity();
+  if (t == at::kBool) return true;
+  return std::numeric_limits<int64_t>::max();
+}
+
+enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm };
+
+// sum, mean, amax, amin, all, any, prod, linalg_vector_norm
+void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  auto* impl = shard_impl(self);
+  const auto name = op.schema().name();
+  const auto ndim = self.dim();
+  // Argument positions differ per op.
+  c10::IValue dim_arg;
+  bool keepdim = false;
+  std::optional<at::ScalarType> dtype;
+  at::Scalar ord = 2;
+  const auto nargs = args.size();
+  auto opt_dtype = [&](size_t i) {
+    if (i < nargs && !args[i].isNone()) dtype = static_cast<at::ScalarType>(args[i].toInt());
+  };
+  const bool overload_free = op.operator_name().overload_name.empty();
+  if (kind == Kind::Norm) { // linalg_vector_norm(self, ord, dim?, keepdim, dtype?)
+    ord = args[1].toScalar();
+    dim_arg = args[2];
+    keepdim = args[3].toBool();
+    opt_dtype(4);
+  } else if (overload_free && kind != Kind::Amax && kind != Kind::Amin) {
+    opt_dtype(1); // sum(self, dtype?), mean(self, dtype?), prod(self, dtype?), all(self), any(self)
+  } else {
+    dim_arg = args[1];
+    keepdim = nargs > 2 ? args[2].toBool() : false;
+    opt_dtype(3);
+  }
+  auto dims = reduced_dims(dim_arg, ndim);
+
+  // Sum and mean are linear: a Partial(sum/avg) input stays pending. Everything else needs complete values.
+  auto t = self;
+  const bool linear = kind == Kind::Sum || kind == Kind::Mean;
+  if (!linear) t = resolve_partial(t);
+  impl = shard_impl(t);
+  const auto& spec = *impl->spec();
+  if (linear)
+    for (const auto& p : spec.placements)
+      if (p.is_partial()) TORCH_CHECK_NOT_IMPLEMENTED(p.op == ReduceOp::Sum || p.op == ReduceOp::Avg,
+                                                      "ShardTensor: ", name, " of a ", p.str(), " tensor");
+  auto layout = reduce_layout(spec, dims, keepdim);
+  const auto& local = impl->local();
+  const auto& mesh = spec.mesh;
+  at::Tensor out;
+  auto local_shape = local_reduced_shape(local, dims, keepdim);
+  switch (kind) {
+    case Kind::Sum:
+      out = at::sum(local, dims, keepdim, dtype);
+      break;
+    case Kind::Mean: {
+      int64_t count = 1;
+      for (auto d : dims) count *= self.size(d);
+      auto s = at::sum(local, dims, keepdim, dtype);
+      out = s.div(count);
+      break;
+    }
+    case Kind::Amax:
+    case Kind::Amin:
+      if (empty_reduction(local, dims)) {
+        out = at::full(local_shape, kind == Kind::Amax ? lowest(local.scalar_type()) : highest(local.scalar_type()),
+                       local.options());
+      } else {
+        out = kind == Kind::Amax ? at::amax(local, dims, keepdim) : at::amin(local, dims, keepdim);
+      }
+      break;
+    case Kind::All: out = at::all(local, dims, keepdim); break;
+    case Kind::Any: out = at::any(local, dims, keepdim); break;
+    case Kind::Prod: {
+      out = local;
+      if (dtype) out = out.to(*dtype);
+      // prod over several dims: one at a time, innermost first.
+      for (auto it = dims.rbegin(); it != dims.rend(); ++it) out = at::prod(out, *it, true);
+      if (!keepdim) out = out.reshape(local_shape);
+      break;
+    }
+    case Kind::Norm: {
+      auto x = dtype ? local.to(*dtype) : local;
+      const auto p = ord.toDouble();
+      if (std::isinf(p)) {
+        auto a = x.abs();
+        out = empty_reduction(x, dims) ? at::zeros(local_shape, a.options())
+                                       : (p > 0 ? at::amax(a, dims, keepdim) : at::amin(a, dims, keepdim));
+        if (p < 0 && empty_reduction(x, dims)) out.fill_(std::numeric_limits<double>::infinity());
+      } else if (p == 0) {
+        out = at::sum(x.ne(0).to(x.scalar_type()), dims, keepdim);
+      } else {
+        out = at::sum(x.abs().pow(p), dims, keepdim);
+      }
+      break;
+    }
+  }
+  auto placements = layout.placements;
+  bool need_resolve = false;
+  for (auto m : layout.reduced_mesh_dims) {
+    switch (kind) {
+      case Kind::Sum:
+      case Kind::Mean: placements[m] = Placement::partial(ReduceOp::Sum); break;
+      case Kind::Amax: placements[m] = Placement::partial(ReduceOp::Max); break;
+      case Kind::Amin: placements[m] = Placement::partial(ReduceOp::Min); break;
+      case Kind::All: placements[m] = Placement::partial(ReduceOp::Min); need_resolve = true; break;
+      case Kind::Any: placements[m] = Placement::partial(ReduceOp::Max); need_resolve = true; break;
+      case Kind::Norm: {
+        const auto p = ord.toDouble();
+        placements[m] = std::isinf(p) ? Placement::partial(p > 0 ? ReduceOp::Max : ReduceOp::Min)
+                                      : Placement::partial(ReduceOp::Sum);
+        need_resolve = true;
+        break;
+      }
+      case Kind::Prod: {
+        // No Partial(prod): gather the per-rank products and multiply them.
+        auto n = mesh->size(m);
+        auto g = comm::all_gather_v(out.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
+        out = at::prod(g, 0);
+        break;
+      }
+    }
+  }
+  // Keep a pending sum when the input was pending too.
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (spec.placements[m].is_partial() && linear) placements[m] = spec.placements[m];
+  bool bool_out = out.scalar_type() == at::kBool;
+  if (bool_out && need_resolve) out = out.to(at::kByte);
+  auto result = wrap(out, mesh, placements, layout.out_shape, layout.ext);
+  if (need_resolve) result = resolve_partial(result);
+  if (kind == Kind::Norm && !std::isinf(ord.toDouble()) && ord.toDouble() != 0) {
+    auto* r = shard_impl(result);
+    result = make_shard_tensor(r->local().pow(1.0 / ord.toDouble()), r->spec());
+  }
+  if (bool_out && need_resolve) {
+    auto* r = shard_impl(result);
+    result = make_shard_tensor(r->local().to(at::kBool), r->spec());
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, result);
+}
+
+// max.dim / min.dim / argmax / argmin / max() / min(): values with global indices.
+void indexed_handler(bool is_max, bool want_values, bool want_indices, const c10::OperatorHandle& op,
+                     torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = resolve_partial(args[0].toTensor());
+  auto* impl = shard_impl(self);
+  const auto& spec = *impl->spec();
+  const auto& mesh = spec.mesh;
+  const auto ndim = self.dim();
+  const bool has_dim = args.size() > 1 && !args[1].isNone();
+  const bool keepdim = args.size() > 2 ? args[2].toBool() : false;
+  at::Tensor local = impl->local();
+  at::Tensor t = self;
+  int64_t dim = 0;
+  if (!has_dim) {
+    // Over all elements: flatten. The flat order follows the global layout only when at most the outermost
+    // dim is sharded; otherwise gather the other sharded dims first.
+    auto placements = spec.placements;
+    bool gather = false;
+    for (auto& p : placements)
+      if (p.is_shard() && p.dim != 0) {
+        p = Placement::replicate();
+        gather = true;
+      }
+    if (gather) t = redistribute_to(self, redistribute_target_spec(spec, placements));
+    t = at::reshape(t, {-1});
+    dim = 0;
+  } else {
+    dim = wrap_dim(args[1].toInt(), std::max<int64_t>(ndim, 1));
+  }
+  auto* timpl = shard_impl(t);
+  const auto& tspec = *timpl->spec();
+  local = timpl->local();
+  const auto m = tspec.ndim() == 0 ? -1 : tspec.mesh_dim_of(dim);
+  const bool kd = has_dim && keepdim;
+  at::Tensor values, indices;
+  if (local.dim() > 0 && local.size(dim) == 0) {
+    auto shape = local_reduced_shape(local, {dim}, true);
+    values = at::full(shape, is_max ? lowest(local.scalar_type()) : highest(local.scalar_type()), local.options());
+    indices = at::zeros(shape, local.options().dtype(at::kLong));
+  } else if (local.dim() == 0) {
+    values = local.unsqueeze(0);
+    indices = at::zeros({1}, local.options().dtype(at::kLong));
+  } else {
+    std::tie(values, indices) = is_max ? at::max(local, dim, true) : at::min(local, dim, true);
+  }
+  if (m >= 0) {
+    indices = indices + tspec.local_offset(dim);
+    const auto n = mesh->size(m);
+    auto all_v = comm::all_gather_v(values.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
+    auto all_i = comm::all_gather_v(indices.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
+    // First rank holding the extreme value: the smallest global index, as on one device.
+    auto pick = is_max ? at::argmax(all_v, 0, true) : at::argmin(all_v, 0, true);
+    values = all_v.gather(0, pick).squeeze(0);
+    indices = all_i.gather(0, pick).squeeze(0);
+  }
+  auto layout = reduce_layout(tspec, {dim}, true);
+  if (!kd) {
+    values = values.squeeze(dim);
+    indices = indices.squeeze(dim);
+    layout = reduce_layout(tspec, {dim}, false);
+  }
+  if (!has_dim) layout.out_shape = {};
+  auto wv = wrap(values, mesh, layout.placements, layout.out_shape, layout.ext);
+  auto wi = wrap(indices, mesh, layout.placements, layout.out_shape, layout.ext);
+  torch::jit::drop(*stack, args.size());
+  if (want_values) torch::jit::push(*stack, wv);
+  if (want_indices) torch::jit::push(*stack, wi);
+}
+
+// var.correction / std.correction / var_mean.correction / std_mean.correction
+void moments_handler(bool is_std, bool with_mean, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = resolve_partial(args[0].toTensor());
+  auto* impl = shard_impl(self);
+  const auto& spec = *impl->spec();
+  const auto& mesh = spec.mesh;
+  const auto ndim = self.dim();
+  auto dims = reduced_dims(args[1], ndim);
+  const double correction = args[2].isNone() ? 1.0 : args[2].toScalar().toDouble();
+  const bool keepdim = args[3].toBool();
+  const auto& local = impl->local();
+  const auto in_type = local.scalar_type();
+  const auto acc_type = at::isReducedFloatingType(in_type) ? at::kFloat : in_type;
+  auto x = local.to(acc_type);
+  // Local count, mean and sum of squared deviations over the reduced dims (kept as size-1 dims).
+  int64_t count = 1;
+  for (auto d : dims) count *= x.size(d);
+  at::Tensor mean, m2;
+  if (count == 0) {
+    auto shape = local_reduced_shape(x, dims, true);
+    mean = at::zeros(shape, x.options());
+    m2 = at::zeros(shape, x.options());
+  } else {
+    mean = x.mean(dims, true);
+    m2 = (x - mean).square().sum(dims, true);
+  }
+  // Combine across every mesh dim that shards a reduced dim (Chan et al.).
+  std::vector<int64_t> cur_extent(ndim);
+  for (int64_t d = 0; d < ndim; ++d) cur_extent[d] = x.size(d);
+  auto n_total = at::scalar_tensor(static_cast<double>(count), x.options());
+  for (size_t mi = 0; mi < spec.placements.size(); ++mi) {
+    const auto& p = spec.placements[mi];
+    if (!p.is_shard() || !contains(dims, p.dim)) continue;
+    const auto m = static_cast<int64_t>(mi);
+    const auto n = mesh->size(m);
+    std::vector<double> counts;
+    for (int64_t r = 0; r < n; ++r) {
+      double c = 1;
+      for (auto d : dims) c *= static_cast<double>(d == p.dim ? spec.extents[m][r] : cur_extent[d]);
+      counts.push_back(c);
+    }
+    cur_extent[p.dim] = self.size(p.dim);
+    auto all_mean = comm::all_gather_v(mean.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
+    auto all_m2 = comm::all_gather_v(m2.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
+    std::vector<int64_t> cshape(all_mean.dim(), 1);
+    cshape[0] = n;
+    auto nk = at::tensor(counts, x.options()).view(cshape);
+    auto total = nk.sum();
+    auto new_mean = (nk * all_mean).sum(0) / total.clamp_min(1);
+    auto delta = all_mean - new_mean.unsqueeze(0);
+    m2 = all_m2.sum(0) + (nk * delta.square()).sum(0);
+    mean = new_mean;
+    n_total = total;
+  }
+  double N = 1;
+  for (auto d : dims) N *= static_cast<double>(self.size(d));
+  auto var = m2 / std::max(N - correction, 0.0);
+  auto out = is_std ? var.sqrt() : var;
+  auto layout = reduce_layout(spec, dims, true);
+  if (!keepdim) {
+    std::vector<int64_t> sq(dims.begin(), dims.end());
+    out = out.squeeze(sq);
+    mean = mean.squeeze(sq);
+    layout = reduce_layout(spec, dims, false);
+  }
+  out = out.to(in_type);
+  mean = mean.to(in_type);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, mesh, layout.placements, layout.out_shape, layout.ext));
+  if (with_mean) torch::jit::push(*stack, wrap(mean, mesh, layout.placements, layout.out_shape, layout.ext));
+}
+
+template <Kind K>
+void decomposable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  decomposable_handler(K, op, stack);
+}
+
+} // namespace
+
+void register_reduction() {
+  using dispatch::set_handler;
+  set_handler("aten::sum", decomposable<Kind::Sum>);
+  set_handler("aten::sum.dim_IntList", decomposable<Kind::Sum>);
+  set_handler("aten::mean", decomposable<Kind::Mean>);
+  set_handler("aten::mean.dim", decomposable<Kind::Mean>);
+  set_handler("aten::amax", decomposable<Kind::Amax>);
+  set_handler("aten::amin", decomposable<Kind::Amin>);
+  set_handler("aten::all", decomposable<Kind::All>);
+  set_handler("aten::all.dim", decomposable<Kind::All>);
+  set_handler("aten::all.dims", decomposable<Kind::All>);
+  set_handler("aten::any", decomposable<Kind::Any>);
+  set_handler("aten::any.dim", decomposable<Kind::Any>);
+  set_handler("aten::any.dims", decomposable<Kind::Any>);
+  set_handler("aten::prod", decomposable<Kind::Prod>);
+  set_handler("aten::prod.dim_int", decomposable<Kind::Prod>);
+  set_handler("aten::linalg_vector_norm", decomposable<Kind::Norm>);
+  set_handler("aten::max.dim", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(true, true, true, op, s); });
+  set_handler("aten::min.dim", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(false, true, true, op, s); });
+  set_handler("aten::max", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(true, true, false, op, s); });
+  set_handler("aten::min", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(false, true, false, op, s); });
+  set_handler("aten::argmax", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(true, false, true, op, s); });
+  set_handler("aten::argmin", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(false, false, true, op, s); });
+  set_handler("aten::var.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(false, false, op, s); });
+  set_handler("aten::std.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(true, false, op, s); });
+  set_handler("aten::var_mean.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(false, true, op, s); });
+  set_handler("aten::std_mean.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(true, true, op, s); });
+}
+
+} // namespace shardtensor::ops

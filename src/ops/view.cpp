@@ -1,0 +1,516 @@
+// Shape ops. A view that keeps each sharded dim a clean contiguous-range shard is local (no communication):
+// the sharded dim may be the outermost of merged dims, or split with its inner factor dividing every extent.
+// Slicing and selecting along a sharded dim use global indices; cat along a sharded dim gathers that dim.
+#include "ops/common.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/InferSize.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+const ShardSpec& spec_of(const at::Tensor& t) {
+  return *shard_impl(t)->spec();
+}
+
+std::vector<int64_t> local_shape_for(const std::vector<int64_t>& global, const Placements& p, const DimExtents& ext,
+                                     const Mesh& mesh) {
+  auto local = global;
+  for (size_t m = 0; m < p.size(); ++m)
+    if (p[m].is_shard()) local[p[m].dim] = ext.at(p[m].dim)[mesh.coordinate(static_cast<int64_t>(m))];
+  return local;
+}
+
+// Groups of input dims and output dims with equal products (a reshape maps each group to its partner).
+struct Group {
+  std::vector<int64_t> in, out;
+};
+
+std::vector<Group> view_groups(at::IntArrayRef in, at::IntArrayRef out) {
+  std::vector<Group> groups;
+  size_t i = 0, j = 0;
+  while (i < in.size() || j < out.size()) {
+    Group g;
+    int64_t pi = 1, po = 1;
+    // Size-1 dims on either side form their own groups so that shards stay put.
+    if (i < in.size() && in[i] == 1 && !(j < out.size() && out[j] == 1)) {
+      g.in.push_back(static_cast<int64_t>(i++));
+      groups.push_back(g);
+      continue;
+    }
+    if (j < out.size() && out[j] == 1 && !(i < in.size() && in[i] == 1)) {
+      g.out.push_back(static_cast<int64_t>(j++));
+      groups.push_back(g);
+      continue;
+    }
+    do {
+      if (pi <= po && i < in.size()) {
+        pi *= in[i];
+        g.in.push_back(static_cast<int64_t>(i++));
+      } else if (j < out.size()) {
+        po *= out[j];
+        g.out.push_back(static_cast<int64_t>(j++));
+      } else {
+        break;
+      }
+    } while (pi != po || g.in.empty() || g.out.empty());
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+// view / reshape / _unsafe_view / _reshape_alias
+void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto& spec = spec_of(self);
+  auto out_shape = at::infer_size(args[1].toDimVector(), self.numel());
+  const auto& mesh = *spec.mesh;
+  Placements out_p = spec.placements;
+  DimExtents out_ext;
+  auto groups = view_groups(self.sizes(), out_shape);
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (!p.is_shard()) continue;
+    const auto d = p.dim;
+    const auto& ext = spec.extents[m];
+    bool done = false;
+    for (const auto& g : groups) {
+      auto it = std::find(g.in.begin(), g.in.end(), d);
+      if (it == g.in.end()) continue;
+      TORCH_CHECK_NOT_IMPLEMENTED(!g.out.empty(), "ShardTensor: ", dispatch::qualified_name(op),
+                                  " removes sharded dim ", d);
+      // Dims before the sharded one in its group must be size 1, dims after it unsharded.
+      int64_t inner_in = 1;
+      bool ok = true;
+      for (auto k : g.in) {
+        if (k < d && self.size(k) != 1) ok = false;
+        if (k > d) {
+          if (spec.mesh_dim_of(k) >= 0) ok = false;
+          inner_in *= self.size(k);
+        }
+      }
+      // Output: the first output dim of size > 1 takes the shard; later output dims form the inner factor.
+      int64_t first_out = -1, inner_out = 1;
+      for (auto k : g.out) {
+        if (first_out < 0 && out_shape[k] != 1) {
+          first_out = k;
+          continue;
+        }
+        if (first_out >= 0) inner_out *= out_shape[k];
+      }
+      if (first_out < 0) first_out = g.out.front();
+      std::vector<int64_t> new_ext;
+      for (auto e : ext) {
+        const auto elems = e * inner_in;
+        if (elems % inner_out != 0) ok = false;
+        new_ext.push_back(inner_out ? elems / inner_out : 0);
+      }
+      TORCH_CHECK_NOT_IMPLEMENTED(ok, "ShardTensor: ", dispatch::qualified_name(op), " from ", self.sizes(), " to ",
+                                  c10::IntArrayRef(out_shape), " with ", to_string(spec.placements),
+                                  " does not keep each shard a contiguous block of the result (the sharded dim must "
+                                  "be the outermost of merged dims, or split with an inner size dividing every "
+                                  "shard). Redistribute to another placement first.");
+      out_p[m] = Placement::shard(first_out);
+      out_ext[first_out] = new_ext;
+      done = true;
+      break;
+    }
+    TORCH_INTERNAL_ASSERT(done);
+  }
+  auto local_shape = local_shape_for(out_shape, out_p, out_ext, mesh);
+  const auto& local = shard_impl(self)->local();
+  at::Tensor out;
+  if (op.schema().name() == "aten::_unsafe_view") {
+    out = at::_unsafe_view(local, local_shape);
+  } else {
+    out = local.view(local_shape);
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+}
+
+void reshape_alias_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // _reshape_alias(self, size, stride): strides are global; recompute from the local view.
+  auto args = op_args(op, stack);
+  (void)args;
+  view_handler(op, stack);
+}
+
+// A permutation `dims` (output dim k = input dim dims[k]).
+void permute_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<int64_t> dims) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto& spec = spec_of(self);
+  const auto ndim = self.dim();
+  for (auto& d : dims) d = wrap_dim(d, ndim);
+  std::vector<int64_t> inv(ndim);
+  for (int64_t k = 0; k < ndim; ++k) inv[dims[k]] = k;
+  Placements out_p = spec.placements;
+  DimExtents out_ext;
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      out_ext[inv[out_p[m].dim]] = spec.extents[m];
+      out_p[m] = Placement::shard(inv[out_p[m].dim]);
+    }
+  std::vector<int64_t> out_shape(ndim);
+  for (int64_t k = 0; k < ndim; ++k) out_shape[k] = self.size(dims[k]);
+  auto out = shard_impl(self)->local().permute(dims);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+}
+
+void permute_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto dims = op_args(op, stack)[1].toDimVector();
+  permute_impl(op, stack, std::vector<int64_t>(dims.begin(), dims.end()));
+}
+
+void transpose_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto ndim = args[0].toTensor().dim();
+  std::vector<int64_t> dims(ndim);
+  for (int64_t k = 0; k < ndim; ++k) dims[k] = k;
+  if (args.size() >= 3) {
+    auto a = wrap_dim(args[1].toInt(), ndim), b = wrap_dim(args[2].toInt(), ndim);
+    std::swap(dims[a], dims[b]);
+  } else if (ndim == 2) {
+    std::swap(dims[0], dims[1]);
+  }
+  permute_impl(op, stack, dims);
+}
+
+void unsqueeze_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto& spec = spec_of(self);
+  const auto d = wrap_dim(args[1].toInt(), self.dim() + 1);
+  Placements out_p = spec.placements;
+  DimExtents out_ext;
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      auto nd = out_p[m].dim >= d ? out_p[m].dim + 1 : out_p[m].dim;
+      out_ext[nd] = spec.extents[m];
+      out_p[m] = Placement::shard(nd);
+    }
+  auto out_shape = self.sizes().vec();
+  out_shape.insert(out_shape.begin() + d, 1);
+  auto out = shard_impl(self)->local().unsqueeze(d);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+}
+
+// squeeze / squeeze.dim / squeeze.dims: decided on global sizes, applied with explicit local dims.
+void squeeze_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto ndim = self.dim();
+  std::vector<int64_t> dims;
+  if (args.size() == 1) {
+    for (int64_t k = 0; k < ndim; ++k) dims.push_back(k);
+  } else if (args[1].isInt()) {
+    dims.push_back(wrap_dim(args[1].toInt(), std::max<int64_t>(ndim, 1)));
+  } else {
+    for (auto k : args[1].toDimVector()) dims.push_back(wrap_dim(k, std::max<int64_t>(ndim, 1)));
+  }
+  std::vector<int64_t> squeezed;
+  for (auto k : dims)
+    if (ndim > 0 && self.size(k) == 1) squeezed.push_back(k);
+  // A sharded size-1 dim lives on one rank: replicate it first.
+  auto t = self;
+  const auto& spec0 = spec_of(self);
+  auto placements = spec0.placements;
+  bool gather = false;
+  for (auto k : squeezed) {
+    auto m = spec0.mesh_dim_of(k);
+    if (m >= 0) {
+      placements[m] = Placement::replicate();
+      gather = true;
+    }
+  }
+  if (gather) t = redistribute_to(t, redistribute_target_spec(spec0, placements));
+  const auto& spec = spec_of(t);
+  Placements out_p = spec.placements;
+  DimExtents out_ext;
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      auto d = out_p[m].dim;
+      auto nd = d - static_cast<int64_t>(std::count_if(squeezed.begin(), squeezed.end(), [&](int64_t k) { return k < d; }));
+      out_ext[nd] = spec.extents[m];
+      out_p[m] = Placement::shard(nd);
+    }
+  std::vector<int64_t> out_shape;
+  for (int64_t k = 0; k < ndim; ++k)
+    if (std::find(squeezed.begin(), squeezed.end(), k) == squeezed.end()) out_shape.push_back(self.size(k));
+  auto out = squeezed.empty() ? shard_impl(t)->local().alias() : shard_impl(t)->local().squeeze(squeezed);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+}
+
+void expand_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto& spec = spec_of(self);
+  auto size = args[1].toDimVector();
+  const auto shift = static_cast<int64_t>(size.size()) - self.dim();
+  std::vector<int64_t> out_shape(size.begin(), size.end());
+  for (int64_t k = 0; k < self.dim(); ++k)
+    if (out_shape[k + shift] == -1) out_shape[k + shift] = self.size(k);
+  auto t = self;
+  // Expanding a sharded dim (global size 1) needs it replicated.
+  auto placements = spec.placements;
+  bool gather = false;
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (placements[m].is_shard() && out_shape[placements[m].dim + shift] != self.size(placements[m].dim)) {
+      placements[m] = Placement::replicate();
+      gather = true;
+    }
+  if (gather) t = redistribute_to(t, redistribute_target_spec(spec, placements));
+  const auto& tspec = spec_of(t);
+  Placements out_p = tspec.placements;
+  DimExtents out_ext;
+  auto local_size = out_shape;
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      auto nd = out_p[m].dim + shift;
+      out_ext[nd] = tspec.extents[m];
+      local_size[nd] = tspec.local_shape[out_p[m].dim];
+      out_p[m] = Placement::shard(nd);
+    }
+  auto out = shard_impl(t)->local().expand(local_size);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, tspec.mesh, out_p, out_shape, out_ext));
+}
+
+// Global [start, end) with step on dim of size n, normalized like Python slicing.
+struct SliceRange {
+  int64_t start, end, step;
+};
+
+SliceRange normalize_slice(int64_t n, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) {
+  int64_t s = start.value_or(0), e = end.value_or(n);
+  if (s < 0) s += n;
+  if (e < 0) e += n;
+  s = std::clamp<int64_t>(s, 0, n);
+  e = std::clamp<int64_t>(e, s, n);
+  return {s, e, step};
+}
+
+void slice_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto& spec = spec_of(self);
+  const auto dim = wrap_dim(args[1].toInt(), self.dim());
+  std::optional<int64_t> start = args[2].isNone() ? std::nullopt : std::optional<int64_t>(args[2].toInt());
+  std::optional<int64_t> end = args[3].isNone() ? std::nullopt : std::optional<int64_t>(args[3].toInt());
+  const auto step = args[4].toInt();
+  TORCH_CHECK_VALUE(step > 0, "slice step must be positive");
+  const auto r = normalize_slice(self.size(dim), start, end, step);
+  const auto count = r.end > r.start ? (r.end - r.start + step - 1) / step : 0;
+  auto out_shape = self.sizes().vec();
+  out_shape[dim] = count;
+  const auto m = spec.mesh_dim_of(dim);
+  const auto& local = shard_impl(self)->local();
+  DimExtents out_ext = spec.dim_extents();
+  at::Tensor out;
+  if (m < 0) {
+    out = local.slice(dim, r.start, r.end, step);
+  } else {
+    // Each rank keeps the selected global indices inside its range [off, off + ext).
+    std::vector<int64_t> new_ext;
+    int64_t my_first = 0, my_count = 0;
+    for (int64_t c = 0; c < spec.mesh->size(m); ++c) {
+      const auto off = spec.offset_of(m, c), ext = spec.extents[m][c];
+      // First selected index >= off.
+      int64_t first = r.start >= off ? r.start : r.start + ((off - r.start + step - 1) / step) * step;
+      const auto stop = std::min(r.end, off + ext);
+      const auto n = first < stop ? (stop - first + step - 1) / step : 0;
+      new_ext.push_back(n);
+      if (c == spec.mesh->coordinate(m)) {
+        my_first = first - off;
+        my_count = n;
+      }
+    }
+    out_ext[dim] = new_ext;
+    out = my_count > 0 ? local.slice(dim, my_first, my_first + (my_count - 1) * step + 1, step)
+                       : local.narrow(dim, 0, 0);
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, spec.placements, out_shape, out_ext));
+}
+
+void select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto dim = wrap_dim(args[1].toInt(), self.dim());
+  auto index = args[2].toInt();
+  TORCH_CHECK_INDEX(index >= -self.size(dim) && index < self.size(dim), "select: index ", index,
+                    " out of range for dim ", dim, " of size ", self.size(dim));
+  if (index < 0) index += self.size(dim);
+  auto t = self;
+  const auto& spec0 = spec_of(self);
+  if (auto m = spec0.mesh_dim_of(dim); m >= 0) {
+    // The index lives on one rank: slice it out, then replicate that one slice along the mesh dim.
+    t = at::slice(self, dim, index, index + 1);
+    auto placements = spec_of(t).placements;
+    placements[m] = Placement::replicate();
+    t = redistribute_to(t, redistribute_target_spec(spec_of(t), placements));
+    index = 0;
+  }
+  const auto& spec = spec_of(t);
+  Placements out_p = spec.placements;
+  DimExtents out_ext;
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      auto nd = out_p[m].dim > dim ? out_p[m].dim - 1 : out_p[m].dim;
+      out_ext[nd] = spec.extents[m];
+      out_p[m] = Placement::shard(nd);
+    }
+  auto out_shape = self.sizes().vec();
+  out_shape.erase(out_shape.begin() + dim);
+  auto out = shard_impl(t)->local().select(dim, index);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+}
+
+// split.Tensor / split_with_sizes / unbind: as global slices / selects.
+void split_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto name = op.schema().name();
+  std::vector<at::Tensor> pieces;
+  if (name == "aten::unbind") {
+    const auto dim = wrap_dim(args[1].toInt(), self.dim());
+    for (int64_t i = 0; i < self.size(dim); ++i) pieces.push_back(at::select(self, dim, i));
+  } else {
+    const auto dim = wrap_dim(args[2].toInt(), self.dim());
+    std::vector<int64_t> sizes;
+    if (args[1].isInt()) {
+      const auto s = args[1].toInt();
+      const auto n = self.size(dim);
+      for (int64_t off = 0; off < n || (n == 0 && sizes.empty()); off += std::max<int64_t>(s, 1))
+        sizes.push_back(std::min(s, n - off));
+    } else {
+      for (auto s : args[1].toDimVector()) sizes.push_back(s);
+    }
+    int64_t off = 0;
+    for (auto s : sizes) {
+      pieces.push_back(at::slice(self, dim, off, off + s));
+      off += s;
+    }
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, c10::List<at::Tensor>(pieces));
+}
+
+void cat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto list = args[0].toTensorVector();
+  auto mesh = dispatch::common_mesh(op, stack);
+  // Reference layout: the first ShardTensor with data.
+  const ShardTensorImpl* ref = nullptr;
+  int64_t ndim = 0;
+  for (auto& t : list) {
+    if (!ref) ref = shard_impl(t);
+    if (t.dim() > 0) ndim = t.dim();
+  }
+  const auto dim = wrap_dim(args[1].toInt(), ndim);
+  auto placements = without_partial(ref->spec())->placements;
+  auto ext = ref->spec()->dim_extents();
+  const auto m = ref->spec()->mesh_dim_of(dim);
+  if (m >= 0) {
+    // Concatenating along a sharded dim: gather that dim, concatenate, re-split with the default rule.
+    placements[m] = Placement::replicate();
+    ext.erase(dim);
+  }
+  std::vector<at::Tensor> locals;
+  std::vector<int64_t> out_shape;
+  for (auto& t : list) {
+    if (t.dim() == 1 && t.size(0) == 0 && ndim != 1) continue; // legacy empty tensors are skipped by cat
+    auto p = placements;
+    for (auto& pl : p)
+      if (pl.is_shard() && pl.dim >= t.dim()) pl = Placement::replicate();
+    locals.push_back(local_as(resolve_partial(dispatch::as_shard(t, mesh)), mesh, p, ext));
+    if (out_shape.empty()) {
+      out_shape = t.sizes().vec();
+    } else {
+      out_shape[dim] += t.size(dim);
+    }
+  }
+  auto out = at::cat(locals, dim);
+  at::Tensor result = wrap(out, mesh, placements, out_shape, ext);
+  if (m >= 0) {
+    auto target = placements;
+    target[m] = Placement::shard(dim);
+    result = redistribute_to(result, ShardSpec::make(mesh, target, out_shape));
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, result);
+}
+
+void stack_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto list = args[0].toTensorVector();
+  const auto dim = wrap_dim(args[1].toInt(), list.at(0).dim() + 1);
+  std::vector<at::Tensor> expanded;
+  for (auto& t : list) expanded.push_back(at::unsqueeze(t, dim));
+  auto out = at::cat(expanded, dim);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, out);
+}
+
+void repeat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  const auto& spec = spec_of(self);
+  auto reps = args[1].toDimVector();
+  const auto shift = static_cast<int64_t>(reps.size()) - self.dim();
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (p.is_shard() && reps[p.dim + shift] != 1) {
+      dispatch::not_implemented(op, stack, "repeating a sharded dim interleaves shards; redistribute that dim to "
+                                           "Replicate() first");
+    }
+  }
+  Placements out_p = spec.placements;
+  DimExtents out_ext;
+  std::vector<int64_t> out_shape(reps.size());
+  for (int64_t k = 0; k < static_cast<int64_t>(reps.size()); ++k)
+    out_shape[k] = reps[k] * (k - shift >= 0 ? self.size(k - shift) : 1);
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      out_ext[out_p[m].dim + shift] = spec.extents[m];
+      out_p[m] = Placement::shard(out_p[m].dim + shift);
+    }
+  auto out = shard_impl(self)->local().repeat(reps);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+}
+
+} // namespace
+
+void register_view() {
+  dispatch::set_handler("aten::view", view_handler);
+  dispatch::set_handler("aten::_unsafe_view", view_handler);
+  dispatch::set_handler("aten::_reshape_alias", reshape_alias_handler);
+  dispatch::set_handler("aten::permute", permute_handler);
+  dispatch::set_handler("aten::transpose.int", transpose_handler);
+  dispatch::set_handler("aten::t", transpose_handler);
+  dispatch::set_handler("aten::unsqueeze", unsqueeze_handler);
+  dispatch::set_handler("aten::squeeze", squeeze_handler);
+  dispatch::set_handler("aten::squeeze.dim", squeeze_handler);
+  dispatch::set_handler("aten::squeeze.dims", squeeze_handler);
+  dispatch::set_handler("aten::expand", expand_handler);
+  dispatch::set_handler("aten::slice.Tensor", slice_handler);
+  dispatch::set_handler("aten::select.int", select_handler);
+  dispatch::set_handler("aten::split.Tensor", split_handler);
+  dispatch::set_handler("aten::split_with_sizes", split_handler);
+  dispatch::set_handler("aten::unbind.int", split_handler);
+  dispatch::set_handler("aten::cat", cat_handler);
+  dispatch::set_handler("aten::stack", stack_handler);
+  dispatch::set_handler("aten::repeat", repeat_handler);
+}
+
+} // namespace shardtensor::ops
