@@ -211,7 +211,7 @@ at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vec
     const auto my_dst0 = dst_off(me), my_dst1 = my_dst0 + dst_extents[me];
     for (int64_t j = 0; j < n; ++j) {
       auto [lo, hi] = overlap(my_src0, my_src1, dst_off(j), dst_off(j) + dst_extents[j]);
-      send.push_back(local.narrow(src_dim, lo - my_src0, hi - lo));
+      send.push_back(hi > lo ? local.narrow(src_dim, lo - my_src0, hi - lo) : local.narrow(src_dim, 0, 0));
       auto [rlo, rhi] = overlap(src_off(j), src_off(j) + src_extents[j], my_dst0, my_dst1);
       auto shape = local.sizes().vec();
       shape[src_dim] = rhi - rlo;

@@ -52,7 +52,8 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
                                                          : dispatch::replicate_spec(mesh, size);
   (*stack)[stack->size() - n + 1] = c10::IValue(spec->local_shape);
   if (op.schema().name() == "aten::new_empty_strided") {
-    (*stack)[stack->size() - n + 2] = c10::IValue(std::vector<int64_t>(c10::contiguous_strides(spec->local_shape).begin(), c10::contiguous_strides(spec->local_shape).end()));
+    const auto strides = c10::contiguous_strides(spec->local_shape);
+    (*stack)[stack->size() - n + 2] = c10::IValue(std::vector<int64_t>(strides.begin(), strides.end()));
   }
   auto local = run_on_local_self(op, stack);
   stack->back() = make_shard_tensor(local, spec);

@@ -118,10 +118,13 @@ void pointwise_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     first = false;
   }
   if (written) {
-    if (inputs.empty()) out_shape = c10::DimVector(written->value.sizes());
-    TORCH_CHECK_NOT_IMPLEMENTED(written->value.sizes() == c10::IntArrayRef(out_shape), "ShardTensor: ",
-                                dispatch::qualified_name(op), " would resize its output ", written->value.sizes(),
-                                " to ", c10::IntArrayRef(out_shape), "; resizing ShardTensors is not supported");
+    // In-place and out=: the written tensor's shape; inputs must broadcast to it.
+    const auto wsize = c10::DimVector(written->value.sizes());
+    const auto merged = first ? wsize : at::infer_size_dimvector(out_shape, wsize);
+    TORCH_CHECK_NOT_IMPLEMENTED(merged == wsize, "ShardTensor: ", dispatch::qualified_name(op),
+                                " would resize its output ", written->value.sizes(), " to ",
+                                c10::IntArrayRef(merged), "; resizing ShardTensors is not supported");
+    out_shape = wsize;
   }
   const auto out_ndim = static_cast<int64_t>(out_shape.size());
   const auto mesh_ndim = static_cast<size_t>(mesh->ndim());

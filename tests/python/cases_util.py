@@ -54,3 +54,63 @@ def close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
 
 def full(x):
     return st.full_tensor(x) if st.is_shard_tensor(x) else x
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", expect_placements=None):
+    """Compare ``fn`` on sharded inputs against ``fn`` on the full inputs, forward and backward.
+
+    ``inputs``: full tensors, identical on every rank. ``layouts``: per input, ``None`` (pass the plain tensor,
+    i.e. Replicate) or ``(placements, sharding_shapes or None)``. Floating inputs get gradients; the loss is a
+    fixed random weighting of every floating output, so gradients are not trivial.
+    """
+    refs = [t.detach().clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
+    args = []
+    for t, lay in zip(inputs, layouts):
+        leaf = t.detach().clone()
+        if lay is None:
+            args.append(leaf.requires_grad_(grad and t.is_floating_point()))
+        else:
+            pl, ext = lay if isinstance(lay, tuple) else (lay, None)
+            s = st.distribute_tensor(leaf, m, pl, sharding_shapes=ext)
+            args.append(s.requires_grad_(grad and t.is_floating_point()))
+    out_ref = fn(*refs)
+    out = fn(*args)
+    ref_ts, out_ts = _tensors(out_ref), _tensors(out)
+    assert len(ref_ts) == len(out_ts), f"{what}: {len(out_ts)} outputs, expected {len(ref_ts)}"
+    for i, (a, b) in enumerate(zip(out_ts, ref_ts)):
+        assert tuple(a.shape) == tuple(b.shape), f"{what}: output {i} global shape {tuple(a.shape)} != {tuple(b.shape)}"
+        close(full(a), b, rtol=rtol, atol=atol, what=f"{what} output {i}")
+    if expect_placements is not None:
+        assert st.placements(out_ts[0]) == tuple(expect_placements), f"{what}: placements {st.placements(out_ts[0])}"
+    if not grad:
+        return out
+    loss_ref, loss = 0.0, 0.0
+    for i, (a, b) in enumerate(zip(out_ts, ref_ts)):
+        if not b.is_floating_point() or not b.requires_grad:
+            continue
+        w = randn(*b.shape, seed=77 + i, dtype=b.dtype)
+        loss_ref = loss_ref + (b * w).sum()
+        loss = loss + (a * w).sum()
+    if not isinstance(loss_ref, torch.Tensor):
+        return out
+    loss_ref.backward()
+    loss.backward()
+    for i, (a, r) in enumerate(zip(args, refs)):
+        if r.grad is None:
+            assert a.grad is None or full(a.grad).abs().max() == 0, f"{what}: unexpected grad for input {i}"
+            continue
+        assert a.grad is not None, f"{what}: no grad for input {i}"
+        if st.is_shard_tensor(a):
+            assert st.is_shard_tensor(a.grad), f"{what}: grad of sharded input {i} is plain"
+        else:
+            assert not st.is_shard_tensor(a.grad), f"{what}: grad of plain input {i} is a ShardTensor"
+        close(full(a.grad), r.grad, rtol=rtol, atol=atol * 10, what=f"{what} grad {i}")
+    return out
