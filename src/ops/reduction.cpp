@@ -5,6 +5,7 @@
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
 
 namespace shardtensor::ops {
 
@@ -385,10 +386,43 @@ void decomposable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   decomposable_handler(K, op, stack);
 }
 
+// value_selecting_reduction_backward(grad, dim, indices, sizes, keepdim): the backward of max/min with indices.
+// Its composite form allocates a dense plain tensor of the global size; here the result takes grad's layout
+// with the reduced dim whole on every rank (the indices are global along it).
+at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, const at::Tensor& indices_in,
+                                    c10::SymIntArrayRef sym_sizes, bool keepdim) {
+  auto* gi = shard_impl(grad_in);
+  auto* ii = shard_impl(indices_in);
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes);
+  const auto ndim = static_cast<int64_t>(sizes.size());
+  dim = wrap_dim(dim, std::max<int64_t>(ndim, 1));
+  const auto& mesh = (gi ? gi : ii)->spec()->mesh;
+  auto grad = resolve_partial(dispatch::as_shard(grad_in, mesh));
+  auto gspec = shard_impl(grad)->spec();
+  auto idx = local_as(indices_in, mesh, gspec->placements, gspec->dim_extents());
+  Placements out_p = gspec->placements;
+  DimExtents out_ext;
+  auto local_sizes = sizes.vec();
+  for (size_t m = 0; m < out_p.size(); ++m) {
+    if (!out_p[m].is_shard()) continue;
+    auto nd = (!keepdim && out_p[m].dim >= dim) ? out_p[m].dim + 1 : out_p[m].dim;
+    out_ext[nd] = gspec->extents[m];
+    local_sizes[nd] = gspec->local_shape[out_p[m].dim];
+    out_p[m] = Placement::shard(nd);
+  }
+  auto out = at::value_selecting_reduction_backward(shard_impl(grad)->local(), dim, idx, local_sizes, keepdim);
+  return wrap(out, mesh, out_p, sizes.vec(), out_ext);
+}
+
 } // namespace
 
 void register_reduction() {
   using dispatch::set_handler;
+  // Composite-implicit: bound on both shard keys so it never decomposes into a dense global allocation.
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("value_selecting_reduction_backward", TORCH_FN(value_selecting_backward));
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("value_selecting_reduction_backward", TORCH_FN(value_selecting_backward));
   set_handler("aten::sum", decomposable<Kind::Sum>);
   set_handler("aten::sum.dim_IntList", decomposable<Kind::Sum>);
   set_handler("aten::mean", decomposable<Kind::Mean>);

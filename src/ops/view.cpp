@@ -489,6 +489,76 @@ void repeat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
 }
 
+// slice_backward(grad, input_sizes, dim, start, end, step): zeros of the input's global shape with `grad`
+// placed at the slice. Along a sharded dim the output extents are chosen so every rank's range holds exactly
+// its own gradient rows (no communication).
+void slice_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto grad = resolve_partial(args[0].toTensor());
+  auto input_sizes = args[1].toDimVector();
+  const auto ndim = static_cast<int64_t>(input_sizes.size());
+  const auto dim = wrap_dim(args[2].toInt(), ndim);
+  const auto step = args[5].toInt();
+  const auto r = normalize_slice(input_sizes[dim], args[3].toInt(), args[4].toInt(), step);
+  const auto& spec = spec_of(grad);
+  const auto& mesh = *spec.mesh;
+  std::vector<int64_t> out_shape(input_sizes.begin(), input_sizes.end());
+  DimExtents out_ext = spec.dim_extents();
+  auto local_sizes = spec.local_shape;
+  local_sizes[dim] = input_sizes[dim];
+  int64_t local_start = r.start, local_end = r.end;
+  const auto m = spec.mesh_dim_of(dim);
+  if (m >= 0) {
+    const auto n = mesh.size(m);
+    std::vector<int64_t> bounds(n + 1);
+    bounds[0] = 0;
+    bounds[n] = input_sizes[dim];
+    for (int64_t c = 1; c < n; ++c) bounds[c] = std::min(r.start + step * spec.offset_of(m, c), input_sizes[dim]);
+    std::vector<int64_t> ext(n);
+    for (int64_t c = 0; c < n; ++c) ext[c] = bounds[c + 1] - bounds[c];
+    const auto me = mesh.coordinate(m);
+    local_sizes[dim] = ext[me];
+    const auto first = r.start + step * spec.offset_of(m, me);
+    local_start = first - bounds[me];
+    local_end = local_start + (spec.extents[m][me] > 0 ? (spec.extents[m][me] - 1) * step + 1 : 0);
+    out_ext[dim] = ext;
+  }
+  const auto& g = shard_impl(grad)->local();
+  auto out = at::zeros(local_sizes, g.options());
+  if (g.numel() > 0) out.slice(dim, local_start, local_end, step).copy_(g);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, spec.placements, out_shape, out_ext));
+}
+
+// select_backward(grad, input_sizes, dim, index): zeros with `grad` at `index`; a sharded `dim` uses the
+// default split and only the owner of `index` writes (grad is replicated along that mesh dim).
+void select_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto grad = resolve_partial(args[0].toTensor());
+  auto input_sizes = args[1].toDimVector();
+  const auto ndim = static_cast<int64_t>(input_sizes.size());
+  const auto dim = wrap_dim(args[2].toInt(), ndim);
+  auto index = args[3].toInt();
+  if (index < 0) index += input_sizes[dim];
+  const auto& gspec = spec_of(grad);
+  Placements out_p = gspec.placements;
+  DimExtents out_ext;
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard()) {
+      auto nd = out_p[m].dim >= dim ? out_p[m].dim + 1 : out_p[m].dim;
+      out_ext[nd] = gspec.extents[m];
+      out_p[m] = Placement::shard(nd);
+    }
+  std::vector<int64_t> out_shape(input_sizes.begin(), input_sizes.end());
+  auto local_sizes = gspec.local_shape;
+  local_sizes.insert(local_sizes.begin() + dim, input_sizes[dim]);
+  const auto& g = shard_impl(grad)->local();
+  auto out = at::zeros(local_sizes, g.options());
+  out.select(dim, index).copy_(g);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, gspec.mesh, out_p, out_shape, out_ext));
+}
+
 } // namespace
 
 void register_view() {
@@ -511,6 +581,8 @@ void register_view() {
   dispatch::set_handler("aten::cat", cat_handler);
   dispatch::set_handler("aten::stack", stack_handler);
   dispatch::set_handler("aten::repeat", repeat_handler);
+  dispatch::set_handler("aten::slice_backward", slice_backward_handler);
+  dispatch::set_handler("aten::select_backward", select_backward_handler);
 }
 
 } // namespace shardtensor::ops

@@ -31,7 +31,7 @@ def world():
 
 def randn(*shape, seed=0, dtype=torch.float32, requires_grad=False):
     g = torch.Generator().manual_seed(seed)
-    t = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    t = torch.randn(tuple(shape), generator=g, dtype=torch.float64).to(dtype)
     return t.requires_grad_(requires_grad)
 
 

