@@ -1,0 +1,97 @@
+"""Contractions, softmax and embedding against single-device results: token-sharded linear/matmul (uneven
+tokens are never flattened away), contracted-dim sharding (Partial), bmm/baddbmm/einsum, nn.Linear parameter
+gradients reduced exactly once, softmax over sharded and unsharded dims, embedding with sharded indices."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, mesh, randn, uneven_extents
+
+
+def case_linear(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(3, 7, 6, seed=seed)
+    wt, b = randn(5, 6, seed=seed + 1), randn(5, seed=seed + 2)
+    tok = ([st.Shard(1)], {0: uneven_extents(7, w, seed)})
+    bat = ([st.Shard(0)], {0: uneven_extents(3, w, seed)})
+    check_op(F.linear, [x, wt, b], [tok, None, None], m, what="linear tokens")
+    check_op(F.linear, [x, wt, b], [bat, None, None], m, what="linear batch")
+    check_op(lambda x, w: F.linear(x, w), [x, wt], [tok, None], m, what="linear no bias")
+    check_op(lambda x, w: x @ w.t(), [x, wt], [tok, None], m, what="matmul 3-d @ 2-d")
+    check_op(lambda x, q: x @ q, [x, b.new_ones(6)], [tok, None], m, what="matmul 3-d @ 1-d")
+    # Contracted dim sharded: the result is Partial(sum), resolved on use.
+    feat = ([st.Shard(2)], {0: uneven_extents(6, w, seed + 3)})
+    check_op(F.linear, [x, wt, b], [feat, None, None], m, what="linear contracted sharded")
+    a2, b2 = randn(7, 6, seed=seed + 4), randn(6, 4, seed=seed + 5)
+    check_op(torch.mm, [a2, b2], [([st.Shard(0)], None), None], m, what="mm rows")
+    check_op(torch.mm, [a2, b2], [None, ([st.Shard(1)], None)], m, what="mm cols")
+    check_op(torch.mm, [a2, b2], [([st.Shard(1)], None), ([st.Shard(0)], None)], m, what="mm contracted")
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), [randn(4, seed=1), a2, b2],
+             [None, ([st.Shard(1)], None), None], m, what="addmm partial bias once")
+    p, q = randn(4, 7, 3, seed=seed + 6), randn(4, 3, 5, seed=seed + 7)
+    check_op(torch.bmm, [p, q], [([st.Shard(1)], None), None], m, what="bmm")
+    check_op(torch.bmm, [p, q], [([st.Shard(0)], None), ([st.Shard(0)], None)], m, what="bmm batch")
+    check_op(lambda c, p, q: torch.baddbmm(c, p, q), [randn(4, 7, 5, seed=2), p, q],
+             [([st.Shard(1)], None), ([st.Shard(1)], None), None], m, what="baddbmm")
+    check_op(lambda p, q: torch.einsum("bik,bkj->bij", p, q), [p, q], [([st.Shard(1)], None), None], m, what="einsum")
+    return True
+
+
+def case_nn_linear_module(seed):
+    """An nn.Linear on token-sharded input: weight and bias grads equal single-device, plain tensors."""
+    m = mesh()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 4)
+    ref = torch.nn.Linear(6, 4)
+    ref.load_state_dict(lin.state_dict())
+    x = randn(2, 9, 6, seed=seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], {0: uneven_extents(9, m.size(), seed)})
+    lin(xs).square().mean().backward()
+    ref(x).square().mean().backward()
+    for (n, p), (_, r) in zip(lin.named_parameters(), ref.named_parameters()):
+        assert not st.is_shard_tensor(p.grad), n
+        close(p.grad, r.grad, what=n)
+    return True
+
+
+def case_softmax(seed):
+    m = mesh()
+    x = randn(3, 8, 5, seed=seed)
+    tok = ([st.Shard(1)], {0: uneven_extents(8, m.size(), seed)})
+    check_op(lambda t: torch.softmax(t, -1), [x], [tok], m, what="softmax unsharded dim")
+    check_op(lambda t: torch.log_softmax(t, 0), [x], [tok], m, what="log_softmax unsharded dim")
+    check_op(lambda t: torch.softmax(t, 1), [x], [tok], m, what="softmax sharded dim")
+    check_op(lambda t: torch.log_softmax(t, 1), [x], [tok], m, what="log_softmax sharded dim")
+    return True
+
+
+def case_embedding(seed):
+    m = mesh()
+    idx = torch.randint(0, 10, (3, 7), generator=torch.Generator().manual_seed(seed))
+    table = randn(10, 4, seed=seed)
+    tok = ([st.Shard(1)], {0: uneven_extents(7, m.size(), seed)})
+    check_op(lambda i, t: F.embedding(i, t), [idx, table], [tok, None], m, what="embedding")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_linear(world):
+    harness.run(world, case_linear, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nn_linear_module(world):
+    harness.run(world, case_nn_linear_module, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_softmax(world):
+    harness.run(world, case_softmax, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_embedding(world):
+    harness.run(world, case_embedding, world)
