@@ -1,0 +1,108 @@
+"""Copies, factories and autograd plumbing: _to_copy, clone, *_like, new_*, item, detach, nn.Parameter
+ShardTensors, gradient accumulation, an optimizer step, backward on Partial and replicated scalars, dropout,
+and handlers registered from Python."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, full, mesh, randn, rank, uneven_extents
+
+
+def case_copies_factories(seed):
+    m = mesh()
+    x = randn(7, 3, seed=seed)
+    ext = {0: uneven_extents(7, m.size(), seed)}
+    xs = st.distribute_tensor(x, m, [st.Shard(0)], ext)
+    for name, fn in [("double", lambda t: t.double()), ("to half", lambda t: t.to(torch.float16).float()),
+                     ("clone", lambda t: t.clone()), ("detach", lambda t: t.detach() * 1)]:
+        check_op(fn, [x], [([st.Shard(0)], ext)], m, what=name)
+    for name, fn, ref in [("zeros_like", torch.zeros_like, torch.zeros(7, 3)), ("ones_like", torch.ones_like, torch.ones(7, 3)),
+                          ("full_like", lambda t: torch.full_like(t, 2.5), torch.full((7, 3), 2.5)),
+                          ("new_zeros", lambda t: t.new_zeros(7, 3), torch.zeros(7, 3)),
+                          ("new_ones other", lambda t: t.new_ones(2), torch.ones(2))]:
+        y = fn(xs)
+        assert st.is_shard_tensor(y), name
+        close(full(y), ref, what=name)
+    assert st.sharding_shapes(torch.empty_like(xs)) == ext
+    r = torch.rand_like(xs)
+    assert r.shape == x.shape and st.sharding_shapes(r) == ext
+    assert abs(xs.sum().item() - x.sum().item()) < 1e-4
+    assert abs(xs[2, 1].item() - x[2, 1].item()) < 1e-6
+    assert torch.equal(xs, st.distribute_tensor(x, m, [st.Shard(0)]))
+    assert xs.is_contiguous() and xs.dtype == torch.float32 and xs.device.type == "cpu"
+    return True
+
+
+def case_autograd_plumbing(seed):
+    m = mesh()
+    x = randn(8, 4, seed=seed)
+    ext = {0: uneven_extents(8, m.size(), seed)}
+    p = torch.nn.Parameter(st.distribute_tensor(x, m, [st.Shard(0)], ext))
+    assert st.is_shard_tensor(p) and p.requires_grad and p.is_leaf
+    ref = x.clone().requires_grad_(True)
+    for _ in range(2):  # second backward accumulates (add_ on a ShardTensor .grad)
+        (p * p).sum().backward()
+        (ref * ref).sum().backward()
+    assert st.sharding_shapes(p.grad) == ext
+    close(full(p.grad), ref.grad, what="accumulated grad")
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    opt_ref = torch.optim.SGD([ref], lr=0.1, momentum=0.9)
+    opt.step()
+    opt_ref.step()
+    close(full(p.detach()), ref.detach(), what="SGD step")
+    # backward() on a replicated scalar and on a Partial scalar.
+    y = st.distribute_tensor(x, m, [st.Shard(0)], ext).requires_grad_(True)
+    y.mean().backward()
+    close(full(y.grad), torch.full_like(x, 1 / x.numel()), what="Partial scalar backward")
+    z = st.distribute_tensor(x, m, [st.Replicate()]).requires_grad_(True)
+    (z * 2).sum().backward()
+    close(full(z.grad), torch.full_like(x, 2.0), what="replicated scalar backward")
+    return True
+
+
+def case_dropout(seed):
+    m = mesh()
+    x = randn(6, 5, seed=seed)
+    check_op(lambda t: F.dropout(t, 0.0, training=True), [x], [([st.Shard(0)], None)], m, what="dropout p=0")
+    xs = st.distribute_tensor(x, m, [st.Shard(0)])
+    d = F.dropout(xs, 0.5, training=True)
+    kept = full(d) != 0
+    close(full(d)[kept], (x * 2)[kept], what="dropout scale")
+    return True
+
+
+def case_python_handler(seed):
+    m = mesh()
+
+    def flip_last(x, dims):
+        # flip along unsharded dims is local: run on the local tensor and rewrap with the same layout.
+        assert all(d % x.dim() != 0 for d in dims), "only unsharded dims in this test"
+        return st.from_local(torch.flip(st.to_local(x), dims), st.device_mesh(x), st.placements(x),
+                             sharding_shapes=st.sharding_shapes(x))
+
+    st.register_handler(torch.ops.aten.flip.default, flip_last)
+    x = randn(5, 4, seed=seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
+    close(full(torch.flip(xs, [1])), torch.flip(x, [1]), what="python handler")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_copies_factories(world):
+    harness.run(world, case_copies_factories, world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_autograd_plumbing(world):
+    harness.run(world, case_autograd_plumbing, world)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_dropout(world):
+    harness.run(world, case_dropout, world)
+
+
+def test_python_handler():
+    harness.run(2, case_python_handler, 1)
