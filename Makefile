@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
 
-.PHONY: demo test build venv cpp-test py-test bench clean
+.PHONY: demo test build venv system-deps cpp-test py-test bench clean
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
@@ -18,7 +18,19 @@ $(VENV)/.stamp: pyproject.toml
 	echo "$(CURDIR)/python" > $$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/shardtensor-dev.pth
 	touch $@
 
-build: venv
+# Best effort, as root on Debian: GoogleTest and Google Benchmark for the C++ tests and benchmark, gloo's
+# headers so C++ programs can create Gloo groups (the torch wheel ships none). Missing ones are skipped.
+SYSTEM_DEPS := /usr/include/gtest/gtest.h:libgtest-dev /usr/include/benchmark/benchmark.h:libbenchmark-dev /usr/include/gloo/algorithm.h:libgloo-dev
+system-deps:
+	@missing=""; for d in $(SYSTEM_DEPS); do [ -f "$${d%%:*}" ] || missing="$$missing $${d##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing$$missing"; apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	    (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null 2>&1) || \
+	    echo "could not install$$missing; the parts that need them are skipped"; \
+	  else echo "not installed:$$missing (the parts that need them are skipped)"; fi; fi
+
+build: venv system-deps
 	@if [ ! -f $(BUILD)/build.ninja ]; then \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(CURDIR)/$(PY) ; fi
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(BUILD)
