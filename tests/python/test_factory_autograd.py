@@ -106,3 +106,54 @@ def test_dropout(world):
 
 def test_python_handler():
     harness.run(2, case_python_handler, 1)
+
+
+def case_sync_module(shape):
+    import torch.distributed as dist
+    m = mesh(shape, ("a", "b")[: len(shape)] if len(shape) > 1 else ("domain",))
+    torch.manual_seed(100 + rank())  # different weights on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    st.sync_module(model, m)
+    flat = torch.cat([t.detach().flatten().float() for t in list(model.parameters()) + list(model.buffers())])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    for g in gathered:
+        assert torch.equal(g, gathered[0]), "parameters differ after sync_module"
+    torch.manual_seed(100)
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    close(model[0].weight.detach(), ref[0].weight.detach(), what="synced from rank 0")
+    return True
+
+
+def case_type_promotion(seed):
+    m = mesh()
+    x = randn(6, 3, seed=seed)
+    i = torch.arange(18).reshape(6, 3)
+    lay = ([st.Shard(0)], {0: uneven_extents(6, m.size(), seed)})
+    out = check_op(lambda a, b: a * b, [x, i], [lay, lay], m, grad=False, what="float*int")
+    assert out.dtype == torch.float32
+    out = check_op(lambda b: b + 1.5, [i], [lay], m, grad=False, what="int+float scalar")
+    assert out.dtype == torch.float32
+    xs = st.distribute_tensor(x, m, [st.Shard(0)])
+    assert torch.ops.aten.is_same_size(xs, torch.empty(6, 3))
+    same = torch.as_strided(xs, xs.shape, xs.stride())
+    close(full(same), x, what="identity as_strided")
+    return True
+
+
+def bad_as_strided():
+    xs = st.distribute_tensor(torch.randn(6, 3), mesh(), [st.Shard(0)])
+    torch.as_strided(xs, (2, 2), (1, 1))
+
+
+@pytest.mark.parametrize("world,shape", [(2, (2,)), (4, (2, 2))])
+def test_sync_module(world, shape):
+    harness.run(world, case_sync_module, shape)
+
+
+def test_type_promotion():
+    harness.run(3, case_type_promotion, 2)
+
+
+def test_as_strided_non_identity_raises():
+    harness.expect_error(2, bad_as_strided, match="identity")
