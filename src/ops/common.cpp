@@ -58,6 +58,7 @@ void register_all() {
   register_linear();
   register_softmax();
   register_embedding();
+  register_norm();
 }
 
 } // namespace shardtensor::ops

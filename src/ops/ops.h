@@ -12,5 +12,6 @@ void register_view();
 void register_linear();
 void register_softmax();
 void register_embedding();
+void register_norm();
 
 } // namespace shardtensor::ops

@@ -1,0 +1,180 @@
+// Normalization layers. layer_norm: over unsharded normalized dims it is local (leading dims may be sharded
+// anyhow); over sharded normalized dims the mean and variance are global (two-pass, all-reduced sums) and
+// the backward all-reduces the two sums it needs. Affine gradients are Partial(sum) over the mesh dims that
+// shard the leading dims, reduced once by the parameter's promotion.
+#include "comm/collectives.h"
+#include "ops/common.h"
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+struct LayerNormLayout {
+  at::Tensor x;                  // resolved input
+  SpecPtr spec;
+  int64_t axis;                  // first normalized dim
+  std::vector<int64_t> norm_dims;
+  std::vector<int64_t> norm_mesh_dims; // mesh dims that shard a normalized dim
+  std::vector<int64_t> lead_mesh_dims; // mesh dims that shard a leading dim
+  int64_t count = 1;             // global number of normalized elements
+};
+
+LayerNormLayout layer_norm_layout(const at::Tensor& input, const MeshPtr& mesh, int64_t k) {
+  LayerNormLayout l;
+  l.x = resolve_partial(dispatch::as_shard(input, mesh));
+  l.spec = shard_impl(l.x)->spec();
+  l.axis = input.dim() - k;
+  for (int64_t d = l.axis; d < input.dim(); ++d) {
+    l.norm_dims.push_back(d);
+    l.count *= input.size(d);
+  }
+  for (size_t m = 0; m < l.spec->placements.size(); ++m) {
+    const auto& p = l.spec->placements[m];
+    if (!p.is_shard()) continue;
+    (p.dim >= l.axis ? l.norm_mesh_dims : l.lead_mesh_dims).push_back(static_cast<int64_t>(m));
+  }
+  return l;
+}
+
+at::Tensor all_reduce_over(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
+  for (auto m : mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, mesh, m);
+  return t;
+}
+
+// Stats (mean/rstd) shape [leading..., 1...]: leading shards kept, normalized mesh dims replicated.
+at::Tensor wrap_stats(const at::Tensor& local, const LayerNormLayout& l, const at::Tensor& input) {
+  auto shape = input.sizes().vec();
+  for (auto d : l.norm_dims) shape[d] = 1;
+  Placements p = l.spec->placements;
+  DimExtents ext;
+  for (size_t m = 0; m < p.size(); ++m) {
+    if (!p[m].is_shard()) continue;
+    if (p[m].dim >= l.axis) p[m] = Placement::replicate();
+    else ext[p[m].dim] = l.spec->extents[m];
+  }
+  return wrap(local, l.spec->mesh, p, shape, ext);
+}
+
+// The affine parameter's local part for the normalized dims of this rank.
+at::Tensor local_param(const std::optional<at::Tensor>& param, const LayerNormLayout& l, const at::Tensor& input) {
+  if (!param || !param->defined()) return at::Tensor();
+  const auto& mesh = l.spec->mesh;
+  Placements want(mesh->ndim(), Placement::replicate());
+  DimExtents ext;
+  for (auto m : l.norm_mesh_dims) {
+    const auto d = l.spec->placements[m].dim;
+    want[m] = Placement::shard(d - l.axis);
+    ext[d - l.axis] = l.spec->extents[m];
+  }
+  return local_as(resolve_partial(dispatch::as_shard(*param, mesh)), mesh, want, ext);
+}
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+void layer_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto input = args[0].toTensor();
+  const auto k = static_cast<int64_t>(args[1].toDimVector().size());
+  auto weight = args[2].toOptional<at::Tensor>();
+  auto bias = args[3].toOptional<at::Tensor>();
+  const double eps = args[4].toDouble();
+  auto l = layer_norm_layout(input, mesh, k);
+  const auto& x = shard_impl(l.x)->local();
+  auto w = local_param(weight, l, input), b = local_param(bias, l, input);
+  at::Tensor out, mean, rstd;
+  if (l.norm_mesh_dims.empty()) {
+    auto local_norm = x.sizes().slice(l.axis).vec();
+    std::tie(out, mean, rstd) = at::native_layer_norm(x, local_norm, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt,
+                                                      b.defined() ? std::optional<at::Tensor>(b) : std::nullopt, eps);
+    auto shape = x.sizes().vec();
+    for (auto d : l.norm_dims) shape[d] = 1;
+    mean = mean.view(shape);
+    rstd = rstd.view(shape);
+  } else {
+    const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+    auto xf = x.to(acc);
+    mean = all_reduce_over(xf.sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) / static_cast<double>(l.count);
+    auto centered = xf - mean;
+    auto var = all_reduce_over(centered.square().sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) /
+        static_cast<double>(l.count);
+    rstd = (var + eps).rsqrt();
+    out = centered * rstd;
+    if (w.defined()) out = out * w;
+    if (b.defined()) out = out + b;
+    out = out.to(x.scalar_type());
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, make_shard_tensor(out, l.spec));
+  torch::jit::push(*stack, wrap_stats(mean, l, input));
+  torch::jit::push(*stack, wrap_stats(rstd, l, input));
+}
+
+// Gradient of an affine parameter: the per-rank sum over local leading elements is Partial(sum) over the mesh
+// dims that shard leading dims; its normalized dims keep their shards.
+at::Tensor wrap_param_grad(const at::Tensor& local, const LayerNormLayout& l, const at::Tensor& param) {
+  Placements p(l.spec->mesh->ndim(), Placement::replicate());
+  DimExtents ext;
+  for (auto m : l.lead_mesh_dims) p[m] = Placement::partial(ReduceOp::Sum);
+  for (auto m : l.norm_mesh_dims) {
+    const auto d = l.spec->placements[m].dim - l.axis;
+    p[m] = Placement::shard(d);
+    ext[d] = l.spec->extents[m];
+  }
+  return wrap(local, l.spec->mesh, p, param.sizes().vec(), ext);
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
+void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto input = args[1].toTensor();
+  const auto k = static_cast<int64_t>(args[2].toDimVector().size());
+  auto weight = args[5].toOptional<at::Tensor>();
+  auto bias = args[6].toOptional<at::Tensor>();
+  auto mask = args[7].to<std::array<bool, 3>>();
+  auto l = layer_norm_layout(input, mesh, k);
+  const auto& x = shard_impl(l.x)->local();
+  auto g = local_aligned(resolve_partial(args[0].toTensor()), mesh, input.sizes(), l.spec->placements, l.spec->dim_extents());
+  auto mean = local_aligned(args[3].toTensor(), mesh, input.sizes().vec(), l.spec->placements, l.spec->dim_extents());
+  auto rstd = local_aligned(args[4].toTensor(), mesh, input.sizes().vec(), l.spec->placements, l.spec->dim_extents());
+  auto w = local_param(weight, l, input);
+  at::Tensor gi, gw, gb;
+  std::vector<int64_t> lead_dims;
+  for (int64_t d = 0; d < l.axis; ++d) lead_dims.push_back(d);
+  if (l.norm_mesh_dims.empty()) {
+    auto local_norm = x.sizes().slice(l.axis).vec();
+    auto flat_shape = x.sizes().slice(0, l.axis).vec();
+    std::tie(gi, gw, gb) = at::native_layer_norm_backward(
+        g, x, local_norm, mean.reshape(flat_shape), rstd.reshape(flat_shape),
+        w.defined() ? std::optional<at::Tensor>(w) : std::nullopt,
+        bias && bias->defined() ? std::optional<at::Tensor>(local_param(bias, l, input)) : std::nullopt, mask);
+  } else {
+    const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+    auto xf = x.to(acc), gf = g.to(acc);
+    auto xhat = (xf - mean) * rstd;
+    if (mask[0]) {
+      auto gw_ = w.defined() ? gf * w : gf;
+      auto s1 = all_reduce_over(gw_.sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) / static_cast<double>(l.count);
+      auto s2 = all_reduce_over((gw_ * xhat).sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) /
+          static_cast<double>(l.count);
+      gi = (rstd * (gw_ - s1 - xhat * s2)).to(x.scalar_type());
+    }
+    if (mask[1] && w.defined()) gw = lead_dims.empty() ? gf * xhat : (gf * xhat).sum(lead_dims).to(x.scalar_type());
+    if (mask[2] && bias && bias->defined()) gb = lead_dims.empty() ? gf : gf.sum(lead_dims).to(x.scalar_type());
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor());
+  torch::jit::push(*stack, gw.defined() ? wrap_param_grad(gw, l, *weight) : at::Tensor());
+  torch::jit::push(*stack, gb.defined() ? wrap_param_grad(gb, l, *bias) : at::Tensor());
+}
+
+} // namespace
+
+void register_norm() {
+  dispatch::set_handler("aten::native_layer_norm", layer_norm_handler);
+  dispatch::set_handler("aten::native_layer_norm_backward", layer_norm_backward_handler);
+}
+
+} // namespace shardtensor::ops

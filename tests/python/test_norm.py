@@ -1,0 +1,70 @@
+"""layer_norm and rms_norm against single-device results: token-sharded inputs (local statistics), sharded
+normalized dims (global statistics), with and without affine parameters, uneven shards, 2-D meshes, large
+means, and nn.LayerNorm parameter gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, mesh, randn, uneven_extents
+
+
+def case_layer_norm(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(3, 7, 6, seed=seed) * 3 + 2
+    wt, b = randn(6, seed=seed + 1), randn(6, seed=seed + 2)
+    tok = ([st.Shard(1)], {0: uneven_extents(7, w, seed)})
+    feat = ([st.Shard(2)], {0: uneven_extents(6, w, seed + 1)})
+    for name, lay in [("tokens", tok), ("features", feat)]:
+        check_op(lambda x, w, b: F.layer_norm(x, (6,), w, b), [x, wt, b], [lay, None, None], m, rtol=1e-4, atol=1e-5,
+                 what=f"layer_norm {name}")
+        check_op(lambda x: F.layer_norm(x, (6,)), [x], [lay], m, rtol=1e-4, atol=1e-5, what=f"no affine {name}")
+        check_op(lambda x, w: F.layer_norm(x, (7, 6), w), [x, randn(7, 6, seed=4)], [lay, None], m, rtol=1e-4,
+                 atol=1e-5, what=f"2 normalized dims {name}")
+        check_op(lambda x, w: F.rms_norm(x, (6,), w), [x, wt], [lay, None], m, rtol=1e-4, atol=1e-5, what=f"rms_norm {name}")
+    big = randn(2, 5, 8, seed=seed) + 1e3
+    check_op(lambda x: F.layer_norm(x, (8,)), [big], [([st.Shard(2)], None)], m, rtol=1e-3, atol=1e-3, what="large mean")
+    return True
+
+
+def case_layer_norm_2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(4, 5, 6, seed=seed)
+    wt, b = randn(6, seed=1), randn(6, seed=2)
+    lay = ([st.Shard(1), st.Shard(2)], {0: uneven_extents(5, 2, seed), 1: uneven_extents(6, 2, seed + 1)})
+    check_op(lambda x, w, b: F.layer_norm(x, (6,), w, b), [x, wt, b], [lay, None, None], m, rtol=1e-4, atol=1e-5,
+             what="2-D mesh layer_norm")
+    return True
+
+
+def case_layer_norm_module(seed):
+    m = mesh()
+    torch.manual_seed(0)
+    ln, ref = torch.nn.LayerNorm(6), torch.nn.LayerNorm(6)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ref.weight.copy_(ln.weight)
+    x = randn(2, 9, 6, seed=seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], {0: uneven_extents(9, m.size(), seed)})
+    ln(xs).pow(3).mean().backward()
+    ref(x).pow(3).mean().backward()
+    for (n, p), (_, r) in zip(ln.named_parameters(), ref.named_parameters()):
+        assert not st.is_shard_tensor(p.grad)
+        close(p.grad, r.grad, rtol=1e-4, atol=1e-6, what=n)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_layer_norm(world):
+    harness.run(world, case_layer_norm, world)
+
+
+def test_layer_norm_2d():
+    harness.run(4, case_layer_norm_2d, 1)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_layer_norm_module(world):
+    harness.run(world, case_layer_norm_module, world)
