@@ -11,6 +11,12 @@ namespace {
 
 using dispatch::op_args;
 
+// Sum `t` over every mesh dim in `mesh_dims` (no-op when empty).
+at::Tensor all_reduce_over(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
+  for (auto m : mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, mesh, m);
+  return t;
+}
+
 struct LayerNormLayout {
   at::Tensor x;                  // resolved input
   SpecPtr spec;
@@ -38,10 +44,6 @@ LayerNormLayout layer_norm_layout(const at::Tensor& input, const MeshPtr& mesh, 
   return l;
 }
 
-at::Tensor all_reduce_over(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
-  for (auto m : mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, mesh, m);
-  return t;
-}
 
 // Stats (mean/rstd) shape [leading..., 1...]: leading shards kept, normalized mesh dims replicated.
 at::Tensor wrap_stats(const at::Tensor& local, const LayerNormLayout& l, const at::Tensor& input) {
@@ -172,9 +174,145 @@ void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
 
 } // namespace
 
+void register_group_norm();
+
 void register_norm() {
+  register_group_norm();
   dispatch::set_handler("aten::native_layer_norm", layer_norm_handler);
   dispatch::set_handler("aten::native_layer_norm_backward", layer_norm_backward_handler);
+}
+
+} // namespace shardtensor::ops
+
+// ---------------------------------------------------------------------------------------------------------
+// group_norm: statistics per (sample, group) over the group's channels and all spatial positions. Spatial and
+// batch dims may be sharded (uneven); channels may not (a group would span ranks).
+namespace shardtensor::ops {
+namespace {
+
+struct GroupNormLayout {
+  at::Tensor x;
+  SpecPtr spec;
+  std::vector<int64_t> spatial_mesh_dims; // mesh dims sharding a spatial dim (statistics are all-reduced)
+  std::vector<int64_t> batch_mesh_dims;   // mesh dims sharding dim 0
+};
+
+GroupNormLayout group_norm_layout(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
+                                  const MeshPtr& mesh) {
+  GroupNormLayout l;
+  l.x = resolve_partial(dispatch::as_shard(input, mesh));
+  l.spec = shard_impl(l.x)->spec();
+  for (size_t m = 0; m < l.spec->placements.size(); ++m) {
+    const auto& p = l.spec->placements[m];
+    if (!p.is_shard()) continue;
+    if (p.dim == 1) dispatch::not_implemented(op, stack, "group_norm with the channel dim sharded; shard a spatial or the batch dim");
+    (p.dim == 0 ? l.batch_mesh_dims : l.spatial_mesh_dims).push_back(static_cast<int64_t>(m));
+  }
+  return l;
+}
+
+// [N, G] statistics: batch shards kept.
+at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, int64_t n, int64_t g) {
+  Placements p(l.spec->mesh->ndim(), Placement::replicate());
+  DimExtents ext;
+  for (auto m : l.batch_mesh_dims) {
+    p[m] = Placement::shard(0);
+    ext[0] = l.spec->extents[m];
+  }
+  return wrap(local, l.spec->mesh, p, {n, g}, ext);
+}
+
+at::Tensor channel_view(const at::Tensor& per_channel, int64_t dims) {
+  std::vector<int64_t> shape(dims, 1);
+  shape[1] = per_channel.numel();
+  return per_channel.reshape(shape);
+}
+
+// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)
+void group_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto input = args[0].toTensor();
+  auto weight = args[1].toOptional<at::Tensor>();
+  auto bias = args[2].toOptional<at::Tensor>();
+  const auto N = args[3].toInt(), C = args[4].toInt(), HxW = args[5].toInt(), G = args[6].toInt();
+  const double eps = args[7].toDouble();
+  auto l = group_norm_layout(op, stack, input, mesh);
+  const auto& x = shard_impl(l.x)->local();
+  const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+  const auto n_local = x.size(0);
+  int64_t inner = C / G;
+  for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
+  auto xg = x.to(acc).reshape({n_local, G, inner});
+  const double count = static_cast<double>(C / G) * static_cast<double>(HxW);
+  auto mean = all_reduce_over(xg.sum(2, true), l.spatial_mesh_dims, *mesh) / count;
+  auto centered = xg - mean;
+  auto var = all_reduce_over(centered.square().sum(2, true), l.spatial_mesh_dims, *mesh) / count;
+  auto rstd = (var + eps).rsqrt();
+  auto out = (centered * rstd).reshape(x.sizes());
+  auto plain = [&](const std::optional<at::Tensor>& t) { return shard_impl(resolve_partial(dispatch::as_shard(*t, mesh)))->local(); };
+  if (weight && weight->defined()) out = out * channel_view(plain(weight), x.dim());
+  if (bias && bias->defined()) out = out + channel_view(plain(bias), x.dim());
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, make_shard_tensor(out.to(x.scalar_type()), l.spec));
+  torch::jit::push(*stack, wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G));
+  torch::jit::push(*stack, wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G));
+}
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
+void group_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto input = args[1].toTensor();
+  auto weight = args[4].toOptional<at::Tensor>();
+  const auto C = args[6].toInt(), HxW = args[7].toInt(), G = args[8].toInt();
+  auto mask = args[9].to<std::array<bool, 3>>();
+  auto l = group_norm_layout(op, stack, input, mesh);
+  const auto& x = shard_impl(l.x)->local();
+  const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+  const auto n_local = x.size(0);
+  auto g = local_aligned(resolve_partial(args[0].toTensor()), mesh, input.sizes(), l.spec->placements,
+                         l.spec->dim_extents()).to(acc);
+  auto stats_layout = shard_impl(wrap_group_stats(at::zeros({n_local, G}), l, args[5].toInt(), G))->spec();
+  auto mean = local_as(args[2].toTensor(), mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
+  auto rstd = local_as(args[3].toTensor(), mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
+  int64_t inner = C / G;
+  for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
+  auto xg = x.to(acc).reshape({n_local, G, inner});
+  auto xhat = ((xg - mean) * rstd).reshape(x.sizes());
+  at::Tensor w;
+  if (weight && weight->defined()) w = channel_view(shard_impl(resolve_partial(dispatch::as_shard(*weight, mesh)))->local().to(acc), x.dim());
+  at::Tensor gi, gw, gb;
+  if (mask[0]) {
+    auto gw_ = (w.defined() ? g * w : g).reshape({n_local, G, inner});
+    auto xh = xhat.reshape({n_local, G, inner});
+    // One fused all-reduce of both sums.
+    auto sums = all_reduce_over(at::cat({gw_.sum(2, true), (gw_ * xh).sum(2, true)}, 2), l.spatial_mesh_dims, *mesh);
+    const double count = static_cast<double>(C / G) * static_cast<double>(HxW);
+    auto s1 = sums.narrow(2, 0, 1) / count, s2 = sums.narrow(2, 1, 1) / count;
+    gi = (rstd * (gw_ - s1 - xh * s2)).reshape(x.sizes()).to(x.scalar_type());
+  }
+  std::vector<int64_t> red{0};
+  for (int64_t d = 2; d < x.dim(); ++d) red.push_back(d);
+  auto wrap_param = [&](const at::Tensor& local) {
+    Placements p(mesh->ndim(), Placement::replicate());
+    for (auto m : l.spatial_mesh_dims) p[m] = Placement::partial(ReduceOp::Sum);
+    for (auto m : l.batch_mesh_dims) p[m] = Placement::partial(ReduceOp::Sum);
+    return wrap(local.to(x.scalar_type()), mesh, p, {C}, {});
+  };
+  if (mask[1] && w.defined()) gw = wrap_param((g * xhat).sum(red));
+  if (mask[2]) gb = wrap_param(g.sum(red));
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor());
+  torch::jit::push(*stack, gw);
+  torch::jit::push(*stack, gb);
+}
+
+} // namespace
+
+void register_group_norm() {
+  dispatch::set_handler("aten::native_group_norm", group_norm_handler);
+  dispatch::set_handler("aten::native_group_norm_backward", group_norm_backward_handler);
 }
 
 } // namespace shardtensor::ops

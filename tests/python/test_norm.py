@@ -68,3 +68,44 @@ def test_layer_norm_2d():
 @pytest.mark.parametrize("world", [2, 3])
 def test_layer_norm_module(world):
     harness.run(world, case_layer_norm_module, world)
+
+
+def case_group_norm(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 6, 9, 5, seed=seed) * 2 + 3
+    wt, b = randn(6, seed=seed + 1), randn(6, seed=seed + 2)
+    for name, lay in [("height", ([st.Shard(2)], {0: uneven_extents(9, w, seed)})),
+                      ("width", ([st.Shard(3)], {0: uneven_extents(5, w, seed + 1)})),
+                      ("batch", ([st.Shard(0)], {0: uneven_extents(2, w, seed + 2)}))]:
+        check_op(lambda x, w, b: F.group_norm(x, 3, w, b), [x, wt, b], [lay, None, None], m, rtol=1e-4, atol=1e-5,
+                 what=f"group_norm {name}")
+        check_op(lambda x: F.group_norm(x, 2), [x], [lay], m, rtol=1e-4, atol=1e-5, what=f"group_norm no affine {name}")
+    return True
+
+
+def case_group_norm_2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 4, 7, 6, seed=seed)
+    lay = ([st.Shard(2), st.Shard(3)], {0: uneven_extents(7, 2, seed), 1: uneven_extents(6, 2, seed + 1)})
+    check_op(lambda x, w, b: F.group_norm(x, 2, w, b), [x, randn(4, seed=1), randn(4, seed=2)], [lay, None, None], m,
+             rtol=1e-4, atol=1e-5, what="2-D mesh group_norm")
+    return True
+
+
+def group_norm_channel_sharded():
+    x = st.distribute_tensor(torch.randn(2, 4, 3), mesh(), [st.Shard(1)])
+    F.group_norm(x, 2)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_group_norm(world):
+    harness.run(world, case_group_norm, world)
+
+
+def test_group_norm_2d():
+    harness.run(4, case_group_norm_2d, 3)
+
+
+def test_group_norm_channel_sharded_raises():
+    harness.expect_error(2, group_norm_channel_sharded, match="channel dim sharded")
