@@ -59,6 +59,7 @@ void register_all() {
   register_softmax();
   register_embedding();
   register_norm();
+  register_batch_norm();
 }
 
 } // namespace shardtensor::ops

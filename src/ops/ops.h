@@ -13,5 +13,6 @@ void register_linear();
 void register_softmax();
 void register_embedding();
 void register_norm();
+void register_batch_norm();
 
 } // namespace shardtensor::ops

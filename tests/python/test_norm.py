@@ -109,3 +109,69 @@ def test_group_norm_2d():
 
 def test_group_norm_channel_sharded_raises():
     harness.expect_error(2, group_norm_channel_sharded, match="channel dim sharded")
+
+
+def case_batch_norm_module(dim_sharded, momentum, seed):
+    """nn.BatchNorm2d trained a few steps on sharded input: outputs, input and parameter gradients, running
+    statistics and num_batches_tracked equal single-device on every rank; then evaluation mode."""
+    m = mesh()
+    torch.manual_seed(0)
+    bn, ref = torch.nn.BatchNorm2d(4, momentum=momentum), torch.nn.BatchNorm2d(4, momentum=momentum)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    ref.load_state_dict(bn.state_dict())
+    for step in range(3):
+        x = randn(3, 4, 7, 5, seed=seed + step) * 2 + 5
+        ext = {0: uneven_extents(x.shape[dim_sharded], m.size(), seed + step)}
+        xs = st.distribute_tensor(x, m, [st.Shard(dim_sharded)], ext).requires_grad_(True)
+        xr = x.clone().requires_grad_(True)
+        wgt = randn(3, 4, 7, 5, seed=99)
+        (bn(xs) * wgt).sum().backward()
+        (ref(xr) * wgt).sum().backward()
+        close(st.full_tensor(xs.grad), xr.grad, rtol=1e-4, atol=1e-5, what=f"input grad step {step}")
+    for (n, p), (_, r) in zip(bn.named_parameters(), ref.named_parameters()):
+        assert not st.is_shard_tensor(p.grad)
+        close(p.grad, r.grad, rtol=1e-4, atol=1e-5, what=f"grad {n}")
+    for (n, b), (_, r) in zip(bn.named_buffers(), ref.named_buffers()):
+        close(b, r, rtol=1e-5, atol=1e-6, what=f"buffer {n}")
+    bn.eval()
+    ref.eval()
+    x = randn(2, 4, 6, 5, seed=7)
+    check_op(lambda x: bn(x), [x], [([st.Shard(dim_sharded)], None)], m, grad=False, what="eval")
+    close(st.full_tensor(bn(st.distribute_tensor(x, m, [st.Shard(dim_sharded)]))), ref(x), rtol=1e-5, atol=1e-5,
+          what="eval vs reference")
+    return True
+
+
+def case_batch_norm_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(4, 3, 6, 5, seed=seed)
+    lay = ([st.Shard(2), st.Shard(0)], {0: uneven_extents(6, 2, seed), 1: uneven_extents(4, 2, seed + 1)})
+    check_op(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), [x, randn(3, seed=1), randn(3, seed=2)],
+             [lay, None, None], m, rtol=1e-4, atol=1e-5, what="2-D mesh batch_norm")
+    return True
+
+
+def case_instance_norm(seed):
+    m = mesh()
+    x = randn(2, 3, 8, 5, seed=seed) + 2
+    lay = ([st.Shard(2)], {0: uneven_extents(8, m.size(), seed)})
+    check_op(lambda x: F.instance_norm(x), [x], [lay], m, rtol=1e-4, atol=1e-5, what="instance_norm")
+    check_op(lambda x, w, b: F.instance_norm(x, weight=w, bias=b), [x, randn(3, seed=1), randn(3, seed=2)],
+             [lay, None, None], m, rtol=1e-4, atol=1e-5, what="instance_norm affine")
+    return True
+
+
+@pytest.mark.parametrize("world,dim_sharded,momentum", [(2, 2, 0.1), (3, 0, 0.1), (2, 1, 0.3), (4, 3, None)])
+def test_batch_norm_module(world, dim_sharded, momentum):
+    harness.run(world, case_batch_norm_module, dim_sharded, momentum, world)
+
+
+def test_batch_norm_2d_mesh():
+    harness.run(4, case_batch_norm_2d_mesh, 5)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_instance_norm(world):
+    harness.run(world, case_instance_norm, world)

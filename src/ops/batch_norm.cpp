@@ -1,0 +1,172 @@
+// batch_norm, bound above autograd on both shard keys: on one device PyTorch picks cudnn or native kernels by
+// `input.is_cuda()`, which would run on the wrapper. Training statistics are reduced over every sharded
+// non-channel dim (two small all-reduces forward, one fused all-reduce backward); running statistics are
+// updated from the global statistics, so they are identical on every rank and equal to single-device ones.
+// A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
+#include "comm/collectives.h"
+#include "ops/common.h"
+
+#include <torch/autograd.h>
+#include <torch/library.h>
+#include <ATen/ops/batch_norm_native.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct BnLayout {
+  SpecPtr spec;
+  std::vector<int64_t> reduce_mesh_dims; // shard a non-channel dim
+  int64_t channel_mesh_dim = -1;
+  std::vector<int64_t> reduce_dims;      // every dim but 1
+  double count = 1;                      // global elements per channel
+};
+
+BnLayout bn_layout(const at::Tensor& x) {
+  BnLayout l;
+  l.spec = shard_impl(x)->spec();
+  for (size_t m = 0; m < l.spec->placements.size(); ++m) {
+    const auto& p = l.spec->placements[m];
+    if (!p.is_shard()) continue;
+    if (p.dim == 1) l.channel_mesh_dim = static_cast<int64_t>(m);
+    else l.reduce_mesh_dims.push_back(static_cast<int64_t>(m));
+  }
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) {
+      l.reduce_dims.push_back(d);
+      l.count *= static_cast<double>(x.size(d));
+    }
+  return l;
+}
+
+at::Tensor sum_over(at::Tensor t, const BnLayout& l) {
+  for (auto m : l.reduce_mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, *l.spec->mesh, m);
+  return t;
+}
+
+// A per-channel plain tensor restricted to this rank's channels.
+at::Tensor local_channels(const at::Tensor& t, const BnLayout& l) {
+  if (!t.defined()) return t;
+  auto plain = shard_impl(t) ? shard_impl(resolve_partial(t))->local() : t;
+  if (l.channel_mesh_dim < 0) return plain;
+  const auto m = l.channel_mesh_dim;
+  return plain.narrow(0, l.spec->offset_of(m, l.spec->mesh->coordinate(m)), l.spec->extents[m][l.spec->mesh->coordinate(m)]);
+}
+
+// The full per-channel vector from this rank's channels.
+at::Tensor all_channels(const at::Tensor& local, const BnLayout& l) {
+  if (l.channel_mesh_dim < 0) return local;
+  return comm::all_gather_v(local, 0, l.spec->extents[l.channel_mesh_dim], *l.spec->mesh, l.channel_mesh_dim);
+}
+
+at::Tensor channel_view(const at::Tensor& c, int64_t dims) {
+  std::vector<int64_t> shape(dims, 1);
+  shape[1] = c.numel();
+  return c.reshape(shape);
+}
+
+// A parameter gradient in the parameter's own kind (plain, or Replicate ShardTensor).
+at::Tensor as_param_grad(const at::Tensor& full, const at::Tensor& param) {
+  if (auto* i = shard_impl(param)) return make_shard_tensor(full, dispatch::replicate_spec(i->spec()->mesh, full.sizes()));
+  return full;
+}
+
+struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+                            const std::optional<at::Tensor>& running_var, bool use_batch_stats, double momentum,
+                            double eps) {
+    ctx->set_materialize_grads(false);
+    auto x_shard = resolve_partial(input);
+    auto l = bn_layout(x_shard);
+    const auto& x = shard_impl(x_shard)->local();
+    const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+    auto xf = x.to(acc);
+    at::Tensor mean, invstd;
+    if (use_batch_stats) {
+      mean = sum_over(xf.sum(l.reduce_dims), l) / l.count;
+      auto centered = xf - channel_view(mean, x.dim());
+      auto var = sum_over(centered.square().sum(l.reduce_dims), l) / l.count;
+      invstd = (var + eps).rsqrt();
+      if (running_mean && running_mean->defined()) {
+        at::NoGradGuard no_grad;
+        auto full_mean = all_channels(mean, l);
+        auto full_var = all_channels(var, l) * (l.count / std::max(l.count - 1, 1.0));
+        running_mean->mul_(1 - momentum).add_(full_mean.to(running_mean->scalar_type()), momentum);
+        running_var->mul_(1 - momentum).add_(full_var.to(running_var->scalar_type()), momentum);
+      }
+    } else {
+      mean = local_channels(*running_mean, l).to(acc);
+      invstd = (local_channels(*running_var, l).to(acc) + eps).rsqrt();
+    }
+    auto xhat = (xf - channel_view(mean, x.dim())) * channel_view(invstd, x.dim());
+    auto out = xhat;
+    auto w = local_channels(weight.value_or(at::Tensor()), l), b = local_channels(bias.value_or(at::Tensor()), l);
+    if (w.defined()) out = out * channel_view(w.to(acc), x.dim());
+    if (b.defined()) out = out + channel_view(b.to(acc), x.dim());
+    ctx->save_for_backward({x_shard, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), mean, invstd});
+    ctx->saved_data["batch_stats"] = use_batch_stats;
+    return make_shard_tensor(out.to(x.scalar_type()), l.spec);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto& x_shard = s[0];
+    const auto& weight = s[1];
+    const auto& bias = s[2];
+    auto mean = s[3], invstd = s[4];
+    const bool batch_stats = ctx->saved_data["batch_stats"].toBool();
+    variable_list out(8);
+    if (!grads[0].defined()) return out;
+    at::NoGradGuard no_grad;
+    auto l = bn_layout(x_shard);
+    const auto& x = shard_impl(x_shard)->local();
+    const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+    auto g = local_aligned(resolve_partial(grads[0]), l.spec->mesh, x_shard.sizes(), l.spec->placements,
+                           l.spec->dim_extents()).to(acc);
+    const auto nd = x.dim();
+    auto xhat = (x.to(acc) - channel_view(mean, nd)) * channel_view(invstd, nd);
+    // One fused all-reduce: per channel, sum(g) and sum(g * xhat).
+    auto sums = sum_over(at::stack({g.sum(l.reduce_dims), (g * xhat).sum(l.reduce_dims)}), l);
+    auto sg = sums[0], sgx = sums[1];
+    auto w = local_channels(weight, l);
+    auto scale = channel_view(w.defined() ? invstd * w.to(acc) : invstd, nd);
+    if (x_shard.requires_grad()) {
+      auto gi = batch_stats ? scale * (g - channel_view(sg / l.count, nd) - xhat * channel_view(sgx / l.count, nd))
+                            : scale * g;
+      out[0] = make_shard_tensor(gi.to(x.scalar_type()), l.spec);
+    }
+    if (weight.defined() && weight.requires_grad()) out[1] = as_param_grad(all_channels(sgx, l).to(weight.scalar_type()), weight);
+    if (bias.defined() && bias.requires_grad()) out[2] = as_param_grad(all_channels(sg, l).to(bias.scalar_type()), bias);
+    return out;
+  }
+};
+
+// batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps, cudnn_enabled)
+at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+                            const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
+                            bool cudnn_enabled) {
+  if (!shard_impl(input)) {
+    return at::native::batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
+  }
+  const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
+  TORCH_CHECK_VALUE(training || has_running, "batch_norm: evaluation needs running_mean and running_var");
+  TORCH_CHECK_NOT_IMPLEMENTED(!has_running || (!shard_impl(*running_mean) && !shard_impl(*running_var)),
+                              "ShardTensor batch_norm: running statistics must be plain tensors (module buffers)");
+  return BatchNormFn::apply(input, weight, bias, running_mean, running_var, training || !has_running, momentum, eps);
+}
+
+} // namespace
+
+void register_batch_norm() {
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("batch_norm", TORCH_FN(batch_norm_entry));
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("batch_norm", TORCH_FN(batch_norm_entry));
+}
+
+} // namespace shardtensor::ops
