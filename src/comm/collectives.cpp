@@ -280,6 +280,23 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   return stage ? mine.to(opts.device()) : mine;
 }
 
+at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  const auto me = mesh.coordinate(mesh_dim);
+  if (n == 1) return local;
+  // Shapes travel first (small), then one all-to-all with a single non-empty split each way.
+  auto shapes = all_gather_ints(local.sizes().vec(), mesh, mesh_dim);
+  const auto partner = n - 1 - me;
+  std::vector<at::Tensor> send;
+  std::vector<int64_t> recv(n, 0);
+  int64_t k = 1;
+  for (auto s : shapes[partner]) k *= s;
+  for (int64_t j = 0; j < n; ++j) send.push_back(j == partner ? local : local.new_empty({0}));
+  recv[partner] = k;
+  auto chunks = flat_all_to_all(send, recv, local.options(), mesh, mesh_dim);
+  return chunks[partner].view(shapes[partner]).clone();
+}
+
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
                                                   int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);

@@ -37,6 +37,9 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
                      const std::vector<int64_t>& full_shape, const at::TensorOptions& options,
                      const Mesh& mesh, int64_t mesh_dim);
 
+// Coordinate c receives the tensor of coordinate n-1-c (shapes may differ); for flips along a sharded dim.
+at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim);
+
 // All-gather of a small int64 vector (same length on every rank); result [size, n] row-major.
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
                                                   int64_t mesh_dim);

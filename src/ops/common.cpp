@@ -60,6 +60,7 @@ void register_all() {
   register_embedding();
   register_norm();
   register_batch_norm();
+  register_loss();
 }
 
 } // namespace shardtensor::ops

@@ -14,5 +14,6 @@ void register_softmax();
 void register_embedding();
 void register_norm();
 void register_batch_norm();
+void register_loss();
 
 } // namespace shardtensor::ops

@@ -76,16 +76,18 @@ def case_dropout(seed):
 def case_python_handler(seed):
     m = mesh()
 
-    def flip_last(x, dims):
-        # flip along unsharded dims is local: run on the local tensor and rewrap with the same layout.
+    def roll_unsharded(x, shifts, dims):
+        # roll along unsharded dims is local: run on the local tensor and rewrap with the same layout.
         assert all(d % x.dim() != 0 for d in dims), "only unsharded dims in this test"
-        return st.from_local(torch.flip(st.to_local(x), dims), st.device_mesh(x), st.placements(x),
+        return st.from_local(torch.roll(st.to_local(x), shifts, dims), st.device_mesh(x), st.placements(x),
                              sharding_shapes=st.sharding_shapes(x))
 
-    st.register_handler(torch.ops.aten.flip.default, flip_last)
+    assert not st._C.has_handler("aten::roll")
+    st.register_handler(torch.ops.aten.roll.default, roll_unsharded)
+    assert st._C.has_handler("aten::roll")
     x = randn(5, 4, seed=seed)
     xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
-    close(full(torch.flip(xs, [1])), torch.flip(x, [1]), what="python handler")
+    close(full(torch.roll(xs, 1, 1)), torch.roll(x, 1, 1), what="python handler")
     return True
 
 
@@ -105,7 +107,7 @@ def test_dropout(world):
 
 
 def test_python_handler():
-    harness.run(2, case_python_handler, 1)
+    harness.run(1, case_python_handler, 1)
 
 
 def case_sync_module(shape):

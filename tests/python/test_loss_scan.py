@@ -1,0 +1,72 @@
+"""Losses, logsumexp, cumsum and flip over sharded dims against single-device results: every reduction,
+segmentation-style cross entropy with sharded spatial dims, class weights and ignore_index, uneven shards."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, mesh, randn, uneven_extents
+
+
+def case_pointwise_losses(seed):
+    m = mesh()
+    x, t = randn(4, 9, seed=seed), randn(4, 9, seed=seed + 1)
+    lay = ([st.Shard(1)], {0: uneven_extents(9, m.size(), seed)})
+    for red in ("none", "mean", "sum"):
+        check_op(lambda a, b: F.mse_loss(a, b, reduction=red), [x, t], [lay, lay], m, what=f"mse {red}")
+        check_op(lambda a, b: F.l1_loss(a, b, reduction=red), [x, t], [lay, None], m, what=f"l1 {red}")
+        check_op(lambda a, b: F.smooth_l1_loss(a, b, reduction=red, beta=0.5), [x, t], [lay, lay], m, what=f"smooth_l1 {red}")
+        check_op(lambda a, b: F.huber_loss(a, b, reduction=red, delta=0.7), [x, t], [lay, lay], m, what=f"huber {red}")
+    return True
+
+
+def case_cross_entropy(seed):
+    m = mesh()
+    w = m.size()
+    logits = randn(2, 5, 7, 4, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, 5, (2, 7, 4), generator=g)
+    target[0, 0, :2] = -100
+    cls_w = torch.rand(5, generator=g) + 0.5
+    lay_x = ([st.Shard(2)], {0: uneven_extents(7, w, seed)})
+    lay_t = ([st.Shard(1)], {0: uneven_extents(7, w, seed)})
+    for red in ("mean", "sum", "none"):
+        check_op(lambda a, t: F.cross_entropy(a, t, reduction=red), [logits, target], [lay_x, lay_t], m,
+                 rtol=1e-5, atol=1e-5, what=f"cross_entropy {red}")
+        # Class weights are constants (nll_loss is not differentiable in them).
+        check_op(lambda a, t: F.cross_entropy(a, t, weight=cls_w, reduction=red), [logits, target],
+                 [lay_x, lay_t], m, rtol=1e-5, atol=1e-5, what=f"weighted cross_entropy {red}")
+    flat, tflat = randn(11, 5, seed=seed + 3), torch.randint(0, 5, (11,), generator=g)
+    check_op(lambda a, t: F.cross_entropy(a, t), [flat, tflat],
+             [([st.Shard(0)], {0: uneven_extents(11, w, seed + 1)}), ([st.Shard(0)], {0: uneven_extents(11, w, seed + 1)})],
+             m, rtol=1e-5, atol=1e-5, what="2-d cross_entropy batch-sharded")
+    return True
+
+
+def case_scans(seed):
+    m = mesh()
+    x = randn(3, 8, 5, seed=seed)
+    lay = ([st.Shard(1)], {0: uneven_extents(8, m.size(), seed)})
+    check_op(lambda t: torch.logsumexp(t, 1), [x], [lay], m, rtol=1e-5, atol=1e-5, what="logsumexp sharded")
+    check_op(lambda t: torch.logsumexp(t, (0, 1), keepdim=True), [x], [lay], m, rtol=1e-5, atol=1e-5, what="logsumexp 2 dims")
+    check_op(lambda t: torch.logsumexp(t, 2), [x], [lay], m, what="logsumexp unsharded")
+    check_op(lambda t: torch.cumsum(t, 1), [x], [lay], m, rtol=1e-5, atol=1e-5, what="cumsum sharded")
+    check_op(lambda t: torch.cumsum(t, 0), [x], [lay], m, what="cumsum unsharded")
+    check_op(lambda t: torch.flip(t, (1, 2)), [x], [lay], m, what="flip")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_pointwise_losses(world):
+    harness.run(world, case_pointwise_losses, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_cross_entropy(world):
+    harness.run(world, case_cross_entropy, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_scans(world):
+    harness.run(world, case_scans, world)
