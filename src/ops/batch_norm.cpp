@@ -5,6 +5,7 @@
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
 #include "comm/collectives.h"
 #include "ops/common.h"
+#include "ops/moments.h"
 
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -87,9 +88,11 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     auto xf = x.to(acc);
     at::Tensor mean, invstd;
     if (use_batch_stats) {
-      mean = sum_over(xf.sum(l.reduce_dims), l) / l.count;
-      auto centered = xf - channel_view(mean, x.dim());
-      auto var = sum_over(centered.square().sum(l.reduce_dims), l) / l.count;
+      std::vector<ShardedDim> sharded;
+      for (auto m : l.reduce_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim, l.spec->extents[m]});
+      auto mom = global_moments(xf, l.reduce_dims, sharded, *l.spec->mesh);
+      mean = mom.mean.flatten();
+      auto var = mom.m2.flatten() / l.count;
       invstd = (var + eps).rsqrt();
       if (running_mean && running_mean->defined()) {
         at::NoGradGuard no_grad;

@@ -4,6 +4,7 @@
 // shard the leading dims, reduced once by the parameter's promotion.
 #include "comm/collectives.h"
 #include "ops/common.h"
+#include "ops/moments.h"
 
 namespace shardtensor::ops {
 
@@ -97,10 +98,12 @@ void layer_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   } else {
     const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
     auto xf = x.to(acc);
-    mean = all_reduce_over(xf.sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) / static_cast<double>(l.count);
+    std::vector<ShardedDim> sharded;
+    for (auto m : l.norm_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim, l.spec->extents[m]});
+    auto mom = global_moments(xf, l.norm_dims, sharded, *mesh);
+    mean = mom.mean;
     auto centered = xf - mean;
-    auto var = all_reduce_over(centered.square().sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) /
-        static_cast<double>(l.count);
+    auto var = mom.m2 / mom.count;
     rstd = (var + eps).rsqrt();
     out = centered * rstd;
     if (w.defined()) out = out * w;
@@ -158,9 +161,10 @@ void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
     auto xhat = (xf - mean) * rstd;
     if (mask[0]) {
       auto gw_ = w.defined() ? gf * w : gf;
-      auto s1 = all_reduce_over(gw_.sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) / static_cast<double>(l.count);
-      auto s2 = all_reduce_over((gw_ * xhat).sum(l.norm_dims, true), l.norm_mesh_dims, *mesh) /
-          static_cast<double>(l.count);
+      // One fused all-reduce of both sums.
+      auto sums = all_reduce_over(at::stack({gw_.sum(l.norm_dims, true), (gw_ * xhat).sum(l.norm_dims, true)}),
+                                  l.norm_mesh_dims, *mesh) / static_cast<double>(l.count);
+      auto s1 = sums[0], s2 = sums[1];
       gi = (rstd * (gw_ - s1 - xhat * s2)).to(x.scalar_type());
     }
     if (mask[1] && w.defined()) gw = lead_dims.empty() ? gf * xhat : (gf * xhat).sum(lead_dims).to(x.scalar_type());
@@ -244,10 +248,17 @@ void group_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   int64_t inner = C / G;
   for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
   auto xg = x.to(acc).reshape({n_local, G, inner});
-  const double count = static_cast<double>(C / G) * static_cast<double>(HxW);
-  auto mean = all_reduce_over(xg.sum(2, true), l.spatial_mesh_dims, *mesh) / count;
+  // Moments over the group's channels and every spatial position: view as [n, G, C/G, spatial...].
+  auto shape = std::vector<int64_t>{n_local, G, C / G};
+  for (int64_t d = 2; d < x.dim(); ++d) shape.push_back(x.size(d));
+  std::vector<int64_t> dims;
+  for (int64_t d = 2; d < static_cast<int64_t>(shape.size()); ++d) dims.push_back(d);
+  std::vector<ShardedDim> sharded;
+  for (auto m : l.spatial_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim + 1, l.spec->extents[m]});
+  auto mom = global_moments(x.to(acc).reshape(shape), dims, sharded, *mesh);
+  auto mean = mom.mean.reshape({n_local, G, 1});
   auto centered = xg - mean;
-  auto var = all_reduce_over(centered.square().sum(2, true), l.spatial_mesh_dims, *mesh) / count;
+  auto var = mom.m2.reshape({n_local, G, 1}) / mom.count;
   auto rstd = (var + eps).rsqrt();
   auto out = (centered * rstd).reshape(x.sizes());
   auto plain = [&](const std::optional<at::Tensor>& t) { return shard_impl(resolve_partial(dispatch::as_shard(*t, mesh)))->local(); };

@@ -3,6 +3,7 @@
 // per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
 #include "comm/collectives.h"
 #include "ops/common.h"
+#include "ops/moments.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -323,46 +324,14 @@ void moments_handler(bool is_std, bool with_mean, const c10::OperatorHandle& op,
   const auto in_type = local.scalar_type();
   const auto acc_type = at::isReducedFloatingType(in_type) ? at::kFloat : in_type;
   auto x = local.to(acc_type);
-  // Local count, mean and sum of squared deviations over the reduced dims (kept as size-1 dims).
-  int64_t count = 1;
-  for (auto d : dims) count *= x.size(d);
-  at::Tensor mean, m2;
-  if (count == 0) {
-    auto shape = local_reduced_shape(x, dims, true);
-    mean = at::zeros(shape, x.options());
-    m2 = at::zeros(shape, x.options());
-  } else {
-    mean = x.mean(dims, true);
-    m2 = (x - mean).square().sum(dims, true);
-  }
-  // Combine across every mesh dim that shards a reduced dim (Chan et al.).
-  std::vector<int64_t> cur_extent(ndim);
-  for (int64_t d = 0; d < ndim; ++d) cur_extent[d] = x.size(d);
-  auto n_total = at::scalar_tensor(static_cast<double>(count), x.options());
+  std::vector<ShardedDim> sharded;
   for (size_t mi = 0; mi < spec.placements.size(); ++mi) {
     const auto& p = spec.placements[mi];
-    if (!p.is_shard() || !contains(dims, p.dim)) continue;
-    const auto m = static_cast<int64_t>(mi);
-    const auto n = mesh->size(m);
-    std::vector<double> counts;
-    for (int64_t r = 0; r < n; ++r) {
-      double c = 1;
-      for (auto d : dims) c *= static_cast<double>(d == p.dim ? spec.extents[m][r] : cur_extent[d]);
-      counts.push_back(c);
-    }
-    cur_extent[p.dim] = self.size(p.dim);
-    auto all_mean = comm::all_gather_v(mean.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
-    auto all_m2 = comm::all_gather_v(m2.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
-    std::vector<int64_t> cshape(all_mean.dim(), 1);
-    cshape[0] = n;
-    auto nk = at::tensor(counts, x.options()).view(cshape);
-    auto total = nk.sum();
-    auto new_mean = (nk * all_mean).sum(0) / total.clamp_min(1);
-    auto delta = all_mean - new_mean.unsqueeze(0);
-    m2 = all_m2.sum(0) + (nk * delta.square()).sum(0);
-    mean = new_mean;
-    n_total = total;
+    if (p.is_shard() && contains(dims, p.dim)) sharded.push_back({static_cast<int64_t>(mi), p.dim, spec.extents[mi]});
   }
+  auto moments = global_moments(x, dims, sharded, *mesh);
+  auto mean = moments.mean;
+  auto m2 = moments.m2;
   double N = 1;
   for (auto d : dims) N *= static_cast<double>(self.size(d));
   auto var = m2 / std::max(N - correction, 0.0);
