@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
 
 
 def case_layer_norm(seed):
@@ -175,3 +175,58 @@ def test_batch_norm_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_instance_norm(world):
     harness.run(world, case_instance_norm, world)
+
+
+def case_bf16(seed):
+    """bf16 inputs: statistics accumulate in fp32, so the sharded bf16 result matches the single-device result
+    computed in fp32 on the same bf16 values to bf16 precision (no loss from sharding, even with a large mean)."""
+    m = mesh()
+    w = m.size()
+    x = (randn(2, 6, 9, 8, seed=seed) * 2 + 50).to(torch.bfloat16)
+    sp = ([st.Shard(2)], {0: uneven_extents(9, w, seed)})
+    for name, fn, lay in [("layer_norm features", lambda t: F.layer_norm(t, (8,)), ([st.Shard(3)], None)),
+                          ("group_norm", lambda t: F.group_norm(t, 3), sp),
+                          ("batch_norm", lambda t: F.batch_norm(t, None, None, training=True), sp),
+                          ("softmax", lambda t: torch.softmax(t, 2), sp),
+                          ("var", lambda t: t.var(2), sp)]:
+        pl, ext = lay
+        out = fn(st.distribute_tensor(x, m, pl, sharding_shapes=ext))
+        assert out.dtype == torch.bfloat16, name
+        ref = fn(x.float())
+        close(full(out).float(), ref, rtol=2e-2, atol=2e-2, what=f"bf16 {name}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bf16(world):
+    harness.run(world, case_bf16, world)
+
+
+def case_instance_norm_running(seed):
+    m = mesh()
+    torch.manual_seed(0)
+    inn = torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
+    ref = torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
+    ref.load_state_dict(inn.state_dict())
+    for step in range(2):
+        x = randn(2, 3, 6, 5, seed=seed + step) + 4
+        # A zero-extent rank along the sharded dim when the world allows it.
+        ext = [0] + uneven_extents(6, m.size() - 1, seed) if m.size() > 1 else [6]
+        xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: ext})
+        wgt = randn(2, 3, 6, 5, seed=50 + step)
+        (inn(xs) * wgt).sum().backward()
+        (ref(x) * wgt).sum().backward()
+    for (n, b), (_, r) in zip(inn.named_buffers(), ref.named_buffers()):
+        close(b, r, rtol=1e-5, atol=1e-6, what=f"buffer {n}")
+    for (n, p), (_, r) in zip(inn.named_parameters(), ref.named_parameters()):
+        close(p.grad, r.grad, rtol=1e-4, atol=1e-5, what=f"grad {n}")
+    inn.eval()
+    ref.eval()
+    x = randn(2, 3, 6, 5, seed=9)
+    close(full(inn(st.distribute_tensor(x, m, [st.Shard(2)]))), ref(x), rtol=1e-5, atol=1e-5, what="eval")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_instance_norm_running(world):
+    harness.run(world, case_instance_norm_running, world)
