@@ -1,4 +1,5 @@
 // shardtensor._C: the pybind11 bindings (torch's bundled pybind11; tensors cross via torch's caster).
+#include <shardtensor/attention.h>
 #include <shardtensor/comm_stats.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/shard_tensor.h>
@@ -125,4 +126,7 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(s.calls, s.bytes);
   });
   m.def("reset_comm_stats", &reset_comm_stats);
+
+  m.def("set_attention_strategy", &set_attention_strategy);
+  m.def("attention_strategy", &attention_strategy);
 }

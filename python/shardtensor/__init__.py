@@ -21,6 +21,7 @@ __all__ = [
     "scatter_tensor", "distribute_tensor", "from_local", "to_local", "full_tensor", "redistribute",
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter",
+    "set_attention_strategy", "attention_strategy", "use_attention_strategy",
 ]
 
 __version__ = "0.1.0"
@@ -180,6 +181,36 @@ def comm_stats() -> dict:
     """Collectives issued by this process so far: ``{"calls": {kind: n}, "bytes": {kind: n}}``."""
     calls, nbytes = _C.comm_stats()
     return {"calls": dict(calls), "bytes": dict(nbytes)}
+
+
+def set_attention_strategy(strategy: str) -> str:
+    """How ``F.scaled_dot_product_attention`` runs when the sequence (dim -2) is sharded: ``"ring"`` (K/V
+    blocks pass around the mesh dim, log-sum-exp merge), ``"all_to_all"`` (sequence shards -> head shards,
+    local attention, back) or ``"auto"`` (the default: all-to-all when the key/value heads divide evenly by the
+    mesh dim size and it moves no more bytes than the ring). Process-wide; set it alike on every rank.
+    Returns the previous setting."""
+    return _C.set_attention_strategy(str(strategy))
+
+
+def attention_strategy() -> str:
+    """The current attention strategy (see ``set_attention_strategy``)."""
+    return _C.attention_strategy()
+
+
+class use_attention_strategy:
+    """``with st.use_attention_strategy("ring"): ...`` — set the attention strategy for a block."""
+
+    def __init__(self, strategy: str):
+        self.strategy = strategy
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = set_attention_strategy(self.strategy)
+        return self
+
+    def __exit__(self, *exc):
+        set_attention_strategy(self.previous)
+        return False
 
 
 def reset_comm_stats() -> None:

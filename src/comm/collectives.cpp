@@ -297,6 +297,67 @@ at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_
   return chunks[partner].view(shapes[partner]).clone();
 }
 
+RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
+                             const Mesh& mesh, int64_t mesh_dim, int tag_base) {
+  TORCH_INTERNAL_ASSERT(send.size() == recv_shapes.size(), "ring_pass: one receive shape per sent tensor");
+  RingExchange ex;
+  const auto n = mesh.size(mesh_dim);
+  if (n == 1) {
+    ex.done_ = send;
+    return ex;
+  }
+  auto& pg = *mesh.group(mesh_dim);
+  const auto me = mesh.coordinate(mesh_dim);
+  const int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
+  if (!send.empty()) {
+    ex.device_ = send[0].device();
+    ex.staged_ = needs_host_staging(pg, send[0]);
+  }
+  const bool coalesce = !ex.staged_ && ex.device_.is_cuda();
+  if (coalesce) pg.startCoalescing(c10::DeviceType::CUDA);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < send.size(); ++i) {
+    auto opts = send[i].options().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
+    ex.recv_.push_back(at::empty(recv_shapes[i], opts));
+    const int tag = tag_base + static_cast<int>(i);
+    if (send[i].numel() > 0) {
+      auto buf = ex.staged_ ? send[i].cpu().contiguous() : send[i].contiguous();
+      ex.keep_alive_.push_back(buf);
+      std::vector<at::Tensor> ts{buf};
+      bytes += buf.numel() * buf.element_size();
+      ex.works_.push_back(pg.send(ts, next, tag));
+    }
+    if (ex.recv_.back().numel() > 0) {
+      std::vector<at::Tensor> tr{ex.recv_.back()};
+      ex.works_.push_back(pg.recv(tr, prev, tag));
+    }
+  }
+  if (coalesce) {
+    auto w = pg.endCoalescing(c10::DeviceType::CUDA);
+    ex.works_.clear();
+    if (w) ex.works_.push_back(w);
+  }
+  record_collective("ring_pass", bytes);
+  return ex;
+}
+
+std::vector<at::Tensor> RingExchange::wait() {
+  for (auto& w : works_) w->wait();
+  works_.clear();
+  keep_alive_.clear();
+  if (!done_.empty()) return std::move(done_);
+  std::vector<at::Tensor> out;
+  for (auto& r : recv_) out.push_back(staged_ ? r.to(device_) : r);
+  recv_.clear();
+  return out;
+}
+
+std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
+                                  const std::vector<std::vector<int64_t>>& recv_shapes, const Mesh& mesh,
+                                  int64_t mesh_dim) {
+  return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0).wait();
+}
+
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
                                                   int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);

@@ -40,6 +40,32 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
 // Coordinate c receives the tensor of coordinate n-1-c (shapes may differ); for flips along a sharded dim.
 at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim);
 
+// Ring pass along a mesh dim: send each of `send` to coordinate (c+1) % n and receive tensors of
+// `recv_shapes` (dtype of the matching send tensor, same device) from coordinate (c-1+n) % n. Shapes come from
+// specs every rank knows, so nothing is negotiated; zero-element tensors are neither sent nor received (both
+// sides know they are empty). `start` posts every send and receive (coalesced on NCCL) and returns at once;
+// `wait` completes them and returns the received tensors. A size-1 mesh dim hands `send` back.
+class RingExchange {
+ public:
+  std::vector<at::Tensor> wait();
+  bool pending() const { return !works_.empty() || !done_.empty(); }
+
+ private:
+  friend RingExchange ring_pass_start(const std::vector<at::Tensor>&, const std::vector<std::vector<int64_t>>&,
+                                      const Mesh&, int64_t, int);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<at::Tensor> keep_alive_;  // contiguous send buffers
+  std::vector<at::Tensor> recv_;        // receive buffers (host staged when needed)
+  std::vector<at::Tensor> done_;        // results when nothing was exchanged
+  c10::Device device_{c10::kCPU};
+  bool staged_ = false;
+};
+RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
+                             const Mesh& mesh, int64_t mesh_dim, int tag_base = 0);
+std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
+                                  const std::vector<std::vector<int64_t>>& recv_shapes, const Mesh& mesh,
+                                  int64_t mesh_dim);
+
 // All-gather of a small int64 vector (same length on every rank); result [size, n] row-major.
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
                                                   int64_t mesh_dim);

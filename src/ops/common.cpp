@@ -61,6 +61,7 @@ void register_all() {
   register_norm();
   register_batch_norm();
   register_loss();
+  register_attention();
 }
 
 } // namespace shardtensor::ops

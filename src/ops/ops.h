@@ -15,5 +15,6 @@ void register_embedding();
 void register_norm();
 void register_batch_norm();
 void register_loss();
+void register_attention();
 
 } // namespace shardtensor::ops

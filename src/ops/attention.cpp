@@ -1,0 +1,584 @@
+// scaled_dot_product_attention on ShardTensors, bound above autograd on both shard keys (the op is
+// composite-implicit; its decomposition would flatten or softmax over the sharded sequence).
+//
+// Layout rules (decided from specs only, so every rank issues the same collectives):
+//  - Partial inputs are resolved first; plain q/k/v are Replicate (plain inputs that require grad are promoted).
+//  - The head dim (last) may not be sharded. Leading dims (batch, heads) sharded on q drive k/v: k and v are
+//    redistributed to the same shards (heads divided by the GQA ratio), so those mesh dims are local.
+//  - At most one mesh dim shards the sequence (dim -2) of q or k/v. With q and k/v sequence-sharded there the
+//    attention is a ring (or the head-parallel all-to-all, see attention_strategy); with only q sharded the
+//    attention is local against the full K/V (dK/dV are all-reduced); with only k/v sharded q is sliced to
+//    sequence shards, the ring runs, and the output is gathered back to q's (replicated) layout.
+//
+// Ring (forward): step t computes local q against the K/V block of coordinate (c - t) mod n while the next
+// block is in flight (send to c+1, receive from c-1), and merges block outputs with their log-sum-exp.
+// Unmasked fully visible blocks use the CPU flash kernel (which returns the log-sum-exp); masked or partially
+// causal blocks use fp32 matmul/softmax math with an explicit log-sum-exp. Backward recomputes each block's
+// probabilities from the global output and log-sum-exp (fp32 math); dQ accumulates locally, dK/dV accumulate
+// in buffers that travel with their block and are passed home after the last step.
+#include "comm/collectives.h"
+#include "comm/redistribute.h"
+#include "dispatch/args.h"
+#include "dispatch/promote.h"
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#include <shardtensor/attention.h>
+
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/scaled_dot_product_attention_native.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+namespace shardtensor {
+
+namespace {
+std::mutex g_strategy_mutex;
+std::string g_strategy = "auto";
+} // namespace
+
+std::string set_attention_strategy(const std::string& strategy) {
+  TORCH_CHECK_VALUE(strategy == "ring" || strategy == "all_to_all" || strategy == "auto",
+                    "set_attention_strategy: expected 'ring', 'all_to_all' or 'auto', got '", strategy, "'");
+  std::lock_guard<std::mutex> lock(g_strategy_mutex);
+  auto old = g_strategy;
+  g_strategy = strategy;
+  return old;
+}
+
+std::string attention_strategy() {
+  std::lock_guard<std::mutex> lock(g_strategy_mutex);
+  return g_strategy;
+}
+
+} // namespace shardtensor
+
+namespace shardtensor::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "None";
+  auto* i = shard_impl(t);
+  std::ostringstream os;
+  if (i) os << to_string(i->spec()->placements);
+  else os << "plain";
+  os << " " << t.sizes();
+  return os.str();
+}
+
+[[noreturn]] void refuse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, const std::string& why, const std::string& remedy) {
+  std::ostringstream os;
+  os << "ShardTensor scaled_dot_product_attention (query: " << describe(q) << ", key: " << describe(k)
+     << ", value: " << describe(v) << ", attn_mask: " << describe(mask.value_or(at::Tensor())) << "): " << why
+     << ". Remedy: " << remedy;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, os.str());
+}
+
+// ---- block math ----
+
+struct BlockCfg {
+  double scale = 1.0;
+  bool causal = false;
+  int64_t gqa = 1;   // query heads per key/value head
+  int64_t qo = 0;    // global offset of the local queries
+  at::Tensor mask;   // additive fp32, ndim = q.dim(), last dim the full key length (or 1); undefined if none
+  int64_t nd = 4;
+};
+
+enum class Visibility { None, Full, Partial };
+
+Visibility visibility(const BlockCfg& c, int64_t nq, int64_t ko, int64_t nk) {
+  if (nq == 0 || nk == 0) return Visibility::None;
+  if (!c.causal) return Visibility::Full;
+  if (ko > c.qo + nq - 1) return Visibility::None;  // every key in the future of every query
+  if (ko + nk - 1 <= c.qo) return Visibility::Full;
+  return Visibility::Partial;
+}
+
+// Additive fp32 bias of one block (user mask columns + causal part), or undefined.
+at::Tensor block_bias(const BlockCfg& c, Visibility vis, int64_t nq, int64_t ko, int64_t nk, const at::Device& dev) {
+  at::Tensor bias;
+  if (c.mask.defined()) bias = c.mask.size(-1) == 1 ? c.mask : c.mask.narrow(-1, ko, nk);
+  if (vis == Visibility::Partial) {
+    auto opts = at::TensorOptions().dtype(at::kLong).device(dev);
+    auto qi = at::arange(c.qo, c.qo + nq, opts).unsqueeze(1);
+    auto kj = at::arange(ko, ko + nk, opts).unsqueeze(0);
+    auto causal = at::zeros({nq, nk}, at::TensorOptions().dtype(at::kFloat).device(dev))
+                      .masked_fill_(kj > qi, kNegInf);
+    bias = bias.defined() ? bias + causal : causal;
+  }
+  return bias;
+}
+
+at::Tensor expand_heads(const at::Tensor& kv, const BlockCfg& c) {
+  return c.gqa > 1 ? kv.repeat_interleave(c.gqa, c.nd - 3) : kv;
+}
+
+at::Tensor reduce_heads(const at::Tensor& g, const BlockCfg& c) {
+  if (c.gqa == 1) return g;
+  const auto h = c.nd - 3;
+  return g.unflatten(h, {g.size(h) / c.gqa, c.gqa}).sum(h + 1);
+}
+
+// Scores of one block in fp32 (scaled, biased).
+at::Tensor block_scores(const at::Tensor& qf, const at::Tensor& kf, const at::Tensor& bias, double scale) {
+  auto s = at::matmul(qf, kf.transpose(-1, -2)).mul_(scale);
+  if (bias.defined()) s = s + bias;
+  return s;
+}
+
+// (out fp32, lse fp32) of local queries against one block.
+std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb,
+                                                const at::Tensor& bias, const BlockCfg& c) {
+  auto ke = expand_heads(kb, c), ve = expand_heads(vb, c);
+  const bool flash_ok = !bias.defined() && c.nd == 4 && q.size(-1) == vb.size(-1) && q.device().is_cpu() &&
+                        (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble ||
+                         q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf);
+  if (flash_ok) {
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, false, std::nullopt, c.scale);
+    return {o.to(at::kFloat), lse.to(at::kFloat)};
+  }
+  auto s = block_scores(q.to(at::kFloat), ke.to(at::kFloat), bias, c.scale);
+  auto lse = s.logsumexp(-1);
+  auto safe = at::where(at::isinf(lse), at::zeros_like(lse), lse);
+  auto p = (s - safe.unsqueeze(-1)).exp_();
+  return {at::matmul(p, ve.to(at::kFloat)), lse};
+}
+
+void merge(at::Tensor& acc, at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse) {
+  auto m = at::logaddexp(acc_lse, lse);
+  auto wa = at::nan_to_num((acc_lse - m).exp(), 0.0);
+  auto wb = at::nan_to_num((lse - m).exp(), 0.0);
+  acc = acc * wa.unsqueeze(-1) + o * wb.unsqueeze(-1);
+  acc_lse = m;
+}
+
+// ---- layout ----
+
+struct Layout {
+  MeshPtr mesh;
+  int64_t nd = 0;
+  int64_t seq_mesh_dim = -1;  // the mesh dim sharding the sequence of q and/or k/v (canonical layout)
+  bool kv_ring = false;       // k/v sequence-sharded on seq_mesh_dim
+  bool q_seq = false;         // q sequence-sharded on seq_mesh_dim
+};
+
+Layout layout_of(const at::Tensor& q, const at::Tensor& k) {
+  Layout l;
+  const auto& qs = *shard_impl(q)->spec();
+  const auto& ks = *shard_impl(k)->spec();
+  l.mesh = qs.mesh;
+  l.nd = q.dim();
+  for (int64_t m = 0; m < l.mesh->ndim(); ++m) {
+    const bool qq = qs.placements[m].is_shard(l.nd - 2), kk = ks.placements[m].is_shard(l.nd - 2);
+    if (qq || kk) {
+      l.seq_mesh_dim = m;
+      l.q_seq = qq;
+      l.kv_ring = kk;
+    }
+  }
+  return l;
+}
+
+std::vector<int64_t> with_dim(at::IntArrayRef shape, int64_t d, int64_t v) {
+  auto s = shape.vec();
+  s[d] = v;
+  return s;
+}
+
+// ---- the autograd function ----
+
+struct SdpaFn : torch::autograd::Function<SdpaFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {
+    ctx->set_materialize_grads(false);
+    at::NoGradGuard no_grad;
+    auto l = layout_of(q, k);
+    const auto& qs = *shard_impl(q)->spec();
+    const auto& ks = *shard_impl(k)->spec();
+    const auto& ql = shard_impl(q)->local();
+    const auto nd = l.nd;
+    BlockCfg c;
+    c.scale = scale;
+    c.causal = causal;
+    c.gqa = gqa;
+    c.nd = nd;
+    c.qo = qs.local_offset(nd - 2);
+    if (mask && mask->defined()) {
+      auto attn_shape = q.sizes().vec();
+      attn_shape.back() = k.size(nd - 2);
+      auto ml = local_aligned(resolve_partial(*mask), l.mesh, attn_shape, qs.placements, qs.dim_extents());
+      ml = ml.scalar_type() == at::kBool
+               ? at::zeros(ml.sizes(), ml.options().dtype(at::kFloat)).masked_fill_(ml.logical_not(), kNegInf)
+               : ml.to(at::kFloat);
+      while (ml.dim() < nd) ml = ml.unsqueeze(0);
+      c.mask = ml;
+    }
+    const auto nq = ql.size(nd - 2);
+    auto out_shape_local = with_dim(ql.sizes(), nd - 1, v.size(nd - 1));
+    auto acc = at::zeros(out_shape_local, ql.options().dtype(at::kFloat));
+    auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(at::kFloat)).squeeze(-1);
+
+    const int64_t sm = l.seq_mesh_dim;
+    const int64_t n = l.kv_ring ? l.mesh->size(sm) : 1;
+    const int64_t me = l.kv_ring ? l.mesh->coordinate(sm) : 0;
+    at::Tensor kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t owner = (me - t + n) % n;
+      const int64_t ko = l.kv_ring ? ks.offset_of(sm, owner) : 0;
+      const int64_t nk = kb.size(nd - 2);
+      comm::RingExchange ex;
+      if (t < n - 1) {
+        const auto next_owner = (owner - 1 + n) % n;
+        const auto ext = ks.extents[sm][next_owner];
+        ex = comm::ring_pass_start({kb, vb}, {with_dim(kb.sizes(), nd - 2, ext), with_dim(vb.sizes(), nd - 2, ext)},
+                                   *l.mesh, sm, 0);
+      }
+      auto vis = ql.numel() == 0 || kb.numel() == 0 ? Visibility::None : visibility(c, nq, ko, nk);
+      if (vis != Visibility::None) {
+        auto bias = block_bias(c, vis, nq, ko, nk, ql.device());
+        auto [o, lse] = block_forward(ql, kb, vb, bias, c);
+        merge(acc, acc_lse, o, lse);
+      }
+      if (t < n - 1) {
+        auto r = ex.wait();
+        kb = r[0];
+        vb = r[1];
+      }
+    }
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["out"] = acc;
+    ctx->saved_data["lse"] = acc_lse;
+    ctx->saved_data["mask"] = c.mask.defined() ? c10::IValue(c.mask) : c10::IValue();
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["gqa"] = gqa;
+    auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
+    return make_shard_tensor(acc.to(ql.scalar_type()),
+                             ShardSpec::make_with_dim_extents(l.mesh, qs.placements, out_shape, qs.dim_extents()));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list res(7);
+    if (!grads[0].defined()) return res;
+    at::NoGradGuard no_grad;
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    auto l = layout_of(q, k);
+    const auto& qs = *shard_impl(q)->spec();
+    const auto& ks = *shard_impl(k)->spec();
+    const auto& ql = shard_impl(q)->local();
+    const auto nd = l.nd;
+    BlockCfg c;
+    c.scale = ctx->saved_data["scale"].toDouble();
+    c.causal = ctx->saved_data["causal"].toBool();
+    c.gqa = ctx->saved_data["gqa"].toInt();
+    c.nd = nd;
+    c.qo = qs.local_offset(nd - 2);
+    if (!ctx->saved_data["mask"].isNone()) c.mask = ctx->saved_data["mask"].toTensor();
+    auto out = ctx->saved_data["out"].toTensor();
+    auto lse = ctx->saved_data["lse"].toTensor();
+    auto out_spec = ShardSpec::make_with_dim_extents(l.mesh, qs.placements, grads[0].sizes().vec(), qs.dim_extents());
+    auto g = local_aligned(resolve_partial(grads[0]), l.mesh, grads[0].sizes(), out_spec->placements,
+                           out_spec->dim_extents())
+                 .to(at::kFloat);
+    auto dsum = (g * out).sum(-1, /*keepdim=*/true);
+    auto lse_safe = at::where(at::isinf(lse), at::zeros_like(lse), lse).unsqueeze(-1);
+    auto qf = ql.to(at::kFloat);
+    auto dq = at::zeros_like(qf);
+    const auto nq = ql.size(nd - 2);
+
+    const int64_t sm = l.seq_mesh_dim;
+    const int64_t n = l.kv_ring ? l.mesh->size(sm) : 1;
+    const int64_t me = l.kv_ring ? l.mesh->coordinate(sm) : 0;
+    at::Tensor kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(at::kFloat));
+    at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(at::kFloat));
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t owner = (me - t + n) % n;
+      const int64_t ko = l.kv_ring ? ks.offset_of(sm, owner) : 0;
+      const int64_t nk = kb.size(nd - 2);
+      const auto next_owner = (owner - 1 + n) % n;
+      const auto next_ext = l.kv_ring ? ks.extents[sm][next_owner] : 0;
+      comm::RingExchange ex;
+      if (t < n - 1)
+        ex = comm::ring_pass_start({kb, vb},
+                                   {with_dim(kb.sizes(), nd - 2, next_ext), with_dim(vb.sizes(), nd - 2, next_ext)},
+                                   *l.mesh, sm, 0);
+      auto vis = ql.numel() == 0 || kb.numel() == 0 ? Visibility::None : visibility(c, nq, ko, nk);
+      if (vis != Visibility::None) {
+        auto bias = block_bias(c, vis, nq, ko, nk, ql.device());
+        auto kf = expand_heads(kb, c).to(at::kFloat), vf = expand_heads(vb, c).to(at::kFloat);
+        auto p = (block_scores(qf, kf, bias, c.scale) - lse_safe).exp_();
+        auto dv_e = at::matmul(p.transpose(-1, -2), g);
+        auto dp = at::matmul(g, vf.transpose(-1, -2));
+        auto ds = p.mul_(dp.sub_(dsum));
+        dq.add_(at::matmul(ds, kf), c.scale);
+        auto dk_e = at::matmul(ds.transpose(-1, -2), qf).mul_(c.scale);
+        dkb.add_(reduce_heads(dk_e, c));
+        dvb.add_(reduce_heads(dv_e, c));
+      }
+      if (n > 1) {
+        // The accumulated gradients travel with their block; after the last step they reach its owner.
+        auto gex = comm::ring_pass_start({dkb, dvb},
+                                         {with_dim(dkb.sizes(), nd - 2, next_ext), with_dim(dvb.sizes(), nd - 2, next_ext)},
+                                         *l.mesh, sm, 2);
+        auto r = gex.wait();
+        dkb = r[0];
+        dvb = r[1];
+      }
+      if (t < n - 1) {
+        auto r = ex.wait();
+        kb = r[0];
+        vb = r[1];
+      }
+    }
+    // Queries sharded where keys are whole: every query shard holds a term of dK/dV.
+    for (int64_t m = 0; m < l.mesh->ndim(); ++m) {
+      if (qs.placements[m].is_shard(nd - 2) && !ks.placements[m].is_shard()) {
+        auto both = comm::all_reduce(at::cat({dkb.flatten(), dvb.flatten()}), ReduceOp::Sum, *l.mesh, m);
+        dkb = both.narrow(0, 0, dkb.numel()).view(dkb.sizes());
+        dvb = both.narrow(0, dkb.numel(), dvb.numel()).view(dvb.sizes());
+      }
+    }
+    if (q.requires_grad()) res[0] = make_shard_tensor(dq.to(ql.scalar_type()), shard_impl(q)->spec());
+    if (k.requires_grad()) res[1] = make_shard_tensor(dkb.to(k.scalar_type()), shard_impl(k)->spec());
+    if (v.requires_grad()) res[2] = make_shard_tensor(dvb.to(v.scalar_type()), shard_impl(v)->spec());
+    return res;
+  }
+};
+
+// ---- entry ----
+
+at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh) {
+  if (shard_impl(t)) return t;
+  if (t.requires_grad() && at::GradMode::is_enabled()) return dispatch::promote_to_replicate(t, mesh);
+  return dispatch::as_shard(t, mesh);
+}
+
+at::Tensor resolve_partial_diff(const at::Tensor& t) {
+  auto* i = shard_impl(t);
+  if (!i->spec()->has_partial()) return t;
+  auto spec = without_partial(i->spec());
+  return redistribute(t, spec->placements, spec->sharding_shapes());
+}
+
+// Differentiable redistribution to placements with extents keyed by tensor dim.
+at::Tensor to_layout(const at::Tensor& t, const Placements& p, const DimExtents& ext) {
+  const auto& spec = *shard_impl(t)->spec();
+  auto dst = ShardSpec::make_with_dim_extents(spec.mesh, p, spec.global_shape, ext);
+  if (dst->same_layout(spec)) return t;
+  return redistribute(t, dst->placements, dst->sharding_shapes());
+}
+
+bool use_all_to_all(const Layout& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const Placements& pq, const Placements& pk, const Placements& pv, const at::Tensor& q0,
+                    const at::Tensor& k0, const at::Tensor& v0, const std::optional<at::Tensor>& mask) {
+  if (l.seq_mesh_dim < 0 || !l.q_seq || !l.kv_ring) return false;
+  const auto strategy = attention_strategy();
+  if (strategy == "ring") return false;
+  const auto nd = l.nd;
+  bool heads_free = nd >= 3;
+  for (int64_t m = 0; m < l.mesh->ndim() && heads_free; ++m)
+    heads_free = !pq[m].is_shard(nd - 3) && !pk[m].is_shard(nd - 3) && !pv[m].is_shard(nd - 3);
+  if (strategy == "all_to_all") {
+    if (!heads_free)
+      refuse(q0, k0, v0, mask, "the all_to_all strategy needs a heads dim (dim -3) that no mesh dim shards",
+             "set_attention_strategy('ring') or 'auto', or redistribute the heads dim to Replicate");
+    return true;
+  }
+  if (!heads_free) return false;
+  const auto n = l.mesh->size(l.seq_mesh_dim);
+  const auto hq = q.size(nd - 3), hk = k.size(nd - 3);
+  if (hk % n != 0) return false;
+  // Bytes per rank (leading dims and n-1 factors cancel): ring moves n-1 K/V shards, the all-to-all moves
+  // (n-1)/n of q, k, v and the output.
+  const double sq = static_cast<double>(q.size(nd - 2)), skv = static_cast<double>(k.size(nd - 2));
+  const double d = static_cast<double>(q.size(nd - 1)), dv = static_cast<double>(v.size(nd - 1));
+  const double ring = skv * hk * (d + dv);
+  const double a2a = (sq * hq * (d + dv) + skv * hk * (d + dv)) / static_cast<double>(n);
+  return a2a <= ring;
+}
+
+at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                      const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                      std::optional<double> scale, bool enable_gqa) {
+  const at::Tensor mask_t = attn_mask && attn_mask->defined() ? *attn_mask : at::Tensor();
+  MeshPtr mesh;
+  for (const auto* t : {&query, &key, &value, &mask_t}) {
+    auto* i = t->defined() ? shard_impl(*t) : nullptr;
+    if (!i) continue;
+    if (!mesh) mesh = i->spec()->mesh;
+    else if (!mesh->same_as(*i->spec()->mesh))
+      refuse(query, key, value, attn_mask, "the arguments live on different meshes",
+             "redistribute them onto one mesh (full_tensor() then distribute_tensor)");
+  }
+  TORCH_INTERNAL_ASSERT(mesh, "scaled_dot_product_attention: no ShardTensor argument");
+  if (!shard_impl(query) && !shard_impl(key) && !shard_impl(value))
+    refuse(query, key, value, attn_mask, "query, key and value are plain but attn_mask is a ShardTensor",
+           "pass a plain mask (attn_mask.full_tensor())");
+  const auto nd = query.dim();
+  TORCH_CHECK_VALUE(nd >= 2 && key.dim() == nd && value.dim() == nd,
+                    "scaled_dot_product_attention: query, key and value must have the same number of dims (>= 2), got ",
+                    query.sizes(), ", ", key.sizes(), ", ", value.sizes());
+  TORCH_CHECK_VALUE(key.size(-1) == query.size(-1) && key.size(-2) == value.size(-2),
+                    "scaled_dot_product_attention: shape mismatch: query ", query.sizes(), ", key ", key.sizes(),
+                    ", value ", value.sizes());
+  int64_t gqa = 1;
+  for (int64_t d = 0; d < nd - 2; ++d) {
+    if (d == nd - 3 && query.size(d) != key.size(d)) {
+      TORCH_CHECK_VALUE(enable_gqa && key.size(d) > 0 && query.size(d) % key.size(d) == 0 &&
+                            key.size(d) == value.size(d),
+                        "scaled_dot_product_attention: query heads (", query.size(d), ") differ from key/value heads (",
+                        key.size(d), "); pass enable_gqa=True with query heads a multiple of key heads");
+      gqa = query.size(d) / key.size(d);
+      continue;
+    }
+    TORCH_CHECK_VALUE(query.size(d) == key.size(d) && key.size(d) == value.size(d),
+                      "scaled_dot_product_attention on ShardTensors: leading dims of query, key and value must be "
+                      "equal (no broadcasting), got ", query.sizes(), ", ", key.sizes(), ", ", value.sizes());
+  }
+  if (dropout_p > 0.0)
+    refuse(query, key, value, attn_mask,
+           "dropout_p > 0 is not supported (the dropout pattern could not match single-device randomness)",
+           "pass dropout_p=0.0 (e.g. module.eval() or dropout=0 in nn.MultiheadAttention), or run attention on "
+           "full tensors");
+  if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled())
+    refuse(query, key, value, attn_mask, "a gradient for attn_mask is not supported",
+           "pass attn_mask.detach()");
+  if (mask_t.defined())
+    TORCH_CHECK_VALUE(mask_t.dim() <= nd, "scaled_dot_product_attention: attn_mask has more dims than query");
+
+  // Canonical inputs: ShardTensors without Partial.
+  auto q = resolve_partial_diff(as_shard_input(query, mesh));
+  auto k = resolve_partial_diff(as_shard_input(key, mesh));
+  auto v = resolve_partial_diff(as_shard_input(value, mesh));
+  const auto pq = shard_impl(q)->spec()->placements, pk = shard_impl(k)->spec()->placements,
+             pv = shard_impl(v)->spec()->placements;
+  const auto eq = shard_impl(q)->spec()->dim_extents(), ek = shard_impl(k)->spec()->dim_extents(),
+             ev = shard_impl(v)->spec()->dim_extents();
+  const auto nm = mesh->ndim();
+  for (int64_t m = 0; m < nm; ++m)
+    if (pq[m].is_shard(nd - 1) || pk[m].is_shard(nd - 1) || pv[m].is_shard(nd - 1))
+      refuse(query, key, value, attn_mask, "the head (embedding) dim -1 is sharded",
+             "redistribute query, key and value so dim -1 is Replicate (e.g. shard the sequence dim -2)");
+  int64_t seq_m = -1;
+  for (int64_t m = 0; m < nm; ++m)
+    if (pq[m].is_shard(nd - 2) || pk[m].is_shard(nd - 2) || pv[m].is_shard(nd - 2)) {
+      if (seq_m >= 0)
+        refuse(query, key, value, attn_mask, "the sequence dim -2 is sharded on more than one mesh dim",
+               "shard the sequences of query and key/value on one mesh dim (redistribute)");
+      seq_m = m;
+    }
+
+  // Target placements per mesh dim.
+  Placements tq(nm, Placement::replicate()), tk(nm, Placement::replicate());
+  DimExtents xq, xk;
+  bool q_changed = false;
+  auto kv_extents = [&](int64_t m, int64_t d) {
+    // Extents of k/v's dim d on mesh dim m (k wins).
+    return pk[m].is_shard(d) ? ek.at(d) : ev.at(d);
+  };
+  for (int64_t m = 0; m < nm; ++m) {
+    const auto& a = pq[m];
+    if (a.is_shard() && a.dim < nd - 2) {
+      const auto d = a.dim;
+      tq[m] = a;
+      xq[d] = eq.at(d);
+      tk[m] = a;
+      auto e = eq.at(d);
+      if (d == nd - 3 && gqa > 1)
+        for (auto& x : e) {
+          if (x % gqa != 0)
+            refuse(query, key, value, attn_mask,
+                   "with grouped-query heads sharded, every rank's query head count must be a multiple of the "
+                   "group size",
+                   "shard the heads so each rank holds whole groups, or shard the sequence instead");
+          x /= gqa;
+        }
+      xk[d] = e;
+    } else if (a.is_shard(nd - 2)) {
+      tq[m] = a;
+      xq[nd - 2] = eq.at(nd - 2);
+      if (pk[m].is_shard(nd - 2) || pv[m].is_shard(nd - 2)) {
+        tk[m] = Placement::shard(nd - 2);
+        xk[nd - 2] = kv_extents(m, nd - 2);
+      }
+    } else {
+      // q replicated here: follow k/v's shard (q is sliced locally; the output is gathered back at the end).
+      const Placement& b = pk[m].is_shard() ? pk[m] : pv[m];
+      if (!b.is_shard()) continue;
+      const auto d = b.dim;
+      q_changed = true;
+      tk[m] = Placement::shard(d);
+      xk[d] = kv_extents(m, d);
+      tq[m] = Placement::shard(d);
+      if (d == nd - 2) {
+        xq[d] = default_split(query.size(d), mesh->size(m));
+      } else {
+        auto e = xk[d];
+        if (d == nd - 3)
+          for (auto& x : e) x *= gqa;
+        xq[d] = e;
+      }
+    }
+  }
+  auto qc = to_layout(q, tq, xq);
+  auto kc = to_layout(k, tk, xk);
+  auto vc = to_layout(v, tk, xk);
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+
+  at::Tensor out;
+  auto l = layout_of(qc, kc);
+  if (use_all_to_all(l, qc, kc, vc, tq, tk, tk, query, key, value, attn_mask)) {
+    // Sequence shards -> head shards (an all-to-all each), local attention on full sequences, back.
+    const auto sm = l.seq_mesh_dim, n = mesh->size(sm);
+    auto hp_q = tq, hp_k = tk;
+    hp_q[sm] = Placement::shard(nd - 3);
+    hp_k[sm] = Placement::shard(nd - 3);
+    auto hk_ext = default_split(key.size(nd - 3), n);
+    auto hq_ext = hk_ext;
+    for (auto& x : hq_ext) x *= gqa;
+    auto xq_h = xq, xk_h = xk;
+    xq_h.erase(nd - 2);
+    xk_h.erase(nd - 2);
+    xq_h[nd - 3] = hq_ext;
+    xk_h[nd - 3] = hk_ext;
+    auto qh = to_layout(qc, hp_q, xq_h), kh = to_layout(kc, hp_k, xk_h), vh = to_layout(vc, hp_k, xk_h);
+    auto oh = at::scaled_dot_product_attention(qh, kh, vh, attn_mask, 0.0, is_causal, sc, enable_gqa);
+    out = to_layout(oh, tq, xq);
+  } else {
+    out = SdpaFn::apply(qc, kc, vc, attn_mask, sc, is_causal, gqa);
+  }
+  if (q_changed) {
+    // Back to q's own layout (after Partial resolution).
+    const auto& qspec = *shard_impl(q)->spec();
+    out = to_layout(out, qspec.placements, qspec.dim_extents());
+  }
+  return out;
+}
+
+} // namespace
+
+void register_attention() {
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_entry));
+  // Inference mode skips autograd keys: bind the same entry point below autograd too.
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_entry));
+}
+
+} // namespace shardtensor::ops

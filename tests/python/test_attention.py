@@ -1,0 +1,326 @@
+"""scaled_dot_product_attention with the sequence sharded, against single-device F.scaled_dot_product_attention:
+outputs and q/k/v gradients; ring and head-parallel all-to-all strategies; uneven shards (a rank with one token,
+zero-extent ranks), causal, boolean/additive masks (plain and sharded with the queries), scale, GQA,
+cross-attention with independent shards, q-replicated and k/v-replicated layouts, 2-D meshes, bf16,
+nn.MultiheadAttention, and the refusals (dropout, sharded head dim, mismatched meshes, mask gradients)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def tiny_extents(n, k):
+    """One token on rank 0, nothing on rank 1 (k >= 3), the rest split unevenly."""
+    if k == 1:
+        return [n]
+    if k == 2:
+        return [1, n - 1]
+    rest = n - 1
+    tail = [rest // (k - 2) + (1 if i < rest % (k - 2) else 0) for i in range(k - 2)]
+    return [1, 0] + tail
+
+
+def seq(n, k, kind):
+    ext = tiny_extents(n, k) if kind == "tiny" else uneven_extents(n, k, seed=n) if kind == "uneven" else None
+    return ([st.Shard(2)], {0: ext} if ext else None)
+
+
+def sdpa(**kw):
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def case_self(strategy, kind):
+    m = mesh()
+    w = m.size()
+    prev = st.set_attention_strategy(strategy)
+    try:
+        q, k, v = randn(2, 4, 11, 8, seed=1), randn(2, 4, 11, 8, seed=2), randn(2, 4, 11, 8, seed=3)
+        lay = seq(11, w, kind)
+        for causal in (False, True):
+            check_op(sdpa(is_causal=causal), [q, k, v], [lay, lay, lay], m, **TOL,
+                     what=f"{strategy} {kind} causal={causal}", expect_placements=lay[0])
+        check_op(sdpa(scale=0.7, is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL, what=f"{strategy} scale")
+        # q and k/v with different (independent) extents of the same sequence.
+        other = ([st.Shard(2)], {0: uneven_extents(11, w, seed=5)})
+        check_op(sdpa(is_causal=True), [q, k, v], [lay, other, other], m, **TOL, what=f"{strategy} q/kv extents")
+    finally:
+        st.set_attention_strategy(prev)
+    return True
+
+
+def case_masks(strategy):
+    m = mesh()
+    w = m.size()
+    prev = st.set_attention_strategy(strategy)
+    try:
+        q, k, v = randn(2, 4, 10, 8, seed=4), randn(2, 4, 10, 8, seed=5), randn(2, 4, 10, 8, seed=6)
+        lay = seq(10, w, "tiny")
+        g = torch.Generator().manual_seed(7)
+        bmask = (torch.rand(2, 1, 10, 10, generator=g) > 0.4) | torch.eye(10, dtype=torch.bool)
+        amask = randn(10, 10, seed=8)
+        hmask = randn(2, 4, 10, 10, seed=9)
+        for name, mk in (("bool", bmask), ("additive", amask), ("per-head additive", hmask)):
+            check_op(sdpa(attn_mask=mk), [q, k, v], [lay, lay, lay], m, **TOL, what=f"{strategy} plain {name}")
+            # The mask as a ShardTensor sharded with the queries.
+            ms = st.distribute_tensor(mk, m, [st.Shard(mk.dim() - 2)], {0: lay[1][0]} if lay[1] else None)
+            check_op(lambda q, k, v, mk=mk, ms=ms: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=ms if st.is_shard_tensor(q) else mk), [q, k, v], [lay, lay, lay], m, **TOL,
+                what=f"{strategy} sharded {name}")
+        check_op(sdpa(attn_mask=amask, is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL,
+                 what=f"{strategy} mask+causal")
+    finally:
+        st.set_attention_strategy(prev)
+    return True
+
+
+def case_gqa_cross(strategy):
+    m = mesh()
+    w = m.size()
+    prev = st.set_attention_strategy(strategy)
+    try:
+        # Grouped-query attention: 4 query heads, 2 key/value heads.
+        q, k, v = randn(2, 4, 9, 8, seed=10), randn(2, 2, 9, 8, seed=11), randn(2, 2, 9, 8, seed=12)
+        lay = seq(9, w, "uneven")
+        for causal in (False, True):
+            check_op(sdpa(is_causal=causal, enable_gqa=True), [q, k, v], [lay, lay, lay], m, **TOL,
+                     what=f"{strategy} gqa causal={causal}")
+        # Cross-attention: Sq=7, Skv=12, value dim 6, independent shard extents.
+        q, k, v = randn(1, 2, 7, 8, seed=13), randn(1, 2, 12, 8, seed=14), randn(1, 2, 12, 6, seed=15)
+        lq, lkv = seq(7, w, "tiny"), seq(12, w, "uneven")
+        for causal in (False, True):
+            check_op(sdpa(is_causal=causal), [q, k, v], [lq, lkv, lkv], m, **TOL, what=f"{strategy} cross causal={causal}")
+        mk = randn(7, 12, seed=16)
+        check_op(sdpa(attn_mask=mk), [q, k, v], [lq, lkv, lkv], m, **TOL, what=f"{strategy} cross mask")
+    finally:
+        st.set_attention_strategy(prev)
+    return True
+
+
+def case_replicated_sides():
+    m = mesh()
+    w = m.size()
+    q, k, v = randn(2, 2, 9, 8, seed=20), randn(2, 2, 13, 8, seed=21), randn(2, 2, 13, 8, seed=22)
+    lq, lkv = seq(9, w, "tiny"), seq(13, w, "uneven")
+    rep = ([st.Replicate()], None)
+    for causal in (False, True):
+        # k/v replicated (plain and Replicate ShardTensors), q sharded: local attention, dK/dV all-reduced.
+        check_op(sdpa(is_causal=causal), [q, k, v], [lq, None, None], m, **TOL, what=f"kv plain causal={causal}")
+        check_op(sdpa(is_causal=causal), [q, k, v], [lq, rep, rep], m, **TOL, what=f"kv replicated causal={causal}",
+                 expect_placements=lq[0])
+        # q replicated, k/v sharded: the output keeps q's layout.
+        check_op(sdpa(is_causal=causal), [q, k, v], [rep, lkv, lkv], m, **TOL, what=f"q replicated causal={causal}",
+                 expect_placements=[st.Replicate()])
+        check_op(sdpa(is_causal=causal), [q, k, v], [None, lkv, lkv], m, **TOL, what=f"q plain causal={causal}")
+    # Batch-sharded (no sequence sharding): local.
+    bat = ([st.Shard(0)], None)
+    check_op(sdpa(is_causal=True), [q, k, v], [bat, bat, bat], m, **TOL, what="batch sharded")
+    # k sharded, v replicated: v is brought to k's layout.
+    check_op(sdpa(), [q, k, v], [lq, lkv, rep], m, **TOL, what="k sharded v replicated")
+    return True
+
+
+def case_2d_mesh(strategy):
+    m = mesh((2, 2))
+    prev = st.set_attention_strategy(strategy)
+    try:
+        q, k, v = randn(2, 4, 10, 8, seed=30), randn(2, 4, 10, 8, seed=31), randn(2, 4, 10, 8, seed=32)
+        lay = ([st.Shard(0), st.Shard(2)], {1: [3, 7]})
+        check_op(sdpa(is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL, what=f"2-d batch x seq {strategy}")
+        # Heads sharded on the other mesh dim: the all-to-all cannot re-shard heads; "auto" falls back to the ring.
+        lay = ([st.Shard(1), st.Shard(2)], {1: [1, 9]})
+        with st.use_attention_strategy("auto" if strategy == "all_to_all" else strategy):
+            check_op(sdpa(), [q, k, v], [lay, lay, lay], m, **TOL, what=f"2-d heads x seq {strategy}")
+    finally:
+        st.set_attention_strategy(prev)
+    return True
+
+
+def case_bf16(strategy):
+    m = mesh()
+    w = m.size()
+    prev = st.set_attention_strategy(strategy)
+    try:
+        q, k, v = (randn(2, 4, 11, 8, seed=s) for s in (40, 41, 42))
+        lay = seq(11, w, "uneven")
+        for causal in (False, True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # fp32 single-device reference
+            args = [st.distribute_tensor(t.bfloat16(), m, lay[0], lay[1]).requires_grad_() for t in (q, k, v)]
+            refs = [t.clone().requires_grad_() for t in (q, k, v)]
+            o = F.scaled_dot_product_attention(*args, is_causal=causal)
+            assert o.dtype == torch.bfloat16
+            close(full(o).float(), out, rtol=3e-2, atol=3e-2, what=f"bf16 {strategy} out")
+            wt = randn(*out.shape, seed=43)
+            (o.float() * wt).sum().backward()
+            (F.scaled_dot_product_attention(*refs, is_causal=causal) * wt).sum().backward()
+            for a, r in zip(args, refs):
+                assert a.grad.dtype == torch.bfloat16
+                close(full(a.grad).float(), r.grad, rtol=5e-2, atol=5e-2, what=f"bf16 {strategy} grad")
+    finally:
+        st.set_attention_strategy(prev)
+    return True
+
+
+def case_strategy_choice():
+    """What each strategy communicates: the ring passes K/V blocks, the all-to-all re-shards heads; auto picks
+    the all-to-all when key/value heads divide evenly by the mesh size (and it moves no more bytes)."""
+    m = mesh()
+    w = m.size()
+    q, k, v = (randn(1, 4, 8, 4, seed=s) for s in (50, 51, 52))
+    qs, ks, vs = (st.distribute_tensor(t, m, [st.Shard(2)]) for t in (q, k, v))
+    kinds = {}
+    for strategy in ("ring", "all_to_all", "auto"):
+        with st.use_attention_strategy(strategy):
+            with st.CommCounter() as c:
+                o = F.scaled_dot_product_attention(qs, ks, vs)
+            close(full(o), F.scaled_dot_product_attention(q, k, v), **TOL, what=strategy)
+            kinds[strategy] = c
+    assert st.attention_strategy() == "auto"
+    return {s: dict(c.calls) for s, c in kinds.items()}
+
+
+def case_mha(need_weights, batch_first):
+    m = mesh()
+    w = m.size()
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    ref.load_state_dict(mha.state_dict())
+    x = randn(2, 9, 8, seed=60) if batch_first else randn(9, 2, 8, seed=60)
+    sd = 1 if batch_first else 0
+    xs = st.distribute_tensor(x, m, [st.Shard(sd)], {0: tiny_extents(9, w)}).requires_grad_()
+    xr = x.clone().requires_grad_()
+    out, wts = mha(xs, xs, xs, need_weights=need_weights)
+    out_ref, wts_ref = ref(xr, xr, xr, need_weights=need_weights)
+    close(full(out), out_ref, **TOL, what="mha out")
+    if need_weights:
+        close(full(wts), wts_ref, **TOL, what="mha weights")
+    wt = randn(*out_ref.shape, seed=61)
+    (out * wt).sum().backward()
+    (out_ref * wt).sum().backward()
+    close(full(xs.grad), xr.grad, rtol=1e-4, atol=1e-4, what="mha input grad")
+    for (n, p), (_, r) in zip(mha.named_parameters(), ref.named_parameters()):
+        assert not st.is_shard_tensor(p.grad), n
+        close(p.grad, r.grad, rtol=1e-4, atol=1e-4, what=f"mha {n}")
+    return True
+
+
+def case_inference():
+    m = mesh()
+    w = m.size()
+    q, k, v = (randn(1, 2, 7, 4, seed=s) for s in (70, 71, 72))
+    qs, ks, vs = (st.distribute_tensor(t, m, [st.Shard(2)], {0: tiny_extents(7, w)}) for t in (q, k, v))
+    with torch.inference_mode():
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    close(full(o), F.scaled_dot_product_attention(q, k, v, is_causal=True), **TOL, what="inference mode")
+    return True
+
+
+# ---- refusals (must raise on every rank) ----
+
+def _qkv(m, placements=(st.Shard(2),)):
+    return [st.distribute_tensor(randn(1, 2, 6, 4, seed=s), m, list(placements)) for s in (80, 81, 82)]
+
+
+def case_err_dropout():
+    q, k, v = _qkv(mesh())
+    F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+
+
+def case_err_head_dim():
+    q, k, v = _qkv(mesh(), (st.Shard(3),))
+    F.scaled_dot_product_attention(q, k, v)
+
+
+def case_err_meshes():
+    q, _, _ = _qkv(mesh())
+    _, k, v = _qkv(mesh((2, 2)), (st.Replicate(), st.Shard(2)))
+    F.scaled_dot_product_attention(q, k, v)
+
+
+def case_err_mask_grad():
+    q, k, v = _qkv(mesh())
+    F.scaled_dot_product_attention(q, k, v, attn_mask=randn(6, 6, seed=1, requires_grad=True))
+
+
+def case_err_a2a_heads():
+    m = mesh((2, 2))
+    q, k, v = _qkv(m, (st.Shard(1), st.Shard(2)))
+    with st.use_attention_strategy("all_to_all"):
+        F.scaled_dot_product_attention(q, k, v)
+
+
+def case_err_two_seq_dims():
+    m = mesh((2, 2))
+    q, _, _ = _qkv(m, (st.Shard(2), st.Replicate()))
+    _, k, v = _qkv(m, (st.Replicate(), st.Shard(2)))
+    F.scaled_dot_product_attention(q, k, v)
+
+
+# ---- tests ----
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_self_attention(world, strategy):
+    harness.run(world, case_self, strategy, "tiny")
+    if world > 1:
+        harness.run(world, case_self, strategy, "uneven")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_masks(world, strategy):
+    harness.run(world, case_masks, strategy)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_gqa_cross(world, strategy):
+    harness.run(world, case_gqa_cross, strategy)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_replicated_sides(world):
+    harness.run(world, case_replicated_sides)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_2d_mesh(strategy):
+    harness.run(4, case_2d_mesh, strategy)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_bf16(strategy):
+    harness.run(3, case_bf16, strategy)
+
+
+def test_strategy_choice():
+    calls = harness.run(4, case_strategy_choice)[0]
+    assert calls["ring"].get("ring_pass", 0) > 0 and calls["ring"].get("all_to_all", 0) == 0, calls
+    assert calls["all_to_all"].get("all_to_all", 0) > 0 and calls["all_to_all"].get("ring_pass", 0) == 0, calls
+    assert calls["auto"] == calls["all_to_all"], calls  # 4 heads over 4 ranks: evenly divisible, fewer bytes
+
+
+@pytest.mark.parametrize("need_weights,batch_first", [(False, True), (True, True), (False, False)])
+def test_multihead_attention(need_weights, batch_first):
+    harness.run(2, case_mha, need_weights, batch_first)
+
+
+def test_inference_mode():
+    harness.run(3, case_inference)
+
+
+def test_refusals():
+    harness.expect_error(2, case_err_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
+    harness.expect_error(2, case_err_head_dim, match="dim -1 is sharded", kinds=("NotImplementedError",))
+    harness.expect_error(2, case_err_mask_grad, match="gradient for attn_mask", kinds=("NotImplementedError",))
+
+
+def test_refusals_2d():
+    harness.expect_error(4, case_err_meshes, match="different meshes", kinds=("NotImplementedError",))
+    harness.expect_error(4, case_err_a2a_heads, match="all_to_all strategy", kinds=("NotImplementedError",))
+    harness.expect_error(4, case_err_two_seq_dims, match="more than one mesh dim", kinds=("NotImplementedError",))
