@@ -96,6 +96,13 @@ std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_piec
 
 } // namespace
 
+std::vector<at::Tensor> all_to_all_flat(const std::vector<at::Tensor>& send_pieces,
+                                        const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,
+                                        const Mesh& mesh, int64_t mesh_dim) {
+  if (mesh.size(mesh_dim) == 1) return {send_pieces[0].reshape({-1})};
+  return flat_all_to_all(send_pieces, recv_numels, opts, mesh, mesh_dim);
+}
+
 at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
                         const Mesh& mesh, int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);

@@ -40,6 +40,12 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
 // Coordinate c receives the tensor of coordinate n-1-c (shapes may differ); for flips along a sharded dim.
 at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim);
 
+// One all-to-all of flattened pieces: piece j goes to coordinate j; returns the flat chunks received from every
+// coordinate (recv_numels[j] elements from coordinate j), in coordinate order.
+std::vector<at::Tensor> all_to_all_flat(const std::vector<at::Tensor>& send_pieces,
+                                        const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,
+                                        const Mesh& mesh, int64_t mesh_dim);
+
 // Ring pass along a mesh dim: send each of `send` to coordinate (c+1) % n and receive tensors of
 // `recv_shapes` (dtype of the matching send tensor, same device) from coordinate (c-1+n) % n. Shapes come from
 // specs every rank knows, so nothing is negotiated; zero-element tensors are neither sent nor received (both

@@ -62,6 +62,8 @@ void register_all() {
   register_batch_norm();
   register_loss();
   register_attention();
+  register_conv();
+  register_pad();
 }
 
 } // namespace shardtensor::ops

@@ -16,5 +16,7 @@ void register_norm();
 void register_batch_norm();
 void register_loss();
 void register_attention();
+void register_conv();
+void register_pad();
 
 } // namespace shardtensor::ops

@@ -1,0 +1,218 @@
+// Convolutions over sharded spatial dims by halo exchange. The output partition follows the global output grid:
+// coordinate c owns the outputs whose windows start in its input range, so any stride, dilation, kernel size
+// (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank gathers
+// exactly the input rows its outputs read (its own plus halos from any number of ranks away; zeros outside the
+// tensor), runs the local convolution with zero padding on sharded dims, and in backward sends the halo
+// gradients home. Batch-sharded inputs are local; weight and bias gradients are Partial sums reduced once by the
+// parameters' promotion.
+#include "comm/halo.h"
+#include "ops/common.h"
+
+#include <c10/util/irange.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+struct DimPlan {
+  int64_t dim;       // tensor dim
+  int64_t mesh_dim;
+  std::vector<int64_t> in_extents;
+  std::vector<int64_t> out_extents;
+  comm::RowRequests want;
+};
+
+// Output extents and input windows along one sharded spatial dim of a (non-transposed) convolution.
+DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t k,
+                 int64_t s, int64_t p, int64_t dil) {
+  DimPlan plan{dim, mesh_dim, in_extents, {}, {}};
+  const auto n = static_cast<int64_t>(in_extents.size());
+  const auto span = dil * (k - 1) + 1;
+  const auto lout = std::max<int64_t>((L + 2 * p - span) / s + 1, 0);
+  std::vector<int64_t> bounds(n + 1, 0);
+  bounds[n] = lout;
+  int64_t a = 0;
+  for (int64_t c = 1; c < n; ++c) {
+    a += in_extents[c - 1];
+    // First output whose window starts at or after this coordinate's first row.
+    const auto first = (a + p + s - 1) / s;
+    bounds[c] = std::clamp<int64_t>(first, bounds[c - 1], lout);
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    plan.out_extents.push_back(bounds[c + 1] - bounds[c]);
+    std::vector<int64_t> rows;
+    if (bounds[c + 1] > bounds[c]) {
+      const auto start = bounds[c] * s - p;
+      const auto end = (bounds[c + 1] - 1) * s - p + span;
+      for (auto pos = start; pos < end; ++pos) rows.push_back(comm::padded_index(pos, L, "zeros"));
+    }
+    plan.want.push_back(std::move(rows));
+  }
+  return plan;
+}
+
+struct ConvPlan {
+  at::Tensor x;                 // resolved input ShardTensor
+  SpecPtr spec;
+  std::vector<DimPlan> dims;    // sharded spatial dims, in mesh-dim order
+  std::vector<int64_t> local_padding;
+  std::vector<int64_t> out_shape;
+  Placements out_placements;
+  DimExtents out_ext;
+};
+
+ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
+                   const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                   bool transposed, at::IntArrayRef output_padding, int64_t groups, const MeshPtr& mesh) {
+  ConvPlan plan;
+  plan.x = resolve_partial(dispatch::as_shard(input, mesh));
+  plan.spec = shard_impl(plan.x)->spec();
+  const auto nd = input.dim();
+  const auto spatial = nd - 2;
+  auto expand = [&](at::IntArrayRef v, int64_t i) { return v.size() == 1 ? v[0] : v[i]; };
+  plan.local_padding.assign(spatial, 0);
+  for (int64_t i = 0; i < spatial; ++i) plan.local_padding[i] = expand(padding, i);
+  plan.out_shape = {input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+  for (int64_t i = 0; i < spatial; ++i) {
+    const auto L = input.size(2 + i), k = weight.size(2 + i);
+    const auto s = expand(stride, i), p = expand(padding, i), dil = expand(dilation, i);
+    plan.out_shape.push_back(transposed ? (L - 1) * s - 2 * p + dil * (k - 1) + expand(output_padding, i) + 1
+                                        : (L + 2 * p - dil * (k - 1) - 1) / s + 1);
+  }
+  plan.out_placements = plan.spec->placements;
+  for (size_t mi = 0; mi < plan.spec->placements.size(); ++mi) {
+    const auto& pl = plan.spec->placements[mi];
+    if (!pl.is_shard()) continue;
+    const auto m = static_cast<int64_t>(mi);
+    if (pl.dim == 0) {
+      plan.out_ext[0] = plan.spec->extents[m];
+      continue;
+    }
+    if (pl.dim == 1) dispatch::not_implemented(op, stack, "the channel dim is sharded; shard the batch or a spatial dim");
+    if (transposed) dispatch::not_implemented(op, stack, "transposed convolution over a sharded spatial dim");
+    const auto i = pl.dim - 2;
+    auto dp = plan_dim(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
+                       expand(padding, i), expand(dilation, i));
+    plan.out_ext[pl.dim] = dp.out_extents;
+    plan.local_padding[i] = 0;
+    plan.dims.push_back(std::move(dp));
+  }
+  return plan;
+}
+
+// This rank's local output shape.
+std::vector<int64_t> local_out_shape(const ConvPlan& plan) {
+  auto shape = plan.out_shape;
+  const auto& mesh = *plan.spec->mesh;
+  for (size_t m = 0; m < plan.out_placements.size(); ++m)
+    if (plan.out_placements[m].is_shard()) {
+      const auto d = plan.out_placements[m].dim;
+      shape[d] = plan.out_ext.at(d)[mesh.coordinate(static_cast<int64_t>(m))];
+    }
+  return shape;
+}
+
+bool has_no_outputs(const ConvPlan& plan) {
+  for (auto s : local_out_shape(plan))
+    if (s == 0) return true;
+  return false;
+}
+
+// The input window this rank's outputs read (halos gathered along every sharded spatial dim in turn, so corners
+// of 2-D meshes come along).
+at::Tensor gather_window(const ConvPlan& plan) {
+  auto x = shard_impl(plan.x)->local();
+  for (const auto& d : plan.dims) x = comm::gather_rows(x, d.dim, d.in_extents, d.want, *plan.spec->mesh, d.mesh_dim);
+  return x;
+}
+
+at::Tensor local_of_param(const at::Tensor& t, const MeshPtr& mesh) {
+  if (!t.defined()) return t;
+  auto* i = shard_impl(t);
+  if (!i) return t;
+  auto r = resolve_partial(t);
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(r)->spec()->all_replicate(), "ShardTensor convolution: sharded weights are "
+                              "not supported; keep parameters replicated (plain)");
+  return shard_impl(r)->local();
+}
+
+// convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto input = args[0].toTensor();
+  auto weight = args[1].toTensor();
+  auto bias = args[2].toOptional<at::Tensor>();
+  auto stride = args[3].toDimVector(), padding = args[4].toDimVector(), dilation = args[5].toDimVector();
+  const bool transposed = args[6].toBool();
+  auto output_padding = args[7].toDimVector();
+  const auto groups = args[8].toInt();
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
+  auto plan = plan_conv(op, stack, input, weight, stride, padding, dilation, transposed, output_padding, groups, mesh);
+  auto w = local_of_param(weight, mesh);
+  auto b = bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt;
+  // Every rank takes part in the halo exchange; a rank without outputs (zero extent) skips the local kernel.
+  auto window = gather_window(plan);
+  auto out = has_no_outputs(plan) ? at::zeros(local_out_shape(plan), window.options())
+                                  : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
+                                                    output_padding, groups);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext));
+}
+
+// convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation, transposed,
+//                      output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias)
+void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto input = args[1].toTensor();
+  auto weight = args[2].toTensor();
+  auto bias_sizes = args[3].isNone() ? std::optional<std::vector<int64_t>>() : std::optional<std::vector<int64_t>>(args[3].toIntVector());
+  auto stride = args[4].toDimVector(), padding = args[5].toDimVector(), dilation = args[6].toDimVector();
+  const bool transposed = args[7].toBool();
+  auto output_padding = args[8].toDimVector();
+  const auto groups = args[9].toInt();
+  auto mask = args[10].to<std::array<bool, 3>>();
+  auto plan = plan_conv(op, stack, input, weight, stride, padding, dilation, transposed, output_padding, groups, mesh);
+  auto g = local_aligned(resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh)), mesh, plan.out_shape,
+                         plan.out_placements, plan.out_ext);
+  auto window = gather_window(plan);
+  auto w = local_of_param(weight, mesh);
+  at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
+  at::Tensor gi, gw, gb;
+  if (has_no_outputs(plan)) {
+    gi = at::zeros_like(window);
+    gw = at::zeros_like(w);
+    if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+  } else {
+    std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation, transposed,
+                                                    output_padding, groups, mask);
+  }
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (mask[0] && gi.defined()) {
+    for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it)
+      gi = comm::scatter_add_rows(gi, it->dim, it->in_extents, it->want, *mesh, it->mesh_dim);
+    grad_input = make_shard_tensor(gi, plan.spec);
+  }
+  // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.
+  Placements partial(mesh->ndim(), Placement::replicate());
+  for (size_t m = 0; m < partial.size(); ++m)
+    if (plan.spec->placements[m].is_shard()) partial[m] = Placement::partial(ReduceOp::Sum);
+  if (mask[1] && gw.defined()) grad_weight = wrap(gw, mesh, partial, weight.sizes().vec(), {});
+  if (mask[2] && gb.defined()) grad_bias = wrap(gb, mesh, partial, gb.sizes().vec(), {});
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, grad_input);
+  torch::jit::push(*stack, grad_weight);
+  torch::jit::push(*stack, grad_bias);
+}
+
+} // namespace
+
+void register_conv() {
+  dispatch::set_handler("aten::convolution", convolution_handler);
+  dispatch::set_handler("aten::convolution_backward", convolution_backward_handler);
+}
+
+} // namespace shardtensor::ops

@@ -1,0 +1,137 @@
+"""Convolutions over sharded spatial dims (halo exchange) against single-device results: every kernel size,
+stride, dilation, padding (ints, tuples, 'same', 'valid'), groups and depthwise, bias, 1-D/2-D/3-D, uneven shards
+including shards narrower than the halo and zero-extent ranks, batch sharding, 2-D meshes with corners; input,
+weight and bias gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, mesh, randn, uneven_extents
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def case_conv1d_sweep(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 17, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(17, w, seed)})
+    for k in (1, 2, 3, 4, 5):
+        for stride in (1, 2, 3):
+            for dil in (1, 2):
+                for pad in (0, 1, k // 2 + 1):
+                    wt = randn(4, 3, k, seed=seed + k)
+                    check_op(lambda x, wt, b: F.conv1d(x, wt, b, stride=stride, padding=pad, dilation=dil),
+                             [x, wt, randn(4, seed=3)], [lay, None, None], m, **TOL,
+                             what=f"conv1d k={k} s={stride} d={dil} p={pad}")
+    return True
+
+
+def case_conv_padding_groups(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 4, 11, 9, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(11, w, seed)})
+    for name, fn, wshape in [
+        ("same odd", lambda x, wt: F.conv2d(x, wt, padding="same"), (5, 4, 3, 3)),
+        ("same even", lambda x, wt: F.conv2d(x, wt, padding="same"), (5, 4, 4, 2)),
+        ("valid", lambda x, wt: F.conv2d(x, wt, padding="valid"), (5, 4, 3, 3)),
+        ("tuple padding stride", lambda x, wt: F.conv2d(x, wt, stride=(2, 1), padding=(2, 1)), (5, 4, 3, 3)),
+        ("groups", lambda x, wt: F.conv2d(x, wt, padding=1, groups=2), (6, 2, 3, 3)),
+        ("depthwise", lambda x, wt: F.conv2d(x, wt, padding=1, groups=4), (4, 1, 3, 3)),
+        ("dilated strided", lambda x, wt: F.conv2d(x, wt, stride=2, dilation=2, padding=2), (3, 4, 3, 3)),
+    ]:
+        check_op(fn, [x, randn(*wshape, seed=seed + 1)], [lay, None], m, **TOL, what=f"conv2d {name}")
+    # Width sharded, batch sharded.
+    check_op(lambda x, wt: F.conv2d(x, wt, padding=1), [x, randn(5, 4, 3, 3, seed=2)],
+             [([st.Shard(3)], {0: uneven_extents(9, w, seed + 1)}), None], m, **TOL, what="conv2d width")
+    check_op(lambda x, wt: F.conv2d(x, wt, padding=1), [x, randn(5, 4, 3, 3, seed=2)],
+             [([st.Shard(0)], None), None], m, **TOL, what="conv2d batch")
+    return True
+
+
+def case_conv_narrow_shards(seed):
+    """Shards narrower than the halo (one row, zero rows): data comes from several ranks away."""
+    m = mesh()
+    w = m.size()
+    x = randn(1, 2, 9, seed=seed)
+    ext = [1] * (w - 1) + [9 - (w - 1)] if w > 1 else [9]
+    if w > 2:
+        ext = [0, 1] + [1] * (w - 3) + [9 - (w - 2)]
+    check_op(lambda x, wt: F.conv1d(x, wt, padding=3), [x, randn(3, 2, 7, seed=1)], [([st.Shard(2)], {0: ext}), None],
+             m, **TOL, what="conv1d k=7 narrow shards")
+    return True
+
+
+def case_conv3d(seed):
+    m = mesh()
+    x = randn(1, 2, 7, 6, 5, seed=seed)
+    check_op(lambda x, wt, b: F.conv3d(x, wt, b, padding=1, stride=(1, 2, 1)),
+             [x, randn(3, 2, 3, 3, 3, seed=1), randn(3, seed=2)], [([st.Shard(2)], {0: uneven_extents(7, m.size(), seed)}), None, None],
+             m, **TOL, what="conv3d")
+    return True
+
+
+def case_conv_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 3, 9, 8, seed=seed)
+    lay = ([st.Shard(2), st.Shard(3)], {0: uneven_extents(9, 2, seed), 1: uneven_extents(8, 2, seed + 1)})
+    check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(4, 3, 3, 3, seed=1), randn(4, seed=2)],
+             [lay, None, None], m, **TOL, what="2-D mesh conv (corners)")
+    check_op(lambda x, wt: F.conv2d(x, wt, stride=2, padding=2, dilation=2), [x, randn(4, 3, 3, 3, seed=1)], [lay, None],
+             m, **TOL, what="2-D mesh strided dilated")
+    return True
+
+
+def case_conv_module_training(seed):
+    """A small conv stack trained for a few steps: parameters stay equal to single-device training."""
+    m = mesh()
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GELU(), torch.nn.Conv2d(4, 2, 5, padding=2, stride=2))
+
+    net, ref = make(), make()
+    ref.load_state_dict(net.state_dict())
+    opt, opt_ref = torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        x = randn(2, 2, 13, 10, seed=seed + step)
+        xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: uneven_extents(13, m.size(), seed + step)})
+        for model, inp, o in ((net, xs, opt), (ref, x, opt_ref)):
+            o.zero_grad()
+            model(inp).square().mean().backward()
+            o.step()
+    for (n, p), (_, r) in zip(net.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, r, rtol=1e-4, atol=1e-6, msg=n)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_conv1d_sweep(world):
+    harness.run(world, case_conv1d_sweep, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_conv_padding_groups(world):
+    harness.run(world, case_conv_padding_groups, world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_conv_narrow_shards(world):
+    harness.run(world, case_conv_narrow_shards, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_conv3d(world):
+    harness.run(world, case_conv3d, world)
+
+
+def test_conv_2d_mesh():
+    harness.run(4, case_conv_2d_mesh, 1)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_conv_module_training(world):
+    harness.run(world, case_conv_module_training, world)
