@@ -231,6 +231,13 @@ def case_err_dropout():
     F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
 
 
+def case_err_mha_dropout():
+    m = mesh()
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
+    xs = st.distribute_tensor(randn(2, 6, 8, seed=1), m, [st.Shard(1)])
+    mha(xs, xs, xs, need_weights=False)
+
+
 def case_err_head_dim():
     q, k, v = _qkv(mesh(), (st.Shard(3),))
     F.scaled_dot_product_attention(q, k, v)
@@ -316,6 +323,7 @@ def test_inference_mode():
 
 def test_refusals():
     harness.expect_error(2, case_err_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
+    harness.expect_error(2, case_err_mha_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
     harness.expect_error(2, case_err_head_dim, match="dim -1 is sharded", kinds=("NotImplementedError",))
     harness.expect_error(2, case_err_mask_grad, match="gradient for attn_mask", kinds=("NotImplementedError",))
 
