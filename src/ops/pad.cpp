@@ -5,6 +5,9 @@
 #include "comm/halo.h"
 #include "ops/common.h"
 
+#include <torch/autograd.h>
+#include <torch/library.h>
+
 namespace shardtensor::ops {
 
 namespace {
@@ -164,9 +167,35 @@ void mode_pad_backward_handler(const std::string& mode, const c10::OperatorHandl
   torch::jit::push(*stack, out);
 }
 
+// _pad_circular is composite-implicit (slices and cat, which would gather the sharded dim): bound above autograd
+// with its own backward.
+struct PadCircularFn : torch::autograd::Function<PadCircularFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, std::vector<int64_t> pad) {
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({self});
+    ctx->saved_data["pad"] = pad;
+    return pad_forward(self, pad, "circular", 0.0);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    if (!g[0].defined()) return {at::Tensor(), at::Tensor()};
+    auto self = ctx->get_saved_variables()[0];
+    return {pad_backward(g[0], self, ctx->saved_data["pad"].toIntVector(), "circular"), at::Tensor()};
+  }
+};
+
+at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
+  auto p = C10_AS_INTARRAYREF_SLOW(pad).vec();
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor _pad_circular: the input must be the ShardTensor");
+  return PadCircularFn::apply(self, p);
+}
+
 } // namespace
 
 void register_pad() {
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("_pad_circular", TORCH_FN(pad_circular_entry));
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("_pad_circular", TORCH_FN(pad_circular_entry));
   dispatch::set_handler("aten::constant_pad_nd", constant_pad_handler);
   for (const char* n : {"aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d"})
     dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_handler("reflect", op, s); });

@@ -135,3 +135,26 @@ def test_conv_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_conv_module_training(world):
     harness.run(world, case_conv_module_training, world)
+
+
+def case_pad_modes(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 10, 6, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(10, w, seed)})
+    for mode in ("constant", "reflect", "replicate", "circular"):
+        check_op(lambda t: F.pad(t, (1, 2, 3, 2), mode=mode), [x], [lay], m, what=f"pad {mode}")
+    check_op(lambda t: F.pad(t, (0, 0, 2, 1), value=1.5), [x], [lay], m, what="pad value")
+    check_op(lambda t: F.pad(t, (0, 0, -2, -3)), [x], [lay], m, what="negative pad (crop)")
+    for mode in ("reflect", "replicate", "circular"):
+        check_op(lambda t, wt: F.conv2d(F.pad(t, (1, 1, 1, 1), mode=mode), wt), [x, randn(4, 3, 3, 3, seed=1)],
+                 [lay, None], m, **TOL, what=f"conv padding_mode={mode}")
+    torch.manual_seed(0)  # the same weights on every rank
+    conv = torch.nn.Conv2d(3, 2, 3, padding=1, padding_mode="reflect")
+    check_op(lambda t: conv(t), [x], [lay], m, **TOL, what="nn.Conv2d reflect")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_pad_modes(world):
+    harness.run(world, case_pad_modes, world)
