@@ -53,11 +53,35 @@ DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_e
   return plan;
 }
 
+// Transposed convolution along one sharded spatial dim: each rank runs the local transposed convolution of its
+// own inputs (padding 0) and produces a window of outputs starting at global position a_c*s - p; the window's
+// rows are summed into their owners (default split of the output) — the adjoint of the convolution halo.
+DimPlan plan_dim_transposed(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t k,
+                            int64_t s, int64_t p, int64_t dil, int64_t output_padding) {
+  DimPlan plan{dim, mesh_dim, in_extents, {}, {}};
+  const auto lout = (L - 1) * s - 2 * p + dil * (k - 1) + output_padding + 1;
+  plan.out_extents = default_split(lout, static_cast<int64_t>(in_extents.size()));
+  int64_t a = 0;
+  for (auto e : in_extents) {
+    std::vector<int64_t> rows;
+    const auto width = e > 0 ? (e - 1) * s + dil * (k - 1) + 1 : 0;
+    for (int64_t u = 0; u < width; ++u) {
+      const auto j = a * s - p + u;
+      rows.push_back(j >= 0 && j < lout ? j : -1);
+    }
+    plan.want.push_back(std::move(rows));
+    a += e;
+  }
+  return plan;
+}
+
 struct ConvPlan {
   at::Tensor x;                 // resolved input ShardTensor
   SpecPtr spec;
   std::vector<DimPlan> dims;    // sharded spatial dims, in mesh-dim order
   std::vector<int64_t> local_padding;
+  std::vector<int64_t> local_output_padding;
+  bool transposed = false;
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
@@ -72,8 +96,13 @@ ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack
   const auto nd = input.dim();
   const auto spatial = nd - 2;
   auto expand = [&](at::IntArrayRef v, int64_t i) { return v.size() == 1 ? v[0] : v[i]; };
+  plan.transposed = transposed;
   plan.local_padding.assign(spatial, 0);
-  for (int64_t i = 0; i < spatial; ++i) plan.local_padding[i] = expand(padding, i);
+  plan.local_output_padding.assign(spatial, 0);
+  for (int64_t i = 0; i < spatial; ++i) {
+    plan.local_padding[i] = expand(padding, i);
+    plan.local_output_padding[i] = output_padding.empty() ? 0 : expand(output_padding, i);
+  }
   plan.out_shape = {input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
   for (int64_t i = 0; i < spatial; ++i) {
     const auto L = input.size(2 + i), k = weight.size(2 + i);
@@ -91,12 +120,15 @@ ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack
       continue;
     }
     if (pl.dim == 1) dispatch::not_implemented(op, stack, "the channel dim is sharded; shard the batch or a spatial dim");
-    if (transposed) dispatch::not_implemented(op, stack, "transposed convolution over a sharded spatial dim");
     const auto i = pl.dim - 2;
-    auto dp = plan_dim(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
-                       expand(padding, i), expand(dilation, i));
+    auto dp = transposed
+        ? plan_dim_transposed(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
+                              expand(padding, i), expand(dilation, i), plan.local_output_padding[i])
+        : plan_dim(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
+                   expand(padding, i), expand(dilation, i));
     plan.out_ext[pl.dim] = dp.out_extents;
     plan.local_padding[i] = 0;
+    plan.local_output_padding[i] = 0;
     plan.dims.push_back(std::move(dp));
   }
   return plan;
@@ -114,18 +146,41 @@ std::vector<int64_t> local_out_shape(const ConvPlan& plan) {
   return shape;
 }
 
+// The shape the local kernel produces: for transposed convolutions the output windows along sharded dims.
+std::vector<int64_t> local_kernel_shape(const ConvPlan& plan) {
+  auto shape = local_out_shape(plan);
+  if (!plan.transposed) return shape;
+  const auto me = [&](int64_t m) { return plan.spec->mesh->coordinate(m); };
+  for (const auto& d : plan.dims) shape[d.dim] = static_cast<int64_t>(d.want[me(d.mesh_dim)].size());
+  return shape;
+}
+
 bool has_no_outputs(const ConvPlan& plan) {
-  for (auto s : local_out_shape(plan))
+  for (auto s : local_kernel_shape(plan))
     if (s == 0) return true;
   return false;
 }
 
 // The input window this rank's outputs read (halos gathered along every sharded spatial dim in turn, so corners
-// of 2-D meshes come along).
+// of 2-D meshes come along). Transposed convolutions read only their own inputs.
 at::Tensor gather_window(const ConvPlan& plan) {
   auto x = shard_impl(plan.x)->local();
+  if (plan.transposed) return x;
   for (const auto& d : plan.dims) x = comm::gather_rows(x, d.dim, d.in_extents, d.want, *plan.spec->mesh, d.mesh_dim);
   return x;
+}
+
+// Transposed: sum each output window row into its owner, dim by dim.
+at::Tensor scatter_outputs(at::Tensor y, const ConvPlan& plan) {
+  for (const auto& d : plan.dims) y = comm::scatter_add_rows(y, d.dim, d.out_extents, d.want, *plan.spec->mesh, d.mesh_dim);
+  return y;
+}
+
+// Transposed backward: the output-window gradient this rank's kernel produced (the adjoint of scatter_outputs).
+at::Tensor gather_output_grad(at::Tensor g, const ConvPlan& plan) {
+  for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it)
+    g = comm::gather_rows(g, it->dim, it->out_extents, it->want, *plan.spec->mesh, it->mesh_dim);
+  return g;
 }
 
 at::Tensor local_of_param(const at::Tensor& t, const MeshPtr& mesh) {
@@ -155,9 +210,23 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto b = bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt;
   // Every rank takes part in the halo exchange; a rank without outputs (zero extent) skips the local kernel.
   auto window = gather_window(plan);
-  auto out = has_no_outputs(plan) ? at::zeros(local_out_shape(plan), window.options())
-                                  : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
-                                                    output_padding, groups);
+  at::Tensor out;
+  if (plan.transposed && !plan.dims.empty()) {
+    // Bias is added after the scatter (once per output position).
+    auto y = has_no_outputs(plan) ? at::zeros(local_kernel_shape(plan), window.options())
+                                  : at::convolution(window, w, std::nullopt, stride, plan.local_padding, dilation, true,
+                                                    plan.local_output_padding, groups);
+    out = scatter_outputs(y, plan);
+    if (b) {
+      std::vector<int64_t> bshape(out.dim(), 1);
+      bshape[1] = b->numel();
+      out = out + b->view(bshape);
+    }
+  } else {
+    out = has_no_outputs(plan) ? at::zeros(local_out_shape(plan), window.options())
+                               : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
+                                                 plan.local_output_padding, groups);
+  }
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext));
 }
@@ -178,6 +247,8 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   auto plan = plan_conv(op, stack, input, weight, stride, padding, dilation, transposed, output_padding, groups, mesh);
   auto g = local_aligned(resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh)), mesh, plan.out_shape,
                          plan.out_placements, plan.out_ext);
+  at::Tensor g_bias_source = g;
+  if (plan.transposed && !plan.dims.empty()) g = gather_output_grad(g, plan);
   auto window = gather_window(plan);
   auto w = local_of_param(weight, mesh);
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
@@ -188,12 +259,19 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
     if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
   } else {
     std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation, transposed,
-                                                    output_padding, groups, mask);
+                                                    plan.local_output_padding, groups, mask);
+  }
+  // Transposed over sharded dims: the bias gradient is the sum of this rank's own output rows (not the windows).
+  if (plan.transposed && !plan.dims.empty() && mask[2] && bias_sizes) {
+    std::vector<int64_t> red{0};
+    for (int64_t d = 2; d < g_bias_source.dim(); ++d) red.push_back(d);
+    gb = g_bias_source.sum(red);
   }
   at::Tensor grad_input, grad_weight, grad_bias;
   if (mask[0] && gi.defined()) {
-    for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it)
-      gi = comm::scatter_add_rows(gi, it->dim, it->in_extents, it->want, *mesh, it->mesh_dim);
+    if (!plan.transposed)
+      for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it)
+        gi = comm::scatter_add_rows(gi, it->dim, it->in_extents, it->want, *mesh, it->mesh_dim);
     grad_input = make_shard_tensor(gi, plan.spec);
   }
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.

@@ -158,3 +158,41 @@ def case_pad_modes(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_pad_modes(world):
     harness.run(world, case_pad_modes, world)
+
+
+def case_conv_transpose(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 9, 7, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(9, w, seed)})
+    for k, stride, pad, opad, dil in [(3, 1, 1, 0, 1), (2, 2, 0, 0, 1), (4, 2, 1, 1, 1), (3, 3, 2, 2, 2), (5, 2, 0, 1, 1)]:
+        check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=stride, padding=pad, output_padding=opad, dilation=dil),
+                 [x, randn(3, 4, k, k, seed=k), randn(4, seed=2)], [lay, None, None], m, **TOL,
+                 what=f"conv_transpose2d k={k} s={stride} p={pad} op={opad} d={dil}")
+    check_op(lambda x, wt: F.conv_transpose2d(x, wt, stride=2, groups=3), [x, randn(3, 2, 3, 3, seed=5)], [lay, None], m,
+             **TOL, what="conv_transpose2d groups")
+    x1 = randn(1, 2, 8, seed=seed)
+    check_op(lambda x, wt: F.conv_transpose1d(x, wt, stride=3, padding=1), [x1, randn(2, 3, 4, seed=1)],
+             [([st.Shard(2)], {0: uneven_extents(8, w, seed + 1)}), None], m, **TOL, what="conv_transpose1d")
+    x3 = randn(1, 2, 5, 4, 3, seed=seed)
+    check_op(lambda x, wt: F.conv_transpose3d(x, wt, stride=2, padding=1), [x3, randn(2, 2, 3, 3, 3, seed=1)],
+             [([st.Shard(3)], {0: uneven_extents(4, w, seed + 2)}), None], m, **TOL, what="conv_transpose3d")
+    return True
+
+
+def case_conv_transpose_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(1, 2, 6, 5, seed=seed)
+    lay = ([st.Shard(2), st.Shard(3)], {0: uneven_extents(6, 2, seed), 1: uneven_extents(5, 2, seed + 1)})
+    check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, padding=1, output_padding=1),
+             [x, randn(2, 3, 3, 3, seed=1), randn(3, seed=2)], [lay, None, None], m, **TOL, what="2-D mesh conv_transpose")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_conv_transpose(world):
+    harness.run(world, case_conv_transpose, world)
+
+
+def test_conv_transpose_2d_mesh():
+    harness.run(4, case_conv_transpose_2d_mesh, 2)
