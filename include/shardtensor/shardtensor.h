@@ -1,0 +1,10 @@
+// Umbrella header for ShardTensor's C++ API.
+#pragma once
+
+#include <shardtensor/comm_stats.h>
+#include <shardtensor/distributed.h>
+#include <shardtensor/handler_registry.h>
+#include <shardtensor/mesh.h>
+#include <shardtensor/placement.h>
+#include <shardtensor/shard_tensor.h>
+#include <shardtensor/spec.h>
