@@ -64,6 +64,7 @@ void register_all() {
   register_attention();
   register_conv();
   register_pad();
+  register_pool();
 }
 
 } // namespace shardtensor::ops

@@ -18,5 +18,6 @@ void register_loss();
 void register_attention();
 void register_conv();
 void register_pad();
+void register_pool();
 
 } // namespace shardtensor::ops

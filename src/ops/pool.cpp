@@ -1,0 +1,687 @@
+// Pooling over sharded spatial dims by halo exchange: max_pool 2-3d (1-d through 2-d) with global indices,
+// avg_pool 2-3d (any padding, ceil_mode, count_include_pad, divisor_override), adaptive avg/max pool 2-3d.
+//
+// Windowed pools follow the convolution plan: along a sharded spatial dim the output partition follows the global
+// output grid (coordinate c owns the outputs whose windows start in its input range; ceil_mode's extra window
+// starts inside the input, so it has an owner too). Each rank gathers exactly the rows its windows read (-inf fill
+// for max, zeros for avg) and runs the local kernel with padding 0 on sharded dims (the window is exact, so the local
+// kernel yields exactly the owned outputs in either ceil_mode) and the original padding on the others.
+//  - max: local window indices become flat indices over the global spatial plane; backward scatters the gradient
+//    into the window at the window-local index and sends halo rows home.
+//  - avg: the local kernel sums (divisor_override=1) and the sum is divided by the global divisor, which is a
+//    product of per-dim factors computed from the spec (PyTorch's clip rules), so every count_include_pad /
+//    ceil_mode / divisor_override combination is exact.
+// Adaptive pools: output cell i reads rows [floor(i*L/n), ceil((i+1)*L/n)); a cell belongs to the rank that owns its
+// first row; each rank gathers the rows of its cells and computes them with per-dim index ranges. An adaptive avg
+// pool to size 1 along a sharded dim gives a Partial(sum) of local sums (no halo).
+#include "comm/halo.h"
+#include "ops/common.h"
+
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <limits>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+// One spatial dim's plan.
+struct SpDim {
+  int64_t dim = 0;         // tensor dim
+  int64_t mesh_dim = -1;   // -1: not sharded
+  int64_t L = 0, Lout = 0;
+  std::vector<int64_t> in_ext, out_ext;
+  comm::RowRequests want;  // sharded dims only
+  std::vector<int64_t> bounds;  // output cell bounds per coordinate (sharded)
+  int64_t o0 = 0, n = 0;   // this rank's first output cell and count
+  int64_t ws = 0, W = 0;   // this rank's window: global start of row 0 (may be negative) and length
+  bool partial = false;    // adaptive avg to size 1: Partial(sum) of local sums
+};
+
+struct PoolPlan {
+  at::Tensor x;
+  SpecPtr spec;
+  MeshPtr mesh;
+  int64_t nsp = 0;
+  std::vector<SpDim> sp;       // spatial dims in order
+  std::vector<int64_t> order;  // indices into sp of gathered sharded dims, in mesh-dim order
+  std::vector<int64_t> out_shape;
+  Placements out_placements;
+  DimExtents out_ext;
+
+  bool no_outputs() const {
+    for (const auto& d : sp)
+      if (d.n == 0) return true;
+    for (int64_t d = 0; d < spec->ndim() - nsp; ++d)
+      if (spec->local_shape[d] == 0) return true;
+    return false;
+  }
+  std::vector<int64_t> local_out_shape() const {
+    std::vector<int64_t> s(spec->local_shape.begin(), spec->local_shape.end() - nsp);
+    for (const auto& d : sp) s.push_back(d.n);
+    return s;
+  }
+  std::vector<int64_t> window_shape() const {
+    std::vector<int64_t> s(spec->local_shape.begin(), spec->local_shape.end() - nsp);
+    for (const auto& d : sp) s.push_back(d.W);
+    return s;
+  }
+};
+
+int64_t expand(at::IntArrayRef v, int64_t i, int64_t dflt) {
+  if (v.empty()) return dflt;
+  return v.size() == 1 ? v[0] : v[i];
+}
+
+int64_t div_floor(int64_t a, int64_t b) {
+  auto q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+// PyTorch's pooling_output_shape.
+int64_t pool_out(int64_t L, int64_t k, int64_t s, int64_t p, int64_t dil, bool ceil) {
+  auto out = div_floor(L + 2 * p - dil * (k - 1) - 1 + (ceil ? s - 1 : 0), s) + 1;
+  if (ceil && (out - 1) * s >= L + p) --out;
+  return out;
+}
+
+std::vector<int64_t> offsets(const std::vector<int64_t>& ext) {
+  std::vector<int64_t> off(ext.size() + 1, 0);
+  for (size_t i = 0; i < ext.size(); ++i) off[i + 1] = off[i] + ext[i];
+  return off;
+}
+
+// Start a plan: resolve the input, check the spatial rank, copy non-spatial shards.
+PoolPlan begin_plan(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
+                    int64_t nsp, const char* what) {
+  PoolPlan plan;
+  plan.mesh = dispatch::common_mesh(op, stack);
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor ", what, ": the input must be the ShardTensor");
+  plan.x = resolve_partial(dispatch::as_shard(input, plan.mesh));
+  plan.spec = shard_impl(plan.x)->spec();
+  plan.nsp = nsp;
+  const auto nd = input.dim();
+  TORCH_CHECK(nd == nsp + 1 || nd == nsp + 2, what, ": expected a ", nsp + 1, "-D or ", nsp + 2, "-D input, got ", nd, "-D");
+  plan.out_placements = plan.spec->placements;
+  plan.out_shape.assign(plan.spec->global_shape.begin(), plan.spec->global_shape.end() - nsp);
+  for (size_t mi = 0; mi < plan.spec->placements.size(); ++mi) {
+    const auto& pl = plan.spec->placements[mi];
+    if (pl.is_shard() && pl.dim < nd - nsp) plan.out_ext[pl.dim] = plan.spec->extents[mi];
+  }
+  for (int64_t i = 0; i < nsp; ++i) {
+    SpDim d;
+    d.dim = nd - nsp + i;
+    d.mesh_dim = plan.spec->mesh_dim_of(d.dim);
+    d.L = plan.spec->global_shape[d.dim];
+    if (d.mesh_dim >= 0) d.in_ext = plan.spec->extents[d.mesh_dim];
+    plan.sp.push_back(std::move(d));
+  }
+  return plan;
+}
+
+// Finish: output shape/extents, gather order.
+void end_plan(PoolPlan& plan) {
+  std::vector<std::pair<int64_t, int64_t>> by_mesh;
+  for (size_t i = 0; i < plan.sp.size(); ++i) {
+    auto& d = plan.sp[i];
+    plan.out_shape.push_back(d.Lout);
+    if (d.mesh_dim < 0) continue;
+    if (d.partial) {
+      plan.out_placements[d.mesh_dim] = Placement::partial(ReduceOp::Sum);
+      continue;
+    }
+    plan.out_ext[d.dim] = d.out_ext;
+    by_mesh.push_back({d.mesh_dim, static_cast<int64_t>(i)});
+  }
+  std::sort(by_mesh.begin(), by_mesh.end());
+  for (auto& [m, i] : by_mesh) plan.order.push_back(i);
+}
+
+// Windowed pooling along one spatial dim.
+void plan_window_dim(SpDim& d, const Mesh& mesh, int64_t k, int64_t s, int64_t p, int64_t dil, bool ceil) {
+  const auto span = dil * (k - 1) + 1;
+  d.Lout = pool_out(d.L, k, s, p, dil, ceil);
+  if (d.mesh_dim < 0) {
+    d.o0 = 0;
+    d.n = d.Lout;
+    d.ws = 0;
+    d.W = d.L;
+    return;
+  }
+  const auto nc = static_cast<int64_t>(d.in_ext.size());
+  d.bounds.assign(nc + 1, 0);
+  d.bounds[nc] = d.Lout;
+  int64_t a = 0;
+  for (int64_t c = 1; c < nc; ++c) {
+    a += d.in_ext[c - 1];
+    d.bounds[c] = std::clamp<int64_t>((a + p + s - 1) / s, d.bounds[c - 1], d.Lout);
+  }
+  for (int64_t c = 0; c < nc; ++c) {
+    d.out_ext.push_back(d.bounds[c + 1] - d.bounds[c]);
+    std::vector<int64_t> rows;
+    if (d.bounds[c + 1] > d.bounds[c]) {
+      const auto start = d.bounds[c] * s - p;
+      const auto end = (d.bounds[c + 1] - 1) * s - p + span;
+      for (auto pos = start; pos < end; ++pos) rows.push_back(comm::padded_index(pos, d.L, "zeros"));
+    }
+    d.want.push_back(std::move(rows));
+  }
+  const auto me = mesh.coordinate(d.mesh_dim);
+  d.o0 = d.bounds[me];
+  d.n = d.out_ext[me];
+  d.ws = d.o0 * s - p;
+  d.W = static_cast<int64_t>(d.want[me].size());
+}
+
+int64_t ad_start(int64_t i, int64_t L, int64_t n) { return (i * L) / n; }
+int64_t ad_end(int64_t i, int64_t L, int64_t n) { return ((i + 1) * L + n - 1) / n; }
+
+// Adaptive pooling along one spatial dim.
+void plan_adaptive_dim(SpDim& d, const Mesh& mesh, int64_t lout, bool allow_partial) {
+  d.Lout = lout;
+  if (d.mesh_dim < 0) {
+    d.o0 = 0;
+    d.n = lout;
+    d.ws = 0;
+    d.W = d.L;
+    return;
+  }
+  const auto me = mesh.coordinate(d.mesh_dim);
+  const auto nc = static_cast<int64_t>(d.in_ext.size());
+  const auto off = offsets(d.in_ext);
+  if (allow_partial && lout == 1) {
+    // Each rank sums its own rows; the output is a pending sum.
+    d.partial = true;
+    d.o0 = 0;
+    d.n = 1;
+    d.ws = off[me];
+    d.W = d.in_ext[me];
+    return;
+  }
+  d.bounds.assign(nc + 1, lout);
+  // Cell i belongs to the coordinate owning row start(i) (zero-extent coordinates own nothing).
+  int64_t i = 0;
+  for (int64_t c = 0; c < nc; ++c) {
+    d.bounds[c] = i;
+    while (i < lout && ad_start(i, d.L, lout) < off[c + 1]) ++i;
+  }
+  d.bounds[nc] = lout;
+  for (int64_t c = 0; c < nc; ++c) {
+    d.out_ext.push_back(d.bounds[c + 1] - d.bounds[c]);
+    std::vector<int64_t> rows;
+    if (d.bounds[c + 1] > d.bounds[c]) {
+      const auto start = ad_start(d.bounds[c], d.L, lout);
+      const auto end = ad_end(d.bounds[c + 1] - 1, d.L, lout);
+      for (auto r = start; r < end; ++r) rows.push_back(r);
+    }
+    d.want.push_back(std::move(rows));
+  }
+  d.o0 = d.bounds[me];
+  d.n = d.out_ext[me];
+  d.ws = d.n > 0 ? ad_start(d.o0, d.L, lout) : 0;
+  d.W = static_cast<int64_t>(d.want[me].size());
+}
+
+at::Tensor gather_window(const PoolPlan& plan, double fill) {
+  auto x = shard_impl(plan.x)->local();
+  for (auto i : plan.order) {
+    const auto& d = plan.sp[i];
+    x = comm::gather_rows(x, d.dim, d.in_ext, d.want, *plan.mesh, d.mesh_dim, fill);
+  }
+  return x;
+}
+
+at::Tensor scatter_window(const PoolPlan& plan, at::Tensor g) {
+  for (auto it = plan.order.rbegin(); it != plan.order.rend(); ++it) {
+    const auto& d = plan.sp[*it];
+    g = comm::scatter_add_rows(g, d.dim, d.in_ext, d.want, *plan.mesh, d.mesh_dim);
+  }
+  return g;
+}
+
+at::Tensor grad_local(const PoolPlan& plan, const at::Tensor& grad) {
+  return local_aligned(resolve_partial(dispatch::as_shard(grad, plan.mesh)), plan.mesh, plan.out_shape,
+                       plan.out_placements, plan.out_ext);
+}
+
+at::Tensor wrap_out(const PoolPlan& plan, const at::Tensor& local) {
+  return wrap(local, plan.mesh, plan.out_placements, plan.out_shape, plan.out_ext);
+}
+
+// Flat window index -> flat global index over the spatial plane.
+at::Tensor window_to_global(const PoolPlan& plan, const at::Tensor& idx) {
+  auto rem = idx;
+  auto out = at::zeros_like(idx);
+  int64_t gstride = 1;
+  for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+    const auto& d = plan.sp[i];
+    auto coord = rem.remainder(d.W);
+    rem = rem.div(d.W, "floor");
+    out.add_((coord + d.ws) * gstride);
+    gstride *= d.L;
+  }
+  return out;
+}
+
+// Flat global index -> flat window index.
+at::Tensor global_to_window(const PoolPlan& plan, const at::Tensor& idx) {
+  auto rem = idx;
+  auto out = at::zeros_like(idx);
+  int64_t wstride = 1;
+  for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+    const auto& d = plan.sp[i];
+    auto coord = rem.remainder(d.L);
+    rem = rem.div(d.L, "floor");
+    out.add_((coord - d.ws) * wstride);
+    wstride *= d.W;
+  }
+  return out;
+}
+
+// Scatter-add `g` (local output layout) into a window of the plan at window-flat indices, then send halos home.
+at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const at::Tensor& global_idx) {
+  auto wshape = plan.window_shape();
+  std::vector<int64_t> flat(wshape.begin(), wshape.end() - plan.nsp);
+  int64_t wn = 1;
+  for (const auto& d : plan.sp) wn *= d.W;
+  flat.push_back(wn);
+  auto gi = at::zeros(flat, g.options());
+  if (!plan.no_outputs()) {
+    auto widx = global_to_window(plan, global_idx);
+    const auto lead = g.dim() - plan.nsp;
+    gi.scatter_add_(lead, widx.flatten(lead), g.flatten(lead));
+  }
+  return scatter_window(plan, gi.view(wshape));
+}
+
+// ---- max_pool{2,3}d_with_indices ----------------------------------------------------------------------------
+
+struct MaxArgs {
+  std::vector<int64_t> k, s, p, dil;
+  bool ceil = false;
+};
+
+MaxArgs max_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+                 at::IntArrayRef dilation, bool ceil) {
+  MaxArgs a;
+  a.ceil = ceil;
+  for (int64_t i = 0; i < nsp; ++i) {
+    a.k.push_back(expand(kernel, i, 1));
+    a.s.push_back(expand(stride, i, a.k.back()));
+    a.p.push_back(expand(padding, i, 0));
+    a.dil.push_back(expand(dilation, i, 1));
+  }
+  return a;
+}
+
+PoolPlan plan_max(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input, int64_t nsp,
+                  const MaxArgs& a) {
+  auto plan = begin_plan(op, stack, input, nsp, "max_pool");
+  for (int64_t i = 0; i < nsp; ++i) {
+    TORCH_CHECK(a.k[i] > 0 && a.s[i] > 0 && a.dil[i] > 0, "max_pool: kernel size, stride and dilation must be positive");
+    TORCH_CHECK(a.p[i] >= 0 && a.p[i] <= ((a.k[i] - 1) * a.dil[i] + 1) / 2,
+                "max_pool: pad should be at most half of effective kernel size, but got pad=", a.p[i], ", kernel_size=",
+                a.k[i], " and dilation=", a.dil[i]);
+    plan_window_dim(plan.sp[i], *plan.mesh, a.k[i], a.s[i], a.p[i], a.dil[i], a.ceil);
+    TORCH_CHECK(plan.sp[i].Lout >= 1, "max_pool: output size is too small (input ", plan.sp[i].L, ")");
+  }
+  end_plan(plan);
+  return plan;
+}
+
+std::vector<int64_t> local_padding(const PoolPlan& plan, const std::vector<int64_t>& p) {
+  auto out = p;
+  for (size_t i = 0; i < plan.sp.size(); ++i)
+    if (plan.sp[i].mesh_dim >= 0) out[i] = 0;
+  return out;
+}
+
+void max_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto a = max_args(nsp, args[1].toDimVector(), args[2].toDimVector(), args[3].toDimVector(), args[4].toDimVector(),
+                    args[5].toBool());
+  auto plan = plan_max(op, stack, args[0].toTensor(), nsp, a);
+  auto window = gather_window(plan, -std::numeric_limits<double>::infinity());
+  at::Tensor out, idx;
+  if (plan.no_outputs()) {
+    out = at::zeros(plan.local_out_shape(), window.options());
+    idx = at::zeros(plan.local_out_shape(), window.options().dtype(at::kLong));
+  } else {
+    auto lp = local_padding(plan, a.p);
+    std::tie(out, idx) = nsp == 2 ? at::max_pool2d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil)
+                                  : at::max_pool3d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil);
+    idx = window_to_global(plan, idx);
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap_out(plan, out));
+  torch::jit::push(*stack, wrap_out(plan, idx));
+}
+
+// max_pool*d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)
+void max_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto a = max_args(nsp, args[2].toDimVector(), args[3].toDimVector(), args[4].toDimVector(), args[5].toDimVector(),
+                    args[6].toBool());
+  auto plan = plan_max(op, stack, args[1].toTensor(), nsp, a);
+  auto g = grad_local(plan, args[0].toTensor());
+  auto idx = local_aligned(dispatch::as_shard(args[7].toTensor(), plan.mesh), plan.mesh, plan.out_shape,
+                           plan.out_placements, plan.out_ext);
+  auto gi = max_backward_common(plan, g, idx);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+}
+
+// ---- avg_pool{2,3}d -------------------------------------------------------------------------------------------
+
+struct AvgArgs {
+  std::vector<int64_t> k, s, p;
+  bool ceil = false, count_include_pad = true;
+  std::optional<int64_t> divisor_override;
+};
+
+AvgArgs avg_args(int64_t nsp, c10::ArrayRef<c10::IValue> args, int64_t first) {
+  AvgArgs a;
+  auto kernel = args[first].toDimVector(), stride = args[first + 1].toDimVector(), padding = args[first + 2].toDimVector();
+  for (int64_t i = 0; i < nsp; ++i) {
+    a.k.push_back(expand(kernel, i, 1));
+    a.s.push_back(expand(stride, i, a.k.back()));
+    a.p.push_back(expand(padding, i, 0));
+  }
+  a.ceil = args[first + 3].toBool();
+  a.count_include_pad = args[first + 4].toBool();
+  if (!args[first + 5].isNone()) a.divisor_override = args[first + 5].toInt();
+  return a;
+}
+
+PoolPlan plan_avg(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input, int64_t nsp,
+                  const AvgArgs& a) {
+  auto plan = begin_plan(op, stack, input, nsp, "avg_pool");
+  TORCH_CHECK(!a.divisor_override || *a.divisor_override != 0, "avg_pool: divisor must be not zero");
+  for (int64_t i = 0; i < nsp; ++i) {
+    TORCH_CHECK(a.k[i] > 0 && a.s[i] > 0, "avg_pool: kernel size and stride must be positive");
+    TORCH_CHECK(a.p[i] >= 0 && a.p[i] <= a.k[i] / 2, "avg_pool: pad should be at most half of kernel size, but got pad=",
+                a.p[i], " and kernel_size=", a.k[i]);
+    plan_window_dim(plan.sp[i], *plan.mesh, a.k[i], a.s[i], a.p[i], 1, a.ceil);
+    TORCH_CHECK(plan.sp[i].Lout >= 1, "avg_pool: output size is too small (input ", plan.sp[i].L, ")");
+  }
+  end_plan(plan);
+  return plan;
+}
+
+// The global divisor of this rank's outputs (broadcastable to the local output).
+at::Tensor avg_divisor(const PoolPlan& plan, const AvgArgs& a, const at::TensorOptions& opts) {
+  const auto nd = plan.spec->ndim();
+  if (a.divisor_override) return at::scalar_tensor(static_cast<double>(*a.divisor_override), opts);
+  at::Tensor div;
+  for (int64_t i = 0; i < plan.nsp; ++i) {
+    const auto& d = plan.sp[i];
+    std::vector<double> f;
+    for (int64_t o = d.o0; o < d.o0 + d.n; ++o) {
+      const auto hs = o * a.s[i] - a.p[i];
+      const auto he = std::min(hs + a.k[i], d.L + a.p[i]);
+      const auto pool = he - hs;
+      const auto cnt = std::min(he, d.L) - std::max<int64_t>(hs, 0);
+      f.push_back(static_cast<double>(a.count_include_pad ? pool : cnt));
+    }
+    std::vector<int64_t> shape(nd, 1);
+    shape[d.dim] = d.n;
+    auto t = at::tensor(f, at::TensorOptions().dtype(at::kDouble)).view(shape);
+    div = div.defined() ? div * t : t;
+  }
+  return div.to(opts);
+}
+
+bool low_precision(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+void avg_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto a = avg_args(nsp, args, 1);
+  auto plan = plan_avg(op, stack, args[0].toTensor(), nsp, a);
+  auto window = gather_window(plan, 0.0);
+  at::Tensor out;
+  if (plan.no_outputs()) {
+    out = at::zeros(plan.local_out_shape(), window.options());
+  } else {
+    auto w = low_precision(window) ? window.to(at::kFloat) : window;
+    auto lp = local_padding(plan, a.p);
+    auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1) : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1);
+    out = sum.div(avg_divisor(plan, a, sum.options())).to(window.scalar_type());
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap_out(plan, out));
+}
+
+// avg_pool*d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+void avg_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto a = avg_args(nsp, args, 2);
+  auto plan = plan_avg(op, stack, args[1].toTensor(), nsp, a);
+  auto g = grad_local(plan, args[0].toTensor());
+  at::Tensor gi;
+  if (plan.no_outputs()) {
+    gi = at::zeros(plan.window_shape(), g.options());
+  } else {
+    auto gf = low_precision(g) ? g.to(at::kFloat) : g;
+    gf = gf.div(avg_divisor(plan, a, gf.options()));
+    auto like = at::empty(plan.window_shape(), gf.options());
+    auto lp = local_padding(plan, a.p);
+    gi = nsp == 2 ? at::avg_pool2d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1)
+                  : at::avg_pool3d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1);
+    gi = gi.to(g.scalar_type());
+  }
+  gi = scatter_window(plan, gi);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+}
+
+// ---- adaptive pools -------------------------------------------------------------------------------------------
+
+PoolPlan plan_adaptive(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
+                       int64_t nsp, at::IntArrayRef out_size, bool allow_partial, const char* what) {
+  auto plan = begin_plan(op, stack, input, nsp, what);
+  TORCH_CHECK(static_cast<int64_t>(out_size.size()) == nsp, what, ": output_size must have ", nsp, " elements");
+  for (int64_t i = 0; i < nsp; ++i) {
+    TORCH_CHECK(out_size[i] >= 0, what, ": output size must be non-negative");
+    TORCH_CHECK(plan.sp[i].L > 0, what, ": input spatial sizes must be positive");
+    plan_adaptive_dim(plan.sp[i], *plan.mesh, out_size[i], allow_partial);
+  }
+  end_plan(plan);
+  return plan;
+}
+
+// Averaging matrix of one dim: (n, W), row j averages the window rows of cell o0 + j.
+at::Tensor avg_matrix(const SpDim& d, const at::TensorOptions& opts) {
+  auto m = at::zeros({d.n, d.W}, at::TensorOptions().dtype(at::kDouble));
+  auto acc = m.accessor<double, 2>();
+  for (int64_t j = 0; j < d.n; ++j) {
+    const auto o = d.o0 + j;
+    const auto s = d.partial ? 0 : ad_start(o, d.L, d.Lout) - d.ws;
+    const auto e = d.partial ? d.W : ad_end(o, d.L, d.Lout) - d.ws;
+    const auto len = d.partial ? d.L : e - s;
+    for (auto r = s; r < e; ++r) acc[j][r] = 1.0 / static_cast<double>(len);
+  }
+  return m.to(opts);
+}
+
+// Apply `mat` (rows x cols) along tensor dim `dim` (size cols -> rows).
+at::Tensor apply_along(const at::Tensor& t, int64_t dim, const at::Tensor& mat) {
+  return at::matmul(t.movedim(dim, -1), mat.t()).movedim(-1, dim);
+}
+
+at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
+
+// _adaptive_avg_pool{2,3}d(self, output_size)
+void adaptive_avg_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto plan = plan_adaptive(op, stack, args[0].toTensor(), nsp, args[1].toDimVector(), true, "adaptive_avg_pool");
+  auto window = gather_window(plan, 0.0);
+  at::Tensor out;
+  if (plan.no_outputs()) {
+    out = at::zeros(plan.local_out_shape(), window.options());
+  } else {
+    auto y = acc_type(window);
+    for (const auto& d : plan.sp) y = apply_along(y, d.dim, avg_matrix(d, y.options()));
+    out = y.to(window.scalar_type()).contiguous();
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap_out(plan, out));
+}
+
+// _adaptive_avg_pool{2,3}d_backward(grad_output, self)
+void adaptive_avg_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto& go = args[0].toTensor();
+  std::vector<int64_t> out_size(go.sizes().end() - nsp, go.sizes().end());
+  auto plan = plan_adaptive(op, stack, args[1].toTensor(), nsp, out_size, true, "adaptive_avg_pool");
+  auto g = grad_local(plan, go);
+  at::Tensor gi;
+  if (plan.no_outputs()) {
+    gi = at::zeros(plan.window_shape(), g.options());
+  } else {
+    auto y = acc_type(g);
+    for (const auto& d : plan.sp) y = apply_along(y, d.dim, avg_matrix(d, y.options()).t());
+    gi = y.to(g.scalar_type()).contiguous();
+  }
+  gi = scatter_window(plan, gi);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+}
+
+// adaptive_max_pool{2,3}d(self, output_size) -> (values, global indices)
+void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto plan = plan_adaptive(op, stack, args[0].toTensor(), nsp, args[1].toDimVector(), false, "adaptive_max_pool");
+  auto window = gather_window(plan, 0.0);
+  at::Tensor out, idx;
+  if (plan.no_outputs()) {
+    out = at::zeros(plan.local_out_shape(), window.options());
+    idx = at::zeros(plan.local_out_shape(), window.options().dtype(at::kLong));
+  } else {
+    const auto lead = window.dim() - nsp;
+    auto lopts = at::TensorOptions().dtype(at::kLong).device(window.device());
+    // Per dim: (n, K) window rows of each cell (padded with the cell's first row) and a validity mask.
+    std::vector<at::Tensor> rows, valid;
+    std::vector<int64_t> K;
+    auto G = window;
+    at::Tensor mask;
+    for (int64_t i = 0; i < nsp; ++i) {
+      const auto& d = plan.sp[i];
+      int64_t kmax = 1;
+      for (int64_t j = 0; j < d.n; ++j)
+        kmax = std::max(kmax, ad_end(d.o0 + j, d.L, d.Lout) - ad_start(d.o0 + j, d.L, d.Lout));
+      std::vector<int64_t> r(d.n * kmax);
+      std::vector<uint8_t> v(d.n * kmax);
+      for (int64_t j = 0; j < d.n; ++j) {
+        const auto s = ad_start(d.o0 + j, d.L, d.Lout) - d.ws, e = ad_end(d.o0 + j, d.L, d.Lout) - d.ws;
+        for (int64_t q = 0; q < kmax; ++q) {
+          r[j * kmax + q] = s + q < e ? s + q : s;
+          v[j * kmax + q] = s + q < e;
+        }
+      }
+      auto rt = at::tensor(r, lopts).view({d.n, kmax});
+      auto vt = at::tensor(std::vector<int64_t>(v.begin(), v.end()), lopts).to(at::kBool).view({d.n, kmax});
+      rows.push_back(rt);
+      K.push_back(kmax);
+      // G: lead + (n_0, K_0, ..., n_{i-1}, K_{i-1}, W_i, ...) -> split dim lead + 2i
+      const auto gd = lead + 2 * i;
+      auto sizes = G.sizes().vec();
+      G = G.index_select(gd, rt.flatten());
+      sizes[gd] = kmax;
+      sizes.insert(sizes.begin() + gd, d.n);
+      G = G.view(sizes);
+      std::vector<int64_t> mshape(2 * nsp, 1);
+      mshape[2 * i] = d.n;
+      mshape[2 * i + 1] = kmax;
+      auto vm = vt.view(mshape);
+      mask = mask.defined() ? mask.logical_and(vm) : vm;
+    }
+    G = G.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+    std::vector<int64_t> perm;
+    for (int64_t t = 0; t < lead; ++t) perm.push_back(t);
+    for (int64_t i = 0; i < nsp; ++i) perm.push_back(lead + 2 * i);
+    for (int64_t i = 0; i < nsp; ++i) perm.push_back(lead + 2 * i + 1);
+    G = G.permute(perm).flatten(lead + nsp);
+    auto [val, arg] = G.max(-1);
+    out = val.contiguous();
+    // arg -> per-dim k -> window row -> global coordinate.
+    idx = at::zeros_like(arg);
+    auto rem = arg;
+    std::vector<at::Tensor> kd(nsp);
+    for (int64_t i = nsp - 1; i >= 0; --i) {
+      kd[i] = rem.remainder(K[i]);
+      rem = rem.div(K[i], "floor");
+    }
+    int64_t gstride = 1;
+    for (int64_t i = nsp - 1; i >= 0; --i) {
+      const auto& d = plan.sp[i];
+      std::vector<int64_t> shape(arg.dim(), 1);
+      shape[lead + i] = d.n;
+      auto cell = at::arange(d.n, lopts).view(shape);
+      auto r = at::take(rows[i], cell * K[i] + kd[i]);
+      idx.add_((r + d.ws) * gstride);
+      gstride *= d.L;
+    }
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap_out(plan, out));
+  torch::jit::push(*stack, wrap_out(plan, idx));
+}
+
+// adaptive_max_pool{2,3}d_backward(grad_output, self, indices)
+void adaptive_max_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto& go = args[0].toTensor();
+  std::vector<int64_t> out_size(go.sizes().end() - nsp, go.sizes().end());
+  auto plan = plan_adaptive(op, stack, args[1].toTensor(), nsp, out_size, false, "adaptive_max_pool");
+  auto g = grad_local(plan, go);
+  auto idx = local_aligned(dispatch::as_shard(args[2].toTensor(), plan.mesh), plan.mesh, plan.out_shape,
+                           plan.out_placements, plan.out_ext);
+  auto gi = max_backward_common(plan, g, idx);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+}
+
+// max_pool1d is composite-implicit, but on CPU without autograd it runs a kernel that reads the storage directly:
+// bound above autograd (and below, for inference mode) to its decomposition through max_pool2d_with_indices.
+at::Tensor max_pool1d_entry(const at::Tensor& self, at::IntArrayRef kernel, at::IntArrayRef stride,
+                            at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
+  return std::get<0>(at::max_pool1d_with_indices(self, kernel, stride, padding, dilation, ceil_mode));
+}
+
+template <void (*F)(int64_t, const c10::OperatorHandle&, torch::jit::Stack*), int64_t N>
+void bind(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  F(N, op, stack);
+}
+
+} // namespace
+
+void register_pool() {
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("max_pool1d", TORCH_FN(max_pool1d_entry));
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("max_pool1d", TORCH_FN(max_pool1d_entry));
+  dispatch::set_handler("aten::max_pool2d_with_indices", bind<max_pool_handler, 2>);
+  dispatch::set_handler("aten::max_pool3d_with_indices", bind<max_pool_handler, 3>);
+  dispatch::set_handler("aten::max_pool2d_with_indices_backward", bind<max_pool_backward_handler, 2>);
+  dispatch::set_handler("aten::max_pool3d_with_indices_backward", bind<max_pool_backward_handler, 3>);
+  dispatch::set_handler("aten::avg_pool2d", bind<avg_pool_handler, 2>);
+  dispatch::set_handler("aten::avg_pool3d", bind<avg_pool_handler, 3>);
+  dispatch::set_handler("aten::avg_pool2d_backward", bind<avg_pool_backward_handler, 2>);
+  dispatch::set_handler("aten::avg_pool3d_backward", bind<avg_pool_backward_handler, 3>);
+  dispatch::set_handler("aten::_adaptive_avg_pool2d", bind<adaptive_avg_handler, 2>);
+  dispatch::set_handler("aten::_adaptive_avg_pool3d", bind<adaptive_avg_handler, 3>);
+  dispatch::set_handler("aten::_adaptive_avg_pool2d_backward", bind<adaptive_avg_backward_handler, 2>);
+  dispatch::set_handler("aten::_adaptive_avg_pool3d_backward", bind<adaptive_avg_backward_handler, 3>);
+  dispatch::set_handler("aten::adaptive_max_pool2d", bind<adaptive_max_handler, 2>);
+  dispatch::set_handler("aten::adaptive_max_pool3d", bind<adaptive_max_handler, 3>);
+  dispatch::set_handler("aten::adaptive_max_pool2d_backward", bind<adaptive_max_backward_handler, 2>);
+  dispatch::set_handler("aten::adaptive_max_pool3d_backward", bind<adaptive_max_backward_handler, 3>);
+}
+
+} // namespace shardtensor::ops

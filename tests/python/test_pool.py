@@ -1,0 +1,257 @@
+"""Pooling over sharded spatial dims (halo exchange) against single-device results: max_pool 1-3d with global
+indices (kernel, stride, padding, dilation, ceil_mode), avg_pool 1-3d (ceil_mode, count_include_pad,
+divisor_override), adaptive avg/max pool 1-3d including global pooling; uneven shards, shards narrower than the
+halo, zero-extent ranks, batch/channel sharding, 2-D meshes with two sharded spatial dims; input gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, full, mesh, randn, uneven_extents
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def narrow_extents(n, w):
+    """Zero-extent first rank, then one-row ranks, the rest on the last rank."""
+    if w == 1:
+        return [n]
+    if w == 2:
+        return [1, n - 1]
+    return [0] + [1] * (w - 2) + [n - (w - 2)]
+
+
+def _max_sweep(x, lay, m, nd, tag, params):
+    fn1 = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
+    done = 0
+    for k, s, p, d, ceil in params:
+        try:
+            fn1(x, k, s, p, d, ceil_mode=ceil)
+        except RuntimeError:
+            continue  # invalid on one device too (output too small)
+        check_op(lambda t: fn1(t, k, s, p, d, ceil_mode=ceil, return_indices=True), [x], [lay], m, **TOL,
+                 what=f"{tag} max k={k} s={s} p={p} d={d} ceil={ceil}")
+        done += 1
+    assert done > 0, f"{tag}: every max configuration was skipped"
+    return done
+
+
+def case_max_pool1d_sweep(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 13, seed=seed)
+    for ext in (uneven_extents(13, w, seed), narrow_extents(13, w)):
+        lay = ([st.Shard(2)], {0: ext})
+        params = [(k, s, p, d, c) for k in (1, 2, 3, 4) for s in (1, 2, 3) for p in range(0, k // 2 + 1)
+                  for d in (1, 2) for c in (False, True)]
+        assert _max_sweep(x, lay, m, 1, f"ext={ext}", params) >= 90
+    return True
+
+
+def _avg_sweep(x, lay, m, nd, tag, params):
+    fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nd]
+    done = 0
+    for k, s, p, ceil, cip, div in params:
+        kw = dict(ceil_mode=ceil, count_include_pad=cip)
+        if div is not None:
+            kw["divisor_override"] = div
+        try:
+            fn(x, k, s, p, **kw)
+        except RuntimeError:
+            continue
+        check_op(lambda t: fn(t, k, s, p, **kw), [x], [lay], m, **TOL,
+                 what=f"{tag} avg k={k} s={s} p={p} ceil={ceil} cip={cip} div={div}")
+        done += 1
+    assert done > 0, f"{tag}: every avg configuration was skipped"
+    return done
+
+
+def case_avg_pool1d_sweep(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 13, seed=seed)
+    for ext in (uneven_extents(13, w, seed), narrow_extents(13, w)):
+        lay = ([st.Shard(2)], {0: ext})
+        params = [(k, s, p, c, cip, None) for k in (1, 2, 3, 4) for s in (1, 2, 3) for p in range(0, k // 2 + 1)
+                  for c in (False, True) for cip in (True, False)]
+        assert _avg_sweep(x, lay, m, 1, f"ext={ext}", params) >= 90
+    return True
+
+
+def case_pool2d(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 11, 9, seed=seed)
+    for lay in (([st.Shard(2)], {0: uneven_extents(11, w, seed)}), ([st.Shard(3)], {0: narrow_extents(9, w)})):
+        _max_sweep(x, lay, m, 2, "2d", [(3, 2, 1, 1, True), ((2, 3), (1, 2), (1, 0), (2, 1), False),
+                                        (4, 3, 2, 1, True), (3, 1, 1, 2, False), (2, 2, 0, 1, True)])
+        _avg_sweep(x, lay, m, 2, "2d", [(3, 2, 1, True, True, None), (3, 2, 1, True, False, None),
+                                        ((2, 3), (1, 2), (1, 1), False, False, None), (4, 3, 2, True, True, None),
+                                        (3, 2, 1, True, True, 5), (2, 2, 0, False, True, None)])
+    # Batch- and channel-sharded inputs run locally.
+    for pl in (st.Shard(0), st.Shard(1)):
+        check_op(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), [x], [([pl], None)], m, **TOL,
+                 what=f"max {pl}")
+        check_op(lambda t: F.avg_pool2d(t, 3, 2, 1), [x], [([pl], None)], m, **TOL, what=f"avg {pl}")
+    # Unbatched input.
+    check_op(lambda t: F.max_pool2d(t, 3, 2, 1, ceil_mode=True, return_indices=True), [x[0]],
+             [([st.Shard(1)], {0: uneven_extents(11, w, seed + 1)})], m, **TOL, what="unbatched max")
+    return True
+
+
+def case_pool3d(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(1, 2, 7, 6, 5, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(7, w, seed)})
+    _max_sweep(x, lay, m, 3, "3d", [(3, 2, 1, 1, True), ((2, 3, 2), (1, 2, 2), (1, 1, 0), (2, 1, 1), False)])
+    _avg_sweep(x, lay, m, 3, "3d", [(3, 2, 1, True, True, None), (3, 2, 1, True, False, None),
+                                    ((2, 3, 2), (1, 2, 2), (1, 1, 0), False, True, 3)])
+    lay = ([st.Shard(3)], {0: narrow_extents(6, w)})
+    _max_sweep(x, lay, m, 3, "3d w", [(3, 2, 1, 1, True)])
+    _avg_sweep(x, lay, m, 3, "3d w", [(3, 2, 1, True, False, None)])
+    return True
+
+
+def case_pool_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 3, 9, 8, seed=seed)
+    for ext in ({0: uneven_extents(9, 2, seed), 1: uneven_extents(8, 2, seed + 1)}, {0: [1, 8], 1: [0, 8]}):
+        lay = ([st.Shard(2), st.Shard(3)], ext)
+        _max_sweep(x, lay, m, 2, f"2-D mesh {ext}", [(3, 2, 1, 1, True), (3, 1, 1, 2, False), ((2, 4), (2, 3), (1, 2), 1, True)])
+        _avg_sweep(x, lay, m, 2, f"2-D mesh {ext}", [(3, 2, 1, True, False, None), (3, 2, 1, True, True, None), (2, 1, 1, False, True, 3)])
+        for size in ((3, 2), (4, 5), (1, 3), (1, 1), (9, 8)):
+            check_op(lambda t: F.adaptive_avg_pool2d(t, size), [x], [lay], m, **TOL, what=f"2-D mesh adaptive avg {size}")
+            check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [x], [lay], m, **TOL,
+                     what=f"2-D mesh adaptive max {size}")
+    # One mesh dim shards the batch, the other a spatial dim.
+    lay = ([st.Shard(0), st.Shard(3)], {1: [5, 3]})
+    check_op(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), [x], [lay], m, **TOL, what="batch x width max")
+    check_op(lambda t: F.adaptive_avg_pool2d(t, (2, 3)), [x], [lay], m, **TOL, what="batch x width adaptive")
+    return True
+
+
+def case_adaptive(seed):
+    m = mesh()
+    w = m.size()
+    x1 = randn(2, 3, 13, seed=seed)
+    x2 = randn(2, 2, 10, 7, seed=seed)
+    x3 = randn(1, 2, 7, 5, 4, seed=seed)
+    for ext in (uneven_extents(13, w, seed), narrow_extents(13, w)):
+        lay = ([st.Shard(2)], {0: ext})
+        for n in (1, 2, 3, 5, 6, 13, 17):
+            check_op(lambda t: F.adaptive_avg_pool1d(t, n), [x1], [lay], m, **TOL, what=f"adaptive avg1d {n} {ext}")
+            check_op(lambda t: F.adaptive_max_pool1d(t, n, return_indices=True), [x1], [lay], m, **TOL,
+                     what=f"adaptive max1d {n} {ext}")
+    lay = ([st.Shard(2)], {0: uneven_extents(10, w, seed)})
+    for size in ((3, 4), (1, 1), (1, 7), (4, 1), (10, 3), (7, None)):
+        check_op(lambda t: F.adaptive_avg_pool2d(t, size), [x2], [lay], m, **TOL, what=f"adaptive avg2d {size}")
+        check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [x2], [lay], m, **TOL,
+                 what=f"adaptive max2d {size}")
+    lay = ([st.Shard(3)], {0: narrow_extents(5, w)})
+    for size in ((3, 2, 2), (1, 1, 1), (2, 1, 3)):
+        check_op(lambda t: F.adaptive_avg_pool3d(t, size), [x3], [lay], m, **TOL, what=f"adaptive avg3d {size}")
+        check_op(lambda t: F.adaptive_max_pool3d(t, size, return_indices=True), [x3], [lay], m, **TOL,
+                 what=f"adaptive max3d {size}")
+    return True
+
+
+def case_no_grad_and_modules(seed):
+    """Inference paths (no autograd: composite kernels may take other routes) and nn modules."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 12, 10, seed=seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: uneven_extents(12, w, seed)})
+    with torch.no_grad():
+        for name, fn in [("max2d", lambda t: F.max_pool2d(t, 3, 2, 1)),
+                         ("max1d", lambda t: F.max_pool1d(t[:, :, :, 0], 3, 2, 1)),
+                         ("avg2d", lambda t: F.avg_pool2d(t, 2)),
+                         ("adaptive avg", lambda t: F.adaptive_avg_pool2d(t, (5, 3))),
+                         ("adaptive max", lambda t: F.adaptive_max_pool2d(t, (5, 3))),
+                         ("global avg", lambda t: F.adaptive_avg_pool2d(t, 1))]:
+            torch.testing.assert_close(full(fn(xs)), fn(x), rtol=1e-5, atol=1e-6, msg=name)
+    with torch.inference_mode():
+        xi = st.distribute_tensor(x, m, [st.Shard(2)])
+        torch.testing.assert_close(full(F.max_pool2d(xi, 2)), F.max_pool2d(x, 2))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.MaxPool2d(2, ceil_mode=True),
+                              torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.AvgPool2d(3, 2, 1),
+                              torch.nn.AdaptiveAvgPool2d((2, 2)))
+    check_op(lambda t: net(t), [x], [([st.Shard(2)], {0: uneven_extents(12, w, seed)})], m, rtol=1e-4, atol=1e-5,
+             what="conv/pool stack")
+    return True
+
+
+def case_global_avg_partial(seed):
+    """Adaptive avg pool to size 1 along a sharded dim is a pending sum (no halo)."""
+    m = mesh()
+    x = randn(2, 3, 11, 6, seed=seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: uneven_extents(11, m.size(), seed)})
+    y = torch.ops.aten._adaptive_avg_pool2d(xs, [1, 3])
+    assert str(st.placements(y)[0]) == "Partial(sum)", st.placements(y)
+    torch.testing.assert_close(full(y), torch.ops.aten._adaptive_avg_pool2d(x, [1, 3]), rtol=1e-5, atol=1e-6)
+    return True
+
+
+def case_bad_padding(seed):
+    m = mesh()
+    xs = st.distribute_tensor(randn(1, 2, 9, seed=seed), m, [st.Shard(2)])
+    F.max_pool1d(xs, 3, 1, padding=2)
+
+
+def case_bad_avg_padding(seed):
+    m = mesh()
+    xs = st.distribute_tensor(randn(1, 2, 9, 9, seed=seed), m, [st.Shard(2)])
+    F.avg_pool2d(xs, 2, 1, padding=2)
+
+
+def case_bad_divisor(seed):
+    m = mesh()
+    xs = st.distribute_tensor(randn(1, 2, 9, 9, seed=seed), m, [st.Shard(2)])
+    F.avg_pool2d(xs, 2, divisor_override=0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_max_pool1d_sweep(world):
+    harness.run(world, case_max_pool1d_sweep, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_avg_pool1d_sweep(world):
+    harness.run(world, case_avg_pool1d_sweep, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pool2d(world):
+    harness.run(world, case_pool2d, world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_pool3d(world):
+    harness.run(world, case_pool3d, world)
+
+
+def test_pool_2d_mesh():
+    harness.run(4, case_pool_2d_mesh, 1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_adaptive(world):
+    harness.run(world, case_adaptive, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_no_grad_and_modules(world):
+    harness.run(world, case_no_grad_and_modules, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_global_avg_partial(world):
+    harness.run(world, case_global_avg_partial, world)
+
+
+def test_errors():
+    harness.expect_error(2, case_bad_padding, 0, match="at most half")
+    harness.expect_error(2, case_bad_avg_padding, 0, match="at most half")
+    harness.expect_error(2, case_bad_divisor, 0, match="divisor")
