@@ -50,6 +50,37 @@ bool self_contained(const RowRequests& want, const std::vector<int64_t>& off) {
   return true;
 }
 
+// True when positions and rows are both consecutive runs (the common halo case: own rows in one block).
+bool consecutive(const std::vector<int64_t>& pos, const std::vector<int64_t>& rows) {
+  for (size_t i = 1; i < pos.size(); ++i)
+    if (pos[i] != pos[i - 1] + 1 || rows[i] != rows[i - 1] + 1) return false;
+  return true;
+}
+
+// out[pos] = src[rows] along dim (copy), without temporaries for a consecutive run.
+void copy_rows(at::Tensor& out, const at::Tensor& src, int64_t dim, const std::vector<int64_t>& pos,
+               const std::vector<int64_t>& rows) {
+  if (pos.empty()) return;
+  const auto n = static_cast<int64_t>(pos.size());
+  if (consecutive(pos, rows)) {
+    out.narrow(dim, pos[0], n).copy_(src.narrow(dim, rows[0], n));
+  } else {
+    out.index_copy_(dim, index_tensor(pos, out), src.index_select(dim, index_tensor(rows, src)));
+  }
+}
+
+// out[rows] += src[pos] along dim.
+void add_rows(at::Tensor& out, const at::Tensor& src, int64_t dim, const std::vector<int64_t>& rows,
+              const std::vector<int64_t>& pos) {
+  if (pos.empty()) return;
+  const auto n = static_cast<int64_t>(pos.size());
+  if (consecutive(pos, rows)) {
+    out.narrow(dim, rows[0], n).add_(src.narrow(dim, pos[0], n));
+  } else {
+    out.index_add_(dim, index_tensor(rows, out), src.index_select(dim, index_tensor(pos, src)));
+  }
+}
+
 } // namespace
 
 at::Tensor gather_rows(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
@@ -61,25 +92,31 @@ at::Tensor gather_rows(const at::Tensor& local, int64_t dim, const std::vector<i
     std::vector<int64_t> pos, rows;
     owned_by(want[me], off[me], off[me + 1], pos, rows);
     auto out = at::full(shape_with(local.sizes(), dim, static_cast<int64_t>(want[me].size())), fill, local.options());
-    if (!pos.empty()) out.index_copy_(dim, index_tensor(pos, out), local.index_select(dim, index_tensor(rows, local)));
+    copy_rows(out, local, dim, pos, rows);
     return out;
   }
+  // Own rows never travel: they are copied straight into the window; only halo rows are exchanged.
   std::vector<at::Tensor> send;
   for (int64_t r = 0; r < n; ++r) {
     std::vector<int64_t> pos, rows;
-    owned_by(want[r], off[me], off[me + 1], pos, rows);
+    if (r != me) owned_by(want[r], off[me], off[me + 1], pos, rows);
     send.push_back(rows.empty() ? local.narrow(dim, 0, 0) : local.index_select(dim, index_tensor(rows, local)));
   }
   std::vector<int64_t> recv_numels;
   std::vector<std::vector<int64_t>> recv_pos;
   for (int64_t o = 0; o < n; ++o) {
     std::vector<int64_t> pos, rows;
-    owned_by(want[me], off[o], off[o + 1], pos, rows);
+    if (o != me) owned_by(want[me], off[o], off[o + 1], pos, rows);
     recv_numels.push_back(numel_of(shape_with(local.sizes(), dim, static_cast<int64_t>(pos.size()))));
     recv_pos.push_back(pos);
   }
   auto chunks = all_to_all_flat(send, recv_numels, local.options(), mesh, mesh_dim);
   auto out = at::full(shape_with(local.sizes(), dim, static_cast<int64_t>(want[me].size())), fill, local.options());
+  {
+    std::vector<int64_t> pos, rows;
+    owned_by(want[me], off[me], off[me + 1], pos, rows);
+    copy_rows(out, local, dim, pos, rows);
+  }
   for (int64_t o = 0; o < n; ++o) {
     if (recv_pos[o].empty()) continue;
     auto piece = chunks[o].view(shape_with(local.sizes(), dim, static_cast<int64_t>(recv_pos[o].size())));
@@ -97,25 +134,30 @@ at::Tensor scatter_add_rows(const at::Tensor& window, int64_t dim, const std::ve
     std::vector<int64_t> pos, rows;
     owned_by(want[me], off[me], off[me + 1], pos, rows);
     auto out = at::zeros(shape_with(window.sizes(), dim, extents[me]), window.options());
-    if (!pos.empty()) out.index_add_(dim, index_tensor(rows, out), window.index_select(dim, index_tensor(pos, window)));
+    add_rows(out, window, dim, rows, pos);
     return out;
   }
   std::vector<at::Tensor> send;
   for (int64_t o = 0; o < n; ++o) {
     std::vector<int64_t> pos, rows;
-    owned_by(want[me], off[o], off[o + 1], pos, rows);
+    if (o != me) owned_by(want[me], off[o], off[o + 1], pos, rows);
     send.push_back(pos.empty() ? window.narrow(dim, 0, 0) : window.index_select(dim, index_tensor(pos, window)));
   }
   std::vector<int64_t> recv_numels;
   std::vector<std::vector<int64_t>> recv_rows;
   for (int64_t r = 0; r < n; ++r) {
     std::vector<int64_t> pos, rows;
-    owned_by(want[r], off[me], off[me + 1], pos, rows);
+    if (r != me) owned_by(want[r], off[me], off[me + 1], pos, rows);
     recv_numels.push_back(numel_of(shape_with(window.sizes(), dim, static_cast<int64_t>(rows.size()))));
     recv_rows.push_back(rows);
   }
   auto chunks = all_to_all_flat(send, recv_numels, window.options(), mesh, mesh_dim);
   auto out = at::zeros(shape_with(window.sizes(), dim, extents[me]), window.options());
+  {
+    std::vector<int64_t> pos, rows;
+    owned_by(want[me], off[me], off[me + 1], pos, rows);
+    add_rows(out, window, dim, rows, pos);
+  }
   for (int64_t r = 0; r < n; ++r) {
     if (recv_rows[r].empty()) continue;
     auto piece = chunks[r].view(shape_with(window.sizes(), dim, static_cast<int64_t>(recv_rows[r].size())));

@@ -1,0 +1,198 @@
+"""Halo-exchange overhead of sharded convolution stacks, on N ranks (CPU Gloo by default; --device cuda on GPUs).
+
+For each size: the sharded stack (halo exchange + local convolutions) against the same local computation on the
+rank's own rows without any communication (what the halo costs), forward and forward+backward; and per-rank
+peak memory of a training step (allocator peak from the profiler on CPU, max_memory_allocated on CUDA) against
+the single-device step. Writes benchmarks/results/halo_conv.{json,md,png}.
+
+    .venv/bin/python benchmarks/halo_conv/bench.py [--ranks 2] [--device cpu] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+
+import shardtensor as st
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
+
+
+def stack(dims: int, channels: int) -> nn.Module:
+    conv = nn.Conv2d if dims == 2 else nn.Conv3d
+    return nn.Sequential(conv(channels, channels, 3, padding=1), nn.GELU(), conv(channels, channels, 5, padding=2),
+                         nn.GELU(), conv(channels, channels, 3, padding=2, dilation=2))
+
+
+def cases(quick: bool):
+    two = [(2, 8, s) for s in ((64, 128) if quick else (64, 128, 256))]
+    three = [(3, 4, s) for s in ((16, 24) if quick else (16, 24, 32))]
+    return two + three
+
+
+def timed(fn, warmup=2, iters=7):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def peak_bytes(fn, device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    cur = peak = 0
+    for e in events:
+        cur += e.cpu_memory_usage
+        peak = max(peak, cur)
+    return peak
+
+
+def run_rank(rank, world, port, args, out_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device(args.device, rank if args.device == "cuda" else None) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    rows = []
+    for dims, channels, size in cases(args.quick):
+        torch.manual_seed(0)
+        net = stack(dims, channels).to(device)
+        shape = (1, channels) + (size,) * dims
+        x = torch.randn(shape, device=device)
+        xs = st.distribute_tensor(x, mesh, [st.Shard(2)])
+        local = st.to_local(xs).clone()
+
+        def fwd_sharded():
+            with torch.no_grad():
+                net(xs)
+
+        def fwd_local():
+            with torch.no_grad():
+                net(local)
+
+        def step(inp):
+            def go():
+                net.zero_grad(set_to_none=True)
+                y = net(inp)
+                (y * y).mean().backward() if not st.is_shard_tensor(y) else y.square().mean().backward()
+            return go
+
+        leaf = xs.detach().requires_grad_(True)
+        local_leaf = local.detach().requires_grad_(True)
+        row = {"dims": dims, "channels": channels, "size": size, "shape": list(shape),
+               "fwd_sharded_s": timed(fwd_sharded), "fwd_local_s": timed(fwd_local),
+               "train_sharded_s": timed(step(leaf)), "train_local_s": timed(step(local_leaf)),
+               "peak_sharded_bytes": peak_bytes(step(leaf), device)}
+        dist.barrier()
+        if rank == 0:
+            row["peak_single_bytes"] = peak_bytes(step(x.detach().requires_grad_(True)), device)
+            row["train_single_s"] = timed(step(x.detach().requires_grad_(True)), iters=3)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, row)
+        if rank == 0:
+            merged = dict(gathered[0])
+            for k in ("fwd_sharded_s", "fwd_local_s", "train_sharded_s", "train_local_s", "peak_sharded_bytes"):
+                merged[k] = max(g[k] for g in gathered)
+            rows.append(merged)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the recorded JSON")
+    args = ap.parse_args()
+    suffix = "" if args.device == "cpu" else f"_{args.device}"
+    if args.plot_only:
+        with open(os.path.join(RESULTS, f"halo_conv{suffix}.json")) as f:
+            plot(json.load(f)["rows"], args, suffix)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = os.path.join(RESULTS, f".halo_conv_{args.device}.json")
+    mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
+    with open(tmp) as f:
+        rows = json.load(f)
+    os.remove(tmp)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cmd = f".venv/bin/python benchmarks/halo_conv/bench.py --ranks {args.ranks} --device {args.device}" + (" --quick" if args.quick else "")
+    meta = {"command": cmd, "ranks": args.ranks, "device": args.device, "torch": torch.__version__, "commit": commit,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "threads_per_rank": 1}
+    with open(os.path.join(RESULTS, f"halo_conv{suffix}.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    lines = [f"# Halo-exchange convolution stacks on {args.ranks} {args.device} ranks", "",
+             f"Conv stack (k3, k5, k3 dilated) sharded along dim 2; max over ranks; torch {torch.__version__}, commit "
+             f"{commit}, {meta['date']}, 1 thread per rank. Command: `{cmd}`.", "",
+             "halo overhead = sharded time / the same layers on the rank's own rows without communication; memory = "
+             "per-rank allocator peak of a training step / single-device peak.", "",
+             "| dims | input | fwd halo overhead | train halo overhead | train time sharded / single | peak memory per rank / single |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['dims']}-D | {r['shape']} | {r['fwd_sharded_s'] / r['fwd_local_s']:.2f}x | "
+                     f"{r['train_sharded_s'] / r['train_local_s']:.2f}x | {r['train_sharded_s'] / r['train_single_s']:.2f} | "
+                     f"{r['peak_sharded_bytes'] / max(r['peak_single_bytes'], 1):.2f} |")
+    with open(os.path.join(RESULTS, f"halo_conv{suffix}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(rows, args, suffix)
+
+
+def plot(rows, args, suffix):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for dims in (2, 3):
+            sel = [r for r in rows if r["dims"] == dims]
+            if not sel:
+                continue
+            sizes = [r["size"] for r in sel]
+            axes[0].plot(sizes, [r["fwd_sharded_s"] / r["fwd_local_s"] for r in sel], "o-", label=f"{dims}-D forward")
+            axes[0].plot(sizes, [r["train_sharded_s"] / r["train_local_s"] for r in sel], "s--", label=f"{dims}-D train step")
+            axes[1].plot(sizes, [r["peak_sharded_bytes"] / max(r["peak_single_bytes"], 1) for r in sel], "o-", label=f"{dims}-D")
+        axes[0].axhline(1.0, color="gray", lw=0.8)
+        axes[0].set(xlabel="spatial size per dim", ylabel="time / local compute without halo", title="halo overhead")
+        axes[1].axhline(1.0 / args.ranks, color="gray", lw=0.8, ls=":", label=f"ideal 1/{args.ranks}")
+        axes[1].set(xlabel="spatial size per dim", ylabel="per-rank peak / single device", title="memory per rank")
+        for a in axes:
+            a.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(RESULTS, f"halo_conv{suffix}.png"), dpi=110)
+    except ImportError:
+        print("matplotlib not installed: no plot")
+
+
+if __name__ == "__main__":
+    main()
