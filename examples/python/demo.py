@@ -1,4 +1,9 @@
-"""The main job: a small token-sharded model on 2 CPU ranks against the same model on one process.
+"""The main job: a small vision transformer on a height-sharded image, on 2 CPU ranks, against the same model
+on one process.
+
+Patch-embedding convolution (halo exchange where a patch straddles two shards), learned positional embedding,
+pre-norm transformer blocks (LayerNorm, attention over the sharded tokens, MLP), mean-pooled head. Prints the
+relative error of the output and of every parameter gradient, the step time and the per-rank peak memory.
 
 Run with `make demo` (it spawns 2 Gloo ranks itself) or under torchrun:
     torchrun --nproc-per-node 2 examples/python/demo.py
@@ -20,35 +25,48 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
-BATCH, TOKENS, WIDTH, STEPS = 2, 509, 64, 5
+BATCH, CHANNELS, HEIGHT, WIDTH, PATCH = 2, 3, 72, 48, 8
+DIM, HEADS, DEPTH, CLASSES, STEPS = 48, 4, 2, 10, 5
 
 
-class TokenMixer(nn.Module):
-    """MLP block, layer norm written by hand (reductions), softmax pooling over the sharded token dim."""
-
-    def __init__(self, width: int):
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int):
         super().__init__()
-        self.fc1 = nn.Linear(width, 4 * width)
-        self.fc2 = nn.Linear(4 * width, width)
-        self.gain = nn.Parameter(torch.ones(width))
-        self.bias = nn.Parameter(torch.zeros(width))
-        self.query = nn.Parameter(torch.randn(width) / width ** 0.5)
-        self.head = nn.Linear(width, 3)
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x):
-        h = x + self.fc2(F.gelu(self.fc1(x)))
-        mu = h.mean(-1, keepdim=True)
-        var = h.var(-1, keepdim=True, unbiased=False)
-        h = (h - mu) / torch.sqrt(var + 1e-5) * self.gain + self.bias
-        weights = torch.softmax(h @ self.query, dim=1)        # softmax over the (sharded) token dim
-        pooled = (weights.unsqueeze(-1) * h).sum(1)             # sum over tokens -> Partial, resolved when used
-        return self.head(pooled)
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = F.scaled_dot_product_attention(q, k, v)           # tokens sharded: ring or all-to-all
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyViT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(CHANNELS, DIM, PATCH, stride=PATCH)
+        tokens = (HEIGHT // PATCH) * (WIDTH // PATCH)
+        self.pos = nn.Parameter(torch.randn(1, tokens, DIM) * 0.02)
+        self.blocks = nn.ModuleList(Block(DIM, HEADS) for _ in range(DEPTH))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, CLASSES)
+
+    def forward(self, image):
+        x = self.patch(image).flatten(2).transpose(1, 2)          # [B, tokens, DIM], tokens sharded with the rows
+        x = x + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x).mean(1))                    # mean over sharded tokens: a Partial sum
 
 
 def make_inputs():
     torch.manual_seed(0)
-    model = TokenMixer(WIDTH)
-    x = torch.randn(BATCH, TOKENS, WIDTH)
+    model = TinyViT()
+    x = torch.randn(BATCH, CHANNELS, HEIGHT, WIDTH)
     return model, x
 
 
@@ -83,13 +101,15 @@ def run_rank():
     model, x = make_inputs()
     st.sync_module(model, mesh)
     rss0 = peak_rss_mib()
-    # Only rank 0 needs the sample; it is scattered along the token dim (uneven: 509 tokens).
-    xs = st.scatter_tensor(x if rank == 0 else None, src=0, mesh=mesh, placements=[st.Shard(1)])
+    # Only rank 0 needs the image; it is scattered along its height (uneven rows: patches straddle shards).
+    height_rows = [HEIGHT // world + (4 if r == 0 else 0) - (4 if r == world - 1 and world > 1 else 0) for r in range(world)]
+    xs = st.scatter_tensor(x if rank == 0 else None, src=0, mesh=mesh, placements=[st.Shard(2)],
+                           sharding_shapes={0: height_rows})
     out, gx, grads, t_shard = timed(model, xs)
     rss_shard = peak_rss_mib() - rss0
     out_full, gx_full = out.full_tensor(), gx.full_tensor()
-    # A redistribute round trip: tokens -> features -> tokens (all-to-all, then back).
-    back = xs.redistribute([st.Shard(2)]).redistribute([st.Shard(1)])
+    # A redistribute round trip: rows -> columns -> rows (all-to-all, then back).
+    back = xs.redistribute([st.Shard(3)]).redistribute([st.Shard(2)], sharding_shapes={0: height_rows})
     roundtrip = rel_err(back.full_tensor(), x)
     rows = None
     if rank == 0:
@@ -106,17 +126,17 @@ def run_rank():
     dist.all_gather_object(gathered, (rank, rss_shard, t_shard, st.local_offsets(xs), tuple(st.to_local(xs).shape)))
     if rank == 0:
         (rows, t_single, t_shard, rss_single) = rows
-        print(f"\nShardTensor demo: TokenMixer on x[{BATCH}, {TOKENS}, {WIDTH}] sharded along tokens over {world} "
-              f"Gloo ranks vs one process\n")
-        print(f"{'quantity':<28}{'max relative error':>20}")
+        print(f"\nShardTensor demo: TinyViT ({DEPTH} blocks, width {DIM}, {HEADS} heads, patch {PATCH}) on images "
+              f"[{BATCH}, {CHANNELS}, {HEIGHT}, {WIDTH}] sharded along height over {world} Gloo ranks vs one process\n")
+        print(f"{'quantity':<34}{'max relative error':>20}")
         for name, err in rows:
-            print(f"{name:<28}{err:>20.2e}")
+            print(f"{name:<34}{err:>20.2e}")
         worst = max(e for _, e in rows)
         print(f"\n{'':<28}{'single device':>16}{'sharded':>12}")
         print(f"{'time per train step (ms)':<28}{t_single * 1e3:>16.2f}{t_shard * 1e3:>12.2f}")
         print(f"{'peak RSS growth (MiB)':<28}{rss_single:>16.1f}{max(g[1] for g in gathered):>12.1f}  (max over ranks)")
         for r, rss, t, off, shape in gathered:
-            print(f"  rank {r}: local x {list(shape)} at offset {list(off)}, step {t * 1e3:.2f} ms, peak RSS growth {rss:.1f} MiB")
+            print(f"  rank {r}: local image {list(shape)} at offset {list(off)}, step {t * 1e3:.2f} ms, peak RSS growth {rss:.1f} MiB")
         status = "OK" if worst < 1e-4 else "MISMATCH"
         print(f"\n{status}: worst relative error {worst:.2e} (tolerance 1e-4)")
         if worst >= 1e-4:
