@@ -65,6 +65,7 @@ void register_all() {
   register_conv();
   register_pad();
   register_pool();
+  register_interpolate();
 }
 
 } // namespace shardtensor::ops

@@ -18,6 +18,7 @@ void register_loss();
 void register_attention();
 void register_conv();
 void register_pad();
+void register_interpolate();
 void register_pool();
 
 } // namespace shardtensor::ops

@@ -1,0 +1,550 @@
+// Interpolation (F.interpolate / nn.Upsample) over sharded spatial dims: nearest, nearest-exact, linear,
+// bilinear, trilinear, bicubic, align_corners both ways, sizes or scale factors.
+//
+// Interpolation is separable: along each spatial dim, output position o is a weighted sum of at most K source
+// rows (nearest 1, linear 2, cubic 4, clamped to [0, L-1]) whose indices and weights follow PyTorch's CPU
+// kernels exactly (coordinates in the op's math type: float for fp32/bf16/fp16, double for fp64; nearest
+// scales in float). Each dim is resampled in turn, as an index_select + weighted sum. Along a sharded dim the
+// output position o belongs to the rank owning its primary source row (nearest: its row; linear/cubic: the
+// floor of its source coordinate), so outputs follow their data and zero-extent ranks get no outputs; each rank
+// gathers exactly the source rows its outputs read (comm::gather_rows, any distance) and the backward sends
+// the gradient rows home (comm::scatter_add_rows).
+//
+// F.interpolate reaches the composite-implicit `.vec` overloads; they are bound above autograd (both shard
+// keys) with their own torch::autograd::Function, which keeps the input's layout for the backward. The
+// non-`.vec` ops and their *_backward ops get below-autograd handlers too (the backward ops only know the
+// input's global size: their gradient uses the default split along sharded spatial dims).
+//
+// PyTorch CPU quirks reproduced (so results match one device bit-for-bit in the indices):
+// - nearest: the 2-D forward kernel and every nearest backward kernel special-case output == input
+//   (identity) and output == 2 * input (o >> 1) whatever the scale; the 1-D and 3-D forward kernels do not.
+// - linear: output == input along a dim is the identity whatever the scale (forward and backward).
+// - bicubic: the backward is the identity when output == input in both dims; the forward never special-cases.
+#include "comm/halo.h"
+#include "comm/spec_holder.h"
+#include "ops/common.h"
+
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+enum class Mode : int64_t { Nearest = 0, NearestExact = 1, Linear = 2, Cubic = 3 };
+
+struct OpInfo {
+  Mode mode;
+  int64_t nd;    // spatial dims
+  bool has_align;
+};
+
+// Per dim: K taps per output position (global source indices and weights).
+struct Taps {
+  int64_t K = 1;
+  std::vector<int64_t> idx; // O * K
+  std::vector<double> w;    // O * K
+  std::vector<int64_t> primary; // O: the row that decides the output's owner
+};
+
+template <typename T>
+T scales_value(double scale, int64_t L, int64_t O) {
+  return scale > 0. ? static_cast<T>(1.0 / scale) : static_cast<T>(L) / O;
+}
+
+template <typename T>
+T area_scale(int64_t L, int64_t O, bool ac, double scale) {
+  if (ac) return O > 1 ? static_cast<T>(L - 1) / (O - 1) : static_cast<T>(0);
+  return scales_value<T>(scale, L, O);
+}
+
+template <typename T>
+T source_index(T scale, int64_t o, bool ac, bool cubic) {
+  if (ac) return scale * o;
+  T src = scale * (o + static_cast<T>(0.5)) - static_cast<T>(0.5);
+  return (!cubic && src < static_cast<T>(0)) ? T(0) : src;
+}
+
+template <typename T>
+T cubic1(T x, T A) {
+  return ((A + 2) * x - (A + 3)) * x * x + 1;
+}
+template <typename T>
+T cubic2(T x, T A) {
+  return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A;
+}
+
+// `shortcut`: the kernel's identity / o >> 1 special cases (see the file comment).
+template <typename T>
+Taps make_taps(Mode mode, int64_t L, int64_t O, bool ac, double scale, bool shortcut) {
+  Taps t;
+  t.primary.resize(O);
+  if (mode == Mode::Nearest || mode == Mode::NearestExact) {
+    t.K = 1;
+    const float s = scales_value<float>(scale, L, O);
+    for (int64_t o = 0; o < O; ++o) {
+      int64_t i;
+      if (mode == Mode::Nearest && shortcut && O == L) {
+        i = o;
+      } else if (mode == Mode::Nearest && shortcut && O == 2 * L) {
+        i = o >> 1;
+      } else if (mode == Mode::Nearest) {
+        i = std::min(static_cast<int64_t>(floorf(o * s)), L - 1);
+      } else {
+        i = std::min(static_cast<int64_t>(floorf((o + 0.5) * s)), L - 1);
+      }
+      t.idx.push_back(i);
+      t.w.push_back(1.0);
+      t.primary[o] = i;
+    }
+    return t;
+  }
+  const T r = area_scale<T>(L, O, ac, scale);
+  if (mode == Mode::Linear) {
+    t.K = 2;
+    for (int64_t o = 0; o < O; ++o) {
+      int64_t i0, i1;
+      T l0, l1;
+      if (O == L) { // the kernels' copy special case
+        i0 = i1 = o;
+        l0 = 1;
+        l1 = 0;
+      } else {
+        const T real = source_index<T>(r, o, ac, false);
+        i0 = std::min(static_cast<int64_t>(floorf(real)), L - 1);
+        l1 = std::min(std::max(real - static_cast<T>(i0), static_cast<T>(0)), static_cast<T>(1));
+        i1 = i0 + (i0 < L - 1 ? 1 : 0);
+        l0 = static_cast<T>(1) - l1;
+      }
+      t.idx.insert(t.idx.end(), {i0, i1});
+      t.w.insert(t.w.end(), {static_cast<double>(l0), static_cast<double>(l1)});
+      t.primary[o] = i0;
+    }
+    return t;
+  }
+  // Cubic.
+  if (shortcut) { // backward identity (output size == input size in every dim)
+    t.K = 1;
+    for (int64_t o = 0; o < O; ++o) {
+      t.idx.push_back(o);
+      t.w.push_back(1.0);
+      t.primary[o] = o;
+    }
+    return t;
+  }
+  t.K = 4;
+  const T A = static_cast<T>(-0.75);
+  for (int64_t o = 0; o < O; ++o) {
+    const T real = source_index<T>(r, o, ac, true);
+    const int64_t i0 = std::min(static_cast<int64_t>(floorf(real)), L - 1);
+    const T x = std::min(std::max(real - static_cast<T>(i0), static_cast<T>(0)), static_cast<T>(1));
+    const T c[4] = {cubic2<T>(x + 1, A), cubic1<T>(x, A), cubic1<T>(1 - x, A), cubic2<T>(1 - x + 1, A)};
+    for (int64_t k = 0; k < 4; ++k) {
+      t.idx.push_back(std::clamp<int64_t>(i0 - 1 + k, 0, L - 1));
+      t.w.push_back(static_cast<double>(c[k]));
+    }
+    t.primary[o] = std::clamp<int64_t>(i0, 0, L - 1);
+  }
+  return t;
+}
+
+Taps taps_for(at::ScalarType dtype, Mode mode, int64_t L, int64_t O, bool ac, double scale, bool shortcut) {
+  return dtype == at::kDouble ? make_taps<double>(mode, L, O, ac, scale, shortcut)
+                              : make_taps<float>(mode, L, O, ac, scale, shortcut);
+}
+
+struct DimPlan {
+  int64_t dim = 0;
+  int64_t mesh_dim = -1; // -1: not sharded
+  int64_t L = 0, O = 0;
+  Taps taps;
+  std::vector<int64_t> in_extents, out_extents;
+  std::vector<int64_t> out_begin; // per coordinate: first output
+  std::vector<int64_t> win_lo;    // per coordinate: first gathered source row
+  comm::RowRequests want;
+};
+
+struct Plan {
+  SpecPtr spec; // the input's
+  std::vector<DimPlan> dims; // spatial dims, in tensor-dim order
+  std::vector<int64_t> out_shape;
+  DimExtents out_ext;
+};
+
+// `bounds_taps`: the forward's taps (they decide the output partition); `taps`: this direction's taps.
+DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t O,
+                 const Taps& bounds_taps, Taps taps) {
+  DimPlan p;
+  p.dim = dim;
+  p.mesh_dim = mesh_dim;
+  p.L = L;
+  p.O = O;
+  p.taps = std::move(taps);
+  const auto n = mesh_dim < 0 ? int64_t(1) : static_cast<int64_t>(in_extents.size());
+  p.in_extents = mesh_dim < 0 ? std::vector<int64_t>{L} : in_extents;
+  std::vector<int64_t> bounds(n + 1, 0);
+  bounds[n] = O;
+  int64_t off = 0, o = 0;
+  for (int64_t c = 1; c < n; ++c) {
+    off += p.in_extents[c - 1];
+    while (o < O && bounds_taps.primary[o] < off) ++o;
+    bounds[c] = o;
+  }
+  const auto K = p.taps.K;
+  for (int64_t c = 0; c < n; ++c) {
+    p.out_begin.push_back(bounds[c]);
+    p.out_extents.push_back(bounds[c + 1] - bounds[c]);
+    int64_t lo = L, hi = -1;
+    for (int64_t q = bounds[c]; q < bounds[c + 1]; ++q)
+      for (int64_t k = 0; k < K; ++k) {
+        lo = std::min(lo, p.taps.idx[q * K + k]);
+        hi = std::max(hi, p.taps.idx[q * K + k]);
+      }
+    if (mesh_dim < 0) { // unsharded: the window is the whole local dim
+      lo = 0;
+      hi = L - 1;
+    }
+    std::vector<int64_t> rows;
+    for (auto r = lo; r <= hi; ++r) rows.push_back(r);
+    p.win_lo.push_back(hi >= lo ? lo : 0);
+    p.want.push_back(std::move(rows));
+  }
+  return p;
+}
+
+int64_t my_coord(const DimPlan& p, const Mesh& mesh) {
+  return p.mesh_dim < 0 ? 0 : mesh.coordinate(p.mesh_dim);
+}
+
+// Local index tensors (window-relative) and weights of this rank's outputs along `p`: [K][O_local].
+std::pair<at::Tensor, at::Tensor> local_taps(const DimPlan& p, const Mesh& mesh, const at::Tensor& like) {
+  const auto c = my_coord(p, mesh);
+  const auto K = p.taps.K, b = p.out_begin[c], n = p.out_extents[c];
+  std::vector<int64_t> idx(K * n);
+  std::vector<double> w(K * n);
+  for (int64_t q = 0; q < n; ++q)
+    for (int64_t k = 0; k < K; ++k) {
+      idx[k * n + q] = p.taps.idx[(b + q) * K + k] - p.win_lo[c];
+      w[k * n + q] = p.taps.w[(b + q) * K + k];
+    }
+  auto it = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, n}).to(like.device());
+  auto wt = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, n}).to(like.options());
+  return {it, wt};
+}
+
+at::Tensor weight_view(const at::Tensor& w, int64_t dim, int64_t ndim) {
+  std::vector<int64_t> shape(ndim, 1);
+  shape[dim] = w.numel();
+  return w.view(shape);
+}
+
+// Resample the window along p.dim to this rank's outputs.
+at::Tensor resample(const at::Tensor& window, const DimPlan& p, const Mesh& mesh) {
+  auto [idx, w] = local_taps(p, mesh, window);
+  at::Tensor out;
+  for (int64_t k = 0; k < p.taps.K; ++k) {
+    auto rows = window.index_select(p.dim, idx[k]);
+    if (p.taps.K == 1) return rows; // nearest and identity taps have weight 1
+    auto term = rows * weight_view(w[k], p.dim, window.dim());
+    out = out.defined() ? out + term : term;
+  }
+  return out;
+}
+
+// Adjoint of resample: the gradient of the window from the gradient of this rank's outputs.
+at::Tensor resample_backward(const at::Tensor& g, const DimPlan& p, const Mesh& mesh) {
+  auto [idx, w] = local_taps(p, mesh, g);
+  const auto c = my_coord(p, mesh);
+  auto shape = g.sizes().vec();
+  shape[p.dim] = static_cast<int64_t>(p.want[c].size());
+  auto out = at::zeros(shape, g.options());
+  for (int64_t k = 0; k < p.taps.K; ++k) {
+    auto term = p.taps.K == 1 ? g : g * weight_view(w[k], p.dim, g.dim());
+    out.index_add_(p.dim, idx[k], term);
+  }
+  return out;
+}
+
+bool fwd_shortcut(Mode mode, int64_t nd) {
+  return (mode == Mode::Nearest && nd == 2) || mode == Mode::Linear;
+}
+
+// Plans every spatial dim. `backward`: use the backward kernels' taps for the gathers (the output partition
+// always follows the forward's).
+Plan make_plan(const SpecPtr& spec, const OpInfo& info, const std::vector<int64_t>& osize, bool ac,
+               const std::vector<double>& scales, at::ScalarType dtype, bool backward) {
+  Plan plan;
+  plan.spec = spec;
+  const auto ndim = spec->ndim();
+  plan.out_shape = spec->global_shape;
+  for (int64_t i = 0; i < info.nd; ++i) plan.out_shape[2 + i] = osize[i];
+  bool all_equal = true;
+  for (int64_t i = 0; i < info.nd; ++i) all_equal = all_equal && osize[i] == spec->global_shape[2 + i];
+  plan.out_ext = spec->dim_extents();
+  for (int64_t i = 0; i < info.nd; ++i) {
+    const auto d = ndim - info.nd + i;
+    const auto L = spec->global_shape[d], O = osize[i];
+    const auto m = spec->mesh_dim_of(d);
+    auto fwd = taps_for(dtype, info.mode, L, O, ac, scales[i], fwd_shortcut(info.mode, info.nd));
+    Taps dir = fwd;
+    if (backward) {
+      const bool bsc = info.mode == Mode::Nearest || info.mode == Mode::Linear ||
+          (info.mode == Mode::Cubic && all_equal);
+      dir = taps_for(dtype, info.mode, L, O, ac, scales[i], bsc);
+    }
+    auto p = plan_dim(d, m, m >= 0 ? spec->extents[m] : std::vector<int64_t>{}, L, O, fwd, std::move(dir));
+    if (m >= 0) plan.out_ext[d] = p.out_extents;
+    plan.dims.push_back(std::move(p));
+  }
+  return plan;
+}
+
+at::ScalarType math_type(at::ScalarType t) {
+  return at::isReducedFloatingType(t) ? at::kFloat : t;
+}
+
+void check_input(const at::Tensor& x, const OpInfo& info) {
+  TORCH_CHECK_VALUE(x.dim() == info.nd + 2, "ShardTensor interpolate: expected a ", info.nd + 2,
+                    "-D input, got ", x.dim(), "-D");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(x.scalar_type()),
+                              "ShardTensor interpolate: only floating inputs are supported, got ", x.scalar_type());
+  for (int64_t d = 2; d < x.dim(); ++d)
+    TORCH_CHECK_VALUE(x.size(d) > 0, "ShardTensor interpolate: input spatial sizes must be > 0");
+}
+
+at::Tensor interp_forward(const at::Tensor& self_in, const OpInfo& info, const std::vector<int64_t>& osize, bool ac,
+                          const std::vector<double>& scales) {
+  auto self = resolve_partial(self_in);
+  check_input(self, info);
+  for (auto o : osize) TORCH_CHECK_VALUE(o > 0, "ShardTensor interpolate: output sizes must be > 0");
+  auto spec = shard_impl(self)->spec();
+  const auto dtype = self.scalar_type();
+  auto plan = make_plan(spec, info, osize, ac, scales, dtype, false);
+  auto t = shard_impl(self)->local().to(math_type(dtype));
+  for (const auto& p : plan.dims) {
+    if (p.mesh_dim >= 0) t = comm::gather_rows(t, p.dim, p.in_extents, p.want, *spec->mesh, p.mesh_dim);
+    t = resample(t, p, *spec->mesh);
+  }
+  return wrap(t.to(dtype).contiguous(), spec->mesh, spec->placements, plan.out_shape, plan.out_ext);
+}
+
+// The gradient of the input (laid out as `in_spec`) from the gradient of the output.
+at::Tensor interp_backward(const at::Tensor& grad, const SpecPtr& in_spec, const OpInfo& info,
+                           const std::vector<int64_t>& osize, bool ac, const std::vector<double>& scales) {
+  const auto dtype = grad.scalar_type();
+  auto plan = make_plan(in_spec, info, osize, ac, scales, dtype, true);
+  const auto& mesh = in_spec->mesh;
+  auto g = local_aligned(resolve_partial(dispatch::as_shard(grad, mesh)), mesh, plan.out_shape, in_spec->placements,
+                         plan.out_ext)
+               .to(math_type(dtype));
+  for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it) {
+    g = resample_backward(g, *it, *mesh);
+    if (it->mesh_dim >= 0) g = comm::scatter_add_rows(g, it->dim, it->in_extents, it->want, *mesh, it->mesh_dim);
+  }
+  return make_shard_tensor(g.to(dtype).contiguous(), in_spec);
+}
+
+OpInfo info_from(int64_t mode, int64_t nd) {
+  return {static_cast<Mode>(mode), nd, mode == static_cast<int64_t>(Mode::Linear) || mode == static_cast<int64_t>(Mode::Cubic)};
+}
+
+struct InterpFn : torch::autograd::Function<InterpFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t mode, int64_t nd,
+                            std::vector<int64_t> osize, bool ac, std::vector<double> scales) {
+    ctx->set_materialize_grads(false);
+    auto x = resolve_partial(self);
+    auto out = interp_forward(x, info_from(mode, nd), osize, ac, scales);
+    ctx->saved_data["spec"] = spec_ivalue(shard_impl(x)->spec());
+    ctx->saved_data["mode"] = mode;
+    ctx->saved_data["nd"] = nd;
+    ctx->saved_data["osize"] = osize;
+    ctx->saved_data["ac"] = ac;
+    ctx->saved_data["scales"] = scales;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    torch::autograd::variable_list out(6);
+    if (!g[0].defined()) return out;
+    at::NoGradGuard no_grad;
+    out[0] = interp_backward(g[0], spec_from_ivalue(ctx->saved_data["spec"]),
+                             info_from(ctx->saved_data["mode"].toInt(), ctx->saved_data["nd"].toInt()),
+                             ctx->saved_data["osize"].toIntVector(), ctx->saved_data["ac"].toBool(),
+                             ctx->saved_data["scales"].toDoubleVector());
+    return out;
+  }
+};
+
+// Scale of each spatial dim as the kernels see it (0: none).
+std::vector<double> scales_from(const c10::IValue& v, int64_t nd) {
+  std::vector<double> s(nd, 0.0);
+  if (!v.isNone()) {
+    auto l = v.toDoubleVector();
+    for (int64_t i = 0; i < nd; ++i) s[i] = l.at(i);
+  }
+  return s;
+}
+
+// .vec overloads: (input, output_size?, [align_corners,] scale_factors?) — composite-implicit; bound above
+// autograd on both shard keys.
+void vec_entry(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto input = args[0].toTensor();
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor interpolate: the input must be the ShardTensor");
+  const bool ac = info.has_align ? args[2].toBool() : false;
+  const auto& sf = args[info.has_align ? 3 : 2];
+  TORCH_CHECK_VALUE(input.dim() == info.nd + 2, "ShardTensor interpolate: expected a ", info.nd + 2, "-D input");
+  const bool has_size = !args[1].isNone();
+  TORCH_CHECK_VALUE(has_size != !sf.isNone(), "Must specify exactly one of output_size and scale_factors");
+  std::vector<int64_t> osize;
+  std::vector<double> scales(info.nd, 0.0);
+  if (has_size) {
+    osize = args[1].toIntVector();
+    TORCH_CHECK_VALUE(static_cast<int64_t>(osize.size()) == info.nd, "output_size must have ", info.nd, " entries");
+  } else {
+    auto f = sf.toDoubleVector();
+    TORCH_CHECK_VALUE(static_cast<int64_t>(f.size()) == info.nd, "scale_factors must have ", info.nd, " entries");
+    for (int64_t i = 0; i < info.nd; ++i) {
+      osize.push_back(static_cast<int64_t>(input.size(2 + i) * f[i]));
+      scales[i] = f[i];
+    }
+  }
+  auto out = InterpFn::apply(input, static_cast<int64_t>(info.mode), info.nd, osize, ac, scales);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, out);
+}
+
+// Non-.vec forward ops below autograd: (self, output_size, [align_corners,] scales...).
+void forward_handler(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = args[0].toTensor();
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor interpolate: the input must be the ShardTensor");
+  const bool ac = info.has_align ? args[2].toBool() : false;
+  const size_t s0 = info.has_align ? 3 : 2;
+  std::vector<double> scales;
+  for (size_t i = s0; i < s0 + info.nd; ++i) scales.push_back(args[i].isNone() ? 0.0 : args[i].toDouble());
+  auto out = interp_forward(self, info, args[1].toIntVector(), ac, scales);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, out);
+}
+
+// *_backward(grad_output, output_size, input_size, [align_corners,] scales...) below autograd. The input's layout
+// is not known here: the gradient keeps grad_output's non-spatial layout and uses the default split along sharded
+// spatial dims.
+void backward_handler(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto grad = resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh));
+  auto osize = args[1].toIntVector();
+  auto isize = args[2].toIntVector();
+  const bool ac = info.has_align ? args[3].toBool() : false;
+  const size_t s0 = info.has_align ? 4 : 3;
+  std::vector<double> scales;
+  for (size_t i = s0; i < s0 + info.nd; ++i) scales.push_back(args[i].isNone() ? 0.0 : args[i].toDouble());
+  auto gspec = shard_impl(grad)->spec();
+  DimExtents ext;
+  for (size_t m = 0; m < gspec->placements.size(); ++m)
+    if (gspec->placements[m].is_shard() && gspec->placements[m].dim < 2)
+      ext[gspec->placements[m].dim] = gspec->extents[m];
+  auto in_spec = ShardSpec::make_with_dim_extents(mesh, gspec->placements, isize, ext);
+  auto out = interp_backward(grad, in_spec, info, osize, ac, scales);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, out);
+}
+
+bool spatial_sharded(const ShardSpec& spec) {
+  for (const auto& p : spec.placements)
+    if (p.is_shard() && p.dim >= 2) return true;
+  return false;
+}
+
+// Antialiased bilinear/bicubic: local when no spatial dim is sharded (batch/channel shards), else refused.
+void aa_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto mesh = dispatch::common_mesh(op, stack);
+  auto x = resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh));
+  auto spec = shard_impl(x)->spec();
+  if (spatial_sharded(*spec))
+    dispatch::not_implemented(op, stack, "antialiased interpolation over a sharded spatial dim; use antialias=False "
+                                         "or redistribute the spatial dims first");
+  const bool is_backward = op.schema().name().find("_backward") != std::string::npos;
+  std::vector<c10::IValue> local_args(args.begin(), args.end());
+  local_args[0] = shard_impl(x)->local();
+  // Output sizes (and for the backward, input sizes) are global on the spatial dims, which are whole here; the
+  // batch/channel entries of input_size must be the local ones.
+  if (is_backward) {
+    auto isize = args[2].toIntVector();
+    auto local_in = shard_impl(x)->local().sizes().vec();
+    isize[0] = local_in[0];
+    isize[1] = local_in[1];
+    local_args[2] = isize;
+  }
+  torch::jit::Stack s(local_args.begin(), local_args.end());
+  op.callBoxed(&s);
+  auto out = s[0].toTensor();
+  auto shape = out.sizes().vec();
+  for (int64_t d = 0; d < 2; ++d) shape[d] = is_backward ? args[2].toIntVector()[d] : spec->global_shape[d];
+  DimExtents ext;
+  for (size_t m = 0; m < spec->placements.size(); ++m)
+    if (spec->placements[m].is_shard()) ext[spec->placements[m].dim] = spec->extents[m];
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, mesh, spec->placements, shape, ext));
+}
+
+struct OpNames {
+  const char* fwd;
+  const char* bwd;
+  OpInfo info;
+};
+
+const std::vector<OpNames>& op_table() {
+  static const std::vector<OpNames> t = {
+      {"upsample_nearest1d", "upsample_nearest1d_backward", {Mode::Nearest, 1, false}},
+      {"upsample_nearest2d", "upsample_nearest2d_backward", {Mode::Nearest, 2, false}},
+      {"upsample_nearest3d", "upsample_nearest3d_backward", {Mode::Nearest, 3, false}},
+      {"_upsample_nearest_exact1d", "_upsample_nearest_exact1d_backward", {Mode::NearestExact, 1, false}},
+      {"_upsample_nearest_exact2d", "_upsample_nearest_exact2d_backward", {Mode::NearestExact, 2, false}},
+      {"_upsample_nearest_exact3d", "_upsample_nearest_exact3d_backward", {Mode::NearestExact, 3, false}},
+      {"upsample_linear1d", "upsample_linear1d_backward", {Mode::Linear, 1, true}},
+      {"upsample_bilinear2d", "upsample_bilinear2d_backward", {Mode::Linear, 2, true}},
+      {"upsample_trilinear3d", "upsample_trilinear3d_backward", {Mode::Linear, 3, true}},
+      {"upsample_bicubic2d", "upsample_bicubic2d_backward", {Mode::Cubic, 2, true}},
+  };
+  return t;
+}
+
+template <size_t I>
+void vec_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  vec_entry(op_table()[I].info, op, stack);
+}
+
+template <size_t... I>
+void register_vec(torch::Library& lib, std::index_sequence<I...>) {
+  (lib.impl((std::string(op_table()[I].fwd) + ".vec").c_str(), torch::CppFunction::makeFromBoxedFunction<&vec_kernel<I>>()),
+   ...);
+}
+
+} // namespace
+
+void register_interpolate() {
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  register_vec(autograd_lib, std::make_index_sequence<10>{});
+  register_vec(shard_lib, std::make_index_sequence<10>{});
+  for (const auto& e : op_table()) {
+    const auto info = e.info;
+    dispatch::set_handler((std::string("aten::") + e.fwd).c_str(),
+                          [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { forward_handler(info, op, s); });
+    dispatch::set_handler((std::string("aten::") + e.bwd).c_str(),
+                          [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { backward_handler(info, op, s); });
+  }
+  for (const char* n : {"aten::_upsample_bilinear2d_aa", "aten::_upsample_bicubic2d_aa",
+                        "aten::_upsample_bilinear2d_aa_backward", "aten::_upsample_bicubic2d_aa_backward"})
+    dispatch::set_handler(n, aa_handler);
+}
+
+} // namespace shardtensor::ops

@@ -1,0 +1,165 @@
+"""F.interpolate / nn.Upsample over sharded spatial dims against single-device results, forward and input
+gradients: nearest, nearest-exact, linear, bilinear, trilinear, bicubic; align_corners both ways; size or
+scale_factor (with and without recompute_scale_factor, including PyTorch's output == 2 * input and
+output == input special cases); up- and down-sampling; uneven shards with zero-extent ranks; 1-D and 2-D meshes;
+batch-sharded inputs; antialias refused over sharded spatial dims."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+import shardtensor as st
+from cases_util import check_op, mesh, randn, uneven_extents
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+CUBIC_TOL = dict(rtol=1e-4, atol=1e-4)
+
+# (kwargs) resizing specs for a 2-D input of spatial size (6, 5)
+SPECS_2D = [
+    dict(size=(13, 7)),                                          # upsample, non-integer ratios
+    dict(size=(4, 3)),                                           # downsample
+    dict(size=(1, 1)),
+    dict(scale_factor=2.0),
+    dict(scale_factor=0.5),
+    dict(scale_factor=(1.7, 2.6), recompute_scale_factor=False),
+    dict(scale_factor=(1.7, 0.6), recompute_scale_factor=True),
+    dict(scale_factor=2.1),                                      # output == 2 * input, scale != 2
+    dict(scale_factor=1.1),                                      # output == input, scale != 1
+]
+
+
+def _fn(mode, ac, kw):
+    extra = {} if ac is None else dict(align_corners=ac)
+    return lambda x: F.interpolate(x, mode=mode, **extra, **kw)
+
+
+def case_interp_2d_sweep(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 6, 5, seed=seed)
+    ext = uneven_extents(6, w, seed)
+    if w > 2:
+        ext = [0, 5] + [0] * (w - 3) + [1]      # zero-extent ranks and a one-row rank
+    lay = ([st.Shard(2)], {0: ext})
+    for mode, acs in (("nearest", [None]), ("nearest-exact", [None]), ("bilinear", [False, True]),
+                      ("bicubic", [False, True])):
+        for ac in acs:
+            for kw in SPECS_2D:
+                tol = CUBIC_TOL if mode == "bicubic" else TOL
+                check_op(_fn(mode, ac, kw), [x], [lay], m, **tol, what=f"{mode} ac={ac} {kw} ext={ext}")
+    # Width sharded (the last dim), default split.
+    check_op(_fn("bilinear", False, dict(scale_factor=3.0)), [x], [([st.Shard(3)], None)], m, **TOL,
+             what="bilinear width sharded")
+    return True
+
+
+def case_interp_1d_3d(seed):
+    m = mesh()
+    w = m.size()
+    x1 = randn(2, 3, 11, seed=seed)
+    lay1 = ([st.Shard(2)], {0: uneven_extents(11, w, seed)})
+    for mode, acs in (("nearest", [None]), ("nearest-exact", [None]), ("linear", [False, True])):
+        for ac in acs:
+            for kw in (dict(size=25), dict(size=4), dict(scale_factor=2.1), dict(scale_factor=1.05),
+                       dict(scale_factor=0.7, recompute_scale_factor=False), dict(scale_factor=3.0)):
+                check_op(_fn(mode, ac, kw), [x1], [lay1], m, **TOL, what=f"1d {mode} ac={ac} {kw}")
+    x3 = randn(1, 2, 5, 4, 3, seed=seed)
+    for dim in (2, 3):
+        lay3 = ([st.Shard(dim)], {0: uneven_extents(x3.shape[dim], w, seed + dim)})
+        for mode, acs in (("nearest", [None]), ("nearest-exact", [None]), ("trilinear", [False, True])):
+            for ac in acs:
+                for kw in (dict(size=(7, 9, 2)), dict(scale_factor=2.1), dict(scale_factor=(0.6, 1.5, 1.0))):
+                    check_op(_fn(mode, ac, kw), [x3], [lay3], m, **TOL, what=f"3d dim={dim} {mode} ac={ac} {kw}")
+    return True
+
+
+def case_interp_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 2, 7, 6, seed=seed)
+    lay = ([st.Shard(2), st.Shard(3)], {0: [7, 0] if seed % 2 else uneven_extents(7, 2, seed),
+                                        1: uneven_extents(6, 2, seed + 1)})
+    for mode, acs in (("nearest", [None]), ("nearest-exact", [None]), ("bilinear", [False, True]),
+                      ("bicubic", [False, True])):
+        for ac in acs:
+            for kw in (dict(size=(15, 4)), dict(scale_factor=2.0), dict(scale_factor=(0.6, 1.6), recompute_scale_factor=False)):
+                tol = CUBIC_TOL if mode == "bicubic" else TOL
+                check_op(_fn(mode, ac, kw), [x], [lay], m, **tol, what=f"2-D mesh {mode} ac={ac} {kw}")
+    # Batch on one mesh dim, height on the other.
+    check_op(_fn("bilinear", True, dict(scale_factor=2.0)), [x], [([st.Shard(0), st.Shard(2)], None)], m, **TOL,
+             what="2-D mesh batch x height")
+    return True
+
+
+def case_interp_module_and_layout(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 9, 4, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(9, w, seed)})
+    up = torch.nn.Upsample(scale_factor=2, mode="nearest")
+    out = check_op(up, [x], [lay], m, **TOL, what="nn.Upsample nearest", expect_placements=[st.Shard(2)])
+    # Nearest x2 keeps data local: each rank's output is exactly twice its input rows.
+    assert st.sharding_shapes(out)[0] == [2 * e for e in lay[1][0]], st.sharding_shapes(out)
+    check_op(torch.nn.Upsample(size=(5, 11), mode="bilinear", align_corners=True), [x], [lay], m, **TOL,
+             what="nn.Upsample bilinear")
+    # Batch-sharded inputs run locally (antialias included).
+    for kw in (dict(mode="bilinear", antialias=True, scale_factor=0.5), dict(mode="bicubic", antialias=True, size=(4, 7)),
+               dict(mode="bicubic", size=(4, 7))):
+        check_op(lambda t: F.interpolate(t, **kw), [x], [([st.Shard(0)], None)], m, **CUBIC_TOL, what=f"batch {kw}")
+    # Conv -> upsample -> conv, trained for two steps: parameters stay equal to single-device training.
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Upsample(scale_factor=2, mode="bilinear"),
+                                   torch.nn.Conv2d(4, 2, 3, padding=1))
+
+    net, ref = make(), make()
+    ref.load_state_dict(net.state_dict())
+    for model, inp in ((net, st.distribute_tensor(x, m, [st.Shard(2)], {0: lay[1][0]})), (ref, x)):
+        model(inp).square().mean().backward()
+    for (n, p), (_, r) in zip(net.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6, msg=n)
+    return True
+
+
+def case_interp_double(seed):
+    m = mesh()
+    x = randn(1, 2, 7, 5, seed=seed, dtype=torch.float64)
+    lay = ([st.Shard(2)], {0: uneven_extents(7, m.size(), seed)})
+    for mode, ac in (("nearest", None), ("bilinear", False), ("bicubic", True)):
+        check_op(_fn(mode, ac, dict(scale_factor=(1.3, 2.0), recompute_scale_factor=False)), [x], [lay], m,
+                 rtol=1e-10, atol=1e-10, what=f"fp64 {mode}")
+    return True
+
+
+def case_antialias_sharded_raises(seed):
+    m = mesh()
+    x = st.distribute_tensor(randn(1, 2, 8, 8, seed=seed), m, [st.Shard(2)])
+    F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_interp_2d_sweep(world):
+    harness.run(world, case_interp_2d_sweep, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_interp_1d_3d(world):
+    harness.run(world, case_interp_1d_3d, world, timeout=300)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_interp_2d_mesh(seed):
+    harness.run(4, case_interp_2d_mesh, seed, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_interp_module_and_layout(world):
+    harness.run(world, case_interp_module_and_layout, world)
+
+
+def test_interp_double():
+    harness.run(3, case_interp_double, 0)
+
+
+def test_antialias_sharded_raises():
+    harness.expect_error(2, case_antialias_sharded_raises, 0, match="antialias", kinds=("NotImplementedError",))
