@@ -99,6 +99,10 @@ def case_interp_module_and_layout(seed):
     out = check_op(up, [x], [lay], m, **TOL, what="nn.Upsample nearest", expect_placements=[st.Shard(2)])
     # Nearest x2 keeps data local: each rank's output is exactly twice its input rows.
     assert st.sharding_shapes(out)[0] == [2 * e for e in lay[1][0]], st.sharding_shapes(out)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: lay[1][0]}).requires_grad_()
+    with st.CommCounter() as c:
+        up(xs).sum().backward()
+    assert c.total_calls == 0, c.calls  # nearest x2 moves no data, forward or backward
     check_op(torch.nn.Upsample(size=(5, 11), mode="bilinear", align_corners=True), [x], [lay], m, **TOL,
              what="nn.Upsample bilinear")
     # Batch-sharded inputs run locally (antialias included).
@@ -128,6 +132,25 @@ def case_interp_double(seed):
     for mode, ac in (("nearest", None), ("bilinear", False), ("bicubic", True)):
         check_op(_fn(mode, ac, dict(scale_factor=(1.3, 2.0), recompute_scale_factor=False)), [x], [lay], m,
                  rtol=1e-10, atol=1e-10, what=f"fp64 {mode}")
+    return True
+
+
+def case_interp_direct_ops(seed):
+    """The non-.vec aten ops below autograd (aten's own backward formula calls the *_backward rule) and the .vec
+    entry point under inference mode."""
+    m = mesh()
+    x = randn(2, 2, 7, 5, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(7, m.size(), seed)})
+    check_op(lambda t: torch.ops.aten.upsample_bilinear2d(t, [12, 4], False, None, None), [x], [lay], m, **TOL,
+             what="aten.upsample_bilinear2d")
+    check_op(lambda t: torch.ops.aten.upsample_nearest2d(t, [15, 5], 2.1, None), [x], [lay], m, **TOL,
+             what="aten.upsample_nearest2d")
+    check_op(lambda t: torch.ops.aten.upsample_bicubic2d(t, [9, 9], True, None, None), [x], [lay], m, **CUBIC_TOL,
+             what="aten.upsample_bicubic2d")
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: lay[1][0]})
+    with torch.inference_mode():
+        y = F.interpolate(xs, scale_factor=1.5, mode="bilinear")
+    torch.testing.assert_close(st.full_tensor(y), F.interpolate(x, scale_factor=1.5, mode="bilinear"), rtol=1e-5, atol=1e-6)
     return True
 
 
@@ -163,3 +186,8 @@ def test_interp_double():
 
 def test_antialias_sharded_raises():
     harness.expect_error(2, case_antialias_sharded_raises, 0, match="antialias", kinds=("NotImplementedError",))
+
+
+@pytest.mark.parametrize("world", [3])
+def test_interp_direct_ops(world):
+    harness.run(world, case_interp_direct_ops, 0)
