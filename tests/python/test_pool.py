@@ -212,6 +212,25 @@ def case_bad_divisor(seed):
     F.avg_pool2d(xs, 2, divisor_override=0)
 
 
+def case_unpool_unsupported(seed):
+    m = mesh()
+    xs = st.distribute_tensor(randn(1, 2, 8, 8, seed=seed), m, [st.Shard(2)])
+    out, idx = F.max_pool2d(xs, 2, return_indices=True)
+    F.max_unpool2d(out, idx, 2)
+
+
+def case_low_precision(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 11, 7, seed=seed, dtype=torch.bfloat16)
+    lay = ([st.Shard(2)], {0: uneven_extents(11, w, seed)})
+    for fn in (lambda t: F.avg_pool2d(t, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+               lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True),
+               lambda t: F.adaptive_avg_pool2d(t, (4, 3))):
+        check_op(fn, [x], [lay], m, rtol=1e-2, atol=1e-2, what="bf16")
+    return True
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_max_pool1d_sweep(world):
     harness.run(world, case_max_pool1d_sweep, world, timeout=300)
@@ -251,7 +270,12 @@ def test_global_avg_partial(world):
     harness.run(world, case_global_avg_partial, world)
 
 
+def test_low_precision():
+    harness.run(3, case_low_precision, 3)
+
+
 def test_errors():
+    harness.expect_error(3, case_unpool_unsupported, 0, match="max_unpool2d", kinds=("NotImplementedError",))
     harness.expect_error(2, case_bad_padding, 0, match="at most half")
     harness.expect_error(2, case_bad_avg_padding, 0, match="at most half")
     harness.expect_error(2, case_bad_divisor, 0, match="divisor")
