@@ -14,6 +14,7 @@
 // Adaptive pools: output cell i reads rows [floor(i*L/n), ceil((i+1)*L/n)); a cell belongs to the rank that owns its
 // first row; each rank gathers the rows of its cells and computes them with per-dim index ranges. An adaptive avg
 // pool to size 1 along a sharded dim gives a Partial(sum) of local sums (no halo).
+#include "comm/collectives.h"
 #include "comm/halo.h"
 #include "ops/common.h"
 
@@ -39,6 +40,7 @@ struct SpDim {
   int64_t o0 = 0, n = 0;   // this rank's first output cell and count
   int64_t ws = 0, W = 0;   // this rank's window: global start of row 0 (may be negative) and length
   bool partial = false;    // adaptive avg to size 1: Partial(sum) of local sums
+  bool reduce = false;     // adaptive max to size 1: local max over own rows, then combined across the mesh dim
 };
 
 struct PoolPlan {
@@ -134,6 +136,10 @@ void end_plan(PoolPlan& plan) {
       plan.out_placements[d.mesh_dim] = Placement::partial(ReduceOp::Sum);
       continue;
     }
+    if (d.reduce) {
+      plan.out_placements[d.mesh_dim] = Placement::replicate();
+      continue;
+    }
     plan.out_ext[d.dim] = d.out_ext;
     by_mesh.push_back({d.mesh_dim, static_cast<int64_t>(i)});
   }
@@ -193,9 +199,9 @@ void plan_adaptive_dim(SpDim& d, const Mesh& mesh, int64_t lout, bool allow_part
   const auto me = mesh.coordinate(d.mesh_dim);
   const auto nc = static_cast<int64_t>(d.in_ext.size());
   const auto off = offsets(d.in_ext);
-  if (allow_partial && lout == 1) {
-    // Each rank sums its own rows; the output is a pending sum.
-    d.partial = true;
+  if (lout == 1) {
+    // Each rank pools its own rows; avg: the output is a pending sum; max: combined across the mesh dim.
+    (allow_partial ? d.partial : d.reduce) = true;
     d.o0 = 0;
     d.n = 1;
     d.ws = off[me];
@@ -290,10 +296,28 @@ at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const 
   for (const auto& d : plan.sp) wn *= d.W;
   flat.push_back(wn);
   auto gi = at::zeros(flat, g.options());
-  if (!plan.no_outputs()) {
+  if (!plan.no_outputs() && wn > 0) {
+    // Reduced dims: only the rank holding the selected row takes the gradient.
+    auto gg = g;
+    auto keep = at::ones_like(global_idx, global_idx.options().dtype(at::kBool));
+    bool masked = false;
+    auto rem = global_idx;
+    for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+      const auto& d = plan.sp[i];
+      auto coord = rem.remainder(d.L);
+      rem = rem.div(d.L, "floor");
+      if (d.reduce) {
+        keep = keep.logical_and(coord.ge(d.ws)).logical_and(coord.lt(d.ws + d.W));
+        masked = true;
+      }
+    }
     auto widx = global_to_window(plan, global_idx);
+    if (masked) {
+      gg = at::where(keep, g, at::zeros({}, g.options()));
+      widx = at::where(keep, widx, at::zeros({}, widx.options()));
+    }
     const auto lead = g.dim() - plan.nsp;
-    gi.scatter_add_(lead, widx.flatten(lead), g.flatten(lead));
+    gi.scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
   }
   return scatter_window(plan, gi.view(wshape));
 }
@@ -559,9 +583,13 @@ void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
   auto plan = plan_adaptive(op, stack, args[0].toTensor(), nsp, args[1].toDimVector(), false, "adaptive_max_pool");
   auto window = gather_window(plan, 0.0);
   at::Tensor out, idx;
-  if (plan.no_outputs()) {
-    out = at::zeros(plan.local_out_shape(), window.options());
-    idx = at::zeros(plan.local_out_shape(), window.options().dtype(at::kLong));
+  bool empty_local = false;
+  for (const auto& d : plan.sp) empty_local = empty_local || (d.reduce && d.W == 0);
+  if (plan.no_outputs() || empty_local) {
+    // No outputs, or nothing of a reduced dim here: -inf with a sentinel index that never wins a combine.
+    out = at::full(plan.local_out_shape(), empty_local ? -std::numeric_limits<double>::infinity() : 0.0, window.options());
+    idx = at::full(plan.local_out_shape(), empty_local ? std::numeric_limits<int64_t>::max() : 0,
+                   window.options().dtype(at::kLong));
   } else {
     const auto lead = window.dim() - nsp;
     auto lopts = at::TensorOptions().dtype(at::kLong).device(window.device());
@@ -572,13 +600,14 @@ void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
     at::Tensor mask;
     for (int64_t i = 0; i < nsp; ++i) {
       const auto& d = plan.sp[i];
+      auto cell_start = [&](int64_t j) { return d.reduce ? 0 : ad_start(d.o0 + j, d.L, d.Lout) - d.ws; };
+      auto cell_end = [&](int64_t j) { return d.reduce ? d.W : ad_end(d.o0 + j, d.L, d.Lout) - d.ws; };
       int64_t kmax = 1;
-      for (int64_t j = 0; j < d.n; ++j)
-        kmax = std::max(kmax, ad_end(d.o0 + j, d.L, d.Lout) - ad_start(d.o0 + j, d.L, d.Lout));
+      for (int64_t j = 0; j < d.n; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
       std::vector<int64_t> r(d.n * kmax);
       std::vector<uint8_t> v(d.n * kmax);
       for (int64_t j = 0; j < d.n; ++j) {
-        const auto s = ad_start(d.o0 + j, d.L, d.Lout) - d.ws, e = ad_end(d.o0 + j, d.L, d.Lout) - d.ws;
+        const auto s = cell_start(j), e = cell_end(j);
         for (int64_t q = 0; q < kmax; ++q) {
           r[j * kmax + q] = s + q < e ? s + q : s;
           v[j * kmax + q] = s + q < e;
@@ -626,6 +655,21 @@ void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
       auto r = at::take(rows[i], cell * K[i] + kd[i]);
       idx.add_((r + d.ws) * gstride);
       gstride *= d.L;
+    }
+  }
+  // Reduced dims (size 1): every rank's (value, global index) along the mesh dim; the largest value wins, ties
+  // (and NaN, which wins) go to the smallest global index, the first in row-major order as on one device.
+  for (int64_t m = 0; m < plan.mesh->ndim(); ++m) {
+    for (const auto& d : plan.sp) {
+      if (!d.reduce || d.mesh_dim != m) continue;
+      const auto n = plan.mesh->size(m);
+      std::vector<int64_t> ones(n, 1);
+      auto vals = comm::all_gather_v(out.unsqueeze(0), 0, ones, *plan.mesh, m);
+      auto idxs = comm::all_gather_v(idx.unsqueeze(0), 0, ones, *plan.mesh, m);
+      auto mx = std::get<0>(vals.max(0));
+      auto cand = vals.eq(mx.unsqueeze(0)).logical_or(vals.isnan());
+      idx = std::get<0>(at::where(cand, idxs, std::numeric_limits<int64_t>::max()).min(0));
+      out = mx.contiguous();
     }
   }
   torch::jit::drop(*stack, args.size());

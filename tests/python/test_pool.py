@@ -191,6 +191,17 @@ def case_global_avg_partial(seed):
     y = torch.ops.aten._adaptive_avg_pool2d(xs, [1, 3])
     assert str(st.placements(y)[0]) == "Partial(sum)", st.placements(y)
     torch.testing.assert_close(full(y), torch.ops.aten._adaptive_avg_pool2d(x, [1, 3]), rtol=1e-5, atol=1e-6)
+    # Adaptive max to size 1: local max, then one small combine; the output is replicated on that mesh dim.
+    v, i = F.adaptive_max_pool2d(xs, (1, 3), return_indices=True)
+    assert str(st.placements(v)[0]) == "Replicate()", st.placements(v)
+    rv, ri = F.adaptive_max_pool2d(x, (1, 3), return_indices=True)
+    torch.testing.assert_close(full(v), rv)
+    torch.testing.assert_close(full(i), ri)
+    # Ties go to the first position in row-major order, as on one device.
+    z = torch.zeros(1, 1, 5, 3)
+    zs = st.distribute_tensor(z, m, [st.Shard(2)], sharding_shapes={0: uneven_extents(5, m.size(), seed + 3)})
+    torch.testing.assert_close(full(F.adaptive_max_pool2d(zs, 1, return_indices=True)[1]),
+                               F.adaptive_max_pool2d(z, 1, return_indices=True)[1])
     return True
 
 
