@@ -82,6 +82,13 @@ struct ConvPlan {
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
+  // Channel dim sharded (mesh dim `channel_mesh_dim`): groups == 1 contracts over the local channels (a Partial
+  // sum); grouped convolutions whose shards align with whole groups run their local groups.
+  int64_t channel_mesh_dim = -1;
+  bool channel_partial = false;          // groups == 1
+  int64_t channel_offset = 0, channel_extent = 0;
+  int64_t local_groups = 1;
+  int64_t weight_row_offset = 0, weight_rows = 0; // grouped: the local groups' output channels
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
@@ -119,7 +126,35 @@ ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack
       plan.out_ext[0] = plan.spec->extents[m];
       continue;
     }
-    if (pl.dim == 1) dispatch::not_implemented(op, stack, "the channel dim is sharded; shard the batch or a spatial dim");
+    if (pl.dim == 1) {
+      if (transposed) dispatch::not_implemented(op, stack, "transposed convolution with the channel dim sharded");
+      const auto cin_g = input.size(1) / groups, cout_g = weight.size(0) / groups;
+      const auto coord = plan.spec->mesh->coordinate(m);
+      plan.channel_mesh_dim = m;
+      plan.channel_offset = plan.spec->offset_of(m, coord);
+      plan.channel_extent = plan.spec->extents[m][coord];
+      if (groups == 1) {
+        plan.channel_partial = true;
+        plan.out_placements[m] = Placement::partial(ReduceOp::Sum);
+      } else {
+        std::vector<int64_t> out_channels;
+        for (auto e : plan.spec->extents[m]) {
+          if (e % cin_g != 0) {
+            dispatch::not_implemented(op, stack, "grouped convolution whose channel shards split a group; align the "
+                                                 "channel extents with the groups (multiples of in_channels/groups)");
+          }
+          out_channels.push_back(e / cin_g * cout_g);
+        }
+        for (int64_t c = 0; c < static_cast<int64_t>(plan.spec->extents[m].size()); ++c)
+          if (plan.spec->offset_of(m, c) % cin_g != 0)
+            dispatch::not_implemented(op, stack, "grouped convolution whose channel shards split a group");
+        plan.local_groups = plan.channel_extent / cin_g;
+        plan.weight_row_offset = plan.channel_offset / cin_g * cout_g;
+        plan.weight_rows = plan.local_groups * cout_g;
+        plan.out_ext[1] = out_channels;
+      }
+      continue;
+    }
     const auto i = pl.dim - 2;
     auto dp = transposed
         ? plan_dim_transposed(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
@@ -156,6 +191,8 @@ std::vector<int64_t> local_kernel_shape(const ConvPlan& plan) {
 }
 
 bool has_no_outputs(const ConvPlan& plan) {
+  // A rank without channels of a groups == 1 contraction contributes nothing to the pending sum.
+  if (plan.channel_partial && plan.channel_extent == 0) return true;
   for (auto s : local_kernel_shape(plan))
     if (s == 0) return true;
   return false;
@@ -193,6 +230,22 @@ at::Tensor local_of_param(const at::Tensor& t, const MeshPtr& mesh) {
   return shard_impl(r)->local();
 }
 
+// The weight and bias this rank's channels use.
+at::Tensor local_weight(const at::Tensor& w, const ConvPlan& plan) {
+  if (plan.channel_mesh_dim < 0) return w;
+  if (plan.channel_partial) return w.narrow(1, plan.channel_offset, plan.channel_extent);
+  return w.narrow(0, plan.weight_row_offset, plan.weight_rows);
+}
+
+std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const ConvPlan& plan) {
+  if (!b || plan.channel_mesh_dim < 0) return b;
+  if (plan.channel_partial) {
+    // The pending sum must count the bias once: only the first coordinate adds it.
+    return plan.spec->mesh->coordinate(plan.channel_mesh_dim) == 0 ? b : std::optional<at::Tensor>(at::zeros_like(*b));
+  }
+  return b->narrow(0, plan.weight_row_offset, plan.weight_rows);
+}
+
 // convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
 void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
@@ -206,8 +259,9 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   const auto groups = args[8].toInt();
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
   auto plan = plan_conv(op, stack, input, weight, stride, padding, dilation, transposed, output_padding, groups, mesh);
-  auto w = local_of_param(weight, mesh);
-  auto b = bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt;
+  auto w = local_weight(local_of_param(weight, mesh), plan);
+  auto b = local_bias(bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt, plan);
+  const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   // Every rank takes part in the halo exchange; a rank without outputs (zero extent) skips the local kernel.
   auto window = gather_window(plan);
   at::Tensor out;
@@ -225,7 +279,13 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   } else {
     out = has_no_outputs(plan) ? at::zeros(local_out_shape(plan), window.options())
                                : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
-                                                 plan.local_output_padding, groups);
+                                                 plan.local_output_padding, local_groups);
+    if (has_no_outputs(plan) && plan.channel_partial && b && out.numel() > 0) {
+      // A rank without channels still owns the bias term when it is the first coordinate.
+      std::vector<int64_t> bshape(out.dim(), 1);
+      bshape[1] = b->numel();
+      out = out + b->view(bshape);
+    }
   }
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext));
@@ -250,7 +310,12 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   at::Tensor g_bias_source = g;
   if (plan.transposed && !plan.dims.empty()) g = gather_output_grad(g, plan);
   auto window = gather_window(plan);
-  auto w = local_of_param(weight, mesh);
+  auto w = local_weight(local_of_param(weight, mesh), plan);
+  const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
+  const int64_t global_bias_numel = bias_sizes && !bias_sizes->empty() ? (*bias_sizes)[0] : 0;
+  std::optional<std::vector<int64_t>> local_bias_sizes = bias_sizes;
+  if (bias_sizes && plan.channel_mesh_dim >= 0 && !plan.channel_partial) local_bias_sizes = std::vector<int64_t>{plan.weight_rows};
+  if (local_bias_sizes) bias_sizes = local_bias_sizes;
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
   at::Tensor gi, gw, gb;
   if (has_no_outputs(plan)) {
@@ -259,10 +324,11 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
     if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
   } else {
     std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation, transposed,
-                                                    plan.local_output_padding, groups, mask);
+                                                    plan.local_output_padding, local_groups, mask);
   }
-  // Transposed over sharded dims: the bias gradient is the sum of this rank's own output rows (not the windows).
-  if (plan.transposed && !plan.dims.empty() && mask[2] && bias_sizes) {
+  // Transposed over sharded dims: the bias gradient is the sum of this rank's own output rows (not the windows);
+  // a groups == 1 contraction over sharded channels: every rank holds the whole grad_output.
+  if (((plan.transposed && !plan.dims.empty()) || plan.channel_partial) && mask[2] && bias_sizes) {
     std::vector<int64_t> red{0};
     for (int64_t d = 2; d < g_bias_source.dim(); ++d) red.push_back(d);
     gb = g_bias_source.sum(red);
@@ -275,11 +341,29 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
     grad_input = make_shard_tensor(gi, plan.spec);
   }
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.
+  // Sharded channels: the weight gradient is sharded like the weight slice each rank used (dim 1 for groups == 1,
+  // dim 0 for aligned groups); the bias gradient is complete (groups == 1: every rank holds the whole
+  // grad_output) or sharded with the output channels.
   Placements partial(mesh->ndim(), Placement::replicate());
   for (size_t m = 0; m < partial.size(); ++m)
     if (plan.spec->placements[m].is_shard()) partial[m] = Placement::partial(ReduceOp::Sum);
-  if (mask[1] && gw.defined()) grad_weight = wrap(gw, mesh, partial, weight.sizes().vec(), {});
-  if (mask[2] && gb.defined()) grad_bias = wrap(gb, mesh, partial, gb.sizes().vec(), {});
+  Placements pw = partial, pb = partial;
+  DimExtents ew, eb;
+  if (plan.channel_mesh_dim >= 0) {
+    const auto m = plan.channel_mesh_dim;
+    if (plan.channel_partial) {
+      pw[m] = Placement::shard(1);
+      ew[1] = plan.spec->extents[m];
+      pb[m] = Placement::replicate();
+    } else {
+      pw[m] = Placement::shard(0);
+      ew[0] = plan.out_ext.at(1);
+      pb[m] = Placement::shard(0);
+      eb[0] = plan.out_ext.at(1);
+    }
+  }
+  if (mask[1] && gw.defined()) grad_weight = wrap(gw, mesh, pw, weight.sizes().vec(), ew);
+  if (mask[2] && gb.defined()) grad_bias = wrap(gb, mesh, pb, {global_bias_numel}, eb);
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, grad_input);
   torch::jit::push(*stack, grad_weight);

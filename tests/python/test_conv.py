@@ -196,3 +196,46 @@ def test_conv_transpose(world):
 
 def test_conv_transpose_2d_mesh():
     harness.run(4, case_conv_transpose_2d_mesh, 2)
+
+
+def case_conv_channel_sharded(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(2, 6, 7, 5, seed=seed)
+    ch = ([st.Shard(1)], {0: uneven_extents(6, w, seed)})
+    check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(4, 6, 3, 3, seed=1), randn(4, seed=2)],
+             [ch, None, None], m, **TOL, what="conv2d channels sharded (Partial)")
+    # Depthwise / grouped: shards aligned with whole groups run locally.
+    aligned = [2 * e for e in uneven_extents(3, w, seed + 1)]
+    check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1, groups=3), [x, randn(6, 2, 3, 3, seed=3), randn(6, seed=4)],
+             [([st.Shard(1)], {0: aligned}), None, None], m, **TOL, what="grouped conv channels sharded")
+    check_op(lambda x, wt: F.conv2d(x, wt, padding=1, groups=6), [x, randn(12, 1, 3, 3, seed=5)], [ch, None], m, **TOL,
+             what="depthwise conv channels sharded")
+    return True
+
+
+def case_conv_channels_and_height(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(1, 4, 9, 6, seed=seed)
+    lay = ([st.Shard(1), st.Shard(2)], {0: uneven_extents(4, 2, seed), 1: uneven_extents(9, 2, seed + 1)})
+    check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(3, 4, 3, 3, seed=1), randn(3, seed=2)],
+             [lay, None, None], m, **TOL, what="channels and height sharded")
+    return True
+
+
+def bad_grouped_split():
+    x = st.distribute_tensor(torch.randn(1, 6, 5, 5), mesh(), [st.Shard(1)], sharding_shapes={0: [1, 5]})
+    F.conv2d(x, torch.randn(6, 2, 3, 3), groups=3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_conv_channel_sharded(world):
+    harness.run(world, case_conv_channel_sharded, world)
+
+
+def test_conv_channels_and_height():
+    harness.run(4, case_conv_channels_and_height, 1)
+
+
+def test_grouped_conv_split_group_raises():
+    harness.expect_error(2, bad_grouped_split, match="split")
