@@ -13,10 +13,9 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import socket
-import statistics
 import subprocess
-import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +24,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_util import peak_bytes, timed  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 
@@ -41,33 +43,8 @@ def cases(quick: bool):
     return two + three
 
 
-def timed(fn, warmup=2, iters=7):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
-def peak_bytes(fn, device) -> int:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
-    cur = peak = 0
-    for e in events:
-        cur += e.cpu_memory_usage
-        peak = max(peak, cur)
-    return peak
 
 
 def run_rank(rank, world, port, args, out_path):

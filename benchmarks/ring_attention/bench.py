@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import socket
 import statistics
 import subprocess
@@ -31,6 +32,9 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_util import peak_bytes  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 STRATEGIES = ("ring", "all_to_all")
@@ -68,28 +72,6 @@ def timed(fn, device, iters, warmup=1, barrier=True):
     return statistics.median(samples)
 
 
-def peak_bytes(fn, device, prepare=None) -> int:
-    """Allocator peak while ``fn`` runs, above what was allocated before (``prepare`` runs first, unprofiled)."""
-    if prepare is not None:
-        prepare()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # The raw allocator records (+bytes on allocation, -bytes on free) in time order. Not prof.events(): there
-    # each op's cpu_memory_usage includes its children's allocations, so summing over nested ops double-counts.
-    records = sorted(((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                      if e.name() == "[memory]"), key=lambda r: r[0])
-    cur = peak = 0
-    for _, nbytes in records:
-        cur += nbytes
-        peak = max(peak, cur)
-    return peak
 
 
 def make_inputs(args, size, device):
