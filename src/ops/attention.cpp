@@ -558,7 +558,26 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
     xq_h[nd - 3] = hq_ext;
     xk_h[nd - 3] = hk_ext;
     auto qh = to_layout(qc, hp_q, xq_h), kh = to_layout(kc, hp_k, xk_h), vh = to_layout(vc, hp_k, xk_h);
-    auto oh = at::scaled_dot_product_attention(qh, kh, vh, attn_mask, 0.0, is_causal, sc, enable_gqa);
+    at::Tensor oh;
+    if (!attn_mask || !attn_mask->defined()) {
+      // Whole sequences are local now: run PyTorch's own kernel (flash on CPU, with its own backward) on the local
+      // tensors through differentiable to_local/from_local, rather than the ring's one-block math path.
+      auto ql = to_local(qh), kl = to_local(kh), vl = to_local(vh);
+      at::Tensor ol;
+      if (ql.numel() == 0 || kl.numel() == 0) {
+        // No local heads (uneven head split): an empty output that stays connected to the graph, so every rank runs
+        // the same backward (and the same collectives).
+        auto shape = ql.sizes().vec();
+        shape.back() = vl.size(-1);
+        ol = at::zeros(shape, ql.options()) + (ql.sum() + kl.sum() + vl.sum()) * 0;
+      } else {
+        ol = at::scaled_dot_product_attention(ql, kl, vl, std::nullopt, 0.0, is_causal, sc, enable_gqa);
+      }
+      const auto& qspec = *shard_impl(qh)->spec();
+      oh = from_local(ol, qspec.mesh, qspec.placements, ShapeInference::Explicit, qspec.sharding_shapes());
+    } else {
+      oh = at::scaled_dot_product_attention(qh, kh, vh, attn_mask, 0.0, is_causal, sc, enable_gqa);
+    }
     out = to_layout(oh, tq, xq);
   } else {
     out = SdpaFn::apply(qc, kc, vc, attn_mask, sc, is_causal, gqa);
