@@ -12,9 +12,10 @@
 //
 // Ring (forward): step t computes local q against the K/V block of coordinate (c - t) mod n while the next
 // block is in flight (send to c+1, receive from c-1), and merges block outputs with their log-sum-exp.
-// Unmasked fully visible blocks use the CPU flash kernel (which returns the log-sum-exp); masked or partially
-// causal blocks use fp32 matmul/softmax math with an explicit log-sum-exp. Backward recomputes each block's
-// probabilities from the global output and log-sum-exp (fp32 math); dQ accumulates locally, dK/dV accumulate
+// Unmasked fully visible blocks (and causal diagonal blocks whose queries and keys cover the same positions) use
+// the CPU flash kernels, forward (which returns the log-sum-exp) and backward (given the global output and
+// log-sum-exp); masked or unaligned partially causal blocks use fp32 matmul/softmax math with an explicit
+// log-sum-exp and recompute their probabilities in backward; dQ accumulates locally, dK/dV accumulate
 // in buffers that travel with their block and are passed home after the last step.
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
@@ -26,6 +27,7 @@
 #include <shardtensor/attention.h>
 
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -141,14 +143,25 @@ at::Tensor block_scores(const at::Tensor& qf, const at::Tensor& kf, const at::Te
 }
 
 // (out fp32, lse fp32) of local queries against one block.
+// A causal block whose queries and keys cover the same global positions: PyTorch's top-left causal mask is the
+// global one, so the flash kernels apply (no score matrix).
+bool aligned_causal(const BlockCfg& c, Visibility vis, int64_t nq, int64_t ko, int64_t nk) {
+  return vis == Visibility::Partial && !c.mask.defined() && ko == c.qo && nk == nq;
+}
+
+// Can the CPU flash forward kernel compute a block of these tensors?
+bool flash_forward_ok(const at::Tensor& q, const at::Tensor& vb, const BlockCfg& c) {
+  return c.nd == 4 && q.size(-1) == vb.size(-1) && q.device().is_cpu() &&
+      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kBFloat16 ||
+       q.scalar_type() == at::kHalf);
+}
+
 std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb,
-                                                const at::Tensor& bias, const BlockCfg& c) {
+                                                const at::Tensor& bias, const BlockCfg& c, bool causal_block = false) {
   auto ke = expand_heads(kb, c), ve = expand_heads(vb, c);
-  const bool flash_ok = !bias.defined() && c.nd == 4 && q.size(-1) == vb.size(-1) && q.device().is_cpu() &&
-                        (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble ||
-                         q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf);
+  const bool flash_ok = !bias.defined() && flash_forward_ok(q, vb, c);
   if (flash_ok) {
-    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, false, std::nullopt, c.scale);
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, causal_block, std::nullopt, c.scale);
     return {o.to(at::kFloat), lse.to(at::kFloat)};
   }
   auto s = block_scores(q.to(at::kFloat), ke.to(at::kFloat), bias, c.scale);
@@ -249,8 +262,9 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
       }
       auto vis = ql.numel() == 0 || kb.numel() == 0 ? Visibility::None : visibility(c, nq, ko, nk);
       if (vis != Visibility::None) {
-        auto bias = block_bias(c, vis, nq, ko, nk, ql.device());
-        auto [o, lse] = block_forward(ql, kb, vb, bias, c);
+        const bool diag = flash_forward_ok(ql, vb, c) && aligned_causal(c, vis, nq, ko, nk);
+        auto bias = diag ? at::Tensor() : block_bias(c, vis, nq, ko, nk, ql.device());
+        auto [o, lse] = block_forward(ql, kb, vb, bias, c, diag);
         merge(acc, acc_lse, o, lse);
       }
       if (t < n - 1) {
@@ -320,7 +334,20 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
                                    *l.mesh, sm, 0);
       auto vis = ql.numel() == 0 || kb.numel() == 0 ? Visibility::None : visibility(c, nq, ko, nk);
       if (vis != Visibility::None) {
-        auto bias = block_bias(c, vis, nq, ko, nk, ql.device());
+        const bool flash_types = nd == 4 && ql.scalar_type() == at::kFloat && kb.scalar_type() == at::kFloat &&
+                                 ql.size(-1) == vb.size(-1) && ql.device().is_cpu();
+        const bool diag = flash_types && aligned_causal(c, vis, nq, ko, nk);
+        auto bias = diag ? at::Tensor() : block_bias(c, vis, nq, ko, nk, ql.device());
+        if (flash_types && !bias.defined()) {
+          // Fully visible fp32 block: the CPU flash backward, given the global output and log-sum-exp, yields this
+          // block's exact contributions in O(S) memory (no score matrix).
+          auto [dq_b, dk_e, dv_e] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+              g.contiguous(), ql.contiguous(), expand_heads(kb, c).contiguous(), expand_heads(vb, c).contiguous(),
+              out.contiguous(), lse.contiguous(), 0.0, diag, std::nullopt, c.scale);
+          dq.add_(dq_b);
+          dkb.add_(reduce_heads(dk_e.to(at::kFloat), c));
+          dvb.add_(reduce_heads(dv_e.to(at::kFloat), c));
+        } else {
         auto kf = expand_heads(kb, c).to(at::kFloat), vf = expand_heads(vb, c).to(at::kFloat);
         auto p = (block_scores(qf, kf, bias, c.scale) - lse_safe).exp_();
         auto dv_e = at::matmul(p.transpose(-1, -2), g);
@@ -330,6 +357,7 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
         auto dk_e = at::matmul(ds.transpose(-1, -2), qf).mul_(c.scale);
         dkb.add_(reduce_heads(dk_e, c));
         dvb.add_(reduce_heads(dv_e, c));
+        }
       }
       if (n > 1) {
         // The accumulated gradients travel with their block; after the last step they reach its owner.
