@@ -81,88 +81,91 @@ void add_rows(at::Tensor& out, const at::Tensor& src, int64_t dim, const std::ve
   }
 }
 
+// Who sends which rows to whom, from this rank's point of view (the same plan serves gather_rows and its adjoint).
+struct ExchangePlan {
+  bool local_only = false;             // no rank needs another rank's rows
+  std::vector<int64_t> own_pos, own_rows;                 // this rank's window positions of its own rows
+  std::vector<std::vector<int64_t>> to_peer_rows;          // [peer] my local rows that peer's window names
+  std::vector<std::vector<int64_t>> from_peer_pos;         // [peer] my window positions that peer owns
+};
+
+ExchangePlan plan_exchange(const RowRequests& want, const std::vector<int64_t>& extents, int64_t me) {
+  const auto off = offsets_of(extents);
+  const auto n = static_cast<int64_t>(extents.size());
+  ExchangePlan p;
+  p.local_only = self_contained(want, off);
+  owned_by(want[me], off[me], off[me + 1], p.own_pos, p.own_rows);
+  p.to_peer_rows.resize(n);
+  p.from_peer_pos.resize(n);
+  if (p.local_only) return p;
+  for (int64_t r = 0; r < n; ++r) {
+    if (r == me) continue;
+    std::vector<int64_t> pos, rows;
+    owned_by(want[r], off[me], off[me + 1], pos, rows);
+    p.to_peer_rows[r] = std::move(rows);
+    std::vector<int64_t> pos2, rows2;
+    owned_by(want[me], off[r], off[r + 1], pos2, rows2);
+    p.from_peer_pos[r] = std::move(pos2);
+  }
+  return p;
+}
+
+// Slices of `t` along `dim` at `index` (an empty slice for no index).
+at::Tensor select_rows(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& index) {
+  return index.empty() ? t.narrow(dim, 0, 0) : t.index_select(dim, index_tensor(index, t));
+}
+
+// One all-to-all: pieces[j] to peer j; returns what each peer sent, shaped like `like` with `counts[j]` rows.
+std::vector<at::Tensor> exchange(const std::vector<at::Tensor>& pieces, const at::Tensor& like, int64_t dim,
+                                 const std::vector<size_t>& counts, const Mesh& mesh, int64_t mesh_dim) {
+  std::vector<int64_t> recv_numels;
+  for (auto c : counts) recv_numels.push_back(numel_of(shape_with(like.sizes(), dim, static_cast<int64_t>(c))));
+  auto chunks = all_to_all_flat(pieces, recv_numels, like.options(), mesh, mesh_dim);
+  std::vector<at::Tensor> out;
+  for (size_t j = 0; j < counts.size(); ++j)
+    out.push_back(chunks[j].view(shape_with(like.sizes(), dim, static_cast<int64_t>(counts[j]))));
+  return out;
+}
+
 } // namespace
 
 at::Tensor gather_rows(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
                        const RowRequests& want, const Mesh& mesh, int64_t mesh_dim, double fill) {
-  const auto n = mesh.size(mesh_dim);
   const auto me = mesh.coordinate(mesh_dim);
-  const auto off = offsets_of(extents);
-  if (self_contained(want, off)) {
-    std::vector<int64_t> pos, rows;
-    owned_by(want[me], off[me], off[me + 1], pos, rows);
-    auto out = at::full(shape_with(local.sizes(), dim, static_cast<int64_t>(want[me].size())), fill, local.options());
-    copy_rows(out, local, dim, pos, rows);
-    return out;
-  }
-  // Own rows never travel: they are copied straight into the window; only halo rows are exchanged.
-  std::vector<at::Tensor> send;
-  for (int64_t r = 0; r < n; ++r) {
-    std::vector<int64_t> pos, rows;
-    if (r != me) owned_by(want[r], off[me], off[me + 1], pos, rows);
-    send.push_back(rows.empty() ? local.narrow(dim, 0, 0) : local.index_select(dim, index_tensor(rows, local)));
-  }
-  std::vector<int64_t> recv_numels;
-  std::vector<std::vector<int64_t>> recv_pos;
-  for (int64_t o = 0; o < n; ++o) {
-    std::vector<int64_t> pos, rows;
-    if (o != me) owned_by(want[me], off[o], off[o + 1], pos, rows);
-    recv_numels.push_back(numel_of(shape_with(local.sizes(), dim, static_cast<int64_t>(pos.size()))));
-    recv_pos.push_back(pos);
-  }
-  auto chunks = all_to_all_flat(send, recv_numels, local.options(), mesh, mesh_dim);
+  const auto plan = plan_exchange(want, extents, me);
   auto out = at::full(shape_with(local.sizes(), dim, static_cast<int64_t>(want[me].size())), fill, local.options());
-  {
-    std::vector<int64_t> pos, rows;
-    owned_by(want[me], off[me], off[me + 1], pos, rows);
-    copy_rows(out, local, dim, pos, rows);
+  // Own rows never travel: they are copied straight into the window; only halo rows are exchanged.
+  copy_rows(out, local, dim, plan.own_pos, plan.own_rows);
+  if (plan.local_only) return out;
+  std::vector<at::Tensor> send;
+  std::vector<size_t> counts;
+  for (size_t r = 0; r < plan.to_peer_rows.size(); ++r) {
+    send.push_back(select_rows(local, dim, plan.to_peer_rows[r]));
+    counts.push_back(plan.from_peer_pos[r].size());
   }
-  for (int64_t o = 0; o < n; ++o) {
-    if (recv_pos[o].empty()) continue;
-    auto piece = chunks[o].view(shape_with(local.sizes(), dim, static_cast<int64_t>(recv_pos[o].size())));
-    out.index_copy_(dim, index_tensor(recv_pos[o], out), piece);
-  }
+  auto pieces = exchange(send, local, dim, counts, mesh, mesh_dim);
+  for (size_t o = 0; o < pieces.size(); ++o)
+    if (!plan.from_peer_pos[o].empty()) out.index_copy_(dim, index_tensor(plan.from_peer_pos[o], out), pieces[o]);
   return out;
 }
 
 at::Tensor scatter_add_rows(const at::Tensor& window, int64_t dim, const std::vector<int64_t>& extents,
                             const RowRequests& want, const Mesh& mesh, int64_t mesh_dim) {
-  const auto n = mesh.size(mesh_dim);
   const auto me = mesh.coordinate(mesh_dim);
-  const auto off = offsets_of(extents);
-  if (self_contained(want, off)) {
-    std::vector<int64_t> pos, rows;
-    owned_by(want[me], off[me], off[me + 1], pos, rows);
-    auto out = at::zeros(shape_with(window.sizes(), dim, extents[me]), window.options());
-    add_rows(out, window, dim, rows, pos);
-    return out;
-  }
-  std::vector<at::Tensor> send;
-  for (int64_t o = 0; o < n; ++o) {
-    std::vector<int64_t> pos, rows;
-    if (o != me) owned_by(want[me], off[o], off[o + 1], pos, rows);
-    send.push_back(pos.empty() ? window.narrow(dim, 0, 0) : window.index_select(dim, index_tensor(pos, window)));
-  }
-  std::vector<int64_t> recv_numels;
-  std::vector<std::vector<int64_t>> recv_rows;
-  for (int64_t r = 0; r < n; ++r) {
-    std::vector<int64_t> pos, rows;
-    if (r != me) owned_by(want[r], off[me], off[me + 1], pos, rows);
-    recv_numels.push_back(numel_of(shape_with(window.sizes(), dim, static_cast<int64_t>(rows.size()))));
-    recv_rows.push_back(rows);
-  }
-  auto chunks = all_to_all_flat(send, recv_numels, window.options(), mesh, mesh_dim);
+  const auto plan = plan_exchange(want, extents, me);
   auto out = at::zeros(shape_with(window.sizes(), dim, extents[me]), window.options());
-  {
-    std::vector<int64_t> pos, rows;
-    owned_by(want[me], off[me], off[me + 1], pos, rows);
-    add_rows(out, window, dim, rows, pos);
+  add_rows(out, window, dim, plan.own_rows, plan.own_pos);
+  if (plan.local_only) return out;
+  // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers.
+  std::vector<at::Tensor> send;
+  std::vector<size_t> counts;
+  for (size_t o = 0; o < plan.from_peer_pos.size(); ++o) {
+    send.push_back(select_rows(window, dim, plan.from_peer_pos[o]));
+    counts.push_back(plan.to_peer_rows[o].size());
   }
-  for (int64_t r = 0; r < n; ++r) {
-    if (recv_rows[r].empty()) continue;
-    auto piece = chunks[r].view(shape_with(window.sizes(), dim, static_cast<int64_t>(recv_rows[r].size())));
-    out.index_add_(dim, index_tensor(recv_rows[r], out), piece);
-  }
+  auto pieces = exchange(send, window, dim, counts, mesh, mesh_dim);
+  for (size_t r = 0; r < pieces.size(); ++r)
+    if (!plan.to_peer_rows[r].empty()) out.index_add_(dim, index_tensor(plan.to_peer_rows[r], out), pieces[r]);
   return out;
 }
 
