@@ -35,10 +35,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-import shardtensor as st
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+
+try:
+    import shardtensor as st
+except ModuleNotFoundError:  # no .pth / install in this environment: the source tree's package (built by `make build`)
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import shardtensor as st
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 TARGET_US = 5.0
 ROWS, COLS, OUT = 64, 32, 16
@@ -168,8 +172,8 @@ def write_md(path: str, data: dict) -> None:
         "(Shard(0) on a size-1 mesh; no collectives issued). Target: **at most "
         f"{TARGET_US:g} µs added per op**. `*_grad`: grad mode on, all inputs require grad, forward only.",
         "",
-        f"Machine: `nproc` = {data['nproc']}, {data['machine']}; torch {data['torch']}; "
-        f"{data['torch_threads']} intra-op threads; library commit `{(data['git'].get('commit') or '?')[:10]}`"
+        f"Machine: `nproc` = {data['nproc']} ({data['cpu_model']}, {data['machine']}); torch {data['torch']}; "
+        f"torch intra-op threads: {data['torch_threads']}; library commit `{(data['git'].get('commit') or '?')[:10]}`"
         f"{' (plus uncommitted changes under src/, include/ or python/)' if data['git'].get('library_sources_modified') else ''}; "
         f"{data['date']}.",
         "",

@@ -3,6 +3,7 @@
 #
 #   benchmarks/dispatch_overhead/run.sh             # the working tree: cmake -S . -B build-bench
 #   benchmarks/dispatch_overhead/run.sh --snapshot  # committed HEAD: git archive into build-bench/head
+#   benchmarks/dispatch_overhead/run.sh --snapshot --reuse   # measure the existing snapshot build again
 #
 # Working tree: the C++ bench is built in build-bench (Python module off, so python/shardtensor, which the main
 # `build` owns, is not touched); the Python bench imports python/shardtensor as built by `make build`.
@@ -14,11 +15,12 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=$ROOT/.venv/bin/python
 export PATH=$ROOT/.venv/bin:$PATH
-snapshot=0
+snapshot=0 reuse=0
 for a in "$@"; do
   case $a in
     --snapshot) snapshot=1 ;;
-    *) echo "usage: $0 [--snapshot]" >&2; exit 2 ;;
+    --reuse) reuse=1 ;;
+    *) echo "usage: $0 [--snapshot [--reuse]]" >&2; exit 2 ;;
   esac
 done
 RESULTS=benchmarks/results
@@ -27,8 +29,13 @@ commit=$(git rev-parse HEAD)
 
 if [ $snapshot = 1 ]; then
   SRC=build-bench/head BLD=build-bench/head-build
-  rm -rf "$SRC" && mkdir -p "$SRC"
-  git archive HEAD | tar -x -C "$SRC"
+  if [ $reuse = 1 ] && [ -f "$SRC/COMMIT" ]; then
+    commit=$(cat "$SRC/COMMIT")
+  else
+    rm -rf "$SRC" && mkdir -p "$SRC"
+    git archive HEAD | tar -x -C "$SRC"
+    echo "$commit" > "$SRC/COMMIT"
+  fi
   cp benchmarks/dispatch_overhead/CMakeLists.txt benchmarks/dispatch_overhead/bench.cpp "$SRC/benchmarks/dispatch_overhead/"
   build=("cmake -S $SRC -B $BLD -G Ninja -DPython3_EXECUTABLE=$PY -DSHARDTENSOR_BUILD_TESTS=OFF"
          "cmake --build $BLD --target shardtensor_python dispatch_overhead_bench")
