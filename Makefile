@@ -14,8 +14,6 @@ $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)" numpy pytest matplotlib tqdm ninja "cmake>=3.25" scikit-build-core
-	@# The source tree's package is importable from the venv (the build drops _C and libshardtensor into it).
-	echo "$(CURDIR)/python" > $$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/shardtensor-dev.pth
 	touch $@
 
 # Best effort, as root on Debian: GoogleTest and Google Benchmark for the C++ tests and benchmark, gloo's
@@ -34,6 +32,8 @@ build: venv system-deps
 	@if [ ! -f $(BUILD)/build.ninja ]; then \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(CURDIR)/$(PY) ; fi
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(BUILD)
+	@# The source tree's package is importable from the venv (the build drops _C and libshardtensor into it).
+	@echo "$(CURDIR)/python" > $$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/shardtensor-dev.pth
 
 demo: build
 	$(PY) examples/python/demo.py
