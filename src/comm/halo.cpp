@@ -4,6 +4,12 @@
 
 #include <ATen/ATen.h>
 
+#ifdef SHARDTENSOR_HAVE_CUDA
+#include "halo_pack.h"
+
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace shardtensor::comm {
 
 namespace {
@@ -110,9 +116,47 @@ ExchangePlan plan_exchange(const RowRequests& want, const std::vector<int64_t>& 
   return p;
 }
 
-// Slices of `t` along `dim` at `index` (an empty slice for no index).
+// [outer, dim, inner] factorization of a shape around `dim`.
+std::pair<int64_t, int64_t> outer_inner(at::IntArrayRef shape, int64_t dim) {
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) (d < dim ? outer : inner) *= d == dim ? 1 : shape[d];
+  return {outer, inner};
+}
+
+// Slices of `t` along `dim` at `index` (an empty slice for no index), packed contiguously for the collective. CUDA
+// tensors use the halo pack kernel of csrc_cuda/.
 at::Tensor select_rows(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& index) {
-  return index.empty() ? t.narrow(dim, 0, 0) : t.index_select(dim, index_tensor(index, t));
+  if (index.empty()) return t.narrow(dim, 0, 0);
+#ifdef SHARDTENSOR_HAVE_CUDA
+  if (t.is_cuda()) {
+    auto src = t.contiguous();
+    auto idx = index_tensor(index, src);
+    auto out = at::empty(shape_with(src.sizes(), dim, static_cast<int64_t>(index.size())), src.options());
+    auto [outer, inner] = outer_inner(src.sizes(), dim);
+    cuda::pack_rows(src.data_ptr(), out.data_ptr(), idx.data_ptr<int64_t>(), static_cast<int64_t>(index.size()), outer,
+                    src.size(dim), inner, static_cast<int64_t>(src.element_size()),
+                    c10::cuda::getCurrentCUDAStream(src.device().index()).stream());
+    return out;
+  }
+#endif
+  return t.index_select(dim, index_tensor(index, t));
+}
+
+// out[rows] += piece along `dim` (rows may repeat). CUDA float/double tensors use the atomic add kernel.
+void add_into_rows(at::Tensor& out, int64_t dim, const std::vector<int64_t>& rows, const at::Tensor& piece) {
+#ifdef SHARDTENSOR_HAVE_CUDA
+  if (out.is_cuda() && out.is_contiguous() &&
+      (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble)) {
+    auto src = piece.contiguous().to(out.scalar_type());
+    auto idx = index_tensor(rows, out);
+    auto [outer, inner] = outer_inner(out.sizes(), dim);
+    cuda::add_rows(src.data_ptr(), out.data_ptr(), idx.data_ptr<int64_t>(), static_cast<int64_t>(rows.size()), outer,
+                   out.size(dim), inner, out.scalar_type() == at::kDouble,
+                   c10::cuda::getCurrentCUDAStream(out.device().index()).stream());
+    return;
+  }
+#endif
+  out.index_add_(dim, index_tensor(rows, out), piece);
 }
 
 // One all-to-all: pieces[j] to peer j; returns what each peer sent, shaped like `like` with `counts[j]` rows.
@@ -165,7 +209,7 @@ at::Tensor scatter_add_rows(const at::Tensor& window, int64_t dim, const std::ve
   }
   auto pieces = exchange(send, window, dim, counts, mesh, mesh_dim);
   for (size_t r = 0; r < pieces.size(); ++r)
-    if (!plan.to_peer_rows[r].empty()) out.index_add_(dim, index_tensor(plan.to_peer_rows[r], out), pieces[r]);
+    if (!plan.to_peer_rows[r].empty()) add_into_rows(out, dim, plan.to_peer_rows[r], pieces[r]);
   return out;
 }
 
