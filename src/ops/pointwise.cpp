@@ -79,13 +79,12 @@ std::optional<Placement> partial_output(PartialRule rule, const std::vector<Tens
   return std::nullopt;
 }
 
-void pointwise_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// `rule` is looked up once, when the op is bound (not per call).
+void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto n = schema.arguments().size();
   const auto base = stack->size() - n;
   auto mesh = dispatch::common_mesh(op, stack);
-  const auto rule_it = partial_rules().find(dispatch::qualified_name(op));
-  const auto rule = rule_it == partial_rules().end() ? PartialRule::None : rule_it->second;
 
   std::vector<TensorArg> inputs;
   std::optional<TensorArg> written;
@@ -231,7 +230,13 @@ void register_pointwise() {
       if (name.name == e) match = true;
     // glu halves a dim; prelu's weight broadcasts on dim 1: not elementwise in the broadcast sense.
     if (name.name == "aten::glu" || name.name == "aten::prelu") match = false;
-    if (match) dispatch::set_handler(name, pointwise_handler);
+    if (!match) continue;
+    const auto full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    const auto it = partial_rules().find(full);
+    const auto rule = it == partial_rules().end() ? PartialRule::None : it->second;
+    dispatch::set_handler(name, [rule](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+      pointwise_handler(rule, op, stack);
+    });
   }
 }
 
