@@ -63,11 +63,10 @@ std::vector<int64_t> numel_per_extent(at::IntArrayRef shape, int64_t dim, const 
   return out;
 }
 
-// One flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
-// elements from rank j. Returns the received flat chunks in rank order.
-std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_pieces,
-                                        const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,
-                                        const Mesh& mesh, int64_t mesh_dim) {
+// Post one flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
+// elements from rank j. The pending object keeps the buffers alive until finish_all_to_all.
+PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,
+                                      const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim) {
   auto& pg = *mesh.group(mesh_dim);
   std::vector<at::Tensor> flat;
   std::vector<int64_t> send_splits;
@@ -75,26 +74,54 @@ std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_piec
     flat.push_back(p.reshape({-1}));
     send_splits.push_back(p.numel());
   }
+  PendingAllToAll pending;
   auto input = at::cat(flat);
+  pending.device = input.device();
   int64_t recv_total = 0;
   for (auto n : recv_numels) recv_total += n;
-  const bool stage = needs_host_staging(pg, input);
-  auto in = stage ? input.cpu() : input;
-  auto out = at::empty({recv_total}, opts.device(in.device()));
+  pending.staged = needs_host_staging(pg, input);
+  pending.in = pending.staged ? input.cpu() : input;
+  pending.out = at::empty({recv_total}, opts.device(pending.in.device()));
+  pending.recv_numels = recv_numels;
   auto recv_splits = recv_numels;
-  record_collective("all_to_all", in.numel() * in.element_size());
-  pg.alltoall_base(out, in, recv_splits, send_splits)->wait();
-  if (stage) out = out.to(input.device());
+  record_collective("all_to_all", pending.in.numel() * pending.in.element_size());
+  pending.work = pg.alltoall_base(pending.out, pending.in, recv_splits, send_splits);
+  return pending;
+}
+
+std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_pieces,
+                                        const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,
+                                        const Mesh& mesh, int64_t mesh_dim) {
+  auto pending = start_flat_all_to_all(send_pieces, recv_numels, opts, mesh, mesh_dim);
+  return finish_all_to_all(pending);
+}
+
+} // namespace
+
+std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending) {
+  if (pending.work) pending.work->wait();
+  pending.work.reset();
+  auto out = pending.staged ? pending.out.to(pending.device) : pending.out;
   std::vector<at::Tensor> chunks;
   int64_t off = 0;
-  for (auto n : recv_numels) {
+  for (auto n : pending.recv_numels) {
     chunks.push_back(out.narrow(0, off, n));
     off += n;
   }
   return chunks;
 }
 
-} // namespace
+PendingAllToAll all_to_all_flat_start(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,
+                                      const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim) {
+  if (mesh.size(mesh_dim) == 1) {
+    PendingAllToAll p;
+    p.out = send_pieces[0].reshape({-1});
+    p.recv_numels = recv_numels;
+    p.device = p.out.device();
+    return p;
+  }
+  return start_flat_all_to_all(send_pieces, recv_numels, opts, mesh, mesh_dim);
+}
 
 std::vector<at::Tensor> all_to_all_flat(const std::vector<at::Tensor>& send_pieces,
                                         const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,

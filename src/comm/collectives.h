@@ -6,6 +6,7 @@
 #include <shardtensor/placement.h>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <vector>
 
@@ -39,6 +40,19 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
 
 // Coordinate c receives the tensor of coordinate n-1-c (shapes may differ); for flips along a sharded dim.
 at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim);
+
+// An all-to-all in flight: wait with finish_all_to_all (buffers stay alive until then).
+struct PendingAllToAll {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor in, out;
+  std::vector<int64_t> recv_numels;
+  bool staged = false;
+  at::Device device{at::kCPU};
+};
+PendingAllToAll all_to_all_flat_start(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,
+                                      const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim);
+// The flat chunks received from every coordinate, in coordinate order.
+std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending);
 
 // One all-to-all of flattened pieces: piece j goes to coordinate j; returns the flat chunks received from every
 // coordinate (recv_numels[j] elements from coordinate j), in coordinate order.

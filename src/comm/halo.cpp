@@ -173,24 +173,44 @@ std::vector<at::Tensor> exchange(const std::vector<at::Tensor>& pieces, const at
 
 } // namespace
 
-at::Tensor gather_rows(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
-                       const RowRequests& want, const Mesh& mesh, int64_t mesh_dim, double fill) {
+PendingRows gather_rows_start(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
+                              const RowRequests& want, const Mesh& mesh, int64_t mesh_dim, double fill) {
   const auto me = mesh.coordinate(mesh_dim);
-  const auto plan = plan_exchange(want, extents, me);
-  auto out = at::full(shape_with(local.sizes(), dim, static_cast<int64_t>(want[me].size())), fill, local.options());
+  auto plan = plan_exchange(want, extents, me);
+  PendingRows p;
+  p.dim = dim;
+  p.window = at::full(shape_with(local.sizes(), dim, static_cast<int64_t>(want[me].size())), fill, local.options());
   // Own rows never travel: they are copied straight into the window; only halo rows are exchanged.
-  copy_rows(out, local, dim, plan.own_pos, plan.own_rows);
-  if (plan.local_only) return out;
+  copy_rows(p.window, local, dim, plan.own_pos, plan.own_rows);
+  if (plan.local_only) return p;
   std::vector<at::Tensor> send;
-  std::vector<size_t> counts;
+  std::vector<int64_t> recv_numels;
   for (size_t r = 0; r < plan.to_peer_rows.size(); ++r) {
     send.push_back(select_rows(local, dim, plan.to_peer_rows[r]));
-    counts.push_back(plan.from_peer_pos[r].size());
+    recv_numels.push_back(numel_of(shape_with(local.sizes(), dim, static_cast<int64_t>(plan.from_peer_pos[r].size()))));
   }
-  auto pieces = exchange(send, local, dim, counts, mesh, mesh_dim);
-  for (size_t o = 0; o < pieces.size(); ++o)
-    if (!plan.from_peer_pos[o].empty()) out.index_copy_(dim, index_tensor(plan.from_peer_pos[o], out), pieces[o]);
-  return out;
+  p.from_peer_pos = std::move(plan.from_peer_pos);
+  p.exchange = all_to_all_flat_start(send, recv_numels, local.options(), mesh, mesh_dim);
+  p.posted = true;
+  return p;
+}
+
+at::Tensor gather_rows_finish(PendingRows& p) {
+  if (!p.posted) return p.window;
+  auto chunks = finish_all_to_all(p.exchange);
+  p.posted = false;
+  for (size_t o = 0; o < chunks.size(); ++o) {
+    if (p.from_peer_pos[o].empty()) continue;
+    auto piece = chunks[o].view(shape_with(p.window.sizes(), p.dim, static_cast<int64_t>(p.from_peer_pos[o].size())));
+    p.window.index_copy_(p.dim, index_tensor(p.from_peer_pos[o], p.window), piece);
+  }
+  return p.window;
+}
+
+at::Tensor gather_rows(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
+                       const RowRequests& want, const Mesh& mesh, int64_t mesh_dim, double fill) {
+  auto pending = gather_rows_start(local, dim, extents, want, mesh, mesh_dim, fill);
+  return gather_rows_finish(pending);
 }
 
 at::Tensor scatter_add_rows(const at::Tensor& window, int64_t dim, const std::vector<int64_t>& extents,

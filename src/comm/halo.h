@@ -8,6 +8,8 @@
 
 #include <shardtensor/mesh.h>
 
+#include "comm/collectives.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <string>
@@ -23,6 +25,20 @@ using RowRequests = std::vector<std::vector<int64_t>>;
 // collective is issued at all.
 at::Tensor gather_rows(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
                        const RowRequests& want, const Mesh& mesh, int64_t mesh_dim, double fill = 0.0);
+
+// gather_rows in two steps, so the caller can compute what needs no halo while the exchange is in flight:
+// start copies the own rows into the window and posts the exchange; finish waits and places the halo rows.
+// Every rank must call both (start posts the collective; its order is the collective order).
+struct PendingRows {
+  at::Tensor window;
+  int64_t dim = 0;
+  std::vector<std::vector<int64_t>> from_peer_pos;
+  PendingAllToAll exchange;
+  bool posted = false;
+};
+PendingRows gather_rows_start(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents,
+                              const RowRequests& want, const Mesh& mesh, int64_t mesh_dim, double fill = 0.0);
+at::Tensor gather_rows_finish(PendingRows& pending);
 
 // Adjoint of gather_rows: `window` has this rank's rows `want[me]`; returns the local tensor (extent
 // extents[me] along `dim`) holding, for each owned row, the sum of every rank's window rows that name it.

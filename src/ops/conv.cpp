@@ -22,12 +22,13 @@ struct DimPlan {
   std::vector<int64_t> in_extents;
   std::vector<int64_t> out_extents;
   comm::RowRequests want;
+  int64_t padding = 0;
 };
 
 // Output extents and input windows along one sharded spatial dim of a (non-transposed) convolution.
 DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t k,
                  int64_t s, int64_t p, int64_t dil) {
-  DimPlan plan{dim, mesh_dim, in_extents, {}, {}};
+  DimPlan plan{dim, mesh_dim, in_extents, {}, {}, p};
   const auto n = static_cast<int64_t>(in_extents.size());
   const auto span = dil * (k - 1) + 1;
   const auto lout = std::max<int64_t>((L + 2 * p - span) / s + 1, 0);
@@ -246,6 +247,54 @@ std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const C
   return b->narrow(0, plan.weight_row_offset, plan.weight_rows);
 }
 
+// Forward with the halo exchange overlapped: post the exchange, convolve the outputs whose windows lie in this
+// rank's own rows, then the border outputs from the completed window. One sharded spatial dim, not transposed.
+// Returns an undefined tensor when there is no interior to overlap with (the caller then runs the plain path).
+bool overlap_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SHARDTENSOR_HALO_OVERLAP");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+
+at::Tensor overlapped_forward(const ConvPlan& plan, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                              at::IntArrayRef stride, at::IntArrayRef dilation, int64_t groups, const at::Tensor& weight) {
+  if (!overlap_enabled() || plan.transposed || plan.dims.size() != 1 || has_no_outputs(plan)) return {};
+  const auto& d = plan.dims[0];
+  const auto& mesh = *plan.spec->mesh;
+  const auto me = mesh.coordinate(d.mesh_dim);
+  const auto i = d.dim - 2;
+  auto pick = [&](at::IntArrayRef v) { return v.size() == 1 ? v[0] : v[i]; };
+  const auto s = pick(stride), dil = pick(dilation), k = weight.size(d.dim);
+  const auto span = dil * (k - 1) + 1;
+  int64_t a = 0;
+  for (int64_t c = 0; c < me; ++c) a += d.in_extents[c];
+  const auto e = d.in_extents[me];
+  int64_t b0 = 0;
+  for (int64_t c = 0; c < me; ++c) b0 += d.out_extents[c];
+  const auto b1 = b0 + d.out_extents[me];
+  // The window starts at global row b0*s - p; interior outputs read only rows in [a, a + e).
+  const auto pv = d.padding;
+  const auto j_lo = std::max<int64_t>(b0, (a + pv + s - 1) / s);
+  const auto j_hi = std::min<int64_t>(b1, (a + e + pv - span) >= 0 ? (a + e + pv - span) / s + 1 : 0);
+  if (j_hi <= j_lo) return {};
+  auto pending = comm::gather_rows_start(shard_impl(plan.x)->local(), d.dim, d.in_extents, d.want, mesh, d.mesh_dim);
+  const auto& x = shard_impl(plan.x)->local();
+  auto interior = at::convolution(x.narrow(d.dim, j_lo * s - pv - a, (j_hi - 1 - j_lo) * s + span), w, b, stride,
+                                  plan.local_padding, dilation, false, plan.local_output_padding, groups);
+  auto window = comm::gather_rows_finish(pending);
+  std::vector<at::Tensor> parts;
+  if (j_lo > b0)
+    parts.push_back(at::convolution(window.narrow(d.dim, 0, (j_lo - 1 - b0) * s + span), w, b, stride,
+                                    plan.local_padding, dilation, false, plan.local_output_padding, groups));
+  parts.push_back(interior);
+  if (b1 > j_hi)
+    parts.push_back(at::convolution(window.narrow(d.dim, (j_hi - b0) * s, (b1 - 1 - j_hi) * s + span), w, b, stride,
+                                    plan.local_padding, dilation, false, plan.local_output_padding, groups));
+  return parts.size() == 1 ? parts[0] : at::cat(parts, d.dim);
+}
+
 // convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
 void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
@@ -263,9 +312,9 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto b = local_bias(bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt, plan);
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   // Every rank takes part in the halo exchange; a rank without outputs (zero extent) skips the local kernel.
-  auto window = gather_window(plan);
   at::Tensor out;
   if (plan.transposed && !plan.dims.empty()) {
+    auto window = gather_window(plan);
     // Bias is added after the scatter (once per output position).
     auto y = has_no_outputs(plan) ? at::zeros(local_kernel_shape(plan), window.options())
                                   : at::convolution(window, w, std::nullopt, stride, plan.local_padding, dilation, true,
@@ -276,7 +325,10 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
       bshape[1] = b->numel();
       out = out + b->view(bshape);
     }
+  } else if (auto overlapped = overlapped_forward(plan, w, b, stride, dilation, local_groups, weight); overlapped.defined()) {
+    out = overlapped;
   } else {
+    auto window = gather_window(plan);
     out = has_no_outputs(plan) ? at::zeros(local_out_shape(plan), window.options())
                                : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
                                                  plan.local_output_padding, local_groups);
