@@ -107,13 +107,17 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="synchronous halo exchange (SHARDTENSOR_HALO_OVERLAP=0), to measure what the overlap gains")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the recorded JSON")
     args = ap.parse_args()
-    suffix = "" if args.device == "cpu" else f"_{args.device}"
+    suffix = ("" if args.device == "cpu" else f"_{args.device}") + ("_no_overlap" if args.no_overlap else "")
     if args.plot_only:
         with open(os.path.join(RESULTS, f"halo_conv{suffix}.json")) as f:
             plot(json.load(f)["rows"], args, suffix)
         return
+    if args.no_overlap:
+        os.environ["SHARDTENSOR_HALO_OVERLAP"] = "0"  # inherited by the spawned ranks
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -123,7 +127,8 @@ def main():
         rows = json.load(f)
     os.remove(tmp)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    cmd = f".venv/bin/python benchmarks/halo_conv/bench.py --ranks {args.ranks} --device {args.device}" + (" --quick" if args.quick else "")
+    cmd = (f".venv/bin/python benchmarks/halo_conv/bench.py --ranks {args.ranks} --device {args.device}"
+           + (" --quick" if args.quick else "") + (" --no-overlap" if args.no_overlap else ""))
     meta = {"command": cmd, "ranks": args.ranks, "device": args.device, "torch": torch.__version__, "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "threads_per_rank": 1}
     with open(os.path.join(RESULTS, f"halo_conv{suffix}.json"), "w") as f:
