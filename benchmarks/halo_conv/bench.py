@@ -49,7 +49,8 @@ def cases(quick: bool):
 
 def run_rank(rank, world, port, args, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device(args.device, rank if args.device == "cuda" else None) if args.device == "cuda" else torch.device("cpu")
+    # Ranks may share a GPU (collectives then stage through host memory over Gloo).
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("gloo", rank=rank, world_size=world)
