@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from shardtensor.profiling import peak_memory
+
 
 def timed(fn, warmup: int = 2, iters: int = 7) -> float:
     """Median wall time of ``fn()`` in seconds."""
@@ -20,24 +22,5 @@ def timed(fn, warmup: int = 2, iters: int = 7) -> float:
 
 
 def peak_bytes(fn, device, prepare=None) -> int:
-    """Allocator peak while ``fn`` runs, above what was allocated before (``prepare`` runs first, unprofiled)."""
-    if prepare is not None:
-        prepare()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # The raw allocator records (+bytes on allocation, -bytes on free) in time order. Not prof.events(): there
-    # each op's cpu_memory_usage includes its children's allocations, so summing over nested ops double-counts.
-    records = sorted(((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                      if e.name() == "[memory]"), key=lambda r: r[0])
-    cur = peak = 0
-    for _, nbytes in records:
-        cur += nbytes
-        peak = max(peak, cur)
-    return peak
+    """Allocator peak while ``fn`` runs (see ``shardtensor.profiling.peak_memory``)."""
+    return peak_memory(fn, device, prepare)

@@ -11,7 +11,6 @@ Run with `make demo` (it spawns 2 Gloo ranks itself) or under torchrun:
 from __future__ import annotations
 
 import os
-import resource
 import socket
 import sys
 import time
@@ -70,8 +69,9 @@ def make_inputs():
     return model, x
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak_mib(model, x) -> float:
+    """Allocator peak of one training step on this rank (shardtensor.peak_memory)."""
+    return st.peak_memory(lambda: train_step(model, x)) / 2**20
 
 
 def train_step(model, x):
@@ -100,13 +100,12 @@ def run_rank():
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
     model, x = make_inputs()
     st.sync_module(model, mesh)
-    rss0 = peak_rss_mib()
     # Only rank 0 needs the image; it is scattered along its height (uneven rows: patches straddle shards).
     height_rows = [HEIGHT // world + (4 if r == 0 else 0) - (4 if r == world - 1 and world > 1 else 0) for r in range(world)]
     xs = st.scatter_tensor(x if rank == 0 else None, src=0, mesh=mesh, placements=[st.Shard(2)],
                            sharding_shapes={0: height_rows})
     out, gx, grads, t_shard = timed(model, xs)
-    rss_shard = peak_rss_mib() - rss0
+    mem_shard = peak_mib(model, xs)
     out_full, gx_full = out.full_tensor(), gx.full_tensor()
     # A redistribute round trip: rows -> columns -> rows (all-to-all, then back).
     back = xs.redistribute([st.Shard(3)]).redistribute([st.Shard(2)], sharding_shapes={0: height_rows})
@@ -115,17 +114,16 @@ def run_rank():
     if rank == 0:
         ref_model, _ = make_inputs()
         ref_model.load_state_dict(model.state_dict())
-        rss1 = peak_rss_mib()
         ref_out, ref_gx, ref_grads, t_single = timed(ref_model, x)
-        rss_single = peak_rss_mib() - rss1
+        mem_single = peak_mib(ref_model, x)
         rows = [("output", rel_err(out_full, ref_out)), ("input grad", rel_err(gx_full, ref_gx)),
                 ("redistribute round trip", roundtrip)]
         rows += [(f"grad {n}", rel_err(grads[n], ref_grads[n])) for n in ref_grads]
-        rows = (rows, t_single, t_shard, rss_single)
+        rows = (rows, t_single, t_shard, mem_single)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (rank, rss_shard, t_shard, st.local_offsets(xs), tuple(st.to_local(xs).shape)))
+    dist.all_gather_object(gathered, (rank, mem_shard, t_shard, st.local_offsets(xs), tuple(st.to_local(xs).shape)))
     if rank == 0:
-        (rows, t_single, t_shard, rss_single) = rows
+        (rows, t_single, t_shard, mem_single) = rows
         print(f"\nShardTensor demo: TinyViT ({DEPTH} blocks, width {DIM}, {HEADS} heads, patch {PATCH}) on images "
               f"[{BATCH}, {CHANNELS}, {HEIGHT}, {WIDTH}] sharded along height over {world} Gloo ranks vs one process\n")
         print(f"{'quantity':<34}{'max relative error':>20}")
@@ -134,9 +132,9 @@ def run_rank():
         worst = max(e for _, e in rows)
         print(f"\n{'':<28}{'single device':>16}{'sharded':>12}")
         print(f"{'time per train step (ms)':<28}{t_single * 1e3:>16.2f}{t_shard * 1e3:>12.2f}")
-        print(f"{'peak RSS growth (MiB)':<28}{rss_single:>16.1f}{max(g[1] for g in gathered):>12.1f}  (max over ranks)")
-        for r, rss, t, off, shape in gathered:
-            print(f"  rank {r}: local image {list(shape)} at offset {list(off)}, step {t * 1e3:.2f} ms, peak RSS growth {rss:.1f} MiB")
+        print(f"{'peak memory per step (MiB)':<28}{mem_single:>16.2f}{max(g[1] for g in gathered):>12.2f}  (max over ranks)")
+        for r, mem, t, off, shape in gathered:
+            print(f"  rank {r}: local image {list(shape)} at offset {list(off)}, step {t * 1e3:.2f} ms, peak memory {mem:.2f} MiB")
         status = "OK" if worst < 1e-4 else "MISMATCH"
         print(f"\n{status}: worst relative error {worst:.2e} (tolerance 1e-4)")
         if worst >= 1e-4:

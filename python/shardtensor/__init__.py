@@ -15,12 +15,13 @@ import torch.distributed as dist
 from . import _C
 from .mesh import as_cpp_mesh, device_mesh_of
 from .placement import Partial, Replicate, Shard, from_wire, normalize_placements, to_wire
+from .profiling import peak_memory
 
 __all__ = [
     "Shard", "Replicate", "Partial",
     "scatter_tensor", "distribute_tensor", "from_local", "to_local", "full_tensor", "redistribute",
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
-    "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter",
+    "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy",
 ]
 
