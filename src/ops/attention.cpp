@@ -414,7 +414,8 @@ at::Tensor to_layout(const at::Tensor& t, const Placements& p, const DimExtents&
 
 bool use_all_to_all(const Layout& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const Placements& pq, const Placements& pk, const Placements& pv, const at::Tensor& q0,
-                    const at::Tensor& k0, const at::Tensor& v0, const std::optional<at::Tensor>& mask) {
+                    const at::Tensor& k0, const at::Tensor& v0, const std::optional<at::Tensor>& mask,
+                    bool is_causal) {
   if (l.seq_mesh_dim < 0 || !l.q_seq || !l.kv_ring) return false;
   const auto strategy = attention_strategy();
   if (strategy == "ring") return false;
@@ -438,6 +439,9 @@ bool use_all_to_all(const Layout& l, const at::Tensor& q, const at::Tensor& k, c
   const double d = static_cast<double>(q.size(nd - 1)), dv = static_cast<double>(v.size(nd - 1));
   const double ring = skv * hk * (d + dv);
   const double a2a = (sq * hq * (d + dv) + skv * hk * (d + dv)) / static_cast<double>(n);
+  // Causal self-attention: the ring leaves the first ranks idle for most steps, while the all-to-all gives every
+  // rank whole sequences of its heads (balanced work), so it wins whenever the heads divide.
+  if (is_causal) return true;
   return a2a <= ring;
 }
 
@@ -571,7 +575,7 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
 
   at::Tensor out;
   auto l = layout_of(qc, kc);
-  if (use_all_to_all(l, qc, kc, vc, tq, tk, tk, query, key, value, attn_mask)) {
+  if (use_all_to_all(l, qc, kc, vc, tq, tk, tk, query, key, value, attn_mask, is_causal)) {
     // Sequence shards -> head shards (an all-to-all each), local attention on full sequences, back.
     const auto sm = l.seq_mesh_dim, n = mesh->size(sm);
     auto hp_q = tq, hp_k = tk;
