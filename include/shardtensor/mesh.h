@@ -50,7 +50,8 @@ class Mesh {
   const c10::intrusive_ptr<c10d::ProcessGroup>& group(int64_t mesh_dim) const;
   // Index of a mesh dim by name, or -1.
   int64_t dim_index(const std::string& name) const;
-  // Coordinate of a global rank, or empty if not in the mesh.
+  // Coordinate of a global rank, or empty if not in the mesh. Without `ranks` (a mesh built from process groups
+  // only) a rank is its row-major position in the mesh.
   std::vector<int64_t> coordinate_of(int64_t global_rank) const;
   uint64_t id() const { return id_; }
 

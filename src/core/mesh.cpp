@@ -86,17 +86,21 @@ int64_t Mesh::dim_index(const std::string& name) const {
 }
 
 std::vector<int64_t> Mesh::coordinate_of(int64_t global_rank) const {
-  for (size_t flat = 0; flat < ranks_.size(); ++flat) {
-    if (ranks_[flat] != global_rank) continue;
-    std::vector<int64_t> coord(shape_.size());
-    auto rest = static_cast<int64_t>(flat);
-    for (int64_t d = ndim() - 1; d >= 0; --d) {
-      coord[d] = rest % shape_[d];
-      rest /= shape_[d];
-    }
-    return coord;
+  // A mesh built from process groups alone knows no global ranks: ranks are then its row-major positions.
+  int64_t flat = -1;
+  if (ranks_.empty()) {
+    if (global_rank >= 0 && global_rank < numel()) flat = global_rank;
+  } else {
+    for (size_t i = 0; i < ranks_.size(); ++i)
+      if (ranks_[i] == global_rank) flat = static_cast<int64_t>(i);
   }
-  return {};
+  if (flat < 0) return {};
+  std::vector<int64_t> coord(shape_.size());
+  for (int64_t d = ndim() - 1; d >= 0; --d) {
+    coord[d] = flat % shape_[d];
+    flat /= shape_[d];
+  }
+  return coord;
 }
 
 bool Mesh::same_as(const Mesh& other) const {

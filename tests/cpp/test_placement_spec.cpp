@@ -120,3 +120,10 @@ TEST(Redistribute, TargetSpecKeepsOrChoosesExtents) {
   auto p = ShardSpec::make(m, {Placement::partial(ReduceOp::Max)}, {4});
   EXPECT_TRUE(without_partial(p)->all_replicate());
 }
+
+TEST(Mesh, WithoutGlobalRanksUsesPositions) {
+  auto g = c10::make_intrusive<c10d::ProcessGroup>(1, 3);
+  auto m = Mesh::from_group(g, c10::DeviceType::CPU);
+  EXPECT_EQ(m->coordinate_of(2), (std::vector<int64_t>{2}));
+  EXPECT_TRUE(m->coordinate_of(3).empty());
+}
