@@ -59,14 +59,13 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   stack->back() = make_shard_tensor(local, spec);
 }
 
-void item_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void item_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto self = torch::jit::pop(*stack).toTensor();
   auto* impl = shard_impl(self);
   TORCH_CHECK_VALUE(self.numel() == 1, "ShardTensor: .item() needs a one-element tensor, got global shape ",
                     self.sizes());
   auto full = redistribute_to(self, dispatch::replicate_spec(impl->spec()->mesh, self.sizes()));
   torch::jit::push(*stack, shard_impl(full)->local().item());
-  (void)op;
 }
 
 void is_same_size_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
@@ -91,7 +90,7 @@ void as_strided_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   torch::jit::push(*stack, make_shard_tensor(local.alias(), spec));
 }
 
-void equal_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void equal_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto other = torch::jit::pop(*stack).toTensor();
   auto self = torch::jit::pop(*stack).toTensor();
   auto mesh = shard_impl(self) ? shard_impl(self)->spec()->mesh : shard_impl(other)->spec()->mesh;
@@ -104,12 +103,12 @@ void equal_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto spec = shard_impl(a)->spec();
   auto b = local_as(other, mesh, spec->placements, spec->dim_extents());
   auto ok = at::equal(shard_impl(a)->local(), b) ? 1 : 0;
-  auto flag = at::tensor({static_cast<int64_t>(ok)}, at::kLong);
+  // The agreement flag lives on the data's device (NCCL groups reduce device tensors only).
+  auto flag = at::full({1}, ok, b.options().dtype(at::kLong));
   auto all = dispatch::replicate_spec(mesh, {1});
   auto t = make_shard_tensor(flag, ShardSpec::make(mesh, Placements(mesh->ndim(), Placement::partial(ReduceOp::Min)), {1}));
   auto r = redistribute_to(t, all);
   torch::jit::push(*stack, shard_impl(r)->local().item<int64_t>() == 1);
-  (void)op;
 }
 
 } // namespace

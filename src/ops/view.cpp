@@ -133,13 +133,6 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
 }
 
-void reshape_alias_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  // _reshape_alias(self, size, stride): strides are global; recompute from the local view.
-  auto args = op_args(op, stack);
-  (void)args;
-  view_handler(op, stack);
-}
-
 // A permutation `dims` (output dim k = input dim dims[k]).
 void permute_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<int64_t> dims) {
   auto args = op_args(op, stack);
@@ -564,7 +557,8 @@ void select_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* s
 void register_view() {
   dispatch::set_handler("aten::view", view_handler);
   dispatch::set_handler("aten::_unsafe_view", view_handler);
-  dispatch::set_handler("aten::_reshape_alias", reshape_alias_handler);
+  // _reshape_alias(self, size, stride): its strides are global; the local view computes its own.
+  dispatch::set_handler("aten::_reshape_alias", view_handler);
   dispatch::set_handler("aten::permute", permute_handler);
   dispatch::set_handler("aten::transpose.int", transpose_handler);
   dispatch::set_handler("aten::t", transpose_handler);
