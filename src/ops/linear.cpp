@@ -149,7 +149,7 @@ at::Tensor reduce_param_grad(at::Tensor term, const ShardSpec& x_spec, const at:
   for (size_t m = 0; m < x_spec.placements.size(); ++m)
     if (x_spec.placements[m].is_shard())
       term = comm::all_reduce(term, ReduceOp::Sum, *x_spec.mesh, static_cast<int64_t>(m));
-  if (shard_impl(param)) return make_shard_tensor(term, shard_impl(param)->spec());
+  if (param.defined() && shard_impl(param)) return make_shard_tensor(term, shard_impl(param)->spec());
   return term;
 }
 
@@ -172,8 +172,21 @@ variable_list linear_backward(const at::Tensor& g, const at::Tensor& x, const at
   at::Tensor gx, gw, gb;
   if (x.requires_grad()) gx = make_shard_tensor(at::matmul(g_local, plain_of(w)), shard_impl(x)->spec());
   auto g2 = g_local.reshape({-1, g_local.size(-1)});
-  if (w.requires_grad()) gw = reduce_param_grad(at::mm(g2.t(), x_local.reshape({-1, x_local.size(-1)})), x_spec, w);
-  if (b.defined() && b.requires_grad()) gb = reduce_param_grad(g2.sum(0), x_spec, b);
+  const bool want_w = w.requires_grad(), want_b = b.defined() && b.requires_grad();
+  at::Tensor tw = want_w ? at::mm(g2.t(), x_local.reshape({-1, x_local.size(-1)})) : at::Tensor();
+  at::Tensor tb = want_b ? g2.sum(0) : at::Tensor();
+  if (want_w && want_b && tw.scalar_type() == tb.scalar_type()) {
+    // One fused all-reduce for both parameter gradients.
+    auto both = reduce_param_grad(at::cat({tw.flatten(), tb}), x_spec, at::Tensor());
+    auto plain = shard_impl(both) ? shard_impl(both)->local() : both;
+    gw = plain.narrow(0, 0, tw.numel()).view(tw.sizes());
+    gb = plain.narrow(0, tw.numel(), tb.numel());
+    if (shard_impl(w)) gw = make_shard_tensor(gw.clone(), shard_impl(w)->spec());
+    if (shard_impl(b)) gb = make_shard_tensor(gb.clone(), shard_impl(b)->spec());
+  } else {
+    if (want_w) gw = reduce_param_grad(tw, x_spec, w);
+    if (want_b) gb = reduce_param_grad(tb, x_spec, b);
+  }
   return {gx, gw, gb};
 }
 
