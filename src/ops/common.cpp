@@ -2,6 +2,8 @@
 
 #include "ops/ops.h"
 
+#include "comm/collectives.h"
+
 namespace shardtensor::ops {
 
 Placements placements_of(const at::Tensor& t, const MeshPtr& mesh) {
@@ -90,5 +92,35 @@ at::Tensor local_aligned(const at::Tensor& t, const MeshPtr& mesh, at::IntArrayR
     }
   }
   return local_as(t, mesh, want, ext);
+}
+} // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const std::vector<int64_t>& mesh_dims,
+                                  const Mesh& mesh) {
+  std::vector<at::Tensor> flat;
+  at::ScalarType dtype = at::kFloat;
+  bool first = true;
+  for (const auto& t : terms) {
+    if (!t.defined()) continue;
+    dtype = first ? t.scalar_type() : at::promote_types(dtype, t.scalar_type());
+    first = false;
+  }
+  for (const auto& t : terms)
+    if (t.defined()) flat.push_back(t.reshape({-1}).to(dtype));
+  if (flat.empty() || mesh_dims.empty()) return terms;
+  auto all = at::cat(flat);
+  for (auto m : mesh_dims) all = comm::all_reduce(all, ReduceOp::Sum, mesh, m);
+  std::vector<at::Tensor> out;
+  int64_t off = 0;
+  for (const auto& t : terms) {
+    if (!t.defined()) {
+      out.emplace_back();
+      continue;
+    }
+    out.push_back(all.narrow(0, off, t.numel()).view(t.sizes()).to(t.scalar_type()));
+    off += t.numel();
+  }
+  return out;
 }
 } // namespace shardtensor::ops

@@ -45,3 +45,10 @@ namespace shardtensor::ops {
 at::Tensor local_aligned(const at::Tensor& t, const MeshPtr& mesh, at::IntArrayRef out_shape, const Placements& target,
                          const DimExtents& target_ext);
 } // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+// Sum per-rank terms (e.g. a weight and a bias gradient) over `mesh_dims` with ONE all-reduce of their
+// concatenation; returns the complete values in the same order. Undefined terms stay undefined.
+std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const std::vector<int64_t>& mesh_dims,
+                                  const Mesh& mesh);
+} // namespace shardtensor::ops

@@ -396,10 +396,17 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   // Sharded channels: the weight gradient is sharded like the weight slice each rank used (dim 1 for groups == 1,
   // dim 0 for aligned groups); the bias gradient is complete (groups == 1: every rank holds the whole
   // grad_output) or sharded with the output channels.
-  Placements partial(mesh->ndim(), Placement::replicate());
-  for (size_t m = 0; m < partial.size(); ++m)
-    if (plan.spec->placements[m].is_shard()) partial[m] = Placement::partial(ReduceOp::Sum);
-  Placements pw = partial, pb = partial;
+  // Terms over batch/spatial shards are summed now, weight and bias in one fused all-reduce.
+  std::vector<int64_t> summed;
+  for (size_t m = 0; m < plan.spec->placements.size(); ++m)
+    if (plan.spec->placements[m].is_shard() && static_cast<int64_t>(m) != plan.channel_mesh_dim)
+      summed.push_back(static_cast<int64_t>(m));
+  {
+    auto sums = fused_sum({mask[1] ? gw : at::Tensor(), mask[2] ? gb : at::Tensor()}, summed, *mesh);
+    gw = sums[0];
+    gb = sums[1];
+  }
+  Placements pw(mesh->ndim(), Placement::replicate()), pb(mesh->ndim(), Placement::replicate());
   DimExtents ew, eb;
   if (plan.channel_mesh_dim >= 0) {
     const auto m = plan.channel_mesh_dim;

@@ -118,10 +118,10 @@ void layer_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
 
 // Gradient of an affine parameter: the per-rank sum over local leading elements is Partial(sum) over the mesh
 // dims that shard leading dims; its normalized dims keep their shards.
+// `local` is already summed over the leading mesh dims (fused_sum), so only the normalized dims' shards remain.
 at::Tensor wrap_param_grad(const at::Tensor& local, const LayerNormLayout& l, const at::Tensor& param) {
   Placements p(l.spec->mesh->ndim(), Placement::replicate());
   DimExtents ext;
-  for (auto m : l.lead_mesh_dims) p[m] = Placement::partial(ReduceOp::Sum);
   for (auto m : l.norm_mesh_dims) {
     const auto d = l.spec->placements[m].dim - l.axis;
     p[m] = Placement::shard(d);
@@ -172,6 +172,10 @@ void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
   }
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor());
+  // Weight and bias gradients: one all-reduce for both over the mesh dims that shard leading dims.
+  auto sums = fused_sum({gw, gb}, l.lead_mesh_dims, *mesh);
+  gw = sums[0];
+  gb = sums[1];
   torch::jit::push(*stack, gw.defined() ? wrap_param_grad(gw, l, *weight) : at::Tensor());
   torch::jit::push(*stack, gb.defined() ? wrap_param_grad(gb, l, *bias) : at::Tensor());
 }
@@ -305,14 +309,16 @@ void group_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
   }
   std::vector<int64_t> red{0};
   for (int64_t d = 2; d < x.dim(); ++d) red.push_back(d);
+  // Weight and bias gradients, complete after one fused all-reduce over every sharding mesh dim.
+  std::vector<int64_t> reduce_dims = l.spatial_mesh_dims;
+  reduce_dims.insert(reduce_dims.end(), l.batch_mesh_dims.begin(), l.batch_mesh_dims.end());
+  auto sums = fused_sum({mask[1] && w.defined() ? (g * xhat).sum(red) : at::Tensor(), mask[2] ? g.sum(red) : at::Tensor()},
+                        reduce_dims, *mesh);
   auto wrap_param = [&](const at::Tensor& local) {
-    Placements p(mesh->ndim(), Placement::replicate());
-    for (auto m : l.spatial_mesh_dims) p[m] = Placement::partial(ReduceOp::Sum);
-    for (auto m : l.batch_mesh_dims) p[m] = Placement::partial(ReduceOp::Sum);
-    return wrap(local.to(x.scalar_type()), mesh, p, {C}, {});
+    return wrap(local.to(x.scalar_type()), mesh, Placements(mesh->ndim(), Placement::replicate()), {C}, {});
   };
-  if (mask[1] && w.defined()) gw = wrap_param((g * xhat).sum(red));
-  if (mask[2]) gb = wrap_param(g.sum(red));
+  if (sums[0].defined()) gw = wrap_param(sums[0]);
+  if (sums[1].defined()) gb = wrap_param(sums[1]);
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor());
   torch::jit::push(*stack, gw);
