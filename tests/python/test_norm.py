@@ -230,3 +230,19 @@ def case_instance_norm_running(seed):
 @pytest.mark.parametrize("world", [2, 3])
 def test_instance_norm_running(world):
     harness.run(world, case_instance_norm_running, world)
+
+
+def case_local_response_norm(seed):
+    m = mesh()
+    x = randn(2, 6, 7, 5, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(7, m.size(), seed)})
+    check_op(lambda t: F.local_response_norm(t, 3), [x], [lay], m, rtol=1e-4, atol=1e-5, what="local_response_norm")
+    ch = ([st.Shard(1)], {0: uneven_extents(6, m.size(), seed + 1)})
+    check_op(lambda t: F.local_response_norm(t, 3), [x], [ch], m, rtol=1e-4, atol=1e-5,
+             what="local_response_norm channels sharded (halo over channels)")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_local_response_norm(world):
+    harness.run(world, case_local_response_norm, world)
