@@ -44,8 +44,7 @@ BnLayout bn_layout(const at::Tensor& x) {
 }
 
 at::Tensor sum_over(at::Tensor t, const BnLayout& l) {
-  for (auto m : l.reduce_mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, *l.spec->mesh, m);
-  return t;
+  return sum_over_mesh_dims(std::move(t), l.reduce_mesh_dims, *l.spec->mesh);
 }
 
 // A per-channel plain tensor restricted to this rank's channels.
@@ -61,12 +60,6 @@ at::Tensor local_channels(const at::Tensor& t, const BnLayout& l) {
 at::Tensor all_channels(const at::Tensor& local, const BnLayout& l) {
   if (l.channel_mesh_dim < 0) return local;
   return comm::all_gather_v(local, 0, l.spec->extents[l.channel_mesh_dim], *l.spec->mesh, l.channel_mesh_dim);
-}
-
-at::Tensor channel_view(const at::Tensor& c, int64_t dims) {
-  std::vector<int64_t> shape(dims, 1);
-  shape[1] = c.numel();
-  return c.reshape(shape);
 }
 
 // A parameter gradient in the parameter's own kind (plain, or Replicate ShardTensor).

@@ -96,6 +96,11 @@ at::Tensor local_aligned(const at::Tensor& t, const MeshPtr& mesh, at::IntArrayR
 } // namespace shardtensor::ops
 
 namespace shardtensor::ops {
+at::Tensor sum_over_mesh_dims(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
+  for (auto m : mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, mesh, m);
+  return t;
+}
+
 std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const std::vector<int64_t>& mesh_dims,
                                   const Mesh& mesh) {
   std::vector<at::Tensor> flat;
@@ -109,8 +114,7 @@ std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const st
   for (const auto& t : terms)
     if (t.defined()) flat.push_back(t.reshape({-1}).to(dtype));
   if (flat.empty() || mesh_dims.empty()) return terms;
-  auto all = at::cat(flat);
-  for (auto m : mesh_dims) all = comm::all_reduce(all, ReduceOp::Sum, mesh, m);
+  auto all = sum_over_mesh_dims(at::cat(flat), mesh_dims, mesh);
   std::vector<at::Tensor> out;
   int64_t off = 0;
   for (const auto& t : terms) {

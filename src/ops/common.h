@@ -52,3 +52,15 @@ namespace shardtensor::ops {
 std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const std::vector<int64_t>& mesh_dims,
                                   const Mesh& mesh);
 } // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+// A per-channel vector shaped to broadcast over dim 1 of a `dims`-d tensor ([1, C, 1, ...]).
+inline at::Tensor channel_view(const at::Tensor& per_channel, int64_t dims) {
+  std::vector<int64_t> shape(dims, 1);
+  shape[1] = per_channel.numel();
+  return per_channel.reshape(shape);
+}
+
+// Sum `t` over every mesh dim in `mesh_dims` (no-op when empty).
+at::Tensor sum_over_mesh_dims(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh);
+} // namespace shardtensor::ops

@@ -321,9 +321,7 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
                                                     plan.local_output_padding, groups);
     out = scatter_outputs(y, plan);
     if (b) {
-      std::vector<int64_t> bshape(out.dim(), 1);
-      bshape[1] = b->numel();
-      out = out + b->view(bshape);
+      out = out + channel_view(*b, out.dim());
     }
   } else if (auto overlapped = overlapped_forward(plan, w, b, stride, dilation, local_groups, weight); overlapped.defined()) {
     out = overlapped;
@@ -334,9 +332,7 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
                                                  plan.local_output_padding, local_groups);
     if (has_no_outputs(plan) && plan.channel_partial && b && out.numel() > 0) {
       // A rank without channels still owns the bias term when it is the first coordinate.
-      std::vector<int64_t> bshape(out.dim(), 1);
-      bshape[1] = b->numel();
-      out = out + b->view(bshape);
+      out = out + channel_view(*b, out.dim());
     }
   }
   torch::jit::drop(*stack, args.size());

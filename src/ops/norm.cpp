@@ -12,11 +12,6 @@ namespace {
 
 using dispatch::op_args;
 
-// Sum `t` over every mesh dim in `mesh_dims` (no-op when empty).
-at::Tensor all_reduce_over(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
-  for (auto m : mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, mesh, m);
-  return t;
-}
 
 struct LayerNormLayout {
   at::Tensor x;                  // resolved input
@@ -162,7 +157,7 @@ void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
     if (mask[0]) {
       auto gw_ = w.defined() ? gf * w : gf;
       // One fused all-reduce of both sums.
-      auto sums = all_reduce_over(at::stack({gw_.sum(l.norm_dims, true), (gw_ * xhat).sum(l.norm_dims, true)}),
+      auto sums = sum_over_mesh_dims(at::stack({gw_.sum(l.norm_dims, true), (gw_ * xhat).sum(l.norm_dims, true)}),
                                   l.norm_mesh_dims, *mesh) / static_cast<double>(l.count);
       auto s1 = sums[0], s2 = sums[1];
       gi = (rstd * (gw_ - s1 - xhat * s2)).to(x.scalar_type());
@@ -228,12 +223,6 @@ at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, i
     ext[0] = l.spec->extents[m];
   }
   return wrap(local, l.spec->mesh, p, {n, g}, ext);
-}
-
-at::Tensor channel_view(const at::Tensor& per_channel, int64_t dims) {
-  std::vector<int64_t> shape(dims, 1);
-  shape[1] = per_channel.numel();
-  return per_channel.reshape(shape);
 }
 
 // native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)
@@ -302,7 +291,7 @@ void group_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
     auto gw_ = (w.defined() ? g * w : g).reshape({n_local, G, inner});
     auto xh = xhat.reshape({n_local, G, inner});
     // One fused all-reduce of both sums.
-    auto sums = all_reduce_over(at::cat({gw_.sum(2, true), (gw_ * xh).sum(2, true)}, 2), l.spatial_mesh_dims, *mesh);
+    auto sums = sum_over_mesh_dims(at::cat({gw_.sum(2, true), (gw_ * xh).sum(2, true)}, 2), l.spatial_mesh_dims, *mesh);
     const double count = static_cast<double>(C / G) * static_cast<double>(HxW);
     auto s1 = sums.narrow(2, 0, 1) / count, s2 = sums.narrow(2, 1, 1) / count;
     gi = (rstd * (gw_ - s1 - xh * s2)).reshape(x.sizes()).to(x.scalar_type());
