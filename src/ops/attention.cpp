@@ -18,6 +18,7 @@
 // log-sum-exp and recompute their probabilities in backward; dQ accumulates locally, dK/dV accumulate
 // in buffers that travel with their block and are passed home after the last step.
 #include "comm/collectives.h"
+#include "comm/halo.h"
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
@@ -26,14 +27,24 @@
 
 #include <shardtensor/attention.h>
 
+#include <ATen/ops/_scaled_dot_product_efficient_attention.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_backward.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#ifdef SHARDTENSOR_HAVE_CUDA
+#include "lse_merge.h"
+
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -46,8 +57,10 @@ std::string g_strategy = "auto";
 } // namespace
 
 std::string set_attention_strategy(const std::string& strategy) {
-  TORCH_CHECK_VALUE(strategy == "ring" || strategy == "all_to_all" || strategy == "auto",
-                    "set_attention_strategy: expected 'ring', 'all_to_all' or 'auto', got '", strategy, "'");
+  TORCH_CHECK_VALUE(strategy == "ring" || strategy == "ring_contiguous" || strategy == "all_to_all" ||
+                        strategy == "auto",
+                    "set_attention_strategy: expected 'auto', 'ring', 'ring_contiguous' or 'all_to_all', got '",
+                    strategy, "'");
   std::lock_guard<std::mutex> lock(g_strategy_mutex);
   auto old = g_strategy;
   g_strategy = strategy;
@@ -111,9 +124,14 @@ Visibility visibility(const BlockCfg& c, int64_t nq, int64_t ko, int64_t nk) {
 }
 
 // Additive fp32 bias of one block (user mask columns + causal part), or undefined.
-at::Tensor block_bias(const BlockCfg& c, Visibility vis, int64_t nq, int64_t ko, int64_t nk, const at::Device& dev) {
+// `q_start`: where these queries start in the local sequence (the mask rows follow the local queries).
+at::Tensor block_bias(const BlockCfg& c, Visibility vis, int64_t q_start, int64_t nq, int64_t ko, int64_t nk,
+                      const at::Device& dev) {
   at::Tensor bias;
-  if (c.mask.defined()) bias = c.mask.size(-1) == 1 ? c.mask : c.mask.narrow(-1, ko, nk);
+  if (c.mask.defined()) {
+    bias = c.mask.size(-1) == 1 ? c.mask : c.mask.narrow(-1, ko, nk);
+    if (bias.size(-2) > 1) bias = bias.narrow(-2, q_start, nq);
+  }
   if (vis == Visibility::Partial) {
     auto opts = at::TensorOptions().dtype(at::kLong).device(dev);
     auto qi = at::arange(c.qo, c.qo + nq, opts).unsqueeze(1);
@@ -156,9 +174,33 @@ bool flash_forward_ok(const at::Tensor& q, const at::Tensor& vb, const BlockCfg&
        q.scalar_type() == at::kHalf);
 }
 
+// CUDA blocks without a bias run PyTorch's fused kernels, which return the log-sum-exp: flash (fp16/bf16) or
+// memory-efficient (fp32) forward, memory-efficient backward (given the global output and log-sum-exp). Their
+// head-dim limits are checked here; other CUDA blocks take the fp32 math path. SHARDTENSOR_CUDA_FUSED_ATTENTION=0
+// forces the math path (a local choice: it changes no communication).
+bool cuda_fused_ok(const at::Tensor& q, const at::Tensor& vb, const BlockCfg& c) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("SHARDTENSOR_CUDA_FUSED_ATTENTION");
+    return !(e && std::string(e) == "0");
+  }();
+  const auto d = q.size(-1);
+  const auto st = q.scalar_type();
+  return enabled && c.nd == 4 && q.is_cuda() && d == vb.size(-1) && d % 8 == 0 && d <= 256 &&
+         (st == at::kFloat || st == at::kHalf || st == at::kBFloat16);
+}
+
 std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb,
                                                 const at::Tensor& bias, const BlockCfg& c, bool causal_block = false) {
   auto ke = expand_heads(kb, c), ve = expand_heads(vb, c);
+  if (!bias.defined() && cuda_fused_ok(q, vb, c)) {
+    if (q.scalar_type() != at::kFloat) {
+      auto r = at::_scaled_dot_product_flash_attention(q, ke, ve, 0.0, causal_block, false, c.scale);
+      return {std::get<0>(r).to(at::kFloat), std::get<1>(r).to(at::kFloat)};
+    }
+    // The efficient kernel pads its log-sum-exp rows to a multiple of 32.
+    auto r = at::_scaled_dot_product_efficient_attention(q, ke, ve, std::nullopt, true, 0.0, causal_block, c.scale);
+    return {std::get<0>(r).to(at::kFloat), std::get<1>(r).narrow(-1, 0, q.size(-2)).to(at::kFloat)};
+  }
   const bool flash_ok = !bias.defined() && flash_forward_ok(q, vb, c);
   if (flash_ok) {
     auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, causal_block, std::nullopt, c.scale);
@@ -171,7 +213,31 @@ std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::T
   return {at::matmul(p, ve.to(at::kFloat)), lse};
 }
 
+// The backward of one bias-free CUDA block through the memory-efficient kernel: (dq, dk, dv) of the expanded
+// heads, given this block's rows of the global output and log-sum-exp.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_block_backward(const at::Tensor& g, const at::Tensor& q,
+                                                                   const at::Tensor& ke, const at::Tensor& ve,
+                                                                   const at::Tensor& out, const at::Tensor& lse,
+                                                                   bool causal_block, double scale) {
+  const auto dt = q.scalar_type();
+  const auto rows = lse.size(-1);
+  auto lse_padded = at::constant_pad_nd(lse.contiguous(), {0, (rows + 31) / 32 * 32 - rows}, 0.0);
+  auto no_rng = at::zeros({}, q.options().dtype(at::kLong));  // dropout is 0: the generator state is unused
+  auto r = at::_scaled_dot_product_efficient_attention_backward(
+      g.to(dt).contiguous(), q.contiguous(), ke.contiguous(), ve.contiguous(), at::Tensor(), out.to(dt).contiguous(),
+      lse_padded, no_rng, no_rng, 0.0, {true, true, true, false}, causal_block, scale);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+}
+
 void merge(at::Tensor& acc, at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse) {
+#ifdef SHARDTENSOR_HAVE_CUDA
+  if (acc.is_cuda() && acc.is_contiguous() && acc_lse.is_contiguous()) {
+    auto oc = o.to(at::kFloat).contiguous(), lc = lse.to(at::kFloat).contiguous();
+    cuda::lse_merge(acc.data_ptr<float>(), acc_lse.data_ptr<float>(), oc.data_ptr<float>(), lc.data_ptr<float>(),
+                    acc_lse.numel(), acc.size(-1), c10::cuda::getCurrentCUDAStream(acc.device().index()).stream());
+    return;
+  }
+#endif
   auto m = at::logaddexp(acc_lse, lse);
   auto wa = at::nan_to_num((acc_lse - m).exp(), 0.0);
   auto wb = at::nan_to_num((lse - m).exp(), 0.0);
@@ -212,6 +278,93 @@ std::vector<int64_t> with_dim(at::IntArrayRef shape, int64_t d, int64_t v) {
   return s;
 }
 
+// ---- sequence segments and the zigzag layout ----
+
+// A run of consecutive global positions held at [start, start + len) of a local sequence.
+struct Segment {
+  int64_t start = 0, len = 0, global = 0;
+};
+
+// The sequence layout the ring computes in. Contiguous: coordinate c holds its shard, one segment. Zigzag (causal
+// self-attention): the sequence is cut into 2n chunks and coordinate c holds chunks c and 2n-1-c, so every rank
+// owns an early and a late chunk and the visible (lower-triangular) work is the same on every rank.
+struct SeqLayout {
+  bool zigzag = false;
+  std::vector<int64_t> ext;                    // local sequence length per coordinate in this layout
+  std::vector<std::vector<Segment>> segments;  // per coordinate
+  comm::RowRequests to_zigzag, to_contiguous;  // gather_rows requests between the layouts (zigzag only)
+  std::vector<int64_t> contiguous_ext;
+};
+
+SeqLayout contiguous_layout(const std::vector<int64_t>& ext) {
+  SeqLayout s;
+  s.ext = ext;
+  int64_t off = 0;
+  for (auto e : ext) {
+    s.segments.push_back({Segment{0, e, off}});
+    off += e;
+  }
+  s.contiguous_ext = ext;
+  return s;
+}
+
+SeqLayout zigzag_layout(int64_t seq, const std::vector<int64_t>& contiguous_ext) {
+  const auto n = static_cast<int64_t>(contiguous_ext.size());
+  SeqLayout s;
+  s.zigzag = true;
+  s.contiguous_ext = contiguous_ext;
+  auto chunk = default_split(seq, 2 * n);
+  std::vector<int64_t> chunk_off(2 * n + 1, 0);
+  for (int64_t j = 0; j < 2 * n; ++j) chunk_off[j + 1] = chunk_off[j] + chunk[j];
+  // Position of every global row in the zigzag order (coordinate by coordinate, early chunk first).
+  std::vector<int64_t> zig_pos(seq);
+  int64_t pos = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t a = c, b = 2 * n - 1 - c;
+    s.segments.push_back({Segment{0, chunk[a], chunk_off[a]}, Segment{chunk[a], chunk[b], chunk_off[b]}});
+    s.ext.push_back(chunk[a] + chunk[b]);
+    std::vector<int64_t> want;
+    for (auto j : {a, b})
+      for (int64_t g = chunk_off[j]; g < chunk_off[j + 1]; ++g) {
+        want.push_back(g);
+        zig_pos[g] = pos++;
+      }
+    s.to_zigzag.push_back(std::move(want));
+  }
+  int64_t g = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < contiguous_ext[c]; ++i) want.push_back(zig_pos[g++]);
+    s.to_contiguous.push_back(std::move(want));
+  }
+  return s;
+}
+
+// Contiguous -> zigzag (and back) along the sequence dim: a permutation by gather_rows, whose adjoint is the
+// gather in the other direction.
+at::Tensor to_zigzag(const at::Tensor& t, const SeqLayout& s, const Layout& l) {
+  return comm::gather_rows(t, l.nd - 2, s.contiguous_ext, s.to_zigzag, *l.mesh, l.seq_mesh_dim);
+}
+at::Tensor to_contiguous(const at::Tensor& t, const SeqLayout& s, const Layout& l) {
+  return comm::gather_rows(t, l.nd - 2, s.ext, s.to_contiguous, *l.mesh, l.seq_mesh_dim);
+}
+
+// Decided from specs and the strategy only (the same on every rank): causal self-attention over a ring whose
+// queries and keys share one sequence layout, without a user mask (its rows would need the same permutation).
+bool use_zigzag(const Layout& l, const ShardSpec& qs, const ShardSpec& ks, bool causal, bool has_mask) {
+  if (!causal || has_mask || !l.q_seq || !l.kv_ring) return false;
+  if (l.mesh->size(l.seq_mesh_dim) < 2 || attention_strategy() == "ring_contiguous") return false;
+  const auto d = l.nd - 2;
+  return qs.global_shape[d] == ks.global_shape[d] && qs.extents[l.seq_mesh_dim] == ks.extents[l.seq_mesh_dim];
+}
+
+SeqLayout seq_layout(const Layout& l, const ShardSpec& qs, const ShardSpec& ks, bool zigzag) {
+  const auto d = l.nd - 2;
+  if (zigzag) return zigzag_layout(ks.global_shape[d], ks.extents[l.seq_mesh_dim]);
+  if (l.kv_ring) return contiguous_layout(ks.extents[l.seq_mesh_dim]);
+  return contiguous_layout({ks.global_shape[d]});  // k/v whole: one block
+}
+
 // ---- the autograd function ----
 
 struct SdpaFn : torch::autograd::Function<SdpaFn> {
@@ -222,14 +375,12 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
     auto l = layout_of(q, k);
     const auto& qs = *shard_impl(q)->spec();
     const auto& ks = *shard_impl(k)->spec();
-    const auto& ql = shard_impl(q)->local();
     const auto nd = l.nd;
     BlockCfg c;
     c.scale = scale;
     c.causal = causal;
     c.gqa = gqa;
     c.nd = nd;
-    c.qo = qs.local_offset(nd - 2);
     if (mask && mask->defined()) {
       auto attn_shape = q.sizes().vec();
       attn_shape.back() = k.size(nd - 2);
@@ -240,33 +391,49 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
       while (ml.dim() < nd) ml = ml.unsqueeze(0);
       c.mask = ml;
     }
-    const auto nq = ql.size(nd - 2);
+    const bool zz = use_zigzag(l, qs, ks, causal, c.mask.defined());
+    const auto sl = seq_layout(l, qs, ks, zz);
+    const int64_t sm = l.seq_mesh_dim;
+    const int64_t n = l.kv_ring ? l.mesh->size(sm) : 1;
+    const int64_t me = l.kv_ring ? l.mesh->coordinate(sm) : 0;
+    at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    std::vector<Segment> qseg{Segment{0, ql.size(nd - 2), qs.local_offset(nd - 2)}};
+    if (zz) {
+      ql = to_zigzag(ql, sl, l);
+      kb = to_zigzag(kb, sl, l);
+      vb = to_zigzag(vb, sl, l);
+      qseg = sl.segments[me];
+    }
     auto out_shape_local = with_dim(ql.sizes(), nd - 1, v.size(nd - 1));
     auto acc = at::zeros(out_shape_local, ql.options().dtype(at::kFloat));
     auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(at::kFloat)).squeeze(-1);
 
-    const int64_t sm = l.seq_mesh_dim;
-    const int64_t n = l.kv_ring ? l.mesh->size(sm) : 1;
-    const int64_t me = l.kv_ring ? l.mesh->coordinate(sm) : 0;
-    at::Tensor kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
     for (int64_t t = 0; t < n; ++t) {
       const int64_t owner = (me - t + n) % n;
-      const int64_t ko = l.kv_ring ? ks.offset_of(sm, owner) : 0;
-      const int64_t nk = kb.size(nd - 2);
       comm::RingExchange ex;
       if (t < n - 1) {
-        const auto next_owner = (owner - 1 + n) % n;
-        const auto ext = ks.extents[sm][next_owner];
+        const auto ext = sl.ext[(owner - 1 + n) % n];
         ex = comm::ring_pass_start({kb, vb}, {with_dim(kb.sizes(), nd - 2, ext), with_dim(vb.sizes(), nd - 2, ext)},
                                    *l.mesh, sm, 0);
       }
-      auto vis = ql.numel() == 0 || kb.numel() == 0 ? Visibility::None : visibility(c, nq, ko, nk);
-      if (vis != Visibility::None) {
-        const bool diag = flash_forward_ok(ql, vb, c) && aligned_causal(c, vis, nq, ko, nk);
-        auto bias = diag ? at::Tensor() : block_bias(c, vis, nq, ko, nk, ql.device());
-        auto [o, lse] = block_forward(ql, kb, vb, bias, c, diag);
-        merge(acc, acc_lse, o, lse);
-      }
+      for (const auto& qg : qseg)
+        for (const auto& kg : sl.segments[owner]) {
+          c.qo = qg.global;
+          auto vis = visibility(c, qg.len, kg.global, kg.len);
+          if (vis == Visibility::None) continue;
+          auto qv = ql.narrow(nd - 2, qg.start, qg.len);
+          auto kv = kb.narrow(nd - 2, kg.start, kg.len), vv = vb.narrow(nd - 2, kg.start, kg.len);
+          const bool diag = (flash_forward_ok(qv, vv, c) || cuda_fused_ok(qv, vv, c)) &&
+                            aligned_causal(c, vis, qg.len, kg.global, kg.len);
+          auto bias = diag ? at::Tensor() : block_bias(c, vis, qg.start, qg.len, kg.global, kg.len, ql.device());
+          auto [o, lse] = block_forward(qv, kv, vv, bias, c, diag);
+          auto a = acc.narrow(nd - 2, qg.start, qg.len);
+          auto al = acc_lse.narrow(nd - 2, qg.start, qg.len);
+          auto a2 = a.clone(), al2 = al.clone();
+          merge(a2, al2, o, lse);
+          a.copy_(a2);
+          al.copy_(al2);
+        }
       if (t < n - 1) {
         auto r = ex.wait();
         kb = r[0];
@@ -280,8 +447,10 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["gqa"] = gqa;
+    auto out_local = acc.to(ql.scalar_type());
+    if (zz) out_local = to_contiguous(out_local, sl, l);
     auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
-    return make_shard_tensor(acc.to(ql.scalar_type()),
+    return make_shard_tensor(out_local,
                              ShardSpec::make_with_dim_extents(l.mesh, qs.placements, out_shape, qs.dim_extents()));
   }
 
@@ -294,71 +463,90 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
     auto l = layout_of(q, k);
     const auto& qs = *shard_impl(q)->spec();
     const auto& ks = *shard_impl(k)->spec();
-    const auto& ql = shard_impl(q)->local();
     const auto nd = l.nd;
     BlockCfg c;
     c.scale = ctx->saved_data["scale"].toDouble();
     c.causal = ctx->saved_data["causal"].toBool();
     c.gqa = ctx->saved_data["gqa"].toInt();
     c.nd = nd;
-    c.qo = qs.local_offset(nd - 2);
     if (!ctx->saved_data["mask"].isNone()) c.mask = ctx->saved_data["mask"].toTensor();
+    const bool zz = use_zigzag(l, qs, ks, c.causal, c.mask.defined());
+    const auto sl = seq_layout(l, qs, ks, zz);
     auto out = ctx->saved_data["out"].toTensor();
     auto lse = ctx->saved_data["lse"].toTensor();
     auto out_spec = ShardSpec::make_with_dim_extents(l.mesh, qs.placements, grads[0].sizes().vec(), qs.dim_extents());
     auto g = local_aligned(resolve_partial(grads[0]), l.mesh, grads[0].sizes(), out_spec->placements,
-                           out_spec->dim_extents())
-                 .to(at::kFloat);
+                           out_spec->dim_extents());
+    const int64_t sm = l.seq_mesh_dim;
+    const int64_t n = l.kv_ring ? l.mesh->size(sm) : 1;
+    const int64_t me = l.kv_ring ? l.mesh->coordinate(sm) : 0;
+    at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    std::vector<Segment> qseg{Segment{0, ql.size(nd - 2), qs.local_offset(nd - 2)}};
+    if (zz) {
+      // The same permutation as the forward (out and lse were saved in the zigzag layout).
+      g = to_zigzag(g, sl, l);
+      ql = to_zigzag(ql, sl, l);
+      kb = to_zigzag(kb, sl, l);
+      vb = to_zigzag(vb, sl, l);
+      qseg = sl.segments[me];
+    }
+    g = g.to(at::kFloat);
     auto dsum = (g * out).sum(-1, /*keepdim=*/true);
     auto lse_safe = at::where(at::isinf(lse), at::zeros_like(lse), lse).unsqueeze(-1);
     auto qf = ql.to(at::kFloat);
     auto dq = at::zeros_like(qf);
-    const auto nq = ql.size(nd - 2);
-
-    const int64_t sm = l.seq_mesh_dim;
-    const int64_t n = l.kv_ring ? l.mesh->size(sm) : 1;
-    const int64_t me = l.kv_ring ? l.mesh->coordinate(sm) : 0;
-    at::Tensor kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
     at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(at::kFloat));
     at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(at::kFloat));
     for (int64_t t = 0; t < n; ++t) {
       const int64_t owner = (me - t + n) % n;
-      const int64_t ko = l.kv_ring ? ks.offset_of(sm, owner) : 0;
-      const int64_t nk = kb.size(nd - 2);
-      const auto next_owner = (owner - 1 + n) % n;
-      const auto next_ext = l.kv_ring ? ks.extents[sm][next_owner] : 0;
+      const auto next_ext = sl.ext[(owner - 1 + n) % n];
       comm::RingExchange ex;
       if (t < n - 1)
         ex = comm::ring_pass_start({kb, vb},
                                    {with_dim(kb.sizes(), nd - 2, next_ext), with_dim(vb.sizes(), nd - 2, next_ext)},
                                    *l.mesh, sm, 0);
-      auto vis = ql.numel() == 0 || kb.numel() == 0 ? Visibility::None : visibility(c, nq, ko, nk);
-      if (vis != Visibility::None) {
-        const bool flash_types = nd == 4 && ql.scalar_type() == at::kFloat && kb.scalar_type() == at::kFloat &&
-                                 ql.size(-1) == vb.size(-1) && ql.device().is_cpu();
-        const bool diag = flash_types && aligned_causal(c, vis, nq, ko, nk);
-        auto bias = diag ? at::Tensor() : block_bias(c, vis, nq, ko, nk, ql.device());
-        if (flash_types && !bias.defined()) {
-          // Fully visible fp32 block: the CPU flash backward, given the global output and log-sum-exp, yields this
-          // block's exact contributions in O(S) memory (no score matrix).
-          auto [dq_b, dk_e, dv_e] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-              g.contiguous(), ql.contiguous(), expand_heads(kb, c).contiguous(), expand_heads(vb, c).contiguous(),
-              out.contiguous(), lse.contiguous(), 0.0, diag, std::nullopt, c.scale);
-          dq.add_(dq_b);
-          dkb.add_(reduce_heads(dk_e.to(at::kFloat), c));
-          dvb.add_(reduce_heads(dv_e.to(at::kFloat), c));
-        } else {
-        auto kf = expand_heads(kb, c).to(at::kFloat), vf = expand_heads(vb, c).to(at::kFloat);
-        auto p = (block_scores(qf, kf, bias, c.scale) - lse_safe).exp_();
-        auto dv_e = at::matmul(p.transpose(-1, -2), g);
-        auto dp = at::matmul(g, vf.transpose(-1, -2));
-        auto ds = p.mul_(dp.sub_(dsum));
-        dq.add_(at::matmul(ds, kf), c.scale);
-        auto dk_e = at::matmul(ds.transpose(-1, -2), qf).mul_(c.scale);
-        dkb.add_(reduce_heads(dk_e, c));
-        dvb.add_(reduce_heads(dv_e, c));
+      for (const auto& qg : qseg)
+        for (const auto& kg : sl.segments[owner]) {
+          c.qo = qg.global;
+          auto vis = visibility(c, qg.len, kg.global, kg.len);
+          if (vis == Visibility::None) continue;
+          auto narrow_q = [&](const at::Tensor& x) { return x.narrow(nd - 2, qg.start, qg.len); };
+          auto narrow_k = [&](const at::Tensor& x) { return x.narrow(nd - 2, kg.start, kg.len); };
+          auto qv = narrow_q(ql), kv = narrow_k(kb), vv = narrow_k(vb);
+          auto gv = narrow_q(g), ov = narrow_q(out), lv = narrow_q(lse);
+          const bool flash_types = nd == 4 && qv.scalar_type() == at::kFloat && kv.scalar_type() == at::kFloat &&
+                                   qv.size(-1) == vv.size(-1) && qv.device().is_cpu();
+          const bool cuda_fused = cuda_fused_ok(qv, vv, c);
+          const bool diag = (flash_types || cuda_fused) && aligned_causal(c, vis, qg.len, kg.global, kg.len);
+          auto bias = diag ? at::Tensor() : block_bias(c, vis, qg.start, qg.len, kg.global, kg.len, ql.device());
+          if (cuda_fused && !bias.defined()) {
+            auto [dq_b, dk_e, dv_e] = cuda_block_backward(gv, qv, expand_heads(kv, c), expand_heads(vv, c), ov, lv,
+                                                          diag, c.scale);
+            narrow_q(dq).add_(dq_b.to(at::kFloat));
+            narrow_k(dkb).add_(reduce_heads(dk_e.to(at::kFloat), c));
+            narrow_k(dvb).add_(reduce_heads(dv_e.to(at::kFloat), c));
+          } else if (flash_types && !bias.defined()) {
+            // Fully visible fp32 block: the CPU flash backward, given the global output and log-sum-exp, yields
+            // this block's exact contributions in O(S) memory (no score matrix).
+            auto [dq_b, dk_e, dv_e] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+                gv.contiguous(), qv.contiguous(), expand_heads(kv, c).contiguous(), expand_heads(vv, c).contiguous(),
+                ov.contiguous(), lv.contiguous(), 0.0, diag, std::nullopt, c.scale);
+            narrow_q(dq).add_(dq_b);
+            narrow_k(dkb).add_(reduce_heads(dk_e.to(at::kFloat), c));
+            narrow_k(dvb).add_(reduce_heads(dv_e.to(at::kFloat), c));
+          } else {
+            auto qfv = narrow_q(qf);
+            auto kf = expand_heads(kv, c).to(at::kFloat), vf = expand_heads(vv, c).to(at::kFloat);
+            auto p = (block_scores(qfv, kf, bias, c.scale) - narrow_q(lse_safe)).exp_();
+            auto dv_e = at::matmul(p.transpose(-1, -2), gv);
+            auto dp = at::matmul(gv, vf.transpose(-1, -2));
+            auto ds = p.mul_(dp.sub_(narrow_q(dsum)));
+            narrow_q(dq).add_(at::matmul(ds, kf), c.scale);
+            auto dk_e = at::matmul(ds.transpose(-1, -2), qfv).mul_(c.scale);
+            narrow_k(dkb).add_(reduce_heads(dk_e, c));
+            narrow_k(dvb).add_(reduce_heads(dv_e, c));
+          }
         }
-      }
       if (n > 1) {
         // The accumulated gradients travel with their block; after the last step they reach its owner.
         auto gex = comm::ring_pass_start({dkb, dvb},
@@ -374,6 +562,11 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
         vb = r[1];
       }
     }
+    if (zz) {
+      dq = to_contiguous(dq, sl, l);
+      dkb = to_contiguous(dkb, sl, l);
+      dvb = to_contiguous(dvb, sl, l);
+    }
     // Queries sharded where keys are whole: every query shard holds a term of dK/dV.
     for (int64_t m = 0; m < l.mesh->ndim(); ++m) {
       if (qs.placements[m].is_shard(nd - 2) && !ks.placements[m].is_shard()) {
@@ -382,7 +575,7 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
         dvb = both.narrow(0, dkb.numel(), dvb.numel()).view(dvb.sizes());
       }
     }
-    if (q.requires_grad()) res[0] = make_shard_tensor(dq.to(ql.scalar_type()), shard_impl(q)->spec());
+    if (q.requires_grad()) res[0] = make_shard_tensor(dq.to(q.scalar_type()), shard_impl(q)->spec());
     if (k.requires_grad()) res[1] = make_shard_tensor(dkb.to(k.scalar_type()), shard_impl(k)->spec());
     if (v.requires_grad()) res[2] = make_shard_tensor(dvb.to(v.scalar_type()), shard_impl(v)->spec());
     return res;
@@ -418,7 +611,7 @@ bool use_all_to_all(const Layout& l, const at::Tensor& q, const at::Tensor& k, c
                     bool is_causal) {
   if (l.seq_mesh_dim < 0 || !l.q_seq || !l.kv_ring) return false;
   const auto strategy = attention_strategy();
-  if (strategy == "ring") return false;
+  if (strategy == "ring" || strategy == "ring_contiguous") return false;
   const auto nd = l.nd;
   bool heads_free = nd >= 3;
   for (int64_t m = 0; m < l.mesh->ndim() && heads_free; ++m)
@@ -439,8 +632,8 @@ bool use_all_to_all(const Layout& l, const at::Tensor& q, const at::Tensor& k, c
   const double d = static_cast<double>(q.size(nd - 1)), dv = static_cast<double>(v.size(nd - 1));
   const double ring = skv * hk * (d + dv);
   const double a2a = (sq * hq * (d + dv) + skv * hk * (d + dv)) / static_cast<double>(n);
-  // Causal self-attention: the ring leaves the first ranks idle for most steps, while the all-to-all gives every
-  // rank whole sequences of its heads (balanced work), so it wins whenever the heads divide.
+  // Causal self-attention: the all-to-all gives every rank whole sequences of its heads (balanced work) and moves
+  // less than the ring, which, even balanced by the zigzag layout, passes K/V n-1 times plus two permutations.
   if (is_causal) return true;
   return a2a <= ring;
 }

@@ -267,11 +267,31 @@ def case_err_two_seq_dims():
     _, k, v = _qkv(m, (st.Replicate(), st.Shard(2)))
     F.scaled_dot_product_attention(q, k, v)
 
+def case_zigzag():
+    """Causal self-attention on the ring runs in the zigzag layout (rank c computes chunks c and 2n-1-c of 2n):
+    the permutations are all-to-alls around the ring passes; 'ring_contiguous' keeps the plain layout (no
+    all-to-all). Sequences shorter than 2n leave chunks empty."""
+    m = mesh()
+    w = m.size()
+    calls = {}
+    for s_len in (3, 2 * w + 1, 13):
+        q, k, v = (randn(1, 3, s_len, 4, seed=s) for s in (60, 61, 62))
+        for kind in ("even", "uneven"):
+            ext = uneven_extents(s_len, w, seed=s_len) if kind == "uneven" else None
+            lay = ([st.Shard(2)], {0: ext} if ext else None)
+            for strategy in ("ring", "ring_contiguous"):
+                with st.use_attention_strategy(strategy):
+                    with st.CommCounter() as c:
+                        check_op(sdpa(is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL,
+                                 what=f"{strategy} S={s_len} {kind}")
+                calls[(strategy, s_len, kind)] = dict(c.calls)
+    return calls
+
 
 # ---- tests ----
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+@pytest.mark.parametrize("strategy", ["ring", "ring_contiguous", "all_to_all"])
 def test_self_attention(world, strategy):
     harness.run(world, case_self, strategy, "tiny")
     if world > 1:
@@ -285,7 +305,7 @@ def test_masks(world, strategy):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+@pytest.mark.parametrize("strategy", ["ring", "ring_contiguous", "all_to_all"])
 def test_gqa_cross(world, strategy):
     harness.run(world, case_gqa_cross, strategy)
 
@@ -300,7 +320,7 @@ def test_2d_mesh(strategy):
     harness.run(4, case_2d_mesh, strategy)
 
 
-@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+@pytest.mark.parametrize("strategy", ["ring", "ring_contiguous", "all_to_all"])
 def test_bf16(strategy):
     harness.run(3, case_bf16, strategy)
 
@@ -310,6 +330,19 @@ def test_strategy_choice():
     assert calls["ring"].get("ring_pass", 0) > 0 and calls["ring"].get("all_to_all", 0) == 0, calls
     assert calls["all_to_all"].get("all_to_all", 0) > 0 and calls["all_to_all"].get("ring_pass", 0) == 0, calls
     assert calls["auto"] == calls["all_to_all"], calls  # 4 heads over 4 ranks: evenly divisible, fewer bytes
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_zigzag_causal_ring(world):
+    calls = harness.run(world, case_zigzag)[0]
+    for (strategy, s_len, kind), c in calls.items():
+        assert c.get("ring_pass", 0) > 0, (strategy, c)
+        if strategy == "ring_contiguous":
+            assert c.get("all_to_all", 0) == 0, (strategy, c)
+        elif s_len == 13 and kind == "even":
+            # The permutations: q, k, v in and the output back (forward); q, k, v, dO in, dQ, dK, dV back.
+            assert c.get("all_to_all", 0) == 11, (strategy, c)
+        # (Shorter or uneven layouts may already hold their zigzag rows: then nothing moves.)
 
 
 @pytest.mark.parametrize("need_weights,batch_first", [(False, True), (True, True), (False, False)])

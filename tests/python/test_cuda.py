@@ -36,10 +36,21 @@ def case_cuda_ops(seed):
              what="cuda bilinear")
     q, k, v = _cuda(randn(1, 2, 9, 8, seed=4), randn(1, 2, 9, 8, seed=5), randn(1, 2, 9, 8, seed=6))
     slay = ([st.Shard(2)], {0: uneven_extents(9, w, seed + 3)})
-    for strategy in ("ring", "all_to_all"):
+    # Head dim 8: the ring's blocks run the fused kernels (memory-efficient fp32 forward/backward, flash bf16
+    # forward) and the CUDA log-sum-exp merge (csrc_cuda/lse_merge.cu); the mask takes the fp32 math path.
+    for strategy in ("ring", "ring_contiguous", "all_to_all"):
         with st.use_attention_strategy(strategy):
-            check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [q, k, v], [slay, slay, slay],
-                     m, rtol=1e-3, atol=1e-4, what=f"cuda sdpa {strategy}")
+            for causal in (False, True):
+                check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal), [q, k, v],
+                         [slay, slay, slay], m, rtol=1e-3, atol=1e-4, what=f"cuda sdpa {strategy} causal={causal}")
+            mask = (randn(9, 9, seed=7) > 0).cuda() | torch.eye(9, dtype=torch.bool, device="cuda")
+            check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask), [q, k, v],
+                     [slay, slay, slay], m, rtol=1e-3, atol=1e-4, what=f"cuda sdpa mask {strategy}")
+            qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            args = [st.distribute_tensor(t, m, slay[0], slay[1]) for t in (qb, kb, vb)]
+            out = F.scaled_dot_product_attention(*args, is_causal=True).full_tensor().float()
+            assert (out - ref).abs().max().item() < 3e-2, f"cuda bf16 sdpa {strategy}"
     return True
 
 
