@@ -1,7 +1,8 @@
 """Sequence-parallel attention: F.scaled_dot_product_attention with (B, H, S, D) q/k/v sharded along S on N ranks
 (CPU Gloo by default; --device cuda on GPUs), sweeping the sequence length.
 
-For each S, causal and non-causal: the ring strategy (K/V blocks travel around the ranks, log-sum-exp merge) and
+For each S, causal and non-causal: the ring strategy (K/V blocks travel around the ranks, log-sum-exp merge;
+causal attention in the balanced zigzag layout), the contiguous ring (no zigzag) and
 the head-parallel all-to-all strategy (sequence shards -> head shards, local attention, back) against the
 single-device computation on the full tensors; forward and forward+backward latency (median after warm-up, max
 over ranks), per-rank peak memory of a forward+backward step (allocator peak from the profiler on CPU,
@@ -37,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench_util import peak_bytes  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
-STRATEGIES = ("ring", "all_to_all")
+STRATEGIES = ("ring", "ring_contiguous", "all_to_all")
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096)
 QUICK_SIZES = (256, 512, 1024)
 

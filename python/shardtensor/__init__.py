@@ -186,9 +186,10 @@ def comm_stats() -> dict:
 
 def set_attention_strategy(strategy: str) -> str:
     """How ``F.scaled_dot_product_attention`` runs when the sequence (dim -2) is sharded: ``"ring"`` (K/V
-    blocks pass around the mesh dim, log-sum-exp merge), ``"all_to_all"`` (sequence shards -> head shards,
+    blocks pass around the mesh dim, log-sum-exp merge; causal self-attention runs in the load-balanced zigzag
+    layout), ``"ring_contiguous"`` (the ring without the zigzag permutation), ``"all_to_all"`` (sequence shards -> head shards,
     local attention, back) or ``"auto"`` (the default: all-to-all when the key/value heads divide evenly by the
-    mesh dim size and it moves no more bytes than the ring). Process-wide; set it alike on every rank.
+    mesh dim size and the attention is causal or it moves no more bytes than the ring). Process-wide; set it alike on every rank.
     Returns the previous setting."""
     return _C.set_attention_strategy(str(strategy))
 
