@@ -64,7 +64,8 @@ std::optional<Placement> partial_output(PartialRule rule, const std::vector<Tens
       partial = p;
       ++n_partial;
       if (rule == PartialRule::Numerator && i != 0) return std::nullopt;
-    } else if (!a.scalar_like || shard_impl(a.value)) {
+    } else if (rule == PartialRule::AllSame || !a.scalar_like || shard_impl(a.value)) {
+      // A sum of partial terms plus a complete value (even a scalar) would add it once per rank.
       any_plain_full = true;
     }
   }

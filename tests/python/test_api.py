@@ -93,6 +93,14 @@ def case_partial():
     assert st.placements(mx) == (st.Partial("max"),)
     close(mx.full_tensor(), x.amax(0), what="partial max")
     assert abs(s.sum().item() - x.sum().item()) < 1e-4
+    # Complete operands of a pending sum (scalars included) must be added once, not once per rank.
+    close((total + 0.5).full_tensor(), x.sum(0) + 0.5, what="partial + scalar")
+    close((1.5 - total).full_tensor(), 1.5 - x.sum(0), what="scalar - partial")
+    close((total + torch.ones(4)).full_tensor(), x.sum(0) + 1, what="partial + plain")
+    t2 = s.sum(0)
+    t2.add_(2.0)
+    close(t2.full_tensor(), x.sum(0) + 2, what="partial += scalar")
+    close((total * 2.0).full_tensor(), x.sum(0) * 2, what="partial * scalar")
     return True
 
 
