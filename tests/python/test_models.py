@@ -73,11 +73,33 @@ def na2d_loop(q, k, v, kernel):
     return out
 
 
+def library_na2d():
+    """``shardtensor.ops.neighborhood_attention2d`` when this build has it, else None."""
+    try:
+        from shardtensor.ops import neighborhood_attention2d
+    except ImportError:
+        return None
+    return neighborhood_attention2d
+
+
+needs_library_na = pytest.mark.skipif(library_na2d() is None,
+                                      reason="shardtensor.ops.neighborhood_attention2d is not in this build")
+ATTENTION = {"reference": lambda: na2d_reference, "library": library_na2d}
+
+
 def test_na2d_reference_matches_windows():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 7, 9, 2, 4, generator=g, dtype=torch.float64) for _ in range(3))
     for kernel in (3, 5):
         torch.testing.assert_close(na2d_reference(q, k, v, kernel), na2d_loop(q, k, v, kernel))
+
+
+@needs_library_na
+def test_library_na2d_matches_windows():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 7, 9, 2, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    for kernel in (3, 5):
+        torch.testing.assert_close(library_na2d()(q, k, v, kernel), na2d_loop(q, k, v, kernel))
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -112,9 +134,14 @@ def _check_input_grad(xs, x, what):
 
 # ------------------------------------------------------------------------------------------------------ ViT
 
-def case_vit(mesh_shape, config, layout, seed):
+def case_vit(mesh_shape, config, layout, seed, strategy="auto"):
     """``layout``: "h" (Shard(2) on a 1-D mesh, uneven rows chosen from ``seed``), or "batch_h" (2-D mesh:
-    batch on mesh dim 0, height on mesh dim 1)."""
+    batch on mesh dim 0, height on mesh dim 1). ``strategy``: the sequence-parallel attention strategy."""
+    with st.use_attention_strategy(strategy):
+        return _case_vit(mesh_shape, config, layout, seed)
+
+
+def _case_vit(mesh_shape, config, layout, seed):
     m = mesh(mesh_shape, ("ddp", "domain") if len(mesh_shape) == 2 else None)
     torch.manual_seed(100 + rank())             # different weights per rank ...
     model = build("vit", config)
@@ -145,6 +172,11 @@ def case_vit(mesh_shape, config, layout, seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_vit_2d_image(world):
     harness.run(world, case_vit, (world,), "tiny", "h", world)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_vit_attention_strategies(strategy):
+    harness.run(3, case_vit, (3,), "tiny", "h", 21, strategy)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -214,10 +246,10 @@ def test_partial_plus_scalar():
 
 # ----------------------------------------------------------------------------------------------- StormScope
 
-def case_stormscope(rows, seed):
+def case_stormscope(rows, seed, attention="reference"):
     m = mesh()
     torch.manual_seed(0)
-    model = build("stormscope", "small", img_size=(sum(rows), 56), attention_fn=na2d_reference)
+    model = build("stormscope", "small", img_size=(sum(rows), 56), attention_fn=ATTENTION[attention]())
     _randomize(model, seed)
     ref = copy.deepcopy(model)
     cfg = model.cfg
@@ -239,7 +271,15 @@ def case_stormscope(rows, seed):
 
 @pytest.mark.parametrize("world,rows", [(1, (32,)), (2, (12, 20)), (3, (8, 12, 12))])
 def test_stormscope(world, rows):
-    harness.run(world, case_stormscope, rows, world)
+    harness.run(world, case_stormscope, rows, world, "reference")
+
+
+@needs_library_na
+@pytest.mark.parametrize("world,rows", [(2, (12, 20)), (3, (8, 4, 20))])
+def test_stormscope_library_attention(world, rows):
+    """The same with the library's sharded neighbourhood attention (halo exchange; on 3 ranks the middle rank
+    holds one token row, less than the kernel-5 halo)."""
+    harness.run(world, case_stormscope, rows, world, "library")
 
 
 def test_stormscope_default_attention_is_the_library_op():
