@@ -188,6 +188,19 @@ def test_vit_2d_mesh_batch_and_height():
     harness.run(4, case_vit, (2, 2), "tiny", "batch_h", 5)
 
 
+def case_vit_height_and_width():
+    m = mesh((2, 2), ("a", "b"))
+    model = build("vit", "tiny")
+    x, _ = synthetic.random_images(1, 3, model.cfg.img_size, model.cfg.num_classes)
+    model(st.distribute_tensor(x, m, [st.Shard(2), st.Shard(3)]))
+
+
+def test_vit_height_and_width_sharded_raises():
+    """Tokens "b c h w -> b (h w) c" with both h and w sharded are not contiguous blocks of the sequence: the
+    flatten raises on every rank (redistribute the image to one sharded spatial dim first)."""
+    harness.expect_error(4, case_vit_height_and_width, match="aten::view", kinds=("NotImplementedError",))
+
+
 # ----------------------------------------------------------------------------------------------- Transolver
 
 def case_transolver(n_points, seed, eps=1e-2):
@@ -246,8 +259,10 @@ def test_partial_plus_scalar():
 
 # ----------------------------------------------------------------------------------------------- StormScope
 
-def case_stormscope(rows, seed, attention="reference"):
-    m = mesh()
+def case_stormscope(rows, seed, attention="reference", mesh_shape=None):
+    """``rows``: the height extents on the (last) domain mesh dim; with a 2-D ``mesh_shape`` the batch is
+    sharded on mesh dim 0 (the paper's (ddp, domain) layout)."""
+    m = mesh(mesh_shape, ("ddp", "domain") if mesh_shape and len(mesh_shape) == 2 else None)
     torch.manual_seed(0)
     model = build("stormscope", "small", img_size=(sum(rows), 56), attention_fn=ATTENTION[attention]())
     _randomize(model, seed)
@@ -255,12 +270,16 @@ def case_stormscope(rows, seed, attention="reference"):
     cfg = model.cfg
     batch = synthetic.stormscope_batch(cfg.img_size[0], cfg.img_size[1], seed=seed, batch=2)
     x, sigma, target = batch["x"], batch["sigma"], batch["target"]
-    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: list(rows)}).requires_grad_()
-    ts = st.distribute_tensor(target, m, [st.Shard(2)], sharding_shapes={0: list(rows)})
+    if m.ndim == 1:
+        lay = dict(placements=[st.Shard(2)], sharding_shapes={0: list(rows)})
+    else:
+        lay = dict(placements=[st.Shard(0), st.Shard(2)], sharding_shapes={1: list(rows)})
+    xs = st.distribute_tensor(x, m, **lay).requires_grad_()
+    ts = st.distribute_tensor(target, m, **lay)
     xr = x.clone().requires_grad_()
     out, out_ref = model(xs, sigma), ref(xr, sigma)
     assert out.shape == (2, stormscope.OUT_CHANNELS, *cfg.img_size)
-    assert st.placements(out) == (st.Shard(2),), f"stormscope output placements {st.placements(out)}"
+    assert st.placements(out) == tuple(lay["placements"]), f"stormscope output placements {st.placements(out)}"
     close(full(out), out_ref, rtol=RTOL, atol=ATOL, what="stormscope output")
     F.mse_loss(out, ts).backward()
     F.mse_loss(out_ref, target).backward()
@@ -272,6 +291,10 @@ def case_stormscope(rows, seed, attention="reference"):
 @pytest.mark.parametrize("world,rows", [(1, (32,)), (2, (12, 20)), (3, (8, 12, 12))])
 def test_stormscope(world, rows):
     harness.run(world, case_stormscope, rows, world, "reference")
+
+
+def test_stormscope_2d_mesh_batch_and_height():
+    harness.run(4, case_stormscope, (20, 12), 4, "reference", (2, 2))
 
 
 @needs_library_na
@@ -302,6 +325,17 @@ def test_configs_match_the_paper():
     assert (ss.img_size, ss.depth, ss.hidden_size, ss.num_heads, ss.patch_size, ss.attn_kernel) == \
         ((1024, 1792), 16, 768, 16, 4, 31)
     assert (ss.in_channels, ss.out_channels) == (22, 8)
+
+
+def test_parameter_counts_match_the_paper_report():
+    """Built on the meta device (no memory): the ViT's README count at 1024^2 and the report's estimates."""
+    def count(*args, **kw):
+        with torch.device("meta"):
+            return sum(p.numel() for p in build(*args, **kw).parameters())
+    assert count("vit", "full") == 126_907_624
+    assert count("vit", "full", img_size=(256, 256)) == 115_111_144
+    assert 3.9e6 < count("transolver", "drivaerml") < 4.1e6
+    assert 2.5e8 < count("stormscope", "full") < 2.7e8          # ~170 M in the blocks + 88 M of pos_embed
 
 
 def test_random_images_deterministic():
