@@ -1,12 +1,13 @@
 """The paper's three workloads (benchmarks/models: HybridViT, Transolver, a StormScope-like DiT), written as plain
 torch.nn models, run domain-parallel by sharding only their input: the forward output, the input gradient and
 every parameter gradient equal the single-device run on the same data (tiny configurations, 1-3 ranks, uneven
-shards, a 2-D mesh for the ViT). Also: the synthetic data generators are deterministic and have the advertised
-shapes and channel counts.
+shards, (batch, height) 2-D meshes for the ViT and the DiT). Also: the synthetic data generators are
+deterministic and have the advertised shapes and channel counts.
 
 StormScope's neighbourhood attention runs here through ``na2d_reference`` (dense SDPA with a NATTEN-neighbourhood
-boolean mask, which is domain-parallel because the mask is sharded with the queries), checked against a direct
-loop over the windows.
+boolean mask: a plain mask, which the sharded SDPA applies to each rank's query rows), checked against a direct
+loop over the windows; and through the library's ``shardtensor.ops.neighborhood_attention2d`` when the build
+has it.
 """
 import copy
 import math
