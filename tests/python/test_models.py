@@ -127,6 +127,13 @@ def _check_grads(model, ref, what):
     assert n_nonzero == total, f"{what}: only {n_nonzero}/{total} parameter gradients are non-zero"
 
 
+def _check_no_gather(fwd, bwd, what, bwd_gathers=0):
+    """The whole input or an activation is never gathered: no all-gather in forward; in backward only the
+    gradients of plain parameters that met sharded operands at their full size (the positional embedding)."""
+    assert "all_gather" not in fwd.calls, f"{what}: forward all-gathers {fwd.calls} {fwd.bytes}"
+    assert bwd.calls.get("all_gather", 0) == bwd_gathers, f"{what}: backward collectives {bwd.calls} {bwd.bytes}"
+
+
 def _check_input_grad(xs, x, what):
     assert st.is_shard_tensor(xs.grad), f"{what}: grad of the sharded input is plain"
     assert st.placements(xs.grad) == st.placements(xs), f"{what}: input grad placements {st.placements(xs.grad)}"
@@ -160,11 +167,16 @@ def _case_vit(mesh_shape, config, layout, seed):
         ls = st.distribute_tensor(labels, m, [st.Shard(0), st.Replicate()])
     xs.requires_grad_()
     xr = x.clone().requires_grad_()
-    out, out_ref = model(xs), ref(xr)
+    with st.CommCounter() as fwd:
+        out = model(xs)
+    out_ref = ref(xr)
     assert st.is_shard_tensor(out)
     close(full(out), out_ref, rtol=RTOL, atol=ATOL, what="vit output")
-    F.cross_entropy(out, ls).backward()
+    with st.CommCounter() as bwd:
+        F.cross_entropy(out, ls).backward()
     F.cross_entropy(out_ref, labels).backward()
+    if m.size() > 1:
+        _check_no_gather(fwd, bwd, "vit", bwd_gathers=1)  # pos_embed's gradient
     _check_input_grad(xs, xr, "vit")
     _check_grads(model, ref, "vit")
     return True
@@ -216,12 +228,17 @@ def case_transolver(n_points, seed, eps=1e-2):
     fxs = st.distribute_tensor(fx, m, [st.Shard(1)], sharding_shapes=ext).requires_grad_()
     ts = st.distribute_tensor(target, m, [st.Shard(1)], sharding_shapes=ext)
     embr, fxr = emb.clone().requires_grad_(), fx.clone().requires_grad_()
-    out, out_ref = model(embs, fxs), ref(embr, fxr)
+    with st.CommCounter() as fwd:
+        out = model(embs, fxs)
+    out_ref = ref(embr, fxr)
     assert st.placements(out) == (st.Shard(1),), f"transolver output placements {st.placements(out)}"
     assert st.sharding_shapes(out) == ext
     close(full(out), out_ref, rtol=RTOL, atol=ATOL, what="transolver output")
-    F.mse_loss(out, ts).backward()
+    with st.CommCounter() as bwd:
+        F.mse_loss(out, ts).backward()
     F.mse_loss(out_ref, target).backward()
+    if m.size() > 1:
+        _check_no_gather(fwd, bwd, "transolver")
     _check_input_grad(embs, embr, "transolver embedding")
     _check_input_grad(fxs, fxr, "transolver fx")
     _check_grads(model, ref, "transolver")
@@ -278,12 +295,20 @@ def case_stormscope(rows, seed, attention="reference", mesh_shape=None):
     xs = st.distribute_tensor(x, m, **lay).requires_grad_()
     ts = st.distribute_tensor(target, m, **lay)
     xr = x.clone().requires_grad_()
-    out, out_ref = model(xs, sigma), ref(xr, sigma)
+    with st.CommCounter() as fwd:
+        out = model(xs, sigma)
+    out_ref = ref(xr, sigma)
     assert out.shape == (2, stormscope.OUT_CHANNELS, *cfg.img_size)
     assert st.placements(out) == tuple(lay["placements"]), f"stormscope output placements {st.placements(out)}"
     close(full(out), out_ref, rtol=RTOL, atol=ATOL, what="stormscope output")
-    F.mse_loss(out, ts).backward()
+    with st.CommCounter() as bwd:
+        F.mse_loss(out, ts).backward()
     F.mse_loss(out_ref, target).backward()
+    if m.size() > 1:
+        # pos_embed's gradient; with the batch sharded also the gradient of every (B, C) conditioning vector
+        # (6 per block, 2 in the final layer), which is plain and broadcast over the batch-sharded grid.
+        gathers = 1 + (6 * cfg.depth + 2 if m.ndim == 2 else 0)
+        _check_no_gather(fwd, bwd, "stormscope", bwd_gathers=gathers)
     _check_input_grad(xs, xr, "stormscope")
     _check_grads(model, ref, "stormscope")
     return True
