@@ -1,14 +1,15 @@
 // One thread per query; the points stream through shared memory in tiles that every thread of the block reads.
-// Each thread keeps its best k candidates sorted in its own output row (global memory, which stays in L1/L2 for
-// small k): an insertion step per accepted candidate. Candidates are visited in ascending point index and only a
-// strictly smaller squared distance displaces an entry, so equal distances keep the lower index first (the tie
-// rule of the CPU kernel).
+// Each thread keeps its best k candidates sorted: in registers for k <= 32 (point_search_topk.cuh RegisterList,
+// capacity 8, 16 or 32), otherwise in its own output row (global memory, which stays in L1/L2 for moderate k).
+// Selection and tie rule: point_search_topk.cuh.
 #include "point_search.h"
+#include "point_search_topk.cuh"
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace shardtensor::cuda {
 
@@ -18,7 +19,8 @@ constexpr int kThreads = 128;
 constexpr int64_t kSharedBytes = 48 * 1024;
 constexpr int64_t kMinTileRows = 4;
 
-template <typename T>
+// KMAX > 0: register list of that capacity (k <= KMAX); KMAX == 0: the list lives in the output row.
+template <typename T, int KMAX>
 __global__ void point_search_kernel(const T* __restrict__ points, const T* __restrict__ queries,
                                     int64_t* __restrict__ indices, T* __restrict__ distances, int64_t batch, int64_t n,
                                     int64_t m, int64_t channels, int64_t k, T radius, T radius2_slack, bool bounded,
@@ -30,8 +32,10 @@ __global__ void point_search_kernel(const T* __restrict__ points, const T* __res
   for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
     const T* q = queries + (b * m + (active ? qi : 0)) * channels;
     int64_t* irow = indices + (b * m + (active ? qi : 0)) * k;
-    T* drow = distances + (b * m + (active ? qi : 0)) * k;  // holds squared distances until the end
-    int64_t count = 0;
+    T* drow = distances + (b * m + (active ? qi : 0)) * k;
+    topk::RegisterList<T, (KMAX > 0 ? KMAX : 1)> reg;
+    topk::RowList<T> row{drow, irow, k};
+    if constexpr (KMAX > 0) reg.init();
     for (int64_t t0 = 0; t0 < n; t0 += tile_rows) {
       const int64_t rows = n - t0 < tile_rows ? n - t0 : tile_rows;
       __syncthreads();  // the previous tile is no longer read
@@ -45,25 +49,22 @@ __global__ void point_search_kernel(const T* __restrict__ points, const T* __res
           const T diff = q[c] - tile[j * channels + c];
           d2 += diff * diff;
         }
-        if (d2 != d2) continue;  // NaN coordinates never match
-        if (bounded && (d2 > radius2_slack || sqrt(d2) > radius)) continue;
-        if (count == k && !(d2 < drow[k - 1])) continue;
-        int64_t pos = count < k ? count++ : k - 1;
-        while (pos > 0 && drow[pos - 1] > d2) {
-          drow[pos] = drow[pos - 1];
-          irow[pos] = irow[pos - 1];
-          --pos;
-        }
-        drow[pos] = d2;
-        irow[pos] = t0 + j;
+        if (!topk::accept(d2, bounded, radius, radius2_slack)) continue;
+        if constexpr (KMAX > 0) reg.insert(d2, t0 + j);
+        else row.insert(d2, t0 + j);
       }
     }
-    if (active) {
-      for (int64_t s = 0; s < count; ++s) drow[s] = sqrt(drow[s]);
-      for (int64_t s = count; s < k; ++s) {
-        drow[s] = static_cast<T>(INFINITY);
-        irow[s] = -1;
+    if (!active) continue;
+    if constexpr (KMAX > 0) {
+#pragma unroll
+      for (int s = 0; s < KMAX; ++s) {
+        if (s < k) {
+          drow[s] = sqrt(reg.d[s]);  // empty slots: sqrt(+inf) = +inf, index -1
+          irow[s] = reg.i[s];
+        }
       }
+    } else {
+      row.finish();
     }
   }
 }
@@ -81,9 +82,15 @@ void launch(const void* points, const void* queries, int64_t* indices, void* dis
   const size_t shared = static_cast<size_t>(tile_rows * channels) * sizeof(T);
   const unsigned gx = static_cast<unsigned>((m + kThreads - 1) / kThreads);
   const unsigned gy = static_cast<unsigned>(batch < 65535 ? batch : 65535);
-  point_search_kernel<T><<<dim3(gx, gy), kThreads, shared, stream>>>(
-      static_cast<const T*>(points), static_cast<const T*>(queries), indices, static_cast<T*>(distances), batch, n, m,
-      channels, k, static_cast<T>(bounded ? radius : 0.0), static_cast<T>(r2), bounded, tile_rows);
+  auto run = [&](auto kmax) {
+    point_search_kernel<T, decltype(kmax)::value><<<dim3(gx, gy), kThreads, shared, stream>>>(
+        static_cast<const T*>(points), static_cast<const T*>(queries), indices, static_cast<T*>(distances), batch, n,
+        m, channels, k, static_cast<T>(bounded ? radius : 0.0), static_cast<T>(r2), bounded, tile_rows);
+  };
+  if (k <= 8) run(std::integral_constant<int, 8>{});
+  else if (k <= 16) run(std::integral_constant<int, 16>{});
+  else if (k <= 32) run(std::integral_constant<int, 32>{});
+  else run(std::integral_constant<int, 0>{});
 }
 
 } // namespace
