@@ -62,6 +62,23 @@ SearchResult radius_kernel(const at::Tensor& points, const at::Tensor& queries, 
   return run_local(points, queries, max_neighbors, radius);
 }
 
+// Shapes only (meta tensors, FakeTensor tracing under torch.compile).
+SearchResult meta_result(const at::Tensor& queries, int64_t k) {
+  auto shape = queries.sizes().vec();
+  shape.back() = k;
+  return {at::empty(shape, queries.options().dtype(at::kLong)), at::empty(shape, queries.options())};
+}
+
+SearchResult knn_meta(const at::Tensor& points, const at::Tensor& queries, int64_t k) {
+  check_knn(points, queries, k);
+  return meta_result(queries, k);
+}
+
+SearchResult radius_meta(const at::Tensor& points, const at::Tensor& queries, double radius, int64_t max_neighbors) {
+  check_radius(points, queries, radius, max_neighbors);
+  return meta_result(queries, max_neighbors);
+}
+
 // ---- autograd for plain tensors ----
 
 SearchResult call_below_autograd(const at::Tensor& points, const at::Tensor& queries, int64_t k, double radius,
@@ -146,6 +163,11 @@ TORCH_LIBRARY_IMPL(shardtensor, CPU, m) {
 TORCH_LIBRARY_IMPL(shardtensor, CUDA, m) {
   m.impl("knn", TORCH_FN(shardtensor::ops::points::knn_kernel));
   m.impl("radius_search", TORCH_FN(shardtensor::ops::points::radius_kernel));
+}
+
+TORCH_LIBRARY_IMPL(shardtensor, Meta, m) {
+  m.impl("knn", TORCH_FN(shardtensor::ops::points::knn_meta));
+  m.impl("radius_search", TORCH_FN(shardtensor::ops::points::radius_meta));
 }
 
 TORCH_LIBRARY_IMPL(shardtensor, Autograd, m) {

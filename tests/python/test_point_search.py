@@ -152,6 +152,14 @@ def test_no_grad_and_inference_mode():
     assert torch.equal(idx, ref_search(p.detach(), q, 2)[0])
 
 
+def test_meta():
+    p, q = torch.empty(2, 10, 3, device="meta"), torch.empty(2, 4, 3, device="meta")
+    idx, d = knn(p, q, 3)
+    assert idx.shape == (2, 4, 3) and idx.dtype == torch.int64 and d.device.type == "meta"
+    idx, d = radius_search(p[0], q[0], 0.5, 12)
+    assert idx.shape == (4, 12) and d.dtype == torch.float32
+
+
 def test_argument_errors():
     p, q = randn(5, 3, seed=1), randn(2, 3, seed=2)
     with pytest.raises(ValueError, match="exceeds the number of points"):
