@@ -250,6 +250,11 @@ def case_batched():
     # Points sharded along points, queries along the batch: the points follow the batch split.
     check_op(knn_fn(4), [p, q], [lay(1, pe), lay(0, None)], m, **TOL, what="batch-sharded queries",
              expect_placements=[st.Shard(0)])
+    # Points batch-sharded, queries point-sharded on the same mesh dim: the queries follow the batch split and the
+    # outputs go back to the queries' layout.
+    check_op(knn_fn(4), [p, q], [lay(0, be), lay(1, qe)], m, **TOL, what="batch-sharded points",
+             expect_placements=[st.Shard(1)])
+    check_op(radius_fn(1.0, 3), [p, q], [lay(0, be), lay(1, qe)], m, **TOL, what="radius, batch-sharded points")
     return True
 
 
