@@ -288,3 +288,5 @@ def _install_tensor_methods():
 
 
 _install_tensor_methods()
+
+from . import ops  # noqa: E402,F401  (shardtensor.ops: knn, radius_search, ...)

@@ -67,6 +67,7 @@ void register_all() {
   register_conv();
   register_pad();
   register_pool();
+  register_point_search();
   register_interpolate();
 }
 
