@@ -68,6 +68,7 @@ void register_all() {
   register_pad();
   register_pool();
   register_interpolate();
+  register_neighborhood_attention();
 }
 
 } // namespace shardtensor::ops

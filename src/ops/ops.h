@@ -20,5 +20,6 @@ void register_conv();
 void register_pad();
 void register_interpolate();
 void register_pool();
+void register_neighborhood_attention();
 
 } // namespace shardtensor::ops
