@@ -287,3 +287,5 @@ def _install_tensor_methods():
 
 
 _install_tensor_methods()
+
+from . import ops  # noqa: E402,F401  (torch.ops.shardtensor wrappers; needs _C loaded above)
