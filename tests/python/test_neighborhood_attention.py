@@ -1,0 +1,293 @@
+"""Neighbourhood attention (shardtensor.ops.neighborhood_attention1d/2d/3d) against a dense reference: softmax
+attention over all tokens with a boolean neighbourhood mask built here from the NATTEN window rule (window of K
+starting at clamp(i - K//2, 0, L - K) per dim). Single device: 1-3 spatial dims, kernel == extent, D != Dv,
+scale, q/k/v gradients, gradcheck in double, bf16, the geometry ops on a key window. Sharded vs single device on
+1-4 ranks: uneven shards, shards narrower than the radius, zero extents, batch/heads shards, 2-D meshes with two
+spatial dims sharded, k/v laid out differently from q, bf16, inference mode; errors raise on every rank."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from shardtensor.ops import neighborhood_attention, neighborhood_attention1d, neighborhood_attention2d, \
+    neighborhood_attention3d
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
+
+FNS = {1: neighborhood_attention1d, 2: neighborhood_attention2d, 3: neighborhood_attention3d}
+
+
+# ---- reference ----
+
+def window_mask_1d(L, K):
+    i = torch.arange(L)
+    start = (i - K // 2).clamp(0, L - K)
+    j = torch.arange(L)
+    return (j[None, :] >= start[:, None]) & (j[None, :] < start[:, None] + K)
+
+
+def neighbourhood_mask(sizes, kernel):
+    """(N, N) boolean: query token (row-major over sizes) may see key token."""
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    for L, K in zip(sizes, kernel):
+        m = window_mask_1d(L, K)
+        n = mask.shape[0]
+        mask = (mask[:, None, :, None] & m[None, :, None, :]).reshape(n * L, n * L)
+    return mask
+
+
+def reference(q, k, v, kernel, scale=None):
+    nd = q.dim() - 3
+    sizes = q.shape[1:1 + nd]
+    B, H, D, Dv = q.shape[0], q.shape[-2], q.shape[-1], v.shape[-1]
+    scale = D ** -0.5 if scale is None else scale
+    qf, kf, vf = (t.reshape(B, -1, H, t.shape[-1]).transpose(1, 2) for t in (q, k, v))
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    s = s.masked_fill(~neighbourhood_mask(sizes, kernel), float("-inf"))
+    o = s.softmax(-1) @ vf
+    return o.transpose(1, 2).reshape(B, *sizes, H, Dv)
+
+
+def qkv(shape, dv=None, seed=0, dtype=torch.float32, requires_grad=False):
+    vshape = list(shape[:-1]) + [dv or shape[-1]]
+    return (randn(*shape, seed=seed, dtype=dtype, requires_grad=requires_grad),
+            randn(*shape, seed=seed + 1, dtype=dtype, requires_grad=requires_grad),
+            randn(*vshape, seed=seed + 2, dtype=dtype, requires_grad=requires_grad))
+
+
+# ---- single device ----
+
+SINGLE = [
+    # (shape (B, spatial..., H, D), Dv, kernel)
+    ((2, 7, 2, 4), 4, (3,)),
+    ((1, 5, 3, 4), 6, (5,)),           # kernel == extent
+    ((1, 9, 1, 3), 3, (1,)),           # kernel 1: each query sees only itself
+    ((2, 5, 6, 2, 4), 3, (3, 5)),
+    ((1, 4, 3, 1, 5), 5, (3, 3)),      # kernel == extent on dim 2
+    ((1, 4, 3, 5, 2, 3), 2, (3, 1, 5)),
+]
+
+
+@pytest.mark.parametrize("shape,dv,kernel", SINGLE)
+def test_single_device_forward_backward(shape, dv, kernel):
+    nd = len(kernel)
+    q, k, v = qkv(shape, dv, requires_grad=True)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = FNS[nd](q, k, v, kernel)
+    ref = reference(qr, kr, vr, kernel)
+    close(out, ref, rtol=1e-5, atol=1e-5, what="forward")
+    w = randn(*ref.shape, seed=9)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    for a, b, name in ((q, qr, "dq"), (k, kr, "dk"), (v, vr, "dv")):
+        close(a.grad, b.grad, rtol=1e-5, atol=1e-5, what=name)
+
+
+def test_generic_entry_scale_and_int_kernel():
+    q, k, v = qkv((1, 6, 5, 2, 4), 3)
+    close(neighborhood_attention(q, k, v, 3, scale=0.7), reference(q, k, v, (3, 3), scale=0.7), what="scale")
+    close(torch.ops.shardtensor.neighborhood_attention(q, k, v, [3, 5], None), reference(q, k, v, (3, 5)),
+          what="torch.ops")
+
+
+def test_gradcheck_double():
+    q, k, v = qkv((1, 4, 3, 2, 3), 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: neighborhood_attention2d(a, b, c, (3, 3)), (q, k, v))
+    q, k, v = qkv((2, 5, 1, 2), 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: neighborhood_attention1d(a, b, c, 3), (q, k, v))
+
+
+def test_bf16_and_inference():
+    q, k, v = qkv((1, 6, 5, 2, 8), 8)
+    ref = reference(q, k, v, (3, 3))
+    out = neighborhood_attention2d(q.bfloat16(), k.bfloat16(), v.bfloat16(), 3)
+    assert out.dtype == torch.bfloat16
+    close(out.float(), ref, rtol=2e-2, atol=2e-2, what="bf16")
+    with torch.inference_mode():
+        close(neighborhood_attention2d(q, k, v, 3), ref, what="inference mode")
+
+
+def test_geometry_ops_on_a_key_window():
+    """The internal forward/backward ops with global offsets: queries 4..6 of L=10 against keys 1..9."""
+    K, L = 5, 10
+    q, k, v = qkv((1, L, 2, 3), 4, requires_grad=True)
+    out_full = neighborhood_attention1d(q, k, v, K)
+    qs, kw, vw = q.detach()[:, 4:7], k.detach()[:, 1:10], v.detach()[:, 1:10]
+    out, lse = torch.ops.shardtensor.neighborhood_attention_forward(qs, kw, vw, [K], [4], [1], [L], 3 ** -0.5)
+    close(out, out_full.detach()[:, 4:7], what="window forward")
+    assert lse.shape == (1, 3, 2)
+    g = torch.zeros_like(out_full)
+    g[:, 4:7] = randn(1, 3, 2, 4, seed=3)
+    out_full.backward(g)
+    dq, dk, dv = torch.ops.shardtensor.neighborhood_attention_backward(g[:, 4:7], qs, kw, vw, out, lse, [K], [4], [1],
+                                                                       [L], 3 ** -0.5)
+    close(dq, q.grad[:, 4:7], what="window dq")
+    close(dk, k.grad[:, 1:10], what="window dk")
+    close(dv, v.grad[:, 1:10], what="window dv")
+    with pytest.raises(ValueError, match="do not cover"):
+        torch.ops.shardtensor.neighborhood_attention_forward(qs, kw[:, 2:], vw[:, 2:], [K], [4], [3], [L], 1.0)
+
+
+def test_errors_single_device():
+    q, k, v = qkv((1, 4, 5, 2, 4))
+    with pytest.raises(ValueError, match="smaller than the kernel size"):
+        neighborhood_attention2d(q, k, v, 5)
+    with pytest.raises(ValueError, match="odd"):
+        neighborhood_attention2d(q, k, v, (2, 3))
+    with pytest.raises(ValueError, match="entries"):
+        neighborhood_attention2d(q, k, v, (3,))
+    with pytest.raises(ValueError):
+        neighborhood_attention1d(q, k, v, 3)
+    with pytest.raises(ValueError, match="agree"):
+        neighborhood_attention2d(q, k[:, :3], v, 3)
+
+
+# ---- sharded (rank processes) ----
+
+def narrow_extents(n, w):
+    """A zero-extent rank, one-row ranks (narrower than the radius), the rest on the last rank."""
+    if w == 1:
+        return [n]
+    if w == 2:
+        return [1, n - 1]
+    return [0] + [1] * (w - 2) + [n - (w - 2)]
+
+
+def case_1d(seed):
+    m = mesh()
+    w = m.size()
+    L = 11
+    q, k, v = qkv((2, L, 2, 3), 4, seed=seed)
+    for K in (1, 3, 5, 11):
+        for ext in (None, uneven_extents(L, w, seed), narrow_extents(L, w)):
+            lay = ([st.Shard(1)], None if ext is None else {0: ext})
+            check_op(lambda a, b, c: neighborhood_attention1d(a, b, c, K), [q, k, v], [lay] * 3, m, rtol=1e-5,
+                     atol=1e-5, what=f"1d K={K} ext={ext}")
+    return True
+
+
+def case_2d(seed):
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 9, 5, 2, 3), 2, seed=seed)
+    for kernel in ((5, 3), (9, 5), (3, 1)):
+        for ext in (uneven_extents(9, w, seed), narrow_extents(9, w)):
+            lay = ([st.Shard(1)], {0: ext})
+            check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, kernel), [q, k, v], [lay] * 3, m, rtol=1e-5,
+                     atol=1e-5, what=f"2d height-sharded K={kernel} ext={ext}")
+    # Width sharded, batch sharded, heads sharded: the last two are local.
+    lay = ([st.Shard(2)], {0: narrow_extents(5, w)})
+    check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, 3), [q, k, v], [lay] * 3, m, rtol=1e-5, atol=1e-5,
+             what="2d width-sharded")
+    q2, k2, v2 = qkv((3, 5, 4, 3, 2), 2, seed=seed + 5)
+    for d in (0, 3):
+        check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, 3), [q2, k2, v2], [[st.Shard(d)]] * 3, m,
+                 rtol=1e-5, atol=1e-5, what=f"2d dim {d} sharded")
+    return True
+
+
+def case_3d(seed):
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 4, 7, 3, 2, 2), 3, seed=seed)
+    lay = ([st.Shard(2)], {0: narrow_extents(7, w)})
+    check_op(lambda a, b, c: neighborhood_attention3d(a, b, c, (3, 5, 3)), [q, k, v], [lay] * 3, m, rtol=1e-5,
+             atol=1e-5, what="3d")
+    return True
+
+
+def case_2d_mesh(seed):
+    """2x2 mesh: height on mesh dim 0, width on mesh dim 1 (uneven, zero extents: corners come along)."""
+    m = mesh((2, 2))
+    q, k, v = qkv((1, 7, 6, 2, 3), 3, seed=seed)
+    for kernel, eh, ew in (((3, 3), [2, 5], [4, 2]), ((5, 3), [0, 7], [1, 5]), ((7, 5), [3, 4], [6, 0])):
+        lay = ([st.Shard(1), st.Shard(2)], {0: eh, 1: ew})
+        check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, kernel), [q, k, v], [lay] * 3, m, rtol=1e-5,
+                 atol=1e-5, what=f"2-D mesh K={kernel} {eh} {ew}")
+    # Batch on one mesh dim, height on the other; heads with width.
+    q2, k2, v2 = qkv((2, 6, 5, 2, 3), 3, seed=seed + 1)
+    check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, 3), [q2, k2, v2],
+             [([st.Shard(0), st.Shard(1)], {1: [1, 5]})] * 3, m, rtol=1e-5, atol=1e-5, what="batch + height")
+    check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, 3), [q2, k2, v2],
+             [([st.Shard(3), st.Shard(2)], None)] * 3, m, rtol=1e-5, atol=1e-5, what="heads + width")
+    return True
+
+
+def case_mixed_layouts(seed):
+    """k/v not laid out like q: redistributed to q's layout (gradients flow back through the redistribution)."""
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 8, 3, 2, 3), 3, seed=seed)
+    fn = lambda a, b, c: neighborhood_attention2d(a, b, c, (5, 3))  # noqa: E731
+    check_op(fn, [q, k, v], [([st.Shard(1)], {0: uneven_extents(8, w, seed)}), None, ([st.Shard(2)], None)], m,
+             rtol=1e-5, atol=1e-5, what="q height, k plain, v width")
+    check_op(fn, [q, k, v], [None, ([st.Shard(1)], None), ([st.Shard(1)], None)], m, rtol=1e-5, atol=1e-5,
+             what="q plain, k/v height")
+    return True
+
+
+def case_low_precision_and_inference(seed):
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 9, 4, 2, 8), 8, seed=seed)
+    ref = reference(q, k, v, (5, 3))
+    lay = dict(sharding_shapes={0: narrow_extents(9, w)})
+    qs, ks, vs = (st.distribute_tensor(t.bfloat16(), m, [st.Shard(1)], **lay) for t in (q, k, v))
+    out = neighborhood_attention2d(qs, ks, vs, (5, 3))
+    assert st.is_shard_tensor(out) and out.dtype == torch.bfloat16
+    assert st.placements(out) == (st.Shard(1),)
+    close(full(out).float(), ref, rtol=3e-2, atol=3e-2, what="bf16")
+    qs, ks, vs = (st.distribute_tensor(t, m, [st.Shard(1)], **lay) for t in (q, k, v))
+    with torch.inference_mode():
+        out = neighborhood_attention2d(qs, ks, vs, (5, 3))
+    close(full(out), ref, rtol=1e-5, atol=1e-5, what="inference mode")
+    with torch.no_grad():
+        out = neighborhood_attention2d(qs, ks, vs, (5, 3))
+    close(full(out), ref, rtol=1e-5, atol=1e-5, what="no_grad")
+    return True
+
+
+def case_head_dim_sharded(seed):
+    m = mesh()
+    q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
+    qs, ks, vs = (st.distribute_tensor(t, m, [st.Shard(4)]) for t in (q, k, v))
+    neighborhood_attention2d(qs, ks, vs, 3)
+
+
+def case_kernel_too_large(seed):
+    m = mesh()
+    q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
+    qs, ks, vs = (st.distribute_tensor(t, m, [st.Shard(1)]) for t in (q, k, v))
+    neighborhood_attention2d(qs, ks, vs, (5, 5))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_sharded_1d(world):
+    harness.run(world, case_1d, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_sharded_2d(world):
+    harness.run(world, case_2d, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_3d(world):
+    harness.run(world, case_3d, world)
+
+
+def test_sharded_2d_mesh():
+    harness.run(4, case_2d_mesh, 1, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_mixed_layouts(world):
+    harness.run(world, case_mixed_layouts, world)
+
+
+def test_low_precision_and_inference():
+    harness.run(3, case_low_precision_and_inference, 3)
+
+
+def test_errors_sharded():
+    harness.expect_error(2, case_head_dim_sharded, 0, match="head_dim", kinds=("NotImplementedError",))
+    harness.expect_error(3, case_kernel_too_large, 0, match="smaller than the kernel size", kinds=("ValueError",))
