@@ -246,6 +246,18 @@ def case_low_precision_and_inference(seed):
     return True
 
 
+def case_large_kernel(seed):
+    """The StormScope-like setting: kernel 31 on a grid sharded along height; windows reach several ranks away."""
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 33, 31, 2, 4), 4, seed=seed)
+    for ext in ([11, 11, 11][:w] if w == 3 else None, [2, 1, 30] if w == 3 else None):
+        lay = ([st.Shard(1)], None if ext is None else {0: ext})
+        check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, 31), [q, k, v], [lay] * 3, m, rtol=1e-5,
+                 atol=1e-5, what=f"K=31 ext={ext}")
+    return True
+
+
 def case_head_dim_sharded(seed):
     m = mesh()
     q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
@@ -282,6 +294,11 @@ def test_sharded_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_mixed_layouts(world):
     harness.run(world, case_mixed_layouts, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_large_kernel(world):
+    harness.run(world, case_large_kernel, world, timeout=300)
 
 
 def test_low_precision_and_inference():
