@@ -47,15 +47,16 @@ __device__ inline float log_of(float x) { return logf(x); }
 // Passed by value to the kernels (plain ints: the shape struct's layout is the same on host and device).
 struct Geo {
   long long batch, heads, dim, dim_v;
-  long long qn[3], kn[3], K[3], qo[3], ko[3], L[3];
+  long long qn[3], kn[3], K[3], dil[3], qo[3], ko[3], L[3];
   double scale;
 };
 
-__device__ inline long long window_start(long long g, long long K, long long L) {
-  long long s = g - K / 2;
+__device__ inline long long window_start(long long g, long long K, long long L, long long dil) {
+  const long long r = g % dil, len = (L - r + dil - 1) / dil;
+  long long s = g / dil - K / 2;
   if (s < 0) s = 0;
-  if (s > L - K) s = L - K;
-  return s;
+  if (s > len - K) s = len - K;
+  return r + s * dil;
 }
 
 // Decompose a warp's (query, head) index; returns the local key-window start per dim and the flat query row.
@@ -75,12 +76,13 @@ __device__ inline QueryPos locate(long long w, const Geo& g) {
     r /= g.qn[d];
   }
   p.b = r;
-  for (int d = 0; d < 3; ++d) p.ws[d] = window_start(g.qo[d] + pos[d], g.K[d], g.L[d]) - g.ko[d];
+  for (int d = 0; d < 3; ++d) p.ws[d] = window_start(g.qo[d] + pos[d], g.K[d], g.L[d], g.dil[d]) - g.ko[d];
   return p;
 }
 
 __device__ inline long long key_row(const QueryPos& p, const Geo& g, long long a, long long b, long long c) {
-  return ((p.b * g.kn[0] + p.ws[0] + a) * g.kn[1] + p.ws[1] + b) * g.kn[2] + p.ws[2] + c;
+  return ((p.b * g.kn[0] + p.ws[0] + a * g.dil[0]) * g.kn[1] + p.ws[1] + b * g.dil[1]) * g.kn[2] + p.ws[2] +
+      c * g.dil[2];
 }
 
 template <typename T>
@@ -193,6 +195,7 @@ Geo geo_of(const NaShape& s) {
     g.qn[d] = s.q_size[d];
     g.kn[d] = s.k_size[d];
     g.K[d] = s.kernel[d];
+    g.dil[d] = s.dilation[d];
     g.qo[d] = s.q_offset[d];
     g.ko[d] = s.k_offset[d];
     g.L[d] = s.extent[d];

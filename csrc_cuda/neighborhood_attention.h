@@ -3,7 +3,8 @@
 //
 // Layout: q [B, X, Y, Z, H, D], k [B, Xk, Yk, Zk, H, D], v [B, Xk, Yk, Zk, H, Dv], all contiguous; fewer spatial
 // dims are passed as extent 1 with kernel 1. The queries sit at global positions q_offset + i, the keys held
-// here start at global position k_offset; `extent` is the global spatial size (the clamping range).
+// here start at global position k_offset; `extent` is the global spatial size (the clamping range). Dilation d:
+// the window is taken inside the query's group of positions (g mod d), keys start + t*d.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@ struct NaShape {
   int64_t q_size[3] = {1, 1, 1};
   int64_t k_size[3] = {1, 1, 1};
   int64_t kernel[3] = {1, 1, 1};
+  int64_t dilation[3] = {1, 1, 1};
   int64_t q_offset[3] = {0, 0, 0};
   int64_t k_offset[3] = {0, 0, 0};
   int64_t extent[3] = {1, 1, 1};

@@ -2,9 +2,10 @@
 // ShardTensors.
 //
 // Ops (TORCH_LIBRARY_FRAGMENT: other files define ops in this namespace too):
-//  - neighborhood_attention(q, k, v, kernel_size, scale?): q, k [B, spatial..., H, D], v [B, spatial..., H, Dv],
-//    len(kernel_size) spatial dims (1..3). Query i attends to the K keys starting at clamp(i - K/2, 0, L - K) per
-//    dim (the window shifts inward at the borders, so every query sees exactly K^d keys).
+//  - neighborhood_attention(q, k, v, kernel_size, dilation?, scale?): q, k [B, spatial..., H, D],
+//    v [B, spatial..., H, Dv], len(kernel_size) spatial dims (1..3). Query i attends to the K keys starting at
+//    clamp(i - K/2, 0, L - K) per dim (the window shifts inward at the borders, so every query sees exactly K^d
+//    keys); with dilation d the same rule applies inside the query's group of positions i mod d.
 //  - neighborhood_attention_forward / _backward: the local kernels with explicit global geometry (query offsets,
 //    key-window offsets, global extents), so a shard's queries can run against a gathered key window.
 // Plain tensors: CPU/CUDA kernels, differentiable through an autograd::Function bound at the Autograd key.
@@ -12,7 +13,7 @@
 // ShardTensors (bound at both shard keys, above autograd): q, k, v share q's layout (k/v are redistributed,
 // differentiably, when they differ). Batch and heads shards are local. Each sharded spatial dim (any number of
 // mesh dims, one mesh dim per spatial dim) gathers, from specs alone, the global key rows the local queries'
-// windows cover -- K/2 rows each side, more next to the global borders where windows are clamped inward, and
+// windows cover (one contiguous range; with dilation it includes the other groups' rows in between) -- K/2 rows each side, more next to the global borders where windows are clamped inward, and
 // from several ranks away when shards are narrower than that -- with comm::gather_rows, dim by dim (so corners
 // of 2-D meshes come along). k and v travel together (concatenated on the feature dim): one exchange per sharded
 // dim. Backward: the local kernel gives dq and the window's dk/dv, which go home with comm::scatter_add_rows
@@ -38,7 +39,15 @@ using torch::autograd::variable_list;
 
 // ---- argument checks shared by both paths (global shapes) ----
 
-na::Geometry plain_geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel) {
+std::vector<int64_t> dilation_of(at::IntArrayRef kernel, at::OptionalIntArrayRef dilation) {
+  if (!dilation.has_value() || dilation->empty()) return std::vector<int64_t>(kernel.size(), 1);
+  TORCH_CHECK_VALUE(dilation->size() == kernel.size(), "neighborhood_attention: dilation ", *dilation,
+                    " must have one entry per spatial dim, like kernel_size ", kernel);
+  return dilation->vec();
+}
+
+na::Geometry plain_geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
+                            at::IntArrayRef dilation) {
   const auto nd = static_cast<int64_t>(kernel.size());
   TORCH_CHECK_VALUE(nd >= 1 && nd <= 3, "neighborhood_attention: kernel_size must name 1 to 3 spatial dims, got ",
                     kernel);
@@ -56,12 +65,15 @@ na::Geometry plain_geometry(const at::Tensor& q, const at::Tensor& k, const at::
   g.nd = nd;
   for (int64_t d = 0; d < nd; ++d) {
     g.kernel[d] = kernel[d];
+    g.dilation[d] = dilation[d];
     g.extent[d] = q.size(1 + d);
     TORCH_CHECK_VALUE(kernel[d] >= 1 && kernel[d] % 2 == 1,
                       "neighborhood_attention: kernel sizes must be odd and positive, got ", kernel);
-    TORCH_CHECK_VALUE(q.size(1 + d) >= kernel[d], "neighborhood_attention: spatial dim ", 1 + d, " has extent ",
-                      q.size(1 + d), " smaller than the kernel size ", kernel[d],
-                      " (every query needs K keys); use a kernel size <= the extent");
+    TORCH_CHECK_VALUE(dilation[d] >= 1, "neighborhood_attention: dilation must be positive, got ", dilation);
+    TORCH_CHECK_VALUE(q.size(1 + d) >= kernel[d] * dilation[d], "neighborhood_attention: spatial dim ", 1 + d,
+                      " has extent ", q.size(1 + d), " smaller than the kernel size ", kernel[d],
+                      dilation[d] > 1 ? " times the dilation" : "",
+                      " (every query needs K keys); use kernel_size * dilation <= the extent");
   }
   return g;
 }
@@ -70,17 +82,18 @@ double scale_of(const at::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
 }
 
-na::Geometry geometry_from(at::IntArrayRef kernel, at::IntArrayRef q_offset, at::IntArrayRef k_offset,
-                           at::IntArrayRef extent) {
+na::Geometry geometry_from(at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayRef q_offset,
+                           at::IntArrayRef k_offset, at::IntArrayRef extent) {
   const auto nd = static_cast<int64_t>(kernel.size());
-  TORCH_CHECK_VALUE(nd >= 1 && nd <= 3 && q_offset.size() == kernel.size() && k_offset.size() == kernel.size() &&
-                        extent.size() == kernel.size(),
-                    "neighborhood_attention_forward/backward: kernel_size, query_offset, key_offset and extent must "
-                    "have one entry per spatial dim (1 to 3)");
+  TORCH_CHECK_VALUE(nd >= 1 && nd <= 3 && dilation.size() == kernel.size() && q_offset.size() == kernel.size() &&
+                        k_offset.size() == kernel.size() && extent.size() == kernel.size(),
+                    "neighborhood_attention_forward/backward: kernel_size, dilation, query_offset, key_offset and "
+                    "extent must have one entry per spatial dim (1 to 3)");
   na::Geometry g;
   g.nd = nd;
   for (int64_t d = 0; d < nd; ++d) {
     g.kernel[d] = kernel[d];
+    g.dilation[d] = dilation[d];
     g.q_offset[d] = q_offset[d];
     g.k_offset[d] = k_offset[d];
     g.extent[d] = extent[d];
@@ -91,51 +104,58 @@ na::Geometry geometry_from(at::IntArrayRef kernel, at::IntArrayRef q_offset, at:
 // ---- plain tensors ----
 
 std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                              at::IntArrayRef kernel, at::IntArrayRef q_offset,
-                                              at::IntArrayRef k_offset, at::IntArrayRef extent, double scale) {
-  return na::forward(q, k, v, geometry_from(kernel, q_offset, k_offset, extent), scale);
+                                              at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                              at::IntArrayRef q_offset, at::IntArrayRef k_offset,
+                                              at::IntArrayRef extent, double scale) {
+  return na::forward(q, k, v, geometry_from(kernel, dilation, q_offset, k_offset, extent), scale);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(const at::Tensor& grad_out, const at::Tensor& q,
                                                            const at::Tensor& k, const at::Tensor& v,
                                                            const at::Tensor& out, const at::Tensor& lse,
-                                                           at::IntArrayRef kernel, at::IntArrayRef q_offset,
-                                                           at::IntArrayRef k_offset, at::IntArrayRef extent,
-                                                           double scale) {
-  return na::backward(grad_out, q, k, v, out, lse, geometry_from(kernel, q_offset, k_offset, extent), scale);
+                                                           at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                                           at::IntArrayRef q_offset, at::IntArrayRef k_offset,
+                                                           at::IntArrayRef extent, double scale) {
+  return na::backward(grad_out, q, k, v, out, lse, geometry_from(kernel, dilation, q_offset, k_offset, extent),
+                      scale);
 }
 
 // Below autograd (inference mode, or after the autograd kernel): forward only.
 at::Tensor na_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
-                      std::optional<double> scale) {
-  return std::get<0>(na::forward(q, k, v, plain_geometry(q, k, v, kernel), scale_of(q, scale)));
+                      at::OptionalIntArrayRef dilation, std::optional<double> scale) {
+  return std::get<0>(
+      na::forward(q, k, v, plain_geometry(q, k, v, kernel, dilation_of(kernel, dilation)), scale_of(q, scale)));
 }
 
-na::Geometry unpack(const std::vector<int64_t>& kernel) {
+na::Geometry unpack(const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation) {
   na::Geometry g;
   g.nd = static_cast<int64_t>(kernel.size());
-  for (int64_t d = 0; d < g.nd; ++d) g.kernel[d] = kernel[d];
+  for (int64_t d = 0; d < g.nd; ++d) {
+    g.kernel[d] = kernel[d];
+    g.dilation[d] = dilation[d];
+  }
   return g;
 }
 
 struct PlainFn : torch::autograd::Function<PlainFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::vector<int64_t>& kernel, double scale) {
+                            const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
     ctx->set_materialize_grads(false);
-    auto g = plain_geometry(q, k, v, kernel);
+    auto g = plain_geometry(q, k, v, kernel, dilation);
     auto [out, lse] = na::forward(q, k, v, g, scale);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["scale"] = scale;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list res(5);
+    variable_list res(6);
     if (!grads[0].defined()) return res;
     auto s = ctx->get_saved_variables();
-    const auto kernel = ctx->saved_data["kernel"].toIntVector();
-    auto g = plain_geometry(s[0], s[1], s[2], kernel);
+    auto g = plain_geometry(s[0], s[1], s[2], ctx->saved_data["kernel"].toIntVector(),
+                            ctx->saved_data["dilation"].toIntVector());
     auto [dq, dk, dv] = na::backward(grads[0], s[0], s[1], s[2], s[3], s[4], g, ctx->saved_data["scale"].toDouble());
     if (ctx->needs_input_grad(0)) res[0] = dq;
     if (ctx->needs_input_grad(1)) res[1] = dk;
@@ -145,8 +165,8 @@ struct PlainFn : torch::autograd::Function<PlainFn> {
 };
 
 at::Tensor na_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
-                       std::optional<double> scale) {
-  return PlainFn::apply(q, k, v, kernel.vec(), scale_of(q, scale));
+                       at::OptionalIntArrayRef dilation, std::optional<double> scale) {
+  return PlainFn::apply(q, k, v, kernel.vec(), dilation_of(kernel, dilation), scale_of(q, scale));
 }
 
 // ---- ShardTensors ----
@@ -177,8 +197,9 @@ struct DimPlan {
 
 // Plans for the sharded spatial dims of q's spec (mesh-dim order) and the local geometry. Specs only: every
 // rank computes the same lists.
-std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, const std::vector<int64_t>& kernel) {
-  auto g = unpack(kernel);
+std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, const std::vector<int64_t>& kernel,
+                                                      const std::vector<int64_t>& dilation) {
+  auto g = unpack(kernel, dilation);
   const auto nd = g.nd;
   for (int64_t d = 0; d < nd; ++d) {
     g.extent[d] = spec.global_shape[1 + d];
@@ -193,14 +214,11 @@ std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, con
     dp.mesh_dim = m;
     dp.extents = spec.extents[m];
     const auto i = p.dim - 1;
-    const auto K = g.kernel[i], L = g.extent[i];
     for (int64_t c = 0; c < static_cast<int64_t>(dp.extents.size()); ++c) {
       std::vector<int64_t> rows;
       const auto e = dp.extents[c];
       if (e > 0) {
-        // Window starts are monotone in the query position: the union of the windows is one contiguous range.
-        const auto a = spec.offset_of(m, c);
-        const auto lo = na::window_start(a, K, L), hi = na::window_start(a + e - 1, K, L) + K;
+        const auto [lo, hi] = na::window_union(spec.offset_of(m, c), e, g.kernel[i], g.extent[i], g.dilation[i]);
         for (auto r = lo; r < hi; ++r) rows.push_back(r);
       }
       dp.want.push_back(std::move(rows));
@@ -214,12 +232,12 @@ std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, con
 
 struct ShardFn : torch::autograd::Function<ShardFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::vector<int64_t>& kernel, double scale) {
+                            const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
     ctx->set_materialize_grads(false);
     at::NoGradGuard no_grad;
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = *qspec->mesh;
-    auto [plans, g] = plan_of(*qspec, kernel);
+    auto [plans, g] = plan_of(*qspec, kernel, dilation);
     const auto& ql = shard_impl(q)->local();
     const auto dim = k.size(-1), dim_v = v.size(-1);
     // k and v share the layout: one exchange per sharded dim carries both.
@@ -233,6 +251,7 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     ctx->saved_data["out"] = out;
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["scale"] = scale;
     auto out_shape = q.sizes().vec();
     out_shape.back() = dim_v;
@@ -241,15 +260,14 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list res(5);
+    variable_list res(6);
     if (!grads[0].defined()) return res;
     at::NoGradGuard no_grad;
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = qspec->mesh;
-    const auto kernel = ctx->saved_data["kernel"].toIntVector();
-    auto [plans, g] = plan_of(*qspec, kernel);
+    auto [plans, g] = plan_of(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector());
     auto out = ctx->saved_data["out"].toTensor();
     auto out_shape = q.sizes().vec();
     out_shape.back() = v.size(-1);
@@ -295,7 +313,7 @@ at::Tensor to_layout(const at::Tensor& t, const ShardSpec& like) {
 }
 
 at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::IntArrayRef kernel,
-                    std::optional<double> scale) {
+                    at::OptionalIntArrayRef dilation_arg, std::optional<double> scale) {
   MeshPtr mesh;
   for (const auto* t : {&query, &key, &value}) {
     auto* i = shard_impl(*t);
@@ -306,7 +324,8 @@ at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Te
              "redistribute them onto one mesh (full_tensor() then distribute_tensor)");
   }
   TORCH_INTERNAL_ASSERT(mesh, "neighborhood_attention: no ShardTensor argument");
-  plain_geometry(query, key, value, kernel); // global shape checks, identical on every rank
+  const auto dilation = dilation_of(kernel, dilation_arg);
+  plain_geometry(query, key, value, kernel, dilation); // global shape checks, identical on every rank
   TORCH_CHECK_VALUE(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(),
                     "neighborhood_attention: query, key and value must have one dtype, got ", query.scalar_type(),
                     ", ", key.scalar_type(), ", ", value.scalar_type());
@@ -328,7 +347,7 @@ at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Te
   // k and v follow q's layout (a no-op when they already share it).
   auto k = to_layout(resolve_partial_diff(as_shard_input(key, mesh)), qs);
   auto v = to_layout(resolve_partial_diff(as_shard_input(value, mesh)), qs);
-  return ShardFn::apply(q, k, v, kernel.vec(), scale_of(query, scale));
+  return ShardFn::apply(q, k, v, kernel.vec(), dilation, scale_of(query, scale));
 }
 
 } // namespace
@@ -344,13 +363,13 @@ void register_neighborhood_attention() {
 } // namespace shardtensor::ops
 
 TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
-  m.def("neighborhood_attention(Tensor query, Tensor key, Tensor value, int[] kernel_size, float? scale=None) -> "
-        "Tensor");
-  m.def("neighborhood_attention_forward(Tensor query, Tensor key, Tensor value, int[] kernel_size, "
+  m.def("neighborhood_attention(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[]? dilation=None, "
+        "float? scale=None) -> Tensor");
+  m.def("neighborhood_attention_forward(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[] dilation, "
         "int[] query_offset, int[] key_offset, int[] extent, float scale) -> (Tensor out, Tensor lse)");
   m.def("neighborhood_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
-        "Tensor lse, int[] kernel_size, int[] query_offset, int[] key_offset, int[] extent, float scale) -> "
-        "(Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+        "Tensor lse, int[] kernel_size, int[] dilation, int[] query_offset, int[] key_offset, int[] extent, "
+        "float scale) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
 }
 
 TORCH_LIBRARY_IMPL(shardtensor, CPU, m) {

@@ -61,20 +61,24 @@ Dims dims_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   for (int64_t d = 0; d < nd; ++d) {
     s.qn[d] = q.size(1 + d);
     s.kn[d] = k.size(1 + d);
-    const auto K = g.kernel[d], L = g.extent[d];
+    const auto K = g.kernel[d], L = g.extent[d], dil = g.dilation[d];
     TORCH_CHECK_VALUE(K >= 1 && K % 2 == 1, "neighborhood_attention: kernel sizes must be odd and positive, got ", K);
-    TORCH_CHECK_VALUE(L >= K, "neighborhood_attention: spatial dim ", d, " has extent ", L,
-                      " smaller than the kernel size ", K, "; use a kernel size <= the extent");
+    TORCH_CHECK_VALUE(dil >= 1, "neighborhood_attention: dilation must be positive, got ", dil);
+    TORCH_CHECK_VALUE(L >= K * dil, "neighborhood_attention: spatial dim ", d, " has extent ", L,
+                      " smaller than the kernel size ", K, " times the dilation ", dil,
+                      "; use kernel_size * dilation <= the extent");
     if (s.qn[d] == 0) continue;
-    // The windows of the first and last local query bound every window (window starts are monotone).
-    const auto lo = window_start(g.q_offset[d], K, L) - g.k_offset[d];
-    const auto hi = window_start(g.q_offset[d] + s.qn[d] - 1, K, L) - g.k_offset[d] + K;
-    TORCH_CHECK_VALUE(g.q_offset[d] >= 0 && g.q_offset[d] + s.qn[d] <= L && lo >= 0 && hi <= s.kn[d],
+    TORCH_CHECK_VALUE(g.q_offset[d] >= 0 && g.q_offset[d] + s.qn[d] <= L,
+                      "neighborhood_attention: local queries outside the global extent along spatial dim ", d);
+    const auto [lo_g, hi_g] = window_union(g.q_offset[d], s.qn[d], K, L, dil);
+    const auto lo = lo_g - g.k_offset[d], hi = hi_g - g.k_offset[d];
+    TORCH_CHECK_VALUE(lo >= 0 && hi <= s.kn[d],
                       "neighborhood_attention: the local keys along spatial dim ", d, " (global rows [",
                       g.k_offset[d], ", ", g.k_offset[d] + s.kn[d], ")) do not cover the windows of the local "
                       "queries (global rows [", g.q_offset[d], ", ", g.q_offset[d] + s.qn[d], "))");
   }
-  for (int64_t d = nd; d < 3; ++d) s.g.kernel[d] = 1, s.g.extent[d] = 1, s.g.q_offset[d] = 0, s.g.k_offset[d] = 0;
+  for (int64_t d = nd; d < 3; ++d)
+    s.g.kernel[d] = 1, s.g.dilation[d] = 1, s.g.extent[d] = 1, s.g.q_offset[d] = 0, s.g.k_offset[d] = 0;
   return s;
 }
 
@@ -95,13 +99,15 @@ inline Query locate(int64_t w, const Dims& s) {
   }
   p.b = r;
   for (int d = 0; d < 3; ++d)
-    p.ws[d] = window_start(s.g.q_offset[d] + pos[d], s.g.kernel[d], s.g.extent[d]) - s.g.k_offset[d];
+    p.ws[d] = window_start(s.g.q_offset[d] + pos[d], s.g.kernel[d], s.g.extent[d], s.g.dilation[d]) - s.g.k_offset[d];
   return p;
 }
 
 // Flat (b, key position, h) row of window element (a, b, c).
 inline int64_t key_row(const Query& p, const Dims& s, int64_t a, int64_t b, int64_t c) {
-  return (((p.b * s.kn[0] + p.ws[0] + a) * s.kn[1] + p.ws[1] + b) * s.kn[2] + p.ws[2] + c) * s.heads + p.h;
+  const auto& dl = s.g.dilation;
+  return (((p.b * s.kn[0] + p.ws[0] + a * dl[0]) * s.kn[1] + p.ws[1] + b * dl[1]) * s.kn[2] + p.ws[2] + c * dl[2]) *
+      s.heads + p.h;
 }
 
 template <typename T>
@@ -203,6 +209,7 @@ cuda::NaShape cuda_shape(const Dims& s, double scale) {
     c.q_size[d] = s.qn[d];
     c.k_size[d] = s.kn[d];
     c.kernel[d] = s.g.kernel[d];
+    c.dilation[d] = s.g.dilation[d];
     c.q_offset[d] = s.g.q_offset[d];
     c.k_offset[d] = s.g.k_offset[d];
     c.extent[d] = s.g.extent[d];

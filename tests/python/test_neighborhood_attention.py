@@ -18,31 +18,37 @@ FNS = {1: neighborhood_attention1d, 2: neighborhood_attention2d, 3: neighborhood
 
 # ---- reference ----
 
-def window_mask_1d(L, K):
-    i = torch.arange(L)
-    start = (i - K // 2).clamp(0, L - K)
-    j = torch.arange(L)
-    return (j[None, :] >= start[:, None]) & (j[None, :] < start[:, None] + K)
+def window_mask_1d(L, K, d=1):
+    """Dilation d: the positions i mod d form a group; inside it the plain clamped window of K group members."""
+    mask = torch.zeros(L, L, dtype=torch.bool)
+    for r in range(d):
+        group = list(range(r, L, d))
+        n = len(group)
+        for gi, i in enumerate(group):
+            start = min(max(gi - K // 2, 0), n - K)
+            for t in range(K):
+                mask[i, group[start + t]] = True
+    return mask
 
 
-def neighbourhood_mask(sizes, kernel):
+def neighbourhood_mask(sizes, kernel, dilation=None):
     """(N, N) boolean: query token (row-major over sizes) may see key token."""
     mask = torch.ones(1, 1, dtype=torch.bool)
-    for L, K in zip(sizes, kernel):
-        m = window_mask_1d(L, K)
+    for L, K, d in zip(sizes, kernel, dilation or [1] * len(kernel)):
+        m = window_mask_1d(L, K, d)
         n = mask.shape[0]
         mask = (mask[:, None, :, None] & m[None, :, None, :]).reshape(n * L, n * L)
     return mask
 
 
-def reference(q, k, v, kernel, scale=None):
+def reference(q, k, v, kernel, scale=None, dilation=None):
     nd = q.dim() - 3
     sizes = q.shape[1:1 + nd]
     B, H, D, Dv = q.shape[0], q.shape[-2], q.shape[-1], v.shape[-1]
     scale = D ** -0.5 if scale is None else scale
     qf, kf, vf = (t.reshape(B, -1, H, t.shape[-1]).transpose(1, 2) for t in (q, k, v))
     s = (qf @ kf.transpose(-1, -2)) * scale
-    s = s.masked_fill(~neighbourhood_mask(sizes, kernel), float("-inf"))
+    s = s.masked_fill(~neighbourhood_mask(sizes, kernel, dilation), float("-inf"))
     o = s.softmax(-1) @ vf
     return o.transpose(1, 2).reshape(B, *sizes, H, Dv)
 
@@ -89,11 +95,38 @@ def test_generic_entry_scale_and_int_kernel():
           what="torch.ops")
 
 
+DILATED = [
+    # (shape, kernel, dilation)
+    ((1, 10, 2, 3), (3,), (3,)),        # groups of 4, 3, 3
+    ((1, 9, 1, 4), (3,), (3,)),         # K * d == L
+    ((1, 11, 7, 2, 3), (3, 3), (2, 1)),
+    ((2, 7, 8, 1, 2), (3, 1), (2, 5)),
+    ((1, 5, 4, 6, 1, 2), (1, 3, 3), (2, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("shape,kernel,dilation", DILATED)
+def test_dilation(shape, kernel, dilation):
+    nd = len(kernel)
+    q, k, v = qkv(shape, 3, requires_grad=True)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = FNS[nd](q, k, v, kernel, dilation=dilation)
+    ref = reference(qr, kr, vr, kernel, dilation=dilation)
+    close(out, ref, rtol=1e-5, atol=1e-5, what="forward")
+    w = randn(*ref.shape, seed=9)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    for a, b, name in ((q, qr, "dq"), (k, kr, "dk"), (v, vr, "dv")):
+        close(a.grad, b.grad, rtol=1e-5, atol=1e-5, what=name)
+
+
 def test_gradcheck_double():
     q, k, v = qkv((1, 4, 3, 2, 3), 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b, c: neighborhood_attention2d(a, b, c, (3, 3)), (q, k, v))
     q, k, v = qkv((2, 5, 1, 2), 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b, c: neighborhood_attention1d(a, b, c, 3), (q, k, v))
+    q, k, v = qkv((1, 7, 1, 2), 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: neighborhood_attention1d(a, b, c, 3, dilation=2), (q, k, v))
 
 
 def test_bf16_and_inference():
@@ -112,19 +145,19 @@ def test_geometry_ops_on_a_key_window():
     q, k, v = qkv((1, L, 2, 3), 4, requires_grad=True)
     out_full = neighborhood_attention1d(q, k, v, K)
     qs, kw, vw = q.detach()[:, 4:7], k.detach()[:, 1:10], v.detach()[:, 1:10]
-    out, lse = torch.ops.shardtensor.neighborhood_attention_forward(qs, kw, vw, [K], [4], [1], [L], 3 ** -0.5)
+    out, lse = torch.ops.shardtensor.neighborhood_attention_forward(qs, kw, vw, [K], [1], [4], [1], [L], 3 ** -0.5)
     close(out, out_full.detach()[:, 4:7], what="window forward")
     assert lse.shape == (1, 3, 2)
     g = torch.zeros_like(out_full)
     g[:, 4:7] = randn(1, 3, 2, 4, seed=3)
     out_full.backward(g)
-    dq, dk, dv = torch.ops.shardtensor.neighborhood_attention_backward(g[:, 4:7], qs, kw, vw, out, lse, [K], [4], [1],
-                                                                       [L], 3 ** -0.5)
+    dq, dk, dv = torch.ops.shardtensor.neighborhood_attention_backward(g[:, 4:7], qs, kw, vw, out, lse, [K], [1], [4],
+                                                                       [1], [L], 3 ** -0.5)
     close(dq, q.grad[:, 4:7], what="window dq")
     close(dk, k.grad[:, 1:10], what="window dk")
     close(dv, v.grad[:, 1:10], what="window dv")
     with pytest.raises(ValueError, match="do not cover"):
-        torch.ops.shardtensor.neighborhood_attention_forward(qs, kw[:, 2:], vw[:, 2:], [K], [4], [3], [L], 1.0)
+        torch.ops.shardtensor.neighborhood_attention_forward(qs, kw[:, 2:], vw[:, 2:], [K], [1], [4], [3], [L], 1.0)
 
 
 def test_errors_single_device():
@@ -139,6 +172,10 @@ def test_errors_single_device():
         neighborhood_attention1d(q, k, v, 3)
     with pytest.raises(ValueError, match="agree"):
         neighborhood_attention2d(q, k[:, :3], v, 3)
+    with pytest.raises(ValueError, match="times the dilation"):
+        neighborhood_attention2d(q, k, v, 3, dilation=(1, 2))
+    with pytest.raises(ValueError, match="dilation must be positive"):
+        neighborhood_attention2d(q, k, v, 3, dilation=0)
 
 
 # ---- sharded (rank processes) ----
@@ -258,6 +295,19 @@ def case_large_kernel(seed):
     return True
 
 
+def case_dilation(seed):
+    """Dilated windows over sharded dims: the gathered rows span the other groups' rows in between."""
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 13, 6, 2, 3), 2, seed=seed)
+    for kernel, dil in (((3, 3), (3, 2)), ((5, 1), (2, 3)), ((3, 3), (4, 1))):
+        for ext in (uneven_extents(13, w, seed), narrow_extents(13, w)):
+            lay = ([st.Shard(1)], {0: ext})
+            check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, kernel, dilation=dil), [q, k, v], [lay] * 3, m,
+                     rtol=1e-5, atol=1e-5, what=f"dilated K={kernel} d={dil} ext={ext}")
+    return True
+
+
 def case_head_dim_sharded(seed):
     m = mesh()
     q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
@@ -294,6 +344,11 @@ def test_sharded_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_mixed_layouts(world):
     harness.run(world, case_mixed_layouts, world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_sharded_dilation(world):
+    harness.run(world, case_dilation, world, timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3])
