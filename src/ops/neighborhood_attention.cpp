@@ -28,6 +28,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <sstream>
 
 namespace shardtensor::ops {
@@ -230,6 +232,59 @@ std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, con
   return {plans, g};
 }
 
+bool overlap_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SHARDTENSOR_HALO_OVERLAP");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+
+// Forward with the halo exchange in flight: the queries whose windows lie in this rank's own rows run first,
+// against the local keys; the border queries run once the window has arrived. One sharded spatial dim with
+// dilation 1 (contiguous interior). Returns {} when there is nothing to overlap with; the caller then gathers
+// and runs everything at once. `kv` is the local k|v concatenation; the gathered window is returned in `window`.
+std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Tensor& ql, const at::Tensor& kv,
+                                                                    int64_t dim, const DimPlan& d, const ShardSpec& qspec,
+                                                                    const na::Geometry& g, double scale,
+                                                                    at::Tensor& window) {
+  const auto i = d.dim - 1;
+  if (!overlap_enabled() || g.dilation[i] != 1 || ql.numel() == 0) return std::nullopt;
+  const auto& mesh = *qspec.mesh;
+  const auto me = mesh.coordinate(d.mesh_dim);
+  const auto a = qspec.offset_of(d.mesh_dim, me), e = d.extents[me];
+  const auto K = g.kernel[i], L = g.extent[i];
+  int64_t i0 = a, i1 = a + e;
+  while (i0 < a + e && na::window_start(i0, K, L) < a) ++i0;
+  while (i1 > i0 && na::window_start(i1 - 1, K, L) + K > a + e) --i1;
+  if (i1 <= i0) return std::nullopt;
+  auto pending = comm::gather_rows_start(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
+  const auto dim_v = kv.size(-1) - dim;
+  auto run = [&](int64_t from, int64_t to, const at::Tensor& keys, int64_t key_offset) {
+    auto gp = g;
+    gp.q_offset[i] = from;
+    gp.k_offset[i] = key_offset;
+    return na::forward(ql.narrow(d.dim, from - a, to - from), keys.narrow(-1, 0, dim), keys.narrow(-1, dim, dim_v),
+                       gp, scale);
+  };
+  auto interior = run(i0, i1, kv, a);
+  window = comm::gather_rows_finish(pending);
+  std::vector<at::Tensor> outs, lses;
+  if (i0 > a) {
+    auto [o, l] = run(a, i0, window, g.k_offset[i]);
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  outs.push_back(std::get<0>(interior));
+  lses.push_back(std::get<1>(interior));
+  if (a + e > i1) {
+    auto [o, l] = run(i1, a + e, window, g.k_offset[i]);
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  return std::make_pair(at::cat(outs, d.dim), at::cat(lses, d.dim));
+}
+
 struct ShardFn : torch::autograd::Function<ShardFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
@@ -242,9 +297,17 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     const auto dim = k.size(-1), dim_v = v.size(-1);
     // k and v share the layout: one exchange per sharded dim carries both.
     auto kv = at::cat({shard_impl(k)->local(), shard_impl(v)->local()}, -1);
-    for (const auto& d : plans) kv = comm::gather_rows(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
+    at::Tensor out, lse, window;
+    auto overlapped = plans.size() == 1 ? overlapped_forward(ql, kv, dim, plans[0], *qspec, g, scale, window)
+                                        : std::nullopt;
+    if (overlapped) {
+      std::tie(out, lse) = *overlapped;
+      kv = window;
+    } else {
+      for (const auto& d : plans) kv = comm::gather_rows(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
+      std::tie(out, lse) = na::forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), g, scale);
+    }
     auto kw = kv.narrow(-1, 0, dim), vw = kv.narrow(-1, dim, dim_v);
-    auto [out, lse] = na::forward(ql, kw, vw, g, scale);
     ctx->save_for_backward({q, k, v});
     ctx->saved_data["kw"] = kw;
     ctx->saved_data["vw"] = vw;
