@@ -139,12 +139,76 @@ na::Geometry unpack(const std::vector<int64_t>& kernel, const std::vector<int64_
   return g;
 }
 
+// Shapes only (FakeTensors: torch.compile traces the autograd function with them).
+std::vector<int64_t> out_shape_of(const at::Tensor& q, const at::Tensor& v) {
+  auto s = q.sizes().vec();
+  s.back() = v.size(-1);
+  return s;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                at::IntArrayRef, double) {
+  auto lse_shape = q.sizes().vec();
+  lse_shape.pop_back();
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return {at::empty(out_shape_of(q, v), q.options()), at::empty(lse_shape, q.options().dtype(acc))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_meta(const at::Tensor&, const at::Tensor& q,
+                                                             const at::Tensor& k, const at::Tensor& v, const at::Tensor&,
+                                                             const at::Tensor&, at::IntArrayRef, at::IntArrayRef,
+                                                             at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, double) {
+  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+}
+
+at::Tensor na_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
+                   at::OptionalIntArrayRef dilation, std::optional<double>) {
+  plain_geometry(q, k, v, kernel, dilation_of(kernel, dilation));
+  return at::empty(out_shape_of(q, v), q.options());
+}
+
+// The plain autograd function calls the geometry ops through the dispatcher, below autograd: the CPU/CUDA kernels
+// for real tensors, the Meta kernels for fake ones.
+std::vector<int64_t> zeros_for(at::IntArrayRef kernel) {
+  return std::vector<int64_t>(kernel.size(), 0);
+}
+
+std::vector<int64_t> extents_of(const at::Tensor& q, at::IntArrayRef kernel) {
+  std::vector<int64_t> e;
+  for (size_t d = 0; d < kernel.size(); ++d) e.push_back(q.size(1 + static_cast<int64_t>(d)));
+  return e;
+}
+
+std::tuple<at::Tensor, at::Tensor> dispatch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    at::IntArrayRef kernel, at::IntArrayRef dilation, double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardtensor::neighborhood_attention_forward", "")
+                       .typed<decltype(forward_meta)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const auto zeros = zeros_for(kernel);
+  return op.call(q, k, v, kernel, dilation, zeros, zeros, extents_of(q, kernel), scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dispatch_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                                                 const at::Tensor& k, const at::Tensor& v,
+                                                                 const at::Tensor& out, const at::Tensor& lse,
+                                                                 at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                                                 double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardtensor::neighborhood_attention_backward", "")
+                       .typed<decltype(backward_meta)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const auto zeros = zeros_for(kernel);
+  return op.call(grad_out, q, k, v, out, lse, kernel, dilation, zeros, zeros, extents_of(q, kernel), scale);
+}
+
 struct PlainFn : torch::autograd::Function<PlainFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
     ctx->set_materialize_grads(false);
-    auto g = plain_geometry(q, k, v, kernel, dilation);
-    auto [out, lse] = na::forward(q, k, v, g, scale);
+    plain_geometry(q, k, v, kernel, dilation);
+    auto [out, lse] = dispatch_forward(q, k, v, kernel, dilation, scale);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["kernel"] = kernel;
     ctx->saved_data["dilation"] = dilation;
@@ -156,9 +220,8 @@ struct PlainFn : torch::autograd::Function<PlainFn> {
     variable_list res(6);
     if (!grads[0].defined()) return res;
     auto s = ctx->get_saved_variables();
-    auto g = plain_geometry(s[0], s[1], s[2], ctx->saved_data["kernel"].toIntVector(),
-                            ctx->saved_data["dilation"].toIntVector());
-    auto [dq, dk, dv] = na::backward(grads[0], s[0], s[1], s[2], s[3], s[4], g, ctx->saved_data["scale"].toDouble());
+    auto [dq, dk, dv] = dispatch_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["kernel"].toIntVector(),
+                                          ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["scale"].toDouble());
     if (ctx->needs_input_grad(0)) res[0] = dq;
     if (ctx->needs_input_grad(1)) res[1] = dk;
     if (ctx->needs_input_grad(2)) res[2] = dv;
@@ -445,6 +508,12 @@ TORCH_LIBRARY_IMPL(shardtensor, CUDA, m) {
   m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_backend));
   m.impl("neighborhood_attention_forward", TORCH_FN(shardtensor::ops::forward_op));
   m.impl("neighborhood_attention_backward", TORCH_FN(shardtensor::ops::backward_op));
+}
+
+TORCH_LIBRARY_IMPL(shardtensor, Meta, m) {
+  m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_meta));
+  m.impl("neighborhood_attention_forward", TORCH_FN(shardtensor::ops::forward_meta));
+  m.impl("neighborhood_attention_backward", TORCH_FN(shardtensor::ops::backward_meta));
 }
 
 TORCH_LIBRARY_IMPL(shardtensor, Autograd, m) {

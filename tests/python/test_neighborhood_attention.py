@@ -139,6 +139,26 @@ def test_bf16_and_inference():
         close(neighborhood_attention2d(q, k, v, 3), ref, what="inference mode")
 
 
+def test_opcheck_and_compile():
+    """Schema, autograd registration, fake-tensor (Meta) kernels, and torch.compile through the autograd function."""
+    q, k, v = qkv((1, 6, 5, 2, 4), 3, requires_grad=True)
+    res = torch.library.opcheck(torch.ops.shardtensor.neighborhood_attention.default, (q, k, v, [3, 3], [2, 1], None))
+    assert all(r == "SUCCESS" for r in res.values()), res
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    res = torch.library.opcheck(torch.ops.shardtensor.neighborhood_attention_forward.default,
+                                (qd[:, 1:4], kd, vd, [3, 3], [1, 1], [1, 0], [0, 0], [6, 5], 0.5))
+    assert all(r == "SUCCESS" for r in res.values()), res
+    f = torch.compile(lambda a, b, c: neighborhood_attention2d(a, b, c, 3), backend="aot_eager", fullgraph=True)
+    out = f(q, k, v)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ref = reference(qr, kr, vr, (3, 3))
+    close(out, ref, what="compiled forward")
+    out.sum().backward()
+    ref.sum().backward()
+    for a, b, name in ((q, qr, "dq"), (k, kr, "dk"), (v, vr, "dv")):
+        close(a.grad, b.grad, rtol=1e-5, atol=1e-5, what=f"compiled {name}")
+
+
 def test_geometry_ops_on_a_key_window():
     """The internal forward/backward ops with global offsets: queries 4..6 of L=10 against keys 1..9."""
     K, L = 5, 10
