@@ -328,6 +328,29 @@ def case_dilation(seed):
     return True
 
 
+def case_partial_grads(seed):
+    """Only q (or only v) requires grad: the other gradients are neither computed into ShardTensors nor sent home."""
+    m = mesh()
+    w = m.size()
+    q, k, v = qkv((1, 9, 4, 2, 3), 3, seed=seed)
+    ext = {0: narrow_extents(9, w)}
+    for needs in ((True, False, False), (False, False, True)):
+        full_in = [t.detach().clone().requires_grad_(r) for t, r in zip((q, k, v), needs)]
+        ref = reference(*full_in, (5, 3))
+        sh = [st.distribute_tensor(t.detach().clone(), m, [st.Shard(1)], sharding_shapes=ext).requires_grad_(r)
+              for t, r in zip((q, k, v), needs)]
+        out = neighborhood_attention2d(*sh, (5, 3))
+        wgt = randn(*ref.shape, seed=4)
+        (ref * wgt).sum().backward()
+        (out * wgt).sum().backward()
+        for a, b, r in zip(sh, full_in, needs):
+            if r:
+                close(full(a.grad), b.grad, rtol=1e-5, atol=1e-5, what=f"needs={needs}")
+            else:
+                assert a.grad is None
+    return True
+
+
 def case_head_dim_sharded(seed):
     m = mesh()
     q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
@@ -374,6 +397,11 @@ def test_sharded_dilation(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_large_kernel(world):
     harness.run(world, case_large_kernel, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_partial_grads(world):
+    harness.run(world, case_partial_grads, world)
 
 
 def test_low_precision_and_inference():
