@@ -2,7 +2,8 @@
 // spatial dims have extent 1 and kernel 1), computed in float (double for double inputs: gradcheck).
 // Forward: one task per (query, head), two passes over its window with a K^d score buffer per thread (exact
 // softmax, no online rescaling error). Backward: one task per (batch, head), so the dk/dv rows a task adds into
-// belong to it alone (no atomics, deterministic).
+// belong to it alone (no atomics, deterministic); with fewer (batch, head) pairs than threads, a two-pass form
+// (dq per query, then dk/dv per key) instead.
 #include "ops/neighborhood_kernels.h"
 
 #ifdef SHARDTENSOR_HAVE_CUDA
@@ -192,6 +193,93 @@ void cpu_backward(const T* go, const T* q, const T* k, const T* v, const T* out,
   });
 }
 
+// Per spatial dim, CSR lists: for each local key index, the local query indices whose windows contain it.
+struct Inverse {
+  std::vector<int64_t> start; // kn + 1 entries
+  std::vector<int64_t> query;
+};
+
+Inverse inverse_of(const Dims& s, int d) {
+  const auto& g = s.g;
+  std::vector<std::vector<int64_t>> per(s.kn[d]);
+  for (int64_t i = 0; i < s.qn[d]; ++i) {
+    const auto ws = window_start(g.q_offset[d] + i, g.kernel[d], g.extent[d], g.dilation[d]) - g.k_offset[d];
+    for (int64_t t = 0; t < g.kernel[d]; ++t) per[ws + t * g.dilation[d]].push_back(i);
+  }
+  Inverse inv;
+  inv.start.push_back(0);
+  for (const auto& l : per) {
+    inv.query.insert(inv.query.end(), l.begin(), l.end());
+    inv.start.push_back(static_cast<int64_t>(inv.query.size()));
+  }
+  return inv;
+}
+
+// Backward in two passes when (batch, head) pairs are fewer than the threads: dq per (query, head), then dk/dv per
+// (key, head) over the queries whose windows contain the key (recomputing the probabilities). Twice the arithmetic
+// of cpu_backward, but every task writes only its own rows, so all threads work and the result is deterministic.
+template <typename T>
+void cpu_backward_two_pass(const T* go, const T* q, const T* k, const T* v, const T* out, const T* lse, T* dq, T* dk,
+                           T* dv, const Dims& s, T scale) {
+  const auto& K = s.g.kernel;
+  const int64_t nq = s.batch * s.qn[0] * s.qn[1] * s.qn[2] * s.heads;
+  const int64_t nk = s.batch * s.kn[0] * s.kn[1] * s.kn[2] * s.heads;
+  const int64_t window = K[0] * K[1] * K[2];
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, window * (s.dim + s.dim_v)));
+  std::vector<T> delta(nq);
+  at::parallel_for(0, nq, grain, [&](int64_t begin, int64_t end) {
+    std::vector<T> dqa(s.dim);
+    for (int64_t w = begin; w < end; ++w) {
+      const auto p = locate(w, s);
+      const T* qp = q + w * s.dim;
+      const T* gp = go + w * s.dim_v;
+      const T dl = dot(gp, out + w * s.dim_v, s.dim_v);
+      delta[w] = dl;
+      std::fill(dqa.begin(), dqa.end(), T(0));
+      for (int64_t a = 0; a < K[0]; ++a)
+        for (int64_t b = 0; b < K[1]; ++b)
+          for (int64_t c = 0; c < K[2]; ++c) {
+            const auto kr = key_row(p, s, a, b, c);
+            const T* kp = k + kr * s.dim;
+            const T pr = std::exp(dot(qp, kp, s.dim) * scale - lse[w]);
+            const T ds = pr * (dot(gp, v + kr * s.dim_v, s.dim_v) - dl) * scale;
+            for (int64_t d = 0; d < s.dim; ++d) dqa[d] += ds * kp[d];
+          }
+      std::copy(dqa.begin(), dqa.end(), dq + w * s.dim);
+    }
+  });
+  const std::array<Inverse, 3> inv{inverse_of(s, 0), inverse_of(s, 1), inverse_of(s, 2)};
+  at::parallel_for(0, nk, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t kr = begin; kr < end; ++kr) {
+      const int64_t h = kr % s.heads;
+      int64_t r = kr / s.heads;
+      std::array<int64_t, 3> pos{};
+      for (int d = 2; d >= 0; --d) {
+        pos[d] = r % s.kn[d];
+        r /= s.kn[d];
+      }
+      const int64_t b = r;
+      const T* kp = k + kr * s.dim;
+      const T* vp = v + kr * s.dim_v;
+      T* dkp = dk + kr * s.dim;
+      T* dvp = dv + kr * s.dim_v;
+      for (auto i0 = inv[0].start[pos[0]]; i0 < inv[0].start[pos[0] + 1]; ++i0)
+        for (auto i1 = inv[1].start[pos[1]]; i1 < inv[1].start[pos[1] + 1]; ++i1)
+          for (auto i2 = inv[2].start[pos[2]]; i2 < inv[2].start[pos[2] + 1]; ++i2) {
+            const int64_t w =
+                (((b * s.qn[0] + inv[0].query[i0]) * s.qn[1] + inv[1].query[i1]) * s.qn[2] + inv[2].query[i2]) *
+                    s.heads + h;
+            const T* qp = q + w * s.dim;
+            const T* gp = go + w * s.dim_v;
+            const T pr = std::exp(dot(qp, kp, s.dim) * scale - lse[w]);
+            const T ds = pr * (dot(gp, vp, s.dim_v) - delta[w]) * scale;
+            for (int64_t d = 0; d < s.dim; ++d) dkp[d] += ds * qp[d];
+            for (int64_t d = 0; d < s.dim_v; ++d) dvp[d] += pr * gp[d];
+          }
+    }
+  });
+}
+
 std::vector<int64_t> lse_shape(const at::Tensor& q, int64_t nd) {
   auto r = q.sizes().vec();
   r.pop_back();
@@ -310,10 +398,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   auto gc = grad_out.to(acc).contiguous(), qc = q.to(acc).contiguous(), kc = k.to(acc).contiguous(),
        vc = v.to(acc).contiguous(), oc = out.to(acc).contiguous(), lc = lse.to(acc).contiguous();
   AT_DISPATCH_FLOATING_TYPES(acc, "neighborhood_attention_backward", [&] {
-    cpu_backward<scalar_t>(gc.const_data_ptr<scalar_t>(), qc.const_data_ptr<scalar_t>(), kc.const_data_ptr<scalar_t>(),
-                           vc.const_data_ptr<scalar_t>(), oc.const_data_ptr<scalar_t>(), lc.const_data_ptr<scalar_t>(),
-                           dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(), s,
-                           static_cast<scalar_t>(scale));
+    // Few (batch, head) pairs for the threads: the two-pass form keeps every thread busy.
+    auto* fn = s.batch * s.heads >= at::get_num_threads() ? &cpu_backward<scalar_t> : &cpu_backward_two_pass<scalar_t>;
+    fn(gc.const_data_ptr<scalar_t>(), qc.const_data_ptr<scalar_t>(), kc.const_data_ptr<scalar_t>(),
+       vc.const_data_ptr<scalar_t>(), oc.const_data_ptr<scalar_t>(), lc.const_data_ptr<scalar_t>(),
+       dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(), s, static_cast<scalar_t>(scale));
   });
   const auto t = q.scalar_type();
   return {dq.to(t), dk.to(t), dv.to(t)};

@@ -88,6 +88,27 @@ def test_single_device_forward_backward(shape, dv, kernel):
         close(a.grad, b.grad, rtol=1e-5, atol=1e-5, what=name)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("shape,kernel,dilation", [((1, 7, 6, 1, 3), (3, 5), (2, 1)), ((2, 9, 3, 2), (5,), (1,)),
+                                                    ((1, 5, 4, 3, 2, 2), (3, 3, 1), (1, 1, 2))])
+def test_backward_forms(threads, shape, kernel, dilation):
+    """CPU backward: one task per (batch, head) when they fill the threads, else dq per query then dk/dv per key."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v = qkv(shape, 3, requires_grad=True)
+        qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = FNS[len(kernel)](q, k, v, kernel, dilation=dilation)
+        ref = reference(qr, kr, vr, kernel, dilation=dilation)
+        w = randn(*ref.shape, seed=2)
+        (out * w).sum().backward()
+        (ref * w).sum().backward()
+        for a, b, name in ((q, qr, "dq"), (k, kr, "dk"), (v, vr, "dv")):
+            close(a.grad, b.grad, rtol=1e-5, atol=1e-5, what=f"threads={threads} {name}")
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_generic_entry_scale_and_int_kernel():
     q, k, v = qkv((1, 6, 5, 2, 4), 3)
     close(neighborhood_attention(q, k, v, 3, scale=0.7), reference(q, k, v, (3, 3), scale=0.7), what="scale")
