@@ -32,7 +32,9 @@ template <typename A> __device__ inline A load(const __nv_bfloat16* p) { return 
 template <typename A> __device__ inline void store(float* p, A x) { *p = static_cast<float>(x); }
 template <typename A> __device__ inline void store(double* p, A x) { *p = static_cast<double>(x); }
 template <typename A> __device__ inline void store(__half* p, A x) { *p = __float2half(static_cast<float>(x)); }
-template <typename A> __device__ inline void store(__nv_bfloat16* p, A x) { *p = __float2bfloat16(static_cast<float>(x)); }
+template <typename A> __device__ inline void store(__nv_bfloat16* p, A x) {
+  *p = __float2bfloat16(static_cast<float>(x));
+}
 
 template <typename A> __device__ inline A warp_sum(A x) {
   for (int off = kWarp / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);

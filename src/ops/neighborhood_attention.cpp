@@ -13,11 +13,13 @@
 // ShardTensors (bound at both shard keys, above autograd): q, k, v share q's layout (k/v are redistributed,
 // differentiably, when they differ). Batch and heads shards are local. Each sharded spatial dim (any number of
 // mesh dims, one mesh dim per spatial dim) gathers, from specs alone, the global key rows the local queries'
-// windows cover (one contiguous range; with dilation it includes the other groups' rows in between) -- K/2 rows each side, more next to the global borders where windows are clamped inward, and
-// from several ranks away when shards are narrower than that -- with comm::gather_rows, dim by dim (so corners
-// of 2-D meshes come along). k and v travel together (concatenated on the feature dim): one exchange per sharded
-// dim. Backward: the local kernel gives dq and the window's dk/dv, which go home with comm::scatter_add_rows
-// (the adjoint), in reverse dim order. Zero-extent ranks take part in every collective.
+// windows cover -- one contiguous range: K/2 rows each side, more next to the global borders where windows are
+// clamped inward, from several ranks away when shards are narrower than that, and with dilation the other
+// groups' rows in between -- with comm::gather_rows, dim by dim (so corners of 2-D meshes come along). With one
+// sharded dim the interior queries run while the exchange is in flight. k and v travel together (concatenated
+// on the feature dim): one exchange per sharded dim. Backward: the local kernel gives dq and the window's dk/dv,
+// which go home with comm::scatter_add_rows (the adjoint), in reverse dim order. Zero-extent ranks take part in
+// every collective.
 #include "comm/halo.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
@@ -156,9 +158,10 @@ std::tuple<at::Tensor, at::Tensor> forward_meta(const at::Tensor& q, const at::T
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_meta(const at::Tensor&, const at::Tensor& q,
-                                                             const at::Tensor& k, const at::Tensor& v, const at::Tensor&,
-                                                             const at::Tensor&, at::IntArrayRef, at::IntArrayRef,
-                                                             at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, double) {
+                                                             const at::Tensor& k, const at::Tensor& v,
+                                                             const at::Tensor&, const at::Tensor&, at::IntArrayRef,
+                                                             at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                             at::IntArrayRef, double) {
   return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
 }
 
@@ -220,8 +223,9 @@ struct PlainFn : torch::autograd::Function<PlainFn> {
     variable_list res(6);
     if (!grads[0].defined()) return res;
     auto s = ctx->get_saved_variables();
-    auto [dq, dk, dv] = dispatch_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["kernel"].toIntVector(),
-                                          ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["scale"].toDouble());
+    auto [dq, dk, dv] =
+        dispatch_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["kernel"].toIntVector(),
+                          ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["scale"].toDouble());
     if (ctx->needs_input_grad(0)) res[0] = dq;
     if (ctx->needs_input_grad(1)) res[1] = dk;
     if (ctx->needs_input_grad(2)) res[2] = dv;
@@ -308,9 +312,9 @@ bool overlap_enabled() {
 // dilation 1 (contiguous interior). Returns {} when there is nothing to overlap with; the caller then gathers
 // and runs everything at once. `kv` is the local k|v concatenation; the gathered window is returned in `window`.
 std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Tensor& ql, const at::Tensor& kv,
-                                                                    int64_t dim, const DimPlan& d, const ShardSpec& qspec,
-                                                                    const na::Geometry& g, double scale,
-                                                                    at::Tensor& window) {
+                                                                    int64_t dim, const DimPlan& d,
+                                                                    const ShardSpec& qspec, const na::Geometry& g,
+                                                                    double scale, at::Tensor& window) {
   const auto i = d.dim - 1;
   if (!overlap_enabled() || g.dilation[i] != 1 || ql.numel() == 0) return std::nullopt;
   const auto& mesh = *qspec.mesh;
@@ -393,7 +397,8 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = qspec->mesh;
-    auto [plans, g] = plan_of(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector());
+    auto [plans, g] =
+        plan_of(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector());
     auto out = ctx->saved_data["out"].toTensor();
     auto out_shape = q.sizes().vec();
     out_shape.back() = v.size(-1);
@@ -409,7 +414,8 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
       for (auto it = plans.rbegin(); it != plans.rend(); ++it)
         dkv = comm::scatter_add_rows(dkv, it->dim, it->extents, it->want, *mesh, it->mesh_dim);
       const auto dim = k.size(-1);
-      if (ctx->needs_input_grad(1)) res[1] = make_shard_tensor(dkv.narrow(-1, 0, dim).contiguous(), shard_impl(k)->spec());
+      if (ctx->needs_input_grad(1))
+        res[1] = make_shard_tensor(dkv.narrow(-1, 0, dim).contiguous(), shard_impl(k)->spec());
       if (ctx->needs_input_grad(2))
         res[2] = make_shard_tensor(dkv.narrow(-1, dim, v.size(-1)).contiguous(), shard_impl(v)->spec());
     }

@@ -318,8 +318,8 @@ cuda::NaDtype cuda_dtype(at::ScalarType t) {
 
 void check_cuda_dims(const Dims& s) {
   TORCH_CHECK_NOT_IMPLEMENTED(s.dim <= cuda::kNaMaxHeadDim && s.dim_v <= cuda::kNaMaxHeadDim,
-                              "neighborhood_attention on CUDA: head dims up to ", cuda::kNaMaxHeadDim, " are supported, "
-                              "got ", s.dim, " and ", s.dim_v, "; split the heads further");
+                              "neighborhood_attention on CUDA: head dims up to ", cuda::kNaMaxHeadDim,
+                              " are supported, got ", s.dim, " and ", s.dim_v, "; split the heads further");
 }
 #endif
 
@@ -391,7 +391,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
          oc = out.to(t).contiguous(), lc = lse.to(acc).contiguous();
     cuda::na_backward(gc.const_data_ptr(), qc.const_data_ptr(), kc.const_data_ptr(), vc.const_data_ptr(),
                       oc.const_data_ptr(), lc.const_data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                      cuda_shape(s, scale), cuda_dtype(t), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+                      cuda_shape(s, scale), cuda_dtype(t),
+                      c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return {dq.to(t), dk.to(t), dv.to(t)};
   }
 #endif
