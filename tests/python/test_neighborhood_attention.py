@@ -432,3 +432,58 @@ def test_low_precision_and_inference():
 def test_errors_sharded():
     harness.expect_error(2, case_head_dim_sharded, 0, match="head_dim", kinds=("NotImplementedError",))
     harness.expect_error(3, case_kernel_too_large, 0, match="smaller than the kernel size", kinds=("ValueError",))
+
+
+# ---- CUDA kernel (a GPU machine only: benchmarks/gpu_check.sh runs these) ----
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10), (torch.bfloat16, 3e-2),
+                                       (torch.float16, 5e-3)])
+@pytest.mark.parametrize("shape,dv,kernel,dilation", [
+    ((2, 11, 3, 8), 8, (5,), (1,)),
+    ((1, 9, 10, 2, 64), 48, (5, 7), (1, 1)),        # head dims over 32: several values per lane
+    ((1, 13, 6, 2, 200), 256, (3, 3), (3, 2)),      # dilation, head dims near the 256 limit
+    ((1, 5, 6, 7, 2, 16), 16, (3, 5, 3), (1, 1, 2)),
+])
+def test_cuda_kernel_matches_cpu(dtype, tol, shape, dv, kernel, dilation):
+    q, k, v = qkv(shape, dv, dtype=dtype, requires_grad=True)
+    qc, kc, vc = (t.detach().cuda().requires_grad_() for t in (q, k, v))
+    fn = FNS[len(kernel)]
+    out = fn(q, k, v, kernel, dilation=dilation)
+    out_c = fn(qc, kc, vc, kernel, dilation=dilation)
+    assert out_c.is_cuda and out_c.dtype == dtype
+    close(out_c.cpu().double(), out.double(), rtol=tol, atol=tol, what="cuda forward")
+    g = randn(*out.shape, seed=5, dtype=dtype)
+    out.backward(g)
+    out_c.backward(g.cuda())
+    for a, b, name in ((qc, q, "dq"), (kc, k, "dk"), (vc, v, "dv")):
+        close(a.grad.cpu().double(), b.grad.double(), rtol=tol, atol=tol * 10, what=f"cuda {name}")
+
+
+@cuda_only
+def test_cuda_head_dim_limit():
+    q, k, v = (t.cuda() for t in qkv((1, 5, 1, 300), 4))
+    with pytest.raises(NotImplementedError, match="head dims up to 256"):
+        neighborhood_attention1d(q, k, v, 3)
+
+
+def case_cuda_sharded(seed):
+    torch.cuda.set_device(0)
+    m = mesh()
+    w = m.size()
+    q, k, v = (t.cuda() for t in qkv((1, 11, 7, 2, 40), 24, seed=seed))
+    for kernel, dil in (((5, 3), (1, 1)), ((3, 3), (2, 2)), ((11, 7), (1, 1))):
+        for ext in (uneven_extents(11, w, seed), narrow_extents(11, w)):
+            lay = ([st.Shard(1)], {0: ext})
+            check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, kernel, dilation=dil), [q, k, v], [lay] * 3, m,
+                     rtol=1e-4, atol=1e-5, what=f"cuda sharded K={kernel} d={dil} ext={ext}")
+    return True
+
+
+@cuda_only
+@pytest.mark.parametrize("world", [2, 3])
+def test_cuda_sharded(world):
+    harness.run(world, case_cuda_sharded, world, timeout=300)
