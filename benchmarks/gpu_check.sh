@@ -12,6 +12,8 @@ log "build"
 timeout 300 make build > "$OUT/gpu_build.log" 2>&1 || { tail -40 "$OUT/gpu_build.log"; exit 1; }
 log "CUDA tests"
 timeout 240 .venv/bin/python -m pytest -q tests/python/test_cuda.py 2>&1 | tail -20 | tee -a "$OUT/gpu_check.log"
+log "neighbourhood attention CUDA kernel (first GPU run)"
+timeout 240 .venv/bin/python -m pytest -q tests/python/test_neighborhood_attention.py -k cuda 2>&1 | tail -20 | tee -a "$OUT/gpu_check.log"
 log "halo conv, 2 ranks on one GPU"
 timeout 240 .venv/bin/python benchmarks/halo_conv/bench.py --device cuda --ranks 2 --quick 2>&1 | tail -12 | tee -a "$OUT/gpu_check.log"
 log "ring attention, 2 ranks on one GPU"

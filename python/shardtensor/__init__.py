@@ -289,4 +289,4 @@ def _install_tensor_methods():
 
 _install_tensor_methods()
 
-from . import ops  # noqa: E402,F401  (shardtensor.ops: knn, radius_search, ...)
+from . import ops  # noqa: E402,F401  (shardtensor.ops: neighbourhood attention, knn, radius_search)

@@ -69,6 +69,7 @@ void register_all() {
   register_pool();
   register_point_search();
   register_interpolate();
+  register_neighborhood_attention();
 }
 
 } // namespace shardtensor::ops

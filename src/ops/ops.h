@@ -21,5 +21,6 @@ void register_pad();
 void register_interpolate();
 void register_pool();
 void register_point_search();
+void register_neighborhood_attention();
 
 } // namespace shardtensor::ops

@@ -1,0 +1,527 @@
+// Neighbourhood attention (NATTEN semantics) as custom ops in namespace `shardtensor`, for plain tensors and
+// ShardTensors.
+//
+// Ops (TORCH_LIBRARY_FRAGMENT: other files define ops in this namespace too):
+//  - neighborhood_attention(q, k, v, kernel_size, dilation?, scale?): q, k [B, spatial..., H, D],
+//    v [B, spatial..., H, Dv], len(kernel_size) spatial dims (1..3). Query i attends to the K keys starting at
+//    clamp(i - K/2, 0, L - K) per dim (the window shifts inward at the borders, so every query sees exactly K^d
+//    keys); with dilation d the same rule applies inside the query's group of positions i mod d.
+//  - neighborhood_attention_forward / _backward: the local kernels with explicit global geometry (query offsets,
+//    key-window offsets, global extents), so a shard's queries can run against a gathered key window.
+// Plain tensors: CPU/CUDA kernels, differentiable through an autograd::Function bound at the Autograd key.
+//
+// ShardTensors (bound at both shard keys, above autograd): q, k, v share q's layout (k/v are redistributed,
+// differentiably, when they differ). Batch and heads shards are local. Each sharded spatial dim (any number of
+// mesh dims, one mesh dim per spatial dim) gathers, from specs alone, the global key rows the local queries'
+// windows cover -- one contiguous range: K/2 rows each side, more next to the global borders where windows are
+// clamped inward, from several ranks away when shards are narrower than that, and with dilation the other
+// groups' rows in between -- with comm::gather_rows, dim by dim (so corners of 2-D meshes come along). With one
+// sharded dim the interior queries run while the exchange is in flight. k and v travel together (concatenated
+// on the feature dim): one exchange per sharded dim. Backward: the local kernel gives dq and the window's dk/dv,
+// which go home with comm::scatter_add_rows (the adjoint), in reverse dim order. Zero-extent ranks take part in
+// every collective.
+#include "comm/halo.h"
+#include "dispatch/promote.h"
+#include "ops/common.h"
+#include "ops/neighborhood_kernels.h"
+#include "ops/ops.h"
+
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <sstream>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---- argument checks shared by both paths (global shapes) ----
+
+std::vector<int64_t> dilation_of(at::IntArrayRef kernel, at::OptionalIntArrayRef dilation) {
+  if (!dilation.has_value() || dilation->empty()) return std::vector<int64_t>(kernel.size(), 1);
+  TORCH_CHECK_VALUE(dilation->size() == kernel.size(), "neighborhood_attention: dilation ", *dilation,
+                    " must have one entry per spatial dim, like kernel_size ", kernel);
+  return dilation->vec();
+}
+
+na::Geometry plain_geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
+                            at::IntArrayRef dilation) {
+  const auto nd = static_cast<int64_t>(kernel.size());
+  TORCH_CHECK_VALUE(nd >= 1 && nd <= 3, "neighborhood_attention: kernel_size must name 1 to 3 spatial dims, got ",
+                    kernel);
+  TORCH_CHECK_VALUE(q.dim() == nd + 3 && k.dim() == nd + 3 && v.dim() == nd + 3,
+                    "neighborhood_attention: with ", nd, " spatial dims (kernel_size ", kernel, "), query, key and "
+                    "value must have ", nd + 3, " dims [B, spatial..., heads, head_dim], got ", q.sizes(), ", ",
+                    k.sizes(), ", ", v.sizes());
+  for (int64_t d = 0; d < nd + 2; ++d)
+    TORCH_CHECK_VALUE(q.size(d) == k.size(d) && k.size(d) == v.size(d),
+                      "neighborhood_attention: query, key and value must agree on batch, spatial and head dims, got ",
+                      q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK_VALUE(q.size(-1) == k.size(-1), "neighborhood_attention: query and key head_dim differ: ", q.sizes(),
+                    " vs ", k.sizes());
+  na::Geometry g;
+  g.nd = nd;
+  for (int64_t d = 0; d < nd; ++d) {
+    g.kernel[d] = kernel[d];
+    g.dilation[d] = dilation[d];
+    g.extent[d] = q.size(1 + d);
+    TORCH_CHECK_VALUE(kernel[d] >= 1 && kernel[d] % 2 == 1,
+                      "neighborhood_attention: kernel sizes must be odd and positive, got ", kernel);
+    TORCH_CHECK_VALUE(dilation[d] >= 1, "neighborhood_attention: dilation must be positive, got ", dilation);
+    TORCH_CHECK_VALUE(q.size(1 + d) >= kernel[d] * dilation[d], "neighborhood_attention: spatial dim ", 1 + d,
+                      " has extent ", q.size(1 + d), " smaller than the kernel size ", kernel[d],
+                      dilation[d] > 1 ? " times the dilation" : "",
+                      " (every query needs K keys); use kernel_size * dilation <= the extent");
+  }
+  return g;
+}
+
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+}
+
+na::Geometry geometry_from(at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayRef q_offset,
+                           at::IntArrayRef k_offset, at::IntArrayRef extent) {
+  const auto nd = static_cast<int64_t>(kernel.size());
+  TORCH_CHECK_VALUE(nd >= 1 && nd <= 3 && dilation.size() == kernel.size() && q_offset.size() == kernel.size() &&
+                        k_offset.size() == kernel.size() && extent.size() == kernel.size(),
+                    "neighborhood_attention_forward/backward: kernel_size, dilation, query_offset, key_offset and "
+                    "extent must have one entry per spatial dim (1 to 3)");
+  na::Geometry g;
+  g.nd = nd;
+  for (int64_t d = 0; d < nd; ++d) {
+    g.kernel[d] = kernel[d];
+    g.dilation[d] = dilation[d];
+    g.q_offset[d] = q_offset[d];
+    g.k_offset[d] = k_offset[d];
+    g.extent[d] = extent[d];
+  }
+  return g;
+}
+
+// ---- plain tensors ----
+
+std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                              at::IntArrayRef q_offset, at::IntArrayRef k_offset,
+                                              at::IntArrayRef extent, double scale) {
+  return na::forward(q, k, v, geometry_from(kernel, dilation, q_offset, k_offset, extent), scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_op(const at::Tensor& grad_out, const at::Tensor& q,
+                                                           const at::Tensor& k, const at::Tensor& v,
+                                                           const at::Tensor& out, const at::Tensor& lse,
+                                                           at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                                           at::IntArrayRef q_offset, at::IntArrayRef k_offset,
+                                                           at::IntArrayRef extent, double scale) {
+  return na::backward(grad_out, q, k, v, out, lse, geometry_from(kernel, dilation, q_offset, k_offset, extent),
+                      scale);
+}
+
+// Below autograd (inference mode, or after the autograd kernel): forward only.
+at::Tensor na_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
+                      at::OptionalIntArrayRef dilation, std::optional<double> scale) {
+  return std::get<0>(
+      na::forward(q, k, v, plain_geometry(q, k, v, kernel, dilation_of(kernel, dilation)), scale_of(q, scale)));
+}
+
+na::Geometry unpack(const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation) {
+  na::Geometry g;
+  g.nd = static_cast<int64_t>(kernel.size());
+  for (int64_t d = 0; d < g.nd; ++d) {
+    g.kernel[d] = kernel[d];
+    g.dilation[d] = dilation[d];
+  }
+  return g;
+}
+
+// Shapes only (FakeTensors: torch.compile traces the autograd function with them).
+std::vector<int64_t> out_shape_of(const at::Tensor& q, const at::Tensor& v) {
+  auto s = q.sizes().vec();
+  s.back() = v.size(-1);
+  return s;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                at::IntArrayRef, double) {
+  auto lse_shape = q.sizes().vec();
+  lse_shape.pop_back();
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return {at::empty(out_shape_of(q, v), q.options()), at::empty(lse_shape, q.options().dtype(acc))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_meta(const at::Tensor&, const at::Tensor& q,
+                                                             const at::Tensor& k, const at::Tensor& v,
+                                                             const at::Tensor&, const at::Tensor&, at::IntArrayRef,
+                                                             at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                             at::IntArrayRef, double) {
+  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+}
+
+at::Tensor na_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
+                   at::OptionalIntArrayRef dilation, std::optional<double>) {
+  plain_geometry(q, k, v, kernel, dilation_of(kernel, dilation));
+  return at::empty(out_shape_of(q, v), q.options());
+}
+
+// The plain autograd function calls the geometry ops through the dispatcher, below autograd: the CPU/CUDA kernels
+// for real tensors, the Meta kernels for fake ones.
+std::vector<int64_t> zeros_for(at::IntArrayRef kernel) {
+  return std::vector<int64_t>(kernel.size(), 0);
+}
+
+std::vector<int64_t> extents_of(const at::Tensor& q, at::IntArrayRef kernel) {
+  std::vector<int64_t> e;
+  for (size_t d = 0; d < kernel.size(); ++d) e.push_back(q.size(1 + static_cast<int64_t>(d)));
+  return e;
+}
+
+std::tuple<at::Tensor, at::Tensor> dispatch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    at::IntArrayRef kernel, at::IntArrayRef dilation, double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardtensor::neighborhood_attention_forward", "")
+                       .typed<decltype(forward_meta)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const auto zeros = zeros_for(kernel);
+  return op.call(q, k, v, kernel, dilation, zeros, zeros, extents_of(q, kernel), scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dispatch_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                                                 const at::Tensor& k, const at::Tensor& v,
+                                                                 const at::Tensor& out, const at::Tensor& lse,
+                                                                 at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                                                 double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardtensor::neighborhood_attention_backward", "")
+                       .typed<decltype(backward_meta)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const auto zeros = zeros_for(kernel);
+  return op.call(grad_out, q, k, v, out, lse, kernel, dilation, zeros, zeros, extents_of(q, kernel), scale);
+}
+
+struct PlainFn : torch::autograd::Function<PlainFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
+    ctx->set_materialize_grads(false);
+    plain_geometry(q, k, v, kernel, dilation);
+    auto [out, lse] = dispatch_forward(q, k, v, kernel, dilation, scale);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list res(6);
+    if (!grads[0].defined()) return res;
+    auto s = ctx->get_saved_variables();
+    auto [dq, dk, dv] =
+        dispatch_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["kernel"].toIntVector(),
+                          ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["scale"].toDouble());
+    if (ctx->needs_input_grad(0)) res[0] = dq;
+    if (ctx->needs_input_grad(1)) res[1] = dk;
+    if (ctx->needs_input_grad(2)) res[2] = dv;
+    return res;
+  }
+};
+
+at::Tensor na_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::IntArrayRef kernel,
+                       at::OptionalIntArrayRef dilation, std::optional<double> scale) {
+  return PlainFn::apply(q, k, v, kernel.vec(), dilation_of(kernel, dilation), scale_of(q, scale));
+}
+
+// ---- ShardTensors ----
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  if (auto* i = shard_impl(t)) os << to_string(i->spec()->placements);
+  else os << "plain";
+  os << " " << t.sizes();
+  return os.str();
+}
+
+[[noreturn]] void refuse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& why,
+                         const std::string& remedy) {
+  std::ostringstream os;
+  os << "ShardTensor neighborhood_attention (query: " << describe(q) << ", key: " << describe(k)
+     << ", value: " << describe(v) << "): " << why << ". Remedy: " << remedy;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, os.str());
+}
+
+// One sharded spatial dim: which global key rows every coordinate along its mesh dim needs.
+struct DimPlan {
+  int64_t dim = 0;       // tensor dim (1 + spatial index)
+  int64_t mesh_dim = 0;
+  std::vector<int64_t> extents;
+  comm::RowRequests want;
+};
+
+// Plans for the sharded spatial dims of q's spec (mesh-dim order) and the local geometry. Specs only: every
+// rank computes the same lists.
+std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, const std::vector<int64_t>& kernel,
+                                                      const std::vector<int64_t>& dilation) {
+  auto g = unpack(kernel, dilation);
+  const auto nd = g.nd;
+  for (int64_t d = 0; d < nd; ++d) {
+    g.extent[d] = spec.global_shape[1 + d];
+    g.q_offset[d] = spec.local_offset(1 + d);
+  }
+  std::vector<DimPlan> plans;
+  for (int64_t m = 0; m < spec.mesh->ndim(); ++m) {
+    const auto& p = spec.placements[m];
+    if (!p.is_shard() || p.dim < 1 || p.dim > nd) continue;
+    DimPlan dp;
+    dp.dim = p.dim;
+    dp.mesh_dim = m;
+    dp.extents = spec.extents[m];
+    const auto i = p.dim - 1;
+    for (int64_t c = 0; c < static_cast<int64_t>(dp.extents.size()); ++c) {
+      std::vector<int64_t> rows;
+      const auto e = dp.extents[c];
+      if (e > 0) {
+        const auto [lo, hi] = na::window_union(spec.offset_of(m, c), e, g.kernel[i], g.extent[i], g.dilation[i]);
+        for (auto r = lo; r < hi; ++r) rows.push_back(r);
+      }
+      dp.want.push_back(std::move(rows));
+    }
+    const auto& mine = dp.want[spec.mesh->coordinate(m)];
+    g.k_offset[i] = mine.empty() ? 0 : mine.front();
+    plans.push_back(std::move(dp));
+  }
+  return {plans, g};
+}
+
+bool overlap_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SHARDTENSOR_HALO_OVERLAP");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+
+// Forward with the halo exchange in flight: the queries whose windows lie in this rank's own rows run first,
+// against the local keys; the border queries run once the window has arrived. One sharded spatial dim with
+// dilation 1 (contiguous interior). Returns {} when there is nothing to overlap with; the caller then gathers
+// and runs everything at once. `kv` is the local k|v concatenation; the gathered window is returned in `window`.
+std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Tensor& ql, const at::Tensor& kv,
+                                                                    int64_t dim, const DimPlan& d,
+                                                                    const ShardSpec& qspec, const na::Geometry& g,
+                                                                    double scale, at::Tensor& window) {
+  const auto i = d.dim - 1;
+  if (!overlap_enabled() || g.dilation[i] != 1 || ql.numel() == 0) return std::nullopt;
+  const auto& mesh = *qspec.mesh;
+  const auto me = mesh.coordinate(d.mesh_dim);
+  const auto a = qspec.offset_of(d.mesh_dim, me), e = d.extents[me];
+  const auto K = g.kernel[i], L = g.extent[i];
+  int64_t i0 = a, i1 = a + e;
+  while (i0 < a + e && na::window_start(i0, K, L) < a) ++i0;
+  while (i1 > i0 && na::window_start(i1 - 1, K, L) + K > a + e) --i1;
+  if (i1 <= i0) return std::nullopt;
+  auto pending = comm::gather_rows_start(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
+  const auto dim_v = kv.size(-1) - dim;
+  auto run = [&](int64_t from, int64_t to, const at::Tensor& keys, int64_t key_offset) {
+    auto gp = g;
+    gp.q_offset[i] = from;
+    gp.k_offset[i] = key_offset;
+    return na::forward(ql.narrow(d.dim, from - a, to - from), keys.narrow(-1, 0, dim), keys.narrow(-1, dim, dim_v),
+                       gp, scale);
+  };
+  auto interior = run(i0, i1, kv, a);
+  window = comm::gather_rows_finish(pending);
+  std::vector<at::Tensor> outs, lses;
+  if (i0 > a) {
+    auto [o, l] = run(a, i0, window, g.k_offset[i]);
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  outs.push_back(std::get<0>(interior));
+  lses.push_back(std::get<1>(interior));
+  if (a + e > i1) {
+    auto [o, l] = run(i1, a + e, window, g.k_offset[i]);
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  return std::make_pair(at::cat(outs, d.dim), at::cat(lses, d.dim));
+}
+
+struct ShardFn : torch::autograd::Function<ShardFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
+    ctx->set_materialize_grads(false);
+    at::NoGradGuard no_grad;
+    const auto qspec = shard_impl(q)->spec();
+    const auto& mesh = *qspec->mesh;
+    auto [plans, g] = plan_of(*qspec, kernel, dilation);
+    const auto& ql = shard_impl(q)->local();
+    const auto dim = k.size(-1), dim_v = v.size(-1);
+    // k and v share the layout: one exchange per sharded dim carries both.
+    auto kv = at::cat({shard_impl(k)->local(), shard_impl(v)->local()}, -1);
+    at::Tensor out, lse, window;
+    auto overlapped = plans.size() == 1 ? overlapped_forward(ql, kv, dim, plans[0], *qspec, g, scale, window)
+                                        : std::nullopt;
+    if (overlapped) {
+      std::tie(out, lse) = *overlapped;
+      kv = window;
+    } else {
+      for (const auto& d : plans) kv = comm::gather_rows(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
+      std::tie(out, lse) = na::forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), g, scale);
+    }
+    auto kw = kv.narrow(-1, 0, dim), vw = kv.narrow(-1, dim, dim_v);
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["kw"] = kw;
+    ctx->saved_data["vw"] = vw;
+    ctx->saved_data["out"] = out;
+    ctx->saved_data["lse"] = lse;
+    ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["scale"] = scale;
+    auto out_shape = q.sizes().vec();
+    out_shape.back() = dim_v;
+    return make_shard_tensor(out, ShardSpec::make_with_dim_extents(qspec->mesh, qspec->placements, out_shape,
+                                                                   qspec->dim_extents()));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list res(6);
+    if (!grads[0].defined()) return res;
+    at::NoGradGuard no_grad;
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    const auto qspec = shard_impl(q)->spec();
+    const auto& mesh = qspec->mesh;
+    auto [plans, g] =
+        plan_of(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector());
+    auto out = ctx->saved_data["out"].toTensor();
+    auto out_shape = q.sizes().vec();
+    out_shape.back() = v.size(-1);
+    auto go = local_aligned(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, out_shape, qspec->placements,
+                            qspec->dim_extents());
+    auto [dq, dkw, dvw] = na::backward(go, shard_impl(q)->local(), ctx->saved_data["kw"].toTensor(),
+                                       ctx->saved_data["vw"].toTensor(), out, ctx->saved_data["lse"].toTensor(), g,
+                                       ctx->saved_data["scale"].toDouble());
+    if (ctx->needs_input_grad(0)) res[0] = make_shard_tensor(dq, qspec);
+    if (ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
+      // Window rows go home (summed where windows overlap), in reverse order of the gathers.
+      auto dkv = at::cat({dkw, dvw}, -1);
+      for (auto it = plans.rbegin(); it != plans.rend(); ++it)
+        dkv = comm::scatter_add_rows(dkv, it->dim, it->extents, it->want, *mesh, it->mesh_dim);
+      const auto dim = k.size(-1);
+      if (ctx->needs_input_grad(1))
+        res[1] = make_shard_tensor(dkv.narrow(-1, 0, dim).contiguous(), shard_impl(k)->spec());
+      if (ctx->needs_input_grad(2))
+        res[2] = make_shard_tensor(dkv.narrow(-1, dim, v.size(-1)).contiguous(), shard_impl(v)->spec());
+    }
+    return res;
+  }
+};
+
+at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh) {
+  if (shard_impl(t)) return t;
+  if (t.requires_grad() && at::GradMode::is_enabled()) return dispatch::promote_to_replicate(t, mesh);
+  return dispatch::as_shard(t, mesh);
+}
+
+at::Tensor resolve_partial_diff(const at::Tensor& t) {
+  auto* i = shard_impl(t);
+  if (!i->spec()->has_partial()) return t;
+  auto spec = without_partial(i->spec());
+  return redistribute(t, spec->placements, spec->sharding_shapes());
+}
+
+// Differentiable redistribution of `t` to q's placements and extents (keyed by tensor dim).
+at::Tensor to_layout(const at::Tensor& t, const ShardSpec& like) {
+  const auto& spec = *shard_impl(t)->spec();
+  auto dst = ShardSpec::make_with_dim_extents(spec.mesh, like.placements, spec.global_shape, like.dim_extents());
+  if (dst->same_layout(spec)) return t;
+  return redistribute(t, dst->placements, dst->sharding_shapes());
+}
+
+at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::IntArrayRef kernel,
+                    at::OptionalIntArrayRef dilation_arg, std::optional<double> scale) {
+  MeshPtr mesh;
+  for (const auto* t : {&query, &key, &value}) {
+    auto* i = shard_impl(*t);
+    if (!i) continue;
+    if (!mesh) mesh = i->spec()->mesh;
+    else if (!mesh->same_as(*i->spec()->mesh))
+      refuse(query, key, value, "the arguments live on different meshes",
+             "redistribute them onto one mesh (full_tensor() then distribute_tensor)");
+  }
+  TORCH_INTERNAL_ASSERT(mesh, "neighborhood_attention: no ShardTensor argument");
+  const auto dilation = dilation_of(kernel, dilation_arg);
+  plain_geometry(query, key, value, kernel, dilation); // global shape checks, identical on every rank
+  TORCH_CHECK_VALUE(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(),
+                    "neighborhood_attention: query, key and value must have one dtype, got ", query.scalar_type(),
+                    ", ", key.scalar_type(), ", ", value.scalar_type());
+  const auto nd = static_cast<int64_t>(kernel.size());
+  auto q = resolve_partial_diff(as_shard_input(query, mesh));
+  const auto& qs = *shard_impl(q)->spec();
+  std::vector<int> shards_of_dim(nd + 3, 0);
+  for (int64_t m = 0; m < mesh->ndim(); ++m) {
+    const auto& p = qs.placements[m];
+    if (!p.is_shard()) continue;
+    if (p.dim == nd + 2)
+      refuse(query, key, value, "the head_dim (last dim) is sharded; each query-key dot product needs all of it",
+             "redistribute query, key and value so the last dim is Replicate (shard a spatial, batch or heads dim "
+             "instead)");
+    if (++shards_of_dim[p.dim] > 1)
+      refuse(query, key, value, "dim " + std::to_string(p.dim) + " is sharded on more than one mesh dim",
+             "shard each tensor dim on at most one mesh dim (e.g. height on one mesh dim, width on another)");
+  }
+  // k and v follow q's layout (a no-op when they already share it).
+  auto k = to_layout(resolve_partial_diff(as_shard_input(key, mesh)), qs);
+  auto v = to_layout(resolve_partial_diff(as_shard_input(value, mesh)), qs);
+  return ShardFn::apply(q, k, v, kernel.vec(), dilation, scale_of(query, scale));
+}
+
+} // namespace
+
+void register_neighborhood_attention() {
+  static torch::Library autograd_lib(torch::Library::IMPL, "shardtensor", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("neighborhood_attention", TORCH_FN(na_shard));
+  // Inference mode skips autograd keys: bind the same entry point below autograd too.
+  static torch::Library shard_lib(torch::Library::IMPL, "shardtensor", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("neighborhood_attention", TORCH_FN(na_shard));
+}
+
+} // namespace shardtensor::ops
+
+TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
+  m.def("neighborhood_attention(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[]? dilation=None, "
+        "float? scale=None) -> Tensor");
+  m.def("neighborhood_attention_forward(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[] dilation, "
+        "int[] query_offset, int[] key_offset, int[] extent, float scale) -> (Tensor out, Tensor lse)");
+  m.def("neighborhood_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+        "Tensor lse, int[] kernel_size, int[] dilation, int[] query_offset, int[] key_offset, int[] extent, "
+        "float scale) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+}
+
+TORCH_LIBRARY_IMPL(shardtensor, CPU, m) {
+  m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_backend));
+  m.impl("neighborhood_attention_forward", TORCH_FN(shardtensor::ops::forward_op));
+  m.impl("neighborhood_attention_backward", TORCH_FN(shardtensor::ops::backward_op));
+}
+
+TORCH_LIBRARY_IMPL(shardtensor, CUDA, m) {
+  m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_backend));
+  m.impl("neighborhood_attention_forward", TORCH_FN(shardtensor::ops::forward_op));
+  m.impl("neighborhood_attention_backward", TORCH_FN(shardtensor::ops::backward_op));
+}
+
+TORCH_LIBRARY_IMPL(shardtensor, Meta, m) {
+  m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_meta));
+  m.impl("neighborhood_attention_forward", TORCH_FN(shardtensor::ops::forward_meta));
+  m.impl("neighborhood_attention_backward", TORCH_FN(shardtensor::ops::backward_meta));
+}
+
+TORCH_LIBRARY_IMPL(shardtensor, Autograd, m) {
+  m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_autograd));
+}
