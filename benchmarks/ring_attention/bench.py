@@ -342,7 +342,7 @@ def plot(rows, ranks, suffix):
         print("matplotlib not installed: no plot")
         return
     sizes = sorted({r["size"] for r in rows})
-    style = {"single": ("k", "o"), "ring": ("tab:blue", "s"), "all_to_all": ("tab:orange", "^")}
+    style = {"single": ("k", "o"), "ring": ("tab:blue", "s"), "ring_contiguous": ("tab:green", "v"), "all_to_all": ("tab:orange", "^")}
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for causal, ls in ((False, "-"), (True, "--")):
         for strategy in ("single",) + STRATEGIES:
