@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 
 import torch
@@ -105,10 +106,11 @@ def measure(workload, cfg, args, case, device, meshes, single: bool) -> dict:
             # pending alone); a sharded one would leave the other ranks waiting, so it propagates.
             if not (single and is_oom(e)):
                 raise
-            zero()
             row["step_skipped"] = "OOM"
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        if row.get("step_skipped"):
+            # Outside the except block: the failed step's frames (and their tensors) are released by now.
+            zero()
+            release(device)
     row["param_bytes"] = param_bytes
     row["input_bytes"] = sum(local_bytes(t) for t in inputs) + local_bytes(target)
     if device.type == "cuda":
@@ -122,9 +124,15 @@ def measure(workload, cfg, args, case, device, meshes, single: bool) -> dict:
         if row.get(k) is not None:
             row[k + "_per_rank"] = [p[k] for p in per_rank]
     del model, opt, inputs, target
+    release(device)
+    return row
+
+
+def release(device):
+    """Hand cached CUDA blocks back after a case, so the next (larger) case starts from an empty cache."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return row
 
 
 KEYS_PER_RANK = ("mem_fwd", "mem_step", "live_state", "param_bytes", "input_bytes", "comm_fwd", "comm_step",
@@ -148,6 +156,7 @@ def run_cases(workload, args, cases, device, meshes, single: bool, rank: int) ->
                          "ranks": case["ranks"], "data": case["data"], "domain": case["domain"],
                          "modes": case["modes"], "single": single, "skipped": case["skip"]})
         else:
+            oom = False
             try:
                 rows.append(measure(workload, cfg, args, case, device, meshes, single))
             except RuntimeError as e:
@@ -155,10 +164,12 @@ def run_cases(workload, args, cases, device, meshes, single: bool, rank: int) ->
                 # would leave other ranks waiting, so it propagates.
                 if not (single and is_oom(e)):
                     raise
+                oom = True
+            if oom:
+                release(device)
                 rows.append({"size": workload.label(case["size"]), "elements": workload.elements(case["size"]),
                              "ranks": 1, "data": 1, "domain": 1, "modes": case["modes"], "single": True,
                              "skipped": "OOM"})
-                torch.cuda.empty_cache()
         if bar:
             bar.update()
     if bar:
