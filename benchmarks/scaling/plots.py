@@ -50,6 +50,15 @@ def plot(data: dict, path: str):
             label = f"{sel[0]['size']} {names[kind]}"
             ax[0, 0].plot([p for p, _ in pts], [s for _, s in pts], styles[kind], marker="o", label=label)
             ax[0, 1].plot([p for p, _ in pts], [s / p for p, s in pts], styles[kind], marker="o", label=label)
+    # CPU runs: the per-rank thread CPU-time ratio of the largest size (the compute split, without waiting).
+    if meta.get("device") == "cpu" and sizes:
+        sel = sorted((r for r in strong if r["elements"] == sizes[-1]), key=lambda r: r["ranks"])
+        for kind in kinds:
+            pts = [(r["ranks"], report.speedup(data["rows"], r, kind + "_cpu")) for r in sel]
+            pts = [(p, v) for p, v in pts if v is not None]
+            if len(pts) > 1:
+                ax[0, 0].plot([p for p, _ in pts], [v for _, v in pts], styles[kind], marker="x", color="k", lw=0.8,
+                              label=f"{sel[0]['size']} {names[kind]}, CPU time")
     ax[0, 0].plot(ranks, ranks, color="gray", lw=1, ls=":", label="ideal")
     for a in ax[0]:
         a.set_xticks(ranks)
@@ -124,6 +133,9 @@ def plot(data: dict, path: str):
     ax[1, 2].set_xscale("log")
     ax[1, 2].set_yscale("log")
 
+    from matplotlib.ticker import NullFormatter
+    for a in ax[1]:
+        a.xaxis.set_minor_formatter(NullFormatter())  # log axes: major labels only, no overlapping minor ones
     for a in ax.flat:
         a.grid(True, which="both", lw=0.3)
         if a.get_legend_handles_labels()[0]:
