@@ -208,7 +208,7 @@ def main(workload, argv=None):
         from .parallel import DDP_REFUSAL
         if args.data_parallel == "ddp" and DDP_REFUSAL:
             raise SystemExit(DDP_REFUSAL)
-    if args.device == "cpu" and args.cache_malloc:
+    if args.device == "cpu" and args.cache_malloc and not launch.under_torchrun():
         # glibc returns large freed blocks to the OS (mmap/munmap, trim), so every step page-faults its big
         # temporaries back in: measured here, that doubled a no_grad forward's CPU time (freed early) against a
         # training forward (kept alive). Keeping them, like CUDA's caching allocator, times the model instead.
