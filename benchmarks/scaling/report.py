@@ -113,7 +113,8 @@ def write_markdown(data: dict, path: str):
          f"of the machine: {meta.get('loadavg_at_start', '?')} at the start, {meta.get('loadavg_at_end')} at the end" + (f"; {meta['load_note']}" if meta.get("load_note") else "") + ".",
          "", f"Model configuration: `{cfg}`.", ""]
     if meta.get("aborted_launches"):
-        L += ["Aborted and retried: " + "; ".join(meta["aborted_launches"]) + ".", ""]
+        L += ["Rank processes that aborted (native abort while shutting down; see benchmarks/scaling/runner.py): "
+              + "; ".join(meta["aborted_launches"]) + ".", ""]
     loads = [float(x[0]) for x in (meta.get("loadavg_at_start"), meta.get("loadavg_at_end")) if x]
     cores = (meta.get("machine") or {}).get("affinity") or 1
     if meta["device"] == "cpu" and loads and max(loads) > cores:
