@@ -196,7 +196,8 @@ def meta(workload, args, wall: float, checks: dict) -> dict:
             "loadavg_at_end": load, "threads_per_rank": args.threads, "batch": args.batch, "warmup": args.warmup,
             "iters": args.iters, "config": workload.config(args), "mesh": args.mesh,
             "data_parallel": args.data_parallel if args.mesh else None, "checks": checks, "wall_s": round(wall, 1),
-            "malloc_env": {k: os.environ[k] for k in MALLOC_ENV if k in os.environ}, "unit": workload.unit, "machine": dev, "torchrun": launch.under_torchrun(), "notes": workload.notes(workload.config(args))}
+            "malloc_env": {k: os.environ[k] for k in MALLOC_ENV if k in os.environ}, "unit": workload.unit,
+            "machine": dev, "torchrun": launch.under_torchrun(), "notes": workload.notes(workload.config(args))}
 
 
 def main(workload, argv=None):
@@ -230,11 +231,9 @@ def main(workload, argv=None):
     rows, checks, aborts = [], {}, []
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        faulthandler.enable(all_threads=True)
         launch.init_process_group(rank, world, args.device, args.threads)
-        try:
-            got, errs = rank_main(rank, world, args, workload, include_single=not args.no_baseline or world == 1)
-        finally:
-            pass
+        got, errs = rank_main(rank, world, args, workload, include_single=not args.no_baseline or world == 1)
         if rank != 0:
             dist.destroy_process_group()
             return
