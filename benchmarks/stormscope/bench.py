@@ -1,0 +1,139 @@
+"""StormScope-like diffusion transformer (DiT with adaLN-Zero and 2-D neighbourhood attention) on a
+height-sharded grid: strong and weak scaling of inference and a training step, per-rank memory and
+communication, after a correctness check against one device.
+
+The input (B, 22, H, W) (noisy target + conditioning channels) and the target (B, 8, H, W) are sharded along H
+(``Shard(2)``); the noise level sigma (B,) is replicated. Patch embedding, linears and norms are local, the
+positional embedding is sliced to each rank's token rows, the neighbourhood attention exchanges ``kernel // 2``
+halo token rows. The attention is the library's ``shardtensor.ops.neighborhood_attention2d`` when the build
+has it, else a convolution-based stand-in (``na_conv.py``: centred masked windows, same halo traffic).
+
+    python benchmarks/stormscope/bench.py --ranks 2
+    python benchmarks/stormscope/bench.py --ranks 2 --quick
+    python benchmarks/stormscope/bench.py --ranks 4 --mesh 2x2 --data-parallel fsdp2
+    torchrun --nproc-per-node 2 benchmarks/stormscope/bench.py --device cuda --sizes 512x896
+    python benchmarks/stormscope/bench.py --plot-only
+Sizes: ``HxW`` (or ``H``: width 7/4 of it, the CONUS aspect), comma-separated.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from benchmarks.models import build, configs, synthetic  # noqa: E402
+from benchmarks.scaling import runner  # noqa: E402
+from benchmarks.scaling.workload import Workload  # noqa: E402
+from benchmarks.stormscope.na_conv import neighborhood_attention2d_conv  # noqa: E402
+
+SIGMA_DATA = 0.5
+
+
+def parse_size(s: str):
+    h, _, w = s.lower().partition("x")
+    return (int(h), int(w) if w else int(h) * 7 // 4)
+
+
+def library_attention():
+    try:
+        from shardtensor.ops import neighborhood_attention2d
+        return neighborhood_attention2d
+    except ImportError:
+        return None
+
+
+class StormScope(Workload):
+    name, title, unit = "stormscope", "StormScope DiT", "pixels"
+
+    def add_args(self, ap):
+        ap.add_argument("--model", default=None, help="registry config (small, full); default small (full "
+                        "needs the library's neighbourhood attention: the stand-in cannot hold K=31 windows)")
+        ap.add_argument("--hidden", type=int, default=None)
+        ap.add_argument("--depth", type=int, default=None)
+        ap.add_argument("--heads", type=int, default=None)
+        ap.add_argument("--kernel", type=int, default=None, help="neighbourhood attention kernel (odd)")
+        ap.add_argument("--na", default="auto", choices=["auto", "library", "conv"],
+                        help="neighbourhood attention: the library op, the conv stand-in, or the library's when present")
+
+    def config(self, args) -> dict:
+        name = args.model or "small"
+        over = {}
+        if args.device == "cuda" and not args.quick and not args.model:
+            over = {"hidden_size": 384, "depth": 8, "num_heads": 8, "attn_kernel": 7, "freq_dim": 128}
+        for key, val in (("hidden_size", args.hidden), ("depth", args.depth), ("num_heads", args.heads),
+                         ("attn_kernel", args.kernel)):
+            if val is not None:
+                over[key] = val
+        na = args.na
+        if na == "auto":
+            na = "library" if library_attention() else "conv"
+        if na == "library" and not library_attention():
+            raise SystemExit("--na library: shardtensor.ops.neighborhood_attention2d is not in this build")
+        self._patch = configs("stormscope")[name].patch_size
+        return {"name": name, "overrides": over, "na": na}
+
+    def sizes(self, args):
+        if args.sizes:
+            return [parse_size(s) for s in args.sizes.split(",")]
+        if args.quick:
+            return [(64, 112), (128, 224)]
+        return [(64, 112), (128, 224), (256, 448)] if args.device == "cpu" else [(256, 448), (512, 896)]
+
+    def weak_base(self, args):
+        if args.weak_base:
+            return parse_size(args.weak_base)
+        return (64, 112) if args.quick or args.device == "cpu" else (256, 448)
+
+    def weak_size(self, base, ranks):
+        return (base[0] * ranks, base[1])
+
+    def check_size(self, args):
+        return (40, 56)
+
+    def elements(self, size):
+        return size[0] * size[1]
+
+    def label(self, size):
+        return f"{size[0]}x{size[1]}"
+
+    def supports(self, size, ranks):
+        if size[0] % (self._patch * ranks) or size[1] % self._patch:
+            return f"H must be a multiple of patch x ranks ({self._patch} x {ranks}) and W of the patch"
+        return None
+
+    def build(self, cfg, size):
+        fn = library_attention() if cfg["na"] == "library" else neighborhood_attention2d_conv
+        return build("stormscope", cfg["name"], attention_fn=fn, img_size=size, **cfg["overrides"])
+
+    def make_input(self, cfg, size, batch, seed):
+        s = synthetic.stormscope_batch(size[0], size[1], seed=seed, batch=batch, sigma_data=SIGMA_DATA)
+        return (s["x"], s["sigma"]), s["target"]
+
+    def shard_dims(self):
+        return (2, None), 2
+
+    def loss(self, out, target, inputs):
+        # EDM's weighted denoising loss: lambda(sigma) = (sigma^2 + sigma_data^2) / (sigma * sigma_data)^2 per
+        # sample (a plain (B,) tensor broadcast over the sharded grid).
+        sigma = inputs[1]
+        weight = (sigma ** 2 + SIGMA_DATA ** 2) / (sigma * SIGMA_DATA) ** 2
+        return (weight[:, None, None, None] * (out - target).square()).mean()
+
+    def notes(self, cfg):
+        from dataclasses import replace
+
+        c = replace(configs("stormscope")[cfg["name"]], **cfg["overrides"])
+        na = ("the library's `shardtensor.ops.neighborhood_attention2d`" if cfg["na"] == "library" else
+              "the convolution-based stand-in `benchmarks/stormscope/na_conv.py` (centred masked windows; the "
+              "library op is not in this build)")
+        return [f"Input (B, {c.in_channels}, H, W) and target (B, {c.out_channels}, H, W) sharded along H "
+                f"(`Shard(2)`), sigma (B,) replicated; patch {c.patch_size}, neighbourhood kernel {c.attn_kernel} "
+                f"(halo {c.attn_kernel // 2} token rows = {c.attn_kernel // 2 * c.patch_size} pixel rows).",
+                f"Neighbourhood attention: {na}.",
+                "Per-rank FLOPs are proportional to the local rows (plus the halo), so weak scaling needs no "
+                "FLOP normalisation."]
+
+
+if __name__ == "__main__":
+    runner.main(StormScope())
