@@ -5,8 +5,7 @@ communication, after a correctness check against one device.
 The input (B, 22, H, W) (noisy target + conditioning channels) and the target (B, 8, H, W) are sharded along H
 (``Shard(2)``); the noise level sigma (B,) is replicated. Patch embedding, linears and norms are local, the
 positional embedding is sliced to each rank's token rows, the neighbourhood attention exchanges ``kernel // 2``
-halo token rows. The attention is the library's ``shardtensor.ops.neighborhood_attention2d`` when the build
-has it, else a convolution-based stand-in (``na_conv.py``: centred masked windows, same halo traffic).
+halo token rows (the library's ``shardtensor.ops.neighborhood_attention2d``).
 
     python benchmarks/stormscope/bench.py --ranks 2
     python benchmarks/stormscope/bench.py --ranks 2 --quick
@@ -25,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchmarks.models import build, configs, synthetic  # noqa: E402
 from benchmarks.scaling import runner  # noqa: E402
 from benchmarks.scaling.workload import Workload  # noqa: E402
-from benchmarks.stormscope.na_conv import neighborhood_attention2d_conv  # noqa: E402
+from shardtensor.ops import neighborhood_attention2d  # noqa: E402
 
 SIGMA_DATA = 0.5
 
@@ -35,26 +34,15 @@ def parse_size(s: str):
     return (int(h), int(w) if w else int(h) * 7 // 4)
 
 
-def library_attention():
-    try:
-        from shardtensor.ops import neighborhood_attention2d
-        return neighborhood_attention2d
-    except ImportError:
-        return None
-
-
 class StormScope(Workload):
     name, title, unit = "stormscope", "StormScope DiT", "pixels"
 
     def add_args(self, ap):
-        ap.add_argument("--model", default=None, help="registry config (small, full); default small (full "
-                        "needs the library's neighbourhood attention: the stand-in cannot hold K=31 windows)")
+        ap.add_argument("--model", default=None, help="registry config (small, full); default small")
         ap.add_argument("--hidden", type=int, default=None)
         ap.add_argument("--depth", type=int, default=None)
         ap.add_argument("--heads", type=int, default=None)
         ap.add_argument("--kernel", type=int, default=None, help="neighbourhood attention kernel (odd)")
-        ap.add_argument("--na", default="auto", choices=["auto", "library", "conv"],
-                        help="neighbourhood attention: the library op, the conv stand-in, or the library's when present")
 
     def config(self, args) -> dict:
         name = args.model or "small"
@@ -65,13 +53,8 @@ class StormScope(Workload):
                          ("attn_kernel", args.kernel)):
             if val is not None:
                 over[key] = val
-        na = args.na
-        if na == "auto":
-            na = "library" if library_attention() else "conv"
-        if na == "library" and not library_attention():
-            raise SystemExit("--na library: shardtensor.ops.neighborhood_attention2d is not in this build")
         self._patch = configs("stormscope")[name].patch_size
-        return {"name": name, "overrides": over, "na": na}
+        return {"name": name, "overrides": over}
 
     def sizes(self, args):
         if args.sizes:
@@ -103,8 +86,8 @@ class StormScope(Workload):
         return None
 
     def build(self, cfg, size):
-        fn = library_attention() if cfg["na"] == "library" else neighborhood_attention2d_conv
-        return build("stormscope", cfg["name"], attention_fn=fn, img_size=size, **cfg["overrides"])
+        return build("stormscope", cfg["name"], attention_fn=neighborhood_attention2d, img_size=size,
+                     **cfg["overrides"])
 
     def make_input(self, cfg, size, batch, seed):
         s = synthetic.stormscope_batch(size[0], size[1], seed=seed, batch=batch, sigma_data=SIGMA_DATA)
@@ -124,13 +107,11 @@ class StormScope(Workload):
         from dataclasses import replace
 
         c = replace(configs("stormscope")[cfg["name"]], **cfg["overrides"])
-        na = ("the library's `shardtensor.ops.neighborhood_attention2d`" if cfg["na"] == "library" else
-              "the convolution-based stand-in `benchmarks/stormscope/na_conv.py` (centred masked windows; the "
-              "library op is not in this build)")
         return [f"Input (B, {c.in_channels}, H, W) and target (B, {c.out_channels}, H, W) sharded along H "
                 f"(`Shard(2)`), sigma (B,) replicated; patch {c.patch_size}, neighbourhood kernel {c.attn_kernel} "
                 f"(halo {c.attn_kernel // 2} token rows = {c.attn_kernel // 2 * c.patch_size} pixel rows).",
-                f"Neighbourhood attention: {na}.",
+                "Neighbourhood attention: the library's `shardtensor.ops.neighborhood_attention2d` (NATTEN "
+                "semantics, K/V halo exchange).",
                 "Per-rank FLOPs are proportional to the local rows (plus the halo), so weak scaling needs no "
                 "FLOP normalisation."]
 

@@ -1,5 +1,7 @@
-// A communication counter: every collective the library issues is counted here (calls and bytes sent),
-// per collective kind. Users read it like torch's CommDebugMode to check what an op communicates.
+// A communication counter: every collective the library issues is counted here (calls and bytes), per
+// collective kind. Users read it like torch's CommDebugMode to check what an op communicates. Bytes per call on
+// this rank: all_reduce / broadcast: the tensor; all_gather: the gathered result (n pieces); all_to_all and
+// ring_pass: what this rank sends to other ranks (its piece for itself excluded); scatter: the root's pieces.
 #pragma once
 
 #include <cstdint>

@@ -84,7 +84,9 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
   pending.out = at::empty({recv_total}, opts.device(pending.in.device()));
   pending.recv_numels = recv_numels;
   auto recv_splits = recv_numels;
-  record_collective("all_to_all", pending.in.numel() * pending.in.element_size());
+  // Bytes that leave this rank: the piece addressed to itself stays (c10d copies it locally).
+  const auto me = mesh.coordinate(mesh_dim);
+  record_collective("all_to_all", (pending.in.numel() - send_splits[me]) * pending.in.element_size());
   pending.work = pg.alltoall_base(pending.out, pending.in, recv_splits, send_splits);
   return pending;
 }

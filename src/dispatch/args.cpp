@@ -67,7 +67,9 @@ SpecPtr replicate_spec(const MeshPtr& mesh, at::IntArrayRef shape) {
 
 at::Tensor as_shard(const at::Tensor& t, const MeshPtr& mesh) {
   if (shard_impl(t)) return t;
-  return make_shard_tensor(t, replicate_spec(mesh, t.sizes()));
+  // Below autograd (e.g. a module's weight under no_grad/inference_mode) the wrapper owns no history; the plain
+  // tensor may still require grad.
+  return make_shard_tensor(t.requires_grad() ? t.detach() : t, replicate_spec(mesh, t.sizes()));
 }
 
 std::string qualified_name(const c10::OperatorHandle& op) {

@@ -64,3 +64,13 @@ inline at::Tensor channel_view(const at::Tensor& per_channel, int64_t dims) {
 // Sum `t` over every mesh dim in `mesh_dims` (no-op when empty).
 at::Tensor sum_over_mesh_dims(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh);
 } // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+// Output partition of a sliding window (convolution, pooling) along a sharded dim: the first output whose window
+// centre (o*s - p + (span-1)/2) lies at or after input row `a`. Centre ownership keeps 'same'-padded stride-1
+// outputs on exactly the input extents (no shard drift through a stack of layers) and halves them for stride 2.
+inline int64_t first_output_centred_at(int64_t a, int64_t s, int64_t p, int64_t span) {
+  const int64_t num = a + p - (span - 1) / 2;
+  return num >= 0 ? (num + s - 1) / s : -((-num) / s);
+}
+} // namespace shardtensor::ops

@@ -1,5 +1,5 @@
 // Convolutions over sharded spatial dims by halo exchange. The output partition follows the global output grid:
-// coordinate c owns the outputs whose windows start in its input range, so any stride, dilation, kernel size
+// coordinate c owns the outputs whose window centres lie in its input range, so any stride, dilation, kernel size
 // (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank gathers
 // exactly the input rows its outputs read (its own plus halos from any number of ranks away; zeros outside the
 // tensor), runs the local convolution with zero padding on sharded dims, and in backward sends the halo
@@ -37,8 +37,7 @@ DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_e
   int64_t a = 0;
   for (int64_t c = 1; c < n; ++c) {
     a += in_extents[c - 1];
-    // First output whose window starts at or after this coordinate's first row.
-    const auto first = (a + p + s - 1) / s;
+    const auto first = first_output_centred_at(a, s, p, span);
     bounds[c] = std::clamp<int64_t>(first, bounds[c - 1], lout);
   }
   for (int64_t c = 0; c < n; ++c) {

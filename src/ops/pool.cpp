@@ -164,7 +164,7 @@ void plan_window_dim(SpDim& d, const Mesh& mesh, int64_t k, int64_t s, int64_t p
   int64_t a = 0;
   for (int64_t c = 1; c < nc; ++c) {
     a += d.in_ext[c - 1];
-    d.bounds[c] = std::clamp<int64_t>((a + p + s - 1) / s, d.bounds[c - 1], d.Lout);
+    d.bounds[c] = std::clamp<int64_t>(first_output_centred_at(a, s, p, span), d.bounds[c - 1], d.Lout);
   }
   for (int64_t c = 0; c < nc; ++c) {
     d.out_ext.push_back(d.bounds[c + 1] - d.bounds[c]);

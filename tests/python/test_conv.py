@@ -239,3 +239,26 @@ def test_conv_channels_and_height():
 
 def test_grouped_conv_split_group_raises():
     harness.expect_error(2, bad_grouped_split, match="split")
+
+
+def case_output_partition(seed):
+    """Outputs are owned by the rank holding their window centre: 'same'-padded stride-1 layers keep the input
+    extents (no drift through a stack), stride 2 halves them; pooling follows the same rule."""
+    m = mesh()
+    w = m.size()
+    ext = uneven_extents(16, w, seed)
+    x = st.distribute_tensor(randn(1, 2, 16, 5, seed=seed), m, [st.Shard(2)], {0: ext})
+    for k in (3, 5, 7):
+        y = F.conv2d(x, randn(2, 2, k, k, seed=k), padding=k // 2)
+        assert st.sharding_shapes(y)[0] == ext, (k, st.sharding_shapes(y), ext)
+        y = F.max_pool2d(x, k, stride=1, padding=k // 2)
+        assert st.sharding_shapes(y)[0] == ext, ("pool", k, st.sharding_shapes(y), ext)
+    if all(e % 2 == 0 for e in ext):
+        y = F.conv2d(x, randn(2, 2, 3, 3, seed=9), padding=1, stride=2)
+        assert st.sharding_shapes(y)[0] == [e // 2 for e in ext], (st.sharding_shapes(y), ext)
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_output_partition(world):
+    harness.run(world, case_output_partition, world)

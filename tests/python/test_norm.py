@@ -246,3 +246,24 @@ def case_local_response_norm(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_local_response_norm(world):
     harness.run(world, case_local_response_norm, world)
+
+
+def case_norm_inference_with_trainable_weights():
+    """Modules whose weights require grad, evaluated under no_grad / inference_mode (plain weights meet the
+    sharded input below autograd)."""
+    m = mesh()
+    x = randn(2, 4, 9, 6, seed=3)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)])
+    torch.manual_seed(0)  # the same convolution weights on every rank
+    for mod in (torch.nn.LayerNorm(6), torch.nn.GroupNorm(2, 4), torch.nn.BatchNorm2d(4).eval(),
+                torch.nn.Conv2d(4, 3, 3, padding=1)):
+        for ctx in (torch.no_grad, torch.inference_mode):
+            with ctx():
+                ref, out = mod(x), mod(xs)
+            close(full(out), ref, rtol=1e-5, atol=1e-5, what=f"{type(mod).__name__} under {ctx.__name__}")
+            assert not out.requires_grad
+    return True
+
+
+def test_norm_inference_with_trainable_weights():
+    harness.run(2, case_norm_inference_with_trainable_weights)
