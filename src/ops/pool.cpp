@@ -2,8 +2,8 @@
 // avg_pool 2-3d (any padding, ceil_mode, count_include_pad, divisor_override), adaptive avg/max pool 2-3d.
 //
 // Windowed pools follow the convolution plan: along a sharded spatial dim the output partition follows the global
-// output grid (coordinate c owns the outputs whose windows start in its input range; ceil_mode's extra window
-// starts inside the input, so it has an owner too). Each rank gathers exactly the rows its windows read (-inf fill
+// output grid (coordinate c owns the outputs whose window centres lie in its input range, as for convolutions;
+// ceil_mode's extra window starts inside the input, so it has an owner too). Each rank gathers exactly the rows its windows read (-inf fill
 // for max, zeros for avg) and runs the local kernel with padding 0 on sharded dims (the window is exact, so the local
 // kernel yields exactly the owned outputs in either ceil_mode) and the original padding on the others.
 //  - max: local window indices become flat indices over the global spatial plane; backward scatters the gradient
