@@ -43,8 +43,8 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 if [ "$DEVICE" = cuda ]; then
   run_step "CUDA tests" 150 "$PY" -m pytest -q tests/python/test_cuda.py
-  run_step "neighbourhood attention CUDA kernel (first GPU run)" 90 "$PY" -m pytest -q \
-    tests/python/test_neighborhood_attention.py -k cuda
+  run_step "neighbourhood attention and point search CUDA kernels (first GPU run)" 90 "$PY" -m pytest -q \
+    tests/python/test_neighborhood_attention.py tests/python/test_point_search.py -k cuda
 fi
 
 # Single-device baselines (the paper's T(1) anchors): ViT inference to 4096^2 and training to 2048^2 (4096^2

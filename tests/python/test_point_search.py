@@ -343,3 +343,27 @@ def test_sharded_refusals():
     harness.expect_error(4, case_err_batch_mesh_dims, match="batch dim 0 on different mesh dims",
                          kinds=("NotImplementedError",))
     harness.expect_error(4, case_err_meshes, match="different meshes", kinds=("NotImplementedError",))
+
+
+# ---- CUDA (run on a GPU machine by benchmarks/gpu_check.sh; skipped elsewhere) ----
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (csrc_cuda/point_search.cu)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 7, 32, 40])
+def test_cuda_kernel_matches_cpu(dtype, k):
+    """The CUDA kernel (register top-k up to k = 32, the general path beyond) against the CPU kernel, ties
+    included (duplicated points), knn and radius search, with distance gradients."""
+    pts = randn(300, 3, seed=5, dtype=dtype)
+    pts = torch.cat([pts, pts[:40]])  # exact ties
+    qs = randn(57, 3, seed=6, dtype=dtype)
+    for fn, args in ((knn, (k,)), (radius_search, (0.8, k))):
+        i_cpu, d_cpu = fn(pts, qs, *args)
+        i_gpu, d_gpu = fn(pts.cuda(), qs.cuda(), *args)
+        assert torch.equal(i_gpu.cpu(), i_cpu), fn.__name__
+        torch.testing.assert_close(d_gpu.cpu(), d_cpu)
+    p1, q1 = pts.clone().requires_grad_(), qs.clone().requires_grad_()
+    p2, q2 = pts.cuda().requires_grad_(), qs.cuda().requires_grad_()
+    knn(p1, q1, k)[1].sum().backward()
+    knn(p2, q2, k)[1].sum().backward()
+    torch.testing.assert_close(p2.grad.cpu(), p1.grad)
+    torch.testing.assert_close(q2.grad.cpu(), q1.grad)
