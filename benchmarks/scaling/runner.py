@@ -51,9 +51,6 @@ def parse_args(workload, argv=None):
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check (not recommended)")
     ap.add_argument("--check-warn-only", action="store_true", help="record a failed correctness check in the "
                     "results (headline of the report) and time anyway, instead of aborting")
-    ap.add_argument("--no-freeze-inference", dest="freeze_inference", action="store_false",
-                    help="time inference with parameters that still require grad (fails in layer_norm/group_norm "
-                    "under no_grad with this library version)")
     ap.add_argument("--system-malloc", dest="cache_malloc", action="store_false",
                     help="CPU: keep glibc's default of returning large freed blocks to the OS (by default the "
                     "spawned ranks keep them, see MALLOC_ENV)")
