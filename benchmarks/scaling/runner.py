@@ -179,7 +179,9 @@ def _loadavg():
 def meta(workload, args, wall: float, checks: dict) -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+    # Uncommitted code changes mark the commit; regenerated result files (written by earlier runs) do not.
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)benchmarks/results"], capture_output=True, text=True,
                            cwd=os.path.join(here, "..", "..")).stdout.strip()
     load = _loadavg()
     script = os.path.relpath(sys.argv[0], os.path.join(here, "..", "..")) if sys.argv and sys.argv[0] else "?"
