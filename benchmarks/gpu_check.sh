@@ -48,8 +48,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 # Single-device baselines (the paper's T(1) anchors): ViT inference to 4096^2 and training to 2048^2 (4096^2
-# training is recorded as OOM), Transolver to 1.2M points, the StormScope DiT (medium size: the stand-in
-# neighbourhood attention cannot hold the full K=31 windows).
+# training is recorded as OOM), Transolver to 1.2M points, the StormScope DiT (its `small` config on larger grids).
 run_step "ViT single-device baselines" 120 "$PY" benchmarks/vit/bench.py "${WL[@]}" --rank-counts 1 --no-weak \
   $(q --sizes 1024,2048,4096) --tag baseline
 run_step "Transolver single-device baselines" 90 "$PY" benchmarks/transolver/bench.py "${WL[@]}" --rank-counts 1 \

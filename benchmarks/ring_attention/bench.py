@@ -258,6 +258,7 @@ def main():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tmp = os.path.join(RESULTS, f".ring_attention_{args.device}.json")
+    load_start = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
     mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
     wall = time.perf_counter() - t0
@@ -280,22 +281,37 @@ def main():
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "threads_per_rank": args.threads, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
             "dtype": "float32", "sizes": args.sizes, "wall_s": round(wall, 1),
-            "check_size": out["check_size"], "check_max_abs_err": out["check_max_abs_err"]}
+            "check_size": out["check_size"], "check_max_abs_err": out["check_max_abs_err"],
+            "cpu_count": os.cpu_count(), "load_avg_start": load_start,
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
     with open(os.path.join(RESULTS, f"ring_attention{suffix}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     write_markdown(rows, meta, suffix)
     plot(rows, args.ranks, suffix)
 
 
+def load_note(meta) -> str:
+    """The machine's load during the run, and a warning when other processes competed for the cores."""
+    start, end, cores = meta.get("load_avg_start"), meta.get("load_avg_end"), meta.get("cpu_count")
+    if not start:
+        return "Load average of the machine not recorded."
+    note = (f"Load average (1, 5, 15 min) of the machine: {start} at the start, {end} at the end (the ranks "
+            f"themselves add up to {meta['ranks']}), {cores} cores.")
+    if meta["device"] == "cpu" and start[0] > 0.5 * cores:
+        note += (f" **Timings may be noisy**: the 1-minute load was already {start[0]:.1f} when the run started "
+                 "(other jobs, or a run just before); read the ratios as rough, not precise.")
+    return note
+
+
 def write_markdown(rows, meta, suffix):
     n = meta["ranks"]
     shape = f"(B={meta['batch']}, H={meta['heads']}, S, D={meta['head_dim']})"
-    lines = [f"# Sequence-parallel attention (ring vs all-to-all) on {n} {meta['device']} ranks", "",
+    lines = [f"# Sequence-parallel attention (ring, contiguous ring, all-to-all) on {n} {meta['device']} ranks", "",
              f"`F.scaled_dot_product_attention` on {meta['dtype']} q/k/v of shape {shape}, sharded evenly along S "
              f"(`Shard(2)`) on {n} ranks, against the single-device computation on the full tensors (one process). "
              f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}, {meta['threads_per_rank']} thread(s) "
              f"per rank and for single device. Command: `{meta['command']}` (whole run {meta['wall_s']} s).", "",
-             f"Correctness checked first at S={meta['check_size']} (outputs and q/k/v gradients of both strategies, "
+             f"Correctness checked first at S={meta['check_size']} (outputs and q/k/v gradients of every strategy, "
              f"causal and not, against single device; max abs error "
              f"{max(meta['check_max_abs_err'].values()):.2g}).", "",
              "Times: median after one warm-up (7 iterations up to S=512, 5 up to 1024, 3 beyond; a barrier before "
@@ -305,12 +321,13 @@ def write_markdown(rows, meta, suffix):
              f"(ideal 1/{n}). Collectives = kind, calls per rank per call of the op (bytes sent by this rank), "
              "forward / forward+backward.", "",
              "Memory is measured from the raw allocator records of the profiler (CPU) or max_memory_allocated "
-             "(CUDA). The single-device CPU path uses PyTorch's flash kernels forward and backward, whose memory "
-             "grows linearly in S; the sharded backward recomputes each block's probabilities in fp32 matmul math "
-             "(docs/attention.md), materializing (S/n)-by-S-sized score blocks per head, so its per-rank peak grows "
-             "quadratically in S and ends above the single-device peak at large S.", "",
-             "**Timings on this shared 2-core machine are noisy** (other jobs were running; the load average was "
-             "well above the core count): read ratios as rough, not precise.", "",
+             "(CUDA). On the CPU both sides use PyTorch's flash kernels forward and backward (the sharded path for "
+             "its fully visible blocks and aligned causal diagonal blocks, docs/attention.md), so no S-by-S score "
+             "matrix is materialized and both peaks grow linearly in S. The per-rank peak is still not 1/n of the "
+             "single-device one: a rank also holds the visiting K/V block and the dK/dV accumulators that travel "
+             "with it (ring), the permuted copies of q, k, v and the output gradient (zigzag causal ring), or "
+             "full-sequence head-sharded copies (all-to-all).", "",
+             load_note(meta), "",
              "| S | causal | strategy | fwd ms | fwd+bwd ms | fwd ratio | fwd+bwd ratio | peak mem / rank | mem / single | collectives fwd | collectives fwd+bwd |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in meta["sizes"]:

@@ -1,7 +1,6 @@
 """Timing, peak memory and communication of inference and of a training step for one case on this rank."""
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
 
@@ -16,39 +15,6 @@ try:
     from tqdm import tqdm
 except ImportError:  # optional
     tqdm = None
-
-
-@contextlib.contextmanager
-def frozen_forward(model, enabled: bool = True):
-    """Inference with the parameters the forward sees frozen (``requires_grad`` off, restored afterwards).
-
-    Needed because under ``no_grad`` the library's layer_norm and group_norm rules wrap a plain weight that
-    still requires grad into a ShardTensor and fail an internal assert ("the local tensor must not carry
-    autograd history"); a frozen weight is the same computation. The hooks run after any wrapper's own
-    (FSDP2 swaps in its unsharded parameters in its pre-forward hook), so they freeze what the forward uses."""
-    if not enabled:
-        yield
-        return
-    toggled = []
-
-    def pre(mod, args):
-        for p in mod.parameters():
-            if p.requires_grad:
-                p.requires_grad_(False)
-                toggled.append(p)
-
-    def post(mod=None, args=None, out=None):
-        for p in toggled:
-            p.requires_grad_(True)
-        toggled.clear()
-
-    handles = (model.register_forward_pre_hook(pre), model.register_forward_hook(post))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        post()
 
 
 def measure(workload, cfg, args, case, device, meshes, single: bool) -> dict:
@@ -69,7 +35,7 @@ def measure(workload, cfg, args, case, device, meshes, single: bool) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, foreach=False)
 
     def fwd():
-        with torch.no_grad(), frozen_forward(model, args.freeze_inference):
+        with torch.no_grad():
             model(*inputs)
 
     def zero():

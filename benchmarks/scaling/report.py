@@ -155,10 +155,9 @@ def write_markdown(data: dict, path: str):
           "(parameters; for a step also the AdamW state) + the rank's input shard; max over ranks, the per-rank "
           "list in brackets. Communication = collectives the library issued on each rank per inference / per "
           "training step (kind, calls, bytes sent; max over ranks); collectives of DDP/FSDP2 and "
-          "`sync_module` are torch's own and not counted. Caveat: `st.CommCounter` counts a redistribution's "
-          "all-to-all with the chunk a rank keeps for itself (2 ranks: a dim-to-dim move counts the whole local "
-          "shard, twice what crosses the wire; a re-extent counts the kept rows too), while a halo exchange "
-          "counts only the rows it sends."
+          "`sync_module` are torch's own and not counted. Bytes per call as `st.CommCounter` counts them: "
+          "all-reduce the tensor, all-gather the gathered result, all-to-all (halo exchanges included) and ring "
+          "pass what the rank sends to other ranks (its own piece excluded)."
           + (" Rows marked * ran more ranks than this machine has cores or GPUs (time-sliced or sharing a GPU): "
              "their times are not speed-ups; memory and communication remain valid." if over else ""), ""]
 

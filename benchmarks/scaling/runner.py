@@ -51,9 +51,6 @@ def parse_args(workload, argv=None):
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check (not recommended)")
     ap.add_argument("--check-warn-only", action="store_true", help="record a failed correctness check in the "
                     "results (headline of the report) and time anyway, instead of aborting")
-    ap.add_argument("--no-freeze-inference", dest="freeze_inference", action="store_false",
-                    help="time inference with parameters that still require grad (fails in layer_norm/group_norm "
-                    "under no_grad with this library version)")
     ap.add_argument("--system-malloc", dest="cache_malloc", action="store_false",
                     help="CPU: keep glibc's default of returning large freed blocks to the OS (by default the "
                     "spawned ranks keep them, see MALLOC_ENV)")
@@ -182,7 +179,9 @@ def _loadavg():
 def meta(workload, args, wall: float, checks: dict) -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+    # Uncommitted code changes mark the commit; regenerated result files (written by earlier runs) do not.
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)benchmarks/results"], capture_output=True, text=True,
                            cwd=os.path.join(here, "..", "..")).stdout.strip()
     load = _loadavg()
     script = os.path.relpath(sys.argv[0], os.path.join(here, "..", "..")) if sys.argv and sys.argv[0] else "?"
