@@ -341,12 +341,41 @@ SeqLayout zigzag_layout(int64_t seq, const std::vector<int64_t>& contiguous_ext)
 }
 
 // Contiguous -> zigzag (and back) along the sequence dim: a permutation by gather_rows, whose adjoint is the
-// gather in the other direction.
-at::Tensor to_zigzag(const at::Tensor& t, const SeqLayout& s, const Layout& l) {
-  return comm::gather_rows(t, l.nd - 2, s.contiguous_ext, s.to_zigzag, *l.mesh, l.seq_mesh_dim);
+// gather in the other direction. Tensors of one dtype travel together: each is viewed sequence-major as rows
+// (S, rest) and the rows are concatenated, so q, k and v (or dO, q, k, v; or dQ, dK, dV) cost one exchange.
+std::vector<at::Tensor> permute_seq(const std::vector<at::Tensor>& ts, const std::vector<int64_t>& from_ext,
+                                    const comm::RowRequests& want, const Layout& l) {
+  const auto d = l.nd - 2;
+  std::vector<at::Tensor> out(ts.size());
+  std::vector<bool> done(ts.size(), false);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<size_t> group;
+    std::vector<at::Tensor> rows;
+    for (size_t j = i; j < ts.size(); ++j)
+      if (!done[j] && ts[j].scalar_type() == ts[i].scalar_type()) {
+        group.push_back(j);
+        done[j] = true;
+        rows.push_back(ts[j].movedim(d, 0).flatten(1));
+      }
+    auto moved = comm::gather_rows(rows.size() == 1 ? rows[0] : at::cat(rows, 1), 0, from_ext, want, *l.mesh,
+                                   l.seq_mesh_dim);
+    int64_t col = 0;
+    for (size_t g = 0; g < group.size(); ++g) {
+      auto shape = ts[group[g]].movedim(d, 0).sizes().vec();
+      shape[0] = moved.size(0);
+      const auto width = rows[g].size(1);
+      out[group[g]] = moved.narrow(1, col, width).reshape(shape).movedim(0, d).contiguous();
+      col += width;
+    }
+  }
+  return out;
 }
-at::Tensor to_contiguous(const at::Tensor& t, const SeqLayout& s, const Layout& l) {
-  return comm::gather_rows(t, l.nd - 2, s.ext, s.to_contiguous, *l.mesh, l.seq_mesh_dim);
+std::vector<at::Tensor> to_zigzag(const std::vector<at::Tensor>& ts, const SeqLayout& s, const Layout& l) {
+  return permute_seq(ts, s.contiguous_ext, s.to_zigzag, l);
+}
+std::vector<at::Tensor> to_contiguous(const std::vector<at::Tensor>& ts, const SeqLayout& s, const Layout& l) {
+  return permute_seq(ts, s.ext, s.to_contiguous, l);
 }
 
 // Decided from specs and the strategy only (the same on every rank): causal self-attention over a ring whose
@@ -399,9 +428,10 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
     at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
     std::vector<Segment> qseg{Segment{0, ql.size(nd - 2), qs.local_offset(nd - 2)}};
     if (zz) {
-      ql = to_zigzag(ql, sl, l);
-      kb = to_zigzag(kb, sl, l);
-      vb = to_zigzag(vb, sl, l);
+      auto z = to_zigzag({ql, kb, vb}, sl, l);
+      ql = z[0];
+      kb = z[1];
+      vb = z[2];
       qseg = sl.segments[me];
     }
     auto out_shape_local = with_dim(ql.sizes(), nd - 1, v.size(nd - 1));
@@ -448,7 +478,7 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["gqa"] = gqa;
     auto out_local = acc.to(ql.scalar_type());
-    if (zz) out_local = to_contiguous(out_local, sl, l);
+    if (zz) out_local = to_contiguous({out_local}, sl, l)[0];
     auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
     return make_shard_tensor(out_local,
                              ShardSpec::make_with_dim_extents(l.mesh, qs.placements, out_shape, qs.dim_extents()));
@@ -484,10 +514,11 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
     std::vector<Segment> qseg{Segment{0, ql.size(nd - 2), qs.local_offset(nd - 2)}};
     if (zz) {
       // The same permutation as the forward (out and lse were saved in the zigzag layout).
-      g = to_zigzag(g, sl, l);
-      ql = to_zigzag(ql, sl, l);
-      kb = to_zigzag(kb, sl, l);
-      vb = to_zigzag(vb, sl, l);
+      auto z = to_zigzag({g, ql, kb, vb}, sl, l);
+      g = z[0];
+      ql = z[1];
+      kb = z[2];
+      vb = z[3];
       qseg = sl.segments[me];
     }
     g = g.to(at::kFloat);
@@ -563,9 +594,10 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
       }
     }
     if (zz) {
-      dq = to_contiguous(dq, sl, l);
-      dkb = to_contiguous(dkb, sl, l);
-      dvb = to_contiguous(dvb, sl, l);
+      auto c3 = to_contiguous({dq, dkb, dvb}, sl, l);
+      dq = c3[0];
+      dkb = c3[1];
+      dvb = c3[2];
     }
     // Queries sharded where keys are whole: every query shard holds a term of dK/dV.
     for (int64_t m = 0; m < l.mesh->ndim(); ++m) {

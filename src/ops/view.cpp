@@ -252,15 +252,21 @@ void expand_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (int64_t k = 0; k < self.dim(); ++k)
     if (out_shape[k + shift] == -1) out_shape[k + shift] = self.size(k);
   auto t = self;
-  // Expanding a sharded dim (global size 1) needs it replicated.
-  auto placements = spec.placements;
+  // A pending sum is completed before it is broadcast: the all-reduce then moves the small tensor, where resolving
+  // the expanded one later (e.g. the gradient of a sum over a sharded dim meeting a sharded gradient) would move
+  // the broadcast size.
+  int64_t out_numel = 1;
+  for (auto v : out_shape) out_numel *= v;
+  if (spec.has_partial() && out_numel > self.numel()) t = resolve_partial(t);
+  const auto& rspec = spec_of(t);
+  auto placements = rspec.placements;
   bool gather = false;
   for (size_t m = 0; m < placements.size(); ++m)
     if (placements[m].is_shard() && out_shape[placements[m].dim + shift] != self.size(placements[m].dim)) {
       placements[m] = Placement::replicate();
       gather = true;
     }
-  if (gather) t = redistribute_to(t, redistribute_target_spec(spec, placements));
+  if (gather) t = redistribute_to(t, redistribute_target_spec(rspec, placements));
   const auto& tspec = spec_of(t);
   Placements out_p = tspec.placements;
   DimExtents out_ext;
