@@ -358,15 +358,19 @@ std::vector<at::Tensor> permute_seq(const std::vector<at::Tensor>& ts, const std
         done[j] = true;
         rows.push_back(ts[j].movedim(d, 0).flatten(1));
       }
-    auto moved = comm::gather_rows(rows.size() == 1 ? rows[0] : at::cat(rows, 1), 0, from_ext, want, *l.mesh,
-                                   l.seq_mesh_dim);
+    std::vector<int64_t> widths;
+    for (const auto& r : rows) widths.push_back(r.size(1));
+    auto packed = rows.size() == 1 ? rows[0] : at::cat(rows, 1);
+    rows.clear();  // the packed copy is all that travels: free the per-tensor row views' copies now
+    auto moved = comm::gather_rows(packed, 0, from_ext, want, *l.mesh, l.seq_mesh_dim);
+    packed.reset();
     int64_t col = 0;
     for (size_t g = 0; g < group.size(); ++g) {
       auto shape = ts[group[g]].movedim(d, 0).sizes().vec();
       shape[0] = moved.size(0);
-      const auto width = rows[g].size(1);
-      out[group[g]] = moved.narrow(1, col, width).reshape(shape).movedim(0, d).contiguous();
-      col += width;
+      // A view into the received buffer (the kernels and the ring take strided tensors).
+      out[group[g]] = moved.narrow(1, col, widths[g]).view(shape).movedim(0, d);
+      col += widths[g];
     }
   }
   return out;
