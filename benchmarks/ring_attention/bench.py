@@ -5,7 +5,7 @@ For each S, causal and non-causal: the ring strategy (K/V blocks travel around t
 causal attention in the balanced zigzag layout), the contiguous ring (no zigzag) and
 the head-parallel all-to-all strategy (sequence shards -> head shards, local attention, back) against the
 single-device computation on the full tensors; forward and forward+backward latency (median after warm-up, max
-over ranks), per-rank peak memory of a forward+backward step (allocator peak from the profiler on CPU,
+over ranks), per-rank peak memory of a forward+backward step (allocator peak from st.peak_memory's allocator tracker on CPU,
 max_memory_allocated on CUDA) against the single-device peak, and the collectives and bytes per call
 (st.CommCounter). Before timing, the smallest size is checked against the single-device output and gradients.
 Writes benchmarks/results/ring_attention.{json,md,png}.
@@ -320,7 +320,7 @@ def write_markdown(rows, meta, suffix):
              "peak of one fwd+bwd step above the inputs, max over ranks / single device "
              f"(ideal 1/{n}). Collectives = kind, calls per rank per call of the op (bytes sent by this rank), "
              "forward / forward+backward.", "",
-             "Memory is measured from the raw allocator records of the profiler (CPU) or max_memory_allocated "
+             "Memory is measured by `st.peak_memory` (c10's CPU allocator reports, without the profiler) or max_memory_allocated "
              "(CUDA). On the CPU both sides use PyTorch's flash kernels forward and backward (the sharded path for "
              "its fully visible blocks and aligned causal diagonal blocks, docs/attention.md), so no S-by-S score "
              "matrix is materialized and both peaks grow linearly in S. The per-rank peak is still not 1/n of the "

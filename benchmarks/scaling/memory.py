@@ -10,7 +10,7 @@ import shardtensor as st
 
 def peak_bytes(fn, device, prepare=None) -> int:
     """Allocator peak of ``fn()`` on this rank above what was live before (``shardtensor.peak_memory``: CUDA
-    ``max_memory_allocated``; CPU the profiler's raw allocation records). Live parameters, gradients and
+    ``max_memory_allocated``; CPU `st.peak_memory`'s allocator tracker). Live parameters, gradients and
     optimizer state are *not* in the figure unless ``fn`` allocates them; ``live_bytes`` reports those."""
     return int(st.peak_memory(fn, device, prepare))
 

@@ -2,6 +2,7 @@
 #include <shardtensor/attention.h>
 #include <shardtensor/comm_stats.h>
 #include <shardtensor/handler_registry.h>
+#include <shardtensor/memory_tracker.h>
 #include <shardtensor/shard_tensor.h>
 
 #include <torch/csrc/utils/pybind.h>
@@ -126,6 +127,35 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(s.calls, s.bytes);
   });
   m.def("reset_comm_stats", &reset_comm_stats);
+
+  // `with _C.CpuMemoryTracker() as t: ...` then t.peak_bytes: the tracker lives between __enter__ and __exit__
+  // (on the entering thread); afterwards the final figures stay readable.
+  struct PyCpuMemoryTracker {
+    std::unique_ptr<CpuMemoryTracker> tracker;
+    int64_t peak = 0, current = 0;
+  };
+  py::class_<PyCpuMemoryTracker>(m, "CpuMemoryTracker")
+      .def(py::init<>())
+      .def("__enter__",
+           [](PyCpuMemoryTracker& s) -> PyCpuMemoryTracker& {
+             s.tracker = std::make_unique<CpuMemoryTracker>();
+             return s;
+           },
+           py::return_value_policy::reference)
+      .def("__exit__",
+           [](PyCpuMemoryTracker& s, const py::args&) {
+             if (s.tracker) {
+               s.peak = s.tracker->peak_bytes();
+               s.current = s.tracker->current_bytes();
+               s.tracker.reset();
+             }
+             return false;
+           })
+      .def_property_readonly("peak_bytes",
+                             [](const PyCpuMemoryTracker& s) { return s.tracker ? s.tracker->peak_bytes() : s.peak; })
+      .def_property_readonly("current_bytes", [](const PyCpuMemoryTracker& s) {
+        return s.tracker ? s.tracker->current_bytes() : s.current;
+      });
 
   m.def("set_attention_strategy", &set_attention_strategy);
   m.def("attention_strategy", &attention_strategy);

@@ -8,8 +8,9 @@ __all__ = ["peak_memory"]
 
 def peak_memory(fn, device=None, prepare=None) -> int:
     """Bytes of allocator peak while ``fn()`` runs, above what was allocated before (``prepare()`` runs first,
-    unmeasured). CUDA: ``max_memory_allocated``; CPU: the profiler's raw allocation records in time order (not the
-    per-op totals, which count nested ops' allocations more than once)."""
+    unmeasured). CUDA: ``max_memory_allocated``; CPU: ``shardtensor._C.CpuMemoryTracker`` (C++), which receives
+    c10's CPU allocator reports — the hook behind the profiler's ``profile_memory``, without the profiler — and
+    keeps the running total of allocations minus frees and its peak."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if prepare is not None:
         prepare()
@@ -20,12 +21,8 @@ def peak_memory(fn, device=None, prepare=None) -> int:
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    from . import _C
+
+    with _C.CpuMemoryTracker() as tracker:
         fn()
-    records = sorted(((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                      if e.name() == "[memory]"), key=lambda r: r[0])
-    cur = peak = 0
-    for _, nbytes in records:
-        cur += nbytes
-        peak = max(peak, cur)
-    return peak
+    return tracker.peak_bytes

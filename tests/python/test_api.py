@@ -243,3 +243,24 @@ def test_errors_raise_on_every_rank(fn, match):
 
 def test_mixed_meshes_raise():
     harness.expect_error(4, bad_mixed_meshes, match="different meshes")
+
+
+def test_peak_memory_cpu():
+    """st.peak_memory on the CPU (the C++ allocator tracker): exact for known allocations, relative to the start,
+    frees counted, and nothing left installed afterwards."""
+    def f():
+        a = torch.empty(1024, 1024)   # 4 MiB
+        b = torch.empty(512, 1024)    # 2 MiB  (6 MiB peak)
+        del a
+        c = torch.empty(256, 1024)    # 1 MiB  (3 MiB live)
+        return b, c
+    assert st.peak_memory(f) == 6 * 2**20
+    x = torch.ones(256, 1024)
+    assert 2**20 <= st.peak_memory(lambda: x.add(1)) < 2**20 + 1024  # the result (+ the wrapped scalar)
+    with st._C.CpuMemoryTracker() as t:
+        y = torch.empty(128, 1024)
+        del y
+    assert t.peak_bytes == 2**19 and t.current_bytes == 0
+    with st._C.CpuMemoryTracker() as t:
+        del x  # allocated before tracking: c10 reports frees only of what it saw allocated while tracking
+    assert t.peak_bytes == 0 and t.current_bytes == 0
