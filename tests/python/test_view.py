@@ -5,7 +5,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
 
 
 def case_views(seed):
@@ -84,3 +84,24 @@ def test_unclean_view_raises():
 
 def test_repeat_sharded_raises():
     harness.expect_error(2, bad_repeat, match="repeat")
+
+
+def case_expand_partial():
+    """Broadcasting a pending sum completes it first: one all-reduce of the small tensor, then a replicated
+    expand that meets sharded operands locally (no all-to-all of the broadcast size)."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 9, 3, seed=4)
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], {0: uneven_extents(9, w, 2)})
+    total = xs.sum(1, keepdim=True)
+    assert st.placements(total) == (st.Partial("sum"),)
+    with st.CommCounter() as c:
+        y = total.expand(2, 9, 3) * xs
+    close(full(y), x.sum(1, keepdim=True).expand(2, 9, 3) * x, rtol=1e-5, atol=1e-6, what="expand of a pending sum")
+    assert st.placements(y) == (st.Shard(1),), st.placements(y)
+    assert dict(c.calls) == {"all_reduce": 1} and c.bytes["all_reduce"] == 2 * 3 * 4, (dict(c.calls), dict(c.bytes))
+    return True
+
+
+def test_expand_partial():
+    harness.run(3, case_expand_partial)
