@@ -20,6 +20,7 @@
 #include "comm/collectives.h"
 #include "comm/halo.h"
 #include "comm/redistribute.h"
+#include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
@@ -633,6 +634,70 @@ at::Tensor resolve_partial_diff(const at::Tensor& t) {
   return redistribute(t, spec->placements, spec->sharding_shapes());
 }
 
+// q, k, v that are pending sums over the same mesh dims (e.g. bias-free projections of one pending sum, as in
+// Transolver's slice attention) are completed by ONE all-reduce of their concatenation instead of one each. The
+// backward is that of the resolution: each gradient taken at its input's layout with Partial read as Replicate.
+struct FusedResolveFn : torch::autograd::Function<FusedResolveFn> {
+  // A TensorList argument (not a std::vector) is what autograd's argument extraction records as inputs.
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs) {
+    ctx->set_materialize_grads(false);
+    const auto& spec0 = *shard_impl(xs[0])->spec();
+    std::vector<int64_t> dims;
+    for (int64_t m = 0; m < spec0.mesh->ndim(); ++m)
+      if (spec0.placements[m].is_partial()) dims.push_back(m);
+    std::vector<at::Tensor> locals;
+    for (const auto& x : xs) locals.push_back(shard_impl(x)->local());
+    auto sums = fused_sum(locals, dims, *spec0.mesh);
+    variable_list out;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      auto spec = without_partial(shard_impl(xs[i])->spec());
+      ctx->saved_data["spec" + std::to_string(i)] = spec_ivalue(spec);
+      out.push_back(make_shard_tensor(sums[i], spec));
+    }
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list res(grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      auto spec = spec_from_ivalue(ctx->saved_data["spec" + std::to_string(i)]);
+      auto g = shard_impl(grads[i])
+                   ? grads[i]
+                   : make_shard_tensor(grads[i], ShardSpec::make(spec->mesh,
+                                                                 Placements(spec->mesh->ndim(), Placement::replicate()),
+                                                                 spec->global_shape));
+      res[i] = redistribute_to(g, spec);
+    }
+    return res;
+  }
+};
+
+// Resolves the pending sums of q, k and v: together when at least two share their Partial(sum) placements and
+// dtype (decided from specs: the same on every rank), else one by one.
+std::vector<at::Tensor> resolve_qkv(const std::vector<at::Tensor>& ts) {
+  std::vector<size_t> group;
+  const ShardSpec* first = nullptr;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const auto& sp = *shard_impl(ts[i])->spec();
+    if (!sp.has_partial()) continue;
+    bool sums = true;
+    for (const auto& p : sp.placements) sums = sums && (!p.is_partial() || p.op == ReduceOp::Sum);
+    if (!sums) continue;
+    if (!first) first = &sp;
+    if (sp.placements == first->placements && ts[i].scalar_type() == ts[group.empty() ? i : group[0]].scalar_type())
+      group.push_back(i);
+  }
+  std::vector<at::Tensor> out(ts.begin(), ts.end());
+  if (group.size() >= 2) {
+    variable_list xs;
+    for (auto i : group) xs.push_back(ts[i]);
+    auto resolved = FusedResolveFn::apply(at::TensorList(xs));
+    for (size_t j = 0; j < group.size(); ++j) out[group[j]] = resolved[j];
+  }
+  for (auto& t : out) t = resolve_partial_diff(t);  // the rest (no-op for the resolved ones)
+  return out;
+}
+
 // Differentiable redistribution to placements with extents keyed by tensor dim.
 at::Tensor to_layout(const at::Tensor& t, const Placements& p, const DimExtents& ext) {
   const auto& spec = *shard_impl(t)->spec();
@@ -724,9 +789,8 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
     TORCH_CHECK_VALUE(mask_t.dim() <= nd, "scaled_dot_product_attention: attn_mask has more dims than query");
 
   // Canonical inputs: ShardTensors without Partial.
-  auto q = resolve_partial_diff(as_shard_input(query, mesh));
-  auto k = resolve_partial_diff(as_shard_input(key, mesh));
-  auto v = resolve_partial_diff(as_shard_input(value, mesh));
+  auto qkv = resolve_qkv({as_shard_input(query, mesh), as_shard_input(key, mesh), as_shard_input(value, mesh)});
+  auto q = qkv[0], k = qkv[1], v = qkv[2];
   const auto pq = shard_impl(q)->spec()->placements, pk = shard_impl(k)->spec()->placements,
              pv = shard_impl(v)->spec()->placements;
   const auto eq = shard_impl(q)->spec()->dim_extents(), ek = shard_impl(k)->spec()->dim_extents(),

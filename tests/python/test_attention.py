@@ -366,3 +366,42 @@ def test_refusals_2d():
     harness.expect_error(4, case_err_meshes, match="different meshes", kinds=("NotImplementedError",))
     harness.expect_error(4, case_err_a2a_heads, match="all_to_all strategy", kinds=("NotImplementedError",))
     harness.expect_error(4, case_err_two_seq_dims, match="more than one mesh dim", kinds=("NotImplementedError",))
+
+
+def case_partial_qkv():
+    """q, k, v that are pending sums (bias-free projections of a contraction over the sharded point dim, as in
+    Transolver's slice attention) are completed by one all-reduce together; outputs and every gradient match one
+    device."""
+    m = mesh()
+    w_pts = randn(1, 10, 2, 3, seed=70)   # (B, N, H, S) point weights, points sharded
+    fx = randn(1, 10, 2, 4, seed=71)      # (B, N, H, D)
+    W = [randn(4, 4, seed=s) for s in (72, 73, 74)]
+
+    def f(a, b, ws):
+        z = torch.einsum("bnhs,bnhd->bhsd", a, b)   # a pending sum when the points are sharded
+        q, k, v = (z @ wt for wt in ws)
+        return F.scaled_dot_product_attention(q, k, v)
+
+    refs = [t.clone().requires_grad_() for t in (w_pts, fx)]
+    wr = [t.clone().requires_grad_() for t in W]
+    ref = f(*refs, wr)
+    g = randn(*ref.shape, seed=75)
+    (ref * g).sum().backward()
+    lay = uneven_extents(10, m.size(), seed=3)
+    shards = [st.distribute_tensor(t, m, [st.Shard(1)], {0: lay}).requires_grad_() for t in (w_pts, fx)]
+    ws = [t.clone().requires_grad_() for t in W]
+    with st.CommCounter() as c:
+        out = f(*shards, ws)
+    close(full(out), ref, **TOL, what="partial q/k/v out")
+    (out * g).sum().backward()
+    for a, b, name in zip(shards + ws, refs + wr, ("w", "fx", "Wq", "Wk", "Wv")):
+        close(full(a.grad) if st.is_shard_tensor(a.grad) else a.grad, b.grad, rtol=1e-4, atol=1e-4,
+              what=f"partial q/k/v grad {name}")
+    if m.size() > 1:
+        assert dict(c.calls) == {"all_reduce": 1}, dict(c.calls)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_partial_qkv(world):
+    harness.run(world, case_partial_qkv)
