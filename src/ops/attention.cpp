@@ -621,19 +621,6 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
 
 // ---- entry ----
 
-at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh) {
-  if (shard_impl(t)) return t;
-  if (t.requires_grad() && at::GradMode::is_enabled()) return dispatch::promote_to_replicate(t, mesh);
-  return dispatch::as_shard(t, mesh);
-}
-
-at::Tensor resolve_partial_diff(const at::Tensor& t) {
-  auto* i = shard_impl(t);
-  if (!i->spec()->has_partial()) return t;
-  auto spec = without_partial(i->spec());
-  return redistribute(t, spec->placements, spec->sharding_shapes());
-}
-
 // q, k, v that are pending sums over the same mesh dims (e.g. bias-free projections of one pending sum, as in
 // Transolver's slice attention) are completed by ONE all-reduce of their concatenation instead of one each. The
 // backward is that of the resolution: each gradient taken at its input's layout with Partial read as Replicate.
@@ -696,14 +683,6 @@ std::vector<at::Tensor> resolve_qkv(const std::vector<at::Tensor>& ts) {
   }
   for (auto& t : out) t = resolve_partial_diff(t);  // the rest (no-op for the resolved ones)
   return out;
-}
-
-// Differentiable redistribution to placements with extents keyed by tensor dim.
-at::Tensor to_layout(const at::Tensor& t, const Placements& p, const DimExtents& ext) {
-  const auto& spec = *shard_impl(t)->spec();
-  auto dst = ShardSpec::make_with_dim_extents(spec.mesh, p, spec.global_shape, ext);
-  if (dst->same_layout(spec)) return t;
-  return redistribute(t, dst->placements, dst->sharding_shapes());
 }
 
 bool use_all_to_all(const Layout& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -3,6 +3,7 @@
 #include "ops/ops.h"
 
 #include "comm/collectives.h"
+#include "dispatch/promote.h"
 
 namespace shardtensor::ops {
 
@@ -129,4 +130,28 @@ std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const st
   }
   return out;
 }
+} // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+
+at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh) {
+  if (shard_impl(t)) return t;
+  if (t.requires_grad() && at::GradMode::is_enabled()) return dispatch::promote_to_replicate(t, mesh);
+  return dispatch::as_shard(t, mesh);
+}
+
+at::Tensor resolve_partial_diff(const at::Tensor& t) {
+  auto* i = shard_impl(t);
+  if (!i->spec()->has_partial()) return t;
+  auto spec = without_partial(i->spec());
+  return redistribute(t, spec->placements, spec->sharding_shapes());
+}
+
+at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents) {
+  const auto& spec = *shard_impl(t)->spec();
+  auto dst = ShardSpec::make_with_dim_extents(spec.mesh, placements, spec.global_shape, extents);
+  if (dst->same_layout(spec)) return t;
+  return redistribute(t, dst->placements, dst->sharding_shapes());
+}
+
 } // namespace shardtensor::ops

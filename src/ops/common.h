@@ -74,3 +74,15 @@ inline int64_t first_output_centred_at(int64_t a, int64_t s, int64_t p, int64_t 
   return num >= 0 ? (num + s - 1) / s : -((-num) / s);
 }
 } // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+// Differentiable argument preparation for handlers bound above autograd (attention, neighbourhood attention,
+// point search). A plain tensor becomes Replicate (promoted when it requires grad, so its gradient is reduced
+// once); a ShardTensor is kept.
+at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh);
+// Completes pending sums (Partial -> Replicate), differentiably; no-op without Partial.
+at::Tensor resolve_partial_diff(const at::Tensor& t);
+// Differentiable redistribution to `placements` with extents keyed by tensor dim; `t` itself when the layout
+// already matches.
+at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents);
+} // namespace shardtensor::ops

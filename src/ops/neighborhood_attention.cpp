@@ -423,27 +423,6 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
   }
 };
 
-at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh) {
-  if (shard_impl(t)) return t;
-  if (t.requires_grad() && at::GradMode::is_enabled()) return dispatch::promote_to_replicate(t, mesh);
-  return dispatch::as_shard(t, mesh);
-}
-
-at::Tensor resolve_partial_diff(const at::Tensor& t) {
-  auto* i = shard_impl(t);
-  if (!i->spec()->has_partial()) return t;
-  auto spec = without_partial(i->spec());
-  return redistribute(t, spec->placements, spec->sharding_shapes());
-}
-
-// Differentiable redistribution of `t` to q's placements and extents (keyed by tensor dim).
-at::Tensor to_layout(const at::Tensor& t, const ShardSpec& like) {
-  const auto& spec = *shard_impl(t)->spec();
-  auto dst = ShardSpec::make_with_dim_extents(spec.mesh, like.placements, spec.global_shape, like.dim_extents());
-  if (dst->same_layout(spec)) return t;
-  return redistribute(t, dst->placements, dst->sharding_shapes());
-}
-
 at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::IntArrayRef kernel,
                     at::OptionalIntArrayRef dilation_arg, std::optional<double> scale) {
   MeshPtr mesh;
@@ -477,8 +456,8 @@ at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Te
              "shard each tensor dim on at most one mesh dim (e.g. height on one mesh dim, width on another)");
   }
   // k and v follow q's layout (a no-op when they already share it).
-  auto k = to_layout(resolve_partial_diff(as_shard_input(key, mesh)), qs);
-  auto v = to_layout(resolve_partial_diff(as_shard_input(value, mesh)), qs);
+  auto k = to_layout(resolve_partial_diff(as_shard_input(key, mesh)), qs.placements, qs.dim_extents());
+  auto v = to_layout(resolve_partial_diff(as_shard_input(value, mesh)), qs.placements, qs.dim_extents());
   return ShardFn::apply(q, k, v, kernel.vec(), dilation, scale_of(query, scale));
 }
 

@@ -170,27 +170,6 @@ struct ShardSearchFn : torch::autograd::Function<ShardSearchFn> {
 
 // ---- entry ----
 
-at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh) {
-  if (shard_impl(t)) return t;
-  if (t.requires_grad() && at::GradMode::is_enabled()) return dispatch::promote_to_replicate(t, mesh);
-  return dispatch::as_shard(t, mesh);
-}
-
-at::Tensor resolve_partial_diff(const at::Tensor& t) {
-  auto* i = shard_impl(t);
-  if (!i->spec()->has_partial()) return t;
-  auto spec = without_partial(i->spec());
-  return redistribute(t, spec->placements, spec->sharding_shapes());
-}
-
-// Differentiable redistribution to placements with extents keyed by tensor dim.
-at::Tensor to_layout(const at::Tensor& t, const Placements& p, const DimExtents& ext) {
-  const auto& spec = *shard_impl(t)->spec();
-  auto dst = ShardSpec::make_with_dim_extents(spec.mesh, p, spec.global_shape, ext);
-  if (dst->same_layout(spec)) return t;
-  return redistribute(t, dst->placements, dst->sharding_shapes());
-}
-
 std::vector<int64_t> mesh_dims_sharding(const Placements& pl, int64_t d) {
   std::vector<int64_t> out;
   for (size_t m = 0; m < pl.size(); ++m)
