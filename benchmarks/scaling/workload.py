@@ -73,3 +73,17 @@ class Workload:
     def notes(self, cfg: dict) -> list[str]:
         """Workload-specific lines for the Markdown report (what is sharded, FLOP notes)."""
         return []
+
+
+class PatchGridWorkload(Workload):
+    """A model that patchifies an (H, W) grid sharded along H (ViT, the StormScope DiT): sizes are ``(H, W)``;
+    ``config`` sets ``self._patch`` to the model's patch size."""
+    _patch = 1
+
+    def label(self, size) -> str:
+        return f"{size[0]}x{size[1]}"
+
+    def supports(self, size, ranks: int) -> str | None:
+        if size[0] % (self._patch * ranks) or size[1] % self._patch:
+            return f"H must be a multiple of patch x ranks ({self._patch} x {ranks}) and W of the patch"
+        return None

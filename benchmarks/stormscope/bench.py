@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from benchmarks.models import build, configs, synthetic  # noqa: E402
 from benchmarks.scaling import runner  # noqa: E402
-from benchmarks.scaling.workload import Workload  # noqa: E402
+from benchmarks.scaling.workload import PatchGridWorkload  # noqa: E402
 from shardtensor.ops import neighborhood_attention2d  # noqa: E402
 
 SIGMA_DATA = 0.5
@@ -34,7 +34,7 @@ def parse_size(s: str):
     return (int(h), int(w) if w else int(h) * 7 // 4)
 
 
-class StormScope(Workload):
+class StormScope(PatchGridWorkload):
     name, title, unit = "stormscope", "StormScope DiT", "pixels"
 
     def add_args(self, ap):
@@ -76,14 +76,6 @@ class StormScope(Workload):
 
     def elements(self, size):
         return size[0] * size[1]
-
-    def label(self, size):
-        return f"{size[0]}x{size[1]}"
-
-    def supports(self, size, ranks):
-        if size[0] % (self._patch * ranks) or size[1] % self._patch:
-            return f"H must be a multiple of patch x ranks ({self._patch} x {ranks}) and W of the patch"
-        return None
 
     def build(self, cfg, size):
         return build("stormscope", cfg["name"], attention_fn=neighborhood_attention2d, img_size=size,

@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.models import build, configs, synthetic  # noqa: E402
 from benchmarks.scaling import runner  # noqa: E402
-from benchmarks.scaling.workload import Workload  # noqa: E402
+from benchmarks.scaling.workload import PatchGridWorkload  # noqa: E402
 
 
 def parse_size(s: str):
@@ -31,7 +31,7 @@ def parse_size(s: str):
     return (int(h), int(w or h))
 
 
-class ViT(Workload):
+class ViT(PatchGridWorkload):
     name, title, unit = "vit", "ViT (HybridViT)", "tokens"
 
     def add_args(self, ap):
@@ -73,14 +73,6 @@ class ViT(Workload):
 
     def elements(self, size):
         return (size[0] // self._patch) * (size[1] // self._patch)
-
-    def label(self, size):
-        return f"{size[0]}x{size[1]}"
-
-    def supports(self, size, ranks):
-        if size[0] % (self._patch * ranks) or size[1] % self._patch:
-            return f"H must be a multiple of patch x ranks ({self._patch} x {ranks}) and W of the patch"
-        return None
 
     def build(self, cfg, size):
         import shardtensor as st

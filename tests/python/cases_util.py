@@ -43,6 +43,25 @@ def uneven_extents(n, k, seed=0):
     return [bounds[i + 1] - bounds[i] for i in range(k)]
 
 
+def tiny_extents(n, k):
+    """One element on rank 0, nothing on rank 1 (k >= 3), the rest split unevenly: the smallest shards."""
+    if k == 1:
+        return [n]
+    if k == 2:
+        return [1, n - 1]
+    rest = n - 1
+    return [1, 0] + [rest // (k - 2) + (1 if i < rest % (k - 2) else 0) for i in range(k - 2)]
+
+
+def narrow_extents(n, w):
+    """A zero-extent first rank, then one-row ranks (narrower than any halo), the rest on the last rank."""
+    if w == 1:
+        return [n]
+    if w == 2:
+        return [1, n - 1]
+    return [0] + [1] * (w - 2) + [n - (w - 2)]
+
+
 def shard_of(full, m, placements, extents=None):
     """Distribute a full tensor (same on every rank) with optional explicit extents per mesh dim."""
     return st.distribute_tensor(full, m, placements, sharding_shapes=extents)

@@ -9,20 +9,9 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, tiny_extents, uneven_extents
 
 TOL = dict(rtol=1e-4, atol=1e-5)
-
-
-def tiny_extents(n, k):
-    """One token on rank 0, nothing on rank 1 (k >= 3), the rest split unevenly."""
-    if k == 1:
-        return [n]
-    if k == 2:
-        return [1, n - 1]
-    rest = n - 1
-    tail = [rest // (k - 2) + (1 if i < rest % (k - 2) else 0) for i in range(k - 2)]
-    return [1, 0] + tail
 
 
 def seq(n, k, kind):

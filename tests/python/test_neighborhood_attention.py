@@ -11,7 +11,7 @@ import harness
 import shardtensor as st
 from shardtensor.ops import neighborhood_attention, neighborhood_attention1d, neighborhood_attention2d, \
     neighborhood_attention3d
-from cases_util import check_op, close, full, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, narrow_extents, randn, uneven_extents
 
 FNS = {1: neighborhood_attention1d, 2: neighborhood_attention2d, 3: neighborhood_attention3d}
 
@@ -220,15 +220,6 @@ def test_errors_single_device():
 
 
 # ---- sharded (rank processes) ----
-
-def narrow_extents(n, w):
-    """A zero-extent rank, one-row ranks (narrower than the radius), the rest on the last rank."""
-    if w == 1:
-        return [n]
-    if w == 2:
-        return [1, n - 1]
-    return [0] + [1] * (w - 2) + [n - (w - 2)]
-
 
 def case_1d(seed):
     m = mesh()

@@ -9,7 +9,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, full, mesh, uneven_extents
+from cases_util import check_op, full, mesh, tiny_extents, uneven_extents
 from cases_util import randn as _randn
 from shardtensor.ops import knn, radius_search
 
@@ -179,16 +179,6 @@ def test_argument_errors():
 
 
 # ---- sharded (cases run on every rank) ----
-
-def tiny_extents(n, k):
-    """One point on rank 0, nothing on rank 1 (k >= 3), the rest split unevenly."""
-    if k == 1:
-        return [n]
-    if k == 2:
-        return [1, n - 1]
-    rest = n - 1
-    return [1, 0] + [rest // (k - 2) + (1 if i < rest % (k - 2) else 0) for i in range(k - 2)]
-
 
 def lay(dim, ext, mesh_dim=0, ndim=1):
     pl = [st.Replicate()] * ndim

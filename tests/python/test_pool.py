@@ -8,18 +8,9 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, full, mesh, randn, uneven_extents
+from cases_util import check_op, full, mesh, narrow_extents, randn, uneven_extents
 
 TOL = dict(rtol=1e-5, atol=1e-6)
-
-
-def narrow_extents(n, w):
-    """Zero-extent first rank, then one-row ranks, the rest on the last rank."""
-    if w == 1:
-        return [n]
-    if w == 2:
-        return [1, n - 1]
-    return [0] + [1] * (w - 2) + [n - (w - 2)]
 
 
 def _max_sweep(x, lay, m, nd, tag, params):
