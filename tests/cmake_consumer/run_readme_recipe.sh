@@ -35,4 +35,9 @@ mkdir "$WORK/fallback-bin"
 printf '#!/usr/bin/env bash\nexec python -m torch.distributed.run "$@"\n' > "$WORK/fallback-bin/torchrun"
 chmod +x "$WORK/fallback-bin/torchrun"
 cd "$WORK"
-PATH="$PATH:$WORK/fallback-bin" bash -euo pipefail recipe.sh
+PATH="$PATH:$WORK/fallback-bin" bash -euo pipefail recipe.sh 2>&1 | tee "$WORK/recipe.log"
+# Under torchrun the program must join the agent's store, not try to serve MASTER_PORT a second time.
+if grep -q "failed to bind" "$WORK/recipe.log"; then
+  echo "FAILED: the program tried to serve torchrun's store port itself (see 'failed to bind' above)"
+  exit 1
+fi
