@@ -11,9 +11,10 @@ TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
+	@echo "== creating $(VENV): $(TORCH_PIN) and the build tools (the first time downloads torch, a few GB)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_PIN)" numpy pytest matplotlib tqdm ninja "cmake>=3.25" scikit-build-core
+	$(PY) -m pip install --progress-bar on "$(TORCH_PIN)" numpy pytest matplotlib tqdm ninja "cmake>=3.25" scikit-build-core
 	touch $@
 
 # Best effort, as root on Debian: GoogleTest and Google Benchmark for the C++ tests and benchmark, gloo's
@@ -29,6 +30,7 @@ system-deps:
 	  else echo "not installed:$$missing (the parts that need them are skipped)"; fi; fi
 
 build: venv system-deps
+	@echo "== building the library, the Python module and the C++ tests (CMake + ninja; [done/total] below)"
 	@if [ ! -f $(BUILD)/build.ninja ]; then \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(CURDIR)/$(PY) ; fi
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(BUILD)

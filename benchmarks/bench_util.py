@@ -9,11 +9,11 @@ import torch
 from shardtensor.profiling import peak_memory
 
 
-def timed(fn, warmup: int = 2, iters: int = 7) -> float:
-    """Median wall time of ``fn()`` in seconds."""
+def timed(fn, warmup: int = 2, iters: int = 7, samples: list | None = None) -> float:
+    """Median wall time of ``fn()`` in seconds (``samples``, if given, receives every iteration's time)."""
     for _ in range(warmup):
         fn()
-    samples = []
+    samples = [] if samples is None else samples
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()

@@ -2,7 +2,7 @@
 # One script for a single-GPU machine (target: under 8 minutes): build, run the CUDA tests (several ranks share
 # the GPU over Gloo with host staging), the single-device baselines of the three workloads at large sizes and
 # their per-rank memory with several ranks sharing the GPU, then the CUDA micro-benchmarks; results land in $OUT
-# (or benchmarks/results).
+# (default benchmarks/results/local/gpu_check, git-ignored).
 #   bash benchmarks/gpu_check.sh
 # Every step is skipped once the 8-minute budget cannot hold it (BUDGET_S, default 470 s), so the script
 # always ends in time with what it has.
@@ -10,7 +10,7 @@
 #   DEVICE=cpu QUICK=1 SKIP_BUILD=1 bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results}
+OUT=${OUT:-benchmarks/results/local/gpu_check}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}
 BUDGET_S=${BUDGET_S:-470}
@@ -65,11 +65,10 @@ run_step "StormScope 2 ranks on one GPU" 60 "$PY" benchmarks/stormscope/bench.py
   --no-weak $(q --sizes 512x896) --tag shared2
 tar czf "$OUT/workloads.tar.gz" -C "$WL_OUT" . 2>/dev/null || true
 # A device run brings back only a few files from $OUT: keep the tarball, drop the folder (kept in the repo default).
-[ "$OUT" = benchmarks/results ] || [ -n "${KEEP_WL_DIR:-}" ] || rm -rf "$WL_OUT"
+[ -n "${KEEP_WL_DIR:-}" ] || rm -rf "$WL_OUT"
 
 if [ "$DEVICE" = cuda ]; then
-  run_step "halo conv, 2 ranks on one GPU" 60 "$PY" benchmarks/halo_conv/bench.py --device cuda --ranks 2 --quick
-  run_step "ring attention, 2 ranks on one GPU" 60 "$PY" benchmarks/ring_attention/bench.py --device cuda --ranks 2 --quick
-  cp benchmarks/results/*cuda* "$OUT"/ 2>/dev/null || true
+  run_step "halo conv, 2 ranks on one GPU" 60 "$PY" benchmarks/halo_conv/bench.py --device cuda --ranks 2 --quick --out "$OUT"
+  run_step "ring attention, 2 ranks on one GPU" 60 "$PY" benchmarks/ring_attention/bench.py --device cuda --ranks 2 --quick --out "$OUT"
 fi
 log "done in ${SECONDS}s"

@@ -11,9 +11,11 @@ FileStore; the library issues no collective on a size-1 mesh dim (checked: the c
 Timing: timeit-style. For each op, `number` calls per sample (autoranged so one sample takes about
 --min-time seconds), `--repeat` samples of local and ShardTensor interleaved, median per call reported.
 
-Writes benchmarks/results/dispatch_overhead.json (figures, command, torch version, nproc, date, commit). With
---md it also writes benchmarks/results/dispatch_overhead.md, a table of these figures together with the C++
-figures parsed from the summary at the end of benchmarks/results/dispatch_overhead_cpp.txt (when present).
+Writes dispatch_overhead.json (figures, command, torch version, nproc, date, commit) into --out (default: the
+git-ignored benchmarks/results/local; --out benchmarks/results updates the committed results, from a clean tree
+or with --commit for a snapshot build). With --md it also writes dispatch_overhead.md there, a table of these
+figures together with the C++ figures parsed from the summary at the end of dispatch_overhead_cpp.txt in the same
+folder (when present).
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ try:
 except ModuleNotFoundError:  # no .pth / install in this environment: the source tree's package (built by `make build`)
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import shardtensor as st
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from results_dir import add_out_argument, prepare  # noqa: E402
 TARGET_US = 5.0
 ROWS, COLS, OUT = 64, 32, 16
 
@@ -214,7 +217,8 @@ def write_md(path: str, data: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--repeat", type=int, default=7, help="samples per side (median reported)")
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per sample (sets `number`)")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of: " + ",".join(OPS))
@@ -226,12 +230,15 @@ def main(argv=None) -> int:
                    help="commit the measured library was built from (default: HEAD of this checkout, flagged when "
                         "src/, include/ or python/ have uncommitted changes)")
     p.add_argument("--driver", default=None, help="the command that ran this script, for the markdown")
-    p.add_argument("--out", default=os.path.join(RESULTS, "dispatch_overhead.json"))
-    p.add_argument("--cpp-txt", default=os.path.join(RESULTS, "dispatch_overhead_cpp.txt"),
-                   help="C++ Google Benchmark output to fold into the JSON/markdown (if it exists)")
-    p.add_argument("--md", nargs="?", const=os.path.join(RESULTS, "dispatch_overhead.md"), default=None,
-                   help="also write the markdown table (default path: benchmarks/results/dispatch_overhead.md)")
+    add_out_argument(p)
+    p.add_argument("--cpp-txt", default=None,
+                   help="C++ Google Benchmark output to fold into the JSON/markdown, if it exists (default: "
+                        "dispatch_overhead_cpp.txt in --out)")
+    p.add_argument("--md", action="store_true", help="also write the markdown table (dispatch_overhead.md in --out)")
     args = p.parse_args(argv)
+    prepare(args.out, measures_a_snapshot=bool(args.commit))
+    cpp_txt = args.cpp_txt or os.path.join(args.out, "dispatch_overhead_cpp.txt")
+    json_path, md_path = os.path.join(args.out, "dispatch_overhead.json"), os.path.join(args.out, "dispatch_overhead.md")
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -277,16 +284,15 @@ def main(argv=None) -> int:
         "target_added_us": TARGET_US,
         "collectives_issued": n_coll,
         "python": rows,
-        "cpp": parse_cpp(args.cpp_txt),
+        "cpp": parse_cpp(cpp_txt),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    with open(json_path, "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
-    print(f"wrote {os.path.relpath(args.out, ROOT)}")
+    print(f"wrote {os.path.relpath(json_path, ROOT)}")
     if args.md:
-        write_md(args.md, data)
-        print(f"wrote {os.path.relpath(args.md, ROOT)}")
+        write_md(md_path, data)
+        print(f"wrote {os.path.relpath(md_path, ROOT)}")
     return 0 if n_coll == 0 else 2
 
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Build and run both dispatch-overhead benchmarks and write benchmarks/results/dispatch_overhead{_cpp.txt,.json,.md}.
+# Build and run both dispatch-overhead benchmarks and write dispatch_overhead{_cpp.txt,.json,.md} into --out DIR
+# (default benchmarks/results/local, git-ignored; --out benchmarks/results updates the committed results, which
+# needs a clean tree or --snapshot).
 #
 #   benchmarks/dispatch_overhead/run.sh             # the working tree: cmake -S . -B build-bench
 #   benchmarks/dispatch_overhead/run.sh --snapshot  # committed HEAD: git archive into build-bench/head
 #   benchmarks/dispatch_overhead/run.sh --snapshot --reuse   # measure the existing snapshot build again
+#   benchmarks/dispatch_overhead/run.sh --snapshot --out benchmarks/results   # update the committed results
 #
 # Working tree: the C++ bench is built in build-bench (Python module off, so python/shardtensor, which the main
 # `build` owns, is not touched); the Python bench imports python/shardtensor as built by `make build`.
@@ -15,16 +18,20 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=$ROOT/.venv/bin/python
 export PATH=$ROOT/.venv/bin:$PATH
-snapshot=0 reuse=0
-for a in "$@"; do
-  case $a in
+snapshot=0 reuse=0 RESULTS=benchmarks/results/local
+args=("$@")
+while [ $# -gt 0 ]; do
+  case $1 in
     --snapshot) snapshot=1 ;;
     --reuse) reuse=1 ;;
-    *) echo "usage: $0 [--snapshot [--reuse]]" >&2; exit 2 ;;
+    --out) RESULTS=${2:?--out needs a directory}; shift ;;
+    *) echo "usage: $0 [--snapshot [--reuse]] [--out DIR]" >&2; exit 2 ;;
   esac
+  shift
 done
-RESULTS=benchmarks/results
-mkdir -p "$RESULTS"
+set -- "${args[@]}"
+# Created here, and refused up front for the committed results from a dirty working tree.
+"$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import results_dir; results_dir.prepare(sys.argv[1], measures_a_snapshot=sys.argv[2] == '1')" "$RESULTS" "$snapshot"
 commit=$(git rev-parse HEAD)
 
 if [ $snapshot = 1 ]; then
@@ -65,5 +72,5 @@ echo "+ $cmd"
 sed -n '/^Summary/,$p' "$RESULTS/dispatch_overhead_cpp.txt"
 
 echo "+ python bench"
-PYTHONPATH=$pypath "$PY" benchmarks/dispatch_overhead/bench.py --threads 1 --md "${commit_arg[@]}" \
+PYTHONPATH=$pypath "$PY" benchmarks/dispatch_overhead/bench.py --threads 1 --md --out "$RESULTS" "${commit_arg[@]}" \
   --driver "benchmarks/dispatch_overhead/run.sh $*" --note "$note"

@@ -3,9 +3,10 @@
 For each size: the sharded stack (halo exchange + local convolutions) against the same local computation on the
 rank's own rows without any communication (what the halo costs), forward and forward+backward; and per-rank
 peak memory of a training step (allocator peak from the profiler on CPU, max_memory_allocated on CUDA) against
-the single-device step. Writes benchmarks/results/halo_conv.{json,md,png}.
+the single-device step. Writes halo_conv.{json,md,png} into --out (default: the git-ignored
+benchmarks/results/local; --out benchmarks/results updates the committed results, from a clean tree only).
 
-    .venv/bin/python benchmarks/halo_conv/bench.py [--ranks 2] [--device cpu] [--quick]
+    .venv/bin/python benchmarks/halo_conv/bench.py [--ranks 2] [--device cpu] [--quick] [--out DIR]
 """
 from __future__ import annotations
 
@@ -27,8 +28,13 @@ import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_util import peak_bytes, timed  # noqa: E402
+from results_dir import add_caveat, add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
+
+def timed_range(fn, **kw):
+    """(median, [min, max]) of the timed iterations."""
+    samples = []
+    return timed(fn, samples=samples, **kw), spread(samples)
 
 
 def stack(dims: int, channels: int) -> nn.Module:
@@ -82,10 +88,11 @@ def run_rank(rank, world, port, args, out_path):
 
         leaf = xs.detach().requires_grad_(True)
         local_leaf = local.detach().requires_grad_(True)
-        row = {"dims": dims, "channels": channels, "size": size, "shape": list(shape),
-               "fwd_sharded_s": timed(fwd_sharded), "fwd_local_s": timed(fwd_local),
-               "train_sharded_s": timed(step(leaf)), "train_local_s": timed(step(local_leaf)),
-               "peak_sharded_bytes": peak_bytes(step(leaf), device)}
+        row = {"dims": dims, "channels": channels, "size": size, "shape": list(shape)}
+        for key, fn in (("fwd_sharded", fwd_sharded), ("fwd_local", fwd_local), ("train_sharded", step(leaf)),
+                        ("train_local", step(local_leaf))):
+            row[key + "_s"], row[key + "_range_s"] = timed_range(fn)
+        row["peak_sharded_bytes"] = peak_bytes(step(leaf), device)
         dist.barrier()
         if rank == 0:
             row["peak_single_bytes"] = peak_bytes(step(x.detach().requires_grad_(True)), device)
@@ -96,6 +103,8 @@ def run_rank(rank, world, port, args, out_path):
             merged = dict(gathered[0])
             for k in ("fwd_sharded_s", "fwd_local_s", "train_sharded_s", "train_local_s", "peak_sharded_bytes"):
                 merged[k] = max(g[k] for g in gathered)
+            for k in ("fwd_sharded_range_s", "fwd_local_range_s", "train_sharded_range_s", "train_local_range_s"):
+                merged[k] = [max(g[k][0] for g in gathered), max(g[k][1] for g in gathered)]  # max over ranks
             rows.append(merged)
     if rank == 0:
         with open(out_path, "w") as f:
@@ -104,25 +113,30 @@ def run_rank(rank, world, port, args, out_path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2, help="Gloo ranks to spawn")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the local tensors live")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (CI-sized)")
     ap.add_argument("--no-overlap", action="store_true",
                     help="synchronous halo exchange (SHARDTENSOR_HALO_OVERLAP=0), to measure what the overlap gains")
-    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the recorded JSON")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON recorded in --out")
+    add_out_argument(ap)
     args = ap.parse_args()
     suffix = ("" if args.device == "cpu" else f"_{args.device}") + ("_no_overlap" if args.no_overlap else "")
+    prepare(args.out, measuring=not args.plot_only)
     if args.plot_only:
-        with open(os.path.join(RESULTS, f"halo_conv{suffix}.json")) as f:
-            plot(json.load(f)["rows"], args, suffix)
+        with open(os.path.join(args.out, f"halo_conv{suffix}.json")) as f:
+            data = json.load(f)
+        plot(data["rows"], args, suffix, data["meta"])
         return
     if args.no_overlap:
         os.environ["SHARDTENSOR_HALO_OVERLAP"] = "0"  # inherited by the spawned ranks
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tmp = os.path.join(RESULTS, f".halo_conv_{args.device}.json")
+    tmp = os.path.join(args.out, f".halo_conv_{args.device}.json")
+    load_start = loadavg()
     mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
     with open(tmp) as f:
         rows = json.load(f)
@@ -131,8 +145,9 @@ def main():
     cmd = (f".venv/bin/python benchmarks/halo_conv/bench.py --ranks {args.ranks} --device {args.device}"
            + (" --quick" if args.quick else "") + (" --no-overlap" if args.no_overlap else ""))
     meta = {"command": cmd, "ranks": args.ranks, "device": args.device, "torch": torch.__version__, "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "threads_per_rank": 1}
-    with open(os.path.join(RESULTS, f"halo_conv{suffix}.json"), "w") as f:
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "threads_per_rank": 1,
+            "cpu_count": os.cpu_count(), "load_avg_start": load_start, "load_avg_end": loadavg()}
+    with open(os.path.join(args.out, f"halo_conv{suffix}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [f"# Halo-exchange convolution stacks on {args.ranks} {args.device} ranks", "",
              f"Conv stack (k3, k5, k3 dilated) sharded along dim 2; max over ranks; torch {torch.__version__}, commit "
@@ -145,13 +160,22 @@ def main():
         lines.append(f"| {r['dims']}-D | {r['shape']} | {r['fwd_sharded_s'] / r['fwd_local_s']:.2f}x | "
                      f"{r['train_sharded_s'] / r['train_local_s']:.2f}x | {r['train_sharded_s'] / r['train_single_s']:.2f} | "
                      f"{r['peak_sharded_bytes'] / max(r['peak_single_bytes'], 1):.2f} |")
-    with open(os.path.join(RESULTS, f"halo_conv{suffix}.md"), "w") as f:
+    with open(os.path.join(args.out, f"halo_conv{suffix}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(rows, args, suffix)
+    plot(rows, args, suffix, meta)
 
 
-def plot(rows, args, suffix):
+def _ratio_bars(sel, key):
+    """Error bars of sharded / local: the range of the sharded timings over the local median."""
+    if not all(key + "_range_s" in r for r in sel):
+        return None
+    base = [r[key.replace("sharded", "local") + "_s"] for r in sel]
+    return [[(r[key + "_s"] - r[key + "_range_s"][0]) / b for r, b in zip(sel, base)],
+            [(r[key + "_range_s"][1] - r[key + "_s"]) / b for r, b in zip(sel, base)]]
+
+
+def plot(rows, args, suffix, meta):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -162,17 +186,21 @@ def plot(rows, args, suffix):
             if not sel:
                 continue
             sizes = [r["size"] for r in sel]
-            axes[0].plot(sizes, [r["fwd_sharded_s"] / r["fwd_local_s"] for r in sel], "o-", label=f"{dims}-D forward")
-            axes[0].plot(sizes, [r["train_sharded_s"] / r["train_local_s"] for r in sel], "s--", label=f"{dims}-D train step")
+            axes[0].errorbar(sizes, [r["fwd_sharded_s"] / r["fwd_local_s"] for r in sel],
+                             yerr=_ratio_bars(sel, "fwd_sharded"), fmt="o-", capsize=3, label=f"{dims}-D forward")
+            axes[0].errorbar(sizes, [r["train_sharded_s"] / r["train_local_s"] for r in sel],
+                             yerr=_ratio_bars(sel, "train_sharded"), fmt="s--", capsize=3, label=f"{dims}-D train step")
             axes[1].plot(sizes, [r["peak_sharded_bytes"] / max(r["peak_single_bytes"], 1) for r in sel], "o-", label=f"{dims}-D")
         axes[0].axhline(1.0, color="gray", lw=0.8)
-        axes[0].set(xlabel="spatial size per dim", ylabel="time / local compute without halo", title="halo overhead")
+        axes[0].set(xlabel="spatial size per dim", ylabel="time / local compute without halo",
+                    title="halo overhead (bars: range of the sharded timings)")
         axes[1].axhline(1.0 / args.ranks, color="gray", lw=0.8, ls=":", label=f"ideal 1/{args.ranks}")
         axes[1].set(xlabel="spatial size per dim", ylabel="per-rank peak / single device", title="memory per rank")
         for a in axes:
             a.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(RESULTS, f"halo_conv{suffix}.png"), dpi=110)
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        add_caveat(fig, load_caveat(meta.get("load_avg_start"), meta.get("load_avg_end"), meta.get("cpu_count")))
+        fig.savefig(os.path.join(args.out, f"halo_conv{suffix}.png"), dpi=110)
     except ImportError:
         print("matplotlib not installed: no plot")
 

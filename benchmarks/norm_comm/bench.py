@@ -1,10 +1,14 @@
 """Collectives and bytes per normalization layer, forward and backward, counted by the library's own
 communication counter (shardtensor.CommCounter), on 2 CPU ranks with uneven shards.
 
-    .venv/bin/python benchmarks/norm_comm/bench.py        # writes benchmarks/results/norm_comm.{json,md}
+    .venv/bin/python benchmarks/norm_comm/bench.py [--out DIR]     # writes norm_comm.{json,md} into DIR
+
+DIR defaults to the git-ignored benchmarks/results/local; --out benchmarks/results updates the committed results
+(from a clean tree only).
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -21,7 +25,8 @@ from torch.distributed.device_mesh import init_device_mesh
 import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "..", "results")
+sys.path.insert(0, os.path.join(HERE, ".."))
+from results_dir import add_out_argument, prepare  # noqa: E402
 
 
 def layers():
@@ -80,11 +85,16 @@ def fmt(calls, nbytes):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_out_argument(ap)
+    args = ap.parse_args()
+    out = prepare(args.out)
     world = 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tmp = os.path.join(RESULTS, ".norm_comm_rank0.json")
+    tmp = os.path.join(out, ".norm_comm_rank0.json")
     mp.spawn(run, args=(world, port, tmp), nprocs=world, join=True)
     with open(tmp) as f:
         rows = json.load(f)
@@ -93,7 +103,7 @@ def main():
     meta = {"command": "python benchmarks/norm_comm/bench.py", "world_size": world, "torch": torch.__version__,
             "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "counted_on": "rank 0 (bytes are what rank 0 passes to each collective)"}
-    with open(os.path.join(RESULTS, "norm_comm.json"), "w") as f:
+    with open(os.path.join(out, "norm_comm.json"), "w") as f:
         json.dump({"meta": meta, "layers": rows}, f, indent=1)
     lines = ["# Communication per normalization layer", "",
              f"Collectives issued by rank 0 of {world} Gloo ranks, counted by `shardtensor.CommCounter`; torch "
@@ -103,7 +113,7 @@ def main():
     for r in rows:
         lines.append(f"| {r['layer']} | {r['input']} | {fmt(r['forward_calls'], r['forward_bytes'])} | "
                      f"{fmt(r['backward_calls'], r['backward_bytes'])} | {r['max_rel_error_vs_single_device']:.1e} |")
-    with open(os.path.join(RESULTS, "norm_comm.md"), "w") as f:
+    with open(os.path.join(out, "norm_comm.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

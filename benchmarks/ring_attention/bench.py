@@ -8,10 +8,11 @@ single-device computation on the full tensors; forward and forward+backward late
 over ranks), per-rank peak memory of a forward+backward step (allocator peak from st.peak_memory's allocator tracker on CPU,
 max_memory_allocated on CUDA) against the single-device peak, and the collectives and bytes per call
 (st.CommCounter). Before timing, the smallest size is checked against the single-device output and gradients.
-Writes benchmarks/results/ring_attention.{json,md,png}.
+Writes ring_attention.{json,md,png} into --out (default: the git-ignored benchmarks/results/local; --out
+benchmarks/results updates the committed results, from a clean tree only).
 
     .venv/bin/python benchmarks/ring_attention/bench.py [--ranks 2] [--device cpu] [--sizes 256,512,...] [--quick]
-    .venv/bin/python benchmarks/ring_attention/bench.py --plot-only
+    .venv/bin/python benchmarks/ring_attention/bench.py --plot-only --out benchmarks/results
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_util import peak_bytes  # noqa: E402
+from results_dir import add_caveat, add_out_argument, load_caveat, prepare, spread  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 STRATEGIES = ("ring", "ring_contiguous", "all_to_all")
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096)
 QUICK_SIZES = (256, 512, 1024)
@@ -58,11 +59,11 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device, iters, warmup=1, barrier=True):
+def timed(fn, device, iters, warmup=1, barrier=True, samples=None):
     for _ in range(warmup):
         fn()
     sync(device)
-    samples = []
+    samples = [] if samples is None else samples
     for _ in range(iters):
         if barrier:
             dist.barrier()
@@ -161,8 +162,10 @@ def run_rank(rank, world, port, args, out_path):
                         fwd()
                     with st.CommCounter() as cs:
                         step()
+                    fs, ss = [], []
                     row = {"size": size, "causal": causal, "strategy": strategy,
-                           "fwd_s": timed(fwd, device, iters), "step_s": timed(step, device, iters),
+                           "fwd_s": timed(fwd, device, iters, samples=fs), "step_s": timed(step, device, iters, samples=ss),
+                           "fwd_range_s": spread(fs), "step_range_s": spread(ss),
                            "peak_bytes": peak_bytes(step, device, clear),
                            "fwd_calls": cf.calls, "fwd_bytes": cf.bytes, "step_calls": cs.calls, "step_bytes": cs.bytes}
                 gathered = [None] * world
@@ -171,6 +174,8 @@ def run_rank(rank, world, port, args, out_path):
                     merged = dict(gathered[0])
                     for key in ("fwd_s", "step_s", "peak_bytes"):
                         merged[key] = max(g[key] for g in gathered)
+                    for key in ("fwd_range_s", "step_range_s"):  # max over ranks, like the medians
+                        merged[key] = [max(g[key][0] for g in gathered), max(g[key][1] for g in gathered)]
                     merged["peak_bytes_per_rank"] = [g["peak_bytes"] for g in gathered]
                     merged["fwd_s_per_rank"] = [g["fwd_s"] for g in gathered]
                     merged["step_s_per_rank"] = [g["step_s"] for g in gathered]
@@ -195,9 +200,11 @@ def run_rank(rank, world, port, args, out_path):
                     clear_single()
                     attention(*leaves, causal).backward(go)
 
+                fs, ss = [], []
                 rows.append({"size": size, "causal": causal, "strategy": "single",
-                             "fwd_s": timed(fwd_single, device, iters, barrier=False),
-                             "step_s": timed(step_single, device, iters, barrier=False),
+                             "fwd_s": timed(fwd_single, device, iters, barrier=False, samples=fs),
+                             "step_s": timed(step_single, device, iters, barrier=False, samples=ss),
+                             "fwd_range_s": spread(fs), "step_range_s": spread(ss),
                              "peak_bytes": peak_bytes(step_single, device, clear_single),
                              "fwd_calls": {}, "fwd_bytes": {}, "step_calls": {}, "step_bytes": {}})
                 if bar:
@@ -232,23 +239,26 @@ def find(rows, size, causal, strategy):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2, help="Gloo ranks to spawn")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where q, k, v live")
     ap.add_argument("--sizes", default=None, help="comma-separated sequence lengths (default "
                     + ",".join(map(str, DEFAULT_SIZES)) + "; --quick: " + ",".join(map(str, QUICK_SIZES)) + ")")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="B")
+    ap.add_argument("--heads", type=int, default=4, help="H")
+    ap.add_argument("--head-dim", type=int, default=32, help="D")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (and for single device)")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the recorded JSON")
+    ap.add_argument("--quick", action="store_true", help=f"sizes {','.join(map(str, QUICK_SIZES))}")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON recorded in --out")
+    add_out_argument(ap)
     args = ap.parse_args()
     suffix = "" if args.device == "cpu" else f"_{args.device}"
+    prepare(args.out, measuring=not args.plot_only)
     if args.plot_only:
-        with open(os.path.join(RESULTS, f"ring_attention{suffix}.json")) as f:
+        with open(os.path.join(args.out, f"ring_attention{suffix}.json")) as f:
             data = json.load(f)
-        plot(data["rows"], data["meta"]["ranks"], suffix)
+        plot(data["rows"], data["meta"], suffix, args.out)
         return
     args.sizes = sorted(int(s) for s in args.sizes.split(",")) if args.sizes else list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
@@ -257,7 +267,7 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tmp = os.path.join(RESULTS, f".ring_attention_{args.device}.json")
+    tmp = os.path.join(args.out, f".ring_attention_{args.device}.json")
     load_start = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
     mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
@@ -284,10 +294,10 @@ def main():
             "check_size": out["check_size"], "check_max_abs_err": out["check_max_abs_err"],
             "cpu_count": os.cpu_count(), "load_avg_start": load_start,
             "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
-    with open(os.path.join(RESULTS, f"ring_attention{suffix}.json"), "w") as f:
+    with open(os.path.join(args.out, f"ring_attention{suffix}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    write_markdown(rows, meta, suffix)
-    plot(rows, args.ranks, suffix)
+    write_markdown(rows, meta, suffix, args.out)
+    plot(rows, meta, suffix, args.out)
 
 
 def load_note(meta) -> str:
@@ -303,7 +313,7 @@ def load_note(meta) -> str:
     return note
 
 
-def write_markdown(rows, meta, suffix):
+def write_markdown(rows, meta, suffix, out):
     n = meta["ranks"]
     shape = f"(B={meta['batch']}, H={meta['heads']}, S, D={meta['head_dim']})"
     lines = [f"# Sequence-parallel attention (ring, contiguous ring, all-to-all) on {n} {meta['device']} ranks", "",
@@ -345,12 +355,21 @@ def write_markdown(rows, meta, suffix):
                 lines.append(f"| {size} | {'yes' if causal else 'no'} | {strategy} | {r['fwd_s'] * 1e3:.1f} | "
                              f"{r['step_s'] * 1e3:.1f} | {ratios[0]} | {ratios[1]} | {ratios[2]} | {ratios[3]} | "
                              f"{fmt_calls(r['fwd_calls'], r['fwd_bytes'])} | {fmt_calls(r['step_calls'], r['step_bytes'])} |")
-    with open(os.path.join(RESULTS, f"ring_attention{suffix}.md"), "w") as f:
+    with open(os.path.join(out, f"ring_attention{suffix}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def plot(rows, ranks, suffix):
+def _bars_ms(sel, key):
+    """Error bars: the range of the timed iterations around the median (None for results recorded without it)."""
+    if not all(key + "_range_s" in r for r in sel):
+        return None
+    return [[(r[key + "_s"] - r[key + "_range_s"][0]) * 1e3 for r in sel],
+            [(r[key + "_range_s"][1] - r[key + "_s"]) * 1e3 for r in sel]]
+
+
+def plot(rows, meta, suffix, out):
+    ranks = meta["ranks"]
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -368,12 +387,14 @@ def plot(rows, ranks, suffix):
                 continue
             color, marker = style[strategy]
             label = f"{'single device' if strategy == 'single' else strategy}{' causal' if causal else ''}"
-            axes[0].plot(sizes, [r["fwd_s"] * 1e3 for r in sel], ls=ls, marker=marker, color=color, label=label)
-            axes[1].plot(sizes, [r["step_s"] * 1e3 for r in sel], ls=ls, marker=marker, color=color, label=label)
+            axes[0].errorbar(sizes, [r["fwd_s"] * 1e3 for r in sel], yerr=_bars_ms(sel, "fwd"), ls=ls, marker=marker,
+                             color=color, capsize=3, label=label)
+            axes[1].errorbar(sizes, [r["step_s"] * 1e3 for r in sel], yerr=_bars_ms(sel, "step"), ls=ls,
+                             marker=marker, color=color, capsize=3, label=label)
             axes[2].plot(sizes, [r["peak_bytes"] / 2**20 for r in sel], ls=ls, marker=marker, color=color,
                          label=label + ("" if strategy == "single" else " (per rank)"))
-    axes[0].set(title=f"forward ({ranks} ranks)", ylabel="ms (median, max over ranks)")
-    axes[1].set(title=f"forward + backward ({ranks} ranks)", ylabel="ms (median, max over ranks)")
+    axes[0].set(title=f"forward ({ranks} ranks)", ylabel="ms (median, max over ranks; bars: range)")
+    axes[1].set(title=f"forward + backward ({ranks} ranks)", ylabel="ms (median, max over ranks; bars: range)")
     axes[2].set(title="peak memory of fwd+bwd", ylabel="MiB (allocator peak)")
     for a in axes:
         a.set(xlabel="sequence length S")
@@ -381,8 +402,9 @@ def plot(rows, ranks, suffix):
         a.set_yscale("log")
         a.grid(True, which="both", lw=0.3)
         a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, f"ring_attention{suffix}.png"), dpi=110)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    add_caveat(fig, load_caveat(meta.get("load_avg_start"), meta.get("load_avg_end"), meta.get("cpu_count")))
+    fig.savefig(os.path.join(out, f"ring_attention{suffix}.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,21 @@ scaling efficiency, latency against input size with the single-device crossover,
 communication against input size."""
 from __future__ import annotations
 
+from benchmarks import results_dir
+
 from . import report
+
+
+def _spread_ms(stat: dict):
+    """(below, above) the median in ms: the range of the timed iterations (the std when no samples were kept)."""
+    med = stat["median"]
+    if stat.get("samples"):
+        return (med - min(stat["samples"])) * 1e3, (max(stat["samples"]) - med) * 1e3
+    return min(stat.get("std", 0.0), med) * 1e3, stat.get("std", 0.0) * 1e3
+
+
+def _floats(values):
+    return [float(v) for v in values] if values else None
 
 
 def _crossover(single, sharded, kind):
@@ -81,10 +95,11 @@ def plot(data: dict, path: str):
     for p in ranks:
         sel = sorted((r for r in strong if r["ranks"] == p), key=lambda r: r["elements"])
         for kind in kinds:
-            pts = [(r["elements"], r[kind]["median"] * 1e3) for r in sel if kind in r]
+            pts = [(r["elements"], r[kind]["median"] * 1e3, _spread_ms(r[kind])) for r in sel if kind in r]
             if pts:
-                ax[1, 0].plot([x for x, _ in pts], [y for _, y in pts], styles[kind], marker="o",
-                              label=f"{'1 device' if p == 1 else f'{p} ranks'} {names[kind]}")
+                ax[1, 0].errorbar([x for x, _, _ in pts], [y for _, y, _ in pts],
+                                  yerr=[[e[0] for _, _, e in pts], [e[1] for _, _, e in pts]], fmt=styles[kind],
+                                  marker="o", capsize=3, label=f"{'1 device' if p == 1 else f'{p} ranks'} {names[kind]}")
         if p > 1:
             for kind in kinds:
                 c = _crossover(single, sel, kind)
@@ -92,7 +107,8 @@ def plot(data: dict, path: str):
                     ax[1, 0].axvline(c, color="k", lw=0.8, ls=styles[kind])
                     ax[1, 0].annotate(f"crossover {names[kind]}, {p} ranks", (c, 0.98),
                                       xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7)
-    ax[1, 0].set(title="latency vs input size", xlabel=unit, ylabel="ms (median, max over ranks)")
+    ax[1, 0].set(title="latency vs input size (bars: range of the timed iterations)", xlabel=unit,
+                 ylabel="ms (median, max over ranks)")
     ax[1, 0].set_xscale("log")
     ax[1, 0].set_yscale("log")
 
@@ -143,6 +159,9 @@ def plot(data: dict, path: str):
     title = (f"{meta['workload']} on {meta['device']} (torch {meta['torch']}, {meta['threads_per_rank']} thread/rank"
              + (", oversubscribed: times are time-sliced" if over else "") + ")")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.025, 1, 1))
+    results_dir.add_caveat(fig, results_dir.load_caveat(_floats(meta.get("loadavg_at_start")),
+                                                        _floats(meta.get("loadavg_at_end")),
+                                                        (meta.get("machine") or {}).get("cpu_count")))
     fig.savefig(path, dpi=100)
     plt.close(fig)

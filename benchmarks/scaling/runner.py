@@ -21,20 +21,20 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from benchmarks import results_dir
+
 from . import launch, plots, report
 from .check import check, fmt_errs
 from .measure import run_cases
 from .parallel import build_meshes
 
-RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results"))
-
-
 def parse_args(workload, argv=None):
     ap = argparse.ArgumentParser(description=f"{workload.title}: strong/weak scaling, per-rank memory and "
-                                 "communication of a domain-parallel model (ShardTensor)")
+                                 "communication of a domain-parallel model (ShardTensor)",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2, help="largest rank count when self-spawning (ignored under torchrun)")
     ap.add_argument("--rank-counts", default=None, help="comma-separated rank counts (default 1,2,4,...,--ranks)")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and data live")
     ap.add_argument("--mesh", default=None, help="DxM: 2-D mesh, D data-parallel groups of M domain ranks (sample "
                     "sharded on the domain axis, gradients averaged over the data axis)")
     ap.add_argument("--data-parallel", default="ddp", choices=["ddp", "fsdp2"], help="wrapper on the data axis of --mesh")
@@ -44,8 +44,8 @@ def parse_args(workload, argv=None):
     ap.add_argument("--no-train", action="store_true", help="time inference only")
     ap.add_argument("--no-baseline", action="store_true", help="under torchrun: skip the single-device baseline")
     ap.add_argument("--batch", type=int, default=1, help="samples per domain group")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed iterations before timing")
+    ap.add_argument("--iters", type=int, default=5, help="timed iterations (median reported, range as error bars)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (and for the baseline)")
     ap.add_argument("--check-tol", type=float, default=1e-4, help="max error relative to the largest reference value")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check (not recommended)")
@@ -57,7 +57,7 @@ def parse_args(workload, argv=None):
     ap.add_argument("--trace-comm", action="store_true", help="attribute forward collectives to modules (report)")
     ap.add_argument("--quick", action="store_true", help="CI-sized model and sizes")
     ap.add_argument("--tag", default="", help="suffix of the result files")
-    ap.add_argument("--out", default=RESULTS, help="directory of the result files")
+    results_dir.add_out_argument(ap)
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG (and Markdown) from the JSON")
     workload.add_args(ap)
     args = ap.parse_args(argv)
@@ -180,9 +180,7 @@ def meta(workload, args, wall: float, checks: dict) -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
     # Uncommitted code changes mark the commit; regenerated result files (written by earlier runs) do not.
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                            ":(exclude)benchmarks/results"], capture_output=True, text=True,
-                           cwd=os.path.join(here, "..", "..")).stdout.strip()
+    dirty = results_dir.tree_is_dirty()
     load = _loadavg()
     script = os.path.relpath(sys.argv[0], os.path.join(here, "..", "..")) if sys.argv and sys.argv[0] else "?"
     dev = {"cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
@@ -202,7 +200,7 @@ def meta(workload, args, wall: float, checks: dict) -> dict:
 def main(workload, argv=None):
     args = parse_args(workload, argv)
     workload.config(args)  # resolves the configuration once (the spawned ranks get the workload pickled)
-    os.makedirs(args.out, exist_ok=True)
+    results_dir.prepare(args.out, measuring=not args.plot_only)
     path = os.path.join(args.out, stem(workload, args))
     if args.plot_only:
         with open(path + ".json") as f:

@@ -39,9 +39,9 @@ class StormScope(PatchGridWorkload):
 
     def add_args(self, ap):
         ap.add_argument("--model", default=None, help="registry config (small, full); default small")
-        ap.add_argument("--hidden", type=int, default=None)
-        ap.add_argument("--depth", type=int, default=None)
-        ap.add_argument("--heads", type=int, default=None)
+        ap.add_argument("--hidden", type=int, default=None, help="override the config's hidden width")
+        ap.add_argument("--depth", type=int, default=None, help="override the config's depth")
+        ap.add_argument("--heads", type=int, default=None, help="override the config's heads")
         ap.add_argument("--kernel", type=int, default=None, help="neighbourhood attention kernel (odd)")
 
     def config(self, args) -> dict:

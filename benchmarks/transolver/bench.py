@@ -33,9 +33,9 @@ class Transolver(Workload):
     def add_args(self, ap):
         ap.add_argument("--model", default=None, help="registry config (tiny, drivaerml); default: drivaerml on "
                         "CUDA, tiny widened (hidden 64, 4 heads, 32 slices) on CPU, tiny with --quick")
-        ap.add_argument("--layers", type=int, default=None)
-        ap.add_argument("--hidden", type=int, default=None)
-        ap.add_argument("--slices", type=int, default=None)
+        ap.add_argument("--layers", type=int, default=None, help="override the config's layers")
+        ap.add_argument("--hidden", type=int, default=None, help="override the config's hidden width")
+        ap.add_argument("--slices", type=int, default=None, help="override the config's slices")
 
     def config(self, args) -> dict:
         name = args.model or ("tiny" if args.quick or args.device == "cpu" else "drivaerml")

@@ -37,9 +37,9 @@ class ViT(PatchGridWorkload):
     def add_args(self, ap):
         ap.add_argument("--model", default=None, help="registry config (tiny, full); default: full on CUDA, tiny "
                         "widened to embed 128 on CPU, tiny with --quick")
-        ap.add_argument("--embed-dim", type=int, default=None)
-        ap.add_argument("--depth", type=int, default=None)
-        ap.add_argument("--heads", type=int, default=None)
+        ap.add_argument("--embed-dim", type=int, default=None, help="override the config's width")
+        ap.add_argument("--depth", type=int, default=None, help="override the config's depth")
+        ap.add_argument("--heads", type=int, default=None, help="override the config's heads")
         ap.add_argument("--attention", default="auto", choices=["auto", "ring", "all_to_all"],
                         help="sequence-parallel attention strategy (st.set_attention_strategy)")
 

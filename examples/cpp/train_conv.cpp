@@ -2,7 +2,7 @@
 // height, on every rank of a torchrun-style job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); rank 0 also trains
 // the same net on the whole field in one process and checks the losses match.
 //
-//   torchrun --nproc-per-node 2 ./train_conv        (or examples/cpp/run_ranks.sh 2 ./train_conv)
+//   torchrun --nproc-per-node 2 --no-python ./train_conv     (or examples/cpp/run_ranks.sh 2 ./train_conv)
 #include <shardtensor/shardtensor.h>
 
 #include <torch/torch.h>

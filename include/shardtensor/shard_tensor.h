@@ -33,6 +33,9 @@ class ShardTensorImpl final : public c10::TensorImpl {
       bool allow_tensor_metadata_change) const override;
   void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
   void release_resources() override;
+  // There is no global storage; the error names the way out (to_local, full_tensor, and for torch.compile,
+  // whose fake-tensor conversion lands here, compiling the local computation).
+  const c10::Storage& storage() const override;
 
   // Replace the local tensor and spec in place (used by in-place ops that change nothing visible globally).
   void set_local(at::Tensor local);

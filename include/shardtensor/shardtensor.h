@@ -1,6 +1,7 @@
 // Umbrella header for ShardTensor's C++ API.
 #pragma once
 
+#include <shardtensor/attention.h>
 #include <shardtensor/comm_stats.h>
 #include <shardtensor/distributed.h>
 #include <shardtensor/handler_registry.h>

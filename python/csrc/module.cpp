@@ -56,6 +56,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("dim_names", &Mesh::dim_names)
       .def_property_readonly("ranks", &Mesh::ranks)
       .def_property_readonly("id", &Mesh::id)
+      .def("same_as", [](const Mesh& self, const Mesh& other) { return self.same_as(other); })
       .def("__repr__", &Mesh::str);
 
   m.def("is_shard_tensor", &is_shard_tensor);

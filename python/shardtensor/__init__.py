@@ -13,16 +13,18 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from .compat import (NotAShardTensorError, ShardTensor, extents_by_mesh_dim, from_dtensor, keyword_aliases,
+                     redistribute_arguments, to_dtensor)
 from .mesh import as_cpp_mesh, device_mesh_of
 from .placement import Partial, Replicate, Shard, from_wire, normalize_placements, to_wire
 from .profiling import peak_memory
 
 __all__ = [
-    "Shard", "Replicate", "Partial",
+    "Shard", "Replicate", "Partial", "ShardTensor", "NotAShardTensorError", "to_dtensor", "from_dtensor",
     "scatter_tensor", "distribute_tensor", "from_local", "to_local", "full_tensor", "redistribute",
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
-    "set_attention_strategy", "attention_strategy", "use_attention_strategy",
+    "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
 ]
 
 __version__ = "0.1.0"
@@ -30,12 +32,12 @@ __version__ = "0.1.0"
 
 def _check(x, what: str):
     if not isinstance(x, torch.Tensor) or not _C.is_shard_tensor(x):
-        raise TypeError(f"{what}: expected a ShardTensor, got {'a plain tensor' if isinstance(x, torch.Tensor) else type(x).__name__}; "
+        raise NotAShardTensorError(f"{what}: expected a ShardTensor, got {'a plain tensor' if isinstance(x, torch.Tensor) else type(x).__name__}; "
                         "build one with shardtensor.from_local, distribute_tensor or scatter_tensor")
 
 
-def _shapes(sharding_shapes) -> dict:
-    return {int(k): [int(e) for e in v] for k, v in (sharding_shapes or {}).items()}
+def _shapes(sharding_shapes, placements) -> dict:
+    return extents_by_mesh_dim(sharding_shapes, placements)
 
 
 def is_shard_tensor(x) -> bool:
@@ -67,6 +69,7 @@ def local_offsets(x) -> tuple:
     return tuple(_C.local_offsets(x))
 
 
+@keyword_aliases(device_mesh="mesh", shape="global_shape")
 def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", global_shape=None) -> torch.Tensor:
     """Wrap this rank's ``local`` tensor as a ShardTensor (differentiable).
 
@@ -78,10 +81,12 @@ def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", g
     pl = normalize_placements(placements, len(cpp.shape))
     if isinstance(sharding_shapes, str):
         if sharding_shapes not in ("infer", "even"):
-            raise ValueError(f"sharding_shapes must be 'infer', 'even' or a dict, got {sharding_shapes!r}")
+            raise ValueError(f"sharding_shapes must be 'infer', 'even' (torch.tensor_split sizes of global_shape) or "
+                             f"a dict, got {sharding_shapes!r}; for PhysicsNeMo's 'chunk' rule give the extents "
+                             "explicitly")
         mode, shapes = sharding_shapes, {}
     else:
-        mode, shapes = "explicit", _shapes(sharding_shapes)
+        mode, shapes = "explicit", _shapes(sharding_shapes, pl)
     gs = None if global_shape is None else [int(s) for s in global_shape]
     return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs)
 
@@ -98,27 +103,34 @@ def full_tensor(x) -> torch.Tensor:
     return _C.full_tensor(x)
 
 
-def redistribute(x, placements, sharding_shapes=None) -> torch.Tensor:
-    """``x`` with new placements (collectives only along mesh dims that change; differentiable)."""
+def redistribute(x, *args, placements=None, sharding_shapes=None, device_mesh=None, async_op=False) -> torch.Tensor:
+    """``x`` with new placements (collectives only along mesh dims that change; differentiable).
+
+    ``redistribute(x, placements, sharding_shapes=None)``, or DTensor's ``x.redistribute(device_mesh,
+    placements)`` / ``x.redistribute(device_mesh=..., placements=...)`` (the mesh must be ``x``'s own).
+    ``async_op`` is accepted for DTensor code; the result is always complete on return."""
     _check(x, "redistribute")
+    placements, sharding_shapes = redistribute_arguments(x, args, placements, sharding_shapes, device_mesh)
     pl = normalize_placements(placements, len(_C.mesh_of(x).shape))
-    return _C.redistribute(x, to_wire(pl), _shapes(sharding_shapes))
+    return _C.redistribute(x, to_wire(pl), _shapes(sharding_shapes, pl))
 
 
+@keyword_aliases(device_mesh="mesh")
 def distribute_tensor(tensor: torch.Tensor, mesh, placements, sharding_shapes=None) -> torch.Tensor:
     """Every rank holds the same full ``tensor``; each keeps its slice (differentiable)."""
     cpp = as_cpp_mesh(mesh)
     pl = normalize_placements(placements, len(cpp.shape))
-    return _C.distribute_tensor(tensor, cpp, to_wire(pl), _shapes(sharding_shapes))
+    return _C.distribute_tensor(tensor, cpp, to_wire(pl), _shapes(sharding_shapes, pl))
 
 
+@keyword_aliases(device_mesh="mesh", global_src="src")
 def scatter_tensor(tensor: Optional[torch.Tensor], src: int, mesh, placements, sharding_shapes=None,
                    requires_grad: bool = False) -> torch.Tensor:
     """Scatter ``tensor`` from global rank ``src``; other ranks may pass ``None`` (shape and dtype travel
     with the data). Each rank receives only its own shard."""
     cpp = as_cpp_mesh(mesh)
     pl = normalize_placements(placements, len(cpp.shape))
-    out = _C.scatter_tensor(tensor, int(src), cpp, to_wire(pl), _shapes(sharding_shapes))
+    out = _C.scatter_tensor(tensor, int(src), cpp, to_wire(pl), _shapes(sharding_shapes, pl))
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
@@ -290,3 +302,5 @@ def _install_tensor_methods():
 _install_tensor_methods()
 
 from . import ops  # noqa: E402,F401  (shardtensor.ops: neighbourhood attention, knn, radius_search)
+from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint support, installed on import)
+from .compile import local_map  # noqa: E402

@@ -17,6 +17,7 @@
 #endif
 
 #include <cstdlib>
+#include <string>
 
 namespace shardtensor {
 
@@ -90,10 +91,20 @@ World init_from_env(c10::DeviceType device_type, std::chrono::milliseconds timeo
   const char* addr = std::getenv("MASTER_ADDR");
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500, true));
-  opts.isServer = w.rank == 0;
+  // Under torchrun the agent already serves the store on MASTER_PORT: every rank connects as a client, under
+  // the per-attempt prefix torch's own env:// rendezvous uses.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool use_agent_store = agent_store && std::string(agent_store) == "True";
+  opts.isServer = w.rank == 0 && !use_agent_store;
   opts.numWorkers = static_cast<int>(w.size);
   opts.timeout = timeout;
-  w.store = c10::make_intrusive<c10d::TCPStore>(addr ? addr : "127.0.0.1", opts);
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(addr ? addr : "127.0.0.1", opts);
+  if (use_agent_store) {
+    w.store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT", 0, false)), tcp);
+  } else {
+    w.store = tcp;
+  }
 #ifdef USE_C10D_NCCL
   if (device_type == c10::DeviceType::CUDA) c10::cuda::set_device(static_cast<c10::DeviceIndex>(w.local_rank));
 #endif
