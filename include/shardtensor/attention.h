@@ -5,14 +5,27 @@
 
 namespace shardtensor {
 
-// "ring": K/V blocks travel around the ring of the mesh dim that shards the sequence (log-sum-exp merge); causal
-// self-attention runs in the zigzag layout (rank c computes sequence chunks c and 2n-1-c of 2n: balanced work).
-// "ring_contiguous": the ring on the contiguous shards (no zigzag permutation; unbalanced when causal).
-// "all_to_all": sequence shards -> head shards (all-to-all), local attention on full sequences, back.
-// "auto" (default): all-to-all when the key/value heads divide evenly by the mesh dim size and the attention is
-// causal or it moves no more bytes than the ring, else the ring. Process-wide; returns the previous setting. Every rank of a mesh
-// must use the same setting (the choice decides which collectives run).
-std::string set_attention_strategy(const std::string& strategy);
-std::string attention_strategy();
+// How scaled_dot_product_attention computes when queries and keys/values are sequence-sharded on one mesh dim.
+enum class AttentionStrategy {
+  // All-to-all when the key/value heads divide evenly by the mesh dim size and the attention is causal or it
+  // moves no more bytes than the ring, else the ring (the default).
+  Auto,
+  // K/V blocks travel around the ring of the mesh dim that shards the sequence (log-sum-exp merge); causal
+  // self-attention runs in the zigzag layout (rank c computes sequence chunks c and 2n-1-c of 2n: balanced work).
+  Ring,
+  // The ring on the contiguous shards (no zigzag permutation; unbalanced when causal).
+  RingContiguous,
+  // Sequence shards -> head shards (all-to-all), local attention on full sequences, back.
+  AllToAll,
+};
+
+// Process-wide; returns the previous setting. Every rank of a mesh must use the same setting (the choice decides
+// which collectives run).
+AttentionStrategy set_attention_strategy(AttentionStrategy strategy);
+AttentionStrategy attention_strategy();
+
+// "auto", "ring", "ring_contiguous", "all_to_all" (the Python names); parsing raises ValueError otherwise.
+std::string to_string(AttentionStrategy strategy);
+AttentionStrategy parse_attention_strategy(const std::string& name);
 
 } // namespace shardtensor

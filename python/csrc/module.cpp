@@ -157,6 +157,8 @@ PYBIND11_MODULE(_C, m) {
         return s.tracker ? s.tracker->current_bytes() : s.current;
       });
 
-  m.def("set_attention_strategy", &set_attention_strategy);
-  m.def("attention_strategy", &attention_strategy);
+  m.def("set_attention_strategy", [](const std::string& name) {
+    return to_string(set_attention_strategy(parse_attention_strategy(name)));
+  });
+  m.def("attention_strategy", [] { return to_string(attention_strategy()); });
 }

@@ -22,16 +22,6 @@ bool needs_graph(const at::Tensor& t) {
   return at::GradMode::is_enabled() && t.requires_grad();
 }
 
-// A gradient arriving for a ShardTensor with spec `spec`: ShardTensors are redistributed to the spec (with
-// Partial read as Replicate); a plain gradient is taken as the full replicated value.
-at::Tensor grad_to_spec(const at::Tensor& grad, const SpecPtr& spec) {
-  auto target = without_partial(spec);
-  if (is_shard_tensor(grad)) return redistribute_to(grad, target);
-  auto full_spec = ShardSpec::make(spec->mesh, Placements(spec->mesh->ndim(), Placement::replicate()),
-                                   spec->global_shape);
-  return redistribute_to(make_shard_tensor(grad, full_spec), target);
-}
-
 at::Tensor local_of(const at::Tensor& shard) {
   return shard_impl(shard)->local();
 }

@@ -27,6 +27,14 @@ SpecPtr without_partial(const SpecPtr& spec) {
   return ShardSpec::make(spec->mesh, std::move(placements), spec->global_shape, spec->sharding_shapes());
 }
 
+at::Tensor grad_to_spec(const at::Tensor& grad, const SpecPtr& spec) {
+  auto target = without_partial(spec);
+  if (is_shard_tensor(grad)) return redistribute_to(grad, target);
+  auto full_spec = ShardSpec::make(spec->mesh, Placements(spec->mesh->ndim(), Placement::replicate()),
+                                   spec->global_shape);
+  return redistribute_to(make_shard_tensor(grad, full_spec), target);
+}
+
 namespace {
 
 bool sharded_elsewhere(const Placements& cur, int64_t tensor_dim, size_t except_mesh_dim) {

@@ -20,4 +20,9 @@ at::Tensor redistribute_to(const at::Tensor& shard, const SpecPtr& dst);
 // `spec` with every Partial replaced by Replicate (the placement of a gradient of a Partial value).
 SpecPtr without_partial(const SpecPtr& spec);
 
+// A gradient arriving for a ShardTensor with spec `spec`, brought to that layout (no autograd graph): ShardTensors
+// are redistributed to the spec with Partial read as Replicate (a pending-sum gradient is reduce-scattered into
+// the shards); a plain gradient is taken as the full replicated value and sliced locally.
+at::Tensor grad_to_spec(const at::Tensor& grad, const SpecPtr& spec);
+
 } // namespace shardtensor

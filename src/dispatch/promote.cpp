@@ -2,6 +2,7 @@
 
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
+#include "dispatch/grad_layout.h"
 
 #include <torch/autograd.h>
 
@@ -37,7 +38,12 @@ at::Tensor promote_to_replicate(const at::Tensor& plain, const MeshPtr& mesh) {
   return PromoteFn::apply(plain, mesh);
 }
 
-void promote_plain_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const c10::OperatorHandle& op,
+                                                                          torch::jit::Stack* stack) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> keep;
+  auto hook = [&](const at::Tensor& t) {
+    if (auto acc = ensure_grad_layout_hook(t)) keep.push_back(std::move(acc));
+  };
   const auto& schema = op.schema();
   const auto n = schema.arguments().size();
   const auto base = stack->size() - n;
@@ -48,18 +54,20 @@ void promote_plain_args(const c10::OperatorHandle& op, torch::jit::Stack* stack)
         if (auto* impl = shard_impl(t)) mesh = impl->spec()->mesh;
     });
   }
-  if (!mesh) return;
+  if (!mesh) return keep;
   for (size_t i = 0; i < n; ++i) {
     const auto& arg = schema.arguments()[i];
     if (arg.alias_info() && arg.alias_info()->isWrite()) continue;
     auto& v = (*stack)[base + i];
     if (v.isTensor()) {
       if (promotable(v.toTensor())) v = promote_to_replicate(v.toTensor(), mesh);
+      else hook(v.toTensor());
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       bool changed = false;
       for (size_t j = 0; j < list.size(); ++j) {
         at::Tensor t = list.get(j);
+        hook(t);
         if (promotable(t)) {
           list.set(j, promote_to_replicate(t, mesh));
           changed = true;
@@ -70,10 +78,13 @@ void promote_plain_args(const c10::OperatorHandle& op, torch::jit::Stack* stack)
       auto list = v.toList();
       for (size_t j = 0; j < list.size(); ++j) {
         c10::IValue e = list.get(j);
-        if (e.isTensor() && promotable(e.toTensor())) list.set(j, promote_to_replicate(e.toTensor(), mesh));
+        if (!e.isTensor()) continue;
+        if (promotable(e.toTensor())) list.set(j, promote_to_replicate(e.toTensor(), mesh));
+        else hook(e.toTensor());
       }
     }
   }
+  return keep;
 }
 
 } // namespace shardtensor::dispatch

@@ -18,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -31,7 +32,8 @@ namespace {
 
 struct Slot {
   c10::OperatorName name;
-  BoxedHandler handler; // empty: no rule
+  BoxedHandler handler;           // empty: no rule
+  AutogradHandler autograd_handler; // empty: the op's own autograd formula
 };
 
 struct Registry {
@@ -57,12 +59,18 @@ struct SlotKernel final : c10::OperatorKernel {
 };
 
 struct PromoteKernel final : c10::OperatorKernel {
+  explicit PromoteKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    if (at::GradMode::is_enabled()) promote_plain_args(op, stack);
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
+    if (at::GradMode::is_enabled()) {
+      accumulators = prepare_autograd_args(op, stack);
+      if (slot->autograd_handler && slot->autograd_handler(op, stack)) return;
+    }
     // Run the op's generated autograd kernel, which is also bound to AutogradOther.
     auto next = (ks - c10::autograd_dispatch_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther);
     op.redispatchBoxed(next, stack);
   }
+  Slot* slot;
 };
 
 std::string qualified(const c10::OperatorName& name) {
@@ -90,7 +98,7 @@ Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHan
   if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) &&
       !handle.hasKernelForDispatchKey(kShardAutogradKey)) {
     library_for(r.autograd_libs, ns, kShardAutogradKey)
-        .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<PromoteKernel>()));
+        .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<PromoteKernel>(raw)));
   }
   r.slots.emplace(name, std::move(slot));
   return raw;
@@ -149,6 +157,17 @@ void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool stric
     return;
   }
   it->second->handler = std::move(handler);
+}
+
+void set_autograd_handler(const char* qualified_name, AutogradHandler handler) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.slots.find(parse_name(qualified_name));
+  TORCH_INTERNAL_ASSERT(it != r.slots.end(), qualified_name, " is not bound to the ShardTensor key");
+  auto h = c10::Dispatcher::singleton().findOp(it->first);
+  TORCH_INTERNAL_ASSERT(h && h->hasKernelForDispatchKey(c10::DispatchKey::Autograd), qualified_name,
+                        " has no autograd kernel to replace");
+  it->second->autograd_handler = std::move(handler);
 }
 
 void set_handler(const char* qualified_name, BoxedHandler handler) {

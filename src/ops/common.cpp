@@ -57,6 +57,7 @@ void register_all() {
   register_factory();
   register_pointwise();
   register_reduction();
+  register_reduction_grad();
   register_view();
   register_linear();
   register_softmax();

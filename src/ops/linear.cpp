@@ -4,6 +4,7 @@
 // across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
+#include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
 
@@ -222,11 +223,17 @@ at::Tensor apply_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  // Held until the op below has recorded its graph edges.
+  auto acc_x = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(x) : nullptr;
+  auto acc_w = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(w) : nullptr;
   if (token_local_linear(x, w, b)) return apply_linear(x, w, b);
   return at::native::linear(x, w, b);
 }
 
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
+  // Held until the op below has recorded its graph edges.
+  auto acc_a = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(a) : nullptr;
+  auto acc_b = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(b) : nullptr;
   // (..., S, K) @ (K, N) with tokens sharded: a linear without bias.
   if (b.dim() == 2 && a.dim() >= 3 && token_local_linear(a, b, std::nullopt)) {
     return apply_linear(a, b.t(), std::nullopt);

@@ -8,6 +8,7 @@ void register_all();
 void register_pointwise();
 void register_factory();
 void register_reduction();
+void register_reduction_grad();
 void register_view();
 void register_linear();
 void register_softmax();

@@ -1,4 +1,5 @@
 // Single-process tests of placements, the split rule, spec validation and shape propagation.
+#include <shardtensor/attention.h>
 #include <shardtensor/shard_tensor.h>
 
 #include <gtest/gtest.h>
@@ -126,4 +127,15 @@ TEST(Mesh, WithoutGlobalRanksUsesPositions) {
   auto m = Mesh::from_group(g, c10::DeviceType::CPU);
   EXPECT_EQ(m->coordinate_of(2), (std::vector<int64_t>{2}));
   EXPECT_TRUE(m->coordinate_of(3).empty());
+}
+
+TEST(AttentionStrategy, TypedSettingAndNames) {
+  for (auto s : {AttentionStrategy::Auto, AttentionStrategy::Ring, AttentionStrategy::RingContiguous,
+                 AttentionStrategy::AllToAll})
+    EXPECT_EQ(parse_attention_strategy(to_string(s)), s);
+  EXPECT_THROW(parse_attention_strategy("zigzag"), c10::ValueError);
+  auto before = set_attention_strategy(AttentionStrategy::RingContiguous);
+  EXPECT_EQ(attention_strategy(), AttentionStrategy::RingContiguous);
+  EXPECT_EQ(set_attention_strategy(before), AttentionStrategy::RingContiguous);
+  EXPECT_EQ(attention_strategy(), before);
 }

@@ -83,6 +83,20 @@ def _tensors(out):
     return []
 
 
+def check_grad_layout(leaf, what=""):
+    """A sharded leaf's gradient has exactly the leaf's layout: placements (Partial read as Replicate), extents
+    and local shape, with a dense local tensor (never the global size on every rank)."""
+    g = leaf.grad
+    want = tuple(st.Replicate() if type(p).__name__ == "Partial" else p for p in st.placements(leaf))
+    assert st.placements(g) == want, f"{what}: placements {st.placements(g)}, leaf {st.placements(leaf)}"
+    assert st.sharding_shapes(g) == st.sharding_shapes(leaf), \
+        f"{what}: extents {st.sharding_shapes(g)}, leaf {st.sharding_shapes(leaf)}"
+    gl, ll = g.to_local(), leaf.to_local()
+    assert gl.shape == ll.shape, f"{what}: local shape {tuple(gl.shape)}, leaf {tuple(ll.shape)}"
+    assert gl.is_contiguous() or gl.is_contiguous(memory_format=torch.channels_last) or \
+        gl.stride() == ll.stride(), f"{what}: local gradient strides {gl.stride()} (not dense)"
+
+
 def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", expect_placements=None):
     """Compare ``fn`` on sharded inputs against ``fn`` on the full inputs, forward and backward.
 
@@ -129,6 +143,7 @@ def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", e
         assert a.grad is not None, f"{what}: no grad for input {i}"
         if st.is_shard_tensor(a):
             assert st.is_shard_tensor(a.grad), f"{what}: grad of sharded input {i} is plain"
+            check_grad_layout(a, what=f"{what} grad {i}")
         else:
             assert not st.is_shard_tensor(a.grad), f"{what}: grad of plain input {i} is a ShardTensor"
         close(full(a.grad), r.grad, rtol=rtol, atol=atol * 10, what=f"{what} grad {i}")

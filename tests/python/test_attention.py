@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, tiny_extents, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, randn, tiny_extents, uneven_extents
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -148,6 +148,7 @@ def case_bf16(strategy):
             (F.scaled_dot_product_attention(*refs, is_causal=causal) * wt).sum().backward()
             for a, r in zip(args, refs):
                 assert a.grad.dtype == torch.bfloat16
+                check_grad_layout(a, what=f"bf16 {strategy} grad")
                 close(full(a.grad).float(), r.grad, rtol=5e-2, atol=5e-2, what=f"bf16 {strategy} grad")
     finally:
         st.set_attention_strategy(prev)
@@ -191,6 +192,7 @@ def case_mha(need_weights, batch_first):
     wt = randn(*out_ref.shape, seed=61)
     (out * wt).sum().backward()
     (out_ref * wt).sum().backward()
+    check_grad_layout(xs, what="mha input grad")
     close(full(xs.grad), xr.grad, rtol=1e-4, atol=1e-4, what="mha input grad")
     for (n, p), (_, r) in zip(mha.named_parameters(), ref.named_parameters()):
         assert not st.is_shard_tensor(p.grad), n
@@ -384,6 +386,8 @@ def case_partial_qkv():
     close(full(out), ref, **TOL, what="partial q/k/v out")
     (out * g).sum().backward()
     for a, b, name in zip(shards + ws, refs + wr, ("w", "fx", "Wq", "Wk", "Wv")):
+        if st.is_shard_tensor(a):
+            check_grad_layout(a, what=f"partial q/k/v grad {name}")
         close(full(a.grad) if st.is_shard_tensor(a.grad) else a.grad, b.grad, rtol=1e-4, atol=1e-4,
               what=f"partial q/k/v grad {name}")
     if m.size() > 1:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, rank, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, randn, rank, uneven_extents
 
 
 def case_copies_factories(seed):
@@ -55,9 +55,11 @@ def case_autograd_plumbing(seed):
     # backward() on a replicated scalar and on a Partial scalar.
     y = st.distribute_tensor(x, m, [st.Shard(0)], ext).requires_grad_(True)
     y.mean().backward()
+    check_grad_layout(y, what="Partial scalar backward")
     close(full(y.grad), torch.full_like(x, 1 / x.numel()), what="Partial scalar backward")
     z = st.distribute_tensor(x, m, [st.Replicate()]).requires_grad_(True)
     (z * 2).sum().backward()
+    check_grad_layout(z, what="replicated scalar backward")
     close(full(z.grad), torch.full_like(x, 2.0), what="replicated scalar backward")
     return True
 

@@ -11,7 +11,7 @@ import harness
 import shardtensor as st
 from shardtensor.ops import neighborhood_attention, neighborhood_attention1d, neighborhood_attention2d, \
     neighborhood_attention3d
-from cases_util import check_op, close, full, mesh, narrow_extents, randn, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, narrow_extents, randn, uneven_extents
 
 FNS = {1: neighborhood_attention1d, 2: neighborhood_attention2d, 3: neighborhood_attention3d}
 
@@ -357,6 +357,7 @@ def case_partial_grads(seed):
         (out * wgt).sum().backward()
         for a, b, r in zip(sh, full_in, needs):
             if r:
+                check_grad_layout(a, what=f"needs={needs}")
                 close(full(a.grad), b.grad, rtol=1e-5, atol=1e-5, what=f"needs={needs}")
             else:
                 assert a.grad is None

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, randn, uneven_extents
 
 
 def case_layer_norm(seed):
@@ -129,6 +129,7 @@ def case_batch_norm_module(dim_sharded, momentum, seed):
         wgt = randn(3, 4, 7, 5, seed=99)
         (bn(xs) * wgt).sum().backward()
         (ref(xr) * wgt).sum().backward()
+        check_grad_layout(xs, what=f"input grad step {step}")
         close(st.full_tensor(xs.grad), xr.grad, rtol=1e-4, atol=1e-5, what=f"input grad step {step}")
     for (n, p), (_, r) in zip(bn.named_parameters(), ref.named_parameters()):
         assert not st.is_shard_tensor(p.grad)

@@ -1,0 +1,226 @@
+// Ring attention. Forward: step t computes the local queries against the K/V block of coordinate (c - t) mod n
+// while the next block is in flight (send to c+1, receive from c-1), and merges block outputs with their
+// log-sum-exp. Backward: the same ring; dQ accumulates locally, dK/dV accumulate in buffers that travel with
+// their block and are passed home after the last step. With only q sequence-sharded (k/v whole) the "ring" is one
+// local block and dK/dV are all-reduced over the query shards.
+#include "ops/attention_ring.h"
+
+#include "comm/collectives.h"
+#include "comm/halo.h"
+#include "ops/attention_block.h"
+#include "ops/attention_seq.h"
+#include "ops/common.h"
+
+#include <torch/autograd.h>
+
+namespace shardtensor::ops::attention {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Everything the forward and the backward derive alike from the specs and the settings: the sequence layout
+// (zigzag or contiguous), this rank's coordinate on the ring and its query segments.
+struct RingSetup {
+  Layout l;
+  BlockCfg c;
+  bool zigzag = false;
+  SeqLayout sl;
+  int64_t sm = -1, n = 1, me = 0;
+  std::vector<Segment> qseg;  // the local queries' segments in the computing layout
+};
+
+RingSetup ring_setup(const at::Tensor& q, const at::Tensor& k, BlockCfg c) {
+  RingSetup s;
+  s.l = layout_of(q, k);
+  const auto& qs = *shard_impl(q)->spec();
+  const auto& ks = *shard_impl(k)->spec();
+  c.nd = s.l.nd;
+  s.c = std::move(c);
+  s.zigzag = use_zigzag(s.l, qs, ks, s.c.causal, s.c.mask.defined());
+  s.sl = seq_layout(s.l, ks, s.zigzag);
+  s.sm = s.l.seq_mesh_dim;
+  s.n = s.l.kv_ring ? s.l.mesh->size(s.sm) : 1;
+  s.me = s.l.kv_ring ? s.l.mesh->coordinate(s.sm) : 0;
+  s.qseg = s.zigzag ? s.sl.segments[s.me]
+                    : std::vector<Segment>{Segment{0, qs.local_shape[s.l.nd - 2], qs.local_offset(s.l.nd - 2)}};
+  return s;
+}
+
+// Starts passing the travelling block tensors `ts` one step round the ring: their next extent is that of the
+// block the previous coordinate holds now.
+comm::RingExchange pass_on(const RingSetup& s, const std::vector<at::Tensor>& ts, int64_t owner, int tag) {
+  const auto ext = s.sl.ext[(owner - 1 + s.n) % s.n];
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& t : ts) shapes.push_back(with_dim(t.sizes(), s.l.nd - 2, ext));
+  return comm::ring_pass_start(ts, shapes, *s.l.mesh, s.sm, tag);
+}
+
+// The user mask aligned to the local queries as an additive fp32 bias with q's number of dims.
+at::Tensor local_mask_bias(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k, const Layout& l) {
+  const auto& qs = *shard_impl(q)->spec();
+  auto attn_shape = q.sizes().vec();
+  attn_shape.back() = k.size(l.nd - 2);
+  auto ml = local_aligned(resolve_partial(mask), l.mesh, attn_shape, qs.placements, qs.dim_extents());
+  ml = ml.scalar_type() == at::kBool
+           ? at::zeros(ml.sizes(), ml.options().dtype(at::kFloat)).masked_fill_(ml.logical_not(), kNegInf)
+           : ml.to(at::kFloat);
+  while (ml.dim() < l.nd) ml = ml.unsqueeze(0);
+  return ml;
+}
+
+struct RingFn : torch::autograd::Function<RingFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {
+    ctx->set_materialize_grads(false);
+    at::NoGradGuard no_grad;
+    BlockCfg cfg;
+    cfg.scale = scale;
+    cfg.causal = causal;
+    cfg.gqa = gqa;
+    if (mask && mask->defined()) cfg.mask = local_mask_bias(*mask, q, k, layout_of(q, k));
+    auto s = ring_setup(q, k, std::move(cfg));
+    const auto nd = s.l.nd;
+    const auto& qs = *shard_impl(q)->spec();
+    at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    if (s.zigzag) {
+      auto z = to_zigzag({ql, kb, vb}, s.sl, s.l);
+      ql = z[0];
+      kb = z[1];
+      vb = z[2];
+    }
+    auto acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(at::kFloat));
+    auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(at::kFloat)).squeeze(-1);
+    for (int64_t t = 0; t < s.n; ++t) {
+      const int64_t owner = (s.me - t + s.n) % s.n;
+      comm::RingExchange ex;
+      if (t < s.n - 1) ex = pass_on(s, {kb, vb}, owner, 0);
+      for (const auto& qg : s.qseg)
+        for (const auto& kg : s.sl.segments[owner]) {
+          s.c.qo = qg.global;
+          auto vis = visibility(s.c, qg.len, kg.global, kg.len);
+          if (vis == Visibility::None) continue;
+          const BlockRange r{qg.start, qg.len, kg.global, kg.len};
+          auto [o, lse] = block_forward(ql.narrow(nd - 2, qg.start, qg.len), kb.narrow(nd - 2, kg.start, kg.len),
+                                        vb.narrow(nd - 2, kg.start, kg.len), s.c, vis, r);
+          auto a = acc.narrow(nd - 2, qg.start, qg.len);
+          auto al = acc_lse.narrow(nd - 2, qg.start, qg.len);
+          auto a2 = a.clone(), al2 = al.clone();
+          merge(a2, al2, o, lse);
+          a.copy_(a2);
+          al.copy_(al2);
+        }
+      if (t < s.n - 1) {
+        auto r = ex.wait();
+        kb = r[0];
+        vb = r[1];
+      }
+    }
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["out"] = acc;  // in the computing layout (zigzag when used)
+    ctx->saved_data["lse"] = acc_lse;
+    ctx->saved_data["mask"] = s.c.mask.defined() ? c10::IValue(s.c.mask) : c10::IValue();
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["gqa"] = gqa;
+    auto out_local = acc.to(ql.scalar_type());
+    if (s.zigzag) out_local = to_contiguous({out_local}, s.sl, s.l)[0];
+    auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
+    return make_shard_tensor(out_local,
+                             ShardSpec::make_with_dim_extents(s.l.mesh, qs.placements, out_shape, qs.dim_extents()));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list res(7);
+    if (!grads[0].defined()) return res;
+    at::NoGradGuard no_grad;
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    BlockCfg cfg;
+    cfg.scale = ctx->saved_data["scale"].toDouble();
+    cfg.causal = ctx->saved_data["causal"].toBool();
+    cfg.gqa = ctx->saved_data["gqa"].toInt();
+    if (!ctx->saved_data["mask"].isNone()) cfg.mask = ctx->saved_data["mask"].toTensor();
+    auto s = ring_setup(q, k, std::move(cfg));
+    const auto nd = s.l.nd;
+    const auto& qs = *shard_impl(q)->spec();
+    const auto& ks = *shard_impl(k)->spec();
+    auto out = ctx->saved_data["out"].toTensor();
+    auto lse = ctx->saved_data["lse"].toTensor();
+    auto out_spec = ShardSpec::make_with_dim_extents(s.l.mesh, qs.placements, grads[0].sizes().vec(), qs.dim_extents());
+    auto g = local_aligned(resolve_partial(grads[0]), s.l.mesh, grads[0].sizes(), out_spec->placements,
+                           out_spec->dim_extents());
+    at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    if (s.zigzag) {
+      // The same permutation as the forward (out and lse were saved in the zigzag layout).
+      auto z = to_zigzag({g, ql, kb, vb}, s.sl, s.l);
+      g = z[0];
+      ql = z[1];
+      kb = z[2];
+      vb = z[3];
+    }
+    g = g.to(at::kFloat);
+    auto dsum = (g * out).sum(-1, /*keepdim=*/true);
+    auto lse_safe = at::where(at::isinf(lse), at::zeros_like(lse), lse).unsqueeze(-1);
+    auto qf = ql.to(at::kFloat);
+    auto dq = at::zeros_like(qf);
+    at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(at::kFloat));
+    at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(at::kFloat));
+    for (int64_t t = 0; t < s.n; ++t) {
+      const int64_t owner = (s.me - t + s.n) % s.n;
+      comm::RingExchange ex;
+      if (t < s.n - 1) ex = pass_on(s, {kb, vb}, owner, 0);
+      for (const auto& qg : s.qseg)
+        for (const auto& kg : s.sl.segments[owner]) {
+          s.c.qo = qg.global;
+          auto vis = visibility(s.c, qg.len, kg.global, kg.len);
+          if (vis == Visibility::None) continue;
+          auto rows = [&](const at::Tensor& x) { return x.narrow(nd - 2, qg.start, qg.len); };
+          auto cols = [&](const at::Tensor& x) { return x.narrow(nd - 2, kg.start, kg.len); };
+          BlockGradInputs in{rows(ql), cols(kb), cols(vb), rows(qf), rows(g), rows(out), rows(lse), rows(lse_safe),
+                             rows(dsum)};
+          block_backward(in, s.c, vis, BlockRange{qg.start, qg.len, kg.global, kg.len}, rows(dq), cols(dkb),
+                         cols(dvb));
+        }
+      if (s.n > 1) {
+        // The accumulated gradients travel with their block; after the last step they reach its owner.
+        auto r = pass_on(s, {dkb, dvb}, owner, 2).wait();
+        dkb = r[0];
+        dvb = r[1];
+      }
+      if (t < s.n - 1) {
+        auto r = ex.wait();
+        kb = r[0];
+        vb = r[1];
+      }
+    }
+    if (s.zigzag) {
+      auto c3 = to_contiguous({dq, dkb, dvb}, s.sl, s.l);
+      dq = c3[0];
+      dkb = c3[1];
+      dvb = c3[2];
+    }
+    // Queries sharded where keys are whole: every query shard holds a term of dK/dV.
+    for (int64_t m = 0; m < s.l.mesh->ndim(); ++m) {
+      if (qs.placements[m].is_shard(nd - 2) && !ks.placements[m].is_shard()) {
+        auto both = fused_sum({dkb, dvb}, {m}, *s.l.mesh);
+        dkb = both[0];
+        dvb = both[1];
+      }
+    }
+    if (q.requires_grad()) res[0] = make_shard_tensor(dq.to(q.scalar_type()), shard_impl(q)->spec());
+    if (k.requires_grad()) res[1] = make_shard_tensor(dkb.to(k.scalar_type()), shard_impl(k)->spec());
+    if (v.requires_grad()) res[2] = make_shard_tensor(dvb.to(v.scalar_type()), shard_impl(v)->spec());
+    return res;
+  }
+};
+
+} // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {
+  return RingFn::apply(q, k, v, mask, scale, causal, gqa);
+}
+
+} // namespace shardtensor::ops::attention
