@@ -68,6 +68,18 @@ at::Tensor as_param_grad(const at::Tensor& full, const at::Tensor& param) {
   return full;
 }
 
+// The buffer itself: a plain tensor, or the local (full) tensor of a Replicate ShardTensor buffer.
+at::Tensor buffer_storage(const at::Tensor& buffer) {
+  auto* i = shard_impl(buffer);
+  return i ? i->local() : buffer;
+}
+
+// running <- (1 - momentum) * running + momentum * stat, in the buffer's dtype (bf16 buffers then round as on one
+// device).
+void update_running(const at::Tensor& running, const at::Tensor& stat, double momentum) {
+  buffer_storage(running).mul_(1 - momentum).add_(stat.to(running.scalar_type()), momentum);
+}
+
 struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
@@ -91,8 +103,8 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
         at::NoGradGuard no_grad;
         auto full_mean = all_channels(mean, l);
         auto full_var = all_channels(var, l) * (l.count / std::max(l.count - 1, 1.0));
-        running_mean->mul_(1 - momentum).add_(full_mean.to(running_mean->scalar_type()), momentum);
-        running_var->mul_(1 - momentum).add_(full_var.to(running_var->scalar_type()), momentum);
+        update_running(*running_mean, full_mean, momentum);
+        update_running(*running_var, full_var, momentum);
       }
     } else {
       mean = local_channels(*running_mean, l).to(acc);
@@ -151,8 +163,16 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
   }
   const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
   TORCH_CHECK_VALUE(training || has_running, "batch_norm: evaluation needs running_mean and running_var");
-  TORCH_CHECK_NOT_IMPLEMENTED(!has_running || (!shard_impl(*running_mean) && !shard_impl(*running_var)),
-                              "ShardTensor batch_norm: running statistics must be plain tensors (module buffers)");
+  auto replicated_or_plain = [](const at::Tensor& t) {
+    auto* i = shard_impl(t);
+    if (!i) return true;
+    for (const auto& p : i->spec()->placements)
+      if (!p.is_replicate()) return false;
+    return true;
+  };
+  TORCH_CHECK_NOT_IMPLEMENTED(!has_running || (replicated_or_plain(*running_mean) && replicated_or_plain(*running_var)),
+                              "ShardTensor batch_norm: running_mean/running_var must be plain tensors (module buffers) "
+                              "or Replicate ShardTensors; redistribute them to Replicate()");
   return BatchNormFn::apply(input, weight, bias, running_mean, running_var, training || !has_running, momentum, eps);
 }
 

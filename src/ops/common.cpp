@@ -66,6 +66,7 @@ void register_all() {
   register_batch_norm();
   register_loss();
   register_attention();
+  register_transformer_fastpath();
   register_conv();
   register_pad();
   register_pool();

@@ -17,6 +17,7 @@ void register_norm();
 void register_batch_norm();
 void register_loss();
 void register_attention();
+void register_transformer_fastpath();
 void register_conv();
 void register_pad();
 void register_interpolate();

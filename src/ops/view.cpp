@@ -5,6 +5,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/InferSize.h>
+#include <ATen/TensorUtils.h>
 
 namespace shardtensor::ops {
 
@@ -126,8 +127,12 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor out;
   if (op.schema().name() == "aten::_unsafe_view") {
     out = at::_unsafe_view(local, local_shape);
-  } else {
+  } else if (at::detail::computeStride(local.sizes(), local.strides(), local_shape)) {
     out = local.view(local_shape);
+  } else {
+    // The wrapper reports dense global strides, so `reshape` picks a view even when the local tensor cannot be
+    // viewed (e.g. an expanded mask): copy, as reshape does on one device for such a tensor.
+    out = local.reshape(local_shape);
   }
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));

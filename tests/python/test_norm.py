@@ -268,3 +268,165 @@ def case_norm_inference_with_trainable_weights():
 
 def test_norm_inference_with_trainable_weights():
     harness.run(2, case_norm_inference_with_trainable_weights)
+
+
+class _GnBnModel(torch.nn.Module):
+    """Conv2d -> GroupNorm -> ReLU -> Conv2d -> BatchNorm2d -> ReLU."""
+
+    def __init__(self, momentum=0.1):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.gn = torch.nn.GroupNorm(2, 4)
+        self.c2 = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4, momentum=momentum)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.c2(torch.relu(self.gn(self.c1(x))))))
+
+
+def case_gn_bn_model(layouts, momentum=0.1, dtype=torch.float32, channels_last=False, mesh_shape=None):
+    """Two training steps (loss = mean of the output) and an evaluation of the group-norm + batch-norm model on
+    inputs split by each layout (placements, sharding shapes) in turn, against one device: output, loss, the input
+    gradient (with the input's own layout), every parameter gradient, the running statistics and
+    num_batches_tracked, and the evaluation output."""
+    m = mesh(mesh_shape) if mesh_shape else mesh()
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    for placements, extents in layouts:
+        torch.manual_seed(0)
+        model, ref = _GnBnModel(momentum), _GnBnModel(momentum)
+        ref.load_state_dict(model.state_dict())
+        model, ref = model.to(dtype=dtype, memory_format=fmt), ref.to(dtype=dtype, memory_format=fmt)
+        what = f"{placements} {extents} momentum={momentum} {dtype} channels_last={channels_last}"
+        for step in range(2):
+            x = randn(2, 3, 8, 5, seed=step).to(dtype).contiguous(memory_format=fmt)
+            xs = st.distribute_tensor(x, m, placements, extents).requires_grad_()
+            xr = x.clone().requires_grad_()
+            out, out_ref = model(xs), ref(xr)
+            close(full(out), out_ref, **tol, what=f"{what} output step {step}")
+            loss, loss_ref = out.mean(), out_ref.mean()
+            close(full(loss), loss_ref, **tol, what=f"{what} loss step {step}")
+            loss.backward()
+            loss_ref.backward()
+            assert st.placements(xs.grad) == st.placements(xs), what
+            assert st.sharding_shapes(xs.grad) == st.sharding_shapes(xs), what
+            close(full(xs.grad), xr.grad, rtol=tol["rtol"], atol=tol["atol"] / 10, what=f"{what} input grad {step}")
+        for (n, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+            assert not st.is_shard_tensor(p.grad), n
+            close(p.grad, r.grad, **tol, what=f"{what} grad {n}")
+        for (n, b), (_, r) in zip(model.named_buffers(), ref.named_buffers()):
+            close(b, r, **tol, what=f"{what} buffer {n}")
+        model.eval()
+        ref.eval()
+        x = randn(2, 3, 8, 5, seed=9).to(dtype).contiguous(memory_format=fmt)
+        with torch.no_grad():
+            close(full(model(st.distribute_tensor(x, m, placements, extents))), ref(x), **tol, what=f"{what} eval")
+    return True
+
+
+H_SPLITS = {2: [[0, 8], [1, 7]], 3: [[0, 1, 7], [1, 0, 7], [5, 2, 1]], 4: [[0, 1, 0, 7], [3, 3, 2, 0]]}
+
+
+@pytest.mark.parametrize("world,momentum", [(2, 0.1), (3, 0.1), (3, None), (4, 0.3)])
+def test_gn_bn_model(world, momentum):
+    layouts = [([st.Shard(2)], {0: e}) for e in H_SPLITS[world]]
+    layouts.append(([st.Shard(0)], {0: [0] * (world - 1) + [2]}))  # the batch dim: one rank holds every sample
+    harness.run(world, case_gn_bn_model, layouts, momentum)
+
+
+def test_gn_bn_model_2d_mesh():
+    layouts = [([st.Shard(0), st.Shard(2)], {0: [0, 2], 1: [1, 7]}), ([st.Shard(2), st.Shard(3)], {0: [5, 3], 1: [0, 5]})]
+    harness.run(4, case_gn_bn_model, layouts, None, torch.float32, False, (2, 2))
+
+
+def test_gn_bn_model_bf16_channels_last():
+    layouts = [([st.Shard(2)], {0: [0, 1, 7]}), ([st.Shard(3)], {0: [1, 0, 4]})]
+    harness.run(3, case_gn_bn_model, layouts, 0.1, torch.float32, True)
+    harness.run(3, case_gn_bn_model, layouts, 0.1, torch.bfloat16)
+
+
+def case_norm_shapes(seed):
+    """1-D (B, C), (B, C, L) and 3-D inputs with a rank holding nothing along the sharded dim: BatchNorm1d/3d
+    (training, running statistics, evaluation) and group norm, forward and gradients."""
+    m = mesh()
+    w = m.size()
+    ext = lambda n: [0] + uneven_extents(n, w - 1, seed) if w > 1 else [n]  # noqa: E731
+    cases = [("BatchNorm1d (B, C), batch", lambda: torch.nn.BatchNorm1d(4), (7, 4), 0),
+             ("BatchNorm1d (B, C, L), L", lambda: torch.nn.BatchNorm1d(4), (2, 4, 7), 2),
+             ("BatchNorm1d (B, C, L), batch", lambda: torch.nn.BatchNorm1d(4, momentum=None), (5, 4, 3), 0),
+             ("BatchNorm3d, depth", lambda: torch.nn.BatchNorm3d(4), (2, 4, 5, 3, 2), 2),
+             ("GroupNorm (B, C, L), L", lambda: torch.nn.GroupNorm(2, 4), (2, 4, 7), 2),
+             ("GroupNorm 3-D, width", lambda: torch.nn.GroupNorm(4, 4), (2, 4, 3, 2, 6), 4)]
+    for name, make, shape, dim in cases:
+        torch.manual_seed(0)
+        mod, ref = make(), make()
+        ref.load_state_dict(mod.state_dict())
+        for step in range(2):
+            x = randn(*shape, seed=seed + step) * 2 + 1
+            xs = st.distribute_tensor(x, m, [st.Shard(dim)], {0: ext(shape[dim])}).requires_grad_()
+            xr = x.clone().requires_grad_()
+            g = randn(*shape, seed=40)
+            out, out_ref = mod(xs), ref(xr)
+            close(full(out), out_ref, rtol=1e-4, atol=1e-5, what=f"{name} output")
+            (out * g).sum().backward()
+            (out_ref * g).sum().backward()
+            close(full(xs.grad), xr.grad, rtol=1e-4, atol=1e-5, what=f"{name} input grad")
+        for (n, p), (_, r) in zip(mod.named_parameters(), ref.named_parameters()):
+            close(p.grad, r.grad, rtol=1e-4, atol=1e-5, what=f"{name} grad {n}")
+        for (n, b), (_, r) in zip(mod.named_buffers(), ref.named_buffers()):
+            close(b, r, rtol=1e-5, atol=1e-6, what=f"{name} buffer {n}")
+        mod.eval()
+        ref.eval()
+        x = randn(*shape, seed=99)
+        with torch.no_grad():
+            close(full(mod(st.distribute_tensor(x, m, [st.Shard(dim)], {0: ext(shape[dim])}))), ref(x), rtol=1e-5,
+                  atol=1e-5, what=f"{name} eval")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_norm_shapes(world):
+    harness.run(world, case_norm_shapes, world)
+
+
+def case_batch_norm_replicated_buffers(ext):
+    """Module state held as Replicate ShardTensors (parameters and running buffers), as a DTensor-style
+    distribution of the whole module does: training updates the buffers' local values in place, evaluation reads
+    them; results equal one device."""
+    m = mesh()
+    torch.manual_seed(0)
+    bn, ref = torch.nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    ref.load_state_dict(bn.state_dict())
+    for name, p in list(bn.named_parameters()):
+        setattr(bn, name, torch.nn.Parameter(st.distribute_tensor(p.detach(), m, [st.Replicate()])))
+    for name, b in list(bn.named_buffers()):
+        bn.register_buffer(name, st.distribute_tensor(b, m, [st.Replicate()]))
+    for step in range(2):
+        x = randn(2, 3, sum(ext), 4, seed=step) + 3
+        xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: ext})
+        bn(xs).square().mean().backward()
+        ref(x).square().mean().backward()
+    for (n, b), (_, r) in zip(bn.named_buffers(), ref.named_buffers()):
+        assert st.is_shard_tensor(b), n
+        close(full(b), r, rtol=1e-5, atol=1e-6, what=f"buffer {n}")
+    for (n, p), (_, r) in zip(bn.named_parameters(), ref.named_parameters()):
+        close(full(p.grad), r.grad, rtol=1e-4, atol=1e-5, what=f"grad {n}")
+    bn.eval()
+    ref.eval()
+    x = randn(2, 3, sum(ext), 4, seed=7)
+    with torch.no_grad():
+        close(full(bn(st.distribute_tensor(x, m, [st.Shard(2)], {0: ext}))), ref(x), rtol=1e-5, atol=1e-5, what="eval")
+    return True
+
+
+def batch_norm_sharded_buffers():
+    m = mesh()
+    bn = torch.nn.BatchNorm2d(4)
+    bn.register_buffer("running_mean", st.distribute_tensor(bn.running_mean, m, [st.Shard(0)]))
+    bn(st.distribute_tensor(randn(2, 4, 6, 3), m, [st.Shard(2)]))
+
+
+def test_batch_norm_replicated_buffers():
+    harness.run(3, case_batch_norm_replicated_buffers, [0, 1, 6])
+    harness.expect_error(2, batch_norm_sharded_buffers, match="redistribute them to Replicate",
+                         kinds=("NotImplementedError",))
