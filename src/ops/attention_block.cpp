@@ -126,6 +126,7 @@ std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::T
   const bool diag = fused && aligned_causal(c, vis, r);
   auto bias = diag ? at::Tensor() : block_bias(c, vis, r, q.device());
   auto ke = expand_heads(kb, c), ve = expand_heads(vb, c);
+  const auto acc = accumulate_type(q);
   if (!bias.defined() && cuda_fused_ok(q, vb, c)) {
     if (q.scalar_type() != at::kFloat) {
       auto o = at::_scaled_dot_product_flash_attention(q, ke, ve, 0.0, diag, false, c.scale);
@@ -137,13 +138,13 @@ std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::T
   }
   if (!bias.defined() && flash_forward_ok(q, vb, c)) {
     auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, diag, std::nullopt, c.scale);
-    return {o.to(at::kFloat), lse.to(at::kFloat)};
+    return {o.to(acc), lse.to(acc)};
   }
-  auto s = block_scores(q.to(at::kFloat), ke.to(at::kFloat), bias, c.scale);
+  auto s = block_scores(q.to(acc), ke.to(acc), bias, c.scale);
   auto lse = s.logsumexp(-1);
   auto safe = at::where(at::isinf(lse), at::zeros_like(lse), lse);
   auto p = (s - safe.unsqueeze(-1)).exp_();
-  return {at::matmul(p, ve.to(at::kFloat)), lse};
+  return {at::matmul(p, ve.to(acc)), lse};
 }
 
 void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis, const BlockRange& r,
@@ -155,9 +156,9 @@ void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis
   if (cuda_fused && !bias.defined()) {
     auto [dq_b, dk_e, dv_e] = cuda_block_backward(in.g, in.q, expand_heads(in.k, c), expand_heads(in.v, c), in.out,
                                                   in.lse, diag, c.scale);
-    dq.add_(dq_b.to(at::kFloat));
-    dk.add_(reduce_heads(dk_e.to(at::kFloat), c));
-    dv.add_(reduce_heads(dv_e.to(at::kFloat), c));
+    dq.add_(dq_b.to(dq.scalar_type()));
+    dk.add_(reduce_heads(dk_e.to(dk.scalar_type()), c));
+    dv.add_(reduce_heads(dv_e.to(dv.scalar_type()), c));
   } else if (flash && !bias.defined()) {
     // Fully visible fp32 block: the CPU flash backward, given the global output and log-sum-exp, yields this
     // block's exact contributions in O(S) memory (no score matrix).
@@ -165,10 +166,11 @@ void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis
         in.g.contiguous(), in.q.contiguous(), expand_heads(in.k, c).contiguous(), expand_heads(in.v, c).contiguous(),
         in.out.contiguous(), in.lse.contiguous(), 0.0, diag, std::nullopt, c.scale);
     dq.add_(dq_b);
-    dk.add_(reduce_heads(dk_e.to(at::kFloat), c));
-    dv.add_(reduce_heads(dv_e.to(at::kFloat), c));
+    dk.add_(reduce_heads(dk_e.to(dk.scalar_type()), c));
+    dv.add_(reduce_heads(dv_e.to(dv.scalar_type()), c));
   } else {
-    auto kf = expand_heads(in.k, c).to(at::kFloat), vf = expand_heads(in.v, c).to(at::kFloat);
+    const auto acc = in.qf.scalar_type();
+    auto kf = expand_heads(in.k, c).to(acc), vf = expand_heads(in.v, c).to(acc);
     auto p = (block_scores(in.qf, kf, bias, c.scale) - in.lse_safe).exp_();
     auto dv_e = at::matmul(p.transpose(-1, -2), in.g);
     auto dp = at::matmul(in.g, vf.transpose(-1, -2));
@@ -182,7 +184,7 @@ void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis
 
 void merge(at::Tensor& acc, at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse) {
 #ifdef SHARDTENSOR_HAVE_CUDA
-  if (acc.is_cuda() && acc.is_contiguous() && acc_lse.is_contiguous()) {
+  if (acc.is_cuda() && acc.scalar_type() == at::kFloat && acc.is_contiguous() && acc_lse.is_contiguous()) {
     c10::cuda::CUDAGuard guard(acc.device());
     auto oc = o.to(at::kFloat).contiguous(), lc = lse.to(at::kFloat).contiguous();
     cuda::lse_merge(acc.data_ptr<float>(), acc_lse.data_ptr<float>(), oc.data_ptr<float>(), lc.data_ptr<float>(),

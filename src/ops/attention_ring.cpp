@@ -57,15 +57,15 @@ comm::RingExchange pass_on(const RingSetup& s, const std::vector<at::Tensor>& ts
   return comm::ring_pass_start(ts, shapes, *s.l.mesh, s.sm, tag);
 }
 
-// The user mask aligned to the local queries as an additive fp32 bias with q's number of dims.
+// The user mask aligned to the local queries as an additive bias (accumulate dtype) with q's number of dims.
 at::Tensor local_mask_bias(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k, const Layout& l) {
   const auto& qs = *shard_impl(q)->spec();
   auto attn_shape = q.sizes().vec();
   attn_shape.back() = k.size(l.nd - 2);
   auto ml = local_aligned(resolve_partial(mask), l.mesh, attn_shape, qs.placements, qs.dim_extents());
   ml = ml.scalar_type() == at::kBool
-           ? at::zeros(ml.sizes(), ml.options().dtype(at::kFloat)).masked_fill_(ml.logical_not(), kNegInf)
-           : ml.to(at::kFloat);
+           ? at::zeros(ml.sizes(), ml.options().dtype(accumulate_type(q))).masked_fill_(ml.logical_not(), kNegInf)
+           : ml.to(accumulate_type(q));
   while (ml.dim() < l.nd) ml = ml.unsqueeze(0);
   return ml;
 }
@@ -90,8 +90,9 @@ struct RingFn : torch::autograd::Function<RingFn> {
       kb = z[1];
       vb = z[2];
     }
-    auto acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(at::kFloat));
-    auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(at::kFloat)).squeeze(-1);
+    const auto acc_type = accumulate_type(ql);
+    auto acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(acc_type));
+    auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(acc_type)).squeeze(-1);
     for (int64_t t = 0; t < s.n; ++t) {
       const int64_t owner = (s.me - t + s.n) % s.n;
       comm::RingExchange ex;
@@ -160,13 +161,14 @@ struct RingFn : torch::autograd::Function<RingFn> {
       kb = z[2];
       vb = z[3];
     }
-    g = g.to(at::kFloat);
+    const auto acc_type = accumulate_type(ql);
+    g = g.to(acc_type);
     auto dsum = (g * out).sum(-1, /*keepdim=*/true);
     auto lse_safe = at::where(at::isinf(lse), at::zeros_like(lse), lse).unsqueeze(-1);
-    auto qf = ql.to(at::kFloat);
+    auto qf = ql.to(acc_type);
     auto dq = at::zeros_like(qf);
-    at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(at::kFloat));
-    at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(at::kFloat));
+    at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(acc_type));
+    at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(acc_type));
     for (int64_t t = 0; t < s.n; ++t) {
       const int64_t owner = (s.me - t + s.n) % s.n;
       comm::RingExchange ex;

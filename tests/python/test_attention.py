@@ -398,3 +398,24 @@ def case_partial_qkv():
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_partial_qkv(world):
     harness.run(world, case_partial_qkv)
+
+
+def case_float64(strategy):
+    # fp64 inputs accumulate in fp64 (block outputs, log-sum-exps, gradients): single-device agreement to 1e-10.
+    m = mesh()
+    prev = st.set_attention_strategy(strategy)
+    try:
+        q, k, v = (randn(1, 2, 9, 4, seed=s, dtype=torch.float64) for s in (31, 32, 33))
+        lay = seq(9, m.size(), "uneven")
+        mk = randn(9, 9, seed=34, dtype=torch.float64)
+        for kw in (dict(is_causal=True), dict(attn_mask=mk)):
+            check_op(sdpa(**kw), [q, k, v], [lay, lay, lay], m, rtol=1e-10, atol=1e-11,
+                     what=f"{strategy} fp64 {list(kw)}")
+    finally:
+        st.set_attention_strategy(prev)
+    return True
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ring_contiguous"])
+def test_float64(strategy):
+    harness.run(3, case_float64, strategy)
