@@ -1,5 +1,6 @@
 #include "halo_pack.h"
 
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 namespace shardtensor::cuda {
@@ -51,6 +52,7 @@ void pack_rows(const void* src, void* dst, const int64_t* rows, int64_t n_rows, 
     case 4: pack_rows_kernel<<<b, kThreads, 0, s>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), rows, n_rows, dim_size, inner, total); break;
     default: pack_rows_kernel<<<b, kThreads, 0, s>>>(static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst), rows, n_rows, dim_size, inner, total); break;
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void add_rows(const void* src, void* dst, const int64_t* rows, int64_t n_rows, int64_t outer, int64_t dim_size,
@@ -64,6 +66,7 @@ void add_rows(const void* src, void* dst, const int64_t* rows, int64_t n_rows, i
   } else {
     add_rows_kernel<<<b, kThreads, 0, s>>>(static_cast<const float*>(src), static_cast<float*>(dst), rows, n_rows, dim_size, inner, total);
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 } // namespace shardtensor::cuda

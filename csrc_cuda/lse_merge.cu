@@ -1,5 +1,6 @@
 #include "lse_merge.h"
 
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -43,6 +44,7 @@ void lse_merge(float* acc, float* acc_lse, const float* o, const float* lse, int
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   lse_merge_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(
       acc, acc_lse, o, lse, rows, dv);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 } // namespace shardtensor::cuda

@@ -5,13 +5,12 @@
 // Not yet run on a GPU (none was available when it was written); CPU results are the reference.
 #include "neighborhood_attention.h"
 
+#include <c10/cuda/CUDAException.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <stdexcept>
-#include <string>
 
 namespace shardtensor::cuda {
 
@@ -210,11 +209,6 @@ long long queries_of(const NaShape& s) {
   return static_cast<long long>(s.batch) * s.q_size[0] * s.q_size[1] * s.q_size[2] * s.heads;
 }
 
-void check_launch(const char* what) {
-  auto err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
 unsigned blocks_for(long long nq) {
   return static_cast<unsigned>((nq * kWarp + kThreads - 1) / kThreads);
 }
@@ -228,7 +222,7 @@ void launch_forward(const void* q, const void* k, const void* v, void* out, void
   forward_kernel<T><<<blocks_for(nq), kThreads, 0, st>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                                          static_cast<const T*>(v), static_cast<T*>(out),
                                                          static_cast<A*>(lse), geo_of(s), nq);
-  check_launch("neighborhood_attention forward kernel");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
@@ -241,7 +235,7 @@ void launch_backward(const void* go, const void* q, const void* k, const void* v
       static_cast<const T*>(go), static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
       static_cast<const T*>(out), static_cast<const A*>(lse), static_cast<A*>(dq), static_cast<A*>(dk),
       static_cast<A*>(dv), geo_of(s), nq);
-  check_launch("neighborhood_attention backward kernel");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 } // namespace

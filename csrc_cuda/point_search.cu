@@ -5,6 +5,7 @@
 #include "point_search.h"
 #include "point_search_topk.cuh"
 
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -86,6 +87,7 @@ void launch(const void* points, const void* queries, int64_t* indices, void* dis
     point_search_kernel<T, decltype(kmax)::value><<<dim3(gx, gy), kThreads, shared, stream>>>(
         static_cast<const T*>(points), static_cast<const T*>(queries), indices, static_cast<T*>(distances), batch, n,
         m, channels, k, static_cast<T>(bounded ? radius : 0.0), static_cast<T>(r2), bounded, tile_rows);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (k <= 8) run(std::integral_constant<int, 8>{});
   else if (k <= 16) run(std::integral_constant<int, 16>{});

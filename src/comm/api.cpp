@@ -5,6 +5,7 @@
 #include "comm/spec_holder.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/autograd.h>
 
 namespace shardtensor {
@@ -179,6 +180,14 @@ at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements pl
   return redistribute(replicated, std::move(placements), sharding_shapes);
 }
 
+namespace {
+// The current CUDA device for a CUDA mesh (each rank has set its own), else the CPU.
+at::Device scatter_device(const Mesh& mesh) {
+  if (mesh.device_type() != c10::DeviceType::CUDA) return at::Device(at::kCPU);
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
+}
+} // namespace
+
 at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Placements placements,
                           const ShardingShapes& sharding_shapes) {
   TORCH_CHECK_VALUE(mesh, "scatter_tensor: mesh is null");
@@ -198,9 +207,9 @@ at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Pla
     meta[1] = static_cast<int64_t>(full.scalar_type());
     for (int64_t i = 0; i < full.dim(); ++i) meta[2 + i] = full.size(i);
   }
-  auto device = mesh->device_type() == c10::DeviceType::CUDA ? at::Device(at::kCUDA, at::Device(at::kCUDA).index())
-                                                             : at::Device(at::kCPU);
-  if (full.defined()) device = full.device();
+  // The mesh decides where every rank's shard lives (as DTensor's distribute_tensor does): ranks without the
+  // tensor know nothing else, so a src tensor on another device (a CPU image for a CUDA mesh) moves there.
+  const auto device = scatter_device(*mesh);
   // Metadata walks the mesh dims from last to first: at step m the ranks whose coords on dims < m equal
   // src's receive it along dim m from the one that holds it.
   auto meta_t = at::tensor(meta, at::kLong);
@@ -217,7 +226,7 @@ at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Pla
   auto opts = at::TensorOptions().dtype(dtype).device(device);
   // Data: for mesh dims from first to last, ranks whose coords on later dims equal src's hold a slab
   // (the part of the tensor that their coords on earlier dims select) and pass it along dim m.
-  at::Tensor data = is_src ? full.contiguous() : at::Tensor();
+  at::Tensor data = is_src ? full.to(device).contiguous() : at::Tensor();
   std::vector<int64_t> cur_shape = shape;
   for (int64_t m = 0; m < mesh->ndim(); ++m) {
     bool take_part = true;

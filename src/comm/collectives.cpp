@@ -351,20 +351,28 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   }
   const bool coalesce = !ex.staged_ && ex.device_.is_cuda();
   if (coalesce) pg.startCoalescing(c10::DeviceType::CUDA);
+  // On the coalesced (NCCL) path every rank posts one send and one receive per tensor in every step, an empty
+  // block as a one-element placeholder: a rank whose blocks are all empty still joins the step (the first one
+  // creates the communicator, collectively), and a pair's placeholder matches on both sides because every rank
+  // knows every extent. Gloo skips empty blocks on both sides alike.
   int64_t bytes = 0;
   for (size_t i = 0; i < send.size(); ++i) {
     auto opts = send[i].options().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
     ex.recv_.push_back(at::empty(recv_shapes[i], opts));
     const int tag = tag_base + static_cast<int>(i);
-    if (send[i].numel() > 0) {
-      auto buf = ex.staged_ ? send[i].cpu().contiguous() : send[i].contiguous();
+    if (send[i].numel() > 0 || coalesce) {
+      auto buf = send[i].numel() == 0 ? at::zeros({1}, opts)
+                 : ex.staged_        ? send[i].cpu().contiguous()
+                                     : send[i].contiguous();
       ex.keep_alive_.push_back(buf);
       std::vector<at::Tensor> ts{buf};
-      bytes += buf.numel() * buf.element_size();
+      bytes += send[i].numel() * buf.element_size();
       ex.works_.push_back(pg.send(ts, next, tag));
     }
-    if (ex.recv_.back().numel() > 0) {
-      std::vector<at::Tensor> tr{ex.recv_.back()};
+    if (ex.recv_.back().numel() > 0 || coalesce) {
+      auto target = ex.recv_.back().numel() > 0 ? ex.recv_.back() : at::empty({1}, opts);
+      ex.keep_alive_.push_back(target);
+      std::vector<at::Tensor> tr{target};
       ex.works_.push_back(pg.recv(tr, prev, tag));
     }
   }

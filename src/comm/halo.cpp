@@ -7,6 +7,7 @@
 #ifdef SHARDTENSOR_HAVE_CUDA
 #include "halo_pack.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -129,6 +130,7 @@ at::Tensor select_rows(const at::Tensor& t, int64_t dim, const std::vector<int64
   if (index.empty()) return t.narrow(dim, 0, 0);
 #ifdef SHARDTENSOR_HAVE_CUDA
   if (t.is_cuda()) {
+    c10::cuda::CUDAGuard guard(t.device());
     auto src = t.contiguous();
     auto idx = index_tensor(index, src);
     auto out = at::empty(shape_with(src.sizes(), dim, static_cast<int64_t>(index.size())), src.options());
@@ -147,6 +149,7 @@ void add_into_rows(at::Tensor& out, int64_t dim, const std::vector<int64_t>& row
 #ifdef SHARDTENSOR_HAVE_CUDA
   if (out.is_cuda() && out.is_contiguous() &&
       (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble)) {
+    c10::cuda::CUDAGuard guard(out.device());
     auto src = piece.contiguous().to(out.scalar_type());
     auto idx = index_tensor(rows, out);
     auto [outer, inner] = outer_inner(out.sizes(), dim);

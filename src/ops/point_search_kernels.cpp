@@ -9,6 +9,7 @@
 #ifdef SHARDTENSOR_HAVE_CUDA
 #include "point_search.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -103,6 +104,7 @@ std::tuple<at::Tensor, at::Tensor> search(const at::Tensor& points_in, const at:
   if (queries.is_cuda()) {
 #ifdef SHARDTENSOR_HAVE_CUDA
     const bool dbl = queries.scalar_type() == at::kDouble;
+    c10::cuda::CUDAGuard guard(queries.device());
     TORCH_CHECK_VALUE(queries.size(2) <= cuda::point_search_max_channels(dbl),
                       "knn/radius_search on CUDA: at most ", cuda::point_search_max_channels(dbl),
                       " coordinates per point, got ", queries.size(2), " (search on CPU or reduce the coordinates)");

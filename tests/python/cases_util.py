@@ -1,6 +1,8 @@
 """Helpers used inside rank processes: meshes, seeded data, comparisons."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -19,6 +21,24 @@ def mesh(shape=None, names=None):
     if key not in _meshes:
         _meshes[key] = init_device_mesh("cpu", shape, mesh_dim_names=names)
     return _meshes[key]
+
+
+def suite_device() -> str:
+    """The device of the CUDA suite (tests/python/test_cuda.py): ``SHARDTENSOR_TEST_DEVICE``, ``cuda`` by default;
+    ``cpu`` runs the same cases on the CPU (the dry run of benchmarks/gpu_check.sh)."""
+    return os.environ.get("SHARDTENSOR_TEST_DEVICE", "cuda")
+
+
+def setup_device(device) -> torch.device:
+    """In a rank process: ranks share GPU 0, and TF32 is off (cuDNN convolutions use it by default), so CUDA results
+    meet the CPU suite's 1e-4..1e-6 tolerances."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return device
 
 
 def rank():
@@ -129,7 +149,7 @@ def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", e
     for i, (a, b) in enumerate(zip(out_ts, ref_ts)):
         if not b.is_floating_point() or not b.requires_grad:
             continue
-        w = randn(*b.shape, seed=77 + i, dtype=b.dtype)
+        w = randn(*b.shape, seed=77 + i, dtype=b.dtype).to(b.device)  # on the outputs' device (CUDA cases)
         loss_ref = loss_ref + (b * w).sum()
         loss = loss + (a * w).sum()
     if not isinstance(loss_ref, torch.Tensor):
