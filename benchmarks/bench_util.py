@@ -9,14 +9,23 @@ import torch
 from shardtensor.profiling import peak_memory
 
 
+def sync_cuda():
+    """Wait for the GPU when this process has used it (CUDA kernels return before they finish)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(fn, warmup: int = 2, iters: int = 7, samples: list | None = None) -> float:
-    """Median wall time of ``fn()`` in seconds (``samples``, if given, receives every iteration's time)."""
+    """Median wall time of ``fn()`` in seconds, the GPU's work included (synchronised before and after each
+    call); ``samples``, if given, receives every iteration's time."""
     for _ in range(warmup):
         fn()
     samples = [] if samples is None else samples
     for _ in range(iters):
+        sync_cuda()
         t0 = time.perf_counter()
         fn()
+        sync_cuda()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 

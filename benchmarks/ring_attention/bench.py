@@ -38,6 +38,7 @@ import shardtensor as st
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_util import peak_bytes  # noqa: E402
 from results_dir import add_caveat, add_out_argument, load_caveat, prepare, spread  # noqa: E402
+from scaling.launch import backend_for  # noqa: E402
 
 STRATEGIES = ("ring", "ring_contiguous", "all_to_all")
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096)
@@ -118,7 +119,8 @@ def run_rank(rank, world, port, args, out_path):
     if args.device == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())  # ranks may share a GPU (Gloo staging)
         torch.cuda.set_device(device)
-        dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=world)
+        # NCCL refuses two ranks on one GPU: plain Gloo then, and the library stages through host memory.
+        dist.init_process_group(backend_for(device, world), rank=rank, world_size=world)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", rank=rank, world_size=world)
