@@ -9,10 +9,12 @@ from . import report
 
 
 def _spread_ms(stat: dict):
-    """(below, above) the median in ms: the range of the timed iterations (the std when no samples were kept)."""
+    """(below, above) the median in ms: the range of the timed iterations (the std when no samples were kept).
+    The kept samples are rounded, so a median that is itself the lowest or highest sample (one or two iterations)
+    may fall just outside their range: clamped at 0."""
     med = stat["median"]
     if stat.get("samples"):
-        return (med - min(stat["samples"])) * 1e3, (max(stat["samples"]) - med) * 1e3
+        return max(med - min(stat["samples"]), 0.0) * 1e3, max(max(stat["samples"]) - med, 0.0) * 1e3
     return min(stat.get("std", 0.0), med) * 1e3, stat.get("std", 0.0) * 1e3
 
 

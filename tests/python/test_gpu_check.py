@@ -103,3 +103,14 @@ def test_shared_gpu_ranks_use_gloo(monkeypatch):
     assert backend_for(torch.device("cuda", 0), 2) == "gloo"
     assert backend_for(torch.device("cuda", 0), 1) == "cpu:gloo,cuda:nccl"
     assert backend_for(torch.device("cpu"), 2) == "gloo"
+
+
+def test_error_bars_of_one_rounded_sample(monkeypatch):
+    """A single timed iteration (the dry run's --iters 1): the kept sample is rounded, the median is not; the error
+    bar must not come out negative (matplotlib refuses it and the whole result file was lost)."""
+    monkeypatch.syspath_prepend(ROOT)
+    from benchmarks.scaling import plots, timing
+
+    for t in (0.0012345678, 0.0012344321):  # rounded up, rounded down
+        below, above = plots._spread_ms(timing.summary([t]))
+        assert below >= 0 and above >= 0, (t, below, above)
