@@ -300,16 +300,21 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
   return window;
 }
 
-std::vector<at::Tensor> HaloPlan::sends(size_t i, const at::Tensor& local) const {
-  const auto& s = steps_.at(i);
-  const auto dim = s.geometry.dim;
+std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
+                                         bool by_rows) {
   std::vector<at::Tensor> out;
-  for (const auto& t : s.to) {
-    if (t.size() == 0) out.push_back(local.narrow(dim, 0, 0));
-    else if (t.run) out.push_back(local.narrow(dim, t.rows[0], t.size()));
-    else out.push_back(pack_rows(local, dim, on_device(t.rows_t, local)));
+  for (const auto& m : maps) {
+    const auto& index = by_rows ? m.rows : m.pos;
+    if (m.size() == 0) out.push_back(t.narrow(dim, 0, 0));
+    else if (m.run) out.push_back(t.narrow(dim, index[0], m.size()));
+    else out.push_back(pack_rows(t, dim, on_device(by_rows ? m.rows_t : m.pos_t, t)));
   }
   return out;
+}
+
+std::vector<at::Tensor> HaloPlan::sends(size_t i, const at::Tensor& local) const {
+  const auto& s = steps_.at(i);
+  return pieces(local, s.geometry.dim, s.to, true);
 }
 
 void HaloPlan::receive(size_t i, at::Tensor& window, const std::vector<at::Tensor>& pieces) const {
@@ -342,14 +347,7 @@ at::Tensor HaloPlan::own_sum(size_t i, const at::Tensor& window) const {
 
 std::vector<at::Tensor> HaloPlan::returns(size_t i, const at::Tensor& window) const {
   const auto& s = steps_.at(i);
-  const auto dim = s.geometry.dim;
-  std::vector<at::Tensor> out;
-  for (const auto& f : s.from) {
-    if (f.size() == 0) out.push_back(window.narrow(dim, 0, 0));
-    else if (f.run) out.push_back(window.narrow(dim, f.pos[0], f.size()));
-    else out.push_back(pack_rows(window, dim, on_device(f.pos_t, window)));
-  }
-  return out;
+  return pieces(window, s.geometry.dim, s.from, false);
 }
 
 void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tensor>& pieces) const {

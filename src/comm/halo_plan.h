@@ -171,6 +171,9 @@ class HaloPlan {
     std::vector<RowMap> from;  // [peer] pos: my window positions that peer owns
   };
   static RowMap row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device);
+  // Per map, the slices of `t` along `dim` at its rows (by_rows) or its window positions, packed for a collective.
+  static std::vector<at::Tensor> pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
+                                        bool by_rows);
   at::Tensor gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const;
   std::vector<int64_t> recv_numels(size_t i, at::IntArrayRef window_shape) const;
 

@@ -94,60 +94,36 @@ at::Tensor local_of(const at::Tensor& global, const std::vector<HaloDim>& dims, 
 
 using PerCoord = std::map<std::vector<int64_t>, at::Tensor>;
 
-// HaloPlan::gather on every coordinate of a mesh, the all-to-all of each dim routed between the coordinates that
-// differ only along its mesh dim.
-PerCoord simulate_gather(const std::vector<HaloDim>& dims, const std::vector<int64_t>& mesh_shape, PerCoord cur,
-                         double fill) {
+// HaloPlan::gather (or, `adjoint`, scatter_add) on every coordinate of a mesh, the all-to-all of each dim routed
+// between the coordinates that differ only along its mesh dim.
+PerCoord simulate(const std::vector<HaloDim>& dims, const std::vector<int64_t>& mesh_shape, PerCoord cur, double fill,
+                  bool adjoint) {
   const auto coords = all_coordinates(mesh_shape);
   std::map<std::vector<int64_t>, HaloPlan> plans;
   for (const auto& c : coords) plans.emplace(c, HaloPlan(dims, c, at::kCPU, fill));
-  for (size_t i = 0; i < dims.size(); ++i) {
+  for (size_t k = 0; k < dims.size(); ++k) {
+    const auto i = adjoint ? dims.size() - 1 - k : k;
     const auto m = dims[i].mesh_dim;
-    PerCoord windows;
-    std::map<std::vector<int64_t>, std::vector<at::Tensor>> sends;
+    PerCoord next;
+    std::map<std::vector<int64_t>, std::vector<at::Tensor>> sent;
     for (const auto& c : coords) {
-      windows[c] = plans.at(c).own_window(i, cur[c]);
-      if (plans.at(c).exchanges(i)) sends[c] = plans.at(c).sends(i, cur[c]);
+      const auto& plan = plans.at(c);
+      next[c] = adjoint ? plan.own_sum(i, cur[c]) : plan.own_window(i, cur[c]);
+      if (plan.exchanges(i)) sent[c] = adjoint ? plan.returns(i, cur[c]) : plan.sends(i, cur[c]);
     }
     for (const auto& c : coords) {
-      if (!plans.at(c).exchanges(i)) continue;
+      const auto& plan = plans.at(c);
+      if (!plan.exchanges(i)) continue;
       std::vector<at::Tensor> pieces;
       for (int64_t r = 0; r < mesh_shape[m]; ++r) {
         auto peer = c;
         peer[m] = r;
-        pieces.push_back(sends.at(peer)[c[m]]);
+        pieces.push_back(sent.at(peer)[c[m]]);
       }
-      plans.at(c).receive(i, windows[c], pieces);
+      if (adjoint) plan.add_returns(i, next[c], pieces);
+      else plan.receive(i, next[c], pieces);
     }
-    cur = windows;
-  }
-  return cur;
-}
-
-// HaloPlan::scatter_add on every coordinate, likewise.
-PerCoord simulate_scatter(const std::vector<HaloDim>& dims, const std::vector<int64_t>& mesh_shape, PerCoord cur) {
-  const auto coords = all_coordinates(mesh_shape);
-  std::map<std::vector<int64_t>, HaloPlan> plans;
-  for (const auto& c : coords) plans.emplace(c, HaloPlan(dims, c, at::kCPU));
-  for (size_t i = dims.size(); i-- > 0;) {
-    const auto m = dims[i].mesh_dim;
-    PerCoord outs;
-    std::map<std::vector<int64_t>, std::vector<at::Tensor>> returns;
-    for (const auto& c : coords) {
-      outs[c] = plans.at(c).own_sum(i, cur[c]);
-      if (plans.at(c).exchanges(i)) returns[c] = plans.at(c).returns(i, cur[c]);
-    }
-    for (const auto& c : coords) {
-      if (!plans.at(c).exchanges(i)) continue;
-      std::vector<at::Tensor> pieces;
-      for (int64_t r = 0; r < mesh_shape[m]; ++r) {
-        auto peer = c;
-        peer[m] = r;
-        pieces.push_back(returns.at(peer)[c[m]]);
-      }
-      plans.at(c).add_returns(i, outs[c], pieces);
-    }
-    cur = outs;
+    cur = next;
   }
   return cur;
 }
@@ -160,7 +136,7 @@ void check_exchange(const std::vector<HaloDim>& dims, const std::vector<int64_t>
   const auto coords = all_coordinates(mesh_shape);
   PerCoord locals;
   for (const auto& c : coords) locals[c] = local_of(global, dims, c);
-  auto windows = simulate_gather(dims, mesh_shape, locals, fill);
+  auto windows = simulate(dims, mesh_shape, locals, fill, false);
   PerCoord grads;  // a random window gradient per coordinate
   at::Tensor adjoint = at::zeros(shape, at::kDouble);
   for (const auto& c : coords) {
@@ -173,7 +149,7 @@ void check_exchange(const std::vector<HaloDim>& dims, const std::vector<int64_t>
       g = add_rows_back(g, it->dim, it->want[it->mesh_dim < 0 ? 0 : c[it->mesh_dim]], shape[it->dim]);
     adjoint += g;
   }
-  auto sums = simulate_scatter(dims, mesh_shape, grads);
+  auto sums = simulate(dims, mesh_shape, grads, 0.0, true);
   for (const auto& c : coords)
     ASSERT_TRUE(at::allclose(sums.at(c), local_of(adjoint, dims, c), 1e-12, 1e-12))
         << what << ": scatter_add at coordinate " << str(c);
@@ -305,7 +281,7 @@ TEST_P(WindowSweep, TransposedPartitionMatchesTorch) {
                                         : at::zeros({1, 3, 0}, at::kDouble);
               ASSERT_EQ(windows[{c}].size(2), static_cast<int64_t>(part.want[c].size())) << what.str();
             }
-            auto outs = simulate_scatter({HaloDim{2, 0, part.out_extents, part.want}}, {n}, windows);
+            auto outs = simulate({HaloDim{2, 0, part.out_extents, part.want}}, {n}, windows, 0.0, true);
             std::vector<at::Tensor> pieces;
             for (int64_t c = 0; c < n; ++c) pieces.push_back(outs.at({c}));
             EXPECT_TRUE(at::allclose(at::cat(pieces, 2), expect, 1e-10, 1e-10)) << what.str();
