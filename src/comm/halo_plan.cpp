@@ -217,9 +217,9 @@ at::Tensor on_device(const at::Tensor& index, const at::Tensor& like) {
 HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device) {
   RowMap m;
   m.run = consecutive(pos) && consecutive(rows);
-  const auto opts = at::TensorOptions().dtype(at::kLong);
-  if (!pos.empty()) {
-    // Built once per plan: the exchange itself copies no indices from the host.
+  if (!pos.empty() && !m.run) {
+    // Built once per plan: the exchange itself copies no indices from the host. Runs need none (narrow).
+    const auto opts = at::TensorOptions().dtype(at::kLong);
     m.pos_t = at::tensor(pos, opts).to(device);
     m.rows_t = at::tensor(rows, opts).to(device);
   }
