@@ -217,8 +217,9 @@ at::Tensor on_device(const at::Tensor& index, const at::Tensor& like) {
 HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device) {
   RowMap m;
   m.run = consecutive(pos) && consecutive(rows);
-  if (!pos.empty() && !m.run) {
-    // Built once per plan: the exchange itself copies no indices from the host. Runs need none (narrow).
+  // Built once per plan: the exchange itself copies no indices from the host. On the CPU runs need none (narrow);
+  // CUDA tensors always go through the halo kernels (strided slabs packed in one launch).
+  if (!pos.empty() && (!m.run || device.is_cuda())) {
     const auto opts = at::TensorOptions().dtype(at::kLong);
     m.pos_t = at::tensor(pos, opts).to(device);
     m.rows_t = at::tensor(rows, opts).to(device);
@@ -306,7 +307,7 @@ std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const
   for (const auto& m : maps) {
     const auto& index = by_rows ? m.rows : m.pos;
     if (m.size() == 0) out.push_back(t.narrow(dim, 0, 0));
-    else if (m.run) out.push_back(t.narrow(dim, index[0], m.size()));
+    else if (m.run && (!t.is_cuda() || !m.rows_t.defined())) out.push_back(t.narrow(dim, index[0], m.size()));
     else out.push_back(pack_rows(t, dim, on_device(by_rows ? m.rows_t : m.pos_t, t)));
   }
   return out;
@@ -356,7 +357,7 @@ void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tens
   for (size_t r = 0; r < s.to.size(); ++r) {
     const auto& t = s.to[r];
     if (t.size() == 0) continue;
-    if (t.run) out.narrow(dim, t.rows[0], t.size()).add_(pieces[r]);
+    if (t.run && (!out.is_cuda() || !t.rows_t.defined())) out.narrow(dim, t.rows[0], t.size()).add_(pieces[r]);
     else add_rows_into(out, dim, on_device(t.rows_t, out), pieces[r]);  // rows may repeat (reflect padding)
   }
 }
