@@ -385,7 +385,7 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
   return p;
 }
 
-at::Tensor HaloPlan::finish(PendingHalo& p) const {
+at::Tensor HaloPlan::finish(PendingHalo& p, const Mesh& mesh) const {
   if (steps_.empty()) return p.window;
   if (p.posted) {
     const auto& s = steps_[0];
@@ -396,7 +396,9 @@ at::Tensor HaloPlan::finish(PendingHalo& p) const {
       pieces.push_back(chunks[r].view(shape_with(p.window.sizes(), s.geometry.dim, s.from[r].size())));
     receive(0, p.window, pieces);
   }
-  return p.window;
+  auto x = p.window;
+  for (size_t i = 1; i < steps_.size(); ++i) x = gather_step(i, x, mesh);
+  return x;
 }
 
 at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const {

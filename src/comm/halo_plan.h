@@ -137,7 +137,7 @@ class HaloPlan {
   // gather in two steps: start places the own rows and posts the first dim's exchange; finish completes it and
   // gathers the remaining dims. Every rank must call both (start's post is in the collective order).
   PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;
-  at::Tensor finish(PendingHalo& pending) const;
+  at::Tensor finish(PendingHalo& pending, const Mesh& mesh) const;
   // The adjoint of gather: window rows go home (dims in reverse order) and are summed into the local tensor.
   at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh) const;
 

@@ -224,7 +224,7 @@ at::Tensor overlapped_forward(const ConvPlan& plan, const at::Tensor& x, const M
     return at::convolution(rows, w, b, stride, plan.local_padding, dilation, false, plan.local_output_padding, groups);
   };
   auto interior = conv(x.narrow(d.dim, j_lo * s - pv - a, (j_hi - 1 - j_lo) * s + span));
-  auto window = plan.halo.finish(pending);
+  auto window = plan.halo.finish(pending, mesh);
   std::vector<at::Tensor> parts;
   if (j_lo > b0) parts.push_back(conv(window.narrow(d.dim, 0, (j_lo - 1 - b0) * s + span)));
   parts.push_back(interior);

@@ -338,7 +338,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Te
                        gp, scale);
   };
   auto interior = run(i0, i1, kv, a);
-  window = plan.halo.finish(pending);
+  window = plan.halo.finish(pending, mesh);
   std::vector<at::Tensor> outs, lses;
   if (i0 > a) {
     auto [o, l] = run(a, i0, window, g.k_offset[i]);

@@ -94,6 +94,9 @@ at::Tensor local_of(const at::Tensor& global, const std::vector<HaloDim>& dims, 
 
 using PerCoord = std::map<std::vector<int64_t>, at::Tensor>;
 
+// A mesh whose process groups carry only rank and size (no backend: the tests here never communicate).
+MeshPtr grid(std::vector<int64_t> shape, std::vector<int64_t> coord);
+
 // HaloPlan::gather (or, `adjoint`, scatter_add) on every coordinate of a mesh, the all-to-all of each dim routed
 // between the coordinates that differ only along its mesh dim.
 PerCoord simulate(const std::vector<HaloDim>& dims, const std::vector<int64_t>& mesh_shape, PerCoord cur, double fill,
@@ -396,6 +399,20 @@ TEST(HaloPlan, TwoDimMeshWithCornersAndLocalDim) {
   for (int64_t o = 0; o < 4 + 2 + 1; ++o) local_rows.push_back(padded_index(o - 2, 4, PadMode::Reflect));
   std::vector<HaloDim> dims{{2, 0, eh, ph.want}, {3, 1, ew, pw.want}, {1, -1, {4}, {local_rows}}};
   check_exchange(dims, {2, 3}, {2, 4, 7, 7}, 0.0, "2x3 mesh");
+}
+
+// start / finish give what gather gives, over every dim (here two locally padded dims: no collective).
+TEST(HaloPlan, StartFinishMatchesGather) {
+  std::vector<int64_t> r1, r2;
+  for (int64_t o = 0; o < 5 + 3; ++o) r1.push_back(padded_index(o - 2, 5, PadMode::Circular));
+  for (int64_t o = 0; o < 4 + 2; ++o) r2.push_back(padded_index(o - 1, 4, PadMode::Zeros));
+  HaloPlan plan({HaloDim{1, -1, {5}, {r1}}, HaloDim{2, -1, {4}, {r2}}}, {0}, at::kCPU, 3.0);
+  auto mesh = grid({1}, {0});
+  auto x = at::randn({2, 5, 4}, at::kDouble);
+  auto pending = plan.start(x, *mesh);
+  auto window = plan.finish(pending, *mesh);
+  EXPECT_TRUE(at::equal(window, plan.gather(x, *mesh)));
+  EXPECT_TRUE(at::equal(window, take_rows(take_rows(x, 1, r1, 3.0), 2, r2, 3.0)));
 }
 
 // A rank whose window is only its own rows exchanges nothing along that dim when no rank needs another's rows.
