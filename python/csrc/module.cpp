@@ -5,6 +5,8 @@
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/shard_tensor.h>
 
+#include "comm/halo_plan.h"
+
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/python.h>
@@ -128,6 +130,12 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(s.calls, s.bytes);
   });
   m.def("reset_comm_stats", &reset_comm_stats);
+  // The halo plan cache (tests: a backward builds no plan of its own).
+  m.def("_halo_plan_stats", []() {
+    auto s = comm::plan_cache_stats();
+    return std::map<std::string, int64_t>{{"hits", s.hits}, {"misses", s.misses}, {"size", s.size}};
+  });
+  m.def("_reset_halo_plan_stats", &comm::reset_plan_cache_stats);
 
   // `with _C.CpuMemoryTracker() as t: ...` then t.peak_bytes: the tracker lives between __enter__ and __exit__
   // (on the entering thread); afterwards the final figures stay readable.

@@ -53,6 +53,42 @@ at::Tensor resolve_partial(const at::Tensor& t) {
   return redistribute_to(t, without_partial(impl->spec()));
 }
 
+namespace {
+
+// The complete value of a Partial ShardTensor, kept in the TensorImpl's slot for a backend's own metadata
+// (c10::BackendMeta, shared by detached aliases, which share the version counter too). Valid while neither the
+// wrapper nor its local tensor has been modified or replaced since.
+struct ResolvedValue : c10::BackendMeta {
+  ResolvedValue(at::Tensor value, const at::Tensor& t, const at::Tensor& local)
+      : value(std::move(value)), local(local.getIntrusivePtr()), version(t._version()),
+        local_version(local._version()) {}
+  at::Tensor value;
+  c10::weak_intrusive_ptr<c10::TensorImpl> local;
+  int64_t version, local_version;
+};
+
+} // namespace
+
+at::Tensor resolve_partial_once(const at::Tensor& t, bool keep) {
+  auto* impl = shard_impl(t);
+  if (!impl || !impl->spec()->has_partial()) return t;
+  const auto& local = impl->local();
+  // Inference tensors have no version counter: nothing is attached to them.
+  const bool versioned = !t.is_inference() && !local.is_inference();
+  if (versioned) {
+    if (auto* kept = dynamic_cast<ResolvedValue*>(t.unsafeGetTensorImpl()->get_backend_meta())) {
+      if (kept->version == t._version() && kept->local_version == local._version() &&
+          kept->local.lock().get() == local.unsafeGetTensorImpl())
+        return kept->value;
+    }
+  }
+  auto value = resolve_partial(t);
+  if (keep && versioned) {
+    t.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<ResolvedValue>(value, t, local));
+  }
+  return value;
+}
+
 void register_all() {
   register_factory();
   register_pointwise();

@@ -31,6 +31,12 @@ inline at::Tensor wrap(at::Tensor local, const MeshPtr& mesh, Placements placeme
 // Bring every Partial placement of `t` to Replicate (an all-reduce per Partial mesh dim).
 at::Tensor resolve_partial(const at::Tensor& t);
 
+// resolve_partial, at most once per value: with `keep`, the complete value stays attached to `t` (while `t` lives
+// and is not modified in place), so the backward of an op that saved `t` (a convolution's weight gradient reads its
+// input) reuses it instead of issuing the all-reduce again; an attached value is used whenever present. Whether a
+// value is attached depends only on the program (grad mode, requires_grad, versions), so every rank decides alike.
+at::Tensor resolve_partial_once(const at::Tensor& t, bool keep);
+
 // Normalize a possibly negative dim.
 inline int64_t wrap_dim(int64_t d, int64_t ndim) {
   return at::maybe_wrap_dim(d, ndim);
@@ -63,16 +69,6 @@ inline at::Tensor channel_view(const at::Tensor& per_channel, int64_t dims) {
 
 // Sum `t` over every mesh dim in `mesh_dims` (no-op when empty).
 at::Tensor sum_over_mesh_dims(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh);
-} // namespace shardtensor::ops
-
-namespace shardtensor::ops {
-// Output partition of a sliding window (convolution, pooling) along a sharded dim: the first output whose window
-// centre (o*s - p + (span-1)/2) lies at or after input row `a`. Centre ownership keeps 'same'-padded stride-1
-// outputs on exactly the input extents (no shard drift through a stack of layers) and halves them for stride 2.
-inline int64_t first_output_centred_at(int64_t a, int64_t s, int64_t p, int64_t span) {
-  const int64_t num = a + p - (span - 1) / 2;
-  return num >= 0 ? (num + s - 1) / s : -((-num) / s);
-}
 } // namespace shardtensor::ops
 
 namespace shardtensor::ops {

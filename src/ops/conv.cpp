@@ -3,9 +3,10 @@
 // (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank gathers
 // exactly the input rows its outputs read (its own plus halos from any number of ranks away; zeros outside the
 // tensor), runs the local convolution with zero padding on sharded dims, and in backward sends the halo
-// gradients home. Batch-sharded inputs are local; weight and bias gradients are Partial sums reduced once by the
-// parameters' promotion.
-#include "comm/halo.h"
+// gradients home. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by one fused
+// all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum input is
+// completed once, in the forward.
+#include "comm/halo_plan.h"
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
@@ -16,69 +17,21 @@ namespace {
 
 using dispatch::op_args;
 
-struct DimPlan {
-  int64_t dim;       // tensor dim
+// One sharded spatial dim.
+struct ConvDim {
+  int64_t dim;  // tensor dim
   int64_t mesh_dim;
-  std::vector<int64_t> in_extents;
-  std::vector<int64_t> out_extents;
-  comm::RowRequests want;
-  int64_t padding = 0;
+  std::vector<int64_t> in_extents, out_extents;
+  comm::SlidingWindow window;
 };
 
-// Output extents and input windows along one sharded spatial dim of a (non-transposed) convolution.
-DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t k,
-                 int64_t s, int64_t p, int64_t dil) {
-  DimPlan plan{dim, mesh_dim, in_extents, {}, {}, p};
-  const auto n = static_cast<int64_t>(in_extents.size());
-  const auto span = dil * (k - 1) + 1;
-  const auto lout = std::max<int64_t>((L + 2 * p - span) / s + 1, 0);
-  std::vector<int64_t> bounds(n + 1, 0);
-  bounds[n] = lout;
-  int64_t a = 0;
-  for (int64_t c = 1; c < n; ++c) {
-    a += in_extents[c - 1];
-    const auto first = first_output_centred_at(a, s, p, span);
-    bounds[c] = std::clamp<int64_t>(first, bounds[c - 1], lout);
-  }
-  for (int64_t c = 0; c < n; ++c) {
-    plan.out_extents.push_back(bounds[c + 1] - bounds[c]);
-    std::vector<int64_t> rows;
-    if (bounds[c + 1] > bounds[c]) {
-      const auto start = bounds[c] * s - p;
-      const auto end = (bounds[c + 1] - 1) * s - p + span;
-      for (auto pos = start; pos < end; ++pos) rows.push_back(comm::padded_index(pos, L, "zeros"));
-    }
-    plan.want.push_back(std::move(rows));
-  }
-  return plan;
-}
-
-// Transposed convolution along one sharded spatial dim: each rank runs the local transposed convolution of its
-// own inputs (padding 0) and produces a window of outputs starting at global position a_c*s - p; the window's
-// rows are summed into their owners (default split of the output) — the adjoint of the convolution halo.
-DimPlan plan_dim_transposed(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t k,
-                            int64_t s, int64_t p, int64_t dil, int64_t output_padding) {
-  DimPlan plan{dim, mesh_dim, in_extents, {}, {}};
-  const auto lout = (L - 1) * s - 2 * p + dil * (k - 1) + output_padding + 1;
-  plan.out_extents = default_split(lout, static_cast<int64_t>(in_extents.size()));
-  int64_t a = 0;
-  for (auto e : in_extents) {
-    std::vector<int64_t> rows;
-    const auto width = e > 0 ? (e - 1) * s + dil * (k - 1) + 1 : 0;
-    for (int64_t u = 0; u < width; ++u) {
-      const auto j = a * s - p + u;
-      rows.push_back(j >= 0 && j < lout ? j : -1);
-    }
-    plan.want.push_back(std::move(rows));
-    a += e;
-  }
-  return plan;
-}
-
+// Everything a convolution and its backward need besides the data: a pure function of the (resolved) input
+// layout, the weight's shape and the convolution's arguments, cached and shared by forward and backward.
 struct ConvPlan {
-  at::Tensor x;                 // resolved input ShardTensor
-  SpecPtr spec;
-  std::vector<DimPlan> dims;    // sharded spatial dims, in mesh-dim order
+  std::vector<ConvDim> dims;  // sharded spatial dims, in mesh-dim order
+  // Convolution: gathers the input window (its scatter_add sends the window's gradient home). Transposed: the
+  // output windows each rank's kernel produces, summed into their owners (its gather brings the gradient back).
+  comm::HaloPlan halo;
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
@@ -92,17 +45,23 @@ struct ConvPlan {
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
+  std::vector<int64_t> local_out_shape;     // this rank's output
+  std::vector<int64_t> local_kernel_shape;  // what its kernel produces (transposed: the output windows)
+  bool no_outputs = false;                  // nothing for the local kernel to compute
+  std::vector<int64_t> param_grad_mesh_dims;  // mesh dims over which parameter-gradient terms are summed
 };
 
-ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
-                   const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                   bool transposed, at::IntArrayRef output_padding, int64_t groups, const MeshPtr& mesh) {
+ConvPlan make_conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const ShardSpec& spec,
+                        at::IntArrayRef wsize, at::IntArrayRef stride, at::IntArrayRef padding,
+                        at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups,
+                        c10::Device device) {
   ConvPlan plan;
-  plan.x = resolve_partial(dispatch::as_shard(input, mesh));
-  plan.spec = shard_impl(plan.x)->spec();
-  const auto nd = input.dim();
-  const auto spatial = nd - 2;
+  const auto& in_shape = spec.global_shape;
+  const auto spatial = spec.ndim() - 2;
   auto expand = [&](at::IntArrayRef v, int64_t i) { return v.size() == 1 ? v[0] : v[i]; };
+  auto window_of = [&](int64_t i) {
+    return comm::SlidingWindow{wsize[2 + i], expand(stride, i), expand(padding, i), expand(dilation, i)};
+  };
   plan.transposed = transposed;
   plan.local_padding.assign(spatial, 0);
   plan.local_output_padding.assign(spatial, 0);
@@ -110,43 +69,46 @@ ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack
     plan.local_padding[i] = expand(padding, i);
     plan.local_output_padding[i] = output_padding.empty() ? 0 : expand(output_padding, i);
   }
-  plan.out_shape = {input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+  plan.out_shape = {in_shape[0], transposed ? wsize[1] * groups : wsize[0]};
   for (int64_t i = 0; i < spatial; ++i) {
-    const auto L = input.size(2 + i), k = weight.size(2 + i);
-    const auto s = expand(stride, i), p = expand(padding, i), dil = expand(dilation, i);
-    plan.out_shape.push_back(transposed ? (L - 1) * s - 2 * p + dil * (k - 1) + expand(output_padding, i) + 1
-                                        : (L + 2 * p - dil * (k - 1) - 1) / s + 1);
+    const auto L = in_shape[2 + i];
+    const auto w = window_of(i);
+    plan.out_shape.push_back(transposed ? (L - 1) * w.stride - 2 * w.padding + w.span() + expand(output_padding, i)
+                                        : (L + 2 * w.padding - w.span()) / w.stride + 1);
   }
-  plan.out_placements = plan.spec->placements;
-  for (size_t mi = 0; mi < plan.spec->placements.size(); ++mi) {
-    const auto& pl = plan.spec->placements[mi];
+  plan.out_placements = spec.placements;
+  std::vector<comm::HaloDim> halo_dims;
+  for (size_t mi = 0; mi < spec.placements.size(); ++mi) {
+    const auto& pl = spec.placements[mi];
     if (!pl.is_shard()) continue;
     const auto m = static_cast<int64_t>(mi);
+    plan.param_grad_mesh_dims.push_back(m);
     if (pl.dim == 0) {
-      plan.out_ext[0] = plan.spec->extents[m];
+      plan.out_ext[0] = spec.extents[m];
       continue;
     }
     if (pl.dim == 1) {
       if (transposed) dispatch::not_implemented(op, stack, "transposed convolution with the channel dim sharded");
-      const auto cin_g = input.size(1) / groups, cout_g = weight.size(0) / groups;
-      const auto coord = plan.spec->mesh->coordinate(m);
+      plan.param_grad_mesh_dims.pop_back();
+      const auto cin_g = in_shape[1] / groups, cout_g = wsize[0] / groups;
+      const auto coord = spec.mesh->coordinate(m);
       plan.channel_mesh_dim = m;
-      plan.channel_offset = plan.spec->offset_of(m, coord);
-      plan.channel_extent = plan.spec->extents[m][coord];
+      plan.channel_offset = spec.offset_of(m, coord);
+      plan.channel_extent = spec.extents[m][coord];
       if (groups == 1) {
         plan.channel_partial = true;
         plan.out_placements[m] = Placement::partial(ReduceOp::Sum);
       } else {
         std::vector<int64_t> out_channels;
-        for (auto e : plan.spec->extents[m]) {
+        for (auto e : spec.extents[m]) {
           if (e % cin_g != 0) {
             dispatch::not_implemented(op, stack, "grouped convolution whose channel shards split a group; align the "
                                                  "channel extents with the groups (multiples of in_channels/groups)");
           }
           out_channels.push_back(e / cin_g * cout_g);
         }
-        for (int64_t c = 0; c < static_cast<int64_t>(plan.spec->extents[m].size()); ++c)
-          if (plan.spec->offset_of(m, c) % cin_g != 0)
+        for (int64_t c = 0; c < static_cast<int64_t>(spec.extents[m].size()); ++c)
+          if (spec.offset_of(m, c) % cin_g != 0)
             dispatch::not_implemented(op, stack, "grouped convolution whose channel shards split a group");
         plan.local_groups = plan.channel_extent / cin_g;
         plan.weight_row_offset = plan.channel_offset / cin_g * cout_g;
@@ -156,68 +118,50 @@ ConvPlan plan_conv(const c10::OperatorHandle& op, const torch::jit::Stack* stack
       continue;
     }
     const auto i = pl.dim - 2;
-    auto dp = transposed
-        ? plan_dim_transposed(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
-                              expand(padding, i), expand(dilation, i), plan.local_output_padding[i])
-        : plan_dim(pl.dim, m, plan.spec->extents[m], input.size(pl.dim), weight.size(pl.dim), expand(stride, i),
-                   expand(padding, i), expand(dilation, i));
-    plan.out_ext[pl.dim] = dp.out_extents;
+    const auto w = window_of(i);
+    const auto L = in_shape[pl.dim];
+    const auto& in_ext = spec.extents[m];
+    if (transposed) {
+      auto part = comm::transposed_window_partition(in_ext, L, w, plan.local_output_padding[i]);
+      plan.dims.push_back({pl.dim, m, in_ext, part.out_extents, w});
+      halo_dims.push_back({pl.dim, m, part.out_extents, std::move(part.want)});
+    } else {
+      auto part = comm::sliding_window_partition(in_ext, L, comm::conv_output_size(L, w), w, comm::PadMode::Zeros);
+      plan.dims.push_back({pl.dim, m, in_ext, part.out_extents, w});
+      halo_dims.push_back({pl.dim, m, in_ext, std::move(part.want)});
+    }
+    plan.out_ext[pl.dim] = plan.dims.back().out_extents;
     plan.local_padding[i] = 0;
     plan.local_output_padding[i] = 0;
-    plan.dims.push_back(std::move(dp));
   }
-  return plan;
-}
-
-// This rank's local output shape.
-std::vector<int64_t> local_out_shape(const ConvPlan& plan) {
-  auto shape = plan.out_shape;
-  const auto& mesh = *plan.spec->mesh;
+  plan.halo = comm::HaloPlan(halo_dims, spec.mesh->coordinates(), device);
+  plan.local_out_shape = plan.out_shape;
   for (size_t m = 0; m < plan.out_placements.size(); ++m)
     if (plan.out_placements[m].is_shard()) {
       const auto d = plan.out_placements[m].dim;
-      shape[d] = plan.out_ext.at(d)[mesh.coordinate(static_cast<int64_t>(m))];
+      plan.local_out_shape[d] = plan.out_ext.at(d)[spec.mesh->coordinate(static_cast<int64_t>(m))];
     }
-  return shape;
-}
-
-// The shape the local kernel produces: for transposed convolutions the output windows along sharded dims.
-std::vector<int64_t> local_kernel_shape(const ConvPlan& plan) {
-  auto shape = local_out_shape(plan);
-  if (!plan.transposed) return shape;
-  const auto me = [&](int64_t m) { return plan.spec->mesh->coordinate(m); };
-  for (const auto& d : plan.dims) shape[d.dim] = static_cast<int64_t>(d.want[me(d.mesh_dim)].size());
-  return shape;
-}
-
-bool has_no_outputs(const ConvPlan& plan) {
+  plan.local_kernel_shape = plan.local_out_shape;
+  if (transposed)
+    for (size_t k = 0; k < plan.dims.size(); ++k) plan.local_kernel_shape[plan.dims[k].dim] = plan.halo.window_rows(k);
   // A rank without channels of a groups == 1 contraction contributes nothing to the pending sum.
-  if (plan.channel_partial && plan.channel_extent == 0) return true;
-  for (auto s : local_kernel_shape(plan))
-    if (s == 0) return true;
-  return false;
+  plan.no_outputs = plan.channel_partial && plan.channel_extent == 0;
+  for (auto s : plan.local_kernel_shape) plan.no_outputs = plan.no_outputs || s == 0;
+  return plan;
 }
 
-// The input window this rank's outputs read (halos gathered along every sharded spatial dim in turn, so corners
-// of 2-D meshes come along). Transposed convolutions read only their own inputs.
-at::Tensor gather_window(const ConvPlan& plan) {
-  auto x = shard_impl(plan.x)->local();
-  if (plan.transposed) return x;
-  for (const auto& d : plan.dims) x = comm::gather_rows(x, d.dim, d.in_extents, d.want, *plan.spec->mesh, d.mesh_dim);
-  return x;
-}
-
-// Transposed: sum each output window row into its owner, dim by dim.
-at::Tensor scatter_outputs(at::Tensor y, const ConvPlan& plan) {
-  for (const auto& d : plan.dims) y = comm::scatter_add_rows(y, d.dim, d.out_extents, d.want, *plan.spec->mesh, d.mesh_dim);
-  return y;
-}
-
-// Transposed backward: the output-window gradient this rank's kernel produced (the adjoint of scatter_outputs).
-at::Tensor gather_output_grad(at::Tensor g, const ConvPlan& plan) {
-  for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it)
-    g = comm::gather_rows(g, it->dim, it->out_extents, it->want, *plan.spec->mesh, it->mesh_dim);
-  return g;
+// The plan of a convolution of an input laid out as `spec` (Partial placements already resolved), from the cache.
+std::shared_ptr<const ConvPlan> conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
+                                          const ShardSpec& spec, at::IntArrayRef wsize, at::IntArrayRef stride,
+                                          at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                                          at::IntArrayRef output_padding, int64_t groups, c10::Device device) {
+  comm::PlanKey key;
+  key.add_spec(spec).add_ints(wsize).add_ints(stride).add_ints(padding).add_ints(dilation).add(transposed);
+  key.add_ints(output_padding).add(groups).add_device(device);
+  return comm::cached_plan<ConvPlan>(key, [&] {
+    return make_conv_plan(op, stack, spec, wsize, stride, padding, dilation, transposed, output_padding, groups,
+                          device);
+  });
 }
 
 at::Tensor local_of_param(const at::Tensor& t, const MeshPtr& mesh) {
@@ -237,11 +181,11 @@ at::Tensor local_weight(const at::Tensor& w, const ConvPlan& plan) {
   return w.narrow(0, plan.weight_row_offset, plan.weight_rows);
 }
 
-std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const ConvPlan& plan) {
+std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const ConvPlan& plan, const Mesh& mesh) {
   if (!b || plan.channel_mesh_dim < 0) return b;
   if (plan.channel_partial) {
     // The pending sum must count the bias once: only the first coordinate adds it.
-    return plan.spec->mesh->coordinate(plan.channel_mesh_dim) == 0 ? b : std::optional<at::Tensor>(at::zeros_like(*b));
+    return mesh.coordinate(plan.channel_mesh_dim) == 0 ? b : std::optional<at::Tensor>(at::zeros_like(*b));
   }
   return b->narrow(0, plan.weight_row_offset, plan.weight_rows);
 }
@@ -257,41 +201,39 @@ bool overlap_enabled() {
   return enabled;
 }
 
-at::Tensor overlapped_forward(const ConvPlan& plan, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                              at::IntArrayRef stride, at::IntArrayRef dilation, int64_t groups, const at::Tensor& weight) {
-  if (!overlap_enabled() || plan.transposed || plan.dims.size() != 1 || has_no_outputs(plan)) return {};
+at::Tensor overlapped_forward(const ConvPlan& plan, const at::Tensor& x, const Mesh& mesh, const at::Tensor& w,
+                              const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
+                              int64_t groups) {
+  if (!overlap_enabled() || plan.transposed || plan.dims.size() != 1 || plan.no_outputs) return {};
   const auto& d = plan.dims[0];
-  const auto& mesh = *plan.spec->mesh;
   const auto me = mesh.coordinate(d.mesh_dim);
-  const auto i = d.dim - 2;
-  auto pick = [&](at::IntArrayRef v) { return v.size() == 1 ? v[0] : v[i]; };
-  const auto s = pick(stride), dil = pick(dilation), k = weight.size(d.dim);
-  const auto span = dil * (k - 1) + 1;
-  int64_t a = 0;
-  for (int64_t c = 0; c < me; ++c) a += d.in_extents[c];
+  const auto s = d.window.stride, pv = d.window.padding, span = d.window.span();
+  int64_t a = 0, b0 = 0;
+  for (int64_t c = 0; c < me; ++c) {
+    a += d.in_extents[c];
+    b0 += d.out_extents[c];
+  }
   const auto e = d.in_extents[me];
-  int64_t b0 = 0;
-  for (int64_t c = 0; c < me; ++c) b0 += d.out_extents[c];
   const auto b1 = b0 + d.out_extents[me];
   // The window starts at global row b0*s - p; interior outputs read only rows in [a, a + e).
-  const auto pv = d.padding;
   const auto j_lo = std::max<int64_t>(b0, (a + pv + s - 1) / s);
   const auto j_hi = std::min<int64_t>(b1, (a + e + pv - span) >= 0 ? (a + e + pv - span) / s + 1 : 0);
   if (j_hi <= j_lo) return {};
-  auto pending = comm::gather_rows_start(shard_impl(plan.x)->local(), d.dim, d.in_extents, d.want, mesh, d.mesh_dim);
-  const auto& x = shard_impl(plan.x)->local();
-  auto interior = at::convolution(x.narrow(d.dim, j_lo * s - pv - a, (j_hi - 1 - j_lo) * s + span), w, b, stride,
-                                  plan.local_padding, dilation, false, plan.local_output_padding, groups);
-  auto window = comm::gather_rows_finish(pending);
+  auto pending = plan.halo.start(x, mesh);
+  auto conv = [&](const at::Tensor& rows) {
+    return at::convolution(rows, w, b, stride, plan.local_padding, dilation, false, plan.local_output_padding, groups);
+  };
+  auto interior = conv(x.narrow(d.dim, j_lo * s - pv - a, (j_hi - 1 - j_lo) * s + span));
+  auto window = plan.halo.finish(pending, mesh);
   std::vector<at::Tensor> parts;
-  if (j_lo > b0)
-    parts.push_back(at::convolution(window.narrow(d.dim, 0, (j_lo - 1 - b0) * s + span), w, b, stride,
-                                    plan.local_padding, dilation, false, plan.local_output_padding, groups));
+  if (j_lo > b0) parts.push_back(conv(window.narrow(d.dim, 0, (j_lo - 1 - b0) * s + span)));
   parts.push_back(interior);
-  if (b1 > j_hi)
-    parts.push_back(at::convolution(window.narrow(d.dim, (j_hi - b0) * s, (b1 - 1 - j_hi) * s + span), w, b, stride,
-                                    plan.local_padding, dilation, false, plan.local_output_padding, groups));
+  if (b1 > j_hi) parts.push_back(conv(window.narrow(d.dim, (j_hi - b0) * s, (b1 - 1 - j_hi) * s + span)));
   return parts.size() == 1 ? parts[0] : at::cat(parts, d.dim);
+}
+
+bool requires_grad(const std::optional<at::Tensor>& t) {
+  return t && t->defined() && t->requires_grad();
 }
 
 // convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
@@ -306,30 +248,40 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto output_padding = args[7].toDimVector();
   const auto groups = args[8].toInt();
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
-  auto plan = plan_conv(op, stack, input, weight, stride, padding, dilation, transposed, output_padding, groups, mesh);
+  // A pending-sum input is completed once; when a backward may follow, the complete value stays with the input,
+  // which autograd saves: the weight gradient reads it without a second all-reduce.
+  const bool keep = at::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad() || requires_grad(bias));
+  auto xs = resolve_partial_once(dispatch::as_shard(input, mesh), keep);
+  const auto& spec = *shard_impl(xs)->spec();
+  const auto& x = shard_impl(xs)->local();
+  auto planp = conv_plan(op, stack, spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,
+                         x.device());
+  const auto& plan = *planp;
   auto w = local_weight(local_of_param(weight, mesh), plan);
-  auto b = local_bias(bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt, plan);
+  auto b = local_bias(bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt,
+                      plan, *mesh);
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   // Every rank takes part in the halo exchange; a rank without outputs (zero extent) skips the local kernel.
   at::Tensor out;
   if (plan.transposed && !plan.dims.empty()) {
-    auto window = gather_window(plan);
-    // Bias is added after the scatter (once per output position).
-    auto y = has_no_outputs(plan) ? at::zeros(local_kernel_shape(plan), window.options())
-                                  : at::convolution(window, w, std::nullopt, stride, plan.local_padding, dilation, true,
-                                                    plan.local_output_padding, groups);
-    out = scatter_outputs(y, plan);
+    // Each rank's kernel runs on its own inputs; the output windows are summed into their owners. Bias is added
+    // after the scatter (once per output position).
+    auto y = plan.no_outputs ? at::zeros(plan.local_kernel_shape, x.options())
+                             : at::convolution(x, w, std::nullopt, stride, plan.local_padding, dilation, true,
+                                               plan.local_output_padding, groups);
+    out = plan.halo.scatter_add(y, *mesh);
     if (b) {
       out = out + channel_view(*b, out.dim());
     }
-  } else if (auto overlapped = overlapped_forward(plan, w, b, stride, dilation, local_groups, weight); overlapped.defined()) {
+  } else if (auto overlapped = overlapped_forward(plan, x, *mesh, w, b, stride, dilation, local_groups);
+             overlapped.defined()) {
     out = overlapped;
   } else {
-    auto window = gather_window(plan);
-    out = has_no_outputs(plan) ? at::zeros(local_out_shape(plan), window.options())
-                               : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
-                                                 plan.local_output_padding, local_groups);
-    if (has_no_outputs(plan) && plan.channel_partial && b && out.numel() > 0) {
+    auto window = plan.halo.gather(x, *mesh);
+    out = plan.no_outputs ? at::zeros(plan.local_out_shape, window.options())
+                          : at::convolution(window, w, b, stride, plan.local_padding, dilation, transposed,
+                                            plan.local_output_padding, local_groups);
+    if (plan.no_outputs && plan.channel_partial && b && out.numel() > 0) {
       // A rank without channels still owns the bias term when it is the first coordinate.
       out = out + channel_view(*b, out.dim());
     }
@@ -351,12 +303,18 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   auto output_padding = args[8].toDimVector();
   const auto groups = args[9].toInt();
   auto mask = args[10].to<std::array<bool, 3>>();
-  auto plan = plan_conv(op, stack, input, weight, stride, padding, dilation, transposed, output_padding, groups, mesh);
+  // The forward's complete value of a pending-sum input, and its plan: nothing is resolved or planned again.
+  auto xs = resolve_partial_once(dispatch::as_shard(input, mesh), false);
+  const auto& spec = shard_impl(xs)->spec();
+  const auto& x = shard_impl(xs)->local();
+  auto planp = conv_plan(op, stack, *spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,
+                         x.device());
+  const auto& plan = *planp;
   auto g = local_aligned(resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh)), mesh, plan.out_shape,
                          plan.out_placements, plan.out_ext);
   at::Tensor g_bias_source = g;
-  if (plan.transposed && !plan.dims.empty()) g = gather_output_grad(g, plan);
-  auto window = gather_window(plan);
+  if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
+  auto window = plan.transposed ? x : plan.halo.gather(x, *mesh);
   auto w = local_weight(local_of_param(weight, mesh), plan);
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   const int64_t global_bias_numel = bias_sizes && !bias_sizes->empty() ? (*bias_sizes)[0] : 0;
@@ -365,7 +323,7 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   if (local_bias_sizes) bias_sizes = local_bias_sizes;
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
   at::Tensor gi, gw, gb;
-  if (has_no_outputs(plan)) {
+  if (plan.no_outputs) {
     gi = at::zeros_like(window);
     gw = at::zeros_like(w);
     if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
@@ -382,22 +340,16 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   }
   at::Tensor grad_input, grad_weight, grad_bias;
   if (mask[0] && gi.defined()) {
-    if (!plan.transposed)
-      for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it)
-        gi = comm::scatter_add_rows(gi, it->dim, it->in_extents, it->want, *mesh, it->mesh_dim);
-    grad_input = make_shard_tensor(gi, plan.spec);
+    if (!plan.transposed) gi = plan.halo.scatter_add(gi, *mesh);
+    grad_input = make_shard_tensor(gi, spec);
   }
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.
   // Sharded channels: the weight gradient is sharded like the weight slice each rank used (dim 1 for groups == 1,
   // dim 0 for aligned groups); the bias gradient is complete (groups == 1: every rank holds the whole
   // grad_output) or sharded with the output channels.
   // Terms over batch/spatial shards are summed now, weight and bias in one fused all-reduce.
-  std::vector<int64_t> summed;
-  for (size_t m = 0; m < plan.spec->placements.size(); ++m)
-    if (plan.spec->placements[m].is_shard() && static_cast<int64_t>(m) != plan.channel_mesh_dim)
-      summed.push_back(static_cast<int64_t>(m));
   {
-    auto sums = fused_sum({mask[1] ? gw : at::Tensor(), mask[2] ? gb : at::Tensor()}, summed, *mesh);
+    auto sums = fused_sum({mask[1] ? gw : at::Tensor(), mask[2] ? gb : at::Tensor()}, plan.param_grad_mesh_dims, *mesh);
     gw = sums[0];
     gb = sums[1];
   }
@@ -407,7 +359,7 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
     const auto m = plan.channel_mesh_dim;
     if (plan.channel_partial) {
       pw[m] = Placement::shard(1);
-      ew[1] = plan.spec->extents[m];
+      ew[1] = spec->extents[m];
       pb[m] = Placement::replicate();
     } else {
       pw[m] = Placement::shard(0);

@@ -7,8 +7,9 @@
 // scales in float). Each dim is resampled in turn, as an index_select + weighted sum. Along a sharded dim the
 // output position o belongs to the rank owning its primary source row (nearest: its row; linear/cubic: the
 // floor of its source coordinate), so outputs follow their data and zero-extent ranks get no outputs; each rank
-// gathers exactly the source rows its outputs read (comm::gather_rows, any distance) and the backward sends
-// the gradient rows home (comm::scatter_add_rows).
+// gathers exactly the source rows its outputs read (any distance) and the backward sends the gradient rows home.
+// The plan (comm/halo_plan: partition, exchange, taps and weights on the device) is cached per layout, sizes and
+// mode, for both directions, so the backward reuses the forward's.
 //
 // F.interpolate reaches the composite-implicit `.vec` overloads; they are bound above autograd (both shard
 // keys) with their own torch::autograd::Function, which keeps the input's layout for the backward. The
@@ -20,13 +21,14 @@
 //   (identity) and output == 2 * input (o >> 1) whatever the scale; the 1-D and 3-D forward kernels do not.
 // - linear: output == input along a dim is the identity whatever the scale (forward and backward).
 // - bicubic: the backward is the identity when output == input in both dims; the forward never special-cases.
-#include "comm/halo.h"
+#include "comm/halo_plan.h"
 #include "comm/spec_holder.h"
 #include "ops/common.h"
 
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace shardtensor::ops {
@@ -157,83 +159,63 @@ Taps taps_for(at::ScalarType dtype, Mode mode, int64_t L, int64_t O, bool ac, do
                               : make_taps<float>(mode, L, O, ac, scale, shortcut);
 }
 
+// One spatial dim, one direction (the forward's or the backward kernels' taps).
 struct DimPlan {
   int64_t dim = 0;
   int64_t mesh_dim = -1; // -1: not sharded
-  int64_t L = 0, O = 0;
-  Taps taps;
-  std::vector<int64_t> in_extents, out_extents;
-  std::vector<int64_t> out_begin; // per coordinate: first output
-  std::vector<int64_t> win_lo;    // per coordinate: first gathered source row
-  comm::RowRequests want;
+  int64_t K = 1;
+  int64_t window_rows = 0;  // this rank's window (unsharded: the whole dim)
+  comm::HaloPlan halo;      // sharded: gathers the rows this rank's outputs read
+  at::Tensor idx, w;        // [K, n]: window-relative taps and weights of this rank's outputs, on the device
 };
 
-struct Plan {
-  SpecPtr spec; // the input's
-  std::vector<DimPlan> dims; // spatial dims, in tensor-dim order
+// Interpolation's plan: a pure function of the input layout, the sizes and the mode, cached; it holds both
+// directions (the backward kernels' taps differ in their special cases), so the backward reuses it.
+struct InterpPlan {
+  std::vector<DimPlan> fwd, bwd;  // spatial dims, in tensor-dim order
   std::vector<int64_t> out_shape;
   DimExtents out_ext;
 };
 
 // `bounds_taps`: the forward's taps (they decide the output partition); `taps`: this direction's taps.
 DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_extents, int64_t L, int64_t O,
-                 const Taps& bounds_taps, Taps taps) {
+                 const Taps& bounds_taps, const Taps& taps, const std::vector<int64_t>& coordinates,
+                 const at::TensorOptions& opts, std::vector<int64_t>& out_extents) {
   DimPlan p;
   p.dim = dim;
   p.mesh_dim = mesh_dim;
-  p.L = L;
-  p.O = O;
-  p.taps = std::move(taps);
-  const auto n = mesh_dim < 0 ? int64_t(1) : static_cast<int64_t>(in_extents.size());
-  p.in_extents = mesh_dim < 0 ? std::vector<int64_t>{L} : in_extents;
-  std::vector<int64_t> bounds(n + 1, 0);
-  bounds[n] = O;
-  int64_t off = 0, o = 0;
-  for (int64_t c = 1; c < n; ++c) {
-    off += p.in_extents[c - 1];
-    while (o < O && bounds_taps.primary[o] < off) ++o;
-    bounds[c] = o;
-  }
-  const auto K = p.taps.K;
-  for (int64_t c = 0; c < n; ++c) {
-    p.out_begin.push_back(bounds[c]);
-    p.out_extents.push_back(bounds[c + 1] - bounds[c]);
-    int64_t lo = L, hi = -1;
-    for (int64_t q = bounds[c]; q < bounds[c + 1]; ++q)
-      for (int64_t k = 0; k < K; ++k) {
-        lo = std::min(lo, p.taps.idx[q * K + k]);
-        hi = std::max(hi, p.taps.idx[q * K + k]);
-      }
-    if (mesh_dim < 0) { // unsharded: the window is the whole local dim
-      lo = 0;
-      hi = L - 1;
+  p.K = taps.K;
+  const auto K = taps.K;
+  int64_t b = 0, n = O, win_lo = 0;
+  if (mesh_dim < 0) {
+    out_extents = {O};
+    p.window_rows = L;  // the window is the whole local dim
+  } else {
+    std::vector<int64_t> first(O), last(O);
+    for (int64_t o = 0; o < O; ++o) {
+      first[o] = *std::min_element(taps.idx.begin() + o * K, taps.idx.begin() + (o + 1) * K);
+      last[o] = *std::max_element(taps.idx.begin() + o * K, taps.idx.begin() + (o + 1) * K);
     }
-    std::vector<int64_t> rows;
-    for (auto r = lo; r <= hi; ++r) rows.push_back(r);
-    p.win_lo.push_back(hi >= lo ? lo : 0);
-    p.want.push_back(std::move(rows));
+    auto part = comm::primary_row_partition(in_extents, bounds_taps.primary, first, last);
+    const auto c = coordinates.at(mesh_dim);
+    out_extents = part.out_extents;
+    b = part.out_begin(c);
+    n = part.out_extents[c];
+    win_lo = part.want[c].empty() ? 0 : part.want[c].front();
+    p.window_rows = static_cast<int64_t>(part.want[c].size());
+    p.halo = comm::HaloPlan({comm::HaloDim{dim, mesh_dim, in_extents, std::move(part.want)}}, coordinates,
+                            opts.device());
   }
-  return p;
-}
-
-int64_t my_coord(const DimPlan& p, const Mesh& mesh) {
-  return p.mesh_dim < 0 ? 0 : mesh.coordinate(p.mesh_dim);
-}
-
-// Local index tensors (window-relative) and weights of this rank's outputs along `p`: [K][O_local].
-std::pair<at::Tensor, at::Tensor> local_taps(const DimPlan& p, const Mesh& mesh, const at::Tensor& like) {
-  const auto c = my_coord(p, mesh);
-  const auto K = p.taps.K, b = p.out_begin[c], n = p.out_extents[c];
   std::vector<int64_t> idx(K * n);
   std::vector<double> w(K * n);
   for (int64_t q = 0; q < n; ++q)
     for (int64_t k = 0; k < K; ++k) {
-      idx[k * n + q] = p.taps.idx[(b + q) * K + k] - p.win_lo[c];
-      w[k * n + q] = p.taps.w[(b + q) * K + k];
+      idx[k * n + q] = taps.idx[(b + q) * K + k] - win_lo;
+      w[k * n + q] = taps.w[(b + q) * K + k];
     }
-  auto it = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, n}).to(like.device());
-  auto wt = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, n}).to(like.options());
-  return {it, wt};
+  p.idx = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, n}).to(opts.device());
+  p.w = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, n}).to(opts);
+  return p;
 }
 
 at::Tensor weight_view(const at::Tensor& w, int64_t dim, int64_t ndim) {
@@ -243,28 +225,25 @@ at::Tensor weight_view(const at::Tensor& w, int64_t dim, int64_t ndim) {
 }
 
 // Resample the window along p.dim to this rank's outputs.
-at::Tensor resample(const at::Tensor& window, const DimPlan& p, const Mesh& mesh) {
-  auto [idx, w] = local_taps(p, mesh, window);
+at::Tensor resample(const at::Tensor& window, const DimPlan& p) {
   at::Tensor out;
-  for (int64_t k = 0; k < p.taps.K; ++k) {
-    auto rows = window.index_select(p.dim, idx[k]);
-    if (p.taps.K == 1) return rows; // nearest and identity taps have weight 1
-    auto term = rows * weight_view(w[k], p.dim, window.dim());
+  for (int64_t k = 0; k < p.K; ++k) {
+    auto rows = window.index_select(p.dim, p.idx[k]);
+    if (p.K == 1) return rows; // nearest and identity taps have weight 1
+    auto term = rows * weight_view(p.w[k], p.dim, window.dim());
     out = out.defined() ? out + term : term;
   }
   return out;
 }
 
 // Adjoint of resample: the gradient of the window from the gradient of this rank's outputs.
-at::Tensor resample_backward(const at::Tensor& g, const DimPlan& p, const Mesh& mesh) {
-  auto [idx, w] = local_taps(p, mesh, g);
-  const auto c = my_coord(p, mesh);
+at::Tensor resample_backward(const at::Tensor& g, const DimPlan& p) {
   auto shape = g.sizes().vec();
-  shape[p.dim] = static_cast<int64_t>(p.want[c].size());
+  shape[p.dim] = p.window_rows;
   auto out = at::zeros(shape, g.options());
-  for (int64_t k = 0; k < p.taps.K; ++k) {
-    auto term = p.taps.K == 1 ? g : g * weight_view(w[k], p.dim, g.dim());
-    out.index_add_(p.dim, idx[k], term);
+  for (int64_t k = 0; k < p.K; ++k) {
+    auto term = p.K == 1 ? g : g * weight_view(p.w[k], p.dim, g.dim());
+    out.index_add_(p.dim, p.idx[k], term);
   }
   return out;
 }
@@ -273,38 +252,49 @@ bool fwd_shortcut(Mode mode, int64_t nd) {
   return (mode == Mode::Nearest && nd == 2) || mode == Mode::Linear;
 }
 
-// Plans every spatial dim. `backward`: use the backward kernels' taps for the gathers (the output partition
-// always follows the forward's).
-Plan make_plan(const SpecPtr& spec, const OpInfo& info, const std::vector<int64_t>& osize, bool ac,
-               const std::vector<double>& scales, at::ScalarType dtype, bool backward) {
-  Plan plan;
-  plan.spec = spec;
-  const auto ndim = spec->ndim();
-  plan.out_shape = spec->global_shape;
+at::ScalarType math_type(at::ScalarType t) {
+  return at::isReducedFloatingType(t) ? at::kFloat : t;
+}
+
+// Plans every spatial dim, both directions: the forward's taps decide the output partition; the backward gathers
+// and scatters with the backward kernels' taps. `dtype`: the math type (taps in double for fp64, else float).
+InterpPlan make_plan(const ShardSpec& spec, const OpInfo& info, const std::vector<int64_t>& osize, bool ac,
+                     const std::vector<double>& scales, at::ScalarType dtype, c10::Device device) {
+  InterpPlan plan;
+  const auto ndim = spec.ndim();
+  plan.out_shape = spec.global_shape;
   for (int64_t i = 0; i < info.nd; ++i) plan.out_shape[2 + i] = osize[i];
   bool all_equal = true;
-  for (int64_t i = 0; i < info.nd; ++i) all_equal = all_equal && osize[i] == spec->global_shape[2 + i];
-  plan.out_ext = spec->dim_extents();
+  for (int64_t i = 0; i < info.nd; ++i) all_equal = all_equal && osize[i] == spec.global_shape[2 + i];
+  plan.out_ext = spec.dim_extents();
+  const auto opts = at::TensorOptions().dtype(dtype).device(device);
+  const auto& coordinates = spec.mesh->coordinates();
   for (int64_t i = 0; i < info.nd; ++i) {
     const auto d = ndim - info.nd + i;
-    const auto L = spec->global_shape[d], O = osize[i];
-    const auto m = spec->mesh_dim_of(d);
+    const auto L = spec.global_shape[d], O = osize[i];
+    const auto m = spec.mesh_dim_of(d);
+    const auto& in_ext = m >= 0 ? spec.extents[m] : std::vector<int64_t>{};
     auto fwd = taps_for(dtype, info.mode, L, O, ac, scales[i], fwd_shortcut(info.mode, info.nd));
-    Taps dir = fwd;
-    if (backward) {
-      const bool bsc = info.mode == Mode::Nearest || info.mode == Mode::Linear ||
-          (info.mode == Mode::Cubic && all_equal);
-      dir = taps_for(dtype, info.mode, L, O, ac, scales[i], bsc);
-    }
-    auto p = plan_dim(d, m, m >= 0 ? spec->extents[m] : std::vector<int64_t>{}, L, O, fwd, std::move(dir));
-    if (m >= 0) plan.out_ext[d] = p.out_extents;
-    plan.dims.push_back(std::move(p));
+    const bool bsc = info.mode == Mode::Nearest || info.mode == Mode::Linear || (info.mode == Mode::Cubic && all_equal);
+    auto bwd = taps_for(dtype, info.mode, L, O, ac, scales[i], bsc);
+    std::vector<int64_t> out_extents;
+    plan.fwd.push_back(plan_dim(d, m, in_ext, L, O, fwd, fwd, coordinates, opts, out_extents));
+    plan.bwd.push_back(plan_dim(d, m, in_ext, L, O, fwd, bwd, coordinates, opts, out_extents));
+    if (m >= 0) plan.out_ext[d] = out_extents;
   }
   return plan;
 }
 
-at::ScalarType math_type(at::ScalarType t) {
-  return at::isReducedFloatingType(t) ? at::kFloat : t;
+std::shared_ptr<const InterpPlan> interp_plan(const ShardSpec& spec, const OpInfo& info,
+                                              const std::vector<int64_t>& osize, bool ac,
+                                              const std::vector<double>& scales, at::ScalarType dtype,
+                                              c10::Device device) {
+  const auto math = math_type(dtype);
+  comm::PlanKey key;
+  key.add_spec(spec).add(static_cast<int64_t>(info.mode)).add(info.nd).add_ints(osize).add(ac);
+  for (auto s : scales) key.add_double(s);
+  key.add(static_cast<int64_t>(math)).add_device(device);
+  return comm::cached_plan<InterpPlan>(key, [&] { return make_plan(spec, info, osize, ac, scales, math, device); });
 }
 
 void check_input(const at::Tensor& x, const OpInfo& info) {
@@ -318,32 +308,32 @@ void check_input(const at::Tensor& x, const OpInfo& info) {
 
 at::Tensor interp_forward(const at::Tensor& self_in, const OpInfo& info, const std::vector<int64_t>& osize, bool ac,
                           const std::vector<double>& scales) {
-  auto self = resolve_partial(self_in);
+  auto self = resolve_partial_once(self_in, false);
   check_input(self, info);
   for (auto o : osize) TORCH_CHECK_VALUE(o > 0, "ShardTensor interpolate: output sizes must be > 0");
-  auto spec = shard_impl(self)->spec();
+  const auto& spec = shard_impl(self)->spec();
   const auto dtype = self.scalar_type();
-  auto plan = make_plan(spec, info, osize, ac, scales, dtype, false);
+  auto plan = interp_plan(*spec, info, osize, ac, scales, dtype, self.device());
   auto t = shard_impl(self)->local().to(math_type(dtype));
-  for (const auto& p : plan.dims) {
-    if (p.mesh_dim >= 0) t = comm::gather_rows(t, p.dim, p.in_extents, p.want, *spec->mesh, p.mesh_dim);
-    t = resample(t, p, *spec->mesh);
+  for (const auto& p : plan->fwd) {
+    if (p.mesh_dim >= 0) t = p.halo.gather(t, *spec->mesh);
+    t = resample(t, p);
   }
-  return wrap(t.to(dtype).contiguous(), spec->mesh, spec->placements, plan.out_shape, plan.out_ext);
+  return wrap(t.to(dtype).contiguous(), spec->mesh, spec->placements, plan->out_shape, plan->out_ext);
 }
 
 // The gradient of the input (laid out as `in_spec`) from the gradient of the output.
 at::Tensor interp_backward(const at::Tensor& grad, const SpecPtr& in_spec, const OpInfo& info,
                            const std::vector<int64_t>& osize, bool ac, const std::vector<double>& scales) {
   const auto dtype = grad.scalar_type();
-  auto plan = make_plan(in_spec, info, osize, ac, scales, dtype, true);
+  auto plan = interp_plan(*in_spec, info, osize, ac, scales, dtype, grad.device());
   const auto& mesh = in_spec->mesh;
-  auto g = local_aligned(resolve_partial(dispatch::as_shard(grad, mesh)), mesh, plan.out_shape, in_spec->placements,
-                         plan.out_ext)
+  auto g = local_aligned(resolve_partial(dispatch::as_shard(grad, mesh)), mesh, plan->out_shape, in_spec->placements,
+                         plan->out_ext)
                .to(math_type(dtype));
-  for (auto it = plan.dims.rbegin(); it != plan.dims.rend(); ++it) {
-    g = resample_backward(g, *it, *mesh);
-    if (it->mesh_dim >= 0) g = comm::scatter_add_rows(g, it->dim, it->in_extents, it->want, *mesh, it->mesh_dim);
+  for (auto it = plan->bwd.rbegin(); it != plan->bwd.rend(); ++it) {
+    g = resample_backward(g, *it);
+    if (it->mesh_dim >= 0) g = it->halo.scatter_add(g, *mesh);
   }
   return make_shard_tensor(g.to(dtype).contiguous(), in_spec);
 }
@@ -356,7 +346,7 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t mode, int64_t nd,
                             std::vector<int64_t> osize, bool ac, std::vector<double> scales) {
     ctx->set_materialize_grads(false);
-    auto x = resolve_partial(self);
+    auto x = resolve_partial_once(self, false);
     auto out = interp_forward(x, info_from(mode, nd), osize, ac, scales);
     ctx->saved_data["spec"] = spec_ivalue(shard_impl(x)->spec());
     ctx->saved_data["mode"] = mode;
@@ -378,16 +368,6 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
     return out;
   }
 };
-
-// Scale of each spatial dim as the kernels see it (0: none).
-std::vector<double> scales_from(const c10::IValue& v, int64_t nd) {
-  std::vector<double> s(nd, 0.0);
-  if (!v.isNone()) {
-    auto l = v.toDoubleVector();
-    for (int64_t i = 0; i < nd; ++i) s[i] = l.at(i);
-  }
-  return s;
-}
 
 // .vec overloads: (input, output_size?, [align_corners,] scale_factors?) — composite-implicit; bound above
 // autograd on both shard keys.

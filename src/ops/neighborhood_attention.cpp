@@ -15,12 +15,12 @@
 // mesh dims, one mesh dim per spatial dim) gathers, from specs alone, the global key rows the local queries'
 // windows cover -- one contiguous range: K/2 rows each side, more next to the global borders where windows are
 // clamped inward, from several ranks away when shards are narrower than that, and with dilation the other
-// groups' rows in between -- with comm::gather_rows, dim by dim (so corners of 2-D meshes come along). With one
-// sharded dim the interior queries run while the exchange is in flight. k and v travel together (concatenated
-// on the feature dim): one exchange per sharded dim. Backward: the local kernel gives dq and the window's dk/dv,
-// which go home with comm::scatter_add_rows (the adjoint), in reverse dim order. Zero-extent ranks take part in
-// every collective.
-#include "comm/halo.h"
+// groups' rows in between -- with a comm::HaloPlan (cached per layout and window; the backward reuses it), dim by
+// dim (so corners of 2-D meshes come along). With one sharded dim the interior queries run while the exchange is
+// in flight. k and v travel together (concatenated on the feature dim): one exchange per sharded dim. Backward:
+// the local kernel gives dq and the window's dk/dv, which go home with the plan's scatter_add (the adjoint), in
+// reverse dim order. Zero-extent ranks take part in every collective.
+#include "comm/halo_plan.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
 #include "ops/neighborhood_kernels.h"
@@ -256,47 +256,48 @@ std::string describe(const at::Tensor& t) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, os.str());
 }
 
-// One sharded spatial dim: which global key rows every coordinate along its mesh dim needs.
-struct DimPlan {
-  int64_t dim = 0;       // tensor dim (1 + spatial index)
-  int64_t mesh_dim = 0;
-  std::vector<int64_t> extents;
-  comm::RowRequests want;
+// The key windows of q's layout: for each sharded spatial dim (mesh-dim order) the global key rows every
+// coordinate's queries read, and this rank's local geometry. Specs only, cached, shared by forward and backward.
+struct NaPlan {
+  comm::HaloPlan halo;
+  na::Geometry geometry;
 };
 
-// Plans for the sharded spatial dims of q's spec (mesh-dim order) and the local geometry. Specs only: every
-// rank computes the same lists.
-std::pair<std::vector<DimPlan>, na::Geometry> plan_of(const ShardSpec& spec, const std::vector<int64_t>& kernel,
-                                                      const std::vector<int64_t>& dilation) {
+NaPlan make_na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation,
+                    c10::Device device) {
   auto g = unpack(kernel, dilation);
   const auto nd = g.nd;
   for (int64_t d = 0; d < nd; ++d) {
     g.extent[d] = spec.global_shape[1 + d];
     g.q_offset[d] = spec.local_offset(1 + d);
   }
-  std::vector<DimPlan> plans;
+  std::vector<comm::HaloDim> dims;
   for (int64_t m = 0; m < spec.mesh->ndim(); ++m) {
     const auto& p = spec.placements[m];
     if (!p.is_shard() || p.dim < 1 || p.dim > nd) continue;
-    DimPlan dp;
-    dp.dim = p.dim;
-    dp.mesh_dim = m;
-    dp.extents = spec.extents[m];
+    comm::HaloDim hd{p.dim, m, spec.extents[m], {}};
     const auto i = p.dim - 1;
-    for (int64_t c = 0; c < static_cast<int64_t>(dp.extents.size()); ++c) {
+    for (int64_t c = 0; c < static_cast<int64_t>(hd.extents.size()); ++c) {
       std::vector<int64_t> rows;
-      const auto e = dp.extents[c];
+      const auto e = hd.extents[c];
       if (e > 0) {
         const auto [lo, hi] = na::window_union(spec.offset_of(m, c), e, g.kernel[i], g.extent[i], g.dilation[i]);
         for (auto r = lo; r < hi; ++r) rows.push_back(r);
       }
-      dp.want.push_back(std::move(rows));
+      hd.want.push_back(std::move(rows));
     }
-    const auto& mine = dp.want[spec.mesh->coordinate(m)];
+    const auto& mine = hd.want[spec.mesh->coordinate(m)];
     g.k_offset[i] = mine.empty() ? 0 : mine.front();
-    plans.push_back(std::move(dp));
+    dims.push_back(std::move(hd));
   }
-  return {plans, g};
+  return {comm::HaloPlan(dims, spec.mesh->coordinates(), device), g};
+}
+
+std::shared_ptr<const NaPlan> na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel,
+                                      const std::vector<int64_t>& dilation, c10::Device device) {
+  comm::PlanKey key;
+  key.add_spec(spec).add_ints(kernel).add_ints(dilation).add_device(device);
+  return comm::cached_plan<NaPlan>(key, [&] { return make_na_plan(spec, kernel, dilation, device); });
 }
 
 bool overlap_enabled() {
@@ -312,9 +313,11 @@ bool overlap_enabled() {
 // dilation 1 (contiguous interior). Returns {} when there is nothing to overlap with; the caller then gathers
 // and runs everything at once. `kv` is the local k|v concatenation; the gathered window is returned in `window`.
 std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Tensor& ql, const at::Tensor& kv,
-                                                                    int64_t dim, const DimPlan& d,
-                                                                    const ShardSpec& qspec, const na::Geometry& g,
-                                                                    double scale, at::Tensor& window) {
+                                                                    int64_t dim, const NaPlan& plan,
+                                                                    const ShardSpec& qspec, double scale,
+                                                                    at::Tensor& window) {
+  const auto& d = plan.halo.dim(0);
+  const auto& g = plan.geometry;
   const auto i = d.dim - 1;
   if (!overlap_enabled() || g.dilation[i] != 1 || ql.numel() == 0) return std::nullopt;
   const auto& mesh = *qspec.mesh;
@@ -325,7 +328,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Te
   while (i0 < a + e && na::window_start(i0, K, L) < a) ++i0;
   while (i1 > i0 && na::window_start(i1 - 1, K, L) + K > a + e) --i1;
   if (i1 <= i0) return std::nullopt;
-  auto pending = comm::gather_rows_start(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
+  auto pending = plan.halo.start(kv, mesh);
   const auto dim_v = kv.size(-1) - dim;
   auto run = [&](int64_t from, int64_t to, const at::Tensor& keys, int64_t key_offset) {
     auto gp = g;
@@ -335,7 +338,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Te
                        gp, scale);
   };
   auto interior = run(i0, i1, kv, a);
-  window = comm::gather_rows_finish(pending);
+  window = plan.halo.finish(pending, mesh);
   std::vector<at::Tensor> outs, lses;
   if (i0 > a) {
     auto [o, l] = run(a, i0, window, g.k_offset[i]);
@@ -359,20 +362,21 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     at::NoGradGuard no_grad;
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = *qspec->mesh;
-    auto [plans, g] = plan_of(*qspec, kernel, dilation);
     const auto& ql = shard_impl(q)->local();
+    auto planp = na_plan(*qspec, kernel, dilation, ql.device());
+    const auto& plan = *planp;
     const auto dim = k.size(-1), dim_v = v.size(-1);
     // k and v share the layout: one exchange per sharded dim carries both.
     auto kv = at::cat({shard_impl(k)->local(), shard_impl(v)->local()}, -1);
     at::Tensor out, lse, window;
-    auto overlapped = plans.size() == 1 ? overlapped_forward(ql, kv, dim, plans[0], *qspec, g, scale, window)
-                                        : std::nullopt;
+    auto overlapped = plan.halo.size() == 1 ? overlapped_forward(ql, kv, dim, plan, *qspec, scale, window)
+                                            : std::nullopt;
     if (overlapped) {
       std::tie(out, lse) = *overlapped;
       kv = window;
     } else {
-      for (const auto& d : plans) kv = comm::gather_rows(kv, d.dim, d.extents, d.want, mesh, d.mesh_dim);
-      std::tie(out, lse) = na::forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), g, scale);
+      kv = plan.halo.gather(kv, mesh);
+      std::tie(out, lse) = na::forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), plan.geometry, scale);
     }
     auto kw = kv.narrow(-1, 0, dim), vw = kv.narrow(-1, dim, dim_v);
     ctx->save_for_backward({q, k, v});
@@ -397,22 +401,22 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = qspec->mesh;
-    auto [plans, g] =
-        plan_of(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector());
+    // The forward's plan (cached): nothing is planned again.
+    auto planp = na_plan(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
+                         shard_impl(q)->local().device());
+    const auto& plan = *planp;
     auto out = ctx->saved_data["out"].toTensor();
     auto out_shape = q.sizes().vec();
     out_shape.back() = v.size(-1);
     auto go = local_aligned(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, out_shape, qspec->placements,
                             qspec->dim_extents());
     auto [dq, dkw, dvw] = na::backward(go, shard_impl(q)->local(), ctx->saved_data["kw"].toTensor(),
-                                       ctx->saved_data["vw"].toTensor(), out, ctx->saved_data["lse"].toTensor(), g,
-                                       ctx->saved_data["scale"].toDouble());
+                                       ctx->saved_data["vw"].toTensor(), out, ctx->saved_data["lse"].toTensor(),
+                                       plan.geometry, ctx->saved_data["scale"].toDouble());
     if (ctx->needs_input_grad(0)) res[0] = make_shard_tensor(dq, qspec);
     if (ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
       // Window rows go home (summed where windows overlap), in reverse order of the gathers.
-      auto dkv = at::cat({dkw, dvw}, -1);
-      for (auto it = plans.rbegin(); it != plans.rend(); ++it)
-        dkv = comm::scatter_add_rows(dkv, it->dim, it->extents, it->want, *mesh, it->mesh_dim);
+      auto dkv = plan.halo.scatter_add(at::cat({dkw, dvw}, -1), *mesh);
       const auto dim = k.size(-1);
       if (ctx->needs_input_grad(1))
         res[1] = make_shard_tensor(dkv.narrow(-1, 0, dim).contiguous(), shard_impl(k)->spec());

@@ -14,8 +14,11 @@
 // Adaptive pools: output cell i reads rows [floor(i*L/n), ceil((i+1)*L/n)); a cell belongs to the rank that owns its
 // first row; each rank gathers the rows of its cells and computes them with per-dim index ranges. An adaptive avg
 // pool to size 1 along a sharded dim gives a Partial(sum) of local sums (no halo).
+// Plans (comm/halo_plan) are cached per layout and arguments: the backward reuses the forward's and reads none of
+// the input's data, so a pending-sum input is completed once, in the forward.
 #include "comm/collectives.h"
-#include "comm/halo.h"
+#include "comm/halo_plan.h"
+#include "comm/redistribute.h"
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
@@ -29,6 +32,17 @@ namespace {
 
 using dispatch::op_args;
 
+enum class PoolKind : int64_t { Max, Avg, AdaptiveAvg, AdaptiveMax };
+
+// The arguments a pooling plan depends on (per spatial dim).
+struct PoolArgs {
+  PoolKind kind = PoolKind::Max;
+  std::vector<int64_t> k, s, p, dil;  // windowed
+  bool ceil = false, count_include_pad = true;
+  std::optional<int64_t> divisor_override;
+  std::vector<int64_t> out_size;      // adaptive
+};
+
 // One spatial dim's plan.
 struct SpDim {
   int64_t dim = 0;         // tensor dim
@@ -36,59 +50,32 @@ struct SpDim {
   int64_t L = 0, Lout = 0;
   std::vector<int64_t> in_ext, out_ext;
   comm::RowRequests want;  // sharded dims only
-  std::vector<int64_t> bounds;  // output cell bounds per coordinate (sharded)
   int64_t o0 = 0, n = 0;   // this rank's first output cell and count
   int64_t ws = 0, W = 0;   // this rank's window: global start of row 0 (may be negative) and length
   bool partial = false;    // adaptive avg to size 1: Partial(sum) of local sums
   bool reduce = false;     // adaptive max to size 1: local max over own rows, then combined across the mesh dim
 };
 
+// A pooling's plan: a pure function of the (resolved) input layout and the arguments, cached and shared by the
+// forward and the backward. Its tensors (divisors, averaging matrices, cell rows) live on the input's device.
 struct PoolPlan {
-  at::Tensor x;
-  SpecPtr spec;
-  MeshPtr mesh;
   int64_t nsp = 0;
   std::vector<SpDim> sp;       // spatial dims in order
-  std::vector<int64_t> order;  // indices into sp of gathered sharded dims, in mesh-dim order
+  comm::HaloPlan halo;         // the gathered sharded dims, in mesh-dim order
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
-
-  bool no_outputs() const {
-    for (const auto& d : sp)
-      if (d.n == 0) return true;
-    for (int64_t d = 0; d < spec->ndim() - nsp; ++d)
-      if (spec->local_shape[d] == 0) return true;
-    return false;
-  }
-  std::vector<int64_t> local_out_shape() const {
-    std::vector<int64_t> s(spec->local_shape.begin(), spec->local_shape.end() - nsp);
-    for (const auto& d : sp) s.push_back(d.n);
-    return s;
-  }
-  std::vector<int64_t> window_shape() const {
-    std::vector<int64_t> s(spec->local_shape.begin(), spec->local_shape.end() - nsp);
-    for (const auto& d : sp) s.push_back(d.W);
-    return s;
-  }
+  bool no_outputs = false;
+  std::vector<int64_t> local_out_shape, window_shape;
+  at::Tensor divisor;                      // avg without divisor_override: this rank's global divisors (double)
+  std::vector<at::Tensor> avg_matrices;    // adaptive avg: per dim (n, W), double
+  std::vector<at::Tensor> cell_rows, cell_valid;  // adaptive max: per dim (n, K) window rows and validity
+  std::vector<int64_t> cell_k;
 };
 
 int64_t expand(at::IntArrayRef v, int64_t i, int64_t dflt) {
   if (v.empty()) return dflt;
   return v.size() == 1 ? v[0] : v[i];
-}
-
-int64_t div_floor(int64_t a, int64_t b) {
-  auto q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-  return q;
-}
-
-// PyTorch's pooling_output_shape.
-int64_t pool_out(int64_t L, int64_t k, int64_t s, int64_t p, int64_t dil, bool ceil) {
-  auto out = div_floor(L + 2 * p - dil * (k - 1) - 1 + (ceil ? s - 1 : 0), s) + 1;
-  if (ceil && (out - 1) * s >= L + p) --out;
-  return out;
 }
 
 std::vector<int64_t> offsets(const std::vector<int64_t>& ext) {
@@ -97,36 +84,188 @@ std::vector<int64_t> offsets(const std::vector<int64_t>& ext) {
   return off;
 }
 
-// Start a plan: resolve the input, check the spatial rank, copy non-spatial shards.
-PoolPlan begin_plan(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
-                    int64_t nsp, const char* what) {
-  PoolPlan plan;
-  plan.mesh = dispatch::common_mesh(op, stack);
-  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor ", what, ": the input must be the ShardTensor");
-  plan.x = resolve_partial(dispatch::as_shard(input, plan.mesh));
-  plan.spec = shard_impl(plan.x)->spec();
-  plan.nsp = nsp;
-  const auto nd = input.dim();
-  TORCH_CHECK(nd == nsp + 1 || nd == nsp + 2, what, ": expected a ", nsp + 1, "-D or ", nsp + 2, "-D input, got ", nd, "-D");
-  plan.out_placements = plan.spec->placements;
-  plan.out_shape.assign(plan.spec->global_shape.begin(), plan.spec->global_shape.end() - nsp);
-  for (size_t mi = 0; mi < plan.spec->placements.size(); ++mi) {
-    const auto& pl = plan.spec->placements[mi];
-    if (pl.is_shard() && pl.dim < nd - nsp) plan.out_ext[pl.dim] = plan.spec->extents[mi];
+comm::SlidingWindow window_of(const PoolArgs& a, int64_t i) {
+  return {a.k[i], a.s[i], a.p[i], a.dil.empty() ? 1 : a.dil[i], a.ceil};
+}
+
+// Windowed pooling along one spatial dim.
+void plan_window_dim(SpDim& d, const Mesh& mesh, const comm::SlidingWindow& w) {
+  d.Lout = comm::pool_output_size(d.L, w);
+  if (d.mesh_dim < 0) {
+    d.o0 = 0;
+    d.n = d.Lout;
+    d.ws = 0;
+    d.W = d.L;
+    return;
   }
+  // Ceil mode's extra window starts inside the input, so it has an owner too; positions outside are filled.
+  auto part = comm::sliding_window_partition(d.in_ext, d.L, d.Lout, w, comm::PadMode::Zeros);
+  const auto me = mesh.coordinate(d.mesh_dim);
+  d.out_ext = part.out_extents;
+  d.o0 = part.out_begin(me);
+  d.n = d.out_ext[me];
+  d.ws = d.o0 * w.stride - w.padding;
+  d.want = std::move(part.want);
+  d.W = static_cast<int64_t>(d.want[me].size());
+}
+
+int64_t ad_start(int64_t i, int64_t L, int64_t n) { return (i * L) / n; }
+int64_t ad_end(int64_t i, int64_t L, int64_t n) { return ((i + 1) * L + n - 1) / n; }
+
+// Adaptive pooling along one spatial dim: output cell i reads rows [start(i), end(i)) and belongs to the rank
+// owning row start(i).
+void plan_adaptive_dim(SpDim& d, const Mesh& mesh, int64_t lout, bool allow_partial) {
+  d.Lout = lout;
+  if (d.mesh_dim < 0) {
+    d.o0 = 0;
+    d.n = lout;
+    d.ws = 0;
+    d.W = d.L;
+    return;
+  }
+  const auto me = mesh.coordinate(d.mesh_dim);
+  const auto off = offsets(d.in_ext);
+  if (lout == 1) {
+    // Each rank pools its own rows; avg: the output is a pending sum; max: combined across the mesh dim.
+    (allow_partial ? d.partial : d.reduce) = true;
+    d.o0 = 0;
+    d.n = 1;
+    d.ws = off[me];
+    d.W = d.in_ext[me];
+    return;
+  }
+  std::vector<int64_t> first(lout), last(lout);
+  for (int64_t i = 0; i < lout; ++i) {
+    first[i] = ad_start(i, d.L, lout);
+    last[i] = ad_end(i, d.L, lout) - 1;
+  }
+  auto part = comm::primary_row_partition(d.in_ext, first, first, last);
+  d.out_ext = part.out_extents;
+  d.o0 = part.out_begin(me);
+  d.n = d.out_ext[me];
+  d.ws = d.n > 0 ? ad_start(d.o0, d.L, lout) : 0;
+  d.want = std::move(part.want);
+  d.W = static_cast<int64_t>(d.want[me].size());
+}
+
+const char* name_of(PoolKind kind) {
+  switch (kind) {
+    case PoolKind::Max: return "max_pool";
+    case PoolKind::Avg: return "avg_pool";
+    case PoolKind::AdaptiveAvg: return "adaptive_avg_pool";
+    case PoolKind::AdaptiveMax: return "adaptive_max_pool";
+  }
+  return "pool";
+}
+
+void check_args(const PoolArgs& a, int64_t nsp) {
+  if (a.kind == PoolKind::Avg)
+    TORCH_CHECK(!a.divisor_override || *a.divisor_override != 0, "avg_pool: divisor must be not zero");
+  if (a.kind == PoolKind::AdaptiveAvg || a.kind == PoolKind::AdaptiveMax)
+    TORCH_CHECK(static_cast<int64_t>(a.out_size.size()) == nsp, name_of(a.kind), ": output_size must have ", nsp,
+                " elements");
+  for (int64_t i = 0; i < nsp; ++i) {
+    if (a.kind == PoolKind::Max) {
+      TORCH_CHECK(a.k[i] > 0 && a.s[i] > 0 && a.dil[i] > 0, "max_pool: kernel size, stride and dilation must be positive");
+      TORCH_CHECK(a.p[i] >= 0 && a.p[i] <= ((a.k[i] - 1) * a.dil[i] + 1) / 2,
+                  "max_pool: pad should be at most half of effective kernel size, but got pad=", a.p[i],
+                  ", kernel_size=", a.k[i], " and dilation=", a.dil[i]);
+    } else if (a.kind == PoolKind::Avg) {
+      TORCH_CHECK(a.k[i] > 0 && a.s[i] > 0, "avg_pool: kernel size and stride must be positive");
+      TORCH_CHECK(a.p[i] >= 0 && a.p[i] <= a.k[i] / 2, "avg_pool: pad should be at most half of kernel size, but got pad=",
+                  a.p[i], " and kernel_size=", a.k[i]);
+    } else {
+      TORCH_CHECK(a.out_size[i] >= 0, name_of(a.kind), ": output size must be non-negative");
+    }
+  }
+}
+
+// Avg pooling: the global divisor of this rank's outputs (PyTorch's clip rules), a product of per-dim factors.
+at::Tensor avg_divisor(const PoolPlan& plan, const PoolArgs& a, int64_t ndim) {
+  at::Tensor div;
+  for (int64_t i = 0; i < plan.nsp; ++i) {
+    const auto& d = plan.sp[i];
+    std::vector<double> f;
+    for (int64_t o = d.o0; o < d.o0 + d.n; ++o) {
+      const auto hs = o * a.s[i] - a.p[i];
+      const auto he = std::min(hs + a.k[i], d.L + a.p[i]);
+      const auto pool = he - hs;
+      const auto cnt = std::min(he, d.L) - std::max<int64_t>(hs, 0);
+      f.push_back(static_cast<double>(a.count_include_pad ? pool : cnt));
+    }
+    std::vector<int64_t> shape(ndim, 1);
+    shape[d.dim] = d.n;
+    auto t = at::tensor(f, at::TensorOptions().dtype(at::kDouble)).view(shape);
+    div = div.defined() ? div * t : t;
+  }
+  return div;
+}
+
+// Adaptive avg pooling: averaging matrix of one dim, (n, W); row j averages the window rows of cell o0 + j.
+at::Tensor avg_matrix(const SpDim& d) {
+  auto m = at::zeros({d.n, d.W}, at::TensorOptions().dtype(at::kDouble));
+  auto acc = m.accessor<double, 2>();
+  for (int64_t j = 0; j < d.n; ++j) {
+    const auto o = d.o0 + j;
+    const auto s = d.partial ? 0 : ad_start(o, d.L, d.Lout) - d.ws;
+    const auto e = d.partial ? d.W : ad_end(o, d.L, d.Lout) - d.ws;
+    const auto len = d.partial ? d.L : e - s;
+    for (auto r = s; r < e; ++r) acc[j][r] = 1.0 / static_cast<double>(len);
+  }
+  return m;
+}
+
+// Adaptive max pooling: (n, K) window rows of each cell of one dim (padded with the cell's first row) and their
+// validity.
+void cell_rows(const SpDim& d, int64_t& kmax, at::Tensor& rows, at::Tensor& valid) {
+  auto cell_start = [&](int64_t j) { return d.reduce ? 0 : ad_start(d.o0 + j, d.L, d.Lout) - d.ws; };
+  auto cell_end = [&](int64_t j) { return d.reduce ? d.W : ad_end(d.o0 + j, d.L, d.Lout) - d.ws; };
+  kmax = 1;
+  for (int64_t j = 0; j < d.n; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
+  std::vector<int64_t> r(d.n * kmax), v(d.n * kmax);
+  for (int64_t j = 0; j < d.n; ++j) {
+    const auto s = cell_start(j), e = cell_end(j);
+    for (int64_t q = 0; q < kmax; ++q) {
+      r[j * kmax + q] = s + q < e ? s + q : s;
+      v[j * kmax + q] = s + q < e;
+    }
+  }
+  const auto lopts = at::TensorOptions().dtype(at::kLong);
+  rows = at::tensor(r, lopts).view({d.n, kmax});
+  valid = at::tensor(v, lopts).to(at::kBool).view({d.n, kmax});
+}
+
+PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c10::Device device) {
+  const auto what = name_of(a.kind);
+  const auto nd = spec.ndim();
+  TORCH_CHECK(nd == nsp + 1 || nd == nsp + 2, what, ": expected a ", nsp + 1, "-D or ", nsp + 2, "-D input, got ", nd, "-D");
+  check_args(a, nsp);
+  const auto& mesh = *spec.mesh;
+  PoolPlan plan;
+  plan.nsp = nsp;
+  plan.out_placements = spec.placements;
+  plan.out_shape.assign(spec.global_shape.begin(), spec.global_shape.end() - nsp);
+  for (size_t mi = 0; mi < spec.placements.size(); ++mi) {
+    const auto& pl = spec.placements[mi];
+    if (pl.is_shard() && pl.dim < nd - nsp) plan.out_ext[pl.dim] = spec.extents[mi];
+  }
+  const bool adaptive = a.kind == PoolKind::AdaptiveAvg || a.kind == PoolKind::AdaptiveMax;
   for (int64_t i = 0; i < nsp; ++i) {
     SpDim d;
     d.dim = nd - nsp + i;
-    d.mesh_dim = plan.spec->mesh_dim_of(d.dim);
-    d.L = plan.spec->global_shape[d.dim];
-    if (d.mesh_dim >= 0) d.in_ext = plan.spec->extents[d.mesh_dim];
+    d.mesh_dim = spec.mesh_dim_of(d.dim);
+    d.L = spec.global_shape[d.dim];
+    if (d.mesh_dim >= 0) d.in_ext = spec.extents[d.mesh_dim];
+    if (adaptive) {
+      TORCH_CHECK(d.L > 0, what, ": input spatial sizes must be positive");
+      plan_adaptive_dim(d, mesh, a.out_size[i], a.kind == PoolKind::AdaptiveAvg);
+    } else {
+      plan_window_dim(d, mesh, window_of(a, i));
+      TORCH_CHECK(d.Lout >= 1, what, ": output size is too small (input ", d.L, ")");
+    }
     plan.sp.push_back(std::move(d));
   }
-  return plan;
-}
-
-// Finish: output shape/extents, gather order.
-void end_plan(PoolPlan& plan) {
+  // Output layout and the gathered dims, in mesh-dim order.
   std::vector<std::pair<int64_t, int64_t>> by_mesh;
   for (size_t i = 0; i < plan.sp.size(); ++i) {
     auto& d = plan.sp[i];
@@ -144,118 +283,85 @@ void end_plan(PoolPlan& plan) {
     by_mesh.push_back({d.mesh_dim, static_cast<int64_t>(i)});
   }
   std::sort(by_mesh.begin(), by_mesh.end());
-  for (auto& [m, i] : by_mesh) plan.order.push_back(i);
-}
-
-// Windowed pooling along one spatial dim.
-void plan_window_dim(SpDim& d, const Mesh& mesh, int64_t k, int64_t s, int64_t p, int64_t dil, bool ceil) {
-  const auto span = dil * (k - 1) + 1;
-  d.Lout = pool_out(d.L, k, s, p, dil, ceil);
-  if (d.mesh_dim < 0) {
-    d.o0 = 0;
-    d.n = d.Lout;
-    d.ws = 0;
-    d.W = d.L;
-    return;
-  }
-  const auto nc = static_cast<int64_t>(d.in_ext.size());
-  d.bounds.assign(nc + 1, 0);
-  d.bounds[nc] = d.Lout;
-  int64_t a = 0;
-  for (int64_t c = 1; c < nc; ++c) {
-    a += d.in_ext[c - 1];
-    d.bounds[c] = std::clamp<int64_t>(first_output_centred_at(a, s, p, span), d.bounds[c - 1], d.Lout);
-  }
-  for (int64_t c = 0; c < nc; ++c) {
-    d.out_ext.push_back(d.bounds[c + 1] - d.bounds[c]);
-    std::vector<int64_t> rows;
-    if (d.bounds[c + 1] > d.bounds[c]) {
-      const auto start = d.bounds[c] * s - p;
-      const auto end = (d.bounds[c + 1] - 1) * s - p + span;
-      for (auto pos = start; pos < end; ++pos) rows.push_back(comm::padded_index(pos, d.L, "zeros"));
-    }
-    d.want.push_back(std::move(rows));
-  }
-  const auto me = mesh.coordinate(d.mesh_dim);
-  d.o0 = d.bounds[me];
-  d.n = d.out_ext[me];
-  d.ws = d.o0 * s - p;
-  d.W = static_cast<int64_t>(d.want[me].size());
-}
-
-int64_t ad_start(int64_t i, int64_t L, int64_t n) { return (i * L) / n; }
-int64_t ad_end(int64_t i, int64_t L, int64_t n) { return ((i + 1) * L + n - 1) / n; }
-
-// Adaptive pooling along one spatial dim.
-void plan_adaptive_dim(SpDim& d, const Mesh& mesh, int64_t lout, bool allow_partial) {
-  d.Lout = lout;
-  if (d.mesh_dim < 0) {
-    d.o0 = 0;
-    d.n = lout;
-    d.ws = 0;
-    d.W = d.L;
-    return;
-  }
-  const auto me = mesh.coordinate(d.mesh_dim);
-  const auto nc = static_cast<int64_t>(d.in_ext.size());
-  const auto off = offsets(d.in_ext);
-  if (lout == 1) {
-    // Each rank pools its own rows; avg: the output is a pending sum; max: combined across the mesh dim.
-    (allow_partial ? d.partial : d.reduce) = true;
-    d.o0 = 0;
-    d.n = 1;
-    d.ws = off[me];
-    d.W = d.in_ext[me];
-    return;
-  }
-  d.bounds.assign(nc + 1, lout);
-  // Cell i belongs to the coordinate owning row start(i) (zero-extent coordinates own nothing).
-  int64_t i = 0;
-  for (int64_t c = 0; c < nc; ++c) {
-    d.bounds[c] = i;
-    while (i < lout && ad_start(i, d.L, lout) < off[c + 1]) ++i;
-  }
-  d.bounds[nc] = lout;
-  for (int64_t c = 0; c < nc; ++c) {
-    d.out_ext.push_back(d.bounds[c + 1] - d.bounds[c]);
-    std::vector<int64_t> rows;
-    if (d.bounds[c + 1] > d.bounds[c]) {
-      const auto start = ad_start(d.bounds[c], d.L, lout);
-      const auto end = ad_end(d.bounds[c + 1] - 1, d.L, lout);
-      for (auto r = start; r < end; ++r) rows.push_back(r);
-    }
-    d.want.push_back(std::move(rows));
-  }
-  d.o0 = d.bounds[me];
-  d.n = d.out_ext[me];
-  d.ws = d.n > 0 ? ad_start(d.o0, d.L, lout) : 0;
-  d.W = static_cast<int64_t>(d.want[me].size());
-}
-
-at::Tensor gather_window(const PoolPlan& plan, double fill) {
-  auto x = shard_impl(plan.x)->local();
-  for (auto i : plan.order) {
+  std::vector<comm::HaloDim> halo_dims;
+  for (auto& [m, i] : by_mesh) {
     const auto& d = plan.sp[i];
-    x = comm::gather_rows(x, d.dim, d.in_ext, d.want, *plan.mesh, d.mesh_dim, fill);
+    halo_dims.push_back({d.dim, d.mesh_dim, d.in_ext, d.want});
   }
-  return x;
-}
-
-at::Tensor scatter_window(const PoolPlan& plan, at::Tensor g) {
-  for (auto it = plan.order.rbegin(); it != plan.order.rend(); ++it) {
-    const auto& d = plan.sp[*it];
-    g = comm::scatter_add_rows(g, d.dim, d.in_ext, d.want, *plan.mesh, d.mesh_dim);
+  // Max pooling fills outside rows with -inf (never selected); averages see zeros (their divisors are exact).
+  const auto fill = comm::fill_value(a.kind == PoolKind::Max ? comm::PadMode::NegInf : comm::PadMode::Zeros);
+  plan.halo = comm::HaloPlan(halo_dims, mesh.coordinates(), device, fill);
+  plan.local_out_shape.assign(spec.local_shape.begin(), spec.local_shape.end() - nsp);
+  plan.window_shape = plan.local_out_shape;
+  for (int64_t d = 0; d < nd - nsp; ++d) plan.no_outputs = plan.no_outputs || spec.local_shape[d] == 0;
+  for (const auto& d : plan.sp) {
+    plan.local_out_shape.push_back(d.n);
+    plan.window_shape.push_back(d.W);
+    plan.no_outputs = plan.no_outputs || d.n == 0;
   }
-  return g;
+  // What the kernels need besides the window, built once and kept on the device.
+  if (a.kind == PoolKind::Avg && !a.divisor_override && !plan.no_outputs) plan.divisor = avg_divisor(plan, a, nd).to(device);
+  if (a.kind == PoolKind::AdaptiveAvg && !plan.no_outputs)
+    for (const auto& d : plan.sp) plan.avg_matrices.push_back(avg_matrix(d).to(device));
+  if (a.kind == PoolKind::AdaptiveMax && !plan.no_outputs) {
+    for (const auto& d : plan.sp) {
+      int64_t k;
+      at::Tensor rows, valid;
+      cell_rows(d, k, rows, valid);
+      plan.cell_k.push_back(k);
+      plan.cell_rows.push_back(rows.to(device));
+      plan.cell_valid.push_back(valid.to(device));
+    }
+  }
+  return plan;
 }
 
-at::Tensor grad_local(const PoolPlan& plan, const at::Tensor& grad) {
-  return local_aligned(resolve_partial(dispatch::as_shard(grad, plan.mesh)), plan.mesh, plan.out_shape,
-                       plan.out_placements, plan.out_ext);
+// The plan of pooling an input laid out as `spec` (Partial placements resolved), from the cache.
+std::shared_ptr<const PoolPlan> pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c10::Device device) {
+  comm::PlanKey key;
+  key.add(static_cast<int64_t>(a.kind)).add(nsp).add_spec(spec).add_ints(a.k).add_ints(a.s).add_ints(a.p);
+  key.add_ints(a.dil).add(a.ceil).add(a.count_include_pad).add(a.divisor_override.value_or(0));
+  key.add(a.divisor_override.has_value()).add_ints(a.out_size).add_device(device);
+  return comm::cached_plan<PoolPlan>(key, [&] { return make_pool_plan(spec, nsp, a, device); });
 }
 
-at::Tensor wrap_out(const PoolPlan& plan, const at::Tensor& local) {
-  return wrap(local, plan.mesh, plan.out_placements, plan.out_shape, plan.out_ext);
+at::Tensor pool_input(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
+                      PoolKind kind) {
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor ", name_of(kind), ": the input must be the ShardTensor");
+  return dispatch::as_shard(input, dispatch::common_mesh(op, stack));
+}
+
+// Forward: the input with pending sums completed, and its plan.
+std::pair<at::Tensor, std::shared_ptr<const PoolPlan>> forward_plan(const c10::OperatorHandle& op,
+                                                                     const torch::jit::Stack* stack,
+                                                                     const at::Tensor& input, int64_t nsp,
+                                                                     const PoolArgs& a) {
+  auto x = resolve_partial_once(pool_input(op, stack, input, a.kind), false);
+  auto plan = pool_plan(*shard_impl(x)->spec(), nsp, a, x.device());
+  return {x, plan};
+}
+
+// Backward: the plan from the input's layout alone (the gradient needs none of its data, so a pending-sum input is
+// not resolved again), and the spec of the gradient.
+std::pair<SpecPtr, std::shared_ptr<const PoolPlan>> backward_plan(const c10::OperatorHandle& op,
+                                                                  const torch::jit::Stack* stack,
+                                                                  const at::Tensor& input, int64_t nsp,
+                                                                  const PoolArgs& a) {
+  auto spec = without_partial(shard_impl(pool_input(op, stack, input, a.kind))->spec());
+  return {spec, pool_plan(*spec, nsp, a, input.device())};
+}
+
+at::Tensor gather_window(const PoolPlan& plan, const at::Tensor& x) {
+  return plan.halo.gather(shard_impl(x)->local(), *shard_impl(x)->spec()->mesh);
+}
+
+at::Tensor grad_local(const PoolPlan& plan, const at::Tensor& grad, const MeshPtr& mesh) {
+  return local_aligned(resolve_partial(dispatch::as_shard(grad, mesh)), mesh, plan.out_shape, plan.out_placements,
+                       plan.out_ext);
+}
+
+at::Tensor wrap_out(const PoolPlan& plan, const MeshPtr& mesh, const at::Tensor& local) {
+  return wrap(local, mesh, plan.out_placements, plan.out_shape, plan.out_ext);
 }
 
 // Flat window index -> flat global index over the spatial plane.
@@ -289,14 +395,15 @@ at::Tensor global_to_window(const PoolPlan& plan, const at::Tensor& idx) {
 }
 
 // Scatter-add `g` (local output layout) into a window of the plan at window-flat indices, then send halos home.
-at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const at::Tensor& global_idx) {
-  auto wshape = plan.window_shape();
+at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const at::Tensor& global_idx,
+                               const Mesh& mesh) {
+  const auto& wshape = plan.window_shape;
   std::vector<int64_t> flat(wshape.begin(), wshape.end() - plan.nsp);
   int64_t wn = 1;
   for (const auto& d : plan.sp) wn *= d.W;
   flat.push_back(wn);
   auto gi = at::zeros(flat, g.options());
-  if (!plan.no_outputs() && wn > 0) {
+  if (!plan.no_outputs && wn > 0) {
     // Reduced dims: only the rank holding the selected row takes the gradient.
     auto gg = g;
     auto keep = at::ones_like(global_idx, global_idx.options().dtype(at::kBool));
@@ -319,19 +426,15 @@ at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const 
     const auto lead = g.dim() - plan.nsp;
     gi.scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
   }
-  return scatter_window(plan, gi.view(wshape));
+  return plan.halo.scatter_add(gi.view(wshape), mesh);
 }
 
 // ---- max_pool{2,3}d_with_indices ----------------------------------------------------------------------------
 
-struct MaxArgs {
-  std::vector<int64_t> k, s, p, dil;
-  bool ceil = false;
-};
-
-MaxArgs max_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
-                 at::IntArrayRef dilation, bool ceil) {
-  MaxArgs a;
+PoolArgs max_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+                  at::IntArrayRef dilation, bool ceil) {
+  PoolArgs a;
+  a.kind = PoolKind::Max;
   a.ceil = ceil;
   for (int64_t i = 0; i < nsp; ++i) {
     a.k.push_back(expand(kernel, i, 1));
@@ -342,21 +445,7 @@ MaxArgs max_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, at
   return a;
 }
 
-PoolPlan plan_max(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input, int64_t nsp,
-                  const MaxArgs& a) {
-  auto plan = begin_plan(op, stack, input, nsp, "max_pool");
-  for (int64_t i = 0; i < nsp; ++i) {
-    TORCH_CHECK(a.k[i] > 0 && a.s[i] > 0 && a.dil[i] > 0, "max_pool: kernel size, stride and dilation must be positive");
-    TORCH_CHECK(a.p[i] >= 0 && a.p[i] <= ((a.k[i] - 1) * a.dil[i] + 1) / 2,
-                "max_pool: pad should be at most half of effective kernel size, but got pad=", a.p[i], ", kernel_size=",
-                a.k[i], " and dilation=", a.dil[i]);
-    plan_window_dim(plan.sp[i], *plan.mesh, a.k[i], a.s[i], a.p[i], a.dil[i], a.ceil);
-    TORCH_CHECK(plan.sp[i].Lout >= 1, "max_pool: output size is too small (input ", plan.sp[i].L, ")");
-  }
-  end_plan(plan);
-  return plan;
-}
-
+// Padding 0 on sharded dims: the window is exact there, so the local kernel yields exactly the owned outputs.
 std::vector<int64_t> local_padding(const PoolPlan& plan, const std::vector<int64_t>& p) {
   auto out = p;
   for (size_t i = 0; i < plan.sp.size(); ++i)
@@ -368,12 +457,14 @@ void max_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::St
   auto args = op_args(op, stack);
   auto a = max_args(nsp, args[1].toDimVector(), args[2].toDimVector(), args[3].toDimVector(), args[4].toDimVector(),
                     args[5].toBool());
-  auto plan = plan_max(op, stack, args[0].toTensor(), nsp, a);
-  auto window = gather_window(plan, -std::numeric_limits<double>::infinity());
+  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  const auto& mesh = shard_impl(x)->spec()->mesh;
+  auto window = gather_window(plan, x);
   at::Tensor out, idx;
-  if (plan.no_outputs()) {
-    out = at::zeros(plan.local_out_shape(), window.options());
-    idx = at::zeros(plan.local_out_shape(), window.options().dtype(at::kLong));
+  if (plan.no_outputs) {
+    out = at::zeros(plan.local_out_shape, window.options());
+    idx = at::zeros(plan.local_out_shape, window.options().dtype(at::kLong));
   } else {
     auto lp = local_padding(plan, a.p);
     std::tie(out, idx) = nsp == 2 ? at::max_pool2d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil)
@@ -381,8 +472,8 @@ void max_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::St
     idx = window_to_global(plan, idx);
   }
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, out));
-  torch::jit::push(*stack, wrap_out(plan, idx));
+  torch::jit::push(*stack, wrap_out(plan, mesh, out));
+  torch::jit::push(*stack, wrap_out(plan, mesh, idx));
 }
 
 // max_pool*d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)
@@ -390,25 +481,22 @@ void max_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch
   auto args = op_args(op, stack);
   auto a = max_args(nsp, args[2].toDimVector(), args[3].toDimVector(), args[4].toDimVector(), args[5].toDimVector(),
                     args[6].toBool());
-  auto plan = plan_max(op, stack, args[1].toTensor(), nsp, a);
-  auto g = grad_local(plan, args[0].toTensor());
-  auto idx = local_aligned(dispatch::as_shard(args[7].toTensor(), plan.mesh), plan.mesh, plan.out_shape,
-                           plan.out_placements, plan.out_ext);
-  auto gi = max_backward_common(plan, g, idx);
+  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  const auto& mesh = spec->mesh;
+  auto g = grad_local(plan, args[0].toTensor(), mesh);
+  auto idx = local_aligned(dispatch::as_shard(args[7].toTensor(), mesh), mesh, plan.out_shape, plan.out_placements,
+                           plan.out_ext);
+  auto gi = max_backward_common(plan, g, idx, *mesh);
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+  torch::jit::push(*stack, make_shard_tensor(gi, spec));
 }
 
 // ---- avg_pool{2,3}d -------------------------------------------------------------------------------------------
 
-struct AvgArgs {
-  std::vector<int64_t> k, s, p;
-  bool ceil = false, count_include_pad = true;
-  std::optional<int64_t> divisor_override;
-};
-
-AvgArgs avg_args(int64_t nsp, c10::ArrayRef<c10::IValue> args, int64_t first) {
-  AvgArgs a;
+PoolArgs avg_args(int64_t nsp, c10::ArrayRef<c10::IValue> args, int64_t first) {
+  PoolArgs a;
+  a.kind = PoolKind::Avg;
   auto kernel = args[first].toDimVector(), stride = args[first + 1].toDimVector(), padding = args[first + 2].toDimVector();
   for (int64_t i = 0; i < nsp; ++i) {
     a.k.push_back(expand(kernel, i, 1));
@@ -421,42 +509,10 @@ AvgArgs avg_args(int64_t nsp, c10::ArrayRef<c10::IValue> args, int64_t first) {
   return a;
 }
 
-PoolPlan plan_avg(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input, int64_t nsp,
-                  const AvgArgs& a) {
-  auto plan = begin_plan(op, stack, input, nsp, "avg_pool");
-  TORCH_CHECK(!a.divisor_override || *a.divisor_override != 0, "avg_pool: divisor must be not zero");
-  for (int64_t i = 0; i < nsp; ++i) {
-    TORCH_CHECK(a.k[i] > 0 && a.s[i] > 0, "avg_pool: kernel size and stride must be positive");
-    TORCH_CHECK(a.p[i] >= 0 && a.p[i] <= a.k[i] / 2, "avg_pool: pad should be at most half of kernel size, but got pad=",
-                a.p[i], " and kernel_size=", a.k[i]);
-    plan_window_dim(plan.sp[i], *plan.mesh, a.k[i], a.s[i], a.p[i], 1, a.ceil);
-    TORCH_CHECK(plan.sp[i].Lout >= 1, "avg_pool: output size is too small (input ", plan.sp[i].L, ")");
-  }
-  end_plan(plan);
-  return plan;
-}
-
 // The global divisor of this rank's outputs (broadcastable to the local output).
-at::Tensor avg_divisor(const PoolPlan& plan, const AvgArgs& a, const at::TensorOptions& opts) {
-  const auto nd = plan.spec->ndim();
+at::Tensor divisor_of(const PoolPlan& plan, const PoolArgs& a, const at::TensorOptions& opts) {
   if (a.divisor_override) return at::scalar_tensor(static_cast<double>(*a.divisor_override), opts);
-  at::Tensor div;
-  for (int64_t i = 0; i < plan.nsp; ++i) {
-    const auto& d = plan.sp[i];
-    std::vector<double> f;
-    for (int64_t o = d.o0; o < d.o0 + d.n; ++o) {
-      const auto hs = o * a.s[i] - a.p[i];
-      const auto he = std::min(hs + a.k[i], d.L + a.p[i]);
-      const auto pool = he - hs;
-      const auto cnt = std::min(he, d.L) - std::max<int64_t>(hs, 0);
-      f.push_back(static_cast<double>(a.count_include_pad ? pool : cnt));
-    }
-    std::vector<int64_t> shape(nd, 1);
-    shape[d.dim] = d.n;
-    auto t = at::tensor(f, at::TensorOptions().dtype(at::kDouble)).view(shape);
-    div = div.defined() ? div * t : t;
-  }
-  return div.to(opts);
+  return plan.divisor.to(opts);
 }
 
 bool low_precision(const at::Tensor& t) {
@@ -466,71 +522,53 @@ bool low_precision(const at::Tensor& t) {
 void avg_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
   auto a = avg_args(nsp, args, 1);
-  auto plan = plan_avg(op, stack, args[0].toTensor(), nsp, a);
-  auto window = gather_window(plan, 0.0);
+  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  auto window = gather_window(plan, x);
   at::Tensor out;
-  if (plan.no_outputs()) {
-    out = at::zeros(plan.local_out_shape(), window.options());
+  if (plan.no_outputs) {
+    out = at::zeros(plan.local_out_shape, window.options());
   } else {
     auto w = low_precision(window) ? window.to(at::kFloat) : window;
     auto lp = local_padding(plan, a.p);
     auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1) : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1);
-    out = sum.div(avg_divisor(plan, a, sum.options())).to(window.scalar_type());
+    out = sum.div(divisor_of(plan, a, sum.options())).to(window.scalar_type());
   }
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, out));
+  torch::jit::push(*stack, wrap_out(plan, shard_impl(x)->spec()->mesh, out));
 }
 
 // avg_pool*d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 void avg_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
   auto a = avg_args(nsp, args, 2);
-  auto plan = plan_avg(op, stack, args[1].toTensor(), nsp, a);
-  auto g = grad_local(plan, args[0].toTensor());
+  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  auto g = grad_local(plan, args[0].toTensor(), spec->mesh);
   at::Tensor gi;
-  if (plan.no_outputs()) {
-    gi = at::zeros(plan.window_shape(), g.options());
+  if (plan.no_outputs) {
+    gi = at::zeros(plan.window_shape, g.options());
   } else {
     auto gf = low_precision(g) ? g.to(at::kFloat) : g;
-    gf = gf.div(avg_divisor(plan, a, gf.options()));
-    auto like = at::empty(plan.window_shape(), gf.options());
+    gf = gf.div(divisor_of(plan, a, gf.options()));
+    auto like = at::empty(plan.window_shape, gf.options());
     auto lp = local_padding(plan, a.p);
     gi = nsp == 2 ? at::avg_pool2d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1)
                   : at::avg_pool3d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1);
     gi = gi.to(g.scalar_type());
   }
-  gi = scatter_window(plan, gi);
+  gi = plan.halo.scatter_add(gi, *spec->mesh);
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+  torch::jit::push(*stack, make_shard_tensor(gi, spec));
 }
 
 // ---- adaptive pools -------------------------------------------------------------------------------------------
 
-PoolPlan plan_adaptive(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
-                       int64_t nsp, at::IntArrayRef out_size, bool allow_partial, const char* what) {
-  auto plan = begin_plan(op, stack, input, nsp, what);
-  TORCH_CHECK(static_cast<int64_t>(out_size.size()) == nsp, what, ": output_size must have ", nsp, " elements");
-  for (int64_t i = 0; i < nsp; ++i) {
-    TORCH_CHECK(out_size[i] >= 0, what, ": output size must be non-negative");
-    TORCH_CHECK(plan.sp[i].L > 0, what, ": input spatial sizes must be positive");
-    plan_adaptive_dim(plan.sp[i], *plan.mesh, out_size[i], allow_partial);
-  }
-  end_plan(plan);
-  return plan;
-}
-
-// Averaging matrix of one dim: (n, W), row j averages the window rows of cell o0 + j.
-at::Tensor avg_matrix(const SpDim& d, const at::TensorOptions& opts) {
-  auto m = at::zeros({d.n, d.W}, at::TensorOptions().dtype(at::kDouble));
-  auto acc = m.accessor<double, 2>();
-  for (int64_t j = 0; j < d.n; ++j) {
-    const auto o = d.o0 + j;
-    const auto s = d.partial ? 0 : ad_start(o, d.L, d.Lout) - d.ws;
-    const auto e = d.partial ? d.W : ad_end(o, d.L, d.Lout) - d.ws;
-    const auto len = d.partial ? d.L : e - s;
-    for (auto r = s; r < e; ++r) acc[j][r] = 1.0 / static_cast<double>(len);
-  }
-  return m.to(opts);
+PoolArgs adaptive_args(PoolKind kind, at::IntArrayRef out_size) {
+  PoolArgs a;
+  a.kind = kind;
+  a.out_size = out_size.vec();
+  return a;
 }
 
 // Apply `mat` (rows x cols) along tensor dim `dim` (size cols -> rows).
@@ -543,80 +581,74 @@ at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kF
 // _adaptive_avg_pool{2,3}d(self, output_size)
 void adaptive_avg_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
-  auto plan = plan_adaptive(op, stack, args[0].toTensor(), nsp, args[1].toDimVector(), true, "adaptive_avg_pool");
-  auto window = gather_window(plan, 0.0);
+  auto a = adaptive_args(PoolKind::AdaptiveAvg, args[1].toDimVector());
+  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  auto window = gather_window(plan, x);
   at::Tensor out;
-  if (plan.no_outputs()) {
-    out = at::zeros(plan.local_out_shape(), window.options());
+  if (plan.no_outputs) {
+    out = at::zeros(plan.local_out_shape, window.options());
   } else {
     auto y = acc_type(window);
-    for (const auto& d : plan.sp) y = apply_along(y, d.dim, avg_matrix(d, y.options()));
+    for (size_t i = 0; i < plan.sp.size(); ++i)
+      y = apply_along(y, plan.sp[i].dim, plan.avg_matrices[i].to(y.options()));
     out = y.to(window.scalar_type()).contiguous();
   }
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, out));
+  torch::jit::push(*stack, wrap_out(plan, shard_impl(x)->spec()->mesh, out));
 }
 
 // _adaptive_avg_pool{2,3}d_backward(grad_output, self)
 void adaptive_avg_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
   const auto& go = args[0].toTensor();
-  std::vector<int64_t> out_size(go.sizes().end() - nsp, go.sizes().end());
-  auto plan = plan_adaptive(op, stack, args[1].toTensor(), nsp, out_size, true, "adaptive_avg_pool");
-  auto g = grad_local(plan, go);
+  auto a = adaptive_args(PoolKind::AdaptiveAvg, std::vector<int64_t>(go.sizes().end() - nsp, go.sizes().end()));
+  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  auto g = grad_local(plan, go, spec->mesh);
   at::Tensor gi;
-  if (plan.no_outputs()) {
-    gi = at::zeros(plan.window_shape(), g.options());
+  if (plan.no_outputs) {
+    gi = at::zeros(plan.window_shape, g.options());
   } else {
     auto y = acc_type(g);
-    for (const auto& d : plan.sp) y = apply_along(y, d.dim, avg_matrix(d, y.options()).t());
+    for (size_t i = 0; i < plan.sp.size(); ++i)
+      y = apply_along(y, plan.sp[i].dim, plan.avg_matrices[i].to(y.options()).t());
     gi = y.to(g.scalar_type()).contiguous();
   }
-  gi = scatter_window(plan, gi);
+  gi = plan.halo.scatter_add(gi, *spec->mesh);
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+  torch::jit::push(*stack, make_shard_tensor(gi, spec));
 }
 
 // adaptive_max_pool{2,3}d(self, output_size) -> (values, global indices)
 void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
-  auto plan = plan_adaptive(op, stack, args[0].toTensor(), nsp, args[1].toDimVector(), false, "adaptive_max_pool");
-  auto window = gather_window(plan, 0.0);
+  auto a = adaptive_args(PoolKind::AdaptiveMax, args[1].toDimVector());
+  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+  const auto& plan = *planp;
+  const auto& mesh = shard_impl(x)->spec()->mesh;
+  auto window = gather_window(plan, x);
   at::Tensor out, idx;
   bool empty_local = false;
   for (const auto& d : plan.sp) empty_local = empty_local || (d.reduce && d.W == 0);
-  if (plan.no_outputs() || empty_local) {
+  if (plan.no_outputs || empty_local) {
     // No outputs, or nothing of a reduced dim here: -inf with a sentinel index that never wins a combine.
-    out = at::full(plan.local_out_shape(), empty_local ? -std::numeric_limits<double>::infinity() : 0.0, window.options());
-    idx = at::full(plan.local_out_shape(), empty_local ? std::numeric_limits<int64_t>::max() : 0,
+    out = at::full(plan.local_out_shape, empty_local ? -std::numeric_limits<double>::infinity() : 0.0, window.options());
+    idx = at::full(plan.local_out_shape, empty_local ? std::numeric_limits<int64_t>::max() : 0,
                    window.options().dtype(at::kLong));
   } else {
     const auto lead = window.dim() - nsp;
     auto lopts = at::TensorOptions().dtype(at::kLong).device(window.device());
     // Per dim: (n, K) window rows of each cell (padded with the cell's first row) and a validity mask.
-    std::vector<at::Tensor> rows, valid;
-    std::vector<int64_t> K;
+    const auto& rows = plan.cell_rows;
+    const auto& K = plan.cell_k;
     auto G = window;
     at::Tensor mask;
     for (int64_t i = 0; i < nsp; ++i) {
       const auto& d = plan.sp[i];
-      auto cell_start = [&](int64_t j) { return d.reduce ? 0 : ad_start(d.o0 + j, d.L, d.Lout) - d.ws; };
-      auto cell_end = [&](int64_t j) { return d.reduce ? d.W : ad_end(d.o0 + j, d.L, d.Lout) - d.ws; };
-      int64_t kmax = 1;
-      for (int64_t j = 0; j < d.n; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
-      std::vector<int64_t> r(d.n * kmax);
-      std::vector<uint8_t> v(d.n * kmax);
-      for (int64_t j = 0; j < d.n; ++j) {
-        const auto s = cell_start(j), e = cell_end(j);
-        for (int64_t q = 0; q < kmax; ++q) {
-          r[j * kmax + q] = s + q < e ? s + q : s;
-          v[j * kmax + q] = s + q < e;
-        }
-      }
-      auto rt = at::tensor(r, lopts).view({d.n, kmax});
-      auto vt = at::tensor(std::vector<int64_t>(v.begin(), v.end()), lopts).to(at::kBool).view({d.n, kmax});
-      rows.push_back(rt);
-      K.push_back(kmax);
+      const auto& rt = rows[i];
+      const auto& vt = plan.cell_valid[i];
+      const auto kmax = K[i];
       // G: lead + (n_0, K_0, ..., n_{i-1}, K_{i-1}, W_i, ...) -> split dim lead + 2i
       const auto gd = lead + 2 * i;
       auto sizes = G.sizes().vec();
@@ -659,13 +691,13 @@ void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
   }
   // Reduced dims (size 1): every rank's (value, global index) along the mesh dim; the largest value wins, ties
   // (and NaN, which wins) go to the smallest global index, the first in row-major order as on one device.
-  for (int64_t m = 0; m < plan.mesh->ndim(); ++m) {
+  for (int64_t m = 0; m < mesh->ndim(); ++m) {
     for (const auto& d : plan.sp) {
       if (!d.reduce || d.mesh_dim != m) continue;
-      const auto n = plan.mesh->size(m);
+      const auto n = mesh->size(m);
       std::vector<int64_t> ones(n, 1);
-      auto vals = comm::all_gather_v(out.unsqueeze(0), 0, ones, *plan.mesh, m);
-      auto idxs = comm::all_gather_v(idx.unsqueeze(0), 0, ones, *plan.mesh, m);
+      auto vals = comm::all_gather_v(out.unsqueeze(0), 0, ones, *mesh, m);
+      auto idxs = comm::all_gather_v(idx.unsqueeze(0), 0, ones, *mesh, m);
       auto mx = std::get<0>(vals.max(0));
       auto cand = vals.eq(mx.unsqueeze(0)).logical_or(vals.isnan());
       idx = std::get<0>(at::where(cand, idxs, std::numeric_limits<int64_t>::max()).min(0));
@@ -673,8 +705,8 @@ void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
     }
   }
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, out));
-  torch::jit::push(*stack, wrap_out(plan, idx));
+  torch::jit::push(*stack, wrap_out(plan, mesh, out));
+  torch::jit::push(*stack, wrap_out(plan, mesh, idx));
 }
 
 // adaptive_max_pool{2,3}d_backward(grad_output, self, indices)
@@ -682,13 +714,15 @@ void adaptive_max_backward_handler(int64_t nsp, const c10::OperatorHandle& op, t
   auto args = op_args(op, stack);
   const auto& go = args[0].toTensor();
   std::vector<int64_t> out_size(go.sizes().end() - nsp, go.sizes().end());
-  auto plan = plan_adaptive(op, stack, args[1].toTensor(), nsp, out_size, false, "adaptive_max_pool");
-  auto g = grad_local(plan, go);
-  auto idx = local_aligned(dispatch::as_shard(args[2].toTensor(), plan.mesh), plan.mesh, plan.out_shape,
-                           plan.out_placements, plan.out_ext);
-  auto gi = max_backward_common(plan, g, idx);
+  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, adaptive_args(PoolKind::AdaptiveMax, out_size));
+  const auto& plan = *planp;
+  const auto& mesh = spec->mesh;
+  auto g = grad_local(plan, go, mesh);
+  auto idx = local_aligned(dispatch::as_shard(args[2].toTensor(), mesh), mesh, plan.out_shape, plan.out_placements,
+                           plan.out_ext);
+  auto gi = max_backward_common(plan, g, idx, *mesh);
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, plan.spec));
+  torch::jit::push(*stack, make_shard_tensor(gi, spec));
 }
 
 // max_pool1d is composite-implicit, but on CPU without autograd it runs a kernel that reads the storage directly:

@@ -1,0 +1,585 @@
+#include "comm/halo_plan.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+namespace shardtensor::comm {
+
+// ---- padding ----------------------------------------------------------------------------------------------------
+
+int64_t padded_index(int64_t pos, int64_t L, PadMode mode) {
+  if (pos >= 0 && pos < L) return pos;
+  switch (mode) {
+    case PadMode::None:
+      TORCH_INTERNAL_ASSERT(false, "halo plan: window position ", pos, " outside a dim of size ", L,
+                            " without a padding mode");
+      return -1;
+    case PadMode::Zeros:
+    case PadMode::Constant:
+    case PadMode::NegInf: return -1;
+    case PadMode::Replicate: return L == 0 ? -1 : (pos < 0 ? 0 : L - 1);
+    case PadMode::Circular: return L == 0 ? -1 : ((pos % L) + L) % L;
+    case PadMode::Reflect: {
+      if (L == 0) return -1;
+      if (L == 1) return 0;
+      const auto period = 2 * (L - 1);  // the edge row is not repeated
+      const auto q = ((pos % period) + period) % period;
+      return q < L ? q : period - q;
+    }
+  }
+  return -1;
+}
+
+double fill_value(PadMode mode, double constant) {
+  switch (mode) {
+    case PadMode::Constant: return constant;
+    case PadMode::NegInf: return -std::numeric_limits<double>::infinity();
+    default: return 0.0;
+  }
+}
+
+// ---- the window partition rule ------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& extents) {
+  std::vector<int64_t> off(extents.size() + 1, 0);
+  for (size_t i = 0; i < extents.size(); ++i) off[i + 1] = off[i] + extents[i];
+  return off;
+}
+
+int64_t div_floor(int64_t a, int64_t b) {
+  auto q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+} // namespace
+
+int64_t WindowPartition::out_begin(int64_t coord) const {
+  int64_t b = 0;
+  for (int64_t c = 0; c < coord; ++c) b += out_extents[c];
+  return b;
+}
+
+int64_t conv_output_size(int64_t L, const SlidingWindow& w) {
+  return std::max<int64_t>((L + 2 * w.padding - w.span()) / w.stride + 1, 0);
+}
+
+int64_t pool_output_size(int64_t L, const SlidingWindow& w) {
+  const auto s = w.stride;
+  auto out = div_floor(L + 2 * w.padding - w.span() + (w.ceil_mode ? s - 1 : 0), s) + 1;
+  if (w.ceil_mode && (out - 1) * s >= L + w.padding) --out;
+  return out;
+}
+
+int64_t first_output_centred_at(int64_t a, const SlidingWindow& w) {
+  const int64_t num = a + w.padding - (w.span() - 1) / 2;
+  const auto s = w.stride;
+  return num >= 0 ? (num + s - 1) / s : -((-num) / s);
+}
+
+WindowPartition sliding_window_partition(const std::vector<int64_t>& in_extents, int64_t L, int64_t out_size,
+                                         const SlidingWindow& w, PadMode mode) {
+  const auto n = static_cast<int64_t>(in_extents.size());
+  out_size = std::max<int64_t>(out_size, 0);
+  std::vector<int64_t> bounds(n + 1, 0);
+  bounds[n] = out_size;
+  int64_t a = 0;
+  for (int64_t c = 1; c < n; ++c) {
+    a += in_extents[c - 1];
+    bounds[c] = std::clamp<int64_t>(first_output_centred_at(a, w), bounds[c - 1], out_size);
+  }
+  WindowPartition part;
+  for (int64_t c = 0; c < n; ++c) {
+    part.out_extents.push_back(bounds[c + 1] - bounds[c]);
+    std::vector<int64_t> rows;
+    if (bounds[c + 1] > bounds[c]) {
+      const auto start = bounds[c] * w.stride - w.padding;
+      const auto end = (bounds[c + 1] - 1) * w.stride - w.padding + w.span();
+      for (auto pos = start; pos < end; ++pos) rows.push_back(padded_index(pos, L, mode));
+    }
+    part.want.push_back(std::move(rows));
+  }
+  return part;
+}
+
+WindowPartition transposed_window_partition(const std::vector<int64_t>& in_extents, int64_t L, const SlidingWindow& w,
+                                            int64_t output_padding) {
+  const auto s = w.stride, p = w.padding;
+  const auto lout = (L - 1) * s - 2 * p + w.span() + output_padding;
+  WindowPartition part;
+  part.out_extents = default_split(lout, static_cast<int64_t>(in_extents.size()));
+  int64_t a = 0;
+  for (auto e : in_extents) {
+    std::vector<int64_t> rows;
+    const auto width = e > 0 ? (e - 1) * s + w.span() : 0;
+    for (int64_t u = 0; u < width; ++u) {
+      const auto j = a * s - p + u;
+      rows.push_back(j >= 0 && j < lout ? j : -1);
+    }
+    part.want.push_back(std::move(rows));
+    a += e;
+  }
+  return part;
+}
+
+WindowPartition padding_partition(const std::vector<int64_t>& in_extents, int64_t L, int64_t left, int64_t right,
+                                  PadMode mode) {
+  const auto n = static_cast<int64_t>(in_extents.size());
+  const auto lout = L + left + right;
+  const auto off = offsets_of(in_extents);
+  WindowPartition part{std::vector<int64_t>(n, 0), RowRequests(n)};
+  // The owner of output position o: the coordinate holding source row o - left; pads before the first row go to
+  // the first coordinate holding rows, pads after the last row to the last one (the first / last coordinate when
+  // none holds any).
+  auto owner = [&](int64_t src) {
+    if (src < 0) {
+      for (int64_t c = 0; c < n; ++c)
+        if (in_extents[c] > 0 || c == n - 1) return c;
+    }
+    for (int64_t c = 0; c < n; ++c)
+      if (src >= off[c] && src < off[c + 1]) return c;
+    for (int64_t c = n - 1; c >= 0; --c)
+      if (in_extents[c] > 0 || c == 0) return c;
+    return n - 1;
+  };
+  for (int64_t o = 0; o < lout; ++o) {
+    const auto src = o - left;
+    const auto c = owner(src);
+    part.out_extents[c] += 1;
+    part.want[c].push_back(padded_index(src, L, mode));
+  }
+  return part;
+}
+
+WindowPartition primary_row_partition(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& primary,
+                                      const std::vector<int64_t>& first, const std::vector<int64_t>& last) {
+  const auto n = static_cast<int64_t>(in_extents.size());
+  const auto out_size = static_cast<int64_t>(primary.size());
+  std::vector<int64_t> bounds(n + 1, 0);
+  bounds[n] = out_size;
+  int64_t off = 0, o = 0;
+  for (int64_t c = 1; c < n; ++c) {
+    off += in_extents[c - 1];
+    while (o < out_size && primary[o] < off) ++o;
+    bounds[c] = o;
+  }
+  WindowPartition part;
+  for (int64_t c = 0; c < n; ++c) {
+    part.out_extents.push_back(bounds[c + 1] - bounds[c]);
+    int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
+    for (auto q = bounds[c]; q < bounds[c + 1]; ++q) {
+      lo = std::min(lo, first[q]);
+      hi = std::max(hi, last[q]);
+    }
+    std::vector<int64_t> rows;
+    for (auto r = lo; r <= hi; ++r) rows.push_back(r);
+    part.want.push_back(std::move(rows));
+  }
+  return part;
+}
+
+// ---- the exchange -----------------------------------------------------------------------------------------------
+
+namespace {
+
+bool consecutive(const std::vector<int64_t>& v) {
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] != v[i - 1] + 1) return false;
+  return true;
+}
+
+std::vector<int64_t> shape_with(at::IntArrayRef shape, int64_t dim, int64_t n) {
+  auto s = shape.vec();
+  s[dim] = n;
+  return s;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+at::Tensor on_device(const at::Tensor& index, const at::Tensor& like) {
+  return index.device() == like.device() ? index : index.to(like.device());
+}
+
+} // namespace
+
+HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device) {
+  RowMap m;
+  m.run = consecutive(pos) && consecutive(rows);
+  // Built once per plan: the exchange itself copies no indices from the host. On the CPU runs need none (narrow);
+  // CUDA tensors always go through the halo kernels (strided slabs packed in one launch).
+  if (!pos.empty() && (!m.run || device.is_cuda())) {
+    const auto opts = at::TensorOptions().dtype(at::kLong);
+    m.pos_t = at::tensor(pos, opts).to(device);
+    m.rows_t = at::tensor(rows, opts).to(device);
+  }
+  m.pos = std::move(pos);
+  m.rows = std::move(rows);
+  return m;
+}
+
+HaloPlan::HaloPlan(const std::vector<HaloDim>& dims, const std::vector<int64_t>& coordinates, c10::Device device,
+                   double fill)
+    : fill_(fill) {
+  for (const auto& d : dims) {
+    Step s;
+    s.geometry = d;
+    const auto n = static_cast<int64_t>(d.extents.size());
+    TORCH_INTERNAL_ASSERT(n >= 1 && static_cast<int64_t>(d.want.size()) == n, "halo plan: one request list per coordinate");
+    s.me = d.mesh_dim < 0 ? 0 : coordinates.at(d.mesh_dim);
+    const auto off = offsets_of(d.extents);
+    for (const auto& w : d.want)
+      for (auto g : w) TORCH_INTERNAL_ASSERT(g >= -1 && g < off[n], "halo plan: row ", g, " outside [0, ", off[n], ")");
+    // Positions in want[r] that coordinate o owns, and o's local row of each.
+    auto owned = [&](int64_t r, int64_t o, std::vector<int64_t>& pos, std::vector<int64_t>& rows) {
+      for (size_t p = 0; p < d.want[r].size(); ++p) {
+        const auto g = d.want[r][p];
+        if (g >= off[o] && g < off[o + 1]) {
+          pos.push_back(static_cast<int64_t>(p));
+          rows.push_back(g - off[o]);
+        }
+      }
+    };
+    for (int64_t r = 0; r < n && !s.exchange; ++r)
+      for (auto g : d.want[r])
+        if (g >= 0 && (g < off[r] || g >= off[r + 1])) {
+          s.exchange = true;
+          break;
+        }
+    const auto& mine = d.want[s.me];
+    s.window_rows = static_cast<int64_t>(mine.size());
+    s.own_extent = d.extents[s.me];
+    s.filled = std::find(mine.begin(), mine.end(), -1) != mine.end();
+    {
+      std::vector<int64_t> pos, rows;
+      owned(s.me, s.me, pos, rows);
+      s.own = row_map(std::move(pos), std::move(rows), device);
+    }
+    s.to.resize(n);
+    s.from.resize(n);
+    if (s.exchange) {
+      for (int64_t r = 0; r < n; ++r) {
+        if (r == s.me) continue;
+        std::vector<int64_t> pos, rows;
+        owned(r, s.me, pos, rows);
+        s.to[r] = row_map(std::move(pos), std::move(rows), device);
+        std::vector<int64_t> pos2, rows2;
+        owned(s.me, r, pos2, rows2);
+        s.from[r] = row_map(std::move(pos2), std::move(rows2), device);
+      }
+    }
+    steps_.push_back(std::move(s));
+  }
+}
+
+at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
+  const auto& s = steps_.at(i);
+  const auto dim = s.geometry.dim;
+  TORCH_INTERNAL_ASSERT(local.size(dim) == s.own_extent, "halo plan: the local tensor has ", local.size(dim),
+                        " rows along dim ", dim, ", the plan ", s.own_extent);
+  auto shape = shape_with(local.sizes(), dim, s.window_rows);
+  // Every position is written below unless it is filled or comes from a peer.
+  auto window = s.filled ? at::full(shape, fill_, local.options()) : at::empty(shape, local.options());
+  const auto& o = s.own;
+  if (o.size() == 0) return window;
+  if (o.run) {
+    window.narrow(dim, o.pos[0], o.size()).copy_(local.narrow(dim, o.rows[0], o.size()));
+  } else {
+    window.index_copy_(dim, on_device(o.pos_t, window), local.index_select(dim, on_device(o.rows_t, local)));
+  }
+  return window;
+}
+
+std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
+                                         bool by_rows) {
+  std::vector<at::Tensor> out;
+  for (const auto& m : maps) {
+    const auto& index = by_rows ? m.rows : m.pos;
+    if (m.size() == 0) out.push_back(t.narrow(dim, 0, 0));
+    else if (m.run && (!t.is_cuda() || !m.rows_t.defined())) out.push_back(t.narrow(dim, index[0], m.size()));
+    else out.push_back(pack_rows(t, dim, on_device(by_rows ? m.rows_t : m.pos_t, t)));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> HaloPlan::sends(size_t i, const at::Tensor& local) const {
+  const auto& s = steps_.at(i);
+  return pieces(local, s.geometry.dim, s.to, true);
+}
+
+void HaloPlan::receive(size_t i, at::Tensor& window, const std::vector<at::Tensor>& pieces) const {
+  const auto& s = steps_.at(i);
+  const auto dim = s.geometry.dim;
+  for (size_t r = 0; r < s.from.size(); ++r) {
+    const auto& f = s.from[r];
+    if (f.size() == 0) continue;
+    if (f.run) window.narrow(dim, f.pos[0], f.size()).copy_(pieces[r]);
+    else window.index_copy_(dim, on_device(f.pos_t, window), pieces[r]);
+  }
+}
+
+at::Tensor HaloPlan::own_sum(size_t i, const at::Tensor& window) const {
+  const auto& s = steps_.at(i);
+  const auto dim = s.geometry.dim;
+  TORCH_INTERNAL_ASSERT(window.size(dim) == s.window_rows, "halo plan: the window has ", window.size(dim),
+                        " rows along dim ", dim, ", the plan ", s.window_rows);
+  auto out = at::zeros(shape_with(window.sizes(), dim, s.own_extent), window.options());
+  const auto& o = s.own;
+  if (o.size() == 0) return out;
+  if (o.run) {
+    out.narrow(dim, o.rows[0], o.size()).add_(window.narrow(dim, o.pos[0], o.size()));
+  } else {
+    // Rows may repeat (reflect / replicate padding of an unsharded dim): index_add_ sums them.
+    out.index_add_(dim, on_device(o.rows_t, out), window.index_select(dim, on_device(o.pos_t, window)));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> HaloPlan::returns(size_t i, const at::Tensor& window) const {
+  const auto& s = steps_.at(i);
+  return pieces(window, s.geometry.dim, s.from, false);
+}
+
+void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tensor>& pieces) const {
+  const auto& s = steps_.at(i);
+  const auto dim = s.geometry.dim;
+  for (size_t r = 0; r < s.to.size(); ++r) {
+    const auto& t = s.to[r];
+    if (t.size() == 0) continue;
+    if (t.run && (!out.is_cuda() || !t.rows_t.defined())) out.narrow(dim, t.rows[0], t.size()).add_(pieces[r]);
+    else add_rows_into(out, dim, on_device(t.rows_t, out), pieces[r]);  // rows may repeat (reflect padding)
+  }
+}
+
+std::vector<int64_t> HaloPlan::recv_numels(size_t i, at::IntArrayRef window_shape) const {
+  const auto& s = steps_.at(i);
+  std::vector<int64_t> out;
+  for (const auto& f : s.from) out.push_back(numel_of(shape_with(window_shape, s.geometry.dim, f.size())));
+  return out;
+}
+
+PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
+  PendingHalo p;
+  if (steps_.empty()) {
+    p.window = local;
+    return p;
+  }
+  const auto& s = steps_[0];
+  p.window = own_window(0, local);
+  if (!s.exchange) return p;
+  // Own rows never travel: they are in the window already; only halo rows are exchanged.
+  p.exchange = all_to_all_flat_start(sends(0, local), recv_numels(0, p.window.sizes()), local.options(), mesh,
+                                     s.geometry.mesh_dim);
+  p.posted = true;
+  return p;
+}
+
+at::Tensor HaloPlan::finish(PendingHalo& p, const Mesh& mesh) const {
+  if (steps_.empty()) return p.window;
+  if (p.posted) {
+    const auto& s = steps_[0];
+    auto chunks = finish_all_to_all(p.exchange);
+    p.posted = false;
+    std::vector<at::Tensor> pieces;
+    for (size_t r = 0; r < chunks.size(); ++r)
+      pieces.push_back(chunks[r].view(shape_with(p.window.sizes(), s.geometry.dim, s.from[r].size())));
+    receive(0, p.window, pieces);
+  }
+  auto x = p.window;
+  for (size_t i = 1; i < steps_.size(); ++i) x = gather_step(i, x, mesh);
+  return x;
+}
+
+at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const {
+  const auto& s = steps_[i];
+  auto window = own_window(i, local);
+  if (!s.exchange) return window;
+  auto chunks = all_to_all_flat(sends(i, local), recv_numels(i, window.sizes()), local.options(), mesh,
+                                s.geometry.mesh_dim);
+  std::vector<at::Tensor> pieces;
+  for (size_t r = 0; r < chunks.size(); ++r)
+    pieces.push_back(chunks[r].view(shape_with(window.sizes(), s.geometry.dim, s.from[r].size())));
+  receive(i, window, pieces);
+  return window;
+}
+
+at::Tensor HaloPlan::gather(const at::Tensor& local, const Mesh& mesh) const {
+  auto x = local;
+  for (size_t i = 0; i < steps_.size(); ++i) x = gather_step(i, x, mesh);
+  return x;
+}
+
+at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh) const {
+  auto g = window;
+  for (size_t k = steps_.size(); k-- > 0;) {
+    const auto& s = steps_[k];
+    auto out = own_sum(k, g);
+    if (s.exchange) {
+      // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers.
+      std::vector<int64_t> numels;
+      for (const auto& t : s.to) numels.push_back(numel_of(shape_with(g.sizes(), s.geometry.dim, t.size())));
+      auto chunks = all_to_all_flat(returns(k, g), numels, g.options(), mesh, s.geometry.mesh_dim);
+      std::vector<at::Tensor> pieces;
+      for (size_t r = 0; r < chunks.size(); ++r)
+        pieces.push_back(chunks[r].view(shape_with(g.sizes(), s.geometry.dim, s.to[r].size())));
+      add_returns(k, out, pieces);
+    }
+    g = out;
+  }
+  return g;
+}
+
+// ---- plan caching -----------------------------------------------------------------------------------------------
+
+PlanKey& PlanKey::add_ints(at::IntArrayRef v) {
+  v_.push_back(static_cast<int64_t>(v.size()));
+  v_.insert(v_.end(), v.begin(), v.end());
+  return *this;
+}
+
+PlanKey& PlanKey::add_double(double v) {
+  int64_t bits;
+  static_assert(sizeof(bits) == sizeof(v));
+  std::memcpy(&bits, &v, sizeof(v));
+  v_.push_back(bits);
+  return *this;
+}
+
+PlanKey& PlanKey::add_spec(const ShardSpec& spec) {
+  add_ints(spec.mesh->shape());
+  add_ints(spec.mesh->coordinates());
+  for (const auto& p : spec.placements) {
+    add(static_cast<int64_t>(p.kind));
+    add(p.is_shard() ? p.dim : p.is_partial() ? static_cast<int64_t>(p.op) : -1);
+  }
+  add_ints(spec.global_shape);
+  for (const auto& e : spec.extents) add_ints(e);
+  return *this;
+}
+
+PlanKey& PlanKey::add_device(c10::Device device) {
+  add(static_cast<int64_t>(device.type()));
+  add(static_cast<int64_t>(device.index()));
+  return *this;
+}
+
+size_t PlanKey::hash() const {
+  size_t h = 1469598103934665603ull;
+  for (auto x : v_) h = (h ^ std::hash<int64_t>{}(x)) * 1099511628211ull;
+  return h;
+}
+
+namespace {
+
+// A plan's key and type: plans of different types never share an entry.
+struct StoreKey {
+  PlanKey key;
+  std::type_index type;
+  bool operator==(const StoreKey& o) const { return type == o.type && key == o.key; }
+};
+
+struct StoreKeyHash {
+  size_t operator()(const StoreKey& k) const { return k.key.hash() ^ (k.type.hash_code() * 31); }
+};
+
+// Least-recently-used order in a list; the map points into it.
+class PlanStore {
+ public:
+  std::shared_ptr<const void> find(const StoreKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+      ++misses_;
+      return nullptr;
+    }
+    lru_.splice(lru_.begin(), lru_, it->second);
+    ++hits_;
+    return it->second->plan;
+  }
+
+  void store(const StoreKey& key, std::shared_ptr<const void> plan) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {  // built twice concurrently: keep one
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return;
+    }
+    lru_.push_front(Entry{key, std::move(plan)});
+    index_.emplace(key, lru_.begin());
+    while (lru_.size() > capacity_) {
+      index_.erase(lru_.back().key);
+      lru_.pop_back();
+    }
+  }
+
+  PlanCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {hits_, misses_, static_cast<int64_t>(lru_.size()), static_cast<int64_t>(capacity_)};
+  }
+
+  void reset_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hits_ = misses_ = 0;
+  }
+
+  void reset(size_t capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.clear();
+    lru_.clear();
+    capacity_ = std::max<size_t>(capacity, 1);
+  }
+
+ private:
+  struct Entry {
+    StoreKey key;
+    std::shared_ptr<const void> plan;
+  };
+  std::mutex mu_;
+  std::list<Entry> lru_;
+  std::unordered_map<StoreKey, std::list<Entry>::iterator, StoreKeyHash> index_;
+  // Plans are small (index lists and index tensors); a model has a few dozen distinct layer geometries.
+  size_t capacity_ = 1024;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
+// Never destroyed: plans may hold CUDA index tensors, which must not be freed after CUDA shuts down at exit.
+PlanStore& store() {
+  static auto* s = new PlanStore();
+  return *s;
+}
+
+} // namespace
+
+namespace detail {
+std::shared_ptr<const void> find_plan(const PlanKey& key, std::type_index type) {
+  return store().find(StoreKey{key, type});
+}
+void store_plan(const PlanKey& key, std::type_index type, std::shared_ptr<const void> plan) {
+  store().store(StoreKey{key, type}, std::move(plan));
+}
+} // namespace detail
+
+PlanCacheStats plan_cache_stats() {
+  return store().stats();
+}
+
+void reset_plan_cache_stats() {
+  store().reset_stats();
+}
+
+void set_plan_cache_capacity(size_t capacity) {
+  store().reset(capacity);
+}
+
+} // namespace shardtensor::comm

@@ -1,0 +1,236 @@
+// The halo planner: one place that decides, from specs alone, which outputs a rank owns along a sharded dim and
+// which input rows its windows read (the window partition), and that moves those rows (HaloPlan). Convolutions,
+// pooling, padding, interpolation and neighbourhood attention build their plans here.
+//
+// Plans are pure functions of the layout (spec contents, this rank's mesh coordinates) and the window
+// parameters: the same on every rank's view, computed without communication, so every rank issues the same
+// collectives. They are cached (PlanCache) and reused by the backward; their index tensors live on the tensors'
+// device, built once per plan, so an exchange copies no indices from the host.
+#pragma once
+
+#include "comm/collectives.h"
+#include "comm/halo.h"
+
+#include <shardtensor/mesh.h>
+#include <shardtensor/spec.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <typeindex>
+#include <vector>
+
+namespace shardtensor::comm {
+
+// ---- padding ----------------------------------------------------------------------------------------------------
+
+// What a window position outside [0, L) reads.
+enum class PadMode : int8_t {
+  None,       // windows never leave the tensor (adaptive pooling, interpolation, neighbourhood attention)
+  Zeros,      // a zero row (convolution, average pooling, constant padding with 0)
+  Constant,   // a row of a given value (constant padding)
+  NegInf,     // a row of -inf (max pooling: never selected)
+  Reflect,    // mirrored about the edge row, which is not repeated (torch's reflect)
+  Replicate,  // the edge row repeated
+  Circular,   // wrapped around
+};
+
+// Global row of window position `pos` along a dim of size `L`: `pos` itself inside, the mirrored / repeated /
+// wrapped row for Reflect / Replicate / Circular, -1 (a filled row) for the fill modes.
+int64_t padded_index(int64_t pos, int64_t L, PadMode mode);
+
+// The value of filled (-1) rows: 0, `constant`, -inf.
+double fill_value(PadMode mode, double constant = 0.0);
+
+// ---- the window partition rule ------------------------------------------------------------------------------------
+
+// Along one sharded dim: the outputs every coordinate owns (consecutive ranges tiling [0, out_size) in
+// coordinate order) and the input rows its outputs read, in window order (-1: a filled row).
+struct WindowPartition {
+  std::vector<int64_t> out_extents;
+  RowRequests want;
+
+  int64_t out_begin(int64_t coord) const;
+};
+
+// A sliding window: output o reads input positions o*stride - padding + j*dilation, j < kernel.
+struct SlidingWindow {
+  int64_t kernel = 1, stride = 1, padding = 0, dilation = 1;
+  bool ceil_mode = false;  // pooling only
+
+  int64_t span() const { return dilation * (kernel - 1) + 1; }
+};
+
+// Output sizes: convolution (floor, at least 0) and PyTorch's pooling_output_shape (ceil_mode's last window must
+// start inside the input or the left padding).
+int64_t conv_output_size(int64_t L, const SlidingWindow& w);
+int64_t pool_output_size(int64_t L, const SlidingWindow& w);
+
+// Centre ownership: the first output whose window centre (o*s - p + (span-1)/2) lies at or after input row `a`.
+// A coordinate owns the outputs centred in its rows, which keeps 'same'-padded stride-1 outputs on exactly the
+// input extents (no shard drift through a stack of layers) and halves them for stride 2.
+int64_t first_output_centred_at(int64_t a, const SlidingWindow& w);
+
+// Convolution and pooling along a sharded dim of size L (out_size from the op's rule): centre ownership, each
+// coordinate reading the rows of its outputs' windows (any distance: shards narrower than the halo ask further
+// away) with positions outside the input mapped by `mode`.
+WindowPartition sliding_window_partition(const std::vector<int64_t>& in_extents, int64_t L, int64_t out_size,
+                                         const SlidingWindow& w, PadMode mode);
+
+// Transposed convolution (the adjoint): each coordinate's local transposed kernel on its own inputs produces the
+// output positions a*s - p ... (a its first input row); `out_extents` is the default split of the output and
+// `want[c]` names the output rows coordinate c produces (-1: cropped by the padding), which go to their owners.
+WindowPartition transposed_window_partition(const std::vector<int64_t>& in_extents, int64_t L, const SlidingWindow& w,
+                                            int64_t output_padding);
+
+// Padding by (left, right) (negative: crop) along a sharded dim: output o reads row o - left mapped by `mode`
+// and belongs to the coordinate owning that row (pads go to the edge coordinates that hold rows), so constant
+// padding moves nothing and the other modes only the mirrored rows.
+WindowPartition padding_partition(const std::vector<int64_t>& in_extents, int64_t L, int64_t left, int64_t right,
+                                  PadMode mode);
+
+// Outputs that follow a primary input row (adaptive pooling, interpolation): output o belongs to the coordinate
+// owning row primary[o] (non-decreasing in o) and reads rows [first[o], last[o]]; a coordinate's window is the
+// contiguous range of rows its outputs read.
+WindowPartition primary_row_partition(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& primary,
+                                      const std::vector<int64_t>& first, const std::vector<int64_t>& last);
+
+// ---- the exchange -----------------------------------------------------------------------------------------------
+
+// One dim of a halo plan: the rows of tensor dim `dim` every coordinate's window holds (`want`), the dim split
+// along mesh dim `mesh_dim` with `extents`. mesh_dim -1: an unsharded dim (extents {L}), gathered locally (the
+// padding of a dim no mesh dim shards).
+struct HaloDim {
+  int64_t dim = 0;
+  int64_t mesh_dim = -1;
+  std::vector<int64_t> extents;
+  RowRequests want;
+};
+
+struct PendingHalo {
+  at::Tensor window;
+  PendingAllToAll exchange;
+  bool posted = false;
+};
+
+// Gather (forward), start/finish (the same, with compute in between), scatter_add (backward) over one or more dims,
+// in order: the second dim's exchange moves rows that already hold the first dim's halo, so the corners of 2-D
+// meshes come along. When no coordinate needs another's rows along a dim (a decision every rank makes alike from
+// the plan) that dim issues no collective.
+class HaloPlan {
+ public:
+  HaloPlan() = default;
+  // `coordinates`: this rank's mesh coordinates; index tensors are built on `device`; -1 rows read `fill`.
+  HaloPlan(const std::vector<HaloDim>& dims, const std::vector<int64_t>& coordinates, c10::Device device,
+           double fill = 0.0);
+
+  bool empty() const { return steps_.empty(); }
+  size_t size() const { return steps_.size(); }
+  const HaloDim& dim(size_t i) const { return steps_.at(i).geometry; }
+  // This rank's window length along dim i.
+  int64_t window_rows(size_t i) const { return steps_.at(i).window_rows; }
+
+  // This rank's window of `local` (a fresh tensor; `local` itself for an empty plan).
+  at::Tensor gather(const at::Tensor& local, const Mesh& mesh) const;
+  // gather in two steps: start places the own rows and posts the first dim's exchange; finish completes it and
+  // gathers the remaining dims. Every rank must call both (start's post is in the collective order).
+  PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;
+  at::Tensor finish(PendingHalo& pending, const Mesh& mesh) const;
+  // The adjoint of gather: window rows go home (dims in reverse order) and are summed into the local tensor.
+  at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh) const;
+
+  // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
+  // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.
+  bool exchanges(size_t i) const { return steps_.at(i).exchange; }
+  at::Tensor own_window(size_t i, const at::Tensor& local) const;                  // own rows placed, -1 rows filled
+  std::vector<at::Tensor> sends(size_t i, const at::Tensor& local) const;          // the rows each peer's window names
+  void receive(size_t i, at::Tensor& window, const std::vector<at::Tensor>& pieces) const;
+  at::Tensor own_sum(size_t i, const at::Tensor& window) const;                    // adjoint of own_window
+  std::vector<at::Tensor> returns(size_t i, const at::Tensor& window) const;       // window rows each peer owns
+  void add_returns(size_t i, at::Tensor& out, const std::vector<at::Tensor>& pieces) const;
+
+ private:
+  // Window positions and the rows of a tensor they correspond to, with both as index tensors on the plan's device
+  // (unless they are consecutive runs, which need none).
+  struct RowMap {
+    std::vector<int64_t> pos, rows;
+    at::Tensor pos_t, rows_t;
+    bool run = true;
+    int64_t size() const { return static_cast<int64_t>(pos.size()); }
+  };
+  struct Step {
+    HaloDim geometry;
+    int64_t me = 0;
+    int64_t window_rows = 0, own_extent = 0;
+    bool exchange = false;   // some coordinate needs rows of another one
+    bool filled = false;     // this rank's window has -1 rows
+    RowMap own;              // my window positions <- my local rows
+    std::vector<RowMap> to;  // [peer] rows: my local rows that peer's window names (its order)
+    std::vector<RowMap> from;  // [peer] pos: my window positions that peer owns
+  };
+  static RowMap row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device);
+  // Per map, the slices of `t` along `dim` at its rows (by_rows) or its window positions, packed for a collective.
+  static std::vector<at::Tensor> pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
+                                        bool by_rows);
+  at::Tensor gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const;
+  std::vector<int64_t> recv_numels(size_t i, at::IntArrayRef window_shape) const;
+
+  std::vector<Step> steps_;
+  double fill_ = 0.0;
+};
+
+// ---- plan caching -----------------------------------------------------------------------------------------------
+
+// What a plan depends on, flattened to integers: the key of the plan cache.
+class PlanKey {
+ public:
+  PlanKey& add(int64_t v) {
+    v_.push_back(v);
+    return *this;
+  }
+  PlanKey& add_ints(at::IntArrayRef v);
+  PlanKey& add_double(double v);
+  // Placements, global shape, extents, the mesh's shape and this rank's coordinates (a plan holds this rank's
+  // part of the exchange; meshes of the same shape share plans, which never hold a mesh).
+  PlanKey& add_spec(const ShardSpec& spec);
+  PlanKey& add_device(c10::Device device);
+
+  bool operator==(const PlanKey& other) const { return v_ == other.v_; }
+  size_t hash() const;
+
+ private:
+  std::vector<int64_t> v_;
+};
+
+struct PlanCacheStats {
+  int64_t hits = 0, misses = 0, size = 0, capacity = 0;
+};
+
+// A bounded, least-recently-used cache of immutable plans of any type, shared by the ops. `make` runs on a miss
+// (outside the lock; a build that throws caches nothing). Plans must not hold tensors' data or meshes (a cached
+// plan would keep a process group alive): layouts, index lists, and index tensors on the device.
+template <typename Plan>
+std::shared_ptr<const Plan> cached_plan(const PlanKey& key, const std::function<Plan()>& make);
+
+PlanCacheStats plan_cache_stats();
+void reset_plan_cache_stats();
+// Drops every plan; sets the capacity (tests).
+void set_plan_cache_capacity(size_t capacity);
+
+namespace detail {
+std::shared_ptr<const void> find_plan(const PlanKey& key, std::type_index type);
+void store_plan(const PlanKey& key, std::type_index type, std::shared_ptr<const void> plan);
+} // namespace detail
+
+template <typename Plan>
+std::shared_ptr<const Plan> cached_plan(const PlanKey& key, const std::function<Plan()>& make) {
+  const std::type_index type(typeid(Plan));
+  if (auto hit = detail::find_plan(key, type)) return std::static_pointer_cast<const Plan>(hit);
+  auto plan = std::make_shared<const Plan>(make());
+  detail::store_plan(key, type, plan);
+  return plan;
+}
+
+} // namespace shardtensor::comm
