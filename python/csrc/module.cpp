@@ -5,6 +5,8 @@
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/shard_tensor.h>
 
+#include "comm/wait.h"
+
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/python.h>
@@ -41,6 +43,10 @@ std::vector<std::tuple<int, int64_t, std::string>> from_placements(const Placeme
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ShardTensor C++ core";
+
+  // Collectives wait without the GIL (see comm/wait.h): ops reached from Python's indexing still hold it.
+  comm::set_gil_hooks({[]() -> void* { return Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr; },
+                       [](void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }});
 
   py::class_<Mesh, std::shared_ptr<Mesh>>(m, "Mesh")
       .def_static(

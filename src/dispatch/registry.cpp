@@ -11,6 +11,7 @@
 
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
+#include "dispatch/write_back.h"
 #include "ops/ops.h"
 
 #include <shardtensor/shard_tensor.h>
@@ -31,7 +32,8 @@ namespace {
 
 struct Slot {
   c10::OperatorName name;
-  BoxedHandler handler; // empty: no rule
+  BoxedHandler handler;        // empty: no rule
+  std::vector<size_t> written; // arguments the op writes in place (Tensor(a!))
 };
 
 struct Registry {
@@ -51,7 +53,14 @@ struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     if (!slot->handler) not_implemented(op, stack);
+    if (slot->written.empty() || !any_select_copies()) return slot->handler(op, stack);
+    // In-place and out= ops: copies of x[i] along a sharded dim write through to x (write_back.h).
+    const auto base = stack->size() - op.schema().arguments().size();
+    std::vector<at::Tensor> written;
+    for (auto i : slot->written)
+      if ((*stack)[base + i].isTensor()) written.push_back((*stack)[base + i].toTensor());
     slot->handler(op, stack);
+    for (const auto& t : written) after_write(t);
   }
   Slot* slot;
 };
@@ -80,7 +89,10 @@ torch::Library& library_for(std::unordered_map<std::string, std::unique_ptr<torc
 Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHandle& handle) {
   auto it = r.slots.find(name);
   if (it != r.slots.end()) return it->second.get();
-  auto slot = std::make_unique<Slot>(Slot{name, nullptr});
+  auto slot = std::make_unique<Slot>(Slot{name, nullptr, {}});
+  const auto& args = handle.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
   auto* raw = slot.get();
   const auto sep = name.name.find("::");
   const auto ns = name.name.substr(0, sep);

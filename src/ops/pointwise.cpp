@@ -130,6 +130,8 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   const auto mesh_ndim = static_cast<size_t>(mesh->ndim());
 
   // Output layout.
+  at::Tensor completed_local; // a Partial written tensor completed for a non-linear op
+  SpecPtr completed_spec;
   Placements target(mesh_ndim, Placement::replicate());
   DimExtents target_ext;
   if (written && shard_impl(written->value)) {
@@ -144,10 +146,12 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
       keep_partial = keep_partial && p && *p == wspec->placements[m];
     }
     if (!keep_partial) {
-      // Complete the pending reduction of the written tensor in place before updating it.
+      // Complete the pending reduction and run the op on the complete value; the result is stored back into the
+      // written tensor's own buffer as Partial terms (below), so views sharing that buffer see the update.
       auto full = resolve_partial(written->value);
-      wimpl->shallow_copy_from(full.getIntrusivePtr());
-      wspec = wimpl->spec();
+      completed_local = shard_impl(full)->local();
+      completed_spec = shard_impl(full)->spec();
+      wspec = completed_spec;
     }
     target = wspec->placements;
     target_ext = wspec->dim_extents();
@@ -180,9 +184,16 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   }
   for (const auto& a : inputs)
     if (a.scalar_like && shard_impl(a.value)) (*stack)[base + a.index] = shard_impl(a.value)->local();
-  if (written) (*stack)[base + written->index] = dispatch::local_or_self(written->value);
+  if (written)
+    (*stack)[base + written->index] = completed_local.defined() ? completed_local : dispatch::local_or_self(written->value);
 
   op.callBoxed(stack);
+
+  if (completed_local.defined()) {
+    auto* wimpl = shard_impl(written->value);
+    auto terms = redistribute_local(completed_local, *completed_spec, *wimpl->spec());
+    if (!terms.is_same(wimpl->local())) wimpl->local().copy_(terms);
+  }
 
   // Wrap results.
   const auto& returns = schema.returns();
