@@ -102,3 +102,24 @@ def test_select_writes_through_2d():
 def test_partial_view_writes(world):
     harness.run(world, case_partial_view_writes)
 
+
+
+def case_indexing_after_torch_collectives(iters):
+    """x[i] on a sharded dim is a collective reached from Python's indexing, which holds the GIL; Gloo's run loop may
+    at the same moment free a Python-owned tensor of an earlier collective (which needs the GIL) while holding its
+    queue lock. The library issues and waits without the GIL, so this must not deadlock."""
+    m = mesh()
+    x = st.distribute_tensor(torch.arange(12.0).view(6, 2), m, [st.Shard(0)])
+    for i in range(iters):
+        dist.all_reduce(torch.ones(4))          # a temporary the run loop may free last
+        row = x[i % 6]
+        y = st.to_local(x).clone()              # the local now carries a Python object too
+        assert y.shape[1] == 2
+        x[(i + 1) % 6] = row + 1
+        x.full_tensor()
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_indexing_after_torch_collectives(world):
+    harness.run(world, case_indexing_after_torch_collectives, 300)
