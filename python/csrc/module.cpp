@@ -6,6 +6,7 @@
 #include <shardtensor/shard_tensor.h>
 
 #include "comm/wait.h"
+#include "dispatch/consistency.h"
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -85,13 +86,13 @@ PYBIND11_MODULE(_C, m) {
       "from_local",
       [](const at::Tensor& local, const std::shared_ptr<Mesh>& mesh,
          const std::vector<std::tuple<int, int64_t, std::string>>& placements, const std::string& mode,
-         const ShardingShapes& shapes, std::optional<std::vector<int64_t>> global_shape) {
+         const ShardingShapes& shapes, std::optional<std::vector<int64_t>> global_shape, bool check) {
         auto inference = mode == "infer" ? ShapeInference::Infer : mode == "even" ? ShapeInference::Even
                                                                                   : ShapeInference::Explicit;
-        return from_local(local, mesh, to_placements(placements), inference, shapes, std::move(global_shape));
+        return from_local(local, mesh, to_placements(placements), inference, shapes, std::move(global_shape), check);
       },
       py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("mode"), py::arg("sharding_shapes"),
-      py::arg("global_shape"), py::call_guard<py::gil_scoped_release>());
+      py::arg("global_shape"), py::arg("check") = true, py::call_guard<py::gil_scoped_release>());
   m.def("to_local", &to_local, py::call_guard<py::gil_scoped_release>());
   m.def("full_tensor", &full_tensor, py::call_guard<py::gil_scoped_release>());
   m.def("redistribute", [](const at::Tensor& t, const std::vector<std::tuple<int, int64_t, std::string>>& p,
@@ -125,6 +126,8 @@ PYBIND11_MODULE(_C, m) {
       }
     });
   });
+  // SHARDTENSOR_CHECK_CONSISTENCY gives the initial setting; tests switch it per case.
+  m.def("set_consistency_check", &dispatch::set_consistency_check);
   m.def("has_handler", &has_handler);
   m.def("registered_handlers", &registered_handlers);
 

@@ -67,12 +67,16 @@ def local_offsets(x) -> tuple:
     return tuple(_C.local_offsets(x))
 
 
-def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", global_shape=None) -> torch.Tensor:
+def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", global_shape=None,
+               check: bool = True) -> torch.Tensor:
     """Wrap this rank's ``local`` tensor as a ShardTensor (differentiable).
 
     ``sharding_shapes``: ``"infer"`` (one small all-gather of local shapes per sharded mesh dim), ``"even"``
-    (the default split of ``global_shape``, which is then required; no communication) or an explicit
-    ``{mesh_dim: [extent_of_coordinate_0, ...]}``.
+    (the default split of ``global_shape``, which is then required) or an explicit
+    ``{mesh_dim: [extent_of_coordinate_0, ...]}``. ``check`` (default): every rank verifies that all ranks passed
+    the same placements, dtype, ndim, shapes and that every local tensor fits the layout, and raises ``ValueError``
+    on every rank otherwise (one small all-reduce per mesh dim); ``check=False`` skips it (no communication
+    except ``"infer"``'s), e.g. inside handlers that build the layout from an existing ShardTensor.
     """
     cpp = as_cpp_mesh(mesh)
     pl = normalize_placements(placements, len(cpp.shape))
@@ -83,7 +87,7 @@ def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", g
     else:
         mode, shapes = "explicit", _shapes(sharding_shapes)
     gs = None if global_shape is None else [int(s) for s in global_shape]
-    return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs)
+    return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs, bool(check))
 
 
 def to_local(x) -> torch.Tensor:
@@ -118,6 +122,9 @@ def scatter_tensor(tensor: Optional[torch.Tensor], src: int, mesh, placements, s
     with the data). Each rank receives only its own shard."""
     cpp = as_cpp_mesh(mesh)
     pl = normalize_placements(placements, len(cpp.shape))
+    # Anything but a tensor counts as no tensor: the src rank's problem then travels with the metadata and every
+    # rank raises it.
+    tensor = tensor if isinstance(tensor, torch.Tensor) else None
     out = _C.scatter_tensor(tensor, int(src), cpp, to_wire(pl), _shapes(sharding_shapes))
     return out.requires_grad_(requires_grad) if requires_grad else out
 

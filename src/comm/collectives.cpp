@@ -401,21 +401,44 @@ std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
   return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0).wait();
 }
 
-std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
-                                                  int64_t mesh_dim) {
-  const auto n = mesh.size(mesh_dim);
+namespace {
+// Small metadata: on a CUDA-only backend it must travel on the device.
+at::Tensor metadata_tensor(const std::vector<int64_t>& values, c10d::ProcessGroup& pg) {
   auto local = at::tensor(values, at::TensorOptions().dtype(at::kLong));
-  if (n == 1) return {values};
-  auto& pg = *mesh.group(mesh_dim);
-  GilReleased no_gil; // see comm/wait.h
-  // Small metadata: on a CUDA-only backend it must travel on the device.
   bool cuda = false;
   try {
     cuda = pg.getBackend(c10::DeviceType::CPU) == nullptr;
   } catch (const std::exception&) {
     cuda = true;
   }
-  at::Tensor in = cuda ? local.cuda() : local;
+  return cuda ? local.cuda() : local;
+}
+} // namespace
+
+std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, const Mesh& mesh) {
+  std::vector<int64_t> out = values;
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (mesh.size(m) == 1) continue;
+    auto& pg = *mesh.group(m);
+    GilReleased no_gil; // see comm/wait.h
+    std::vector<at::Tensor> ts{metadata_tensor(out, pg)};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MIN;
+    record_collective("all_reduce", ts[0].numel() * ts[0].element_size());
+    wait_work(pg.allreduce(ts, opts), "all_reduce (agreement check)", &mesh, m);
+    auto c = ts[0].cpu();
+    out.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
+                                                  int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  if (n == 1) return {values};
+  auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
+  at::Tensor in = metadata_tensor(values, pg);
   std::vector<at::Tensor> outs;
   for (int64_t i = 0; i < n; ++i) outs.push_back(at::empty_like(in));
   std::vector<std::vector<at::Tensor>> out_lists{outs};

@@ -10,6 +10,7 @@
 #include "dispatch/registry.h"
 
 #include "dispatch/args.h"
+#include "dispatch/consistency.h"
 #include "dispatch/promote.h"
 #include "dispatch/write_back.h"
 #include "ops/ops.h"
@@ -53,6 +54,7 @@ struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     if (!slot->handler) not_implemented(op, stack);
+    if (consistency_check_enabled()) check_op_consistency(op, stack);
     if (slot->written.empty() || !any_select_copies()) return slot->handler(op, stack);
     // In-place and out= ops: copies of x[i] along a sharded dim write through to x (write_back.h).
     const auto base = stack->size() - op.schema().arguments().size();
