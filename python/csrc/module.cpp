@@ -40,6 +40,24 @@ std::vector<std::tuple<int, int64_t, std::string>> from_placements(const Placeme
   return out;
 }
 
+// A collective that failed inside an API call (a peer died or raised first, a timeout) names the call and the
+// layout it worked on.
+template <typename F, typename L>
+auto with_context(const char* what, L&& layout, F&& f) {
+  try {
+    return f();
+  } catch (const c10::DistBackendError& e) {
+    const std::string where = layout();
+    C10_THROW_ERROR(DistBackendError, std::string(e.what_without_backtrace()) + "\n  while running shardtensor." +
+                                          what + (where.empty() ? "" : " on " + where));
+  }
+}
+
+std::string layout_of(const at::Tensor& t) {
+  auto* impl = shard_impl(t);
+  return impl ? impl->spec()->str() : "";
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -89,14 +107,21 @@ PYBIND11_MODULE(_C, m) {
          const ShardingShapes& shapes, std::optional<std::vector<int64_t>> global_shape, bool check) {
         auto inference = mode == "infer" ? ShapeInference::Infer : mode == "even" ? ShapeInference::Even
                                                                                   : ShapeInference::Explicit;
-        return from_local(local, mesh, to_placements(placements), inference, shapes, std::move(global_shape), check);
+        auto pl = to_placements(placements);
+        return with_context("from_local", [&] { return to_string(pl) + (mesh ? " on " + mesh->str() : ""); }, [&] {
+          return from_local(local, mesh, pl, inference, shapes, std::move(global_shape), check);
+        });
       },
       py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("mode"), py::arg("sharding_shapes"),
       py::arg("global_shape"), py::arg("check") = true, py::call_guard<py::gil_scoped_release>());
   m.def("to_local", &to_local, py::call_guard<py::gil_scoped_release>());
-  m.def("full_tensor", &full_tensor, py::call_guard<py::gil_scoped_release>());
+  m.def("full_tensor", [](const at::Tensor& t) { return with_context("full_tensor", [&] { return layout_of(t); }, [&] { return full_tensor(t); }); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("redistribute", [](const at::Tensor& t, const std::vector<std::tuple<int, int64_t, std::string>>& p,
-                           const ShardingShapes& shapes) { return redistribute(t, to_placements(p), shapes); },
+                           const ShardingShapes& shapes) {
+    return with_context("redistribute", [&] { return layout_of(t) + " to " + to_string(to_placements(p)); },
+                        [&] { return redistribute(t, to_placements(p), shapes); });
+  },
         py::call_guard<py::gil_scoped_release>());
   m.def("distribute_tensor", [](const at::Tensor& t, const std::shared_ptr<Mesh>& mesh,
                                 const std::vector<std::tuple<int, int64_t, std::string>>& p,

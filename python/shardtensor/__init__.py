@@ -6,6 +6,7 @@ objects backed by a C++ ``ShardTensorImpl``; every op is handled in C++ (no Pyth
 """
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Optional, Sequence
 
@@ -173,15 +174,27 @@ def register_handler(op, fn) -> None:
     _C.register_handler(name, fn)
 
 
-def init_distributed(backend: Optional[str] = None):
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+def init_distributed(backend: Optional[str] = None, timeout=None):
     """``init_process_group`` from torchrun's environment: NCCL (with Gloo for CPU tensors) when CUDA is
-    available, else Gloo. Returns (rank, world_size)."""
+    available, else Gloo. ``timeout`` (a ``datetime.timedelta`` or seconds; default ``DEFAULT_TIMEOUT``, 5 minutes)
+    bounds every collective, so a rank whose peer died or raised fails with an error naming the op instead of
+    waiting for torch's default (10 to 30 minutes). Does nothing when a process group exists. Returns
+    (rank, world_size)."""
     if not dist.is_initialized():
+        if timeout is None:
+            timeout = DEFAULT_TIMEOUT
+        elif not isinstance(timeout, datetime.timedelta):
+            timeout = datetime.timedelta(seconds=float(timeout))
+        if timeout <= datetime.timedelta(0):
+            raise ValueError(f"init_distributed: timeout must be positive, got {timeout}")
         if backend is None:
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -50,9 +50,26 @@ Registry& registry() {
   return *r;
 }
 
+// A collective that failed inside a handler (a peer died or raised first, a timeout): the error names the op and
+// the layouts of its arguments (handlers leave their arguments on the stack until their collectives are done).
+[[noreturn]] void rethrow_with_op(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
+                                  const c10::DistBackendError& e) {
+  const bool has_args = stack->size() >= op.schema().arguments().size();
+  C10_THROW_ERROR(DistBackendError, std::string(e.what_without_backtrace()) + "\n  while running " +
+                                        qualified_name(op) +
+                                        (has_args ? " with arguments " + describe_shard_args(op, stack) : ""));
+}
+
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    try {
+      run(op, stack);
+    } catch (const c10::DistBackendError& e) {
+      rethrow_with_op(op, stack, e);
+    }
+  }
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!slot->handler) not_implemented(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
     if (slot->written.empty() || !any_select_copies()) return slot->handler(op, stack);

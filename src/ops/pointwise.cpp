@@ -178,10 +178,12 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   }
 
   // Bring every input to the output layout (aligned to its own dims; broadcast dims stay Replicate).
-  for (const auto& a : inputs) {
-    if (a.scalar_like) continue;
-    (*stack)[base + a.index] = local_aligned(a.value, mesh, out_shape, target, target_ext);
-  }
+  // Every collective runs before the stack changes, so a failing one can still name the op's arguments.
+  std::vector<at::Tensor> aligned;
+  for (const auto& a : inputs)
+    aligned.push_back(a.scalar_like ? at::Tensor() : local_aligned(a.value, mesh, out_shape, target, target_ext));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (aligned[i].defined()) (*stack)[base + inputs[i].index] = aligned[i];
   for (const auto& a : inputs)
     if (a.scalar_like && shard_impl(a.value)) (*stack)[base + a.index] = shard_impl(a.value)->local();
   if (written)
