@@ -162,8 +162,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("reset_comm_stats", &reset_comm_stats);
 
-  // `with _C.CpuMemoryTracker() as t: ...` then t.peak_bytes: the tracker lives between __enter__ and __exit__
-  // (on the entering thread); afterwards the final figures stay readable.
+  // `with _C.CpuMemoryTracker() as t: ...` then t.peak_bytes: the tracker lives between __enter__ and __exit__;
+  // afterwards the final figures stay readable.
   struct PyCpuMemoryTracker {
     std::unique_ptr<CpuMemoryTracker> tracker;
     int64_t peak = 0, current = 0;
