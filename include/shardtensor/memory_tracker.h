@@ -1,9 +1,10 @@
-// Peak CPU memory of a region of code, from c10's allocator reports (no profiler): while a tracker is active on
-// a thread, c10's CPU allocator reports every allocation and free made under it (the thread's debug-info slot
-// that the profiler also uses; intra-op worker threads inherit it), and the tracker keeps the running total and
-// its peak, both relative to the moment it started. Frees of memory allocated before the start are not reported
-// by c10 (it reports frees only of allocations it saw while reporting was on), so the peak is that of the
-// region's own allocations on top of what was live before, as with the profiler's profile_memory.
+// Peak CPU memory of a region of code, without the profiler and without touching its state: while a tracker is
+// active, c10's CPU allocator is wrapped (and restored when the last tracker stops); the wrapper counts every
+// allocation made while tracking, on any thread of the process, and its free (whenever it happens). The tracker
+// keeps the running total and its peak, both relative to the moment it started. Frees of memory allocated before
+// the start are not counted (their sizes are unknown), so the peak is that of the region's own allocations on top
+// of what was live before, as with the profiler's profile_memory. Several trackers may be active at once (each
+// counts from its own start); the profiler, record_function and collectives are unaffected.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +14,8 @@ namespace shardtensor {
 
 class CpuMemoryTracker {
  public:
-  CpuMemoryTracker();   // starts tracking on this thread
-  ~CpuMemoryTracker();  // stops (must be destroyed on the thread that created it)
+  CpuMemoryTracker();   // starts tracking
+  ~CpuMemoryTracker();  // stops
   CpuMemoryTracker(const CpuMemoryTracker&) = delete;
   CpuMemoryTracker& operator=(const CpuMemoryTracker&) = delete;
 

@@ -66,11 +66,13 @@ at::Tensor make_shard_tensor(at::Tensor local, SpecPtr spec);
 enum class ShapeInference { Infer, Even, Explicit };
 
 // Differentiable. `Infer`: one small all-gather of extents per sharded mesh dim. `Even`: default split of
-// `global_shape` (required). `Explicit`: `sharding_shapes` gives the extents.
+// `global_shape` (required). `Explicit`: `sharding_shapes` gives the extents. `check`: verify that every rank passed
+// the same arguments and that each local tensor fits the layout, raising ValueError on every rank otherwise (one
+// small all-reduce per mesh dim; two for `Infer` on a multi-dim mesh). The Python API checks by default.
 at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
                       ShapeInference mode = ShapeInference::Infer,
                       const ShardingShapes& sharding_shapes = {},
-                      std::optional<std::vector<int64_t>> global_shape = std::nullopt);
+                      std::optional<std::vector<int64_t>> global_shape = std::nullopt, bool check = false);
 // Differentiable; the gradient is rewrapped with the input's spec (Partial taken as Replicate).
 at::Tensor to_local(const at::Tensor& shard);
 // Differentiable; a collective. The incoming gradient is taken as replicated.

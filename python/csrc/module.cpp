@@ -6,6 +6,8 @@
 #include <shardtensor/shard_tensor.h>
 
 #include "comm/halo_plan.h"
+#include "comm/wait.h"
+#include "dispatch/consistency.h"
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -39,10 +41,32 @@ std::vector<std::tuple<int, int64_t, std::string>> from_placements(const Placeme
   return out;
 }
 
+// A collective that failed inside an API call (a peer died or raised first, a timeout) names the call and the
+// layout it worked on.
+template <typename F, typename L>
+auto with_context(const char* what, L&& layout, F&& f) {
+  try {
+    return f();
+  } catch (const c10::DistBackendError& e) {
+    const std::string where = layout();
+    C10_THROW_ERROR(DistBackendError, std::string(e.what_without_backtrace()) + "\n  while running shardtensor." +
+                                          what + (where.empty() ? "" : " on " + where));
+  }
+}
+
+std::string layout_of(const at::Tensor& t) {
+  auto* impl = shard_impl(t);
+  return impl ? impl->spec()->str() : "";
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ShardTensor C++ core";
+
+  // Collectives wait without the GIL (see comm/wait.h): ops reached from Python's indexing still hold it.
+  comm::set_gil_hooks({[]() -> void* { return Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr; },
+                       [](void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }});
 
   py::class_<Mesh, std::shared_ptr<Mesh>>(m, "Mesh")
       .def_static(
@@ -82,17 +106,24 @@ PYBIND11_MODULE(_C, m) {
       "from_local",
       [](const at::Tensor& local, const std::shared_ptr<Mesh>& mesh,
          const std::vector<std::tuple<int, int64_t, std::string>>& placements, const std::string& mode,
-         const ShardingShapes& shapes, std::optional<std::vector<int64_t>> global_shape) {
+         const ShardingShapes& shapes, std::optional<std::vector<int64_t>> global_shape, bool check) {
         auto inference = mode == "infer" ? ShapeInference::Infer : mode == "even" ? ShapeInference::Even
                                                                                   : ShapeInference::Explicit;
-        return from_local(local, mesh, to_placements(placements), inference, shapes, std::move(global_shape));
+        auto pl = to_placements(placements);
+        return with_context("from_local", [&] { return to_string(pl) + (mesh ? " on " + mesh->str() : ""); }, [&] {
+          return from_local(local, mesh, pl, inference, shapes, std::move(global_shape), check);
+        });
       },
       py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("mode"), py::arg("sharding_shapes"),
-      py::arg("global_shape"), py::call_guard<py::gil_scoped_release>());
+      py::arg("global_shape"), py::arg("check") = true, py::call_guard<py::gil_scoped_release>());
   m.def("to_local", &to_local, py::call_guard<py::gil_scoped_release>());
-  m.def("full_tensor", &full_tensor, py::call_guard<py::gil_scoped_release>());
+  m.def("full_tensor", [](const at::Tensor& t) { return with_context("full_tensor", [&] { return layout_of(t); }, [&] { return full_tensor(t); }); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("redistribute", [](const at::Tensor& t, const std::vector<std::tuple<int, int64_t, std::string>>& p,
-                           const ShardingShapes& shapes) { return redistribute(t, to_placements(p), shapes); },
+                           const ShardingShapes& shapes) {
+    return with_context("redistribute", [&] { return layout_of(t) + " to " + to_string(to_placements(p)); },
+                        [&] { return redistribute(t, to_placements(p), shapes); });
+  },
         py::call_guard<py::gil_scoped_release>());
   m.def("distribute_tensor", [](const at::Tensor& t, const std::shared_ptr<Mesh>& mesh,
                                 const std::vector<std::tuple<int, int64_t, std::string>>& p,
@@ -122,6 +153,8 @@ PYBIND11_MODULE(_C, m) {
       }
     });
   });
+  // SHARDTENSOR_CHECK_CONSISTENCY gives the initial setting; tests switch it per case.
+  m.def("set_consistency_check", &dispatch::set_consistency_check);
   m.def("has_handler", &has_handler);
   m.def("registered_handlers", &registered_handlers);
 
@@ -137,8 +170,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_reset_halo_plan_stats", &comm::reset_plan_cache_stats);
 
-  // `with _C.CpuMemoryTracker() as t: ...` then t.peak_bytes: the tracker lives between __enter__ and __exit__
-  // (on the entering thread); afterwards the final figures stay readable.
+  // `with _C.CpuMemoryTracker() as t: ...` then t.peak_bytes: the tracker lives between __enter__ and __exit__;
+  // afterwards the final figures stay readable.
   struct PyCpuMemoryTracker {
     std::unique_ptr<CpuMemoryTracker> tracker;
     int64_t peak = 0, current = 0;

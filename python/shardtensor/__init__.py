@@ -6,6 +6,7 @@ objects backed by a C++ ``ShardTensorImpl``; every op is handled in C++ (no Pyth
 """
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Optional, Sequence
 
@@ -70,12 +71,16 @@ def local_offsets(x) -> tuple:
 
 
 @keyword_aliases(device_mesh="mesh", shape="global_shape")
-def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", global_shape=None) -> torch.Tensor:
+def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", global_shape=None,
+               check: bool = True) -> torch.Tensor:
     """Wrap this rank's ``local`` tensor as a ShardTensor (differentiable).
 
     ``sharding_shapes``: ``"infer"`` (one small all-gather of local shapes per sharded mesh dim), ``"even"``
-    (the default split of ``global_shape``, which is then required; no communication) or an explicit
-    ``{mesh_dim: [extent_of_coordinate_0, ...]}``.
+    (the default split of ``global_shape``, which is then required) or an explicit
+    ``{mesh_dim: [extent_of_coordinate_0, ...]}``. ``check`` (default): every rank verifies that all ranks passed
+    the same placements, dtype, ndim, shapes and that every local tensor fits the layout, and raises ``ValueError``
+    on every rank otherwise (one small all-reduce per mesh dim); ``check=False`` skips it (no communication
+    except ``"infer"``'s), e.g. inside handlers that build the layout from an existing ShardTensor.
     """
     cpp = as_cpp_mesh(mesh)
     pl = normalize_placements(placements, len(cpp.shape))
@@ -88,7 +93,7 @@ def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", g
     else:
         mode, shapes = "explicit", _shapes(sharding_shapes, pl)
     gs = None if global_shape is None else [int(s) for s in global_shape]
-    return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs)
+    return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs, bool(check))
 
 
 def to_local(x) -> torch.Tensor:
@@ -130,6 +135,9 @@ def scatter_tensor(tensor: Optional[torch.Tensor], src: int, mesh, placements, s
     with the data). Each rank receives only its own shard."""
     cpp = as_cpp_mesh(mesh)
     pl = normalize_placements(placements, len(cpp.shape))
+    # Anything but a tensor counts as no tensor: the src rank's problem then travels with the metadata and every
+    # rank raises it.
+    tensor = tensor if isinstance(tensor, torch.Tensor) else None
     out = _C.scatter_tensor(tensor, int(src), cpp, to_wire(pl), _shapes(sharding_shapes, pl))
     return out.requires_grad_(requires_grad) if requires_grad else out
 
@@ -178,15 +186,27 @@ def register_handler(op, fn) -> None:
     _C.register_handler(name, fn)
 
 
-def init_distributed(backend: Optional[str] = None):
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+def init_distributed(backend: Optional[str] = None, timeout=None):
     """``init_process_group`` from torchrun's environment: NCCL (with Gloo for CPU tensors) when CUDA is
-    available, else Gloo. Returns (rank, world_size)."""
+    available, else Gloo. ``timeout`` (a ``datetime.timedelta`` or seconds; default ``DEFAULT_TIMEOUT``, 5 minutes)
+    bounds every collective, so a rank whose peer died or raised fails with an error naming the op instead of
+    waiting for torch's default (10 to 30 minutes). Does nothing when a process group exists. Returns
+    (rank, world_size)."""
     if not dist.is_initialized():
+        if timeout is None:
+            timeout = DEFAULT_TIMEOUT
+        elif not isinstance(timeout, datetime.timedelta):
+            timeout = datetime.timedelta(seconds=float(timeout))
+        if timeout <= datetime.timedelta(0):
+            raise ValueError(f"init_distributed: timeout must be positive, got {timeout}")
         if backend is None:
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 

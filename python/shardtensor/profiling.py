@@ -8,9 +8,10 @@ __all__ = ["peak_memory"]
 
 def peak_memory(fn, device=None, prepare=None) -> int:
     """Bytes of allocator peak while ``fn()`` runs, above what was allocated before (``prepare()`` runs first,
-    unmeasured). CUDA: ``max_memory_allocated``; CPU: ``shardtensor._C.CpuMemoryTracker`` (C++), which receives
-    c10's CPU allocator reports — the hook behind the profiler's ``profile_memory``, without the profiler — and
-    keeps the running total of allocations minus frees and its peak."""
+    unmeasured). CUDA: ``max_memory_allocated``; CPU: ``shardtensor._C.CpuMemoryTracker`` (C++), which wraps c10's
+    CPU allocator while ``fn`` runs (restoring it afterwards; the profiler's state is never touched, so
+    ``torch.profiler``, ``record_function`` and collectives work inside and around it) and keeps the running total
+    of the allocations made meanwhile, on any thread, minus their frees, and its peak."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if prepare is not None:
         prepare()

@@ -1,5 +1,6 @@
 // The differentiable public API: from_local, to_local, full_tensor, redistribute, distribute_tensor,
 // scatter_tensor. Each backward runs the adjoint placement transition.
+#include "comm/agreement.h"
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
@@ -7,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/autograd.h>
+
+#include <sstream>
 
 namespace shardtensor {
 
@@ -72,11 +75,71 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 
 } // namespace
 
-at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements, ShapeInference mode,
-                      const ShardingShapes& sharding_shapes, std::optional<std::vector<int64_t>> global_shape) {
-  TORCH_CHECK_TYPE(local.defined() && !is_shard_tensor(local),
-                   "from_local: expected a plain local tensor, got ", local.defined() ? "a ShardTensor" : "None");
-  TORCH_CHECK_VALUE(mesh, "from_local: mesh is null");
+namespace {
+
+std::string shown(c10::IntArrayRef v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::vector<int64_t> flat_shapes(const ShardingShapes& shapes) {
+  std::vector<int64_t> flat;
+  for (const auto& [m, ext] : shapes) {
+    flat.push_back(m);
+    flat.push_back(static_cast<int64_t>(ext.size()));
+    flat.insert(flat.end(), ext.begin(), ext.end());
+  }
+  return flat;
+}
+
+std::string shown(const ShardingShapes& shapes) {
+  std::ostringstream os;
+  os << "{";
+  for (const auto& [m, ext] : shapes) os << (m == shapes.begin()->first ? "" : ", ") << m << ": " << c10::IntArrayRef(ext);
+  os << "}";
+  return os.str();
+}
+
+const char* mode_name(ShapeInference mode) {
+  return mode == ShapeInference::Infer ? "infer" : mode == ShapeInference::Even ? "even" : "explicit";
+}
+
+// What every rank must agree on before from_local communicates or wraps: the arguments as given.
+std::vector<comm::AgreementField> from_local_inputs(const at::Tensor& local, const Mesh& mesh, const Placements& placements,
+                                                    ShapeInference mode, const ShardingShapes& shapes,
+                                                    const std::optional<std::vector<int64_t>>& global_shape) {
+  const auto ndim = local.dim();
+  std::vector<comm::AgreementField> f;
+  f.push_back({"mesh shape", comm::digest(mesh.shape()), shown(mesh.shape())});
+  f.push_back({"ndim", ndim, std::to_string(ndim)});
+  f.push_back({"dtype", static_cast<int64_t>(local.scalar_type()), c10::toString(local.scalar_type())});
+  f.push_back({"device type", static_cast<int64_t>(local.device().type()), c10::DeviceTypeName(local.device().type())});
+  f.push_back({"placements", comm::digest(to_string(placements)), to_string(placements)});
+  f.push_back({"sharding_shapes mode", static_cast<int64_t>(mode), mode_name(mode)});
+  if (mode == ShapeInference::Explicit) f.push_back({"sharding_shapes", comm::digest(flat_shapes(shapes)), shown(shapes)});
+  if (global_shape) {
+    f.push_back({"global_shape", comm::digest(*global_shape), shown(*global_shape)});
+  } else {
+    f.push_back({"global_shape", -1, "None"});
+  }
+  if (mode == ShapeInference::Infer) {
+    // Dims no placement shards must have the same size everywhere.
+    std::vector<int64_t> whole = local.sizes().vec();
+    for (const auto& p : placements) {
+      if (!p.is_shard()) continue;
+      const auto d = p.dim < 0 ? p.dim + ndim : p.dim;
+      if (d >= 0 && d < ndim) whole[d] = -1;
+    }
+    f.push_back({"local sizes of unsharded dims", comm::digest(whole), shown(whole) + " (-1: sharded)"});
+  }
+  return f;
+}
+
+// The layout `local` declares. Infer mode gathers the extents (one small all-gather per sharded mesh dim, issued on
+// every rank even when a check fails, so a rank-dependent failure cannot leave peers waiting).
+SpecPtr local_spec(const at::Tensor& local, const MeshPtr& mesh, Placements placements, ShapeInference mode,
+                   const ShardingShapes& sharding_shapes, const std::optional<std::vector<int64_t>>& global_shape) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(placements.size()) == mesh->ndim(), "from_local: got ",
                     placements.size(), " placements ", to_string(placements), " for a ", mesh->ndim(),
                     "-d mesh");
@@ -91,20 +154,19 @@ at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placemen
   ShardingShapes shapes;
   switch (mode) {
     case ShapeInference::Infer: {
-      // One small all-gather of the full local shape per sharded mesh dim; every rank sees every shape, so a
-      // mismatch raises on all ranks alike.
+      // One small all-gather of the full local shape per sharded mesh dim; every rank sees every shape of its
+      // line, so a mismatch raises on all ranks of the line alike.
+      std::string error;
       for (int64_t m = 0; m < mesh->ndim(); ++m) {
         if (!placements[m].is_shard()) continue;
         const auto d = placements[m].dim;
         auto all = comm::all_gather_ints(local.sizes().vec(), *mesh, m);
         std::vector<int64_t> ext;
         for (size_t r = 0; r < all.size(); ++r) {
-          TORCH_CHECK_VALUE(static_cast<int64_t>(all[r].size()) == ndim, "from_local: rank ", r,
-                            " along mesh dim ", m, " has a ", all[r].size(), "-d local tensor, this rank ", ndim);
-          for (int64_t i = 0; i < ndim; ++i) {
-            TORCH_CHECK_VALUE(i == d || all[r][i] == all[0][i], "from_local: local shapes differ in unsharded dim ",
-                              i, " along mesh dim ", m, " (", all[0][i], " vs ", all[r][i], ") for placements ",
-                              to_string(placements));
+          for (int64_t i = 0; i < ndim && error.empty(); ++i) {
+            if (i != d && all[r][i] != all[0][i])
+              error = c10::str("from_local: local shapes differ in unsharded dim ", i, " along mesh dim ", m, " (",
+                               all[0][i], " vs ", all[r][i], ") for placements ", to_string(placements));
           }
           ext.push_back(all[r][d]);
         }
@@ -113,6 +175,7 @@ at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placemen
         global[d] = total;
         shapes[m] = std::move(ext);
       }
+      TORCH_CHECK_VALUE(error.empty(), error);
       break;
     }
     case ShapeInference::Even: {
@@ -134,14 +197,60 @@ at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placemen
         global[placements[m].dim] = total;
       }
       if (global_shape) {
-        TORCH_CHECK_VALUE(*global_shape == global, "from_local: global_shape does not match the sharding shapes");
+        TORCH_CHECK_VALUE(*global_shape == global, "from_local: global_shape ", shown(*global_shape),
+                          " does not match the sharding shapes (global shape ", shown(global), ")");
       }
       break;
     }
   }
   auto spec = ShardSpec::make(mesh, placements, global, shapes);
   TORCH_CHECK_VALUE(local.sizes() == c10::IntArrayRef(spec->local_shape), "from_local: local shape ",
-                    local.sizes(), " does not match the expected local shape for ", spec->str());
+                    local.sizes(), " does not match the expected local shape ", shown(spec->local_shape), " for ",
+                    spec->str());
+  return spec;
+}
+
+} // namespace
+
+at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements, ShapeInference mode,
+                      const ShardingShapes& sharding_shapes, std::optional<std::vector<int64_t>> global_shape,
+                      bool check) {
+  TORCH_CHECK_TYPE(local.defined() && !is_shard_tensor(local),
+                   "from_local: expected a plain local tensor, got ", local.defined() ? "a ShardTensor" : "None");
+  TORCH_CHECK_VALUE(mesh, "from_local: mesh is null");
+  SpecPtr spec;
+  if (!check) {
+    spec = local_spec(local, mesh, placements, mode, sharding_shapes, global_shape);
+  } else {
+    // Ranks that disagree raise together: the arguments are compared before anything else communicates (infer's
+    // all-gather needs equal ndim and placements), then the resulting layouts and whether each local fits its
+    // layout. Even and explicit modes need one round, infer on a multi-dim mesh two.
+    auto fields = from_local_inputs(local, *mesh, placements, mode, sharding_shapes, global_shape);
+    if (mode == ShapeInference::Infer) {
+      comm::check_agreement(*mesh, fields, "from_local");
+      fields.clear();
+    }
+    std::string error;
+    try {
+      spec = local_spec(local, mesh, placements, mode, sharding_shapes, global_shape);
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    }
+    if (mode != ShapeInference::Infer || mesh->ndim() > 1) {
+      fields.push_back({"whether the local tensor fits the layout", error.empty(),
+                        error.empty() ? "fits" : "does not fit: " + error});
+      std::vector<int64_t> layout;
+      if (spec) {
+        layout = spec->global_shape;
+        auto flat = flat_shapes(spec->sharding_shapes());
+        layout.insert(layout.end(), flat.begin(), flat.end());
+      }
+      fields.push_back({"layout (global shape and sharding shapes)", spec ? comm::digest(layout) : -1,
+                        spec ? spec->str() : "none"});
+      comm::check_agreement(*mesh, fields, "from_local");
+    }
+    TORCH_CHECK_VALUE(error.empty(), error);
+  }
   if (needs_graph(local)) return FromLocalFn::apply(local, spec);
   return make_shard_tensor(local.detach(), spec);
 }
@@ -191,21 +300,32 @@ at::Device scatter_device(const Mesh& mesh) {
 at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Placements placements,
                           const ShardingShapes& sharding_shapes) {
   TORCH_CHECK_VALUE(mesh, "scatter_tensor: mesh is null");
+  // The metadata broadcast below follows src's coordinates: every rank must pass the same src, placements and
+  // sharding shapes, compared first so a disagreement raises everywhere instead of hanging.
+  comm::check_agreement(*mesh,
+                        {{"mesh shape", comm::digest(mesh->shape()), shown(mesh->shape())},
+                         {"src", src, std::to_string(src)},
+                         {"placements", comm::digest(to_string(placements)), to_string(placements)},
+                         {"sharding_shapes", comm::digest(flat_shapes(sharding_shapes)), shown(sharding_shapes)}},
+                        "scatter_tensor");
   auto src_coord = mesh->coordinate_of(src);
   TORCH_CHECK_VALUE(!src_coord.empty(), "scatter_tensor: src rank ", src, " is not in the mesh ", mesh->str());
   const auto& me = mesh->coordinates();
   const bool is_src = me == src_coord;
-  TORCH_CHECK_VALUE(!is_src || full.defined(), "scatter_tensor: the src rank must pass the tensor");
   for (const auto& p : placements)
     TORCH_CHECK_VALUE(!p.is_partial(), "scatter_tensor: Partial placements cannot be scattered; use Replicate()");
-  // Metadata (ndim, dtype, device kind, shape) travels from src along each mesh dim in turn.
+  // Metadata (status, ndim, dtype, shape) travels from src along each mesh dim in turn. A problem with src's tensor
+  // travels as the status, so every rank raises it (instead of src raising alone and the others waiting).
   constexpr int64_t kMaxDims = 16;
-  std::vector<int64_t> meta(kMaxDims + 2, 0);
+  enum Status : int64_t { kOk = 0, kNoTensor = 1, kShardTensor = 2, kTooManyDims = 3 };
+  std::vector<int64_t> meta(kMaxDims + 3, 0);
   if (is_src) {
-    TORCH_CHECK_VALUE(full.dim() <= kMaxDims, "scatter_tensor: at most ", kMaxDims, " dims");
-    meta[0] = full.dim();
-    meta[1] = static_cast<int64_t>(full.scalar_type());
-    for (int64_t i = 0; i < full.dim(); ++i) meta[2 + i] = full.size(i);
+    meta[0] = !full.defined() ? kNoTensor : is_shard_tensor(full) ? kShardTensor : full.dim() > kMaxDims ? kTooManyDims : kOk;
+    if (meta[0] == kOk || meta[0] == kTooManyDims) {
+      meta[1] = full.dim();
+      meta[2] = static_cast<int64_t>(full.scalar_type());
+      for (int64_t i = 0; i < std::min(full.dim(), kMaxDims); ++i) meta[3 + i] = full.size(i);
+    }
   }
   // The mesh decides where every rank's shard lives (as DTensor's distribute_tensor does): ranks without the
   // tensor know nothing else, so a src tensor on another device (a CPU image for a CUDA mesh) moves there.
@@ -220,8 +340,14 @@ at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Pla
     if (take_part) meta_t = comm::broadcast(device.is_cuda() ? meta_t.to(device) : meta_t, src_coord[m], *mesh, m).cpu();
   }
   auto mv = std::vector<int64_t>(meta_t.data_ptr<int64_t>(), meta_t.data_ptr<int64_t>() + meta_t.numel());
-  std::vector<int64_t> shape(mv.begin() + 2, mv.begin() + 2 + mv[0]);
-  auto dtype = static_cast<at::ScalarType>(mv[1]);
+  TORCH_CHECK_VALUE(mv[0] != kNoTensor, "scatter_tensor: the src rank ", src,
+                    " passed no tensor (None or not a tensor); it must pass the full tensor");
+  TORCH_CHECK_VALUE(mv[0] != kShardTensor, "scatter_tensor: the src rank ", src,
+                    " passed a ShardTensor; pass a plain tensor (x.full_tensor()) or use x.redistribute(...)");
+  TORCH_CHECK_VALUE(mv[0] != kTooManyDims, "scatter_tensor: the src rank ", src, " passed a ", mv[1],
+                    "-d tensor; at most ", kMaxDims, " dims");
+  std::vector<int64_t> shape(mv.begin() + 3, mv.begin() + 3 + mv[1]);
+  auto dtype = static_cast<at::ScalarType>(mv[2]);
   auto spec = ShardSpec::make(mesh, placements, shape, sharding_shapes);
   auto opts = at::TensorOptions().dtype(dtype).device(device);
   // Data: for mesh dims from first to last, ranks whose coords on later dims equal src's hold a slab

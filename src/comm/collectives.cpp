@@ -1,6 +1,7 @@
 #include "comm/collectives.h"
 
 #include "comm/comm_stats.h"
+#include "comm/wait.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -68,6 +69,7 @@ std::vector<int64_t> numel_per_extent(at::IntArrayRef shape, int64_t dim, const 
 PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,
                                       const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim) {
   auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   std::vector<at::Tensor> flat;
   std::vector<int64_t> send_splits;
   for (const auto& p : send_pieces) {
@@ -101,7 +103,7 @@ std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_piec
 } // namespace
 
 std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending) {
-  if (pending.work) pending.work->wait();
+  if (pending.work) wait_work(pending.work, "all_to_all");
   pending.work.reset();
   auto out = pending.staged ? pending.out.to(pending.device) : pending.out;
   std::vector<at::Tensor> chunks;
@@ -137,6 +139,7 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return local;
   auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   int64_t max_extent = 0;
   bool even = true;
   for (auto e : extents) {
@@ -158,7 +161,7 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
   std::vector<std::vector<at::Tensor>> out_lists{outputs};
   std::vector<at::Tensor> in_list{input};
   record_collective("all_gather", input.numel() * input.element_size() * n);
-  pg.allgather(out_lists, in_list)->wait();
+  wait_work(pg.allgather(out_lists, in_list), "all_gather", &mesh, mesh_dim);
   std::vector<at::Tensor> pieces;
   for (int64_t i = 0; i < n; ++i) {
     auto piece = out_lists[0][i];
@@ -172,6 +175,7 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return local.clone();
   auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, local);
   auto t = stage ? local.cpu() : local.clone(at::MemoryFormat::Contiguous);
   if (stage) t = t.contiguous();
@@ -179,7 +183,7 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   record_collective("all_reduce", t.numel() * t.element_size());
-  pg.allreduce(ts, opts)->wait();
+  wait_work(pg.allreduce(ts, opts), "all_reduce", &mesh, mesh_dim);
   t = finish_avg(t, op, n);
   return stage ? t.to(local.device()) : t;
 }
@@ -268,6 +272,7 @@ at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vec
 at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, int64_t mesh_dim) {
   if (mesh.size(mesh_dim) == 1) return tensor;
   auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, tensor);
   auto t = stage ? tensor.cpu() : tensor.contiguous();
   if (mesh.coordinate(mesh_dim) == root && !stage) t = t.clone();
@@ -275,7 +280,7 @@ at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, i
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   record_collective("broadcast", t.numel() * t.element_size());
-  pg.broadcast(ts, opts)->wait();
+  wait_work(pg.broadcast(ts, opts), "broadcast", &mesh, mesh_dim);
   return stage ? t.to(tensor.device()) : t;
 }
 
@@ -286,6 +291,7 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   const auto me = mesh.coordinate(mesh_dim);
   if (n == 1) return full;
   auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   // c10d scatter needs equal sizes: pad every chunk to the largest extent, trim after.
   int64_t max_extent = 0;
   for (auto e : extents) max_extent = std::max(max_extent, e);
@@ -311,7 +317,7 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   c10d::ScatterOptions so;
   so.rootRank = root;
   record_collective("scatter", me == root ? out.numel() * out.element_size() * n : 0);
-  pg.scatter(outputs, inputs, so)->wait();
+  wait_work(pg.scatter(outputs, inputs, so), "scatter", &mesh, mesh_dim);
   auto mine = out.narrow(dim, 0, extents[me]).clone();
   return stage ? mine.to(opts.device()) : mine;
 }
@@ -343,6 +349,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
     return ex;
   }
   auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   const auto me = mesh.coordinate(mesh_dim);
   const int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
   if (!send.empty()) {
@@ -386,7 +393,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
 }
 
 std::vector<at::Tensor> RingExchange::wait() {
-  for (auto& w : works_) w->wait();
+  for (auto& w : works_) wait_work(w, "ring send/recv");
   works_.clear();
   keep_alive_.clear();
   if (!done_.empty()) return std::move(done_);
@@ -402,26 +409,50 @@ std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
   return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0).wait();
 }
 
-std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
-                                                  int64_t mesh_dim) {
-  const auto n = mesh.size(mesh_dim);
+namespace {
+// Small metadata: on a CUDA-only backend it must travel on the device.
+at::Tensor metadata_tensor(const std::vector<int64_t>& values, c10d::ProcessGroup& pg) {
   auto local = at::tensor(values, at::TensorOptions().dtype(at::kLong));
-  if (n == 1) return {values};
-  auto& pg = *mesh.group(mesh_dim);
-  // Small metadata: on a CUDA-only backend it must travel on the device.
   bool cuda = false;
   try {
     cuda = pg.getBackend(c10::DeviceType::CPU) == nullptr;
   } catch (const std::exception&) {
     cuda = true;
   }
-  at::Tensor in = cuda ? local.cuda() : local;
+  return cuda ? local.cuda() : local;
+}
+} // namespace
+
+std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, const Mesh& mesh) {
+  std::vector<int64_t> out = values;
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (mesh.size(m) == 1) continue;
+    auto& pg = *mesh.group(m);
+    GilReleased no_gil; // see comm/wait.h
+    std::vector<at::Tensor> ts{metadata_tensor(out, pg)};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MIN;
+    record_collective("all_reduce", ts[0].numel() * ts[0].element_size());
+    wait_work(pg.allreduce(ts, opts), "all_reduce (agreement check)", &mesh, m);
+    auto c = ts[0].cpu();
+    out.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
+                                                  int64_t mesh_dim) {
+  const auto n = mesh.size(mesh_dim);
+  if (n == 1) return {values};
+  auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
+  at::Tensor in = metadata_tensor(values, pg);
   std::vector<at::Tensor> outs;
   for (int64_t i = 0; i < n; ++i) outs.push_back(at::empty_like(in));
   std::vector<std::vector<at::Tensor>> out_lists{outs};
   std::vector<at::Tensor> in_list{in};
   record_collective("all_gather", in.numel() * in.element_size() * n);
-  pg.allgather(out_lists, in_list)->wait();
+  wait_work(pg.allgather(out_lists, in_list), "all_gather (metadata)", &mesh, mesh_dim);
   std::vector<std::vector<int64_t>> result;
   for (auto& t : out_lists[0]) {
     auto c = t.cpu();

@@ -90,4 +90,8 @@ std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
                                                   int64_t mesh_dim);
 
+// Element-wise minimum of a small int64 vector (same length on every rank) over every rank of the mesh: one
+// all-reduce per mesh dim, in mesh-dim order.
+std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, const Mesh& mesh);
+
 } // namespace shardtensor::comm

@@ -10,7 +10,9 @@
 #include "dispatch/registry.h"
 
 #include "dispatch/args.h"
+#include "dispatch/consistency.h"
 #include "dispatch/promote.h"
+#include "dispatch/write_back.h"
 #include "ops/ops.h"
 
 #include <shardtensor/shard_tensor.h>
@@ -32,8 +34,9 @@ namespace {
 
 struct Slot {
   c10::OperatorName name;
-  BoxedHandler handler;           // empty: no rule
+  BoxedHandler handler;             // empty: no rule
   AutogradHandler autograd_handler; // empty: the op's own autograd formula
+  std::vector<size_t> written;      // arguments the op writes in place (Tensor(a!))
 };
 
 struct Registry {
@@ -49,11 +52,36 @@ Registry& registry() {
   return *r;
 }
 
+// A collective that failed inside a handler (a peer died or raised first, a timeout): the error names the op and
+// the layouts of its arguments (handlers leave their arguments on the stack until their collectives are done).
+[[noreturn]] void rethrow_with_op(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
+                                  const c10::DistBackendError& e) {
+  const bool has_args = stack->size() >= op.schema().arguments().size();
+  C10_THROW_ERROR(DistBackendError, std::string(e.what_without_backtrace()) + "\n  while running " +
+                                        qualified_name(op) +
+                                        (has_args ? " with arguments " + describe_shard_args(op, stack) : ""));
+}
+
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    try {
+      run(op, stack);
+    } catch (const c10::DistBackendError& e) {
+      rethrow_with_op(op, stack, e);
+    }
+  }
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!slot->handler) not_implemented(op, stack);
+    if (consistency_check_enabled()) check_op_consistency(op, stack);
+    if (slot->written.empty() || !any_select_copies()) return slot->handler(op, stack);
+    // In-place and out= ops: copies of x[i] along a sharded dim write through to x (write_back.h).
+    const auto base = stack->size() - op.schema().arguments().size();
+    std::vector<at::Tensor> written;
+    for (auto i : slot->written)
+      if ((*stack)[base + i].isTensor()) written.push_back((*stack)[base + i].toTensor());
     slot->handler(op, stack);
+    for (const auto& t : written) after_write(t);
   }
   Slot* slot;
 };
@@ -88,7 +116,10 @@ torch::Library& library_for(std::unordered_map<std::string, std::unique_ptr<torc
 Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHandle& handle) {
   auto it = r.slots.find(name);
   if (it != r.slots.end()) return it->second.get();
-  auto slot = std::make_unique<Slot>(Slot{name, nullptr});
+  auto slot = std::make_unique<Slot>(Slot{name, nullptr, nullptr, {}});
+  const auto& args = handle.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
   auto* raw = slot.get();
   const auto sep = name.name.find("::");
   const auto ns = name.name.substr(0, sep);

@@ -130,6 +130,8 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   const auto mesh_ndim = static_cast<size_t>(mesh->ndim());
 
   // Output layout.
+  at::Tensor completed_local; // a Partial written tensor completed for a non-linear op
+  SpecPtr completed_spec;
   Placements target(mesh_ndim, Placement::replicate());
   DimExtents target_ext;
   if (written && shard_impl(written->value)) {
@@ -144,10 +146,12 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
       keep_partial = keep_partial && p && *p == wspec->placements[m];
     }
     if (!keep_partial) {
-      // Complete the pending reduction of the written tensor in place before updating it.
+      // Complete the pending reduction and run the op on the complete value; the result is stored back into the
+      // written tensor's own buffer as Partial terms (below), so views sharing that buffer see the update.
       auto full = resolve_partial(written->value);
-      wimpl->shallow_copy_from(full.getIntrusivePtr());
-      wspec = wimpl->spec();
+      completed_local = shard_impl(full)->local();
+      completed_spec = shard_impl(full)->spec();
+      wspec = completed_spec;
     }
     target = wspec->placements;
     target_ext = wspec->dim_extents();
@@ -174,15 +178,24 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   }
 
   // Bring every input to the output layout (aligned to its own dims; broadcast dims stay Replicate).
-  for (const auto& a : inputs) {
-    if (a.scalar_like) continue;
-    (*stack)[base + a.index] = local_aligned(a.value, mesh, out_shape, target, target_ext);
-  }
+  // Every collective runs before the stack changes, so a failing one can still name the op's arguments.
+  std::vector<at::Tensor> aligned;
+  for (const auto& a : inputs)
+    aligned.push_back(a.scalar_like ? at::Tensor() : local_aligned(a.value, mesh, out_shape, target, target_ext));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (aligned[i].defined()) (*stack)[base + inputs[i].index] = aligned[i];
   for (const auto& a : inputs)
     if (a.scalar_like && shard_impl(a.value)) (*stack)[base + a.index] = shard_impl(a.value)->local();
-  if (written) (*stack)[base + written->index] = dispatch::local_or_self(written->value);
+  if (written)
+    (*stack)[base + written->index] = completed_local.defined() ? completed_local : dispatch::local_or_self(written->value);
 
   op.callBoxed(stack);
+
+  if (completed_local.defined()) {
+    auto* wimpl = shard_impl(written->value);
+    auto terms = redistribute_local(completed_local, *completed_spec, *wimpl->spec());
+    if (!terms.is_same(wimpl->local())) wimpl->local().copy_(terms);
+  }
 
   // Wrap results.
   const auto& returns = schema.returns();

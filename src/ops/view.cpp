@@ -3,6 +3,8 @@
 // Slicing and selecting along a sharded dim use global indices; cat along a sharded dim gathers that dim.
 #include "ops/common.h"
 
+#include "dispatch/write_back.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/InferSize.h>
 #include <ATen/TensorUtils.h>
@@ -355,8 +357,11 @@ void select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (index < 0) index += self.size(dim);
   auto t = self;
   const auto& spec0 = spec_of(self);
-  if (auto m = spec0.mesh_dim_of(dim); m >= 0) {
-    // The index lives on one rank: slice it out, then replicate that one slice along the mesh dim.
+  const auto global_index = index;
+  const auto sharded_on = spec0.mesh_dim_of(dim);
+  if (auto m = sharded_on; m >= 0) {
+    // The index lives on one rank: slice it out, then replicate that one slice along the mesh dim (a collective).
+    // The result is a copy; writes into it are written back to the owner (dispatch/write_back.h).
     t = at::slice(self, dim, index, index + 1);
     auto placements = spec_of(t).placements;
     placements[m] = Placement::replicate();
@@ -374,9 +379,10 @@ void select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   auto out_shape = self.sizes().vec();
   out_shape.erase(out_shape.begin() + dim);
-  auto out = shard_impl(t)->local().select(dim, index);
+  auto out = wrap(shard_impl(t)->local().select(dim, index), spec.mesh, out_p, out_shape, out_ext);
+  if (sharded_on >= 0) dispatch::register_select_copy(self, out, dim, global_index, sharded_on);
   torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+  torch::jit::push(*stack, std::move(out));
 }
 
 // split.Tensor / split_with_sizes / unbind: as global slices / selects.

@@ -1,0 +1,50 @@
+#include "comm/wait.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <sstream>
+
+namespace shardtensor::comm {
+
+namespace {
+
+std::atomic<void* (*)()> g_release{nullptr};
+std::atomic<void (*)(void*)> g_restore{nullptr};
+
+} // namespace
+
+GilReleased::GilReleased() {
+  if (auto release = g_release.load()) token_ = release();
+}
+
+GilReleased::~GilReleased() {
+  if (token_) g_restore.load()(token_);
+}
+
+void set_gil_hooks(GilHooks hooks) {
+  g_restore = hooks.restore;
+  g_release = hooks.release;
+}
+
+void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* kind, const Mesh* mesh, int64_t mesh_dim) {
+  std::string failure;
+  {
+    GilReleased no_gil;
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (failure.empty()) return;
+  std::ostringstream os;
+  os << "ShardTensor: the " << kind << " collective";
+  if (mesh && mesh_dim >= 0) os << " along mesh dim " << mesh_dim << " (" << mesh->size(mesh_dim) << " ranks) of " << mesh->str();
+  os << " failed. A peer rank may have died, raised before reaching it, or issued a different collective; the "
+        "process group's timeout bounds the wait (shardtensor.init_distributed(timeout=...)). Cause: "
+     << failure;
+  C10_THROW_ERROR(DistBackendError, os.str());
+}
+
+} // namespace shardtensor::comm

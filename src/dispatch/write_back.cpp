@@ -1,0 +1,140 @@
+#include "dispatch/write_back.h"
+
+#include <shardtensor/shard_tensor.h>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+namespace shardtensor::dispatch {
+
+namespace {
+
+// A replicated copy of base[..., index, ...] (index along `dim`, global). Both are held by their buffers, weakly
+// (the entry keeps neither alive) and with their local geometry: the base tensor itself is often a temporary
+// view (x[1:, i]) whose buffer is x's, and a write must reach that buffer as it would on one device.
+struct Local {
+  explicit Local(const at::Tensor& t)
+      : storage(t.storage().getWeakStorageImpl()), offset(t.storage_offset()), sizes(t.sizes().vec()),
+        strides(t.strides().vec()), dtype(t.scalar_type()), device(t.device()) {}
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t offset;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  at::Device device;
+  // The tensor again, or undefined when its buffer is gone.
+  at::Tensor get() const {
+    auto s = storage.lock();
+    if (!s) return {};
+    return at::empty({0}, at::TensorOptions().dtype(dtype).device(device))
+        .set_(c10::Storage(std::move(s)), offset, sizes, strides);
+  }
+};
+
+// One select along a sharded dim: `base`[..., index, ...] along `dim`, which mesh dim `mesh_dim` shards in `spec`.
+struct Step {
+  Local base;
+  SpecPtr spec;
+  int64_t dim, index, mesh_dim;
+};
+
+// steps[0] selected the copy from its base; steps[k > 0] are the selects that made steps[k-1]'s base, when that
+// base was itself a copy (x[i][j] with i and j sharded on two mesh dims; the middle copy is often a temporary).
+struct Entry {
+  Local copy;
+  std::vector<Step> steps;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const c10::StorageImpl*, Entry> entries;
+  size_t sweep_at = 64;
+};
+
+Registry& registry() {
+  static auto* r = new Registry(); // never destroyed: ops may run during interpreter shutdown
+  return *r;
+}
+
+std::atomic<size_t> g_entries{0};
+
+void sweep(Registry& r) {
+  for (auto it = r.entries.begin(); it != r.entries.end();) {
+    if (it->second.copy.storage.expired()) {
+      it = r.entries.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  r.sweep_at = 2 * r.entries.size() + 64;
+  g_entries = r.entries.size();
+}
+
+const c10::StorageImpl* storage_key(const at::Tensor& local) {
+  return local.has_storage() ? local.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+void write_back_storage(const c10::StorageImpl* key) {
+  if (!key) return;
+  std::optional<Entry> found;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.entries.find(key);
+    if (it == r.entries.end()) return;
+    found = it->second;
+  }
+  auto copy = found->copy.get();
+  // Gone (or the address reused by another buffer): nothing can read the copy any more.
+  if (!copy.defined() || storage_key(copy) != key) return;
+  const auto& steps = found->steps;
+  std::vector<int64_t> local_index(steps.size());
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const auto& st = steps[k];
+    const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
+    const auto off = st.spec->offset_of(st.mesh_dim, coord);
+    // This rank holds no part of the copy in this base, nor in any base further up (same mesh dim, same shard).
+    if (st.index < off || st.index >= off + st.spec->extents[st.mesh_dim][coord]) return;
+    local_index[k] = st.index - off;
+    auto region = st.base.get();
+    if (!region.defined()) continue; // a temporary base that is gone: write the bases further up
+    for (size_t j = k + 1; j-- > 0;) region = region.select(steps[j].dim, local_index[j]);
+    region.copy_(copy);
+  }
+}
+
+} // namespace
+
+void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_t dim, int64_t index,
+                          int64_t mesh_dim) {
+  auto* bimpl = shard_impl(base);
+  auto* cimpl = shard_impl(copy);
+  TORCH_INTERNAL_ASSERT(bimpl && cimpl);
+  const auto* key = storage_key(cimpl->local());
+  const auto* base_key = storage_key(bimpl->local());
+  // A copy that aliases the base (e.g. a size-1 mesh dim) is a real view already: writes reach the base.
+  if (!key || !base_key || key == base_key) return;
+  Entry e{Local(cimpl->local()), {Step{Local(bimpl->local()), bimpl->spec(), dim, index, mesh_dim}}};
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (auto it = r.entries.find(base_key); it != r.entries.end() && !it->second.copy.storage.expired())
+    e.steps.insert(e.steps.end(), it->second.steps.begin(), it->second.steps.end());
+  r.entries.insert_or_assign(key, std::move(e));
+  if (r.entries.size() >= r.sweep_at) sweep(r);
+  g_entries = r.entries.size();
+}
+
+bool any_select_copies() {
+  return g_entries.load(std::memory_order_relaxed) != 0;
+}
+
+void after_write(const at::Tensor& written) {
+  auto* impl = shard_impl(written);
+  if (!impl) return;
+  write_back_storage(storage_key(impl->local()));
+}
+
+} // namespace shardtensor::dispatch

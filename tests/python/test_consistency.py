@@ -1,0 +1,202 @@
+"""Ranks that disagree raise on every rank (never a wrong number, a hang or an abort): from_local's and
+scatter_tensor's agreement checks, scatter_tensor's src problems sent with the metadata, and the opt-in per-op check
+(SHARDTENSOR_CHECK_CONSISTENCY)."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import close, mesh, randn, rank
+
+
+# ---- from_local ----
+
+def bad_explicit_extents():
+    m = mesh()
+    w = m.size()
+    ext = [2] * w if rank() == 0 else [1] * (w - 1) + [2 + w - 1]   # both sum to 2w; rank 0's view differs
+    local = torch.zeros(ext[rank()], 3)
+    st.from_local(local, m, [st.Shard(0)], sharding_shapes={0: ext})
+
+
+def bad_even_global_shape():
+    m = mesh()
+    n = 8 if rank() == 0 else 9
+    st.from_local(torch.tensor_split(torch.zeros(n, 2), m.size())[rank()].clone(), m, [st.Shard(0)], "even",
+                  global_shape=(n, 2))
+
+
+def bad_placements():
+    m = mesh()
+    pl = [st.Shard(0)] if rank() == 0 else [st.Replicate()]
+    st.from_local(torch.zeros(4, 4), m, pl, "even", global_shape=(4 * m.size(), 4) if rank() == 0 else (4, 4))
+
+
+def bad_dtype_infer():
+    m = mesh()
+    st.from_local(torch.zeros(2, 3, dtype=torch.float64 if rank() == 0 else torch.float32), m, [st.Shard(0)])
+
+
+def bad_ndim_infer():
+    m = mesh()
+    st.from_local(torch.zeros(2, 3) if rank() == 0 else torch.zeros(2, 3, 1), m, [st.Shard(0)])
+
+
+def bad_local_fit_even():
+    m = mesh()
+    # Every rank declares the same layout, but one rank's local tensor does not fit it.
+    rows = torch.tensor_split(torch.zeros(7, 2), m.size())[rank()].shape[0] + (1 if rank() == m.size() - 1 else 0)
+    st.from_local(torch.zeros(rows, 2), m, [st.Shard(0)], "even", global_shape=(7, 2))
+
+
+def bad_infer_2d_lines():
+    m = mesh((2, 2), ("a", "b"))
+    a, b = m.get_coordinate()
+    # Along mesh dim 1 (Replicate) the two lines infer different extents: [1, 2] on b == 0, [2, 1] on b == 1.
+    rows = [[1, 2], [2, 1]][b][a]
+    st.from_local(torch.zeros(rows, 2), m, [st.Shard(0), st.Replicate()])
+
+
+@pytest.mark.parametrize("case,match", [
+    (bad_explicit_extents, "sharding_shapes"),
+    (bad_even_global_shape, "global_shape"),
+    (bad_placements, "placements"),
+    (bad_dtype_infer, "dtype"),
+    (bad_ndim_infer, "ndim"),
+    (bad_local_fit_even, "fits the layout"),
+])
+def test_from_local_disagreement_raises(case, match):
+    errors = harness.expect_error(2, case, match=match, kinds=("ValueError",))
+    assert all("ranks disagree" in msg for _, msg, _ in errors.values())
+
+
+def test_from_local_disagreement_raises_3_ranks():
+    harness.expect_error(3, bad_explicit_extents, match="sharding_shapes", kinds=("ValueError",))
+    harness.expect_error(3, bad_local_fit_even, match="fits the layout", kinds=("ValueError",))
+
+
+def test_from_local_2d_inconsistent_inference_raises():
+    harness.expect_error(4, bad_infer_2d_lines, match="layout", kinds=("ValueError",))
+
+
+def case_from_local_check_cost():
+    """The check is one small all-reduce per mesh dim (explicit/even); check=False communicates nothing."""
+    m = mesh()
+    w = m.size()
+    x = randn(2 * w, 3, seed=1)
+    local = torch.tensor_split(x, w)[rank()].clone()
+    with st.CommCounter() as c:
+        y = st.from_local(local, m, [st.Shard(0)], "even", global_shape=x.shape)
+    assert c.calls == ({"all_reduce": 1} if w > 1 else {}), c.calls
+    with st.CommCounter() as c:
+        z = st.from_local(local, m, [st.Shard(0)], "even", global_shape=x.shape, check=False)
+    assert c.calls == {}, c.calls
+    close(y.full_tensor(), x, what="checked")
+    close(z.full_tensor(), x, what="unchecked")
+    return True
+
+
+def test_from_local_check_cost():
+    for world in (1, 2):
+        harness.run(world, case_from_local_check_cost)
+
+
+# ---- scatter_tensor ----
+
+def scatter_none_on_src():
+    st.scatter_tensor(None, 0, mesh(), [st.Shard(0)])
+
+
+def scatter_not_a_tensor_on_src():
+    st.scatter_tensor([[1.0, 2.0]] if rank() == 1 else None, 1, mesh(), [st.Shard(0)])
+
+
+def scatter_shard_tensor_on_src():
+    m = mesh()
+    x = st.distribute_tensor(torch.zeros(4, 2), m, [st.Shard(0)])
+    st.scatter_tensor(x, 0, m, [st.Shard(0)])
+
+
+def scatter_src_differs():
+    st.scatter_tensor(torch.zeros(4, 2), rank() % 2, mesh(), [st.Shard(0)])
+
+
+def scatter_placements_differ():
+    st.scatter_tensor(torch.zeros(4, 2) if rank() == 0 else None, 0, mesh(),
+                      [st.Shard(0)] if rank() == 0 else [st.Shard(1)])
+
+
+def case_scatter_then_works():
+    """After failed scatters the pool still communicates: a good scatter right after."""
+    m = mesh()
+    x = randn(5, 2, seed=2)
+    s = st.scatter_tensor(x if rank() == 0 else None, 0, m, [st.Shard(0)])
+    close(s.full_tensor(), x, what="scatter after errors")
+    return True
+
+
+@pytest.mark.parametrize("case,match", [
+    (scatter_none_on_src, "passed no tensor"),
+    (scatter_not_a_tensor_on_src, "passed no tensor"),
+    (scatter_shard_tensor_on_src, "passed a ShardTensor"),
+    (scatter_src_differs, "src"),
+    (scatter_placements_differ, "placements"),
+])
+def test_scatter_errors_raise_everywhere(case, match):
+    for world in (2, 3):
+        harness.expect_error(world, case, match=match, kinds=("ValueError",))
+    harness.run(3, case_scatter_then_works)
+
+
+# ---- the opt-in per-op check ----
+
+def _disagreeing_layout():
+    # distribute_tensor slices locally and checks nothing, so ranks can build different layouts of one tensor.
+    m = mesh()
+    w = m.size()
+    ext = [4] + [0] * (w - 1) if rank() == 0 else [0] * (w - 1) + [4]
+    return st.distribute_tensor(torch.arange(8.0).view(4, 2), m, [st.Shard(0)], {0: ext})
+
+
+def per_op_check_catches_layouts():
+    previous = st._C.set_consistency_check(True)
+    try:
+        x = _disagreeing_layout()
+        (x * 2).sum()     # elementwise: no communication of its own, a silently wrong sum without the check
+    finally:
+        st._C.set_consistency_check(previous)
+
+
+def per_op_check_catches_ops():
+    previous = st._C.set_consistency_check(True)
+    try:
+        x = st.distribute_tensor(torch.arange(8.0).view(4, 2), mesh(), [st.Shard(0)])
+        x.exp() if rank() == 0 else x.neg()
+    finally:
+        st._C.set_consistency_check(previous)
+
+
+def case_per_op_check_agreeing_ranks():
+    previous = st._C.set_consistency_check(True)
+    try:
+        m = mesh()
+        x = randn(6, 3, seed=4)
+        xs = st.distribute_tensor(x, m, [st.Shard(0)])
+        with st.CommCounter() as c:
+            y = (xs * 2 + 1).exp()
+        assert c.calls.get("all_reduce", 0) >= 3 or m.size() == 1, c.calls   # one check per op
+        close(y.full_tensor(), (x * 2 + 1).exp(), what="checked ops")
+    finally:
+        st._C.set_consistency_check(previous)
+    # Off by default: the same ops communicate nothing.
+    with st.CommCounter() as c:
+        (xs * 2 + 1).exp()
+    assert c.calls == {}, c.calls
+    return True
+
+
+def test_per_op_check():
+    for world in (2, 3):
+        harness.expect_error(world, per_op_check_catches_layouts, match="argument layouts", kinds=("ValueError",))
+        harness.expect_error(world, per_op_check_catches_ops, match="op", kinds=("ValueError",))
+        harness.run(world, case_per_op_check_agreeing_ranks)
