@@ -41,6 +41,11 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, conn):
     sys.path.insert(0, HERE)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import faulthandler
+    import signal
+
+    # On a hang the parent asks every rank for its Python stacks before killing the pool.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     import datetime
 
     import torch
@@ -83,6 +88,7 @@ class Pool:
         results, errors = {}, {}
         for r, c in enumerate(self.conns):
             if not c.poll(timeout):
+                self.dump_stacks()
                 self.kill()
                 raise CaseTimeout(f"{fn.__name__}{args}: rank {r} did not finish within {timeout}s (hang?)")
             status, value = c.recv()
@@ -96,6 +102,23 @@ class Pool:
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
+
+    def dump_stacks(self):
+        import signal
+        import time
+
+        for p in self.procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(2)
+        if os.environ.get("SHARDTENSOR_TEST_GDB"):  # native stacks too (debugging hangs; needs gdb)
+            import subprocess
+
+            for r, p in enumerate(self.procs):
+                if p.is_alive():
+                    bt = subprocess.run(["gdb", "-p", str(p.pid), "-batch", "-ex", "thread apply all bt 30"],
+                                        capture_output=True, text=True, timeout=120).stdout
+                    print(f"==== rank {r} native stacks ====\n{bt}", file=sys.stderr)
 
     def kill(self):
         for p in self.procs:
