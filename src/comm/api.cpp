@@ -13,10 +13,6 @@
 
 namespace shardtensor {
 
-TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
-  m.class_<SpecHolder>("_SpecHolder");
-}
-
 namespace {
 
 using torch::autograd::AutogradContext;

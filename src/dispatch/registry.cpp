@@ -13,7 +13,6 @@
 #include "dispatch/consistency.h"
 #include "dispatch/promote.h"
 #include "dispatch/write_back.h"
-#include "ops/ops.h"
 
 #include <shardtensor/shard_tensor.h>
 
@@ -23,6 +22,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -32,18 +32,25 @@ namespace dispatch {
 
 namespace {
 
+// Rules are read by every dispatch without a lock and replaced rarely (registration): a slot holds an atomic
+// pointer to its current rule; replaced rules stay alive in the registry (never freed), so a dispatch that loaded
+// the old pointer just before a swap finishes safely.
 struct Slot {
+  explicit Slot(c10::OperatorName n) : name(std::move(n)) {}
   c10::OperatorName name;
-  BoxedHandler handler;             // empty: no rule
-  AutogradHandler autograd_handler; // empty: the op's own autograd formula
-  std::vector<size_t> written;      // arguments the op writes in place (Tensor(a!))
+  RuleLevel level = RuleLevel::below_autograd;
+  std::atomic<const BoxedHandler*> handler{nullptr};              // nullptr: no rule
+  std::atomic<const AutogradHandler*> autograd_handler{nullptr}; // nullptr: the op's own autograd formula
+  std::vector<size_t> written;                                   // arguments the op writes in place (Tensor(a!))
 };
 
 struct Registry {
-  std::mutex mutex;
+  std::mutex mutex; // registration only; dispatch reads the slots' atomics
   std::unordered_map<c10::OperatorName, std::unique_ptr<Slot>> slots;
   std::unordered_map<std::string, std::unique_ptr<torch::Library>> shard_libs;
   std::unordered_map<std::string, std::unique_ptr<torch::Library>> autograd_libs;
+  std::vector<std::unique_ptr<const BoxedHandler>> rules;                   // every rule ever set
+  std::vector<std::unique_ptr<const AutogradHandler>> autograd_rules;       // likewise
   bool installed = false;
 };
 
@@ -62,6 +69,7 @@ Registry& registry() {
                                         (has_args ? " with arguments " + describe_shard_args(op, stack) : ""));
 }
 
+// The slot kernel: below autograd for ordinary rules; on both shard keys for above-autograd ones.
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -72,15 +80,16 @@ struct SlotKernel final : c10::OperatorKernel {
     }
   }
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    if (!slot->handler) not_implemented(op, stack);
+    const BoxedHandler* rule = slot->handler.load(std::memory_order_acquire);
+    if (!rule) not_implemented(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
-    if (slot->written.empty() || !any_select_copies()) return slot->handler(op, stack);
+    if (slot->written.empty() || !any_select_copies()) return (*rule)(op, stack);
     // In-place and out= ops: copies of x[i] along a sharded dim write through to x (write_back.h).
     const auto base = stack->size() - op.schema().arguments().size();
     std::vector<at::Tensor> written;
     for (auto i : slot->written)
       if ((*stack)[base + i].isTensor()) written.push_back((*stack)[base + i].toTensor());
-    slot->handler(op, stack);
+    (*rule)(op, stack);
     for (const auto& t : written) after_write(t);
   }
   Slot* slot;
@@ -92,7 +101,8 @@ struct PromoteKernel final : c10::OperatorKernel {
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
     if (at::GradMode::is_enabled()) {
       accumulators = prepare_autograd_args(op, stack);
-      if (slot->autograd_handler && slot->autograd_handler(op, stack)) return;
+      const AutogradHandler* rule = slot->autograd_handler.load(std::memory_order_acquire);
+      if (rule && (*rule)(op, stack)) return;
     }
     // Run the op's generated autograd kernel, which is also bound to AutogradOther.
     auto next = (ks - c10::autograd_dispatch_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther);
@@ -116,7 +126,7 @@ torch::Library& library_for(std::unordered_map<std::string, std::unique_ptr<torc
 Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHandle& handle) {
   auto it = r.slots.find(name);
   if (it != r.slots.end()) return it->second.get();
-  auto slot = std::make_unique<Slot>(Slot{name, nullptr, nullptr, {}});
+  auto slot = std::make_unique<Slot>(name);
   const auto& args = handle.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i)
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
@@ -133,6 +143,34 @@ Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHan
   }
   r.slots.emplace(name, std::move(slot));
   return raw;
+}
+
+// Bind a rule that runs before autograd (RuleLevel::above_autograd): the slot kernel on both shard keys.
+Slot* bind_above_autograd(Registry& r, const c10::OperatorName& name, const c10::OperatorHandle& handle) {
+  auto it = r.slots.find(name);
+  if (it != r.slots.end()) {
+    TORCH_INTERNAL_ASSERT(it->second->level == RuleLevel::above_autograd, qualified(name),
+                          " already has a rule below autograd");
+    return it->second.get();
+  }
+  TORCH_INTERNAL_ASSERT(!handle.hasKernelForDispatchKey(kShardKey), qualified(name), " is bound already");
+  auto slot = std::make_unique<Slot>(name);
+  slot->level = RuleLevel::above_autograd;
+  auto* raw = slot.get();
+  const auto sep = name.name.find("::");
+  const auto ns = name.name.substr(0, sep);
+  const auto local_name = qualified(name).substr(sep + 2);
+  library_for(r.autograd_libs, ns, kShardAutogradKey)
+      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SlotKernel>(raw)));
+  library_for(r.shard_libs, ns, kShardKey)
+      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SlotKernel>(raw)));
+  r.slots.emplace(name, std::move(slot));
+  return raw;
+}
+
+void store_rule(Registry& r, Slot* slot, BoxedHandler handler) {
+  r.rules.push_back(std::make_unique<const BoxedHandler>(std::move(handler)));
+  slot->handler.store(r.rules.back().get(), std::memory_order_release);
 }
 
 bool should_bind(const c10::OperatorHandle& h) {
@@ -184,10 +222,14 @@ void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool stric
                                 "register_handler: '", qualified(name),
                                 "' is composite-implicit (it decomposes into other ops); register handlers "
                                 "for the ops it decomposes into instead");
-    bind_op(r, name, *h)->handler = std::move(handler);
+    store_rule(r, bind_op(r, name, *h), std::move(handler));
     return;
   }
-  it->second->handler = std::move(handler);
+  TORCH_CHECK_NOT_IMPLEMENTED(!strict || it->second->level == RuleLevel::below_autograd, "register_handler: '",
+                              qualified(name), "' has a built-in rule that runs above autograd (it records its own "
+                              "backward); a registered handler runs below autograd and cannot replace it. Register "
+                              "handlers for the ops it calls instead");
+  store_rule(r, it->second.get(), std::move(handler));
 }
 
 void set_autograd_handler(const char* qualified_name, AutogradHandler handler) {
@@ -198,11 +240,18 @@ void set_autograd_handler(const char* qualified_name, AutogradHandler handler) {
   auto h = c10::Dispatcher::singleton().findOp(it->first);
   TORCH_INTERNAL_ASSERT(h && h->hasKernelForDispatchKey(c10::DispatchKey::Autograd), qualified_name,
                         " has no autograd kernel to replace");
-  it->second->autograd_handler = std::move(handler);
+  r.autograd_rules.push_back(std::make_unique<const AutogradHandler>(std::move(handler)));
+  it->second->autograd_handler.store(r.autograd_rules.back().get(), std::memory_order_release);
 }
 
-void set_handler(const char* qualified_name, BoxedHandler handler) {
-  set_handler(parse_name(qualified_name), std::move(handler), /*strict=*/false);
+void set_handler(const char* qualified_name, BoxedHandler handler, RuleLevel level) {
+  if (level == RuleLevel::below_autograd) return set_handler(parse_name(qualified_name), std::move(handler), false);
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto name = parse_name(qualified_name);
+  auto h = c10::Dispatcher::singleton().findOp(name);
+  TORCH_INTERNAL_ASSERT(h.has_value(), qualified_name, " is not defined (its schema belongs in src/library.cpp)");
+  store_rule(r, bind_above_autograd(r, name, *h), std::move(handler));
 }
 
 void set_handler_all_overloads(const char* base_name, BoxedHandler handler) {
@@ -240,7 +289,7 @@ bool has_handler(const std::string& op_name) {
   auto& r = dispatch::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.slots.find(dispatch::parse_name(op_name.find("::") == std::string::npos ? "aten::" + op_name : op_name));
-  return it != r.slots.end() && it->second->handler != nullptr;
+  return it != r.slots.end() && it->second->handler.load() != nullptr;
 }
 
 std::vector<std::string> registered_handlers() {
@@ -248,19 +297,9 @@ std::vector<std::string> registered_handlers() {
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> out;
   for (const auto& [name, slot] : r.slots)
-    if (slot->handler) out.push_back(dispatch::qualified(name));
+    if (slot->handler.load()) out.push_back(dispatch::qualified(name));
   std::sort(out.begin(), out.end());
   return out;
 }
-
-namespace {
-// Installed when the library loads; every aten op is registered by then (libtorch loads first).
-struct Installer {
-  Installer() {
-    dispatch::install_dispatch();
-    ops::register_all();
-  }
-} installer;
-} // namespace
 
 } // namespace shardtensor

@@ -10,11 +10,23 @@ namespace shardtensor::dispatch {
 // Called once (from the library's static initializer, after every aten op is registered).
 void install_dispatch();
 
+// Where a rule runs. Every rule, built-in or registered, lives in the op's slot (so registered_handlers() lists
+// it) and is swapped atomically: a dispatch running concurrently with a registration sees the old or the new rule.
+enum class RuleLevel {
+  // The slot's PrivateUse1 kernel: below autograd, the op's own derivative formula records the backward.
+  below_autograd,
+  // Before autograd and before a composite-implicit op decomposes: bound to AutogradPrivateUse1 and, since
+  // inference mode skips autograd keys, to PrivateUse1 too. For composite ops whose decomposition loses the
+  // layout (linear, matmul, scaled_dot_product_attention, batch_norm, upsample .vec, _pad_circular, max_pool1d)
+  // and custom ops whose rule records its own backward (knn, radius_search, neighborhood_attention).
+  above_autograd,
+};
+
 // Built-in registration helpers for src/ops: register by full name or by all overloads of a base name.
 // `strict`: raise for composite-implicit ops (user registrations); built-ins skip them quietly, since such
 // ops decompose into ops that have rules.
 void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool strict = false);
-void set_handler(const char* qualified_name, BoxedHandler handler);
+void set_handler(const char* qualified_name, BoxedHandler handler, RuleLevel level = RuleLevel::below_autograd);
 void set_handler_all_overloads(const char* base_name, BoxedHandler handler);
 
 // An op's rule above autograd, run (with grad mode on) instead of the op's own derivative formula after plain

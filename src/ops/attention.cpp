@@ -16,6 +16,7 @@
 #include "ops/attention_all_to_all.h"
 #include "ops/attention_ring.h"
 #include "ops/attention_seq.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 
@@ -267,11 +268,7 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
 } // namespace
 
 void register_attention() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_entry));
-  // Inference mode skips autograd keys: bind the same entry point below autograd too.
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_entry));
+  dispatch::set_handler("aten::scaled_dot_product_attention", dispatch::typed_handler(&sdpa_entry), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -4,6 +4,7 @@
 // updated from the global statistics, so they are identical on every rank and equal to single-device ones.
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
 #include "comm/collectives.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -179,10 +180,7 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
 } // namespace
 
 void register_batch_norm() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("batch_norm", TORCH_FN(batch_norm_entry));
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("batch_norm", TORCH_FN(batch_norm_entry));
+  dispatch::set_handler("aten::batch_norm", dispatch::typed_handler(&batch_norm_entry), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -497,26 +497,14 @@ const std::vector<OpNames>& op_table() {
   return t;
 }
 
-template <size_t I>
-void vec_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  vec_entry(op_table()[I].info, op, stack);
-}
-
-template <size_t... I>
-void register_vec(torch::Library& lib, std::index_sequence<I...>) {
-  (lib.impl((std::string(op_table()[I].fwd) + ".vec").c_str(), torch::CppFunction::makeFromBoxedFunction<&vec_kernel<I>>()),
-   ...);
-}
-
 } // namespace
 
 void register_interpolate() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  register_vec(autograd_lib, std::make_index_sequence<10>{});
-  register_vec(shard_lib, std::make_index_sequence<10>{});
   for (const auto& e : op_table()) {
     const auto info = e.info;
+    dispatch::set_handler((std::string("aten::") + e.fwd + ".vec").c_str(),
+                          [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { vec_entry(info, op, s); },
+                          dispatch::RuleLevel::above_autograd);
     dispatch::set_handler((std::string("aten::") + e.fwd).c_str(),
                           [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { forward_handler(info, op, s); });
     dispatch::set_handler((std::string("aten::") + e.bwd).c_str(),

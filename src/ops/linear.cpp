@@ -6,6 +6,7 @@
 #include "comm/redistribute.h"
 #include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -250,13 +251,9 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
 void register_linear() {
   for (const char* name : {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
     dispatch::set_handler(name, contraction_handler);
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("linear", TORCH_FN(linear_autograd));
-  autograd_lib.impl("matmul", TORCH_FN(matmul_autograd));
-  // Inference mode skips autograd keys: bind the same entry points below autograd too.
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("linear", TORCH_FN(linear_autograd));
-  shard_lib.impl("matmul", TORCH_FN(matmul_autograd));
+  // Composite-implicit: their decomposition would flatten a token-sharded input (see docs/architecture.md).
+  dispatch::set_handler("aten::linear", dispatch::typed_handler(&linear_autograd), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::matmul", dispatch::typed_handler(&matmul_autograd), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -1,7 +1,7 @@
 // Neighbourhood attention (NATTEN semantics) as custom ops in namespace `shardtensor`, for plain tensors and
 // ShardTensors.
 //
-// Ops (TORCH_LIBRARY_FRAGMENT: other files define ops in this namespace too):
+// Ops (schemas in src/library.cpp):
 //  - neighborhood_attention(q, k, v, kernel_size, dilation?, scale?): q, k [B, spatial..., H, D],
 //    v [B, spatial..., H, Dv], len(kernel_size) spatial dims (1..3). Query i attends to the K keys starting at
 //    clamp(i - K/2, 0, L - K) per dim (the window shifts inward at the borders, so every query sees exactly K^d
@@ -22,6 +22,7 @@
 // reverse dim order. Zero-extent ranks take part in every collective.
 #include "comm/halo_plan.h"
 #include "dispatch/promote.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/neighborhood_kernels.h"
 #include "ops/ops.h"
@@ -468,24 +469,12 @@ at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Te
 } // namespace
 
 void register_neighborhood_attention() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "shardtensor", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("neighborhood_attention", TORCH_FN(na_shard));
-  // Inference mode skips autograd keys: bind the same entry point below autograd too.
-  static torch::Library shard_lib(torch::Library::IMPL, "shardtensor", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("neighborhood_attention", TORCH_FN(na_shard));
+  dispatch::set_handler("shardtensor::neighborhood_attention", dispatch::typed_handler(&na_shard), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops
 
-TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
-  m.def("neighborhood_attention(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[]? dilation=None, "
-        "float? scale=None) -> Tensor");
-  m.def("neighborhood_attention_forward(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[] dilation, "
-        "int[] query_offset, int[] key_offset, int[] extent, float scale) -> (Tensor out, Tensor lse)");
-  m.def("neighborhood_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
-        "Tensor lse, int[] kernel_size, int[] dilation, int[] query_offset, int[] key_offset, int[] extent, "
-        "float scale) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
-}
+// The schemas are in src/library.cpp.
 
 TORCH_LIBRARY_IMPL(shardtensor, CPU, m) {
   m.impl("neighborhood_attention", TORCH_FN(shardtensor::ops::na_backend));

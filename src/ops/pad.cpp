@@ -5,6 +5,7 @@
 #include "comm/halo_plan.h"
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <torch/autograd.h>
@@ -139,10 +140,7 @@ at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
 } // namespace
 
 void register_pad() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("_pad_circular", TORCH_FN(pad_circular_entry));
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("_pad_circular", TORCH_FN(pad_circular_entry));
+  dispatch::set_handler("aten::_pad_circular", dispatch::typed_handler(&pad_circular_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::constant_pad_nd", constant_pad_handler);
   for (const char* n : {"aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d"})
     dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_handler(comm::PadMode::Reflect, op, s); });

@@ -148,13 +148,7 @@ void check_radius_args(const at::Tensor& points, const at::Tensor& queries, doub
 
 } // namespace shardtensor::ops::points
 
-// Another part of the project defines ops in this namespace too: fragments only.
-TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
-  m.def("knn(Tensor points, Tensor queries, int k) -> (Tensor indices, Tensor distances)");
-  m.def("radius_search(Tensor points, Tensor queries, float radius, int max_neighbors) -> (Tensor indices, Tensor "
-        "distances)");
-}
-
+// The schemas are in src/library.cpp.
 TORCH_LIBRARY_IMPL(shardtensor, CPU, m) {
   m.impl("knn", TORCH_FN(shardtensor::ops::points::knn_kernel));
   m.impl("radius_search", TORCH_FN(shardtensor::ops::points::radius_kernel));

@@ -22,6 +22,7 @@
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 #include "ops/point_search_kernels.h"
@@ -244,13 +245,8 @@ SearchResult radius_entry(const at::Tensor& points, const at::Tensor& queries, d
 } // namespace
 
 void register_point_search() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "shardtensor", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("knn", TORCH_FN(knn_entry));
-  autograd_lib.impl("radius_search", TORCH_FN(radius_entry));
-  // Inference mode skips autograd keys: bind the same entry points below autograd too.
-  static torch::Library shard_lib(torch::Library::IMPL, "shardtensor", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("knn", TORCH_FN(knn_entry));
-  shard_lib.impl("radius_search", TORCH_FN(radius_entry));
+  dispatch::set_handler("shardtensor::knn", dispatch::typed_handler(&knn_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("shardtensor::radius_search", dispatch::typed_handler(&radius_entry), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -19,6 +19,7 @@
 #include "comm/collectives.h"
 #include "comm/halo_plan.h"
 #include "comm/redistribute.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
@@ -740,10 +741,7 @@ void bind(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 } // namespace
 
 void register_pool() {
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("max_pool1d", TORCH_FN(max_pool1d_entry));
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("max_pool1d", TORCH_FN(max_pool1d_entry));
+  dispatch::set_handler("aten::max_pool1d", dispatch::typed_handler(&max_pool1d_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::max_pool2d_with_indices", bind<max_pool_handler, 2>);
   dispatch::set_handler("aten::max_pool3d_with_indices", bind<max_pool_handler, 3>);
   dispatch::set_handler("aten::max_pool2d_with_indices_backward", bind<max_pool_backward_handler, 2>);

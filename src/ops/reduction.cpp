@@ -2,6 +2,7 @@
 // give Partial(max/min); max/min/argmax/argmin with indices, prod, all/any, norms and var/std combine small
 // per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
 #include "comm/collectives.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -388,10 +389,8 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
 void register_reduction() {
   using dispatch::set_handler;
   // Composite-implicit: bound on both shard keys so it never decomposes into a dense global allocation.
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("value_selecting_reduction_backward", TORCH_FN(value_selecting_backward));
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("value_selecting_reduction_backward", TORCH_FN(value_selecting_backward));
+  dispatch::set_handler("aten::value_selecting_reduction_backward", dispatch::typed_handler(&value_selecting_backward),
+                        dispatch::RuleLevel::above_autograd);
   set_handler("aten::sum", decomposable<Kind::Sum>);
   set_handler("aten::sum.dim_IntList", decomposable<Kind::Sum>);
   set_handler("aten::mean", decomposable<Kind::Mean>);

@@ -1,0 +1,45 @@
+// The library's start-up, in one translation unit so its order is fixed: first the `shardtensor::` operator
+// schemas and classes (every custom op of the project is declared here; its CPU/CUDA/Meta/Autograd kernels live
+// beside their code in src/ops), then the installer, which binds every operator to the ShardTensor dispatch keys
+// and registers the built-in rules (src/ops/*: register_*). Static objects of one translation unit are
+// constructed in order, so every schema exists when a rule is registered for it.
+#include "comm/spec_holder.h"
+#include "dispatch/registry.h"
+#include "ops/ops.h"
+
+#include <torch/library.h>
+
+TORCH_LIBRARY(shardtensor, m) {
+  // The differentiable API keeps specs in autograd contexts (comm/api.cpp).
+  m.class_<shardtensor::SpecHolder>("_SpecHolder");
+
+  // Point search (src/ops/point_search*.cpp, python/shardtensor/ops).
+  m.def("knn(Tensor points, Tensor queries, int k) -> (Tensor indices, Tensor distances)");
+  m.def("radius_search(Tensor points, Tensor queries, float radius, int max_neighbors) -> (Tensor indices, Tensor "
+        "distances)");
+
+  // Neighbourhood attention (src/ops/neighborhood_attention.cpp): the op, and the forward/backward kernels its
+  // sharded rule calls on local tensors.
+  m.def("neighborhood_attention(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[]? dilation=None, "
+        "float? scale=None) -> Tensor");
+  m.def("neighborhood_attention_forward(Tensor query, Tensor key, Tensor value, int[] kernel_size, int[] dilation, "
+        "int[] query_offset, int[] key_offset, int[] extent, float scale) -> (Tensor out, Tensor lse)");
+  m.def("neighborhood_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+        "Tensor lse, int[] kernel_size, int[] dilation, int[] query_offset, int[] key_offset, int[] extent, "
+        "float scale) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+}
+
+namespace shardtensor {
+namespace {
+
+// Runs when the library loads (on `import shardtensor`, or when a C++ program linking it starts); every aten op
+// is registered by then (libtorch loads first) and the schemas above exist.
+struct Installer {
+  Installer() {
+    dispatch::install_dispatch();
+    ops::register_all();
+  }
+} installer;
+
+} // namespace
+} // namespace shardtensor

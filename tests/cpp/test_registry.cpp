@@ -1,0 +1,86 @@
+// The one registration path: every rule (above and below autograd, built-in and registered) is listed, typed
+// handlers run through c10's boxing, and replacing a rule while other threads dispatch the op is safe.
+#include <shardtensor/handler_registry.h>
+#include <shardtensor/shard_tensor.h>
+
+#include "dispatch/typed_handler.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+using namespace shardtensor;
+
+namespace {
+
+MeshPtr one_rank_mesh() {
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups{c10::make_intrusive<c10d::ProcessGroup>(0, 1)};
+  return std::make_shared<const Mesh>(std::vector<int64_t>{1}, groups, std::vector<int64_t>{0},
+                                      std::vector<std::string>{}, c10::DeviceType::CPU, std::vector<int64_t>{0});
+}
+
+// Two rules for aten::roll (local on a one-rank mesh), told apart by their results.
+at::Tensor roll_once(const at::Tensor& self, c10::SymIntArrayRef shifts, at::IntArrayRef dims) {
+  auto* impl = shard_impl(self);
+  return make_shard_tensor(at::roll_symint(impl->local(), shifts, dims), impl->spec());
+}
+
+at::Tensor roll_doubled(const at::Tensor& self, c10::SymIntArrayRef shifts, at::IntArrayRef dims) {
+  auto* impl = shard_impl(self);
+  return make_shard_tensor(at::roll_symint(impl->local(), shifts, dims) * 2, impl->spec());
+}
+
+bool listed(const std::vector<std::string>& names, const std::string& n) {
+  return std::find(names.begin(), names.end(), n) != names.end();
+}
+
+} // namespace
+
+TEST(Registry, ListsEveryRuleAboveAndBelowAutograd) {
+  auto names = registered_handlers();
+  for (const char* n : {"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention", "aten::batch_norm",
+                        "aten::_pad_circular", "aten::max_pool1d", "aten::upsample_bilinear2d.vec",
+                        "aten::upsample_nearest1d.vec", "shardtensor::knn", "shardtensor::radius_search",
+                        "shardtensor::neighborhood_attention", "aten::add.Tensor", "aten::convolution"})
+    EXPECT_TRUE(listed(names, n)) << n << " is not listed";
+  EXPECT_TRUE(has_handler("linear"));
+  EXPECT_TRUE(has_handler("shardtensor::knn"));
+}
+
+TEST(Registry, RegisteredHandlersCannotReplaceRulesAboveAutograd) {
+  // A registered handler runs below autograd; the built-in linear rule records its own backward.
+  EXPECT_THROW(register_handler("aten::linear", [](const c10::OperatorHandle&, torch::jit::Stack*) {}),
+               c10::NotImplementedError);
+}
+
+TEST(Registry, TypedHandlerAndAtomicSwap) {
+  auto mesh = one_rank_mesh();
+  auto spec = ShardSpec::make(mesh, {Placement::shard(0)}, {4, 3});
+  auto x = make_shard_tensor(at::arange(12, at::kFloat).reshape({4, 3}), spec);
+  const auto once = at::roll(at::arange(12, at::kFloat).reshape({4, 3}), {1}, {1});
+
+  register_handler("aten::roll", dispatch::typed_handler(&roll_once));
+  EXPECT_TRUE(at::equal(to_local(at::roll(x, {1}, {1})), once));
+
+  // Swap the rule back and forth while another thread dispatches: every result is one rule's, never a crash.
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> calls{0}, wrong{0};
+  std::thread user([&] {
+    while (!stop.load()) {
+      auto y = to_local(at::roll(x, {1}, {1}));
+      if (!at::equal(y, once) && !at::equal(y, once * 2)) wrong.fetch_add(1);
+      calls.fetch_add(1);
+    }
+  });
+  for (int i = 0; i < 2000 || calls.load() < 200; ++i)
+    register_handler("aten::roll", dispatch::typed_handler(i % 2 ? &roll_once : &roll_doubled));
+  stop = true;
+  user.join();
+  EXPECT_EQ(wrong.load(), 0);
+  // The last rule registered is the one that runs.
+  register_handler("aten::roll", dispatch::typed_handler(&roll_once));
+  EXPECT_TRUE(at::equal(to_local(at::roll(x, {1}, {1})), once));
+}
