@@ -111,6 +111,17 @@ void equal_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   torch::jit::push(*stack, shard_impl(r)->local().item<int64_t>() == 1);
 }
 
+// allclose(self, other, rtol, atol, equal_nan): isclose (elementwise, broadcasting, plain operands Replicate) and
+// all() (one all-reduce of a flag) give the same answer on every rank.
+void allclose_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto close = at::isclose(args[0].toTensor(), args[1].toTensor(), args[2].toDouble(), args[3].toDouble(),
+                           args[4].toBool());
+  const bool all = at::all(close).item<bool>();
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, all);
+}
+
 } // namespace
 
 void register_factory() {
@@ -133,6 +144,7 @@ void register_factory() {
   dispatch::set_handler("aten::is_same_size", is_same_size_handler);
   dispatch::set_handler("aten::as_strided", as_strided_handler);
   dispatch::set_handler("aten::equal", equal_handler);
+  dispatch::set_handler("aten::allclose", allclose_handler);
 }
 
 } // namespace shardtensor::ops
