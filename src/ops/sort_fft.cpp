@@ -1,8 +1,8 @@
-// Ops that work along given dims: sort, topk, the scans other than cumsum (cumprod, cummax,
-// cummin, logcumsumexp), the FFT kernels (_fft_r2c, _fft_c2r, _fft_c2c, behind torch.fft.*) and
-// view_as_real / view_as_complex. Along dims
-// that are not sharded they run on the local shards and every output keeps the input's layout; along a sharded
-// dim they raise with the remedy (each needs the whole dim: a distributed sort or FFT is not implemented).
+// Ops that work along given dims: sort, topk, the scans other than cumsum (cumprod, cummax, cummin,
+// logcumsumexp), the FFT kernels (_fft_r2c, _fft_c2r, _fft_c2c, behind torch.fft.*) and view_as_real /
+// view_as_complex. Along dims that are not sharded they run on the local shards and every output keeps the
+// input's layout; along a sharded dim they raise with the remedy (each needs the whole dim: a distributed sort
+// or FFT is not implemented).
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -40,7 +40,21 @@ void along_dims_handler(DimArg where, const c10::OperatorHandle& op, torch::jit:
                                                "Replicate() first");
     }
   const auto base = stack->size() - args.size();
-  (*stack)[base] = shard_impl(self)->local();
+  // A rank whose shard is empty along a sharded dim runs the op on one row there (kernels such as MKL's FFT
+  // refuse empty input that one device never passes them) and keeps none of the result.
+  auto local = shard_impl(self)->local().resolve_conj().resolve_neg();
+  std::vector<int64_t> emptied;
+  for (const auto& [d, e] : spec.dim_extents())
+    if (local.size(d) == 0 && local.numel() == 0) emptied.push_back(d);
+  if (!emptied.empty()) {
+    auto shape = local.sizes().vec();
+    for (auto d : emptied) shape[d] = 1;
+    if (std::all_of(shape.begin(), shape.end(), [](int64_t n) { return n > 0; }))
+      local = at::zeros(shape, local.options());
+    else
+      emptied.clear();
+  }
+  (*stack)[base] = local;
   op.callBoxed(stack);
   // Outputs: the input's layout (sharded dims precede the dims an op adds or drops); the sizes of the other dims
   // come from the local result.
@@ -48,7 +62,8 @@ void along_dims_handler(DimArg where, const c10::OperatorHandle& op, torch::jit:
   const auto ext = spec.dim_extents();
   for (size_t r = 0; r < nret; ++r) {
     auto& out = (*stack)[stack->size() - nret + r];
-    const auto local = out.toTensor();
+    auto local = out.toTensor();
+    for (auto d : emptied) local = local.narrow(d, 0, 0);
     auto shape = local.sizes().vec();
     for (const auto& [d, e] : ext) {
       int64_t n = 0;
