@@ -21,7 +21,7 @@ from .placement import Partial, Replicate, Shard, from_wire, normalize_placement
 from .profiling import peak_memory
 
 __all__ = [
-    "Shard", "Replicate", "Partial", "ShardTensor", "NotAShardTensorError", "to_dtensor", "from_dtensor",
+    "Shard", "Replicate", "Partial", "ShardTensor", "NotAShardTensorError", "ShardTensorHostAccessError", "to_dtensor", "from_dtensor",
     "scatter_tensor", "distribute_tensor", "from_local", "to_local", "full_tensor", "redistribute",
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
@@ -329,9 +329,10 @@ def _install_tensor_methods():
 
         def method(self, *args, **kwargs):
             if _C.is_shard_tensor(self):
-                raise ShardTensorHostAccessError(f"ShardTensor.{name}(): a ShardTensor has no single buffer (each rank holds a shard); "
-                                f"use x.full_tensor().{name}() for the whole tensor (a collective: call it on every "
-                                f"rank) or x.to_local().{name}() for this rank's shard")
+                raise ShardTensorHostAccessError(
+                    f"ShardTensor.{name}(): a ShardTensor has no single buffer (each rank holds a shard); use "
+                    f"x.full_tensor().{name}() for the whole tensor (a collective: call it on every rank) or "
+                    f"x.to_local().{name}() for this rank's shard")
             return original(self, *args, **kwargs)
 
         method.__name__ = name

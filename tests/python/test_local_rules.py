@@ -165,6 +165,10 @@ def case_zero_extent_reductions(seed):
 def case_host_access(what):
     m = mesh()
     x = st.distribute_tensor(randn(4, 3), m, [st.Shard(0)])
+    if what == "np.asarray":
+        import numpy as np
+
+        np.asarray(x)
     getattr(x, what)()
 
 
@@ -279,7 +283,7 @@ def test_zero_extent_reductions(world):
     harness.run(world, case_zero_extent_reductions, world)
 
 
-@pytest.mark.parametrize("what", ["tolist", "numpy", "data_ptr"])
+@pytest.mark.parametrize("what", ["tolist", "numpy", "data_ptr", "np.asarray"])
 def test_host_access_points_to_full_tensor(what):
     errors = harness.expect_error(2, case_host_access, what, kinds=("ShardTensorHostAccessError",))
     for _, msg, _ in errors.values():
