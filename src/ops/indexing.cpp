@@ -202,18 +202,32 @@ void gather_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, wrap(out, mesh, out_p, index.sizes().vec(), out_ext));
 }
 
-// scatter / scatter_add / scatter_reduce (out-of-place and in place): self's layout; the index and the source are
-// aligned to it (same size along every sharded dim required). A sharded `dim` raises.
-void scatter_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto& schema = op.schema();
-  const bool in_place = schema.arguments()[0].alias_info() && schema.arguments()[0].alias_info()->isWrite();
-  const auto written = args[0].toTensor(); // a plain tensor is Replicate: written through its wrapper
+// The tensor an op writes (argument 0) as a ShardTensor: a plain one is Replicate and is written through its
+// wrapper; in place, a Partial target raises (its terms are not the values being indexed); out of place the input
+// is completed first.
+struct WriteTarget {
+  at::Tensor written, self;
+  bool in_place;
+};
+
+WriteTarget target_of_write(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  const auto& arg0 = op.schema().arguments()[0];
+  const bool in_place = arg0.alias_info() && arg0.alias_info()->isWrite();
+  const auto written = op_args(op, stack)[0].toTensor();
   auto self = dispatch::as_shard(written, dispatch::common_mesh(op, stack));
   if (in_place && shard_impl(self)->spec()->has_partial()) {
     dispatch::not_implemented(op, stack, "writing into a Partial tensor; redistribute it to Replicate() first");
   }
   if (!in_place) self = resolve_partial(self);
+  return {written, self, in_place};
+}
+
+// scatter / scatter_add / scatter_reduce (out-of-place and in place): self's layout; the index and the source are
+// aligned to it (same size along every sharded dim required). A sharded `dim` raises.
+void scatter_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto& schema = op.schema();
+  const auto [written, self, in_place] = target_of_write(op, stack);
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
   const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
@@ -394,14 +408,7 @@ bool local_mask_put(const at::Tensor& self, const c10::List<std::optional<at::Te
 // sharded the values are aligned to the result's layout; `x[mask] = v` with a mask covering sharded dims is local.
 void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = op_args(op, stack);
-  const auto& schema = op.schema();
-  const bool in_place = schema.arguments()[0].alias_info() && schema.arguments()[0].alias_info()->isWrite();
-  const auto written = args[0].toTensor(); // a plain tensor is Replicate: written through its wrapper
-  auto self = dispatch::as_shard(written, dispatch::common_mesh(op, stack));
-  if (in_place && shard_impl(self)->spec()->has_partial()) {
-    dispatch::not_implemented(op, stack, "writing into a Partial tensor; redistribute it to Replicate() first");
-  }
-  if (!in_place) self = resolve_partial(self);
+  const auto [written, self, in_place] = target_of_write(op, stack);
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
   auto list = args[1].toOptionalTensorList();
