@@ -21,7 +21,7 @@ from .placement import Partial, Replicate, Shard, from_wire, normalize_placement
 from .profiling import peak_memory
 
 __all__ = [
-    "Shard", "Replicate", "Partial", "ShardTensor", "NotAShardTensorError", "to_dtensor", "from_dtensor",
+    "Shard", "Replicate", "Partial", "ShardTensor", "NotAShardTensorError", "ShardTensorHostAccessError", "to_dtensor", "from_dtensor",
     "scatter_tensor", "distribute_tensor", "from_local", "to_local", "full_tensor", "redistribute",
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
@@ -142,9 +142,19 @@ def scatter_tensor(tensor: Optional[torch.Tensor], src: int, mesh, placements, s
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
+def _is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed tensors
+        return False
+    return isinstance(t, DTensor)
+
+
 def sync_module(module: torch.nn.Module, mesh, src_rank: Optional[int] = None) -> torch.nn.Module:
     """Broadcast every plain parameter and buffer of ``module`` over the mesh from ``src_rank`` (default: the
-    mesh's first rank), so all domain ranks start from the same weights. ShardTensor parameters are skipped."""
+    mesh's first rank), so all domain ranks start from the same weights. ShardTensor and DTensor parameters and
+    buffers are skipped: each rank already holds its own part of them (a broadcast would overwrite other ranks'
+    shards)."""
     if hasattr(mesh, "get_group"):
         groups = [mesh.get_group(i) for i in range(mesh.ndim)]
         ranks = mesh.mesh.flatten().tolist()
@@ -160,7 +170,8 @@ def sync_module(module: torch.nn.Module, mesh, src_rank: Optional[int] = None) -
         rest //= s
     src_coord.reverse()
     me = mesh.get_coordinate()
-    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if not is_shard_tensor(t)]
+    tensors = [t for t in list(module.parameters()) + list(module.buffers())
+               if not is_shard_tensor(t) and not _is_dtensor(t)]
     with torch.no_grad():
         # Along each mesh dim in turn, from the line that already holds src's values.
         for d in reversed(range(len(shape))):
@@ -279,6 +290,11 @@ class CommCounter:
 
 # ---- torch.Tensor methods and properties for ShardTensors ----
 
+class ShardTensorHostAccessError(TypeError, RuntimeError):
+    """``tolist()``, ``numpy()`` or ``data_ptr()`` on a ShardTensor. A TypeError (the operation does not apply to
+    the type); also a RuntimeError, which PyTorch raised here before (a wrapper without storage)."""
+
+
 def _install_tensor_methods():
     torch.Tensor.full_tensor = full_tensor
     torch.Tensor.to_local = to_local
@@ -306,6 +322,25 @@ def _install_tensor_methods():
         return original_reduce_ex(self, protocol)
 
     torch.Tensor.__reduce_ex__ = __reduce_ex__
+
+    # Host views of the data need one buffer holding the whole tensor; a ShardTensor's wrapper has no storage.
+    def _refuse_host_access(name):
+        original = getattr(torch.Tensor, name)
+
+        def method(self, *args, **kwargs):
+            if _C.is_shard_tensor(self):
+                raise ShardTensorHostAccessError(
+                    f"ShardTensor.{name}(): a ShardTensor has no single buffer (each rank holds a shard); use "
+                    f"x.full_tensor().{name}() for the whole tensor (a collective: call it on every rank) or "
+                    f"x.to_local().{name}() for this rank's shard")
+            return original(self, *args, **kwargs)
+
+        method.__name__ = name
+        method.__doc__ = original.__doc__
+        setattr(torch.Tensor, name, method)
+
+    for name in ("tolist", "numpy", "data_ptr"):
+        _refuse_host_access(name)
 
     original_deepcopy = torch.Tensor.__deepcopy__
 

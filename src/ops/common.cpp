@@ -109,6 +109,8 @@ void register_all() {
   register_point_search();
   register_interpolate();
   register_neighborhood_attention();
+  register_indexing();
+  register_sort_fft();
 }
 
 } // namespace shardtensor::ops

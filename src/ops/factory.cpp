@@ -40,7 +40,10 @@ void like_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->back() = make_shard_tensor(local, spec);
 }
 
-// new_*(self, size, ...): the input's layout when the size matches its global size, else Replicate.
+// new_*(self, size, ...): the input's layout when the size matches its global size. Another size of the same rank
+// keeps the input's shards on the dims whose size is unchanged (backward formulas build gradients this way, e.g.
+// grad.new_zeros(input_sizes) that differ along the dim an op worked on: a Replicate result would be dense at the
+// global size on every rank); every other dim is Replicate. The values are the same in any layout.
 void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto n = op.schema().arguments().size();
   auto args = op_args(op, stack);
@@ -48,8 +51,22 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto* impl = shard_impl(self);
   auto size = args[1].toDimVector();
   auto mesh = impl->spec()->mesh;
-  SpecPtr spec = c10::IntArrayRef(size) == self.sizes() ? without_partial(impl->spec())
-                                                         : dispatch::replicate_spec(mesh, size);
+  SpecPtr spec;
+  if (c10::IntArrayRef(size) == self.sizes()) {
+    spec = without_partial(impl->spec());
+  } else if (static_cast<int64_t>(size.size()) == self.dim()) {
+    const auto& src = *impl->spec();
+    Placements p(mesh->ndim(), Placement::replicate());
+    DimExtents ext;
+    for (size_t m = 0; m < p.size(); ++m)
+      if (src.placements[m].is_shard() && size[src.placements[m].dim] == self.size(src.placements[m].dim)) {
+        p[m] = src.placements[m];
+        ext[p[m].dim] = src.extents[m];
+      }
+    spec = ShardSpec::make_with_dim_extents(mesh, p, std::vector<int64_t>(size.begin(), size.end()), ext);
+  } else {
+    spec = dispatch::replicate_spec(mesh, size);
+  }
   (*stack)[stack->size() - n + 1] = c10::IValue(spec->local_shape);
   if (op.schema().name() == "aten::new_empty_strided") {
     const auto strides = c10::contiguous_strides(spec->local_shape);
@@ -111,6 +128,17 @@ void equal_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   torch::jit::push(*stack, shard_impl(r)->local().item<int64_t>() == 1);
 }
 
+// allclose(self, other, rtol, atol, equal_nan): isclose (elementwise, broadcasting, plain operands Replicate) and
+// all() (one all-reduce of a flag) give the same answer on every rank.
+void allclose_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto close = at::isclose(args[0].toTensor(), args[1].toTensor(), args[2].toDouble(), args[3].toDouble(),
+                           args[4].toBool());
+  const bool all = at::all(close).item<bool>();
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, all);
+}
+
 } // namespace
 
 void register_factory() {
@@ -133,6 +161,7 @@ void register_factory() {
   dispatch::set_handler("aten::is_same_size", is_same_size_handler);
   dispatch::set_handler("aten::as_strided", as_strided_handler);
   dispatch::set_handler("aten::equal", equal_handler);
+  dispatch::set_handler("aten::allclose", allclose_handler);
 }
 
 } // namespace shardtensor::ops

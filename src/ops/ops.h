@@ -24,5 +24,7 @@ void register_interpolate();
 void register_pool();
 void register_point_search();
 void register_neighborhood_attention();
+void register_indexing();
+void register_sort_fft();
 
 } // namespace shardtensor::ops

@@ -242,8 +242,9 @@ void register_pointwise() {
     bool match = h->hasTag(at::Tag::pointwise);
     for (const char* e : extra)
       if (name.name == e) match = true;
-    // glu halves a dim; prelu's weight broadcasts on dim 1: not elementwise in the broadcast sense.
-    if (name.name == "aten::glu" || name.name == "aten::prelu") match = false;
+    // glu halves a dim; prelu's weight broadcasts on dim 1: not elementwise in the broadcast sense. equal carries
+    // the tag but answers one bool for the whole tensors (its own rule agrees across ranks, factory.cpp).
+    if (name.name == "aten::glu" || name.name == "aten::prelu" || name.name == "aten::equal") match = false;
     if (!match) continue;
     const auto full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     const auto it = partial_rules().find(full);

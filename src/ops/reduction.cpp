@@ -103,8 +103,21 @@ at::Scalar highest(at::ScalarType t) {
 
 enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm };
 
+// A reduction of an empty global tensor raises exactly as on one device: the op runs on an empty tensor of the
+// global shape (no memory). The decision reads global shapes only, so every rank raises alike; when one device
+// would not raise (e.g. amax over a non-empty dim of an empty tensor) the handler goes on.
+void raise_like_torch_if_empty(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto& self = args[0].toTensor();
+  if (self.numel() != 0) return;
+  torch::jit::Stack probe(args.begin(), args.end());
+  probe[0] = at::empty(self.sizes(), dispatch::local_or_self(self).options());
+  op.callBoxed(probe);
+}
+
 // sum, mean, amax, amin, all, any, prod, linalg_vector_norm
 void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  raise_like_torch_if_empty(op, stack);
   auto args = op_args(op, stack);
   auto self = args[0].toTensor();
   auto* impl = shard_impl(self);
@@ -243,6 +256,7 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
 // max.dim / min.dim / argmax / argmin / max() / min(): values with global indices.
 void indexed_handler(bool is_max, bool want_values, bool want_indices, const c10::OperatorHandle& op,
                      torch::jit::Stack* stack) {
+  raise_like_torch_if_empty(op, stack);
   auto args = op_args(op, stack);
   auto self = resolve_partial(args[0].toTensor());
   auto* impl = shard_impl(self);

@@ -569,10 +569,43 @@ void select_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* s
   torch::jit::push(*stack, wrap(out, gspec.mesh, out_p, out_shape, out_ext));
 }
 
+// view.dtype(self, dtype): a local reinterpretation. A change of element size rescales the last dim; when that dim
+// is sharded its extents scale alike (a larger element needs every extent divisible by the ratio).
+void view_dtype_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = resolve_partial(args[0].toTensor());
+  const auto& spec = spec_of(self);
+  const auto dtype = static_cast<at::ScalarType>(args[1].toInt());
+  const auto from = static_cast<int64_t>(c10::elementSize(self.scalar_type()));
+  const auto to = static_cast<int64_t>(c10::elementSize(dtype));
+  auto out_shape = self.sizes().vec();
+  DimExtents out_ext = spec.dim_extents();
+  if (from != to && self.dim() > 0) {
+    const auto last = self.dim() - 1;
+    auto scale = [&](int64_t n) { return to < from ? n * (from / to) : n / (to / from); };
+    TORCH_CHECK(to < from || out_shape[last] % (to / from) == 0, "self.size(-1) must be divisible by ", to / from,
+                " to view ", self.scalar_type(), " as ", dtype, " (different element sizes), but got ", out_shape[last]);
+    out_shape[last] = scale(out_shape[last]);
+    if (auto it = out_ext.find(last); it != out_ext.end()) {
+      for (auto e : it->second)
+        if (to > from && e % (to / from) != 0) {
+          dispatch::not_implemented(op, stack, "the last dim is sharded with extents that are not multiples of " +
+                                                   std::to_string(to / from) +
+                                                   " (the element size grows); redistribute it to Replicate() first");
+        }
+      for (auto& e : it->second) e = scale(e);
+    }
+  }
+  auto out = shard_impl(self)->local().view(dtype);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, spec.placements, out_shape, out_ext));
+}
+
 } // namespace
 
 void register_view() {
   dispatch::set_handler("aten::view", view_handler);
+  dispatch::set_handler("aten::view.dtype", view_dtype_handler);
   dispatch::set_handler("aten::_unsafe_view", view_handler);
   // _reshape_alias(self, size, stride): its strides are global; the local view computes its own.
   dispatch::set_handler("aten::_reshape_alias", view_handler);

@@ -1,0 +1,462 @@
+// Indexing by index tensors: index_select, gather, scatter (src, value, add, reduce) and index / index_put
+// (`x[idx]`, `x[idx] = v`). Along dims that are not sharded they run on the local shards and the output keeps
+// the input's layout. Along a sharded dim with global indices, index_select and gather let each rank pick the
+// indices it owns (zero elsewhere) and one all-reduce over that mesh dim completes the output (Replicate there;
+// the traffic is the output's size, never the input's). scatter and index_put along a sharded dim raise with the
+// remedy, except `x[mask] = value` with a mask laid out like x (local). Index values are checked by the local
+// kernels: an out-of-range index raises on the ranks that hold it.
+#include "comm/collectives.h"
+#include "ops/common.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ExpandUtils.h>
+#include <torch/library.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using dispatch::op_args;
+
+Placements all_replicate(const MeshPtr& mesh) {
+  return Placements(mesh->ndim(), Placement::replicate());
+}
+
+// An index argument whole on every rank (plain tensors as they are; pending sums completed).
+at::Tensor whole_local(const at::Tensor& t) {
+  auto* impl = shard_impl(t);
+  if (!impl) return t;
+  const auto& mesh = impl->spec()->mesh;
+  return local_as(t, mesh, all_replicate(mesh), {});
+}
+
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (auto e : v) s += e;
+  return s;
+}
+
+// The rows of `local` (this rank's range [off, off + ext) of `dim`) that global indices `idx` pick with `pick`;
+// entries owned by other ranks are zero, so a sum over the mesh dim completes the result. `owned_view` shapes the
+// ownership mask to broadcast against the picked values.
+template <typename Pick>
+at::Tensor pick_owned(const at::Tensor& local, const at::Tensor& idx, int64_t off, int64_t ext,
+                      at::IntArrayRef out_local_shape, const std::vector<int64_t>& owned_view, Pick pick) {
+  if (ext == 0 || idx.numel() == 0) return at::zeros(out_local_shape, local.options());
+  auto owned = idx.ge(off).logical_and(idx.lt(off + ext));
+  auto picked = pick(local, (idx - off).clamp(0, ext - 1));
+  return at::where(owned.view(owned_view), picked, at::zeros({}, picked.options()));
+}
+
+// Sums owner picks over mesh dim `m` (bool values travel as bytes).
+at::Tensor sum_picks(const at::Tensor& picks, const Mesh& mesh, int64_t m) {
+  if (picks.scalar_type() == at::kBool) return comm::all_reduce(picks.to(at::kByte), ReduceOp::Sum, mesh, m).to(at::kBool);
+  return comm::all_reduce(picks, ReduceOp::Sum, mesh, m);
+}
+
+void check_indices_in_range(const at::Tensor& idx, int64_t n, const char* op) {
+  if (idx.numel() == 0) return;
+  TORCH_CHECK_INDEX(idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < n, op,
+                    "(): index out of range for a dim of size ", n);
+}
+
+// index_select(self, dim, index): per mesh dim, self Shard(d != dim) stays; self Shard(dim) picks owned indices
+// (all-reduce, Replicate); self Replicate with a sharded index gives Shard(dim) with the index's extents.
+void index_select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = resolve_partial(dispatch::as_shard(args[0].toTensor(), dispatch::common_mesh(op, stack)));
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& mesh = spec.mesh;
+  const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
+  const auto index = args[2].toTensor();
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  Placements out_p = spec.placements, idx_p = all_replicate(mesh);
+  DimExtents out_ext = spec.dim_extents(), idx_ext;
+  int64_t owner_m = -1;
+  auto index_placements = placements_of(resolve_partial(index), mesh);
+  for (size_t m = 0; m < out_p.size(); ++m) {
+    if (out_p[m].is_shard() && out_p[m].dim == dim) {
+      owner_m = static_cast<int64_t>(m);
+      out_p[m] = Placement::replicate();
+      out_ext.erase(dim);
+    } else if (!out_p[m].is_shard() && index.dim() == 1 && index_placements[m].is_shard() && !out_ext.count(dim)) {
+      const auto& iext = shard_impl(index)->spec()->extents[m];
+      out_p[m] = Placement::shard(dim);
+      out_ext[dim] = iext;
+      idx_p[m] = Placement::shard(0);
+      idx_ext[0] = iext;
+    }
+  }
+  auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
+  const auto& local = shard_impl(self)->local();
+  auto out_shape = self.sizes().vec();
+  if (self.dim() > 0) out_shape[dim] = index.numel();
+  at::Tensor out;
+  if (owner_m < 0) {
+    out = at::index_select(local, dim, idx);
+  } else {
+    check_indices_in_range(idx, self.size(dim), "index_select");
+    auto local_shape = local.sizes().vec();
+    local_shape[dim] = idx.numel();
+    std::vector<int64_t> view(local.dim(), 1);
+    view[dim] = idx.numel();
+    const auto coord = mesh->coordinate(owner_m);
+    auto picks = pick_owned(local, idx.reshape({-1}), spec.offset_of(owner_m, coord), spec.extents[owner_m][coord],
+                            local_shape, view,
+                            [&](const at::Tensor& l, const at::Tensor& i) { return at::index_select(l, dim, i); });
+    out = sum_picks(picks, *mesh, owner_m);
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, mesh, out_p, out_shape, out_ext));
+}
+
+// index_select_backward(grad, self_sizes, dim, index): composite in PyTorch (a dense zeros of the global size);
+// here zeros in grad's layout with `dim` whole, and where grad is sharded along `dim` (a sharded index) each rank
+// adds its own rows: Partial(sum) on that mesh dim.
+at::Tensor index_select_backward(const at::Tensor& grad_in, c10::SymIntArrayRef sym_sizes, int64_t dim,
+                                 const at::Tensor& index) {
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes).vec();
+  dim = wrap_dim(dim, std::max<int64_t>(static_cast<int64_t>(sizes.size()), 1));
+  auto* gi = shard_impl(grad_in);
+  const auto& mesh = (gi ? gi : shard_impl(index))->spec()->mesh;
+  auto grad = resolve_partial(dispatch::as_shard(grad_in, mesh));
+  const auto& gspec = *shard_impl(grad)->spec();
+  Placements out_p = gspec.placements, idx_p = all_replicate(mesh);
+  DimExtents out_ext = gspec.dim_extents(), idx_ext;
+  auto local_sizes = gspec.local_shape;
+  if (!sizes.empty()) local_sizes[dim] = sizes[dim];
+  for (size_t m = 0; m < out_p.size(); ++m)
+    if (out_p[m].is_shard() && out_p[m].dim == dim) {
+      idx_p[m] = Placement::shard(0);
+      idx_ext[0] = gspec.extents[m];
+      out_p[m] = Placement::partial(ReduceOp::Sum);
+      out_ext.erase(dim);
+    }
+  auto idx = local_as(resolve_partial(dispatch::as_shard(index, mesh)), mesh, idx_p, idx_ext);
+  const auto& g = shard_impl(grad)->local();
+  auto out = at::zeros(local_sizes, g.options());
+  if (g.numel() > 0) out.index_add_(dim, idx.reshape({-1}), g.dim() == 0 ? g.reshape({1}) : g);
+  return wrap(out, mesh, out_p, sizes, out_ext);
+}
+
+// gather(self, dim, index, sparse_grad): per mesh dim, self Shard(d != dim) aligns the index (same size along d
+// required); self Shard(dim) picks owned indices (all-reduce, Replicate); self Replicate with an index sharded on
+// d gives Shard(d) (self sliced alike when d != dim).
+void gather_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = resolve_partial(dispatch::as_shard(args[0].toTensor(), dispatch::common_mesh(op, stack)));
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& mesh = spec.mesh;
+  const auto ndim = std::max<int64_t>(self.dim(), 1);
+  const auto dim = wrap_dim(args[1].toInt(), ndim);
+  auto index = resolve_partial(args[2].toTensor());
+  TORCH_CHECK_VALUE(index.dim() == self.dim() || (index.dim() <= 1 && self.dim() <= 1),
+                    "gather(): Index tensor must have the same number of dimensions as input tensor");
+  const auto index_p = placements_of(index, mesh);
+  Placements self_p = spec.placements, idx_p = all_replicate(mesh), out_p = all_replicate(mesh);
+  DimExtents self_ext, idx_ext;
+  int64_t owner_m = -1;
+  for (size_t m = 0; m < self_p.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (p.is_shard() && p.dim == dim) {
+      owner_m = static_cast<int64_t>(m);
+      self_ext[dim] = spec.extents[m];
+    } else if (p.is_shard()) {
+      if (index.size(p.dim) != self.size(p.dim)) {
+        dispatch::not_implemented(op, stack, "the index is smaller than the input along sharded dim " +
+                                                 std::to_string(p.dim) + "; redistribute that dim to Replicate() first");
+      }
+      self_ext[p.dim] = spec.extents[m];
+      idx_p[m] = out_p[m] = p;
+      idx_ext[p.dim] = spec.extents[m];
+    } else if (index_p[m].is_shard()) {
+      const auto d = index_p[m].dim;
+      const auto& iext = shard_impl(index)->spec()->extents[m];
+      if (d == dim || index.size(d) == self.size(d)) {
+        idx_p[m] = out_p[m] = index_p[m];
+        idx_ext[d] = iext;
+        if (d != dim) {
+          self_p[m] = index_p[m];
+          self_ext[d] = iext;
+        }
+      }
+    }
+  }
+  auto local = local_as(self, mesh, self_p, self_ext);
+  auto idx = local_as(index, mesh, idx_p, idx_ext);
+  at::Tensor out;
+  if (owner_m < 0) {
+    out = at::gather(local, dim, idx);
+  } else {
+    check_indices_in_range(idx, self.size(dim), "gather");
+    const auto coord = mesh->coordinate(owner_m);
+    auto picks = pick_owned(local, idx, spec.offset_of(owner_m, coord), spec.extents[owner_m][coord], idx.sizes(),
+                            idx.sizes().vec(),
+                            [&](const at::Tensor& l, const at::Tensor& i) { return at::gather(l, dim, i); });
+    out = sum_picks(picks, *mesh, owner_m);
+  }
+  DimExtents out_ext;
+  for (auto& p : out_p)
+    if (p.is_shard()) out_ext[p.dim] = idx_ext.at(p.dim);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, mesh, out_p, index.sizes().vec(), out_ext));
+}
+
+// The tensor an op writes (argument 0) as a ShardTensor: a plain one is Replicate and is written through its
+// wrapper; in place, a Partial target raises (its terms are not the values being indexed); out of place the input
+// is completed first.
+struct WriteTarget {
+  at::Tensor written, self;
+  bool in_place;
+};
+
+WriteTarget target_of_write(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  const auto& arg0 = op.schema().arguments()[0];
+  const bool in_place = arg0.alias_info() && arg0.alias_info()->isWrite();
+  const auto written = op_args(op, stack)[0].toTensor();
+  auto self = dispatch::as_shard(written, dispatch::common_mesh(op, stack));
+  if (in_place && shard_impl(self)->spec()->has_partial()) {
+    dispatch::not_implemented(op, stack, "writing into a Partial tensor; redistribute it to Replicate() first");
+  }
+  if (!in_place) self = resolve_partial(self);
+  return {written, self, in_place};
+}
+
+// scatter / scatter_add / scatter_reduce (out-of-place and in place): self's layout; the index and the source are
+// aligned to it (same size along every sharded dim required). A sharded `dim` raises.
+void scatter_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto& schema = op.schema();
+  const auto [written, self, in_place] = target_of_write(op, stack);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& mesh = spec.mesh;
+  const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
+  if (spec.mesh_dim_of(dim) >= 0) {
+    dispatch::not_implemented(op, stack, "scatter along sharded dim " + std::to_string(dim) +
+                                             "; redistribute that dim to Replicate() first");
+  }
+  // Tensor arguments after `dim`: the index, then the source (scatter.src / scatter_add / scatter_reduce).
+  std::vector<size_t> aligned;
+  for (size_t i = 2; i < args.size(); ++i)
+    if (args[i].isTensor()) aligned.push_back(i);
+  for (auto i : aligned) {
+    const auto t = args[i].toTensor();
+    for (const auto& p : spec.placements)
+      if (p.is_shard() && (t.dim() != self.dim() || t.size(p.dim) != self.size(p.dim))) {
+        dispatch::not_implemented(op, stack, std::string(schema.arguments()[i].name()) +
+                                                 " is smaller than the input along sharded dim " +
+                                                 std::to_string(p.dim) + "; redistribute that dim to Replicate() first");
+      }
+  }
+  const auto ext = spec.dim_extents();
+  std::vector<at::Tensor> locals;
+  for (auto i : aligned) locals.push_back(local_as(args[i].toTensor(), mesh, spec.placements, ext));
+  const auto base = stack->size() - args.size();
+  for (size_t k = 0; k < aligned.size(); ++k) (*stack)[base + aligned[k]] = locals[k];
+  (*stack)[base] = shard_impl(self)->local();
+  op.callBoxed(stack);
+  auto out = torch::jit::pop(*stack).toTensor();
+  torch::jit::push(*stack, in_place ? written : wrap(out, mesh, spec.placements, self.sizes().vec(), ext));
+}
+
+// Advanced indexing `x[indices]`: the index tensors (long, whole on every rank; bool masks become their nonzero
+// coordinates), the dims they index and where every other dim of x lands in the result.
+struct AdvancedIndex {
+  std::vector<at::Tensor> indices; // per dim of x; undefined = full slice
+  std::vector<bool> indexed;       // per dim of x
+  std::vector<int64_t> result_shape;
+  std::vector<int64_t> dim_map;    // dim of x -> dim of the result (-1: indexed)
+};
+
+AdvancedIndex advanced_index(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& list) {
+  AdvancedIndex a;
+  const auto ndim = self.dim();
+  a.indexed.assign(ndim, false);
+  a.indices.resize(ndim);
+  int64_t d = 0;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const std::optional<at::Tensor> opt = list.get(k);
+    if (!opt || !opt->defined()) {
+      ++d;
+      continue;
+    }
+    auto t = whole_local(*opt);
+    if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) {
+      TORCH_CHECK_INDEX(d + t.dim() <= ndim, "too many indices for tensor of dimension ", ndim);
+      for (int64_t j = 0; j < t.dim(); ++j)
+        TORCH_CHECK_INDEX(t.size(j) == self.size(d + j), "The shape of the mask ", t.sizes(), " at index ", j,
+                          " does not match the shape of the indexed tensor ", self.sizes(), " at index ", d + j);
+      auto nz = t.nonzero();
+      for (int64_t j = 0; j < t.dim(); ++j) {
+        a.indices[d] = nz.select(1, j);
+        a.indexed[d++] = true;
+      }
+    } else {
+      TORCH_CHECK_INDEX(d < ndim, "too many indices for tensor of dimension ", ndim);
+      TORCH_CHECK_INDEX(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt,
+                        "tensors used as indices must be long, int, byte or bool tensors");
+      a.indices[d] = t;
+      a.indexed[d++] = true;
+    }
+  }
+  std::vector<at::Tensor> defined;
+  int64_t first = -1, last = -1;
+  for (int64_t k = 0; k < ndim; ++k)
+    if (a.indexed[k]) {
+      defined.push_back(a.indices[k]);
+      if (first < 0) first = k;
+      last = k;
+    }
+  std::vector<int64_t> bshape;
+  for (const auto& t : defined) bshape = at::infer_size(bshape, t.sizes());
+  bool adjacent = true;
+  for (int64_t k = first; k >= 0 && k <= last; ++k) adjacent = adjacent && a.indexed[k];
+  a.dim_map.assign(ndim, -1);
+  if (adjacent) {
+    for (int64_t k = 0; k < first; ++k) {
+      a.dim_map[k] = static_cast<int64_t>(a.result_shape.size());
+      a.result_shape.push_back(self.size(k));
+    }
+    a.result_shape.insert(a.result_shape.end(), bshape.begin(), bshape.end());
+    for (int64_t k = last + 1; k < ndim; ++k) {
+      a.dim_map[k] = static_cast<int64_t>(a.result_shape.size());
+      a.result_shape.push_back(self.size(k));
+    }
+  } else {
+    a.result_shape = bshape;
+    for (int64_t k = 0; k < ndim; ++k)
+      if (!a.indexed[k]) {
+        a.dim_map[k] = static_cast<int64_t>(a.result_shape.size());
+        a.result_shape.push_back(self.size(k));
+      }
+  }
+  return a;
+}
+
+c10::List<std::optional<at::Tensor>> local_index_list(const AdvancedIndex& a) {
+  c10::List<std::optional<at::Tensor>> out;
+  int64_t last = -1;
+  for (int64_t k = 0; k < static_cast<int64_t>(a.indexed.size()); ++k)
+    if (a.indexed[k]) last = k;
+  for (int64_t k = 0; k <= last; ++k)
+    out.push_back(a.indexed[k] ? std::optional<at::Tensor>(a.indices[k]) : std::nullopt);
+  return out;
+}
+
+// The result's layout: x's shards moved to their result dims. Raises when an indexed dim is sharded.
+std::pair<Placements, DimExtents> result_layout(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
+                                                const ShardSpec& spec, const AdvancedIndex& a) {
+  Placements p = spec.placements;
+  DimExtents ext;
+  for (size_t m = 0; m < p.size(); ++m) {
+    if (!p[m].is_shard()) continue;
+    const auto d = p[m].dim;
+    if (a.indexed[d]) {
+      dispatch::not_implemented(op, stack, "indexing sharded dim " + std::to_string(d) +
+                                               " with a tensor; redistribute that dim to Replicate() first");
+    }
+    p[m] = Placement::shard(a.dim_map[d]);
+    ext[a.dim_map[d]] = spec.extents[m];
+  }
+  return {p, ext};
+}
+
+// index.Tensor(self, indices): `x[idx]` along dims that are not sharded.
+void index_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  auto self = resolve_partial(dispatch::as_shard(args[0].toTensor(), dispatch::common_mesh(op, stack)));
+  const auto& spec = *shard_impl(self)->spec();
+  auto a = advanced_index(self, args[1].toOptionalTensorList());
+  auto [p, ext] = result_layout(op, stack, spec, a);
+  auto out = at::index(shard_impl(self)->local(), local_index_list(a));
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, wrap(out, spec.mesh, p, a.result_shape, ext));
+}
+
+// A single bool mask over dims [d, d + mask.dim()) laid out like x there (or plain), with one value: local.
+bool local_mask_put(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& list, const at::Tensor& values,
+                    at::Tensor& local_mask, int64_t& mask_pos) {
+  const auto& spec = *shard_impl(self)->spec();
+  if (values.numel() != 1 || !spec.has_shard()) return false;
+  int64_t found = -1;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const std::optional<at::Tensor> opt = list.get(k);
+    if (!opt || !opt->defined()) continue;
+    if (found >= 0 || (opt->scalar_type() != at::kBool && opt->scalar_type() != at::kByte)) return false;
+    found = static_cast<int64_t>(k);
+  }
+  if (found < 0) return false;
+  const at::Tensor mask = *list.get(found);
+  if (found + mask.dim() > self.dim()) return false;
+  for (int64_t j = 0; j < mask.dim(); ++j)
+    if (mask.size(j) != self.size(found + j)) return false;
+  Placements mp = all_replicate(spec.mesh);
+  DimExtents mext;
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (p.is_shard() && p.dim >= found && p.dim < found + mask.dim()) {
+      mp[m] = Placement::shard(p.dim - found);
+      mext[p.dim - found] = spec.extents[m];
+    }
+  }
+  local_mask = local_as(resolve_partial(mask), spec.mesh, mp, mext);
+  mask_pos = found;
+  return true;
+}
+
+// index_put_ / index_put / _index_put_impl_ (self, indices, values, accumulate[, unsafe]): along dims that are not
+// sharded the values are aligned to the result's layout; `x[mask] = v` with a mask covering sharded dims is local.
+void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = op_args(op, stack);
+  const auto [written, self, in_place] = target_of_write(op, stack);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& mesh = spec.mesh;
+  auto list = args[1].toOptionalTensorList();
+  auto values = args[2].toTensor();
+  const bool accumulate = args[3].toBool();
+  at::Tensor local_values, local_mask;
+  c10::List<std::optional<at::Tensor>> local_list;
+  int64_t mask_pos = -1;
+  if (local_mask_put(self, list, values, local_mask, mask_pos)) {
+    for (int64_t k = 0; k < mask_pos; ++k) local_list.push_back(std::nullopt);
+    local_list.push_back(local_mask);
+    local_values = whole_local(values);
+  } else {
+    auto a = advanced_index(self, list);
+    auto [p, ext] = result_layout(op, stack, spec, a);
+    local_list = local_index_list(a);
+    local_values = local_aligned(values, mesh, a.result_shape, p, ext);
+  }
+  const auto& local = shard_impl(self)->local();
+  if (in_place) {
+    at::_index_put_impl_(const_cast<at::Tensor&>(local), local_list, local_values, accumulate, false);
+  }
+  auto out = in_place ? written
+                      : wrap(at::index_put(local, local_list, local_values, accumulate), mesh, spec.placements,
+                             self.sizes().vec(), spec.dim_extents());
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, out);
+}
+
+} // namespace
+
+void register_indexing() {
+  using dispatch::set_handler;
+  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
+  autograd_lib.impl("index_select_backward", TORCH_FN(index_select_backward));
+  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
+  shard_lib.impl("index_select_backward", TORCH_FN(index_select_backward));
+  set_handler("aten::index_select", index_select_handler);
+  set_handler("aten::gather", gather_handler);
+  for (const char* name : {"aten::scatter.src", "aten::scatter.value", "aten::scatter.reduce",
+                           "aten::scatter.value_reduce", "aten::scatter_.src", "aten::scatter_.value",
+                           "aten::scatter_.reduce", "aten::scatter_.value_reduce", "aten::scatter_add",
+                           "aten::scatter_add_", "aten::scatter_reduce.two", "aten::scatter_reduce_.two"})
+    set_handler(name, scatter_handler);
+  set_handler("aten::index.Tensor", index_handler);
+  set_handler("aten::index_put_", index_put_handler);
+  set_handler("aten::index_put", index_put_handler);
+  set_handler("aten::_index_put_impl_", index_put_handler);
+}
+
+} // namespace shardtensor::ops

@@ -1,0 +1,215 @@
+"""Indexing by tensors (index_select, gather, scatter*, index, index_put), against the single-device computation:
+forward, input gradients, uneven and zero-extent shards, 1-4 ranks, a 2-D mesh; along sharded dims the cheap
+rules (owner picks + one all-reduce) and the refusals (on every rank, no hang)."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import check_op, full, mesh, randn, tiny_extents, uneven_extents
+
+
+def _lay(shape, dim, w, seed, tiny=False):
+    return ([st.Shard(dim)], {0: tiny_extents(shape[dim], w) if tiny else uneven_extents(shape[dim], w, seed)})
+
+
+def _index(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n, (k,), generator=g)
+
+
+def case_index_select(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 7, 3, seed=seed)
+    idx = _index(7, 9, seed)  # duplicates included
+    # Unsharded dim: local, layout kept.
+    lay0 = _lay(x.shape, 0, w, seed, tiny)
+    check_op(lambda t: t.index_select(1, idx), [x], [lay0], m, what="index_select unsharded dim",
+             expect_placements=[st.Shard(0)])
+    check_op(lambda t: t.index_select(2, idx % 3), [x], [lay0], m, what="index_select last dim")
+    # Sharded dim with global indices: owners pick, the result is Replicate there.
+    lay1 = _lay(x.shape, 1, w, seed, tiny)
+    check_op(lambda t: t.index_select(1, idx), [x], [lay1], m, what="index_select sharded dim",
+             expect_placements=[st.Replicate()])
+    check_op(lambda t: torch.index_select(t, 1, idx[:0]), [x], [lay1], m, what="index_select empty index")
+    # A replicated table with a sharded index: the output is sharded like the index.
+    xs = randn(6, 4, seed=seed)
+    ilay = ([st.Shard(0)], {0: uneven_extents(9, w, seed + 1)})
+    out = check_op(lambda t, i: t.index_select(0, i), [xs, idx % 6], [[st.Replicate()], ilay], m,
+                   what="index_select sharded index", expect_placements=[st.Shard(0)])
+    assert st.sharding_shapes(out) == {0: ilay[1][0]}
+    # Integer and bool payloads travel through the owner picks.
+    xi = (x * 10).to(torch.int64)
+    check_op(lambda t: t.index_select(1, idx), [xi], [lay1], m, grad=False, what="index_select int sharded dim")
+    check_op(lambda t: t.index_select(1, idx), [x > 0], [lay1], m, grad=False, what="index_select bool sharded dim")
+    return True
+
+
+def case_gather(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 7, 3, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, 7, (5, 4, 3), generator=g)
+    lay0 = _lay(x.shape, 0, w, seed, tiny)
+    check_op(lambda t: t.gather(1, index), [x], [lay0], m, what="gather plain index", expect_placements=[st.Shard(0)])
+    check_op(lambda t, i: torch.gather(t, 1, i), [x, index], [lay0, lay0], m, what="gather sharded index")
+    # Gather along the sharded dim: global indices, owners pick.
+    index0 = torch.randint(0, 5, (3, 7, 3), generator=g)
+    lay1 = _lay(x.shape, 1, w, seed, tiny)
+    check_op(lambda t: t.gather(0, index0), [x], [_lay(x.shape, 0, w, seed, tiny)], m, what="gather sharded dim",
+             expect_placements=[st.Replicate()])
+    check_op(lambda t, i: t.gather(0, i), [x, index0], [lay1, lay1], m, what="gather sharded dim 1, index alike")
+    # sort + gather: the usual pairing (indices from a local op).
+    check_op(lambda t: t.gather(1, t.argsort(1)), [x], [lay0], m, what="gather argsort")
+    return True
+
+
+def case_scatter(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 7, 3, seed=seed)
+    src = randn(5, 4, 3, seed=seed + 1)
+    # Unique targets per (row, column) so overwriting scatters are deterministic.
+    index = torch.stack([torch.randperm(7, generator=torch.Generator().manual_seed(seed + r))[:4]
+                         for r in range(15)]).view(5, 3, 4).transpose(1, 2).contiguous()
+    lay0 = _lay(x.shape, 0, w, seed, tiny)
+    check_op(lambda t, s: t.scatter(1, index, s), [x, src], [lay0, None], m, what="scatter src",
+             expect_placements=[st.Shard(0)])
+    check_op(lambda t, s: t.scatter(1, index, s), [x, src], [lay0, lay0], m, what="scatter sharded src")
+    check_op(lambda t: t.scatter(1, index, 2.5), [x], [lay0], m, what="scatter value")
+    check_op(lambda t, s: t.scatter_add(1, index, s), [x, src], [lay0, lay0], m, what="scatter_add")
+    check_op(lambda t, s: torch.scatter_add(t, 1, index.repeat(1, 2, 1), s.repeat(1, 2, 1)), [x, src], [lay0, lay0],
+             m, what="scatter_add duplicates")
+    for reduce in ("sum", "prod", "mean", "amax", "amin"):
+        for include_self in (True, False):
+            check_op(lambda t, s: t.scatter_reduce(1, index, s, reduce, include_self=include_self), [x, src],
+                     [lay0, lay0], m, grad=reduce in ("sum", "mean", "amax"),
+                     what=f"scatter_reduce {reduce} include_self={include_self}")
+    check_op(lambda t, s: t.clone().scatter_(1, index, s), [x, src], [lay0, lay0], m, what="scatter_")
+    check_op(lambda t, s: t.clone().scatter_(1, index, s, reduce="add"), [x, src], [lay0, lay0], m, grad=False,
+             what="scatter_ reduce=add")
+    check_op(lambda t, s: t.clone().scatter_add_(1, index, s), [x, src], [lay0, lay0], m, what="scatter_add_")
+    # A gather along a sharded index dim: its backward scatters into the sharded layout.
+    index2 = torch.randint(0, 7, (5, 7, 3), generator=torch.Generator().manual_seed(seed))
+    check_op(lambda t: t.gather(1, index2), [x], [_lay(x.shape, 2, w, seed, tiny)], m, what="gather full index dim 2")
+    return True
+
+
+def case_index_put(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 7, 3, seed=seed)
+    idx = torch.tensor([6, 0, 3])
+    lay0 = _lay(x.shape, 0, w, seed, tiny)
+    lay2 = _lay(x.shape, 2, w, seed, tiny)
+    v = randn(5, 3, 3, seed=seed + 1)
+
+    def setitem(t, vals):
+        y = t.clone()
+        y[:, idx] = vals
+        return y
+
+    check_op(setitem, [x, v], [lay0, None], m, what="x[:, idx] = v", expect_placements=[st.Shard(0)])
+    check_op(setitem, [x, v], [lay2, lay2], m, what="x[:, idx] = v, sharded last dim")
+    check_op(setitem, [x, v[:1, :, :1]], [lay0, None], m, what="x[:, idx] = broadcast v")
+    check_op(lambda t, vals: torch.ops.aten.index_put(t, [None, idx], vals, True), [x, v], [lay0, None], m,
+             what="index_put accumulate")
+    check_op(lambda t, vals: torch.ops.aten.index_put_(t.clone(), [None, idx, idx % 3], vals[:, :, 0], True),
+             [x, v], [lay0, None], m, what="index_put_ two adjacent indices")
+    # Reads: adjacent and non-adjacent index tensors (the result dims move to the front).
+    check_op(lambda t: t[:, idx], [x], [lay0], m, what="x[:, idx]", expect_placements=[st.Shard(0)])
+    check_op(lambda t: t[idx % 5, :, idx % 3], [x], [_lay(x.shape, 1, w, seed, tiny)], m, what="x[i, :, j]",
+             expect_placements=[st.Shard(1)])
+    check_op(lambda t: t[:, x[0, :, 0] > 0], [x], [lay0], m, what="x[:, mask]")
+
+    # x[mask] = value with the mask laid out like x: local on every dim.
+    def mask_put(t):
+        y = t.clone()
+        y[y > 0.5] = 0.0
+        return y
+
+    check_op(mask_put, [x], [lay0], m, what="x[x > 0.5] = 0", expect_placements=[st.Shard(0)])
+    check_op(lambda t: t.masked_fill(t > 0.5, 1.0).index_put((t < 0,), torch.tensor(2.0)), [x], [lay2], m,
+             what="index_put mask value")
+    return True
+
+
+def case_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(6, 5, 4, seed=seed)
+    lay = ([st.Shard(0), st.Shard(2)], {0: uneven_extents(6, 2, seed), 1: uneven_extents(4, 2, seed + 1)})
+    idx = torch.tensor([4, 0, 0, 2])
+    check_op(lambda t: t.index_select(1, idx), [x], [lay], m, what="2-D index_select",
+             expect_placements=[st.Shard(0), st.Shard(2)])
+    check_op(lambda t: t.index_select(2, idx % 4), [x], [lay], m, what="2-D index_select sharded dim",
+             expect_placements=[st.Shard(0), st.Replicate()])
+    index = torch.randint(0, 5, (6, 3, 4), generator=torch.Generator().manual_seed(seed))
+    check_op(lambda t: t.gather(1, index), [x], [lay], m, what="2-D gather")
+    index0 = torch.randint(0, 6, (2, 5, 4), generator=torch.Generator().manual_seed(seed))
+    check_op(lambda t: t.gather(0, index0), [x], [lay], m, what="2-D gather sharded dim",
+             expect_placements=[st.Replicate(), st.Shard(2)])
+    src = randn(6, 3, 4, seed=seed + 2)
+    check_op(lambda t, s: t.scatter_add(1, index, s), [x, src], [lay, lay], m, what="2-D scatter_add")
+
+    def setitem(t):
+        y = t.clone()
+        y[:, idx] = 1.5
+        return y
+
+    check_op(setitem, [x], [lay], m, what="2-D x[:, idx] = 1.5")
+    return True
+
+
+def case_refusals(which):
+    m = mesh()
+    x = st.distribute_tensor(randn(5, 7, 3), m, [st.Shard(1)])
+    index = torch.zeros(5, 2, 3, dtype=torch.long)
+    if which == "scatter":
+        x.scatter(1, index, 1.0)
+    elif which == "scatter_add":
+        x.scatter_add(1, index, randn(5, 2, 3))
+    elif which == "index_put":
+        x[:, torch.tensor([0, 1])] = 1.0
+    elif which == "index":
+        x[:, torch.tensor([0, 1])]
+    elif which == "gather_smaller":
+        st.distribute_tensor(randn(5, 7, 3), m, [st.Shard(0)]).gather(1, index[:3])
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_index_select(world):
+    harness.run(world, case_index_select, world, False)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_index_select_tiny_shards(world):
+    harness.run(world, case_index_select, world, True)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_gather(world):
+    harness.run(world, case_gather, world + 10, world >= 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_scatter(world):
+    harness.run(world, case_scatter, world + 20, world == 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_index_put(world):
+    harness.run(world, case_index_put, world + 30, world == 4)
+
+
+def test_indexing_2d_mesh():
+    harness.run(4, case_2d_mesh, 5)
+
+
+@pytest.mark.parametrize("which", ["scatter", "scatter_add", "index_put", "index", "gather_smaller"])
+def test_indexing_sharded_dim_refused(which):
+    errors = harness.expect_error(3, case_refusals, which, kinds=("NotImplementedError",))
+    for kind, msg, _ in errors.values():
+        assert "Replicate()" in msg and "Shard(" in msg, msg

@@ -1,0 +1,299 @@
+"""Rules that are local along unsharded dims (sort, topk, argsort, cumulative scans, torch.fft, view_as_real,
+x.view(dtype)), allclose/equal, reductions of empty tensors raising like torch, host access (tolist, numpy,
+data_ptr) pointing to full_tensor()/to_local(), and sync_module with DTensor parameters. Each against the
+single-device computation (forward, input gradients), uneven and zero-extent shards, 1-4 ranks, a 2-D mesh;
+the refusals raise on every rank without hanging."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, full, mesh, randn, tiny_extents, uneven_extents
+
+
+def _lay(shape, dim, w, seed, tiny=False):
+    return ([st.Shard(dim)], {0: tiny_extents(shape[dim], w) if tiny else uneven_extents(shape[dim], w, seed)})
+
+
+def case_sort_topk_scans(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 7, 3, seed=seed)
+    lay = _lay(x.shape, 0, w, seed, tiny)
+    for name, fn in [
+        ("sort", lambda t: t.sort(1)),
+        ("sort descending stable", lambda t: torch.sort(t, dim=-1, descending=True, stable=True)),
+        ("topk", lambda t: t.topk(3, dim=1)),
+        ("topk smallest unsorted", lambda t: torch.topk(t, 2, dim=2, largest=False, sorted=True)),
+        ("argsort", lambda t: t.argsort(1)),
+        ("msort", lambda t: torch.msort(t.transpose(0, 1)).transpose(0, 1)),
+        ("cumprod", lambda t: (t * 0.3 + 1).cumprod(1)),
+        ("cummax", lambda t: t.cummax(2)),
+        ("cummin", lambda t: t.cummin(1)),
+        ("logcumsumexp", lambda t: t.logcumsumexp(1)),
+    ]:
+        check_op(fn, [x], [lay], m, what=name, expect_placements=[st.Shard(0)])
+    # Integer values (no gradient).
+    xi = (x * 10).to(torch.int32)
+    check_op(lambda t: t.sort(1, descending=True), [xi], [lay], m, grad=False, what="sort int")
+    return True
+
+
+def case_fft(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 8, 6, seed=seed, dtype=torch.float64)
+    lay = _lay(x.shape, 0, w, seed, tiny)
+    for name, fn in [
+        ("fft", lambda t: torch.fft.fft(t, dim=1).abs()),
+        ("fft real", lambda t: torch.view_as_real(torch.fft.fft(t, dim=2, norm="ortho"))),
+        ("ifft", lambda t: torch.fft.ifft(t, dim=1).real),
+        ("rfft", lambda t: torch.view_as_real(torch.fft.rfft(t, dim=1))),
+        ("irfft", lambda t: torch.fft.irfft(torch.fft.rfft(t, dim=2), n=6, dim=2)),
+        ("fftn", lambda t: torch.fft.fftn(t, dim=(1, 2)).abs()),
+        ("rfft2 irfft2", lambda t: torch.fft.irfft2(torch.fft.rfft2(t, dim=(1, 2)) * 0.5, s=(8, 6), dim=(1, 2))),
+        ("complex roundtrip", lambda t: torch.view_as_complex(t.reshape(5, 8, 3, 2)).abs()),
+    ]:
+        check_op(fn, [x], [lay], m, rtol=1e-9, atol=1e-9, what=name)
+    out = torch.fft.fft(st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1]), dim=1)
+    assert out.dtype == torch.complex128 and st.placements(out) == (st.Shard(0),)
+    return True
+
+
+def case_view_dtype(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(5, 8, seed=seed)
+    # Same element size: any layout.
+    for d in (0, 1):
+        check_op(lambda t: t.view(torch.int32), [x], [_lay(x.shape, d, w, seed, tiny)], m, grad=False,
+                 what=f"view int32 (sharded {d})")
+    # Smaller element: the last dim grows; sharded there, the extents scale.
+    lay1 = _lay(x.shape, 1, w, seed, tiny)
+    # (int16 read back as int32: Gloo moves no int16 tensors)
+    out = check_op(lambda t: t.view(torch.int16).int(), [x], [lay1], m, grad=False, what="view int16 sharded last")
+    assert st.sharding_shapes(out) == {0: [2 * e for e in lay1[1][0]]}
+    check_op(lambda t: t.view(torch.uint8), [x], [_lay(x.shape, 0, w, seed, tiny)], m, grad=False, what="view uint8")
+    # Larger element: the last dim shrinks (extents divisible by the ratio).
+    even = ([st.Shard(1)], {0: [2 * e for e in uneven_extents(4, w, seed)]})
+    check_op(lambda t: t.view(torch.float64), [x], [even], m, grad=False, what="view float64 sharded last")
+    # (complex read back as real pairs: Gloo moves no complex tensors)
+    check_op(lambda t: torch.view_as_real(t.view(torch.complex64)), [x], [_lay(x.shape, 0, w, seed, tiny)], m,
+             grad=False, what="view complex64")
+    return True
+
+
+def case_view_dtype_refused():
+    m = mesh()
+    # Global size 10 is divisible by the ratio 2; the odd extents are not.
+    x = st.distribute_tensor(randn(5, 10), m, [st.Shard(1)], sharding_shapes={0: [1, 8, 1]})
+    x.view(torch.float64)
+
+
+def case_allclose(seed, tiny):
+    m = mesh()
+    w = m.size()
+    x = randn(6, 5, seed=seed)
+    lay = _lay(x.shape, 0, w, seed, tiny)
+    xs = st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1])
+    near = xs + 1e-7
+    assert torch.allclose(xs, near) is True
+    assert torch.allclose(xs, x) is True  # one operand plain
+    rows = st.distribute_tensor(x[:1].expand(6, 5).contiguous(), m, lay[0], sharding_shapes=lay[1])
+    assert torch.allclose(x[0], rows) is True and torch.allclose(x[1], rows) is False  # broadcasting
+    # One element far off on one rank only: every rank answers False.
+    y = x.clone()
+    y[5, 4] += 1.0
+    assert torch.allclose(xs, y) is False
+    assert torch.allclose(xs, st.distribute_tensor(y, m, [st.Shard(1)])) is False
+    assert torch.allclose(xs, y, atol=2.0) is True
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    ns = st.distribute_tensor(nan, m, lay[0], sharding_shapes=lay[1])
+    assert torch.allclose(ns, nan) is False and torch.allclose(ns, nan, equal_nan=True) is True
+    assert torch.equal(xs, x) is True and torch.equal(xs, y) is False
+    assert torch.equal(xs, xs[:3]) is False
+    return True
+
+
+def case_allclose_dtype():
+    m = mesh()
+    xs = st.distribute_tensor(randn(4, 3), m, [st.Shard(0)])
+    torch.allclose(xs, xs.double())
+
+
+def case_empty_reduction(op, shape, dim):
+    m = mesh()
+    x = st.distribute_tensor(torch.zeros(shape), m, [st.Shard(dim)])
+    fn = {"max": lambda t: t.max(), "min": lambda t: t.min(), "argmax": lambda t: t.argmax(),
+          "argmin": lambda t: t.argmin(), "max0": lambda t: t.max(0), "min1": lambda t: t.min(1),
+          "amax0": lambda t: t.amax(0), "amin": lambda t: t.amin(), "argmax0": lambda t: t.argmax(0),
+          "argmin1": lambda t: t.argmin(1, keepdim=True)}[op]
+    try:
+        fn(torch.zeros(shape))
+    except Exception as e:
+        want = e
+    else:
+        raise AssertionError(f"{op} on {shape} does not raise on one device")
+    try:
+        fn(x)
+    except type(want) as e:
+        assert str(e) == str(want), f"{e} != {want}"
+        raise
+    raise AssertionError(f"{op} on an empty ShardTensor did not raise")
+
+
+def case_zero_extent_reductions(seed):
+    """Ranks with zero-extent shards of a non-empty tensor (and empty non-reduced dims) still reduce."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, seed=seed)
+    ext = [0] * (w - 2) + [1, 1] if w >= 2 else [2]
+    lay = ([st.Shard(0)], {0: ext})
+    for name, fn in [("max", lambda t: t.max()), ("min", lambda t: t.min()), ("argmax", lambda t: t.argmax()),
+                     ("argmin 0", lambda t: t.argmin(0)), ("max 0", lambda t: t.max(0)), ("amax 0", lambda t: t.amax(0)),
+                     ("amin", lambda t: t.amin()), ("min 1", lambda t: t.min(1))]:
+        check_op(fn, [x], [lay], m, grad=not name.startswith("arg"), what=name)
+    e = torch.zeros(4, 0)
+    for name, fn in [("amax 0 of [4, 0]", lambda t: t.amax(0)), ("max 0 of [4, 0]", lambda t: t.max(0)),
+                     ("argmax 0 of [4, 0]", lambda t: t.argmax(0))]:
+        check_op(fn, [e], [_lay(e.shape, 0, w, seed)], m, grad=False, what=name)
+    return True
+
+
+def case_host_access(what):
+    m = mesh()
+    x = st.distribute_tensor(randn(4, 3), m, [st.Shard(0)])
+    if what == "np.asarray":
+        import numpy as np
+
+        np.asarray(x)
+    getattr(x, what)()
+
+
+def case_host_access_plain_and_remedies():
+    m = mesh()
+    x = randn(4, 3)
+    xs = st.distribute_tensor(x, m, [st.Shard(0)])
+    assert xs.full_tensor().tolist() == x.tolist()
+    assert (xs.to_local().numpy() == st.to_local(xs).numpy()).all()
+    assert x.data_ptr() != 0 and isinstance(x.numpy(), type(x.numpy()))
+    try:
+        xs.data_ptr()
+    except RuntimeError as e:  # still what PyTorch raised before, for code that catches it
+        assert isinstance(e, TypeError)
+    return True
+
+
+def case_sync_module_dtensor(seed):
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    m = mesh()
+    r = dist.get_rank()
+    lin = torch.nn.Linear(3, 4)
+    with torch.no_grad():
+        lin.weight.fill_(float(r))  # differs per rank until synced
+    full_w = torch.arange(8.0).view(8, 1)
+    dt = distribute_tensor(full_w, m, [Shard(0)])
+    with torch.no_grad():
+        dt.to_local().add_(100 * r)  # rank-specific shard contents that a broadcast would overwrite
+    lin.register_parameter("dt", torch.nn.Parameter(dt))
+    lin.register_buffer("dbuf", distribute_tensor(torch.ones(4), m, [Shard(0)]) * (r + 1))
+    before = lin.dt.to_local().clone(), lin.dbuf.to_local().clone()
+    st.sync_module(lin, m)
+    assert isinstance(lin.dt, DTensor)
+    assert torch.equal(lin.dt.to_local(), before[0]), "sync_module overwrote a DTensor parameter's shard"
+    assert torch.equal(lin.dbuf.to_local(), before[1]), "sync_module overwrote a DTensor buffer's shard"
+    assert torch.equal(lin.weight, torch.zeros(4, 3)), "plain parameter not broadcast from rank 0"
+    return True
+
+
+def case_sharded_dim_refused(op):
+    m = mesh()
+    x = st.distribute_tensor(randn(5, 8), m, [st.Shard(1)])
+    pairs = st.distribute_tensor(randn(5, 4, 2), m, [st.Shard(2)])
+    {"sort": lambda: x.sort(1), "topk": lambda: x.topk(2, dim=-1), "argsort": lambda: x.argsort(),
+     "fft": lambda: torch.fft.fft(x), "rfft": lambda: torch.fft.rfft(x, dim=1), "fftn": lambda: torch.fft.fftn(x),
+     "cumprod": lambda: x.cumprod(1), "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_sort_topk_scans(world):
+    harness.run(world, case_sort_topk_scans, world, world >= 3)
+
+
+def test_sort_2d_mesh():
+    harness.run(4, case_sort_2d_mesh, 3)
+
+
+def case_sort_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(6, 5, 4, seed=seed)
+    lay = ([st.Shard(0), st.Shard(2)], {0: uneven_extents(6, 2, seed), 1: [0, 4]})
+    check_op(lambda t: t.sort(1), [x], [lay], m, what="2-D sort", expect_placements=[st.Shard(0), st.Shard(2)])
+    check_op(lambda t: t.topk(2, 1), [x], [lay], m, what="2-D topk")
+    check_op(lambda t: torch.fft.fft(t.double(), dim=1).abs(), [x], [lay], m, rtol=1e-9, atol=1e-9, what="2-D fft")
+    out = check_op(lambda t: t.view(torch.float64), [x], [lay], m, grad=False, what="2-D view float64")
+    assert st.sharding_shapes(out)[1] == [0, 2]
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_fft(world):
+    harness.run(world, case_fft, world, world == 4)
+
+
+@pytest.mark.parametrize("op", ["sort", "topk", "argsort", "fft", "rfft", "fftn", "cumprod", "view_as_complex"])
+def test_sort_fft_sharded_dim_refused(op):
+    errors = harness.expect_error(2, case_sharded_dim_refused, op, kinds=("NotImplementedError",))
+    for _, msg, _ in errors.values():
+        assert "sharded dim" in msg and "Replicate()" in msg, msg
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_view_dtype(world):
+    harness.run(world, case_view_dtype, world, world == 3)
+
+
+def test_view_dtype_refused():
+    harness.expect_error(3, case_view_dtype_refused, kinds=("NotImplementedError",), match="multiples of 2")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_allclose_equal(world):
+    harness.run(world, case_allclose, world, world == 3)
+
+
+def test_allclose_dtype_mismatch_raises():
+    harness.expect_error(2, case_allclose_dtype, kinds=("RuntimeError",), match="Float did not match Double")
+
+
+@pytest.mark.parametrize("op,shape,dim", [
+    ("max", (0, 3), 0), ("min", (3, 0), 0), ("argmax", (0, 3), 1), ("argmin", (0, 3), 0), ("max0", (0, 3), 0),
+    ("min1", (3, 0), 0), ("amax0", (0, 3), 1), ("amin", (0, 3), 0), ("argmax0", (0, 3), 0), ("argmin1", (4, 0), 0),
+])
+def test_empty_reduction_raises_like_torch(op, shape, dim):
+    errors = harness.expect_error(3, case_empty_reduction, op, shape, dim, kinds=("IndexError", "RuntimeError"))
+    assert len({kind for kind, _, _ in errors.values()}) == 1
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_zero_extent_reductions(world):
+    harness.run(world, case_zero_extent_reductions, world)
+
+
+@pytest.mark.parametrize("what", ["tolist", "numpy", "data_ptr", "np.asarray"])
+def test_host_access_points_to_full_tensor(what):
+    errors = harness.expect_error(2, case_host_access, what, kinds=("ShardTensorHostAccessError",))
+    for _, msg, _ in errors.values():
+        assert "full_tensor()" in msg and "to_local()" in msg, msg
+
+
+def test_host_access_remedies():
+    harness.run(2, case_host_access_plain_and_remedies)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sync_module_skips_dtensor(world):
+    harness.run(world, case_sync_module_dtensor, world)
