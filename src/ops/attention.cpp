@@ -22,7 +22,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <sstream>

@@ -9,7 +9,6 @@
 #include "ops/moments.h"
 
 #include <torch/autograd.h>
-#include <torch/library.h>
 #include <ATen/ops/batch_norm_native.h>
 
 namespace shardtensor::ops {

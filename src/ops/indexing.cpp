@@ -6,11 +6,11 @@
 // remedy, except `x[mask] = value` with a mask laid out like x (local). Index values are checked by the local
 // kernels: an out-of-range index raises on the ranks that hold it.
 #include "comm/collectives.h"
+#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
-#include <torch/library.h>
 
 namespace shardtensor::ops {
 
@@ -442,10 +442,9 @@ void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 
 void register_indexing() {
   using dispatch::set_handler;
-  static torch::Library autograd_lib(torch::Library::IMPL, "aten", kShardAutogradKey, __FILE__, __LINE__);
-  autograd_lib.impl("index_select_backward", TORCH_FN(index_select_backward));
-  static torch::Library shard_lib(torch::Library::IMPL, "aten", kShardKey, __FILE__, __LINE__);
-  shard_lib.impl("index_select_backward", TORCH_FN(index_select_backward));
+  // Composite-implicit: its decomposition would build a dense global-size gradient.
+  set_handler("aten::index_select_backward", dispatch::typed_handler(&index_select_backward),
+              dispatch::RuleLevel::above_autograd);
   set_handler("aten::index_select", index_select_handler);
   set_handler("aten::gather", gather_handler);
   for (const char* name : {"aten::scatter.src", "aten::scatter.value", "aten::scatter.reduce",

@@ -26,7 +26,6 @@
 #include "ops/common.h"
 
 #include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>

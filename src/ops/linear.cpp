@@ -13,7 +13,6 @@
 #include <ATen/ops/linear_native.h>
 #include <ATen/ops/matmul_native.h>
 #include <torch/autograd.h>
-#include <torch/library.h>
 
 namespace shardtensor::ops {
 

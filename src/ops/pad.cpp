@@ -9,7 +9,6 @@
 #include "ops/common.h"
 
 #include <torch/autograd.h>
-#include <torch/library.h>
 
 namespace shardtensor::ops {
 

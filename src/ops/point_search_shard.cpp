@@ -28,7 +28,6 @@
 #include "ops/point_search_kernels.h"
 
 #include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <limits>
 #include <sstream>

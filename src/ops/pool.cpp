@@ -23,7 +23,6 @@
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
-#include <torch/library.h>
 
 #include <limits>
 

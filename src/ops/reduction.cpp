@@ -7,7 +7,6 @@
 #include "ops/moments.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 namespace shardtensor::ops {
 

@@ -42,7 +42,7 @@ bool listed(const std::vector<std::string>& names, const std::string& n) {
 TEST(Registry, ListsEveryRuleAboveAndBelowAutograd) {
   auto names = registered_handlers();
   for (const char* n : {"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention", "aten::batch_norm",
-                        "aten::_pad_circular", "aten::max_pool1d", "aten::upsample_bilinear2d.vec",
+                        "aten::_pad_circular", "aten::max_pool1d", "aten::index_select_backward", "aten::upsample_bilinear2d.vec",
                         "aten::upsample_nearest1d.vec", "shardtensor::knn", "shardtensor::radius_search",
                         "shardtensor::neighborhood_attention", "aten::add.Tensor", "aten::convolution"})
     EXPECT_TRUE(listed(names, n)) << n << " is not listed";
