@@ -17,6 +17,19 @@ using BoxedHandler = std::function<void(const c10::OperatorHandle& op, torch::ji
 // overload-less name). Ops not registered at load (custom ops) are bound to the ShardTensor key now.
 void register_handler(const std::string& op_name, BoxedHandler handler);
 
+// A handler written as an ordinary C++ function of the op's arguments (in schema order, as a TORCH_FN kernel takes
+// them), adapted to a BoxedHandler by c10's own boxing code, so it never unpacks the stack by position:
+//
+//   at::Tensor scale_rule(const at::Tensor& x, double f);          // schema: mylib::scale(Tensor x, float f)
+//   shardtensor::register_handler("mylib::scale", shardtensor::typed_handler(&scale_rule));
+template <class FuncType>
+BoxedHandler typed_handler(FuncType* fn) {
+  auto kernel = c10::KernelFunction::makeFromUnboxedRuntimeFunction(fn);
+  return [kernel](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    kernel.callBoxed(op, c10::DispatchKeySet(), stack);
+  };
+}
+
 // True when `op_name` has a domain-parallel rule (built-in or registered).
 bool has_handler(const std::string& op_name);
 

@@ -16,7 +16,6 @@
 #include "ops/attention_all_to_all.h"
 #include "ops/attention_ring.h"
 #include "ops/attention_seq.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 
@@ -267,7 +266,7 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
 } // namespace
 
 void register_attention() {
-  dispatch::set_handler("aten::scaled_dot_product_attention", dispatch::typed_handler(&sdpa_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::scaled_dot_product_attention", typed_handler(&sdpa_entry), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -4,7 +4,6 @@
 // updated from the global statistics, so they are identical on every rank and equal to single-device ones.
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
 #include "comm/collectives.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -179,7 +178,7 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
 } // namespace
 
 void register_batch_norm() {
-  dispatch::set_handler("aten::batch_norm", dispatch::typed_handler(&batch_norm_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::batch_norm", typed_handler(&batch_norm_entry), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -6,7 +6,6 @@
 // remedy, except `x[mask] = value` with a mask laid out like x (local). Index values are checked by the local
 // kernels: an out-of-range index raises on the ranks that hold it.
 #include "comm/collectives.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -443,7 +442,7 @@ void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 void register_indexing() {
   using dispatch::set_handler;
   // Composite-implicit: its decomposition would build a dense global-size gradient.
-  set_handler("aten::index_select_backward", dispatch::typed_handler(&index_select_backward),
+  set_handler("aten::index_select_backward", typed_handler(&index_select_backward),
               dispatch::RuleLevel::above_autograd);
   set_handler("aten::index_select", index_select_handler);
   set_handler("aten::gather", gather_handler);

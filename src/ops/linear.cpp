@@ -6,7 +6,6 @@
 #include "comm/redistribute.h"
 #include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -251,8 +250,8 @@ void register_linear() {
   for (const char* name : {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
     dispatch::set_handler(name, contraction_handler);
   // Composite-implicit: their decomposition would flatten a token-sharded input (see docs/architecture.md).
-  dispatch::set_handler("aten::linear", dispatch::typed_handler(&linear_autograd), dispatch::RuleLevel::above_autograd);
-  dispatch::set_handler("aten::matmul", dispatch::typed_handler(&matmul_autograd), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::linear", typed_handler(&linear_autograd), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::matmul", typed_handler(&matmul_autograd), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -22,7 +22,6 @@
 // reverse dim order. Zero-extent ranks take part in every collective.
 #include "comm/halo_plan.h"
 #include "dispatch/promote.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/neighborhood_kernels.h"
 #include "ops/ops.h"
@@ -469,7 +468,7 @@ at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Te
 } // namespace
 
 void register_neighborhood_attention() {
-  dispatch::set_handler("shardtensor::neighborhood_attention", dispatch::typed_handler(&na_shard), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("shardtensor::neighborhood_attention", typed_handler(&na_shard), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -5,7 +5,6 @@
 #include "comm/halo_plan.h"
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <torch/autograd.h>
@@ -139,7 +138,7 @@ at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
 } // namespace
 
 void register_pad() {
-  dispatch::set_handler("aten::_pad_circular", dispatch::typed_handler(&pad_circular_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::_pad_circular", typed_handler(&pad_circular_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::constant_pad_nd", constant_pad_handler);
   for (const char* n : {"aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d"})
     dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_handler(comm::PadMode::Reflect, op, s); });

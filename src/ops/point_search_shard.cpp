@@ -22,7 +22,6 @@
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 #include "ops/point_search_kernels.h"
@@ -244,8 +243,8 @@ SearchResult radius_entry(const at::Tensor& points, const at::Tensor& queries, d
 } // namespace
 
 void register_point_search() {
-  dispatch::set_handler("shardtensor::knn", dispatch::typed_handler(&knn_entry), dispatch::RuleLevel::above_autograd);
-  dispatch::set_handler("shardtensor::radius_search", dispatch::typed_handler(&radius_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("shardtensor::knn", typed_handler(&knn_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("shardtensor::radius_search", typed_handler(&radius_entry), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -19,7 +19,6 @@
 #include "comm/collectives.h"
 #include "comm/halo_plan.h"
 #include "comm/redistribute.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
@@ -740,7 +739,7 @@ void bind(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 } // namespace
 
 void register_pool() {
-  dispatch::set_handler("aten::max_pool1d", dispatch::typed_handler(&max_pool1d_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::max_pool1d", typed_handler(&max_pool1d_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::max_pool2d_with_indices", bind<max_pool_handler, 2>);
   dispatch::set_handler("aten::max_pool3d_with_indices", bind<max_pool_handler, 3>);
   dispatch::set_handler("aten::max_pool2d_with_indices_backward", bind<max_pool_backward_handler, 2>);

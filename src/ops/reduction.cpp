@@ -2,7 +2,6 @@
 // give Partial(max/min); max/min/argmax/argmin with indices, prod, all/any, norms and var/std combine small
 // per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
 #include "comm/collectives.h"
-#include "dispatch/typed_handler.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -402,7 +401,7 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
 void register_reduction() {
   using dispatch::set_handler;
   // Composite-implicit: bound on both shard keys so it never decomposes into a dense global allocation.
-  dispatch::set_handler("aten::value_selecting_reduction_backward", dispatch::typed_handler(&value_selecting_backward),
+  dispatch::set_handler("aten::value_selecting_reduction_backward", typed_handler(&value_selecting_backward),
                         dispatch::RuleLevel::above_autograd);
   set_handler("aten::sum", decomposable<Kind::Sum>);
   set_handler("aten::sum.dim_IntList", decomposable<Kind::Sum>);

@@ -1,5 +1,7 @@
 // Uses only the installed public headers: a size-1 mesh over a real c10d::ProcessGroup (no collective is
-// ever issued on a size-1 mesh), a ShardTensor from from_local, and two ops dispatched through the library.
+// ever issued on a size-1 mesh), a ShardTensor from from_local, two ops dispatched through the library and one
+// through a typed handler registered here.
+#include <shardtensor/handler_registry.h>
 #include <shardtensor/shard_tensor.h>
 
 #include <ATen/ATen.h>
@@ -8,6 +10,16 @@
 
 #include <cstdio>
 #include <exception>
+
+namespace {
+
+// A rule for aten::roll along unsharded dims, written as a typed function (schema order).
+at::Tensor roll_rule(const at::Tensor& self, c10::SymIntArrayRef shifts, at::IntArrayRef dims) {
+  auto* impl = shardtensor::shard_impl(self);
+  return shardtensor::make_shard_tensor(at::roll_symint(impl->local(), shifts, dims), impl->spec());
+}
+
+} // namespace
 
 int main() {
   try {
@@ -34,6 +46,13 @@ int main() {
     at::Tensor full = shardtensor::is_shard_tensor(s) ? shardtensor::full_tensor(s) : s;
     if (full.item<float>() != 15.0f) {
       std::fprintf(stderr, "x.sum(): %f, expected 15\n", full.item<float>());
+      return 1;
+    }
+
+    shardtensor::register_handler("aten::roll", shardtensor::typed_handler(&roll_rule));
+    at::Tensor r = at::roll(x, {1}, {1});
+    if (!shardtensor::is_shard_tensor(r) || !at::equal(shardtensor::to_local(r), at::roll(local, {1}, {1}))) {
+      std::fprintf(stderr, "typed handler for roll: wrong result\n");
       return 1;
     }
   } catch (const std::exception& e) {

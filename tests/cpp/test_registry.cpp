@@ -3,7 +3,6 @@
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/shard_tensor.h>
 
-#include "dispatch/typed_handler.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -62,7 +61,7 @@ TEST(Registry, TypedHandlerAndAtomicSwap) {
   auto x = make_shard_tensor(at::arange(12, at::kFloat).reshape({4, 3}), spec);
   const auto once = at::roll(at::arange(12, at::kFloat).reshape({4, 3}), {1}, {1});
 
-  register_handler("aten::roll", dispatch::typed_handler(&roll_once));
+  register_handler("aten::roll", typed_handler(&roll_once));
   EXPECT_TRUE(at::equal(to_local(at::roll(x, {1}, {1})), once));
 
   // Swap the rule back and forth while another thread dispatches: every result is one rule's, never a crash.
@@ -76,11 +75,11 @@ TEST(Registry, TypedHandlerAndAtomicSwap) {
     }
   });
   for (int i = 0; i < 2000 || calls.load() < 200; ++i)
-    register_handler("aten::roll", dispatch::typed_handler(i % 2 ? &roll_once : &roll_doubled));
+    register_handler("aten::roll", typed_handler(i % 2 ? &roll_once : &roll_doubled));
   stop = true;
   user.join();
   EXPECT_EQ(wrong.load(), 0);
   // The last rule registered is the one that runs.
-  register_handler("aten::roll", dispatch::typed_handler(&roll_once));
+  register_handler("aten::roll", typed_handler(&roll_once));
   EXPECT_TRUE(at::equal(to_local(at::roll(x, {1}, {1})), once));
 }
