@@ -122,6 +122,16 @@ torch::Library& library_for(std::unordered_map<std::string, std::unique_ptr<torc
   return *lib;
 }
 
+// Register `Kernel(slot)` for the op on one shard key.
+template <class Kernel>
+void bind_kernel(Registry& r, const c10::OperatorName& name, c10::DispatchKey key, Slot* slot) {
+  const auto sep = name.name.find("::");
+  const auto ns = name.name.substr(0, sep);
+  const auto local_name = qualified(name).substr(sep + 2);
+  library_for(key == kShardKey ? r.shard_libs : r.autograd_libs, ns, key)
+      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(slot)));
+}
+
 // Bind one op to the shard key (and its autograd kernel where the op has a derivative formula).
 Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHandle& handle) {
   auto it = r.slots.find(name);
@@ -131,16 +141,9 @@ Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHan
   for (size_t i = 0; i < args.size(); ++i)
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
   auto* raw = slot.get();
-  const auto sep = name.name.find("::");
-  const auto ns = name.name.substr(0, sep);
-  const auto local_name = qualified(name).substr(sep + 2);
-  library_for(r.shard_libs, ns, kShardKey)
-      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SlotKernel>(raw)));
-  if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) &&
-      !handle.hasKernelForDispatchKey(kShardAutogradKey)) {
-    library_for(r.autograd_libs, ns, kShardAutogradKey)
-        .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<PromoteKernel>(raw)));
-  }
+  bind_kernel<SlotKernel>(r, name, kShardKey, raw);
+  if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) && !handle.hasKernelForDispatchKey(kShardAutogradKey))
+    bind_kernel<PromoteKernel>(r, name, kShardAutogradKey, raw);
   r.slots.emplace(name, std::move(slot));
   return raw;
 }
@@ -157,13 +160,8 @@ Slot* bind_above_autograd(Registry& r, const c10::OperatorName& name, const c10:
   auto slot = std::make_unique<Slot>(name);
   slot->level = RuleLevel::above_autograd;
   auto* raw = slot.get();
-  const auto sep = name.name.find("::");
-  const auto ns = name.name.substr(0, sep);
-  const auto local_name = qualified(name).substr(sep + 2);
-  library_for(r.autograd_libs, ns, kShardAutogradKey)
-      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SlotKernel>(raw)));
-  library_for(r.shard_libs, ns, kShardKey)
-      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SlotKernel>(raw)));
+  bind_kernel<SlotKernel>(r, name, kShardAutogradKey, raw);
+  bind_kernel<SlotKernel>(r, name, kShardKey, raw);
   r.slots.emplace(name, std::move(slot));
   return raw;
 }

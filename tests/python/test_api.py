@@ -264,3 +264,18 @@ def test_peak_memory_cpu():
     with st._C.CpuMemoryTracker() as t:
         del x  # allocated before tracking: c10 reports frees only of what it saw allocated while tracking
     assert t.peak_bytes == 0 and t.current_bytes == 0
+
+
+def test_one_registration_path():
+    """Every rule is in the registry, including those that run above autograd (issue 12); a registered handler
+    (below autograd) cannot replace one of those, since it would run without their backward."""
+    names = set(st._C.registered_handlers())
+    above = {"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention", "aten::batch_norm",
+             "aten::_pad_circular", "aten::max_pool1d", "aten::index_select_backward",
+             "aten::value_selecting_reduction_backward", "shardtensor::knn", "shardtensor::radius_search",
+             "shardtensor::neighborhood_attention"}
+    above |= {f"aten::upsample_{m}.vec" for m in ("nearest1d", "nearest2d", "bilinear2d", "bicubic2d", "trilinear3d")}
+    assert above <= names, f"not listed: {sorted(above - names)}"
+    assert {"aten::add.Tensor", "aten::convolution", "aten::sum.dim_IntList"} <= names
+    with pytest.raises(NotImplementedError, match="above autograd"):
+        st.register_handler("aten::linear", lambda x, w, b=None: x)
