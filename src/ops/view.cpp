@@ -141,9 +141,7 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 // A permutation `dims` (output dim k = input dim dims[k]).
-void permute_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<int64_t> dims) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+at::Tensor permute_local(const at::Tensor& self, std::vector<int64_t> dims) {
   const auto& spec = spec_of(self);
   const auto ndim = self.dim();
   for (auto& d : dims) d = wrap_dim(d, ndim);
@@ -159,34 +157,38 @@ void permute_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::
   std::vector<int64_t> out_shape(ndim);
   for (int64_t k = 0; k < ndim; ++k) out_shape[k] = self.size(dims[k]);
   auto out = shard_impl(self)->local().permute(dims);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
 }
 
-void permute_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto dims = op_args(op, stack)[1].toDimVector();
-  permute_impl(op, stack, std::vector<int64_t>(dims.begin(), dims.end()));
+// permute(Tensor(a) self, int[] dims)
+at::Tensor permute_rule(const at::Tensor& self, at::IntArrayRef dims) {
+  return permute_local(self, dims.vec());
 }
 
-void transpose_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto ndim = args[0].toTensor().dim();
+std::vector<int64_t> identity_dims(int64_t ndim) {
   std::vector<int64_t> dims(ndim);
   for (int64_t k = 0; k < ndim; ++k) dims[k] = k;
-  if (args.size() >= 3) {
-    auto a = wrap_dim(args[1].toInt(), ndim), b = wrap_dim(args[2].toInt(), ndim);
-    std::swap(dims[a], dims[b]);
-  } else if (ndim == 2) {
-    std::swap(dims[0], dims[1]);
-  }
-  permute_impl(op, stack, dims);
+  return dims;
 }
 
-void unsqueeze_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// transpose.int(Tensor(a) self, int dim0, int dim1)
+at::Tensor transpose_rule(const at::Tensor& self, int64_t dim0, int64_t dim1) {
+  auto dims = identity_dims(self.dim());
+  std::swap(dims[wrap_dim(dim0, self.dim())], dims[wrap_dim(dim1, self.dim())]);
+  return permute_local(self, dims);
+}
+
+// t(Tensor(a) self): 0-, 1- and 2-D.
+at::Tensor t_rule(const at::Tensor& self) {
+  auto dims = identity_dims(self.dim());
+  if (self.dim() == 2) std::swap(dims[0], dims[1]);
+  return permute_local(self, dims);
+}
+
+// unsqueeze(Tensor(a) self, int dim)
+at::Tensor unsqueeze_rule(const at::Tensor& self, int64_t dim) {
   const auto& spec = spec_of(self);
-  const auto d = wrap_dim(args[1].toInt(), self.dim() + 1);
+  const auto d = wrap_dim(dim, self.dim() + 1);
   Placements out_p = spec.placements;
   DimExtents out_ext;
   for (size_t m = 0; m < out_p.size(); ++m)
@@ -198,8 +200,7 @@ void unsqueeze_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   auto out_shape = self.sizes().vec();
   out_shape.insert(out_shape.begin() + d, 1);
   auto out = shard_impl(self)->local().unsqueeze(d);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
 }
 
 // squeeze / squeeze.dim / squeeze.dims: decided on global sizes, applied with explicit local dims.
@@ -304,14 +305,15 @@ SliceRange normalize_slice(int64_t n, std::optional<int64_t> start, std::optiona
   return {s, e, step};
 }
 
-void slice_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1)
+at::Tensor slice_rule(const at::Tensor& self, int64_t dim_arg, std::optional<c10::SymInt> start_arg,
+                      std::optional<c10::SymInt> end_arg, c10::SymInt step_arg) {
   const auto& spec = spec_of(self);
-  const auto dim = wrap_dim(args[1].toInt(), self.dim());
-  std::optional<int64_t> start = args[2].isNone() ? std::nullopt : std::optional<int64_t>(args[2].toInt());
-  std::optional<int64_t> end = args[3].isNone() ? std::nullopt : std::optional<int64_t>(args[3].toInt());
-  const auto step = args[4].toInt();
+  const auto dim = wrap_dim(dim_arg, self.dim());
+  std::optional<int64_t> start, end;
+  if (start_arg) start = start_arg->expect_int();
+  if (end_arg) end = end_arg->expect_int();
+  const auto step = step_arg.expect_int();
   TORCH_CHECK_VALUE(step > 0, "slice step must be positive");
   const auto r = normalize_slice(self.size(dim), start, end, step);
   const auto count = r.end > r.start ? (r.end - r.start + step - 1) / step : 0;
@@ -343,15 +345,13 @@ void slice_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     out = my_count > 0 ? local.slice(dim, my_first, my_first + (my_count - 1) * step + 1, step)
                        : local.narrow(dim, 0, 0);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, spec.placements, out_shape, out_ext));
+  return wrap(out, spec.mesh, spec.placements, out_shape, out_ext);
 }
 
-void select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
-  const auto dim = wrap_dim(args[1].toInt(), self.dim());
-  auto index = args[2].toInt();
+// select.int(Tensor(a) self, int dim, SymInt index)
+at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt index_arg) {
+  const auto dim = wrap_dim(dim_arg, self.dim());
+  auto index = index_arg.expect_int();
   TORCH_CHECK_INDEX(index >= -self.size(dim) && index < self.size(dim), "select: index ", index,
                     " out of range for dim ", dim, " of size ", self.size(dim));
   if (index < 0) index += self.size(dim);
@@ -381,8 +381,7 @@ void select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   out_shape.erase(out_shape.begin() + dim);
   auto out = wrap(shard_impl(t)->local().select(dim, index), spec.mesh, out_p, out_shape, out_ext);
   if (sharded_on >= 0) dispatch::register_select_copy(self, out, dim, global_index, sharded_on);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, std::move(out));
+  return out;
 }
 
 // split.Tensor / split_with_sizes / unbind: as global slices / selects.
@@ -460,15 +459,12 @@ void cat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, result);
 }
 
-void stack_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto list = args[0].toTensorVector();
-  const auto dim = wrap_dim(args[1].toInt(), list.at(0).dim() + 1);
+// stack(Tensor[] tensors, int dim=0): unsqueeze each, then cat (which has the rule for sharded dims).
+at::Tensor stack_rule(at::TensorList tensors, int64_t dim_arg) {
+  const auto dim = wrap_dim(dim_arg, tensors.at(0).dim() + 1);
   std::vector<at::Tensor> expanded;
-  for (auto& t : list) expanded.push_back(at::unsqueeze(t, dim));
-  auto out = at::cat(expanded, dim);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+  for (const auto& t : tensors) expanded.push_back(at::unsqueeze(t, dim));
+  return at::cat(expanded, dim);
 }
 
 void repeat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -502,14 +498,15 @@ void repeat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // slice_backward(grad, input_sizes, dim, start, end, step): zeros of the input's global shape with `grad`
 // placed at the slice. Along a sharded dim the output extents are chosen so every rank's range holds exactly
 // its own gradient rows (no communication).
-void slice_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto grad = resolve_partial(args[0].toTensor());
-  auto input_sizes = args[1].toDimVector();
+// slice_backward(Tensor grad_output, SymInt[] input_sizes, int dim, SymInt start, SymInt end, SymInt step)
+at::Tensor slice_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef sym_sizes, int64_t dim_arg,
+                               c10::SymInt start, c10::SymInt end, c10::SymInt step_arg) {
+  auto grad = resolve_partial(grad_output);
+  const auto input_sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes).vec();
   const auto ndim = static_cast<int64_t>(input_sizes.size());
-  const auto dim = wrap_dim(args[2].toInt(), ndim);
-  const auto step = args[5].toInt();
-  const auto r = normalize_slice(input_sizes[dim], args[3].toInt(), args[4].toInt(), step);
+  const auto dim = wrap_dim(dim_arg, ndim);
+  const auto step = step_arg.expect_int();
+  const auto r = normalize_slice(input_sizes[dim], start.expect_int(), end.expect_int(), step);
   const auto& spec = spec_of(grad);
   const auto& mesh = *spec.mesh;
   std::vector<int64_t> out_shape(input_sizes.begin(), input_sizes.end());
@@ -536,19 +533,19 @@ void slice_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* st
   const auto& g = shard_impl(grad)->local();
   auto out = at::zeros(local_sizes, g.options());
   if (g.numel() > 0) out.slice(dim, local_start, local_end, step).copy_(g);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, spec.placements, out_shape, out_ext));
+  return wrap(out, spec.mesh, spec.placements, out_shape, out_ext);
 }
 
 // select_backward(grad, input_sizes, dim, index): zeros with `grad` at `index`; a sharded `dim` uses the
 // default split and only the owner of `index` writes (grad is replicated along that mesh dim).
-void select_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto grad = resolve_partial(args[0].toTensor());
-  auto input_sizes = args[1].toDimVector();
+// select_backward(Tensor grad_output, SymInt[] input_sizes, int dim, SymInt index)
+at::Tensor select_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef sym_sizes, int64_t dim_arg,
+                                c10::SymInt index_arg) {
+  auto grad = resolve_partial(grad_output);
+  const auto input_sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes).vec();
   const auto ndim = static_cast<int64_t>(input_sizes.size());
-  const auto dim = wrap_dim(args[2].toInt(), ndim);
-  auto index = args[3].toInt();
+  const auto dim = wrap_dim(dim_arg, ndim);
+  auto index = index_arg.expect_int();
   if (index < 0) index += input_sizes[dim];
   const auto& gspec = spec_of(grad);
   Placements out_p = gspec.placements;
@@ -565,8 +562,7 @@ void select_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* s
   const auto& g = shard_impl(grad)->local();
   auto out = at::zeros(local_sizes, g.options());
   out.select(dim, index).copy_(g);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, gspec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, gspec.mesh, out_p, out_shape, out_ext);
 }
 
 // view.dtype(self, dtype): a local reinterpretation. A change of element size rescales the last dim; when that dim
@@ -609,24 +605,24 @@ void register_view() {
   dispatch::set_handler("aten::_unsafe_view", view_handler);
   // _reshape_alias(self, size, stride): its strides are global; the local view computes its own.
   dispatch::set_handler("aten::_reshape_alias", view_handler);
-  dispatch::set_handler("aten::permute", permute_handler);
-  dispatch::set_handler("aten::transpose.int", transpose_handler);
-  dispatch::set_handler("aten::t", transpose_handler);
-  dispatch::set_handler("aten::unsqueeze", unsqueeze_handler);
+  dispatch::set_handler("aten::permute", typed_handler(&permute_rule));
+  dispatch::set_handler("aten::transpose.int", typed_handler(&transpose_rule));
+  dispatch::set_handler("aten::t", typed_handler(&t_rule));
+  dispatch::set_handler("aten::unsqueeze", typed_handler(&unsqueeze_rule));
   dispatch::set_handler("aten::squeeze", squeeze_handler);
   dispatch::set_handler("aten::squeeze.dim", squeeze_handler);
   dispatch::set_handler("aten::squeeze.dims", squeeze_handler);
   dispatch::set_handler("aten::expand", expand_handler);
-  dispatch::set_handler("aten::slice.Tensor", slice_handler);
-  dispatch::set_handler("aten::select.int", select_handler);
+  dispatch::set_handler("aten::slice.Tensor", typed_handler(&slice_rule));
+  dispatch::set_handler("aten::select.int", typed_handler(&select_rule));
   dispatch::set_handler("aten::split.Tensor", split_handler);
   dispatch::set_handler("aten::split_with_sizes", split_handler);
   dispatch::set_handler("aten::unbind.int", split_handler);
   dispatch::set_handler("aten::cat", cat_handler);
-  dispatch::set_handler("aten::stack", stack_handler);
+  dispatch::set_handler("aten::stack", typed_handler(&stack_rule));
   dispatch::set_handler("aten::repeat", repeat_handler);
-  dispatch::set_handler("aten::slice_backward", slice_backward_handler);
-  dispatch::set_handler("aten::select_backward", select_backward_handler);
+  dispatch::set_handler("aten::slice_backward", typed_handler(&slice_backward_rule));
+  dispatch::set_handler("aten::select_backward", typed_handler(&select_backward_rule));
 }
 
 } // namespace shardtensor::ops
