@@ -204,18 +204,9 @@ at::Tensor unsqueeze_rule(const at::Tensor& self, int64_t dim) {
 }
 
 // squeeze / squeeze.dim / squeeze.dims: decided on global sizes, applied with explicit local dims.
-void squeeze_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// Squeeze the size-1 dims among `dims` (already wrapped).
+at::Tensor squeeze_local(const at::Tensor& self, const std::vector<int64_t>& dims) {
   const auto ndim = self.dim();
-  std::vector<int64_t> dims;
-  if (args.size() == 1) {
-    for (int64_t k = 0; k < ndim; ++k) dims.push_back(k);
-  } else if (args[1].isInt()) {
-    dims.push_back(wrap_dim(args[1].toInt(), std::max<int64_t>(ndim, 1)));
-  } else {
-    for (auto k : args[1].toDimVector()) dims.push_back(wrap_dim(k, std::max<int64_t>(ndim, 1)));
-  }
   std::vector<int64_t> squeezed;
   for (auto k : dims)
     if (ndim > 0 && self.size(k) == 1) squeezed.push_back(k);
@@ -246,15 +237,32 @@ void squeeze_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (int64_t k = 0; k < ndim; ++k)
     if (std::find(squeezed.begin(), squeezed.end(), k) == squeezed.end()) out_shape.push_back(self.size(k));
   auto out = squeezed.empty() ? shard_impl(t)->local().alias() : shard_impl(t)->local().squeeze(squeezed);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
 }
 
-void expand_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// squeeze(Tensor(a) self)
+at::Tensor squeeze_rule(const at::Tensor& self) {
+  std::vector<int64_t> dims;
+  for (int64_t k = 0; k < self.dim(); ++k) dims.push_back(k);
+  return squeeze_local(self, dims);
+}
+
+// squeeze.dim(Tensor(a) self, int dim)
+at::Tensor squeeze_dim_rule(const at::Tensor& self, int64_t dim) {
+  return squeeze_local(self, {wrap_dim(dim, std::max<int64_t>(self.dim(), 1))});
+}
+
+// squeeze.dims(Tensor(a) self, int[] dim)
+at::Tensor squeeze_dims_rule(const at::Tensor& self, at::IntArrayRef dim) {
+  std::vector<int64_t> dims;
+  for (auto k : dim) dims.push_back(wrap_dim(k, std::max<int64_t>(self.dim(), 1)));
+  return squeeze_local(self, dims);
+}
+
+// expand(Tensor(a) self, SymInt[] size, *, bool implicit=False)
+at::Tensor expand_rule(const at::Tensor& self, c10::SymIntArrayRef sym_size, bool /*implicit*/) {
   const auto& spec = spec_of(self);
-  auto size = args[1].toDimVector();
+  const auto size = C10_AS_INTARRAYREF_SLOW(sym_size).vec();
   const auto shift = static_cast<int64_t>(size.size()) - self.dim();
   std::vector<int64_t> out_shape(size.begin(), size.end());
   for (int64_t k = 0; k < self.dim(); ++k)
@@ -287,8 +295,7 @@ void expand_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       out_p[m] = Placement::shard(nd);
     }
   auto out = shard_impl(t)->local().expand(local_size);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, tspec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, tspec.mesh, out_p, out_shape, out_ext);
 }
 
 // Global [start, end) with step on dim of size n, normalized like Python slicing.
@@ -609,10 +616,10 @@ void register_view() {
   dispatch::set_handler("aten::transpose.int", typed_handler(&transpose_rule));
   dispatch::set_handler("aten::t", typed_handler(&t_rule));
   dispatch::set_handler("aten::unsqueeze", typed_handler(&unsqueeze_rule));
-  dispatch::set_handler("aten::squeeze", squeeze_handler);
-  dispatch::set_handler("aten::squeeze.dim", squeeze_handler);
-  dispatch::set_handler("aten::squeeze.dims", squeeze_handler);
-  dispatch::set_handler("aten::expand", expand_handler);
+  dispatch::set_handler("aten::squeeze", typed_handler(&squeeze_rule));
+  dispatch::set_handler("aten::squeeze.dim", typed_handler(&squeeze_dim_rule));
+  dispatch::set_handler("aten::squeeze.dims", typed_handler(&squeeze_dims_rule));
+  dispatch::set_handler("aten::expand", typed_handler(&expand_rule));
   dispatch::set_handler("aten::slice.Tensor", typed_handler(&slice_rule));
   dispatch::set_handler("aten::select.int", typed_handler(&select_rule));
   dispatch::set_handler("aten::split.Tensor", split_handler);
