@@ -307,7 +307,7 @@ std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const
   for (const auto& m : maps) {
     const auto& index = by_rows ? m.rows : m.pos;
     if (m.size() == 0) out.push_back(t.narrow(dim, 0, 0));
-    else if (m.run && (!t.is_cuda() || !m.rows_t.defined())) out.push_back(t.narrow(dim, index[0], m.size()));
+    else if (m.packs_by_narrow(t)) out.push_back(t.narrow(dim, index[0], m.size()));
     else out.push_back(pack_rows(t, dim, on_device(by_rows ? m.rows_t : m.pos_t, t)));
   }
   return out;
@@ -357,7 +357,7 @@ void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tens
   for (size_t r = 0; r < s.to.size(); ++r) {
     const auto& t = s.to[r];
     if (t.size() == 0) continue;
-    if (t.run && (!out.is_cuda() || !t.rows_t.defined())) out.narrow(dim, t.rows[0], t.size()).add_(pieces[r]);
+    if (t.packs_by_narrow(out)) out.narrow(dim, t.rows[0], t.size()).add_(pieces[r]);
     else add_rows_into(out, dim, on_device(t.rows_t, out), pieces[r]);  // rows may repeat (reflect padding)
   }
 }

@@ -159,6 +159,9 @@ class HaloPlan {
     at::Tensor pos_t, rows_t;
     bool run = true;
     int64_t size() const { return static_cast<int64_t>(pos.size()); }
+    // Packed pieces (sends, returned gradient rows) of a consecutive run are a narrow of `t`, except for CUDA
+    // tensors with a device index table: those go through the csrc_cuda halo kernels.
+    bool packs_by_narrow(const at::Tensor& t) const { return run && (!t.is_cuda() || !rows_t.defined()); }
   };
   struct Step {
     HaloDim geometry;

@@ -1,6 +1,8 @@
 """Gradients accumulated into ShardTensor leaves have exactly the leaf's layout (placements, extents, local shape):
 a Partial gradient is reduce-scattered into the shards, a replicated one is sliced locally, and the expansion of
 a replicated loss gradient (sum/mean backward) never materialises the global size. Values against one device."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -171,9 +173,7 @@ def case_sharded_parameter(mesh_shape):
 
 @pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2)])
 def test_sharded_parameter(mesh_shape):
-    world = 1
-    for s in mesh_shape:
-        world *= s
+    world = math.prod(mesh_shape)
     harness.run(world, case_sharded_parameter, mesh_shape)
 
 

@@ -2,6 +2,8 @@
 second training step none at all), and a pending-sum (Partial) input is completed once, in the forward, even
 though the convolution's backward reads it again. The planner's partition rules themselves are swept without
 ranks in tests/cpp/test_halo_plan.cpp."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,9 +86,7 @@ def case_conv_partial_input_resolved_once(mesh_shape, seed):
 
 @pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2)])
 def test_conv_partial_input_resolved_once(mesh_shape):
-    world = 1
-    for n in mesh_shape:
-        world *= n
+    world = math.prod(mesh_shape)
     harness.run(world, case_conv_partial_input_resolved_once, mesh_shape, world)
 
 
