@@ -72,6 +72,20 @@ at::Tensor as_shard(const at::Tensor& t, const MeshPtr& mesh) {
   return make_shard_tensor(t.requires_grad() ? t.detach() : t, replicate_spec(mesh, t.sizes()));
 }
 
+c10::IValue& NamedArgs::slot(std::string_view name) const {
+  auto i = index_of(name);
+  TORCH_INTERNAL_ASSERT(i, "ShardTensor rule for ", qualified_name(op_), " reads argument '", name,
+                        "', which its schema lacks");
+  const auto n = op_.schema().arguments().size();
+  return (*stack_)[stack_->size() - n + *i];
+}
+
+std::optional<at::ScalarType> NamedArgs::dtype() const {
+  auto i = index_of("dtype");
+  if (!i || args()[*i].isNone()) return std::nullopt;
+  return args()[*i].toScalarType();
+}
+
 std::string qualified_name(const c10::OperatorHandle& op) {
   const auto& n = op.operator_name();
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;

@@ -6,7 +6,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace shardtensor::dispatch {
 
@@ -15,6 +17,58 @@ inline c10::ArrayRef<c10::IValue> op_args(const c10::OperatorHandle& op, const t
   const auto n = op.schema().arguments().size();
   return c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n);
 }
+
+// An op's arguments read by their schema names. For rules shared by overloads whose argument positions differ
+// (sum(self, dtype?) vs sum.dim_IntList(self, dim, keepdim, dtype?)) and for generic rules that re-call the op
+// with local tensors in place of ShardTensors. A rule for one schema is a typed function instead
+// (shardtensor::typed_handler). The view stays valid while the arguments are on the stack.
+class NamedArgs {
+ public:
+  NamedArgs(const c10::OperatorHandle& op, torch::jit::Stack* stack) : op_(op), stack_(stack) {}
+
+  // True when the schema has an argument called `name`.
+  bool has(std::string_view name) const {
+    return index_of(name).has_value();
+  }
+  // The argument called `name`; the schema must have it.
+  const c10::IValue& operator[](std::string_view name) const {
+    return slot(name);
+  }
+  at::Tensor tensor(std::string_view name) const {
+    return slot(name).toTensor();
+  }
+  // The argument's value, or `fallback` when the schema lacks it or it is None.
+  template <typename T>
+  T get_or(std::string_view name, T fallback) const {
+    auto i = index_of(name);
+    if (!i) return fallback;
+    const auto& v = args()[*i];
+    return v.isNone() ? fallback : v.to<T>();
+  }
+  // The `dtype` argument as a scalar type, when the schema has one and it is given.
+  std::optional<at::ScalarType> dtype() const;
+  // Replace an argument (e.g. a ShardTensor by its local tensor before re-calling the op).
+  void set(std::string_view name, c10::IValue value) {
+    slot(name) = std::move(value);
+  }
+  // Every argument in schema order; the number of stack entries the op's arguments take.
+  c10::ArrayRef<c10::IValue> all() const {
+    return args();
+  }
+
+ private:
+  std::optional<size_t> index_of(std::string_view name) const {
+    auto i = op_.schema().argumentIndexWithName(name);
+    return i ? std::optional<size_t>(static_cast<size_t>(*i)) : std::nullopt;
+  }
+  c10::IValue& slot(std::string_view name) const;
+  c10::ArrayRef<c10::IValue> args() const {
+    return op_args(op_, stack_);
+  }
+
+  const c10::OperatorHandle& op_;
+  torch::jit::Stack* stack_;
+};
 
 // Visit every tensor inside an argument (Tensor, Tensor?, Tensor[], Tensor?[]).
 template <typename F>

@@ -69,6 +69,24 @@ Registry& registry() {
                                         (has_args ? " with arguments " + describe_shard_args(op, stack) : ""));
 }
 
+// The op whose rule runs on this thread (innermost; a rule's own ops dispatch through their slots and restore it),
+// so a typed rule, which has no op handle or stack, can still raise naming the op and its argument placements.
+struct RunningRule {
+  const c10::OperatorHandle* op = nullptr;
+  const torch::jit::Stack* stack = nullptr;
+};
+thread_local RunningRule running_rule;
+
+struct RunningRuleGuard {
+  RunningRuleGuard(const c10::OperatorHandle& op, const torch::jit::Stack* stack) : saved(running_rule) {
+    running_rule = {&op, stack};
+  }
+  ~RunningRuleGuard() {
+    running_rule = saved;
+  }
+  RunningRule saved;
+};
+
 // The slot kernel: below autograd for ordinary rules; on both shard keys for above-autograd ones.
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
@@ -82,6 +100,7 @@ struct SlotKernel final : c10::OperatorKernel {
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const BoxedHandler* rule = slot->handler.load(std::memory_order_acquire);
     if (!rule) not_implemented(op, stack);
+    RunningRuleGuard running(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
     if (slot->written.empty() || !any_select_copies()) return (*rule)(op, stack);
     // In-place and out= ops: copies of x[i] along a sharded dim write through to x (write_back.h).
@@ -264,6 +283,11 @@ void set_handler_all_overloads(const char* base_name, BoxedHandler handler) {
     any = true;
   }
   TORCH_INTERNAL_ASSERT(any, "no bindable overload of ", base_name);
+}
+
+void not_implemented(const std::string& why) {
+  TORCH_INTERNAL_ASSERT(running_rule.op, "not_implemented(why) called outside a ShardTensor rule");
+  not_implemented(*running_rule.op, running_rule.stack, why);
 }
 
 void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const std::string& why) {

@@ -37,5 +37,7 @@ void set_autograd_handler(const char* qualified_name, AutogradHandler handler);
 // Raises NotImplementedError naming the op, the placements of its ShardTensor arguments and the remedy.
 [[noreturn]] void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
                                   const std::string& why = "");
+// The same from inside a typed rule: names the op whose rule is running on this thread and its arguments.
+[[noreturn]] void not_implemented(const std::string& why);
 
 } // namespace shardtensor::dispatch
