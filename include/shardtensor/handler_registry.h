@@ -30,6 +30,11 @@ BoxedHandler typed_handler(FuncType* fn) {
   };
 }
 
+// From inside a handler: raise NotImplementedError naming the op whose handler is running on this thread, the
+// placements of its arguments, `why`, and the usual remedies (redistribute, to_local, register_handler). For
+// layouts a handler does not support; it raises alike on every rank when `why` depends only on layouts.
+[[noreturn]] void not_implemented(const std::string& why);
+
 // True when `op_name` has a domain-parallel rule (built-in or registered).
 bool has_handler(const std::string& op_name);
 

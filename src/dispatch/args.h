@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -88,6 +89,9 @@ const ShardTensorImpl* first_shard_arg(const c10::OperatorHandle& op, const torc
 
 // The mesh shared by every ShardTensor argument; raises on all ranks alike when they differ.
 MeshPtr common_mesh(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
+
+// The same for a typed rule: the mesh shared by the ShardTensors among `tensors` (plain and undefined ones skipped).
+MeshPtr common_mesh(std::string_view op_name, std::initializer_list<at::Tensor> tensors);
 
 // "(self: Shard(0), other: plain [4, 3])" — for error messages.
 std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack);

@@ -302,6 +302,10 @@ void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* sta
 
 } // namespace dispatch
 
+void not_implemented(const std::string& why) {
+  dispatch::not_implemented(why);
+}
+
 void register_handler(const std::string& op_name, BoxedHandler handler) {
   auto full = op_name.find("::") == std::string::npos ? "aten::" + op_name : op_name;
   dispatch::set_handler(dispatch::parse_name(full), std::move(handler), /*strict=*/true);

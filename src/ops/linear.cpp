@@ -17,7 +17,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
 
 // Labels: 'b' batch, 'm' rows, 'k' contracted, 'n' columns.
 struct ContractPlan {
@@ -84,15 +83,10 @@ bool owns_bias(const ContractPlan& plan, const Mesh& mesh) {
   return true;
 }
 
-// mm(a, b), bmm(a, b), addmm(bias, a, b, beta, alpha), baddbmm(bias, a, b, beta, alpha)
-void contraction_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto name = op.schema().name();
-  const bool batched = name == "aten::bmm" || name == "aten::baddbmm";
-  const bool with_bias = name == "aten::addmm" || name == "aten::baddbmm";
-  auto mesh = dispatch::common_mesh(op, stack);
-  const size_t ai = with_bias ? 1 : 0;
-  auto a = args[ai].toTensor(), b = args[ai + 1].toTensor();
+// A matrix product `a @ b` (batched: bmm), plus `beta * bias` when a bias is given (addmm, baddbmm).
+at::Tensor contraction(const char* op_name, bool batched, const at::Tensor& a, const at::Tensor& b,
+                       const at::Tensor* bias, at::Scalar beta, const at::Scalar& alpha) {
+  auto mesh = bias ? dispatch::common_mesh(op_name, {*bias, a, b}) : dispatch::common_mesh(op_name, {a, b});
   const std::string la = batched ? "bmk" : "mk", lb = batched ? "bkn" : "kn", lo = batched ? "bmn" : "mn";
   auto plan = plan_contraction(a, la, b, lb, lo, mesh);
   auto a_local = local_as(a, mesh, plan.pa, plan.ea);
@@ -100,21 +94,37 @@ void contraction_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   std::vector<int64_t> out_shape = batched ? std::vector<int64_t>{a.size(0), a.size(1), b.size(2)}
                                            : std::vector<int64_t>{a.size(0), b.size(1)};
   at::Tensor out;
-  if (with_bias) {
-    auto bias = args[0].toTensor();
-    auto beta = args[3].toScalar(), alpha = args[4].toScalar();
+  if (bias) {
     Placements bias_target = plan.po;
     for (auto& p : bias_target)
       if (p.is_partial()) p = Placement::replicate();
-    auto bias_local = local_aligned(resolve_partial(bias), mesh, out_shape, bias_target, plan.eo);
+    auto bias_local = local_aligned(resolve_partial(*bias), mesh, out_shape, bias_target, plan.eo);
     if (!owns_bias(plan, *mesh)) beta = 0;
     out = batched ? at::baddbmm(bias_local, a_local, b_local, beta, alpha)
                   : at::addmm(bias_local, a_local, b_local, beta, alpha);
   } else {
     out = batched ? at::bmm(a_local, b_local) : at::mm(a_local, b_local);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, mesh, plan.po, out_shape, plan.eo));
+  return wrap(out, mesh, plan.po, out_shape, plan.eo);
+}
+
+// mm(Tensor self, Tensor mat2)
+at::Tensor mm_rule(const at::Tensor& self, const at::Tensor& mat2) {
+  return contraction("aten::mm", false, self, mat2, nullptr, 0, 1);
+}
+// bmm(Tensor self, Tensor mat2)
+at::Tensor bmm_rule(const at::Tensor& self, const at::Tensor& mat2) {
+  return contraction("aten::bmm", true, self, mat2, nullptr, 0, 1);
+}
+// addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1)
+at::Tensor addmm_rule(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
+                      const at::Scalar& alpha) {
+  return contraction("aten::addmm", false, mat1, mat2, &self, beta, alpha);
+}
+// baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1)
+at::Tensor baddbmm_rule(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
+                        const at::Scalar& beta, const at::Scalar& alpha) {
+  return contraction("aten::baddbmm", true, batch1, batch2, &self, beta, alpha);
 }
 
 // ---- linear above autograd ----
@@ -247,8 +257,10 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
 } // namespace
 
 void register_linear() {
-  for (const char* name : {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
-    dispatch::set_handler(name, contraction_handler);
+  dispatch::set_handler("aten::mm", typed_handler(&mm_rule));
+  dispatch::set_handler("aten::bmm", typed_handler(&bmm_rule));
+  dispatch::set_handler("aten::addmm", typed_handler(&addmm_rule));
+  dispatch::set_handler("aten::baddbmm", typed_handler(&baddbmm_rule));
   // Composite-implicit: their decomposition would flatten a token-sharded input (see docs/architecture.md).
   dispatch::set_handler("aten::linear", typed_handler(&linear_autograd), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::matmul", typed_handler(&matmul_autograd), dispatch::RuleLevel::above_autograd);

@@ -12,8 +12,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 // How an op treats Partial(sum/avg) inputs.
 enum class PartialRule { None, AllSame, OneFactor, Numerator, Unary };
 

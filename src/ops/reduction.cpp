@@ -11,22 +11,24 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
-// Reduced dims (sorted, wrapped) from an `int[]? dim` or `int dim` argument; empty list / None = all dims.
-std::vector<int64_t> reduced_dims(const c10::IValue& v, int64_t ndim) {
+// Reduced dims (sorted, wrapped) from an `int[]? dim` argument; empty list / None = all dims.
+std::vector<int64_t> reduced_dims(at::OptionalIntArrayRef given, int64_t ndim) {
   std::vector<int64_t> dims;
-  if (v.isNone()) {
-  } else if (v.isInt()) {
-    dims.push_back(wrap_dim(v.toInt(), std::max<int64_t>(ndim, 1)));
-  } else {
-    for (auto d : v.toDimVector()) dims.push_back(wrap_dim(d, std::max<int64_t>(ndim, 1)));
-  }
+  if (given)
+    for (auto d : *given) dims.push_back(wrap_dim(d, std::max<int64_t>(ndim, 1)));
   if (dims.empty())
     for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
   return dims;
+}
+
+// The same from an argument that may be absent, None, an `int dim` or an `int[]? dim` (rules shared by overloads).
+std::vector<int64_t> reduced_dims(const c10::IValue* v, int64_t ndim) {
+  if (!v || v->isNone()) return reduced_dims(at::OptionalIntArrayRef(), ndim);
+  if (v->isInt()) return reduced_dims(at::IntArrayRef(v->toInt()), ndim);
+  auto list = v->toDimVector();
+  return reduced_dims(at::IntArrayRef(list), ndim);
 }
 
 bool contains(const std::vector<int64_t>& v, int64_t x) {
@@ -101,49 +103,33 @@ at::Scalar highest(at::ScalarType t) {
 
 enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm };
 
-// A reduction of an empty global tensor raises exactly as on one device: the op runs on an empty tensor of the
-// global shape (no memory). The decision reads global shapes only, so every rank raises alike; when one device
-// would not raise (e.g. amax over a non-empty dim of an empty tensor) the handler goes on.
-void raise_like_torch_if_empty(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto& self = args[0].toTensor();
+// A reduction of an empty global tensor raises exactly as on one device: `run_on` runs the op on an empty tensor of
+// the global shape (no memory). The decision reads global shapes only, so every rank raises alike; when one device
+// would not raise (e.g. amax over a non-empty dim of an empty tensor) the rule goes on.
+template <typename RunOn>
+void raise_like_torch_if_empty(const at::Tensor& self, RunOn run_on) {
   if (self.numel() != 0) return;
-  torch::jit::Stack probe(args.begin(), args.end());
-  probe[0] = at::empty(self.sizes(), dispatch::local_or_self(self).options());
-  op.callBoxed(probe);
+  run_on(at::empty(self.sizes(), dispatch::local_or_self(self).options()));
 }
 
-// sum, mean, amax, amin, all, any, prod, linalg_vector_norm
+// sum, mean, amax, amin, all, any, prod, linalg_vector_norm: fifteen overloads whose arguments differ in position
+// (sum(self, dtype?) vs sum.dim_IntList(self, dim, keepdim, dtype?); all.dim's dim is an int): one boxed rule reads
+// them by name, and the empty-input probe re-calls the op itself.
 void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  raise_like_torch_if_empty(op, stack);
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+  dispatch::NamedArgs args(op, stack);
+  auto self = args.tensor("self");
+  raise_like_torch_if_empty(self, [&](const at::Tensor& empty) {
+    torch::jit::Stack probe(args.all().begin(), args.all().end());
+    probe[0] = empty; // self is every reduction's first argument
+    op.callBoxed(probe);
+  });
   auto* impl = shard_impl(self);
   const auto name = op.schema().name();
   const auto ndim = self.dim();
-  // Argument positions differ per op.
-  c10::IValue dim_arg;
-  bool keepdim = false;
-  std::optional<at::ScalarType> dtype;
-  at::Scalar ord = 2;
-  const auto nargs = args.size();
-  auto opt_dtype = [&](size_t i) {
-    if (i < nargs && !args[i].isNone()) dtype = static_cast<at::ScalarType>(args[i].toInt());
-  };
-  const bool overload_free = op.operator_name().overload_name.empty();
-  if (kind == Kind::Norm) { // linalg_vector_norm(self, ord, dim?, keepdim, dtype?)
-    ord = args[1].toScalar();
-    dim_arg = args[2];
-    keepdim = args[3].toBool();
-    opt_dtype(4);
-  } else if (overload_free && kind != Kind::Amax && kind != Kind::Amin) {
-    opt_dtype(1); // sum(self, dtype?), mean(self, dtype?), prod(self, dtype?), all(self), any(self)
-  } else {
-    dim_arg = args[1];
-    keepdim = nargs > 2 ? args[2].toBool() : false;
-    opt_dtype(3);
-  }
-  auto dims = reduced_dims(dim_arg, ndim);
+  const bool keepdim = args.get_or<bool>("keepdim", false);
+  const auto dtype = args.dtype();
+  const auto ord = args.get_or<at::Scalar>("ord", 2);
+  auto dims = reduced_dims(args.has("dim") ? &args["dim"] : nullptr, ndim);
 
   // Sum and mean are linear: a Partial(sum/avg) input stays pending. Everything else needs complete values.
   auto t = self;
@@ -247,22 +233,19 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
     auto* r = shard_impl(result);
     result = make_shard_tensor(r->local().to(at::kBool), r->spec());
   }
-  torch::jit::drop(*stack, args.size());
+  torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, result);
 }
 
-// max.dim / min.dim / argmax / argmin / max() / min(): values with global indices.
-void indexed_handler(bool is_max, bool want_values, bool want_indices, const c10::OperatorHandle& op,
-                     torch::jit::Stack* stack) {
-  raise_like_torch_if_empty(op, stack);
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
+// max.dim / min.dim / argmax / argmin / max() / min(): values with global indices. `dim` absent: over all elements.
+std::tuple<at::Tensor, at::Tensor> extreme_with_index(bool is_max, const at::Tensor& self_in,
+                                                      std::optional<int64_t> dim_arg, bool keepdim) {
+  auto self = resolve_partial(self_in);
   auto* impl = shard_impl(self);
   const auto& spec = *impl->spec();
   const auto& mesh = spec.mesh;
   const auto ndim = self.dim();
-  const bool has_dim = args.size() > 1 && !args[1].isNone();
-  const bool keepdim = args.size() > 2 ? args[2].toBool() : false;
+  const bool has_dim = dim_arg.has_value();
   at::Tensor local = impl->local();
   at::Tensor t = self;
   int64_t dim = 0;
@@ -280,7 +263,7 @@ void indexed_handler(bool is_max, bool want_values, bool want_indices, const c10
     t = at::reshape(t, {-1});
     dim = 0;
   } else {
-    dim = wrap_dim(args[1].toInt(), std::max<int64_t>(ndim, 1));
+    dim = wrap_dim(*dim_arg, std::max<int64_t>(ndim, 1));
   }
   auto* timpl = shard_impl(t);
   const auto& tspec = *timpl->spec();
@@ -315,24 +298,51 @@ void indexed_handler(bool is_max, bool want_values, bool want_indices, const c10
     layout = reduce_layout(tspec, {dim}, false);
   }
   if (!has_dim) layout.out_shape = {};
-  auto wv = wrap(values, mesh, layout.placements, layout.out_shape, layout.ext);
-  auto wi = wrap(indices, mesh, layout.placements, layout.out_shape, layout.ext);
-  torch::jit::drop(*stack, args.size());
-  if (want_values) torch::jit::push(*stack, wv);
-  if (want_indices) torch::jit::push(*stack, wi);
+  return {wrap(values, mesh, layout.placements, layout.out_shape, layout.ext),
+          wrap(indices, mesh, layout.placements, layout.out_shape, layout.ext)};
 }
 
-// var.correction / std.correction / var_mean.correction / std_mean.correction
-void moments_handler(bool is_std, bool with_mean, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
+// max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+std::tuple<at::Tensor, at::Tensor> max_dim_rule(const at::Tensor& self, int64_t dim, bool keepdim) {
+  raise_like_torch_if_empty(self, [&](const at::Tensor& e) { at::max(e, dim, keepdim); });
+  return extreme_with_index(true, self, dim, keepdim);
+}
+// min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+std::tuple<at::Tensor, at::Tensor> min_dim_rule(const at::Tensor& self, int64_t dim, bool keepdim) {
+  raise_like_torch_if_empty(self, [&](const at::Tensor& e) { at::min(e, dim, keepdim); });
+  return extreme_with_index(false, self, dim, keepdim);
+}
+// max(Tensor self) -> Tensor
+at::Tensor max_rule(const at::Tensor& self) {
+  raise_like_torch_if_empty(self, [](const at::Tensor& e) { at::max(e); });
+  return std::get<0>(extreme_with_index(true, self, std::nullopt, false));
+}
+// min(Tensor self) -> Tensor
+at::Tensor min_rule(const at::Tensor& self) {
+  raise_like_torch_if_empty(self, [](const at::Tensor& e) { at::min(e); });
+  return std::get<0>(extreme_with_index(false, self, std::nullopt, false));
+}
+// argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
+at::Tensor argmax_rule(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  raise_like_torch_if_empty(self, [&](const at::Tensor& e) { at::argmax(e, dim, keepdim); });
+  return std::get<1>(extreme_with_index(true, self, dim, keepdim));
+}
+// argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
+at::Tensor argmin_rule(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  raise_like_torch_if_empty(self, [&](const at::Tensor& e) { at::argmin(e, dim, keepdim); });
+  return std::get<1>(extreme_with_index(false, self, dim, keepdim));
+}
+
+// Variance (or standard deviation) and mean over `dim_arg` with Chan's parallel formula across sharded dims.
+std::tuple<at::Tensor, at::Tensor> moments(bool is_std, const at::Tensor& self_in, at::OptionalIntArrayRef dim_arg,
+                                           const std::optional<at::Scalar>& correction_arg, bool keepdim) {
+  auto self = resolve_partial(self_in);
   auto* impl = shard_impl(self);
   const auto& spec = *impl->spec();
   const auto& mesh = spec.mesh;
   const auto ndim = self.dim();
-  auto dims = reduced_dims(args[1], ndim);
-  const double correction = args[2].isNone() ? 1.0 : args[2].toScalar().toDouble();
-  const bool keepdim = args[3].toBool();
+  auto dims = reduced_dims(dim_arg, ndim);
+  const double correction = correction_arg ? correction_arg->toDouble() : 1.0;
   const auto& local = impl->local();
   const auto in_type = local.scalar_type();
   const auto acc_type = at::isReducedFloatingType(in_type) ? at::kFloat : in_type;
@@ -358,9 +368,29 @@ void moments_handler(bool is_std, bool with_mean, const c10::OperatorHandle& op,
   }
   out = out.to(in_type);
   mean = mean.to(in_type);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, mesh, layout.placements, layout.out_shape, layout.ext));
-  if (with_mean) torch::jit::push(*stack, wrap(mean, mesh, layout.placements, layout.out_shape, layout.ext));
+  return {wrap(out, mesh, layout.placements, layout.out_shape, layout.ext),
+          wrap(mean, mesh, layout.placements, layout.out_shape, layout.ext)};
+}
+
+// var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
+at::Tensor var_rule(const at::Tensor& self, at::OptionalIntArrayRef dim, const std::optional<at::Scalar>& correction,
+                    bool keepdim) {
+  return std::get<0>(moments(false, self, dim, correction, keepdim));
+}
+// std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
+at::Tensor std_rule(const at::Tensor& self, at::OptionalIntArrayRef dim, const std::optional<at::Scalar>& correction,
+                    bool keepdim) {
+  return std::get<0>(moments(true, self, dim, correction, keepdim));
+}
+// var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> var_mean_rule(const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                                 const std::optional<at::Scalar>& correction, bool keepdim) {
+  return moments(false, self, dim, correction, keepdim);
+}
+// std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> std_mean_rule(const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                                 const std::optional<at::Scalar>& correction, bool keepdim) {
+  return moments(true, self, dim, correction, keepdim);
 }
 
 template <Kind K>
@@ -418,16 +448,16 @@ void register_reduction() {
   set_handler("aten::prod", decomposable<Kind::Prod>);
   set_handler("aten::prod.dim_int", decomposable<Kind::Prod>);
   set_handler("aten::linalg_vector_norm", decomposable<Kind::Norm>);
-  set_handler("aten::max.dim", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(true, true, true, op, s); });
-  set_handler("aten::min.dim", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(false, true, true, op, s); });
-  set_handler("aten::max", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(true, true, false, op, s); });
-  set_handler("aten::min", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(false, true, false, op, s); });
-  set_handler("aten::argmax", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(true, false, true, op, s); });
-  set_handler("aten::argmin", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { indexed_handler(false, false, true, op, s); });
-  set_handler("aten::var.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(false, false, op, s); });
-  set_handler("aten::std.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(true, false, op, s); });
-  set_handler("aten::var_mean.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(false, true, op, s); });
-  set_handler("aten::std_mean.correction", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { moments_handler(true, true, op, s); });
+  set_handler("aten::max.dim", typed_handler(&max_dim_rule));
+  set_handler("aten::min.dim", typed_handler(&min_dim_rule));
+  set_handler("aten::max", typed_handler(&max_rule));
+  set_handler("aten::min", typed_handler(&min_rule));
+  set_handler("aten::argmax", typed_handler(&argmax_rule));
+  set_handler("aten::argmin", typed_handler(&argmin_rule));
+  set_handler("aten::var.correction", typed_handler(&var_rule));
+  set_handler("aten::std.correction", typed_handler(&std_rule));
+  set_handler("aten::var_mean.correction", typed_handler(&var_mean_rule));
+  set_handler("aten::std_mean.correction", typed_handler(&std_mean_rule));
 }
 
 } // namespace shardtensor::ops

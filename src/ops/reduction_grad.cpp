@@ -79,24 +79,22 @@ struct SumMeanFn : torch::autograd::Function<SumMeanFn> {
   }
 };
 
-// The autograd rule for sum / sum.dim_IntList / mean / mean.dim. Overloads without `dim`: (self, dtype?);
-// with: (self, dim?, keepdim, dtype?).
+// The autograd rule for sum / sum.dim_IntList / mean / mean.dim, which differ in their arguments (sum(self, dtype?)
+// vs sum.dim_IntList(self, dim?, keepdim, dtype?)): read by name.
 bool sum_mean_autograd(bool mean, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = dispatch::op_args(op, stack);
-  const auto self = args[0].toTensor();
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self");
   if (!shard_impl(self) || !self.requires_grad()) return false;
   ReductionSettings r;
   r.mean = mean;
-  size_t dtype_pos = 1;
-  if (!op.operator_name().overload_name.empty()) {
-    if (!args[1].isNone()) r.dims = args[1].toIntVector();
+  if (args.has("dim")) {
+    r.dims = args.get_or<std::vector<int64_t>>("dim", {});
     r.all_dims = r.dims.empty();
-    r.keepdim = args[2].toBool();
-    dtype_pos = 3;
+    r.keepdim = args.get_or<bool>("keepdim", false);
   }
-  if (!args[dtype_pos].isNone()) r.dtype = static_cast<at::ScalarType>(args[dtype_pos].toInt());
+  r.dtype = args.dtype();
   auto out = SumMeanFn::apply(self, std::move(r));
-  torch::jit::drop(*stack, args.size());
+  torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(out));
   return true;
 }

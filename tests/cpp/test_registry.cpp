@@ -83,3 +83,31 @@ TEST(Registry, TypedHandlerAndAtomicSwap) {
   register_handler("aten::roll", typed_handler(&roll_once));
   EXPECT_TRUE(at::equal(to_local(at::roll(x, {1}, {1})), once));
 }
+
+namespace {
+// A typed rule that runs another sharded op first (its own rule runs and returns), then refuses the layout.
+at::Tensor roll_refusing(const at::Tensor& self, c10::SymIntArrayRef, at::IntArrayRef) {
+  auto negated = at::neg(self);
+  (void)negated;
+  shardtensor::not_implemented("rolling along a sharded dim is refused by this test rule");
+}
+} // namespace
+
+TEST(Registry, TypedRuleRaisesNamingItsOpAndPlacements) {
+  auto mesh = one_rank_mesh();
+  auto x = make_shard_tensor(at::ones({4, 3}), ShardSpec::make(mesh, {Placement::shard(0)}, {4, 3}));
+  register_handler("aten::roll", typed_handler(&roll_refusing));
+  try {
+    at::roll(x, {1}, {0});
+    ADD_FAILURE() << "the rule did not raise";
+  } catch (const c10::NotImplementedError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("aten::roll"), std::string::npos) << msg; // the running rule's op, not the nested neg
+    EXPECT_EQ(msg.find("aten::neg"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("self: (Shard(0)) global [4, 3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("refused by this test rule"), std::string::npos) << msg;
+  }
+  register_handler("aten::roll", typed_handler(&roll_once));
+  // Outside any rule there is no running op to name.
+  EXPECT_THROW(shardtensor::not_implemented("nothing runs"), c10::Error);
+}
