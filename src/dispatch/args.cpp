@@ -38,7 +38,7 @@ MeshPtr common_mesh(const c10::OperatorHandle& op, const torch::jit::Stack* stac
   return mesh;
 }
 
-MeshPtr common_mesh(std::string_view op_name, std::initializer_list<at::Tensor> tensors) {
+MeshPtr common_mesh(std::string_view op_name, at::ArrayRef<at::Tensor> tensors) {
   MeshPtr mesh;
   for (const auto& t : tensors) join_mesh(mesh, t, op_name);
   TORCH_INTERNAL_ASSERT(mesh, "common_mesh: no ShardTensor argument for ", op_name);

@@ -91,7 +91,7 @@ const ShardTensorImpl* first_shard_arg(const c10::OperatorHandle& op, const torc
 MeshPtr common_mesh(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
 
 // The same for a typed rule: the mesh shared by the ShardTensors among `tensors` (plain and undefined ones skipped).
-MeshPtr common_mesh(std::string_view op_name, std::initializer_list<at::Tensor> tensors);
+MeshPtr common_mesh(std::string_view op_name, at::ArrayRef<at::Tensor> tensors);
 
 // "(self: Shard(0), other: plain [4, 3])" — for error messages.
 std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
