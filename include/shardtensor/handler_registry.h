@@ -26,7 +26,14 @@ template <class FuncType>
 BoxedHandler typed_handler(FuncType* fn) {
   auto kernel = c10::KernelFunction::makeFromUnboxedRuntimeFunction(fn);
   return [kernel](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    kernel.callBoxed(op, c10::DispatchKeySet(), stack);
+    // c10's boxing moves list and optional arguments (Tensor[], Tensor?[], Tensor?, int[]) out of their stack slots.
+    // The function runs on copies (reference-count bumps), so the op's arguments stay on the stack until it returns:
+    // an error raised inside it (dispatch::not_implemented, a failed collective) names all of their placements.
+    const auto n = op.schema().arguments().size();
+    torch::jit::Stack args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    kernel.callBoxed(op, c10::DispatchKeySet(), &args);
+    torch::jit::drop(*stack, n);
+    for (auto& r : args) stack->push_back(std::move(r));
   };
 }
 

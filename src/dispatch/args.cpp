@@ -16,31 +16,35 @@ const ShardTensorImpl* first_shard_arg(const c10::OperatorHandle& op, const torc
 }
 
 namespace {
-// Adds `t`'s mesh to `mesh` (the first one found), raising on all ranks alike when they differ.
-void join_mesh(MeshPtr& mesh, const at::Tensor& t, std::string_view op_name) {
-  auto* impl = t.defined() ? shard_impl(t) : nullptr;
+
+// Folds `t` into the mesh found so far (none yet: null); a ShardTensor on another mesh raises, on every rank alike.
+// `op_name()` names the op; it is called only to raise (a boxed rule's name is built from its handle).
+template <typename OpName>
+void join_mesh(MeshPtr& mesh, const at::Tensor& t, const OpName& op_name) {
+  auto* impl = shard_impl(t);
   if (!impl) return;
   if (!mesh) {
     mesh = impl->spec()->mesh;
     return;
   }
-  TORCH_CHECK_VALUE(mesh->same_as(*impl->spec()->mesh), "ShardTensor: ", op_name,
+  TORCH_CHECK_VALUE(mesh->same_as(*impl->spec()->mesh), "ShardTensor: ", op_name(),
                     " got ShardTensors on different meshes (", mesh->str(), " and ", impl->spec()->mesh->str(),
                     "); redistribute them onto one mesh first");
 }
+
 } // namespace
 
 MeshPtr common_mesh(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
   MeshPtr mesh;
-  const auto name = qualified_name(op);
+  auto name = [&] { return qualified_name(op); };
   for (const auto& v : op_args(op, stack)) for_each_tensor(v, [&](const at::Tensor& t) { join_mesh(mesh, t, name); });
-  TORCH_INTERNAL_ASSERT(mesh, "common_mesh: no ShardTensor argument for ", name);
+  TORCH_INTERNAL_ASSERT(mesh, "common_mesh: no ShardTensor argument for ", name());
   return mesh;
 }
 
 MeshPtr common_mesh(std::string_view op_name, at::ArrayRef<at::Tensor> tensors) {
   MeshPtr mesh;
-  for (const auto& t : tensors) join_mesh(mesh, t, op_name);
+  for (const auto& t : tensors) join_mesh(mesh, t, [&] { return op_name; });
   TORCH_INTERNAL_ASSERT(mesh, "common_mesh: no ShardTensor argument for ", op_name);
   return mesh;
 }

@@ -89,8 +89,8 @@ const ShardTensorImpl* first_shard_arg(const c10::OperatorHandle& op, const torc
 
 // The mesh shared by every ShardTensor argument; raises on all ranks alike when they differ.
 MeshPtr common_mesh(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
-
-// The same for a typed rule: the mesh shared by the ShardTensors among `tensors` (plain and undefined ones skipped).
+// The same for a typed rule, which has no stack: the mesh shared by the ShardTensors among `tensors` (its tensor
+// arguments; plain and undefined ones are skipped). `op_name` ("aten::cat") names the op in the message.
 MeshPtr common_mesh(std::string_view op_name, at::ArrayRef<at::Tensor> tensors);
 
 // "(self: Shard(0), other: plain [4, 3])" — for error messages.

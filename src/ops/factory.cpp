@@ -9,34 +9,33 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
+// The rules below that serve several ops or every overload of a family re-call the op that ran with the local
+// tensor in place of the ShardTensor `self` (the other arguments pass through), so they stay boxed and read their
+// arguments by name.
 
-// Run `op` with ShardTensor argument 0 replaced by its local tensor; return its first output.
-at::Tensor run_on_local_self(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t self_index = 0) {
-  const auto n = op.schema().arguments().size();
-  auto& self = (*stack)[stack->size() - n + self_index];
-  self = shard_impl(self.toTensor())->local();
+// Run `op` with the ShardTensor `self` replaced by its local tensor; return its first output.
+at::Tensor run_on_local_self(const c10::OperatorHandle& op, torch::jit::Stack* stack, dispatch::NamedArgs& args) {
+  args.set("self", shard_impl(args.tensor("self"))->local());
   op.callBoxed(stack);
   return stack->back().toTensor();
 }
 
-// The op keeps the spec: output = wrap(op(local)).
+// _to_copy, clone, detach, alias, ...: the op keeps the spec: output = wrap(op(local)).
 void same_spec_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto n = op.schema().arguments().size();
-  auto self = (*stack)[stack->size() - n].toTensor();
+  dispatch::NamedArgs args(op, stack);
+  auto self = args.tensor("self");
   auto* impl = shard_impl(self);
   TORCH_INTERNAL_ASSERT(impl, dispatch::qualified_name(op), ": argument 0 must be a ShardTensor");
   auto spec = impl->spec();
-  auto local = run_on_local_self(op, stack);
+  auto local = run_on_local_self(op, stack, args);
   stack->back() = make_shard_tensor(local, spec);
 }
 
-// *_like: the input's layout without pending reductions.
+// *_like (every overload): the input's layout without pending reductions.
 void like_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto n = op.schema().arguments().size();
-  auto self = (*stack)[stack->size() - n].toTensor();
-  auto spec = without_partial(shard_impl(self)->spec());
-  auto local = run_on_local_self(op, stack);
+  dispatch::NamedArgs args(op, stack);
+  auto spec = without_partial(shard_impl(args.tensor("self"))->spec());
+  auto local = run_on_local_self(op, stack, args);
   stack->back() = make_shard_tensor(local, spec);
 }
 
@@ -44,12 +43,12 @@ void like_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // keeps the input's shards on the dims whose size is unchanged (backward formulas build gradients this way, e.g.
 // grad.new_zeros(input_sizes) that differ along the dim an op worked on: a Replicate result would be dense at the
 // global size on every rank); every other dim is Replicate. The values are the same in any layout.
+// Every overload of new_empty, new_zeros, new_ones, new_full, new_empty_strided (the last with a `stride`).
 void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto n = op.schema().arguments().size();
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+  dispatch::NamedArgs args(op, stack);
+  auto self = args.tensor("self");
   auto* impl = shard_impl(self);
-  auto size = args[1].toDimVector();
+  auto size = args["size"].toDimVector();
   auto mesh = impl->spec()->mesh;
   SpecPtr spec;
   if (c10::IntArrayRef(size) == self.sizes()) {
@@ -67,54 +66,47 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   } else {
     spec = dispatch::replicate_spec(mesh, size);
   }
-  (*stack)[stack->size() - n + 1] = c10::IValue(spec->local_shape);
-  if (op.schema().name() == "aten::new_empty_strided") {
+  args.set("size", c10::IValue(spec->local_shape));
+  if (args.has("stride")) {
     const auto strides = c10::contiguous_strides(spec->local_shape);
-    (*stack)[stack->size() - n + 2] = c10::IValue(std::vector<int64_t>(strides.begin(), strides.end()));
+    args.set("stride", c10::IValue(std::vector<int64_t>(strides.begin(), strides.end())));
   }
-  auto local = run_on_local_self(op, stack);
+  auto local = run_on_local_self(op, stack, args);
   stack->back() = make_shard_tensor(local, spec);
 }
 
-void item_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  auto self = torch::jit::pop(*stack).toTensor();
+// _local_scalar_dense(Tensor self) -> Scalar
+at::Scalar item_rule(const at::Tensor& self) {
   auto* impl = shard_impl(self);
   TORCH_CHECK_VALUE(self.numel() == 1, "ShardTensor: .item() needs a one-element tensor, got global shape ",
                     self.sizes());
   auto full = redistribute_to(self, dispatch::replicate_spec(impl->spec()->mesh, self.sizes()));
-  torch::jit::push(*stack, shard_impl(full)->local().item());
+  return shard_impl(full)->local().item();
 }
 
-void is_same_size_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  auto other = torch::jit::pop(*stack).toTensor();
-  auto self = torch::jit::pop(*stack).toTensor();
-  torch::jit::push(*stack, self.sizes() == other.sizes());
+// is_same_size(Tensor self, Tensor other) -> bool
+bool is_same_size_rule(const at::Tensor& self, const at::Tensor& other) {
+  return self.sizes() == other.sizes();
 }
 
-void as_strided_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
-  auto size = args[1].toDimVector();
-  auto stride = args[2].toDimVector();
-  const bool identity = c10::IntArrayRef(size) == self.sizes() && c10::IntArrayRef(stride) == self.strides() &&
-      (args.size() < 4 || args[3].isNone() || args[3].toInt() == self.storage_offset());
+// as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None)
+at::Tensor as_strided_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                           std::optional<c10::SymInt> storage_offset) {
+  const bool identity = C10_AS_INTARRAYREF_SLOW(size) == self.sizes() &&
+      C10_AS_INTARRAYREF_SLOW(stride) == self.strides() &&
+      (!storage_offset || storage_offset->expect_int() == self.storage_offset());
   if (!identity) {
-    dispatch::not_implemented(op, stack, "only the identity as_strided (same sizes and strides) is supported");
+    dispatch::not_implemented("only the identity as_strided (same sizes and strides) is supported");
   }
   auto spec = shard_impl(self)->spec();
   auto local = shard_impl(self)->local();
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(local.alias(), spec));
+  return make_shard_tensor(local.alias(), spec);
 }
 
-void equal_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  auto other = torch::jit::pop(*stack).toTensor();
-  auto self = torch::jit::pop(*stack).toTensor();
+// equal(Tensor self, Tensor other) -> bool
+bool equal_rule(const at::Tensor& self, const at::Tensor& other) {
   auto mesh = shard_impl(self) ? shard_impl(self)->spec()->mesh : shard_impl(other)->spec()->mesh;
-  if (self.sizes() != other.sizes()) {
-    torch::jit::push(*stack, false);
-    return;
-  }
+  if (self.sizes() != other.sizes()) return false;
   // Compare in self's layout, then agree across the mesh.
   auto a = resolve_partial(dispatch::as_shard(self, mesh));
   auto spec = shard_impl(a)->spec();
@@ -125,18 +117,15 @@ void equal_handler(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto all = dispatch::replicate_spec(mesh, {1});
   auto t = make_shard_tensor(flag, ShardSpec::make(mesh, Placements(mesh->ndim(), Placement::partial(ReduceOp::Min)), {1}));
   auto r = redistribute_to(t, all);
-  torch::jit::push(*stack, shard_impl(r)->local().item<int64_t>() == 1);
+  return shard_impl(r)->local().item<int64_t>() == 1;
 }
 
-// allclose(self, other, rtol, atol, equal_nan): isclose (elementwise, broadcasting, plain operands Replicate) and
-// all() (one all-reduce of a flag) give the same answer on every rank.
-void allclose_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto close = at::isclose(args[0].toTensor(), args[1].toTensor(), args[2].toDouble(), args[3].toDouble(),
-                           args[4].toBool());
-  const bool all = at::all(close).item<bool>();
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, all);
+// isclose (elementwise, broadcasting, plain operands Replicate) and all() (one all-reduce of a flag) give the same
+// answer on every rank.
+// allclose(Tensor self, Tensor other, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> bool
+bool allclose_rule(const at::Tensor& self, const at::Tensor& other, double rtol, double atol, bool equal_nan) {
+  auto close = at::isclose(self, other, rtol, atol, equal_nan);
+  return at::all(close).item<bool>();
 }
 
 } // namespace
@@ -157,11 +146,11 @@ void register_factory() {
                            "aten::new_empty_strided"}) {
     dispatch::set_handler_all_overloads(base, new_factory_handler);
   }
-  dispatch::set_handler("aten::_local_scalar_dense", item_handler);
-  dispatch::set_handler("aten::is_same_size", is_same_size_handler);
-  dispatch::set_handler("aten::as_strided", as_strided_handler);
-  dispatch::set_handler("aten::equal", equal_handler);
-  dispatch::set_handler("aten::allclose", allclose_handler);
+  dispatch::set_handler("aten::_local_scalar_dense", typed_handler(&item_rule));
+  dispatch::set_handler("aten::is_same_size", typed_handler(&is_same_size_rule));
+  dispatch::set_handler("aten::as_strided", typed_handler(&as_strided_rule));
+  dispatch::set_handler("aten::equal", typed_handler(&equal_rule));
+  dispatch::set_handler("aten::allclose", typed_handler(&allclose_rule));
 }
 
 } // namespace shardtensor::ops

@@ -15,8 +15,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 Placements all_replicate(const MeshPtr& mesh) {
   return Placements(mesh->ndim(), Placement::replicate());
 }
@@ -59,15 +57,15 @@ void check_indices_in_range(const at::Tensor& idx, int64_t n, const char* op) {
                     "(): index out of range for a dim of size ", n);
 }
 
-// index_select(self, dim, index): per mesh dim, self Shard(d != dim) stays; self Shard(dim) picks owned indices
-// (all-reduce, Replicate); self Replicate with a sharded index gives Shard(dim) with the index's extents.
-void index_select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(dispatch::as_shard(args[0].toTensor(), dispatch::common_mesh(op, stack)));
+// Per mesh dim, self Shard(d != dim) stays; self Shard(dim) picks owned indices (all-reduce, Replicate); self
+// Replicate with a sharded index gives Shard(dim) with the index's extents.
+// index_select(Tensor self, int dim, Tensor index)
+at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Tensor& index) {
+  const auto mesh_of_args = dispatch::common_mesh("aten::index_select", {self_arg, index});
+  auto self = resolve_partial(dispatch::as_shard(self_arg, mesh_of_args));
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
-  const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
-  const auto index = args[2].toTensor();
+  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
   TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
   Placements out_p = spec.placements, idx_p = all_replicate(mesh);
   DimExtents out_ext = spec.dim_extents(), idx_ext;
@@ -105,8 +103,7 @@ void index_select_handler(const c10::OperatorHandle& op, torch::jit::Stack* stac
                             [&](const at::Tensor& l, const at::Tensor& i) { return at::index_select(l, dim, i); });
     out = sum_picks(picks, *mesh, owner_m);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, mesh, out_p, out_shape, out_ext));
+  return wrap(out, mesh, out_p, out_shape, out_ext);
 }
 
 // index_select_backward(grad, self_sizes, dim, index): composite in PyTorch (a dense zeros of the global size);
@@ -138,17 +135,19 @@ at::Tensor index_select_backward(const at::Tensor& grad_in, c10::SymIntArrayRef 
   return wrap(out, mesh, out_p, sizes, out_ext);
 }
 
-// gather(self, dim, index, sparse_grad): per mesh dim, self Shard(d != dim) aligns the index (same size along d
-// required); self Shard(dim) picks owned indices (all-reduce, Replicate); self Replicate with an index sharded on
-// d gives Shard(d) (self sliced alike when d != dim).
-void gather_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(dispatch::as_shard(args[0].toTensor(), dispatch::common_mesh(op, stack)));
+// Per mesh dim, self Shard(d != dim) aligns the index (same size along d required); self Shard(dim) picks owned
+// indices (all-reduce, Replicate); self Replicate with an index sharded on d gives Shard(d) (self sliced alike when
+// d != dim).
+// gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False)
+at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Tensor& index_arg,
+                       bool /*sparse_grad*/) {
+  const auto mesh_of_args = dispatch::common_mesh("aten::gather", {self_arg, index_arg});
+  auto self = resolve_partial(dispatch::as_shard(self_arg, mesh_of_args));
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
   const auto ndim = std::max<int64_t>(self.dim(), 1);
-  const auto dim = wrap_dim(args[1].toInt(), ndim);
-  auto index = resolve_partial(args[2].toTensor());
+  const auto dim = wrap_dim(dim_arg, ndim);
+  auto index = resolve_partial(index_arg);
   TORCH_CHECK_VALUE(index.dim() == self.dim() || (index.dim() <= 1 && self.dim() <= 1),
                     "gather(): Index tensor must have the same number of dimensions as input tensor");
   const auto index_p = placements_of(index, mesh);
@@ -162,8 +161,8 @@ void gather_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       self_ext[dim] = spec.extents[m];
     } else if (p.is_shard()) {
       if (index.size(p.dim) != self.size(p.dim)) {
-        dispatch::not_implemented(op, stack, "the index is smaller than the input along sharded dim " +
-                                                 std::to_string(p.dim) + "; redistribute that dim to Replicate() first");
+        dispatch::not_implemented("the index is smaller than the input along sharded dim " + std::to_string(p.dim) +
+                                  "; redistribute that dim to Replicate() first");
       }
       self_ext[p.dim] = spec.extents[m];
       idx_p[m] = out_p[m] = p;
@@ -197,65 +196,72 @@ void gather_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   DimExtents out_ext;
   for (auto& p : out_p)
     if (p.is_shard()) out_ext[p.dim] = idx_ext.at(p.dim);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, mesh, out_p, index.sizes().vec(), out_ext));
+  return wrap(out, mesh, out_p, index.sizes().vec(), out_ext);
 }
 
-// The tensor an op writes (argument 0) as a ShardTensor: a plain one is Replicate and is written through its
-// wrapper; in place, a Partial target raises (its terms are not the values being indexed); out of place the input
-// is completed first.
-struct WriteTarget {
-  at::Tensor written, self;
-  bool in_place;
-};
-
-WriteTarget target_of_write(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
-  const auto& arg0 = op.schema().arguments()[0];
-  const bool in_place = arg0.alias_info() && arg0.alias_info()->isWrite();
-  const auto written = op_args(op, stack)[0].toTensor();
-  auto self = dispatch::as_shard(written, dispatch::common_mesh(op, stack));
+// The tensor an op writes (its `self`) as a ShardTensor on `mesh`: a plain one is Replicate and is written through
+// its wrapper; in place, a Partial target raises (its terms are not the values being indexed); out of place the
+// input is completed first. Raises from inside a rule (dispatch::not_implemented names the running op).
+at::Tensor target_of_write(const at::Tensor& written, bool in_place, const MeshPtr& mesh) {
+  auto self = dispatch::as_shard(written, mesh);
   if (in_place && shard_impl(self)->spec()->has_partial()) {
-    dispatch::not_implemented(op, stack, "writing into a Partial tensor; redistribute it to Replicate() first");
+    dispatch::not_implemented("writing into a Partial tensor; redistribute it to Replicate() first");
   }
   if (!in_place) self = resolve_partial(self);
-  return {written, self, in_place};
+  return self;
 }
 
-// scatter / scatter_add / scatter_reduce (out-of-place and in place): self's layout; the index and the source are
-// aligned to it (same size along every sharded dim required). A sharded `dim` raises.
+// scatter / scatter_add / scatter_reduce (out-of-place and in place; twelve overloads, with a tensor `src` or a
+// scalar `value`, with or without `reduce`): self's layout; the index and the source are aligned to it (same size
+// along every sharded dim required). A sharded `dim` raises. Boxed, reading arguments by name, since it re-calls
+// whichever overload ran on the local tensors.
 void scatter_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto& schema = op.schema();
-  const auto [written, self, in_place] = target_of_write(op, stack);
+  dispatch::NamedArgs args(op, stack);
+  const auto& self_arg = op.schema().arguments()[0];
+  const bool in_place = self_arg.alias_info() && self_arg.alias_info()->isWrite();
+  const auto written = args.tensor("self");
+  const auto self = target_of_write(written, in_place, dispatch::common_mesh(op, stack));
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
-  const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
+  const auto dim = wrap_dim(args["dim"].toInt(), std::max<int64_t>(self.dim(), 1));
   if (spec.mesh_dim_of(dim) >= 0) {
     dispatch::not_implemented(op, stack, "scatter along sharded dim " + std::to_string(dim) +
                                              "; redistribute that dim to Replicate() first");
   }
-  // Tensor arguments after `dim`: the index, then the source (scatter.src / scatter_add / scatter_reduce).
-  std::vector<size_t> aligned;
-  for (size_t i = 2; i < args.size(); ++i)
-    if (args[i].isTensor()) aligned.push_back(i);
-  for (auto i : aligned) {
-    const auto t = args[i].toTensor();
+  // The tensor arguments aligned to self: the index, then the source where it is a tensor.
+  std::vector<std::string_view> aligned;
+  for (std::string_view name : {"index", "src"})
+    if (args.has(name) && args[name].isTensor()) aligned.push_back(name);
+  for (auto name : aligned) {
+    const auto t = args.tensor(name);
     for (const auto& p : spec.placements)
       if (p.is_shard() && (t.dim() != self.dim() || t.size(p.dim) != self.size(p.dim))) {
-        dispatch::not_implemented(op, stack, std::string(schema.arguments()[i].name()) +
-                                                 " is smaller than the input along sharded dim " +
-                                                 std::to_string(p.dim) + "; redistribute that dim to Replicate() first");
+        dispatch::not_implemented(op, stack,
+                                  std::string(name) + " is smaller than the input along sharded dim " +
+                                      std::to_string(p.dim) + "; redistribute that dim to Replicate() first");
       }
   }
   const auto ext = spec.dim_extents();
   std::vector<at::Tensor> locals;
-  for (auto i : aligned) locals.push_back(local_as(args[i].toTensor(), mesh, spec.placements, ext));
-  const auto base = stack->size() - args.size();
-  for (size_t k = 0; k < aligned.size(); ++k) (*stack)[base + aligned[k]] = locals[k];
-  (*stack)[base] = shard_impl(self)->local();
+  for (auto name : aligned) locals.push_back(local_as(args.tensor(name), mesh, spec.placements, ext));
+  for (size_t k = 0; k < aligned.size(); ++k) args.set(aligned[k], locals[k]);
+  args.set("self", shard_impl(self)->local());
   op.callBoxed(stack);
   auto out = torch::jit::pop(*stack).toTensor();
   torch::jit::push(*stack, in_place ? written : wrap(out, mesh, spec.placements, self.sizes().vec(), ext));
+}
+
+// `self`, the given tensors among `indices` and `values` (when defined): the tensor arguments of index and
+// index_put, in schema order, for common_mesh.
+std::vector<at::Tensor> index_args(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
+                                   const at::Tensor& values = {}) {
+  std::vector<at::Tensor> all{self};
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const std::optional<at::Tensor> opt = indices.get(k);
+    if (opt && opt->defined()) all.push_back(*opt);
+  }
+  if (values.defined()) all.push_back(values);
+  return all;
 }
 
 // Advanced indexing `x[indices]`: the index tensors (long, whole on every rank; bool masks become their nonzero
@@ -343,16 +349,15 @@ c10::List<std::optional<at::Tensor>> local_index_list(const AdvancedIndex& a) {
 }
 
 // The result's layout: x's shards moved to their result dims. Raises when an indexed dim is sharded.
-std::pair<Placements, DimExtents> result_layout(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
-                                                const ShardSpec& spec, const AdvancedIndex& a) {
+std::pair<Placements, DimExtents> result_layout(const ShardSpec& spec, const AdvancedIndex& a) {
   Placements p = spec.placements;
   DimExtents ext;
   for (size_t m = 0; m < p.size(); ++m) {
     if (!p[m].is_shard()) continue;
     const auto d = p[m].dim;
     if (a.indexed[d]) {
-      dispatch::not_implemented(op, stack, "indexing sharded dim " + std::to_string(d) +
-                                               " with a tensor; redistribute that dim to Replicate() first");
+      dispatch::not_implemented("indexing sharded dim " + std::to_string(d) +
+                                " with a tensor; redistribute that dim to Replicate() first");
     }
     p[m] = Placement::shard(a.dim_map[d]);
     ext[a.dim_map[d]] = spec.extents[m];
@@ -360,16 +365,16 @@ std::pair<Placements, DimExtents> result_layout(const c10::OperatorHandle& op, c
   return {p, ext};
 }
 
-// index.Tensor(self, indices): `x[idx]` along dims that are not sharded.
-void index_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(dispatch::as_shard(args[0].toTensor(), dispatch::common_mesh(op, stack)));
+// `x[idx]` along dims that are not sharded.
+// index.Tensor(Tensor self, Tensor?[] indices)
+at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<at::Tensor>>& indices) {
+  const auto mesh = dispatch::common_mesh("aten::index.Tensor", index_args(self_arg, indices));
+  auto self = resolve_partial(dispatch::as_shard(self_arg, mesh));
   const auto& spec = *shard_impl(self)->spec();
-  auto a = advanced_index(self, args[1].toOptionalTensorList());
-  auto [p, ext] = result_layout(op, stack, spec, a);
+  auto a = advanced_index(self, indices);
+  auto [p, ext] = result_layout(spec, a);
   auto out = at::index(shard_impl(self)->local(), local_index_list(a));
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, p, a.result_shape, ext));
+  return wrap(out, spec.mesh, p, a.result_shape, ext);
 }
 
 // A single bool mask over dims [d, d + mask.dim()) laid out like x there (or plain), with one value: local.
@@ -403,16 +408,16 @@ bool local_mask_put(const at::Tensor& self, const c10::List<std::optional<at::Te
   return true;
 }
 
-// index_put_ / index_put / _index_put_impl_ (self, indices, values, accumulate[, unsafe]): along dims that are not
-// sharded the values are aligned to the result's layout; `x[mask] = v` with a mask covering sharded dims is local.
-void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto [written, self, in_place] = target_of_write(op, stack);
+// index_put_ / index_put / _index_put_impl_ (`op_name`): along dims that are not sharded the values are aligned to
+// the result's layout; `x[mask] = v` with a mask covering sharded dims is local. In place, `written` is updated and
+// returned.
+at::Tensor index_put_impl(const char* op_name, const at::Tensor& written,
+                          const c10::List<std::optional<at::Tensor>>& list, const at::Tensor& values, bool accumulate,
+                          bool in_place) {
+  const auto self =
+      target_of_write(written, in_place, dispatch::common_mesh(op_name, index_args(written, list, values)));
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
-  auto list = args[1].toOptionalTensorList();
-  auto values = args[2].toTensor();
-  const bool accumulate = args[3].toBool();
   at::Tensor local_values, local_mask;
   c10::List<std::optional<at::Tensor>> local_list;
   int64_t mask_pos = -1;
@@ -422,7 +427,7 @@ void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     local_values = whole_local(values);
   } else {
     auto a = advanced_index(self, list);
-    auto [p, ext] = result_layout(op, stack, spec, a);
+    auto [p, ext] = result_layout(spec, a);
     local_list = local_index_list(a);
     local_values = local_aligned(values, mesh, a.result_shape, p, ext);
   }
@@ -430,11 +435,30 @@ void index_put_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (in_place) {
     at::_index_put_impl_(const_cast<at::Tensor&>(local), local_list, local_values, accumulate, false);
   }
-  auto out = in_place ? written
-                      : wrap(at::index_put(local, local_list, local_values, accumulate), mesh, spec.placements,
-                             self.sizes().vec(), spec.dim_extents());
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+  return in_place ? written
+                  : wrap(at::index_put(local, local_list, local_values, accumulate), mesh, spec.placements,
+                         self.sizes().vec(), spec.dim_extents());
+}
+
+// index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+at::Tensor& index_put_inplace_rule(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
+                                   const at::Tensor& values, bool accumulate) {
+  index_put_impl("aten::index_put_", self, indices, values, accumulate, true);
+  return self;
+}
+
+// index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+at::Tensor index_put_rule(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
+                          const at::Tensor& values, bool accumulate) {
+  return index_put_impl("aten::index_put", self, indices, values, accumulate, false);
+}
+
+// _index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False, bool unsafe=False)
+//     -> Tensor(a!)
+at::Tensor& index_put_impl_inplace_rule(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
+                                        const at::Tensor& values, bool accumulate, bool /*unsafe*/) {
+  index_put_impl("aten::_index_put_impl_", self, indices, values, accumulate, true);
+  return self;
 }
 
 } // namespace
@@ -444,17 +468,17 @@ void register_indexing() {
   // Composite-implicit: its decomposition would build a dense global-size gradient.
   set_handler("aten::index_select_backward", typed_handler(&index_select_backward),
               dispatch::RuleLevel::above_autograd);
-  set_handler("aten::index_select", index_select_handler);
-  set_handler("aten::gather", gather_handler);
+  set_handler("aten::index_select", typed_handler(&index_select_rule));
+  set_handler("aten::gather", typed_handler(&gather_rule));
   for (const char* name : {"aten::scatter.src", "aten::scatter.value", "aten::scatter.reduce",
                            "aten::scatter.value_reduce", "aten::scatter_.src", "aten::scatter_.value",
                            "aten::scatter_.reduce", "aten::scatter_.value_reduce", "aten::scatter_add",
                            "aten::scatter_add_", "aten::scatter_reduce.two", "aten::scatter_reduce_.two"})
     set_handler(name, scatter_handler);
-  set_handler("aten::index.Tensor", index_handler);
-  set_handler("aten::index_put_", index_put_handler);
-  set_handler("aten::index_put", index_put_handler);
-  set_handler("aten::_index_put_impl_", index_put_handler);
+  set_handler("aten::index.Tensor", typed_handler(&index_rule));
+  set_handler("aten::index_put_", typed_handler(&index_put_inplace_rule));
+  set_handler("aten::index_put", typed_handler(&index_put_rule));
+  set_handler("aten::_index_put_impl_", typed_handler(&index_put_impl_inplace_rule));
 }
 
 } // namespace shardtensor::ops

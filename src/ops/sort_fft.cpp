@@ -11,35 +11,42 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
+// Which dims an op works along: those its `dim` argument names (an int or a list), none, or the last dim.
+enum class Along { dim_arg, none, last };
 
-// Where an op's dims are: one `int dim` argument, an `int[] dim` argument, none, or the last dim.
-struct DimArg {
-  enum Kind { Int, List, None, Last } kind;
-  size_t index = 0;
-};
+// The dims of `self` (`ndim` >= 1) that the op works along, wrapped.
+std::vector<int64_t> dims_along(Along along, const dispatch::NamedArgs& args, int64_t ndim) {
+  std::vector<int64_t> dims;
+  switch (along) {
+    case Along::dim_arg: {
+      const auto& dim = args["dim"];
+      if (dim.isInt()) {
+        dims.push_back(wrap_dim(dim.toInt(), ndim));
+      } else {
+        for (auto d : dim.toDimVector()) dims.push_back(wrap_dim(d, ndim));
+      }
+      break;
+    }
+    case Along::last: dims.push_back(ndim - 1); break;
+    case Along::none: break;
+  }
+  return dims;
+}
 
-void along_dims_handler(DimArg where, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
+// Generic over ops whose argument lists differ (sort.stable's `dim` follows a keyword `stable`, topk's follows `k`):
+// boxed, reading `self` and `dim` by name, and re-calling the op that ran with the local tensor.
+void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  auto self = resolve_partial(args.tensor("self"));
   const auto& spec = *shard_impl(self)->spec();
   const auto ndim = std::max<int64_t>(self.dim(), 1);
-  std::vector<int64_t> dims;
-  switch (where.kind) {
-    case DimArg::List:
-      for (auto d : args[where.index].toDimVector()) dims.push_back(wrap_dim(d, ndim));
-      break;
-    case DimArg::Int: dims.push_back(wrap_dim(args[where.index].toInt(), ndim)); break;
-    case DimArg::Last: dims.push_back(ndim - 1); break;
-    case DimArg::None: break;
-  }
+  const auto dims = dims_along(along, args, ndim);
   for (auto d : dims)
     if (spec.mesh_dim_of(d) >= 0) {
       dispatch::not_implemented(op, stack, "it works along sharded dim " + std::to_string(d) +
                                                ", which needs the whole dim on one rank; redistribute that dim to "
                                                "Replicate() first");
     }
-  const auto base = stack->size() - args.size();
   // A rank whose shard is empty along a sharded dim runs the op on one row there (kernels such as MKL's FFT
   // refuse empty input that one device never passes them) and keeps none of the result.
   auto local = shard_impl(self)->local().resolve_conj().resolve_neg();
@@ -54,7 +61,7 @@ void along_dims_handler(DimArg where, const c10::OperatorHandle& op, torch::jit:
     else
       emptied.clear();
   }
-  (*stack)[base] = local;
+  args.set("self", local);
   op.callBoxed(stack);
   // Outputs: the input's layout (sharded dims precede the dims an op adds or drops); the sizes of the other dims
   // come from the local result.
@@ -77,22 +84,16 @@ void along_dims_handler(DimArg where, const c10::OperatorHandle& op, torch::jit:
 } // namespace
 
 void register_sort_fft() {
-  auto at = [](DimArg where) {
-    return [where](const c10::OperatorHandle& op, torch::jit::Stack* stack) { along_dims_handler(where, op, stack); };
+  auto rule = [](Along along) {
+    return [along](const c10::OperatorHandle& op, torch::jit::Stack* stack) { along_dims_handler(along, op, stack); };
   };
-  dispatch::set_handler("aten::sort", at({DimArg::Int, 1}));        // sort(self, dim, descending)
-  dispatch::set_handler("aten::sort.stable", at({DimArg::Int, 2})); // sort.stable(self, *, stable, dim, descending)
-  dispatch::set_handler("aten::topk", at({DimArg::Int, 2}));        // topk(self, k, dim, largest, sorted)
-  dispatch::set_handler("aten::cumprod", at({DimArg::Int, 1}));
-  dispatch::set_handler("aten::cummax", at({DimArg::Int, 1}));
-  dispatch::set_handler("aten::cummin", at({DimArg::Int, 1}));
-  dispatch::set_handler("aten::logcumsumexp", at({DimArg::Int, 1}));
-  dispatch::set_handler("aten::_fft_r2c", at({DimArg::List, 1}));   // _fft_r2c(self, dim[], normalization, onesided)
-  dispatch::set_handler("aten::_fft_c2r", at({DimArg::List, 1}));   // _fft_c2r(self, dim[], normalization, last_dim_size)
-  dispatch::set_handler("aten::_fft_c2c", at({DimArg::List, 1}));   // _fft_c2c(self, dim[], normalization, forward)
+  // Along `dim`: an int (sort, sort.stable, topk, the scans) or a list (the FFT kernels).
+  for (const char* name : {"aten::sort", "aten::sort.stable", "aten::topk", "aten::cumprod", "aten::cummax",
+                           "aten::cummin", "aten::logcumsumexp", "aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c"})
+    dispatch::set_handler(name, rule(Along::dim_arg));
   // Complex <-> real pairs: view_as_real appends a dim of 2, view_as_complex consumes the last dim.
-  dispatch::set_handler("aten::view_as_real", at({DimArg::None}));
-  dispatch::set_handler("aten::view_as_complex", at({DimArg::Last}));
+  dispatch::set_handler("aten::view_as_real", rule(Along::none));
+  dispatch::set_handler("aten::view_as_complex", rule(Along::last));
 }
 
 } // namespace shardtensor::ops

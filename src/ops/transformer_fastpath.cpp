@@ -14,10 +14,8 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
-at::Tensor opt_tensor(const c10::IValue& v) {
-  auto t = v.toOptional<at::Tensor>();
+// An optional tensor argument as a tensor (undefined when absent).
+at::Tensor or_undefined(const std::optional<at::Tensor>& t) {
   return t ? *t : at::Tensor();
 }
 
@@ -98,83 +96,77 @@ std::tuple<at::Tensor, at::Tensor> multi_head_attention(const at::Tensor& query,
   return {at::linear(merged, proj_weight, proj_bias), weights};
 }
 
-// _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
-//                              proj_bias, mask?, need_weights, average_attn_weights, mask_type?) -> (Tensor, Tensor)
-void native_mha_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto a = op_args(op, stack);
-  auto [out, weights] = multi_head_attention(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), a[3].toInt(),
-                                             a[4].toInt(), a[5].toTensor(), a[6].toTensor(), a[7].toTensor(),
-                                             a[8].toTensor(), opt_tensor(a[9]), a[10].toBool(), a[11].toBool(),
-                                             a[12].toOptional<int64_t>());
-  torch::jit::drop(*stack, a.size());
-  torch::jit::push(*stack, std::move(out));
-  torch::jit::push(*stack, std::move(weights));
+// _native_multi_head_attention(Tensor query, Tensor key, Tensor value, int embed_dim, int num_head,
+//     Tensor qkv_weight, Tensor qkv_bias, Tensor proj_weight, Tensor proj_bias, Tensor? mask=None,
+//     bool need_weights=True, bool average_attn_weights=True, int? mask_type=None) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> native_mha_rule(const at::Tensor& query, const at::Tensor& key,
+                                                   const at::Tensor& value, int64_t embed_dim, int64_t num_head,
+                                                   const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
+                                                   const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+                                                   const std::optional<at::Tensor>& mask, bool need_weights,
+                                                   bool average_attn_weights, std::optional<int64_t> mask_type) {
+  return multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                              or_undefined(mask), need_weights, average_attn_weights, mask_type);
 }
 
-// _transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
-//     norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1,
-//     ffn_weight_2, ffn_bias_2, mask?, mask_type?) -> Tensor
 // Post-norm: x = norm1(src + sa(src)); out = norm2(x + ff(x)). Pre-norm: x = src + sa(norm1(src));
 // out = x + ff(norm2(x)). ff = linear2(act(linear1(.))), act = exact gelu or relu. No dropout (eval only).
-void encoder_layer_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto a = op_args(op, stack);
-  const auto src = a[0].toTensor();
-  const auto embed_dim = a[1].toInt(), heads = a[2].toInt();
-  const bool use_gelu = a[7].toBool(), norm_first = a[8].toBool();
-  const double eps = a[9].toDouble();
-  auto norm = [&](const at::Tensor& x, int64_t w) {
-    return at::layer_norm(x, {embed_dim}, a[w].toTensor(), a[w + 1].toTensor(), eps);
+// _transformer_encoder_layer_fwd(Tensor src, int embed_dim, int num_heads, Tensor qkv_weight, Tensor qkv_bias,
+//     Tensor proj_weight, Tensor proj_bias, bool use_gelu, bool norm_first, float eps, Tensor norm_weight_1,
+//     Tensor norm_bias_1, Tensor norm_weight_2, Tensor norm_bias_2, Tensor ffn_weight_1, Tensor ffn_bias_1,
+//     Tensor ffn_weight_2, Tensor ffn_bias_2, Tensor? mask=None, int? mask_type=None) -> Tensor
+at::Tensor encoder_layer_rule(const at::Tensor& src, int64_t embed_dim, int64_t heads, const at::Tensor& qkv_weight,
+                              const at::Tensor& qkv_bias, const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+                              bool use_gelu, bool norm_first, double eps, const at::Tensor& norm_weight_1,
+                              const at::Tensor& norm_bias_1, const at::Tensor& norm_weight_2,
+                              const at::Tensor& norm_bias_2, const at::Tensor& ffn_weight_1,
+                              const at::Tensor& ffn_bias_1, const at::Tensor& ffn_weight_2,
+                              const at::Tensor& ffn_bias_2, const std::optional<at::Tensor>& mask,
+                              std::optional<int64_t> mask_type) {
+  if (src.numel() == 0) return src.clone();
+  auto norm = [&](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    return at::layer_norm(x, {embed_dim}, weight, bias, eps);
   };
-  at::Tensor out;
-  if (src.numel() == 0) {
-    out = src.clone();
-  } else {
-    auto attend = [&](const at::Tensor& x) {
-      return std::get<0>(multi_head_attention(x, x, x, embed_dim, heads, a[3].toTensor(), a[4].toTensor(),
-                                              a[5].toTensor(), a[6].toTensor(), opt_tensor(a[18]), false, true,
-                                              a[19].toOptional<int64_t>()));
-    };
-    auto feed_forward = [&](const at::Tensor& x) {
-      auto h = at::linear(x, a[14].toTensor(), a[15].toTensor());
-      h = use_gelu ? at::gelu(h) : at::relu(h);
-      return at::linear(h, a[16].toTensor(), a[17].toTensor());
-    };
-    if (norm_first) {
-      auto x = src + attend(norm(src, 10));
-      out = x + feed_forward(norm(x, 12));
-    } else {
-      auto x = norm(src + attend(src), 10);
-      out = norm(x + feed_forward(x), 12);
-    }
+  auto attend = [&](const at::Tensor& x) {
+    return std::get<0>(multi_head_attention(x, x, x, embed_dim, heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                            or_undefined(mask), false, true, mask_type));
+  };
+  auto feed_forward = [&](const at::Tensor& x) {
+    auto h = at::linear(x, ffn_weight_1, ffn_bias_1);
+    h = use_gelu ? at::gelu(h) : at::relu(h);
+    return at::linear(h, ffn_weight_2, ffn_bias_2);
+  };
+  if (norm_first) {
+    auto x = src + attend(norm(src, norm_weight_1, norm_bias_1));
+    return x + feed_forward(norm(x, norm_weight_2, norm_bias_2));
   }
-  torch::jit::drop(*stack, a.size());
-  torch::jit::push(*stack, std::move(out));
+  auto x = norm(src + attend(src), norm_weight_1, norm_bias_1);
+  return norm(x + feed_forward(x), norm_weight_2, norm_bias_2);
 }
 
-// _nested_tensor_from_mask_left_aligned(t, mask) -> bool. nn.TransformerEncoder asks it before packing a padded
-// batch into a NestedTensor; a ShardTensor cannot be packed, so the answer is "no" and the encoder runs its layers
-// on the dense tensor with the key padding mask (outputs at padded positions are then the masked computation's,
-// not zeros).
-void nested_left_aligned_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  torch::jit::drop(*stack, op_args(op, stack).size());
-  torch::jit::push(*stack, false);
+// nn.TransformerEncoder asks it before packing a padded batch into a NestedTensor; a ShardTensor cannot be packed,
+// so the answer is "no" and the encoder runs its layers on the dense tensor with the key padding mask (outputs at
+// padded positions are then the masked computation's, not zeros).
+// _nested_tensor_from_mask_left_aligned(Tensor t, Tensor mask) -> bool
+bool nested_left_aligned_rule(const at::Tensor& /*t*/, const at::Tensor& /*mask*/) {
+  return false;
 }
 
-// _nested_tensor_from_mask(t, mask, mask_check): reached when the encoder was built with mask_check=False (the
-// question above is skipped). Refused on every rank alike.
-void nested_from_mask_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  dispatch::not_implemented(op, stack,
-                            "a ShardTensor cannot be packed into a NestedTensor; build nn.TransformerEncoder with "
+// Reached when the encoder was built with mask_check=False (the question above is skipped). Refused on every rank
+// alike.
+// _nested_tensor_from_mask(Tensor t, Tensor mask, bool mask_check=True) -> Tensor
+at::Tensor nested_from_mask_rule(const at::Tensor& /*t*/, const at::Tensor& /*mask*/, bool /*mask_check*/) {
+  dispatch::not_implemented("a ShardTensor cannot be packed into a NestedTensor; build nn.TransformerEncoder with "
                             "enable_nested_tensor=False (or keep mask_check=True, which keeps the tensor dense)");
 }
 
 } // namespace
 
 void register_transformer_fastpath() {
-  dispatch::set_handler("aten::_native_multi_head_attention", native_mha_handler);
-  dispatch::set_handler("aten::_transformer_encoder_layer_fwd", encoder_layer_handler);
-  dispatch::set_handler("aten::_nested_tensor_from_mask_left_aligned", nested_left_aligned_handler);
-  dispatch::set_handler("aten::_nested_tensor_from_mask", nested_from_mask_handler);
+  dispatch::set_handler("aten::_native_multi_head_attention", typed_handler(&native_mha_rule));
+  dispatch::set_handler("aten::_transformer_encoder_layer_fwd", typed_handler(&encoder_layer_rule));
+  dispatch::set_handler("aten::_nested_tensor_from_mask_left_aligned", typed_handler(&nested_left_aligned_rule));
+  dispatch::set_handler("aten::_nested_tensor_from_mask", typed_handler(&nested_from_mask_rule));
 }
 
 } // namespace shardtensor::ops

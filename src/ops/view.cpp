@@ -13,8 +13,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 const ShardSpec& spec_of(const at::Tensor& t) {
   return *shard_impl(t)->spec();
 }
@@ -65,12 +63,10 @@ std::vector<Group> view_groups(at::IntArrayRef in, at::IntArrayRef out) {
   return groups;
 }
 
-// view / reshape / _unsafe_view / _reshape_alias
-void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// view / _unsafe_view / _reshape_alias (`op_name` for messages); `unsafe`: the local result is an _unsafe_view.
+at::Tensor view_impl(const char* op_name, const at::Tensor& self, c10::SymIntArrayRef size, bool unsafe) {
   const auto& spec = spec_of(self);
-  auto out_shape = at::infer_size(args[1].toDimVector(), self.numel());
+  auto out_shape = at::infer_size(C10_AS_INTARRAYREF_SLOW(size), self.numel());
   const auto& mesh = *spec.mesh;
   Placements out_p = spec.placements;
   DimExtents out_ext;
@@ -84,8 +80,7 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (const auto& g : groups) {
       auto it = std::find(g.in.begin(), g.in.end(), d);
       if (it == g.in.end()) continue;
-      TORCH_CHECK_NOT_IMPLEMENTED(!g.out.empty(), "ShardTensor: ", dispatch::qualified_name(op),
-                                  " removes sharded dim ", d);
+      TORCH_CHECK_NOT_IMPLEMENTED(!g.out.empty(), "ShardTensor: ", op_name, " removes sharded dim ", d);
       // Dims before the sharded one in its group must be size 1, dims after it unsharded.
       int64_t inner_in = 1;
       bool ok = true;
@@ -112,7 +107,7 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (elems % inner_out != 0) ok = false;
         new_ext.push_back(inner_out ? elems / inner_out : 0);
       }
-      TORCH_CHECK_NOT_IMPLEMENTED(ok, "ShardTensor: ", dispatch::qualified_name(op), " from ", self.sizes(), " to ",
+      TORCH_CHECK_NOT_IMPLEMENTED(ok, "ShardTensor: ", op_name, " from ", self.sizes(), " to ",
                                   c10::IntArrayRef(out_shape), " with ", to_string(spec.placements),
                                   " does not keep each shard a contiguous block of the result (the sharded dim must "
                                   "be the outermost of merged dims, or split with an inner size dividing every "
@@ -127,7 +122,7 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto local_shape = local_shape_for(out_shape, out_p, out_ext, mesh);
   const auto& local = shard_impl(self)->local();
   at::Tensor out;
-  if (op.schema().name() == "aten::_unsafe_view") {
+  if (unsafe) {
     out = at::_unsafe_view(local, local_shape);
   } else if (at::detail::computeStride(local.sizes(), local.strides(), local_shape)) {
     out = local.view(local_shape);
@@ -136,8 +131,23 @@ void view_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // viewed (e.g. an expanded mask): copy, as reshape does on one device for such a tensor.
     out = local.reshape(local_shape);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
+}
+
+// view(Tensor(a) self, SymInt[] size)
+at::Tensor view_rule(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return view_impl("aten::view", self, size, false);
+}
+
+// _unsafe_view(Tensor self, SymInt[] size)
+at::Tensor unsafe_view_rule(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return view_impl("aten::_unsafe_view", self, size, true);
+}
+
+// _reshape_alias(Tensor(a) self, SymInt[] size, SymInt[] stride): its strides are global; the local view computes
+// its own.
+at::Tensor reshape_alias_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef /*stride*/) {
+  return view_impl("aten::_reshape_alias", self, size, false);
 }
 
 // A permutation `dims` (output dim k = input dim dims[k]).
@@ -392,39 +402,45 @@ at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt inde
 }
 
 // split.Tensor / split_with_sizes / unbind: as global slices / selects.
-void split_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
-  const auto name = op.schema().name();
+// Consecutive slices of `sizes` along `dim` (already wrapped).
+std::vector<at::Tensor> slices_of(const at::Tensor& self, int64_t dim, const std::vector<int64_t>& sizes) {
   std::vector<at::Tensor> pieces;
-  if (name == "aten::unbind") {
-    const auto dim = wrap_dim(args[1].toInt(), self.dim());
-    for (int64_t i = 0; i < self.size(dim); ++i) pieces.push_back(at::select(self, dim, i));
-  } else {
-    const auto dim = wrap_dim(args[2].toInt(), self.dim());
-    std::vector<int64_t> sizes;
-    if (args[1].isInt()) {
-      const auto s = args[1].toInt();
-      const auto n = self.size(dim);
-      for (int64_t off = 0; off < n || (n == 0 && sizes.empty()); off += std::max<int64_t>(s, 1))
-        sizes.push_back(std::min(s, n - off));
-    } else {
-      for (auto s : args[1].toDimVector()) sizes.push_back(s);
-    }
-    int64_t off = 0;
-    for (auto s : sizes) {
-      pieces.push_back(at::slice(self, dim, off, off + s));
-      off += s;
-    }
+  int64_t off = 0;
+  for (auto s : sizes) {
+    pieces.push_back(at::slice(self, dim, off, off + s));
+    off += s;
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, c10::List<at::Tensor>(pieces));
+  return pieces;
 }
 
-void cat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto list = args[0].toTensorVector();
-  auto mesh = dispatch::common_mesh(op, stack);
+// split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
+std::vector<at::Tensor> split_rule(const at::Tensor& self, c10::SymInt split_size, int64_t dim_arg) {
+  const auto dim = wrap_dim(dim_arg, self.dim());
+  const auto s = split_size.expect_int();
+  const auto n = self.size(dim);
+  std::vector<int64_t> sizes;
+  for (int64_t off = 0; off < n || (n == 0 && sizes.empty()); off += std::max<int64_t>(s, 1))
+    sizes.push_back(std::min(s, n - off));
+  return slices_of(self, dim, sizes);
+}
+
+// split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
+std::vector<at::Tensor> split_with_sizes_rule(const at::Tensor& self, c10::SymIntArrayRef split_sizes,
+                                              int64_t dim_arg) {
+  return slices_of(self, wrap_dim(dim_arg, self.dim()), C10_AS_INTARRAYREF_SLOW(split_sizes).vec());
+}
+
+// unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
+std::vector<at::Tensor> unbind_rule(const at::Tensor& self, int64_t dim_arg) {
+  const auto dim = wrap_dim(dim_arg, self.dim());
+  std::vector<at::Tensor> pieces;
+  for (int64_t i = 0; i < self.size(dim); ++i) pieces.push_back(at::select(self, dim, i));
+  return pieces;
+}
+
+// cat(Tensor[] tensors, int dim=0)
+at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
+  auto mesh = dispatch::common_mesh("aten::cat", list);
   // Reference layout: the first ShardTensor with data.
   const ShardTensorImpl* ref = nullptr;
   int64_t ndim = 0;
@@ -432,7 +448,7 @@ void cat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!ref) ref = shard_impl(t);
     if (t.dim() > 0) ndim = t.dim();
   }
-  const auto dim = wrap_dim(args[1].toInt(), ndim);
+  const auto dim = wrap_dim(dim_arg, ndim);
   auto placements = without_partial(ref->spec())->placements;
   auto ext = ref->spec()->dim_extents();
   const auto m = ref->spec()->mesh_dim_of(dim);
@@ -462,8 +478,7 @@ void cat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     target[m] = Placement::shard(dim);
     result = redistribute_to(result, ShardSpec::make(mesh, target, out_shape));
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, result);
+  return result;
 }
 
 // stack(Tensor[] tensors, int dim=0): unsqueeze each, then cat (which has the rule for sharded dims).
@@ -474,17 +489,16 @@ at::Tensor stack_rule(at::TensorList tensors, int64_t dim_arg) {
   return at::cat(expanded, dim);
 }
 
-void repeat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// repeat(Tensor self, SymInt[] repeats)
+at::Tensor repeat_rule(const at::Tensor& self, c10::SymIntArrayRef repeats) {
   const auto& spec = spec_of(self);
-  auto reps = args[1].toDimVector();
+  const auto reps = C10_AS_INTARRAYREF_SLOW(repeats);
   const auto shift = static_cast<int64_t>(reps.size()) - self.dim();
   for (size_t m = 0; m < spec.placements.size(); ++m) {
     const auto& p = spec.placements[m];
     if (p.is_shard() && reps[p.dim + shift] != 1) {
-      dispatch::not_implemented(op, stack, "repeating a sharded dim interleaves shards; redistribute that dim to "
-                                           "Replicate() first");
+      dispatch::not_implemented("repeating a sharded dim interleaves shards; redistribute that dim to Replicate() "
+                                "first");
     }
   }
   Placements out_p = spec.placements;
@@ -498,8 +512,7 @@ void repeat_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       out_p[m] = Placement::shard(out_p[m].dim + shift);
     }
   auto out = shard_impl(self)->local().repeat(reps);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, out_p, out_shape, out_ext));
+  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
 }
 
 // slice_backward(grad, input_sizes, dim, start, end, step): zeros of the input's global shape with `grad`
@@ -572,13 +585,12 @@ at::Tensor select_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayR
   return wrap(out, gspec.mesh, out_p, out_shape, out_ext);
 }
 
-// view.dtype(self, dtype): a local reinterpretation. A change of element size rescales the last dim; when that dim
-// is sharded its extents scale alike (a larger element needs every extent divisible by the ratio).
-void view_dtype_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
+// A local reinterpretation. A change of element size rescales the last dim; when that dim is sharded its extents
+// scale alike (a larger element needs every extent divisible by the ratio).
+// view.dtype(Tensor(a) self, ScalarType dtype)
+at::Tensor view_dtype_rule(const at::Tensor& self_arg, at::ScalarType dtype) {
+  auto self = resolve_partial(self_arg);
   const auto& spec = spec_of(self);
-  const auto dtype = static_cast<at::ScalarType>(args[1].toInt());
   const auto from = static_cast<int64_t>(c10::elementSize(self.scalar_type()));
   const auto to = static_cast<int64_t>(c10::elementSize(dtype));
   auto out_shape = self.sizes().vec();
@@ -592,26 +604,24 @@ void view_dtype_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
     if (auto it = out_ext.find(last); it != out_ext.end()) {
       for (auto e : it->second)
         if (to > from && e % (to / from) != 0) {
-          dispatch::not_implemented(op, stack, "the last dim is sharded with extents that are not multiples of " +
-                                                   std::to_string(to / from) +
-                                                   " (the element size grows); redistribute it to Replicate() first");
+          dispatch::not_implemented("the last dim is sharded with extents that are not multiples of " +
+                                    std::to_string(to / from) +
+                                    " (the element size grows); redistribute it to Replicate() first");
         }
       for (auto& e : it->second) e = scale(e);
     }
   }
   auto out = shard_impl(self)->local().view(dtype);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec.mesh, spec.placements, out_shape, out_ext));
+  return wrap(out, spec.mesh, spec.placements, out_shape, out_ext);
 }
 
 } // namespace
 
 void register_view() {
-  dispatch::set_handler("aten::view", view_handler);
-  dispatch::set_handler("aten::view.dtype", view_dtype_handler);
-  dispatch::set_handler("aten::_unsafe_view", view_handler);
-  // _reshape_alias(self, size, stride): its strides are global; the local view computes its own.
-  dispatch::set_handler("aten::_reshape_alias", view_handler);
+  dispatch::set_handler("aten::view", typed_handler(&view_rule));
+  dispatch::set_handler("aten::view.dtype", typed_handler(&view_dtype_rule));
+  dispatch::set_handler("aten::_unsafe_view", typed_handler(&unsafe_view_rule));
+  dispatch::set_handler("aten::_reshape_alias", typed_handler(&reshape_alias_rule));
   dispatch::set_handler("aten::permute", typed_handler(&permute_rule));
   dispatch::set_handler("aten::transpose.int", typed_handler(&transpose_rule));
   dispatch::set_handler("aten::t", typed_handler(&t_rule));
@@ -622,12 +632,12 @@ void register_view() {
   dispatch::set_handler("aten::expand", typed_handler(&expand_rule));
   dispatch::set_handler("aten::slice.Tensor", typed_handler(&slice_rule));
   dispatch::set_handler("aten::select.int", typed_handler(&select_rule));
-  dispatch::set_handler("aten::split.Tensor", split_handler);
-  dispatch::set_handler("aten::split_with_sizes", split_handler);
-  dispatch::set_handler("aten::unbind.int", split_handler);
-  dispatch::set_handler("aten::cat", cat_handler);
+  dispatch::set_handler("aten::split.Tensor", typed_handler(&split_rule));
+  dispatch::set_handler("aten::split_with_sizes", typed_handler(&split_with_sizes_rule));
+  dispatch::set_handler("aten::unbind.int", typed_handler(&unbind_rule));
+  dispatch::set_handler("aten::cat", typed_handler(&cat_rule));
   dispatch::set_handler("aten::stack", typed_handler(&stack_rule));
-  dispatch::set_handler("aten::repeat", repeat_handler);
+  dispatch::set_handler("aten::repeat", typed_handler(&repeat_rule));
   dispatch::set_handler("aten::slice_backward", typed_handler(&slice_backward_rule));
   dispatch::set_handler("aten::select_backward", typed_handler(&select_backward_rule));
 }
