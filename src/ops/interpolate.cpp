@@ -34,8 +34,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 enum class Mode : int64_t { Nearest = 0, NearestExact = 1, Linear = 2, Cubic = 3 };
 
 struct OpInfo {
@@ -368,71 +366,181 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
   }
 };
 
-// .vec overloads: (input, output_size?, [align_corners,] scale_factors?) — composite-implicit; bound above
-// autograd on both shard keys.
-void vec_entry(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto input = args[0].toTensor();
+std::vector<int64_t> ints(c10::SymIntArrayRef v) {
+  return C10_AS_INTARRAYREF_SLOW(v).vec();
+}
+
+// A non-.vec op's optional scales: 0 where not given.
+std::vector<double> scales_of(std::initializer_list<std::optional<double>> scales) {
+  std::vector<double> out;
+  for (const auto& s : scales) out.push_back(s.value_or(0.0));
+  return out;
+}
+
+// .vec overloads (input, output_size?, [align_corners,] scale_factors?): composite-implicit; bound above autograd
+// on both shard keys.
+at::Tensor vec_entry(const OpInfo& info, const at::Tensor& input, at::OptionalSymIntArrayRef output_size, bool ac,
+                     std::optional<at::ArrayRef<double>> scale_factors) {
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor interpolate: the input must be the ShardTensor");
-  const bool ac = info.has_align ? args[2].toBool() : false;
-  const auto& sf = args[info.has_align ? 3 : 2];
   TORCH_CHECK_VALUE(input.dim() == info.nd + 2, "ShardTensor interpolate: expected a ", info.nd + 2, "-D input");
-  const bool has_size = !args[1].isNone();
-  TORCH_CHECK_VALUE(has_size != !sf.isNone(), "Must specify exactly one of output_size and scale_factors");
+  const bool has_size = output_size.has_value();
+  TORCH_CHECK_VALUE(has_size != scale_factors.has_value(), "Must specify exactly one of output_size and scale_factors");
   std::vector<int64_t> osize;
   std::vector<double> scales(info.nd, 0.0);
   if (has_size) {
-    osize = args[1].toIntVector();
+    osize = ints(*output_size);
     TORCH_CHECK_VALUE(static_cast<int64_t>(osize.size()) == info.nd, "output_size must have ", info.nd, " entries");
   } else {
-    auto f = sf.toDoubleVector();
+    const auto& f = *scale_factors;
     TORCH_CHECK_VALUE(static_cast<int64_t>(f.size()) == info.nd, "scale_factors must have ", info.nd, " entries");
     for (int64_t i = 0; i < info.nd; ++i) {
       osize.push_back(static_cast<int64_t>(input.size(2 + i) * f[i]));
       scales[i] = f[i];
     }
   }
-  auto out = InterpFn::apply(input, static_cast<int64_t>(info.mode), info.nd, osize, ac, scales);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+  return InterpFn::apply(input, static_cast<int64_t>(info.mode), info.nd, osize, ac, scales);
 }
 
-// Non-.vec forward ops below autograd: (self, output_size, [align_corners,] scales...).
-void forward_handler(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[0].toTensor();
+// upsample_nearest{1,2,3}d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors),
+// _upsample_nearest_exact{1,2,3}d.vec likewise
+template <Mode M, int64_t ND>
+at::Tensor upsample_vec_rule(const at::Tensor& input, at::OptionalSymIntArrayRef output_size,
+                             std::optional<at::ArrayRef<double>> scale_factors) {
+  return vec_entry({M, ND, false}, input, output_size, false, scale_factors);
+}
+
+// upsample_linear1d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors),
+// upsample_bilinear2d.vec, upsample_bicubic2d.vec, upsample_trilinear3d.vec likewise
+template <Mode M, int64_t ND>
+at::Tensor upsample_vec_align_rule(const at::Tensor& input, at::OptionalSymIntArrayRef output_size, bool align_corners,
+                                   std::optional<at::ArrayRef<double>> scale_factors) {
+  return vec_entry({M, ND, true}, input, output_size, align_corners, scale_factors);
+}
+
+// Non-.vec forward ops below autograd.
+at::Tensor forward_entry(const OpInfo& info, const at::Tensor& self, c10::SymIntArrayRef output_size, bool ac,
+                         const std::vector<double>& scales) {
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor interpolate: the input must be the ShardTensor");
-  const bool ac = info.has_align ? args[2].toBool() : false;
-  const size_t s0 = info.has_align ? 3 : 2;
-  std::vector<double> scales;
-  for (size_t i = s0; i < s0 + info.nd; ++i) scales.push_back(args[i].isNone() ? 0.0 : args[i].toDouble());
-  auto out = interp_forward(self, info, args[1].toIntVector(), ac, scales);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+  return interp_forward(self, info, ints(output_size), ac, scales);
 }
 
-// *_backward(grad_output, output_size, input_size, [align_corners,] scales...) below autograd. The input's layout
-// is not known here: the gradient keeps grad_output's non-spatial layout and uses the default split along sharded
-// spatial dims.
-void backward_handler(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto grad = resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh));
-  auto osize = args[1].toIntVector();
-  auto isize = args[2].toIntVector();
-  const bool ac = info.has_align ? args[3].toBool() : false;
-  const size_t s0 = info.has_align ? 4 : 3;
-  std::vector<double> scales;
-  for (size_t i = s0; i < s0 + info.nd; ++i) scales.push_back(args[i].isNone() ? 0.0 : args[i].toDouble());
+// upsample_nearest1d(Tensor self, SymInt[1] output_size, float? scales=None), _upsample_nearest_exact1d likewise
+template <Mode M>
+at::Tensor upsample1d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, std::optional<double> scales) {
+  return forward_entry({M, 1, false}, self, output_size, false, scales_of({scales}));
+}
+
+// upsample_nearest2d(Tensor self, SymInt[2] output_size, float? scales_h=None, float? scales_w=None),
+// _upsample_nearest_exact2d likewise
+template <Mode M>
+at::Tensor upsample2d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, std::optional<double> scales_h,
+                           std::optional<double> scales_w) {
+  return forward_entry({M, 2, false}, self, output_size, false, scales_of({scales_h, scales_w}));
+}
+
+// upsample_nearest3d(Tensor self, SymInt[3] output_size, float? scales_d=None, float? scales_h=None,
+//                    float? scales_w=None), _upsample_nearest_exact3d likewise
+template <Mode M>
+at::Tensor upsample3d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, std::optional<double> scales_d,
+                           std::optional<double> scales_h, std::optional<double> scales_w) {
+  return forward_entry({M, 3, false}, self, output_size, false, scales_of({scales_d, scales_h, scales_w}));
+}
+
+// upsample_linear1d(Tensor self, SymInt[1] output_size, bool align_corners, float? scales=None)
+at::Tensor upsample_linear1d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                                  std::optional<double> scales) {
+  return forward_entry({Mode::Linear, 1, true}, self, output_size, align_corners, scales_of({scales}));
+}
+
+// upsample_bilinear2d(Tensor self, SymInt[2] output_size, bool align_corners, float? scales_h=None,
+//                     float? scales_w=None), upsample_bicubic2d likewise
+template <Mode M>
+at::Tensor upsample2d_align_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                                 std::optional<double> scales_h, std::optional<double> scales_w) {
+  return forward_entry({M, 2, true}, self, output_size, align_corners, scales_of({scales_h, scales_w}));
+}
+
+// upsample_trilinear3d(Tensor self, SymInt[3] output_size, bool align_corners, float? scales_d=None,
+//                      float? scales_h=None, float? scales_w=None)
+at::Tensor upsample_trilinear3d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                                     std::optional<double> scales_d, std::optional<double> scales_h,
+                                     std::optional<double> scales_w) {
+  return forward_entry({Mode::Linear, 3, true}, self, output_size, align_corners,
+                       scales_of({scales_d, scales_h, scales_w}));
+}
+
+// *_backward ops below autograd. The input's layout is not known here: the gradient keeps grad_output's
+// non-spatial layout and uses the default split along sharded spatial dims.
+at::Tensor backward_entry(const OpInfo& info, const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                          c10::SymIntArrayRef input_size, bool ac, const std::vector<double>& scales) {
+  // grad_output is the ops' only tensor argument, so the ShardTensor that dispatched here.
+  TORCH_INTERNAL_ASSERT(shard_impl(grad_output), "ShardTensor interpolate backward: grad_output is not a ShardTensor");
+  const auto mesh = shard_impl(grad_output)->spec()->mesh;
+  auto grad = resolve_partial(grad_output);
   auto gspec = shard_impl(grad)->spec();
   DimExtents ext;
   for (size_t m = 0; m < gspec->placements.size(); ++m)
     if (gspec->placements[m].is_shard() && gspec->placements[m].dim < 2)
       ext[gspec->placements[m].dim] = gspec->extents[m];
-  auto in_spec = ShardSpec::make_with_dim_extents(mesh, gspec->placements, isize, ext);
-  auto out = interp_backward(grad, in_spec, info, osize, ac, scales);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+  auto in_spec = ShardSpec::make_with_dim_extents(mesh, gspec->placements, ints(input_size), ext);
+  return interp_backward(grad, in_spec, info, ints(output_size), ac, scales);
+}
+
+// upsample_nearest1d_backward(Tensor grad_output, SymInt[1] output_size, SymInt[3] input_size, float? scales=None),
+// _upsample_nearest_exact1d_backward likewise
+template <Mode M>
+at::Tensor upsample1d_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                    c10::SymIntArrayRef input_size, std::optional<double> scales) {
+  return backward_entry({M, 1, false}, grad_output, output_size, input_size, false, scales_of({scales}));
+}
+
+// upsample_nearest2d_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size,
+//                             float? scales_h=None, float? scales_w=None), _upsample_nearest_exact2d_backward likewise
+template <Mode M>
+at::Tensor upsample2d_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                    c10::SymIntArrayRef input_size, std::optional<double> scales_h,
+                                    std::optional<double> scales_w) {
+  return backward_entry({M, 2, false}, grad_output, output_size, input_size, false, scales_of({scales_h, scales_w}));
+}
+
+// upsample_nearest3d_backward(Tensor grad_output, SymInt[3] output_size, SymInt[5] input_size,
+//                             float? scales_d=None, float? scales_h=None, float? scales_w=None),
+// _upsample_nearest_exact3d_backward likewise
+template <Mode M>
+at::Tensor upsample3d_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                    c10::SymIntArrayRef input_size, std::optional<double> scales_d,
+                                    std::optional<double> scales_h, std::optional<double> scales_w) {
+  return backward_entry({M, 3, false}, grad_output, output_size, input_size, false,
+                        scales_of({scales_d, scales_h, scales_w}));
+}
+
+// upsample_linear1d_backward(Tensor grad_output, SymInt[1] output_size, SymInt[3] input_size, bool align_corners,
+//                            float? scales=None)
+at::Tensor upsample_linear1d_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                           c10::SymIntArrayRef input_size, bool align_corners,
+                                           std::optional<double> scales) {
+  return backward_entry({Mode::Linear, 1, true}, grad_output, output_size, input_size, align_corners,
+                        scales_of({scales}));
+}
+
+// upsample_bilinear2d_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size, bool align_corners,
+//                              float? scales_h=None, float? scales_w=None), upsample_bicubic2d_backward likewise
+template <Mode M>
+at::Tensor upsample2d_align_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                          c10::SymIntArrayRef input_size, bool align_corners,
+                                          std::optional<double> scales_h, std::optional<double> scales_w) {
+  return backward_entry({M, 2, true}, grad_output, output_size, input_size, align_corners,
+                        scales_of({scales_h, scales_w}));
+}
+
+// upsample_trilinear3d_backward(Tensor grad_output, SymInt[3] output_size, SymInt[5] input_size, bool align_corners,
+//                               float? scales_d=None, float? scales_h=None, float? scales_w=None)
+at::Tensor upsample_trilinear3d_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                              c10::SymIntArrayRef input_size, bool align_corners,
+                                              std::optional<double> scales_d, std::optional<double> scales_h,
+                                              std::optional<double> scales_w) {
+  return backward_entry({Mode::Linear, 3, true}, grad_output, output_size, input_size, align_corners,
+                        scales_of({scales_d, scales_h, scales_w}));
 }
 
 bool spatial_sharded(const ShardSpec& spec) {
@@ -441,77 +549,130 @@ bool spatial_sharded(const ShardSpec& spec) {
   return false;
 }
 
-// Antialiased bilinear/bicubic: local when no spatial dim is sharded (batch/channel shards), else refused.
-void aa_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto x = resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh));
-  auto spec = shard_impl(x)->spec();
-  if (spatial_sharded(*spec))
-    dispatch::not_implemented(op, stack, "antialiased interpolation over a sharded spatial dim; use antialias=False "
-                                         "or redistribute the spatial dims first");
-  const bool is_backward = op.schema().name().find("_backward") != std::string::npos;
-  std::vector<c10::IValue> local_args(args.begin(), args.end());
-  local_args[0] = shard_impl(x)->local();
-  // Output sizes (and for the backward, input sizes) are global on the spatial dims, which are whole here; the
-  // batch/channel entries of input_size must be the local ones.
-  if (is_backward) {
-    auto isize = args[2].toIntVector();
-    auto local_in = shard_impl(x)->local().sizes().vec();
-    isize[0] = local_in[0];
-    isize[1] = local_in[1];
-    local_args[2] = isize;
-  }
-  torch::jit::Stack s(local_args.begin(), local_args.end());
-  op.callBoxed(&s);
-  auto out = s[0].toTensor();
+// Antialiased bilinear/bicubic run locally when no spatial dim is sharded (batch/channel shards), else are refused.
+// The op's tensor (the input, or the gradient of the output) with pending sums completed.
+at::Tensor aa_tensor(const at::Tensor& t) {
+  auto x = resolve_partial(t);
+  if (spatial_sharded(*shard_impl(x)->spec()))
+    dispatch::not_implemented("antialiased interpolation over a sharded spatial dim; use antialias=False "
+                              "or redistribute the spatial dims first");
+  return x;
+}
+
+// The op's local result `out` as a ShardTensor: `x`'s layout (batch/channel shards only), global batch and channel
+// sizes `lead`, whole spatial dims.
+at::Tensor aa_wrap(const at::Tensor& out, const at::Tensor& x, at::IntArrayRef lead) {
+  const auto& spec = shard_impl(x)->spec();
   auto shape = out.sizes().vec();
-  for (int64_t d = 0; d < 2; ++d) shape[d] = is_backward ? args[2].toIntVector()[d] : spec->global_shape[d];
+  for (int64_t d = 0; d < 2; ++d) shape[d] = lead[d];
   DimExtents ext;
   for (size_t m = 0; m < spec->placements.size(); ++m)
     if (spec->placements[m].is_shard()) ext[spec->placements[m].dim] = spec->extents[m];
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, mesh, spec->placements, shape, ext));
+  return wrap(out, spec->mesh, spec->placements, shape, ext);
 }
 
-struct OpNames {
-  const char* fwd;
-  const char* bwd;
-  OpInfo info;
-};
+// A backward's input_size on this rank: output sizes and spatial input sizes are global (the spatial dims are whole
+// here); batch and channel are the local gradient's.
+std::vector<c10::SymInt> aa_local_input_size(c10::SymIntArrayRef input_size, const at::Tensor& local_grad) {
+  auto isize = input_size.vec();
+  isize[0] = local_grad.size(0);
+  isize[1] = local_grad.size(1);
+  return isize;
+}
 
-const std::vector<OpNames>& op_table() {
-  static const std::vector<OpNames> t = {
-      {"upsample_nearest1d", "upsample_nearest1d_backward", {Mode::Nearest, 1, false}},
-      {"upsample_nearest2d", "upsample_nearest2d_backward", {Mode::Nearest, 2, false}},
-      {"upsample_nearest3d", "upsample_nearest3d_backward", {Mode::Nearest, 3, false}},
-      {"_upsample_nearest_exact1d", "_upsample_nearest_exact1d_backward", {Mode::NearestExact, 1, false}},
-      {"_upsample_nearest_exact2d", "_upsample_nearest_exact2d_backward", {Mode::NearestExact, 2, false}},
-      {"_upsample_nearest_exact3d", "_upsample_nearest_exact3d_backward", {Mode::NearestExact, 3, false}},
-      {"upsample_linear1d", "upsample_linear1d_backward", {Mode::Linear, 1, true}},
-      {"upsample_bilinear2d", "upsample_bilinear2d_backward", {Mode::Linear, 2, true}},
-      {"upsample_trilinear3d", "upsample_trilinear3d_backward", {Mode::Linear, 3, true}},
-      {"upsample_bicubic2d", "upsample_bicubic2d_backward", {Mode::Cubic, 2, true}},
-  };
-  return t;
+// _upsample_bilinear2d_aa(Tensor self, SymInt[2] output_size, bool align_corners, float? scales_h=None,
+//                         float? scales_w=None)
+at::Tensor upsample_bilinear2d_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                                       std::optional<double> scales_h, std::optional<double> scales_w) {
+  auto x = aa_tensor(self);
+  auto out = at::_upsample_bilinear2d_aa_symint(shard_impl(x)->local(), output_size, align_corners, scales_h, scales_w);
+  return aa_wrap(out, x, x.sizes());
+}
+
+// _upsample_bicubic2d_aa(Tensor self, SymInt[2] output_size, bool align_corners, float? scales_h=None,
+//                        float? scales_w=None)
+at::Tensor upsample_bicubic2d_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                                      std::optional<double> scales_h, std::optional<double> scales_w) {
+  auto x = aa_tensor(self);
+  auto out = at::_upsample_bicubic2d_aa_symint(shard_impl(x)->local(), output_size, align_corners, scales_h, scales_w);
+  return aa_wrap(out, x, x.sizes());
+}
+
+// _upsample_bilinear2d_aa_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size,
+//                                  bool align_corners, float? scales_h=None, float? scales_w=None)
+at::Tensor upsample_bilinear2d_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                                c10::SymIntArrayRef input_size, bool align_corners,
+                                                std::optional<double> scales_h, std::optional<double> scales_w) {
+  auto x = aa_tensor(grad_output);
+  const auto& g = shard_impl(x)->local();
+  auto out = at::_upsample_bilinear2d_aa_backward_symint(g, output_size, aa_local_input_size(input_size, g),
+                                                         align_corners, scales_h, scales_w);
+  return aa_wrap(out, x, ints(input_size));
+}
+
+// _upsample_bicubic2d_aa_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size,
+//                                 bool align_corners, float? scales_h=None, float? scales_w=None)
+at::Tensor upsample_bicubic2d_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                               c10::SymIntArrayRef input_size, bool align_corners,
+                                               std::optional<double> scales_h, std::optional<double> scales_w) {
+  auto x = aa_tensor(grad_output);
+  const auto& g = shard_impl(x)->local();
+  auto out = at::_upsample_bicubic2d_aa_backward_symint(g, output_size, aa_local_input_size(input_size, g),
+                                                        align_corners, scales_h, scales_w);
+  return aa_wrap(out, x, ints(input_size));
 }
 
 } // namespace
 
 void register_interpolate() {
-  for (const auto& e : op_table()) {
-    const auto info = e.info;
-    dispatch::set_handler((std::string("aten::") + e.fwd + ".vec").c_str(),
-                          [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { vec_entry(info, op, s); },
-                          dispatch::RuleLevel::above_autograd);
-    dispatch::set_handler((std::string("aten::") + e.fwd).c_str(),
-                          [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { forward_handler(info, op, s); });
-    dispatch::set_handler((std::string("aten::") + e.bwd).c_str(),
-                          [info](const c10::OperatorHandle& op, torch::jit::Stack* s) { backward_handler(info, op, s); });
-  }
-  for (const char* n : {"aten::_upsample_bilinear2d_aa", "aten::_upsample_bicubic2d_aa",
-                        "aten::_upsample_bilinear2d_aa_backward", "aten::_upsample_bicubic2d_aa_backward"})
-    dispatch::set_handler(n, aa_handler);
+  const auto above = dispatch::RuleLevel::above_autograd;
+  dispatch::set_handler("aten::upsample_nearest1d.vec", typed_handler(&upsample_vec_rule<Mode::Nearest, 1>), above);
+  dispatch::set_handler("aten::upsample_nearest2d.vec", typed_handler(&upsample_vec_rule<Mode::Nearest, 2>), above);
+  dispatch::set_handler("aten::upsample_nearest3d.vec", typed_handler(&upsample_vec_rule<Mode::Nearest, 3>), above);
+  dispatch::set_handler("aten::_upsample_nearest_exact1d.vec",
+                        typed_handler(&upsample_vec_rule<Mode::NearestExact, 1>), above);
+  dispatch::set_handler("aten::_upsample_nearest_exact2d.vec",
+                        typed_handler(&upsample_vec_rule<Mode::NearestExact, 2>), above);
+  dispatch::set_handler("aten::_upsample_nearest_exact3d.vec",
+                        typed_handler(&upsample_vec_rule<Mode::NearestExact, 3>), above);
+  dispatch::set_handler("aten::upsample_linear1d.vec", typed_handler(&upsample_vec_align_rule<Mode::Linear, 1>), above);
+  dispatch::set_handler("aten::upsample_bilinear2d.vec", typed_handler(&upsample_vec_align_rule<Mode::Linear, 2>),
+                        above);
+  dispatch::set_handler("aten::upsample_trilinear3d.vec", typed_handler(&upsample_vec_align_rule<Mode::Linear, 3>),
+                        above);
+  dispatch::set_handler("aten::upsample_bicubic2d.vec", typed_handler(&upsample_vec_align_rule<Mode::Cubic, 2>), above);
+
+  dispatch::set_handler("aten::upsample_nearest1d", typed_handler(&upsample1d_rule<Mode::Nearest>));
+  dispatch::set_handler("aten::upsample_nearest2d", typed_handler(&upsample2d_rule<Mode::Nearest>));
+  dispatch::set_handler("aten::upsample_nearest3d", typed_handler(&upsample3d_rule<Mode::Nearest>));
+  dispatch::set_handler("aten::_upsample_nearest_exact1d", typed_handler(&upsample1d_rule<Mode::NearestExact>));
+  dispatch::set_handler("aten::_upsample_nearest_exact2d", typed_handler(&upsample2d_rule<Mode::NearestExact>));
+  dispatch::set_handler("aten::_upsample_nearest_exact3d", typed_handler(&upsample3d_rule<Mode::NearestExact>));
+  dispatch::set_handler("aten::upsample_linear1d", typed_handler(&upsample_linear1d_rule));
+  dispatch::set_handler("aten::upsample_bilinear2d", typed_handler(&upsample2d_align_rule<Mode::Linear>));
+  dispatch::set_handler("aten::upsample_trilinear3d", typed_handler(&upsample_trilinear3d_rule));
+  dispatch::set_handler("aten::upsample_bicubic2d", typed_handler(&upsample2d_align_rule<Mode::Cubic>));
+
+  dispatch::set_handler("aten::upsample_nearest1d_backward", typed_handler(&upsample1d_backward_rule<Mode::Nearest>));
+  dispatch::set_handler("aten::upsample_nearest2d_backward", typed_handler(&upsample2d_backward_rule<Mode::Nearest>));
+  dispatch::set_handler("aten::upsample_nearest3d_backward", typed_handler(&upsample3d_backward_rule<Mode::Nearest>));
+  dispatch::set_handler("aten::_upsample_nearest_exact1d_backward",
+                        typed_handler(&upsample1d_backward_rule<Mode::NearestExact>));
+  dispatch::set_handler("aten::_upsample_nearest_exact2d_backward",
+                        typed_handler(&upsample2d_backward_rule<Mode::NearestExact>));
+  dispatch::set_handler("aten::_upsample_nearest_exact3d_backward",
+                        typed_handler(&upsample3d_backward_rule<Mode::NearestExact>));
+  dispatch::set_handler("aten::upsample_linear1d_backward", typed_handler(&upsample_linear1d_backward_rule));
+  dispatch::set_handler("aten::upsample_bilinear2d_backward",
+                        typed_handler(&upsample2d_align_backward_rule<Mode::Linear>));
+  dispatch::set_handler("aten::upsample_trilinear3d_backward", typed_handler(&upsample_trilinear3d_backward_rule));
+  dispatch::set_handler("aten::upsample_bicubic2d_backward",
+                        typed_handler(&upsample2d_align_backward_rule<Mode::Cubic>));
+
+  dispatch::set_handler("aten::_upsample_bilinear2d_aa", typed_handler(&upsample_bilinear2d_aa_rule));
+  dispatch::set_handler("aten::_upsample_bicubic2d_aa", typed_handler(&upsample_bicubic2d_aa_rule));
+  dispatch::set_handler("aten::_upsample_bilinear2d_aa_backward", typed_handler(&upsample_bilinear2d_aa_backward_rule));
+  dispatch::set_handler("aten::_upsample_bicubic2d_aa_backward", typed_handler(&upsample_bicubic2d_aa_backward_rule));
 }
 
 } // namespace shardtensor::ops

@@ -13,8 +13,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 struct PadDim {
   int64_t dim, left, right;
 };
@@ -87,28 +85,34 @@ SpecPtr resolved_spec(const at::Tensor& t) {
   return without_partial(shard_impl(t)->spec());
 }
 
-void constant_pad_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto out = pad_forward(args[0].toTensor(), args[1].toDimVector(), comm::PadMode::Constant, args[2].toScalar().toDouble());
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+std::vector<int64_t> ints(c10::SymIntArrayRef v) {
+  return C10_AS_INTARRAYREF_SLOW(v).vec();
 }
 
-void mode_pad_handler(comm::PadMode mode, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto out = pad_forward(args[0].toTensor(), args[1].toDimVector(), mode, 0.0);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+// constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0)
+at::Tensor constant_pad_rule(const at::Tensor& self, c10::SymIntArrayRef pad, const at::Scalar& value) {
+  return pad_forward(self, ints(pad), comm::PadMode::Constant, value.toDouble());
 }
 
-// *_pad*d_backward(grad_output, self, padding)
-void mode_pad_backward_handler(comm::PadMode mode, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto out = pad_backward(args[0].toTensor(), resolved_spec(dispatch::as_shard(args[1].toTensor(), mesh)),
-                          args[2].toDimVector(), mode);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+// reflection_pad{1,2,3}d(Tensor self, SymInt[2|4|6] padding), replication_pad{1,2,3}d likewise: a mode's three
+// schemas differ only in the length of `padding`, which pad_dims reads from the list, so one rule serves them.
+template <comm::PadMode Mode>
+at::Tensor mode_pad_rule(const at::Tensor& self, c10::SymIntArrayRef padding) {
+  return pad_forward(self, ints(padding), Mode, 0.0);
+}
+
+// The backward op of a mode's pad of `rank` spatial dims, for messages.
+std::string pad_backward_name(comm::PadMode mode, int64_t rank) {
+  return std::string(mode == comm::PadMode::Reflect ? "aten::reflection_pad" : "aten::replication_pad") +
+      std::to_string(rank) + "d_backward";
+}
+
+// reflection_pad{1,2,3}d_backward(Tensor grad_output, Tensor self, SymInt[2|4|6] padding), replication likewise
+template <comm::PadMode Mode, int64_t Rank>
+at::Tensor mode_pad_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, c10::SymIntArrayRef padding) {
+  static const auto name = pad_backward_name(Mode, Rank);
+  auto mesh = dispatch::common_mesh(name, {grad_output, self});
+  return pad_backward(grad_output, resolved_spec(dispatch::as_shard(self, mesh)), ints(padding), Mode);
 }
 
 // _pad_circular is composite-implicit (slices and cat, which would gather the sharded dim): bound above autograd
@@ -139,15 +143,23 @@ at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
 
 void register_pad() {
   dispatch::set_handler("aten::_pad_circular", typed_handler(&pad_circular_entry), dispatch::RuleLevel::above_autograd);
-  dispatch::set_handler("aten::constant_pad_nd", constant_pad_handler);
-  for (const char* n : {"aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d"})
-    dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_handler(comm::PadMode::Reflect, op, s); });
-  for (const char* n : {"aten::replication_pad1d", "aten::replication_pad2d", "aten::replication_pad3d"})
-    dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_handler(comm::PadMode::Replicate, op, s); });
-  for (const char* n : {"aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward"})
-    dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_backward_handler(comm::PadMode::Reflect, op, s); });
-  for (const char* n : {"aten::replication_pad1d_backward", "aten::replication_pad2d_backward", "aten::replication_pad3d_backward"})
-    dispatch::set_handler(n, [](const c10::OperatorHandle& op, torch::jit::Stack* s) { mode_pad_backward_handler(comm::PadMode::Replicate, op, s); });
+  dispatch::set_handler("aten::constant_pad_nd", typed_handler(&constant_pad_rule));
+  using comm::PadMode;
+  dispatch::set_handler("aten::reflection_pad1d", typed_handler(&mode_pad_rule<PadMode::Reflect>));
+  dispatch::set_handler("aten::reflection_pad2d", typed_handler(&mode_pad_rule<PadMode::Reflect>));
+  dispatch::set_handler("aten::reflection_pad3d", typed_handler(&mode_pad_rule<PadMode::Reflect>));
+  dispatch::set_handler("aten::replication_pad1d", typed_handler(&mode_pad_rule<PadMode::Replicate>));
+  dispatch::set_handler("aten::replication_pad2d", typed_handler(&mode_pad_rule<PadMode::Replicate>));
+  dispatch::set_handler("aten::replication_pad3d", typed_handler(&mode_pad_rule<PadMode::Replicate>));
+  dispatch::set_handler("aten::reflection_pad1d_backward", typed_handler(&mode_pad_backward_rule<PadMode::Reflect, 1>));
+  dispatch::set_handler("aten::reflection_pad2d_backward", typed_handler(&mode_pad_backward_rule<PadMode::Reflect, 2>));
+  dispatch::set_handler("aten::reflection_pad3d_backward", typed_handler(&mode_pad_backward_rule<PadMode::Reflect, 3>));
+  dispatch::set_handler("aten::replication_pad1d_backward",
+                        typed_handler(&mode_pad_backward_rule<PadMode::Replicate, 1>));
+  dispatch::set_handler("aten::replication_pad2d_backward",
+                        typed_handler(&mode_pad_backward_rule<PadMode::Replicate, 2>));
+  dispatch::set_handler("aten::replication_pad3d_backward",
+                        typed_handler(&mode_pad_backward_rule<PadMode::Replicate, 3>));
 }
 
 } // namespace shardtensor::ops

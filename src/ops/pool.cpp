@@ -29,8 +29,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 enum class PoolKind : int64_t { Max, Avg, AdaptiveAvg, AdaptiveMax };
 
 // The arguments a pooling plan depends on (per spatial dim).
@@ -324,29 +322,29 @@ std::shared_ptr<const PoolPlan> pool_plan(const ShardSpec& spec, int64_t nsp, co
   return comm::cached_plan<PoolPlan>(key, [&] { return make_pool_plan(spec, nsp, a, device); });
 }
 
-at::Tensor pool_input(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
-                      PoolKind kind) {
+void check_input(const at::Tensor& input, PoolKind kind) {
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor ", name_of(kind), ": the input must be the ShardTensor");
-  return dispatch::as_shard(input, dispatch::common_mesh(op, stack));
 }
 
 // Forward: the input with pending sums completed, and its plan.
-std::pair<at::Tensor, std::shared_ptr<const PoolPlan>> forward_plan(const c10::OperatorHandle& op,
-                                                                     const torch::jit::Stack* stack,
-                                                                     const at::Tensor& input, int64_t nsp,
+std::pair<at::Tensor, std::shared_ptr<const PoolPlan>> forward_plan(const at::Tensor& input, int64_t nsp,
                                                                      const PoolArgs& a) {
-  auto x = resolve_partial_once(pool_input(op, stack, input, a.kind), false);
+  check_input(input, a.kind);
+  auto x = resolve_partial_once(input, false);
   auto plan = pool_plan(*shard_impl(x)->spec(), nsp, a, x.device());
   return {x, plan};
 }
 
 // Backward: the plan from the input's layout alone (the gradient needs none of its data, so a pending-sum input is
-// not resolved again), and the spec of the gradient.
-std::pair<SpecPtr, std::shared_ptr<const PoolPlan>> backward_plan(const c10::OperatorHandle& op,
-                                                                  const torch::jit::Stack* stack,
+// not resolved again), and the spec of the gradient. `op_name` and `args`: the backward op and its tensor
+// arguments, which must share the input's mesh.
+std::pair<SpecPtr, std::shared_ptr<const PoolPlan>> backward_plan(std::string_view op_name,
+                                                                  at::ArrayRef<at::Tensor> args,
                                                                   const at::Tensor& input, int64_t nsp,
                                                                   const PoolArgs& a) {
-  auto spec = without_partial(shard_impl(pool_input(op, stack, input, a.kind))->spec());
+  check_input(input, a.kind);
+  dispatch::common_mesh(op_name, args);
+  auto spec = without_partial(shard_impl(input)->spec());
   return {spec, pool_plan(*spec, nsp, a, input.device())};
 }
 
@@ -452,11 +450,8 @@ std::vector<int64_t> local_padding(const PoolPlan& plan, const std::vector<int64
   return out;
 }
 
-void max_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto a = max_args(nsp, args[1].toDimVector(), args[2].toDimVector(), args[3].toDimVector(), args[4].toDimVector(),
-                    args[5].toBool());
-  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
+  auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = shard_impl(x)->spec()->mesh;
   auto window = gather_window(plan, x);
@@ -470,41 +465,67 @@ void max_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::St
                                   : at::max_pool3d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil);
     idx = window_to_global(plan, idx);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, mesh, out));
-  torch::jit::push(*stack, wrap_out(plan, mesh, idx));
+  return {wrap_out(plan, mesh, out), wrap_out(plan, mesh, idx)};
 }
 
-// max_pool*d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)
-void max_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto a = max_args(nsp, args[2].toDimVector(), args[3].toDimVector(), args[4].toDimVector(), args[5].toDimVector(),
-                    args[6].toBool());
-  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, a);
+at::Tensor max_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
+                             const at::Tensor& self, const PoolArgs& a, const at::Tensor& indices) {
+  auto [spec, planp] = backward_plan(op_name, {grad_output, self, indices}, self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = spec->mesh;
-  auto g = grad_local(plan, args[0].toTensor(), mesh);
-  auto idx = local_aligned(dispatch::as_shard(args[7].toTensor(), mesh), mesh, plan.out_shape, plan.out_placements,
-                           plan.out_ext);
-  auto gi = max_backward_common(plan, g, idx, *mesh);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, spec));
+  auto g = grad_local(plan, grad_output, mesh);
+  auto idx = local_aligned(dispatch::as_shard(indices, mesh), mesh, plan.out_shape, plan.out_placements, plan.out_ext);
+  return make_shard_tensor(max_backward_common(plan, g, idx, *mesh), spec);
+}
+
+// max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1,
+//                         bool ceil_mode=False) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> max_pool2d_rule(const at::Tensor& self, at::IntArrayRef kernel_size,
+                                                   at::IntArrayRef stride, at::IntArrayRef padding,
+                                                   at::IntArrayRef dilation, bool ceil_mode) {
+  return max_pool(2, self, max_args(2, kernel_size, stride, padding, dilation, ceil_mode));
+}
+
+// max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1,
+//                         bool ceil_mode=False) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> max_pool3d_rule(const at::Tensor& self, at::IntArrayRef kernel_size,
+                                                   at::IntArrayRef stride, at::IntArrayRef padding,
+                                                   at::IntArrayRef dilation, bool ceil_mode) {
+  return max_pool(3, self, max_args(3, kernel_size, stride, padding, dilation, ceil_mode));
+}
+
+// max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride,
+//                                  int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
+at::Tensor max_pool2d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                    bool ceil_mode, const at::Tensor& indices) {
+  return max_pool_backward("aten::max_pool2d_with_indices_backward", 2, grad_output, self,
+                           max_args(2, kernel_size, stride, padding, dilation, ceil_mode), indices);
+}
+
+// max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3] stride,
+//                                  int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor
+at::Tensor max_pool3d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                    bool ceil_mode, const at::Tensor& indices) {
+  return max_pool_backward("aten::max_pool3d_with_indices_backward", 3, grad_output, self,
+                           max_args(3, kernel_size, stride, padding, dilation, ceil_mode), indices);
 }
 
 // ---- avg_pool{2,3}d -------------------------------------------------------------------------------------------
 
-PoolArgs avg_args(int64_t nsp, c10::ArrayRef<c10::IValue> args, int64_t first) {
+PoolArgs avg_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding, bool ceil,
+                  bool count_include_pad, std::optional<int64_t> divisor_override) {
   PoolArgs a;
   a.kind = PoolKind::Avg;
-  auto kernel = args[first].toDimVector(), stride = args[first + 1].toDimVector(), padding = args[first + 2].toDimVector();
   for (int64_t i = 0; i < nsp; ++i) {
     a.k.push_back(expand(kernel, i, 1));
     a.s.push_back(expand(stride, i, a.k.back()));
     a.p.push_back(expand(padding, i, 0));
   }
-  a.ceil = args[first + 3].toBool();
-  a.count_include_pad = args[first + 4].toBool();
-  if (!args[first + 5].isNone()) a.divisor_override = args[first + 5].toInt();
+  a.ceil = ceil;
+  a.count_include_pad = count_include_pad;
+  a.divisor_override = divisor_override;
   return a;
 }
 
@@ -518,10 +539,8 @@ bool low_precision(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-void avg_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto a = avg_args(nsp, args, 1);
-  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
+  auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   auto window = gather_window(plan, x);
   at::Tensor out;
@@ -533,17 +552,14 @@ void avg_pool_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::St
     auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1) : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1);
     out = sum.div(divisor_of(plan, a, sum.options())).to(window.scalar_type());
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, shard_impl(x)->spec()->mesh, out));
+  return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
 }
 
-// avg_pool*d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-void avg_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto a = avg_args(nsp, args, 2);
-  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, a);
+at::Tensor avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
+                             const at::Tensor& self, const PoolArgs& a) {
+  auto [spec, planp] = backward_plan(op_name, {grad_output, self}, self, nsp, a);
   const auto& plan = *planp;
-  auto g = grad_local(plan, args[0].toTensor(), spec->mesh);
+  auto g = grad_local(plan, grad_output, spec->mesh);
   at::Tensor gi;
   if (plan.no_outputs) {
     gi = at::zeros(plan.window_shape, g.options());
@@ -556,9 +572,41 @@ void avg_pool_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch
                   : at::avg_pool3d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1);
     gi = gi.to(g.scalar_type());
   }
-  gi = plan.halo.scatter_add(gi, *spec->mesh);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, spec));
+  return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh), spec);
+}
+
+// avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False,
+//            bool count_include_pad=True, int? divisor_override=None) -> Tensor
+at::Tensor avg_pool2d_rule(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                           at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                           std::optional<int64_t> divisor_override) {
+  return avg_pool(2, self, avg_args(2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+}
+
+// avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False,
+//            bool count_include_pad=True, int? divisor_override=None) -> Tensor
+at::Tensor avg_pool3d_rule(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                           at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                           std::optional<int64_t> divisor_override) {
+  return avg_pool(3, self, avg_args(3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+}
+
+// avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding,
+//                     bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
+at::Tensor avg_pool2d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, bool ceil_mode,
+                                    bool count_include_pad, std::optional<int64_t> divisor_override) {
+  return avg_pool_backward("aten::avg_pool2d_backward", 2, grad_output, self,
+                           avg_args(2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+}
+
+// avg_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3] stride, int[3] padding,
+//                     bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
+at::Tensor avg_pool3d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, bool ceil_mode,
+                                    bool count_include_pad, std::optional<int64_t> divisor_override) {
+  return avg_pool_backward("aten::avg_pool3d_backward", 3, grad_output, self,
+                           avg_args(3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
 }
 
 // ---- adaptive pools -------------------------------------------------------------------------------------------
@@ -577,11 +625,9 @@ at::Tensor apply_along(const at::Tensor& t, int64_t dim, const at::Tensor& mat) 
 
 at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
 
-// _adaptive_avg_pool{2,3}d(self, output_size)
-void adaptive_avg_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto a = adaptive_args(PoolKind::AdaptiveAvg, args[1].toDimVector());
-  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArrayRef output_size) {
+  auto a = adaptive_args(PoolKind::AdaptiveAvg, C10_AS_INTARRAYREF_SLOW(output_size));
+  auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   auto window = gather_window(plan, x);
   at::Tensor out;
@@ -593,18 +639,20 @@ void adaptive_avg_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
       y = apply_along(y, plan.sp[i].dim, plan.avg_matrices[i].to(y.options()));
     out = y.to(window.scalar_type()).contiguous();
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, shard_impl(x)->spec()->mesh, out));
+  return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
 }
 
-// _adaptive_avg_pool{2,3}d_backward(grad_output, self)
-void adaptive_avg_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto& go = args[0].toTensor();
-  auto a = adaptive_args(PoolKind::AdaptiveAvg, std::vector<int64_t>(go.sizes().end() - nsp, go.sizes().end()));
-  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, a);
+// The output size of an adaptive pool: the last `nsp` (global) sizes of its gradient.
+std::vector<int64_t> adaptive_out_size(const at::Tensor& grad_output, int64_t nsp) {
+  return std::vector<int64_t>(grad_output.sizes().end() - nsp, grad_output.sizes().end());
+}
+
+at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
+                                      const at::Tensor& self) {
+  auto a = adaptive_args(PoolKind::AdaptiveAvg, adaptive_out_size(grad_output, nsp));
+  auto [spec, planp] = backward_plan(op_name, {grad_output, self}, self, nsp, a);
   const auto& plan = *planp;
-  auto g = grad_local(plan, go, spec->mesh);
+  auto g = grad_local(plan, grad_output, spec->mesh);
   at::Tensor gi;
   if (plan.no_outputs) {
     gi = at::zeros(plan.window_shape, g.options());
@@ -614,16 +662,13 @@ void adaptive_avg_backward_handler(int64_t nsp, const c10::OperatorHandle& op, t
       y = apply_along(y, plan.sp[i].dim, plan.avg_matrices[i].to(y.options()).t());
     gi = y.to(g.scalar_type()).contiguous();
   }
-  gi = plan.halo.scatter_add(gi, *spec->mesh);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, spec));
+  return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh), spec);
 }
 
-// adaptive_max_pool{2,3}d(self, output_size) -> (values, global indices)
-void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto a = adaptive_args(PoolKind::AdaptiveMax, args[1].toDimVector());
-  auto [x, planp] = forward_plan(op, stack, args[0].toTensor(), nsp, a);
+// Adaptive max pooling: (values, global indices).
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tensor& self, at::IntArrayRef output_size) {
+  auto a = adaptive_args(PoolKind::AdaptiveMax, output_size);
+  auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = shard_impl(x)->spec()->mesh;
   auto window = gather_window(plan, x);
@@ -703,25 +748,60 @@ void adaptive_max_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit
       out = mx.contiguous();
     }
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap_out(plan, mesh, out));
-  torch::jit::push(*stack, wrap_out(plan, mesh, idx));
+  return {wrap_out(plan, mesh, out), wrap_out(plan, mesh, idx)};
 }
 
-// adaptive_max_pool{2,3}d_backward(grad_output, self, indices)
-void adaptive_max_backward_handler(int64_t nsp, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const auto& go = args[0].toTensor();
-  std::vector<int64_t> out_size(go.sizes().end() - nsp, go.sizes().end());
-  auto [spec, planp] = backward_plan(op, stack, args[1].toTensor(), nsp, adaptive_args(PoolKind::AdaptiveMax, out_size));
+at::Tensor adaptive_max_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
+                                      const at::Tensor& self, const at::Tensor& indices) {
+  auto a = adaptive_args(PoolKind::AdaptiveMax, adaptive_out_size(grad_output, nsp));
+  auto [spec, planp] = backward_plan(op_name, {grad_output, self, indices}, self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = spec->mesh;
-  auto g = grad_local(plan, go, mesh);
-  auto idx = local_aligned(dispatch::as_shard(args[2].toTensor(), mesh), mesh, plan.out_shape, plan.out_placements,
-                           plan.out_ext);
-  auto gi = max_backward_common(plan, g, idx, *mesh);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, spec));
+  auto g = grad_local(plan, grad_output, mesh);
+  auto idx = local_aligned(dispatch::as_shard(indices, mesh), mesh, plan.out_shape, plan.out_placements, plan.out_ext);
+  return make_shard_tensor(max_backward_common(plan, g, idx, *mesh), spec);
+}
+
+// _adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
+at::Tensor adaptive_avg_pool2d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size) {
+  return adaptive_avg_pool(2, self, output_size);
+}
+
+// _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
+at::Tensor adaptive_avg_pool3d_rule(const at::Tensor& self, c10::SymIntArrayRef output_size) {
+  return adaptive_avg_pool(3, self, output_size);
+}
+
+// _adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
+at::Tensor adaptive_avg_pool2d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self) {
+  return adaptive_avg_pool_backward("aten::_adaptive_avg_pool2d_backward", 2, grad_output, self);
+}
+
+// _adaptive_avg_pool3d_backward(Tensor grad_output, Tensor self) -> Tensor
+at::Tensor adaptive_avg_pool3d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self) {
+  return adaptive_avg_pool_backward("aten::_adaptive_avg_pool3d_backward", 3, grad_output, self);
+}
+
+// adaptive_max_pool2d(Tensor self, int[2] output_size) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d_rule(const at::Tensor& self, at::IntArrayRef output_size) {
+  return adaptive_max_pool(2, self, output_size);
+}
+
+// adaptive_max_pool3d(Tensor self, int[3] output_size) -> (Tensor, Tensor)
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d_rule(const at::Tensor& self, at::IntArrayRef output_size) {
+  return adaptive_max_pool(3, self, output_size);
+}
+
+// adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
+at::Tensor adaptive_max_pool2d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self,
+                                             const at::Tensor& indices) {
+  return adaptive_max_pool_backward("aten::adaptive_max_pool2d_backward", 2, grad_output, self, indices);
+}
+
+// adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
+at::Tensor adaptive_max_pool3d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self,
+                                             const at::Tensor& indices) {
+  return adaptive_max_pool_backward("aten::adaptive_max_pool3d_backward", 3, grad_output, self, indices);
 }
 
 // max_pool1d is composite-implicit, but on CPU without autograd it runs a kernel that reads the storage directly:
@@ -731,31 +811,26 @@ at::Tensor max_pool1d_entry(const at::Tensor& self, at::IntArrayRef kernel, at::
   return std::get<0>(at::max_pool1d_with_indices(self, kernel, stride, padding, dilation, ceil_mode));
 }
 
-template <void (*F)(int64_t, const c10::OperatorHandle&, torch::jit::Stack*), int64_t N>
-void bind(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  F(N, op, stack);
-}
-
 } // namespace
 
 void register_pool() {
   dispatch::set_handler("aten::max_pool1d", typed_handler(&max_pool1d_entry), dispatch::RuleLevel::above_autograd);
-  dispatch::set_handler("aten::max_pool2d_with_indices", bind<max_pool_handler, 2>);
-  dispatch::set_handler("aten::max_pool3d_with_indices", bind<max_pool_handler, 3>);
-  dispatch::set_handler("aten::max_pool2d_with_indices_backward", bind<max_pool_backward_handler, 2>);
-  dispatch::set_handler("aten::max_pool3d_with_indices_backward", bind<max_pool_backward_handler, 3>);
-  dispatch::set_handler("aten::avg_pool2d", bind<avg_pool_handler, 2>);
-  dispatch::set_handler("aten::avg_pool3d", bind<avg_pool_handler, 3>);
-  dispatch::set_handler("aten::avg_pool2d_backward", bind<avg_pool_backward_handler, 2>);
-  dispatch::set_handler("aten::avg_pool3d_backward", bind<avg_pool_backward_handler, 3>);
-  dispatch::set_handler("aten::_adaptive_avg_pool2d", bind<adaptive_avg_handler, 2>);
-  dispatch::set_handler("aten::_adaptive_avg_pool3d", bind<adaptive_avg_handler, 3>);
-  dispatch::set_handler("aten::_adaptive_avg_pool2d_backward", bind<adaptive_avg_backward_handler, 2>);
-  dispatch::set_handler("aten::_adaptive_avg_pool3d_backward", bind<adaptive_avg_backward_handler, 3>);
-  dispatch::set_handler("aten::adaptive_max_pool2d", bind<adaptive_max_handler, 2>);
-  dispatch::set_handler("aten::adaptive_max_pool3d", bind<adaptive_max_handler, 3>);
-  dispatch::set_handler("aten::adaptive_max_pool2d_backward", bind<adaptive_max_backward_handler, 2>);
-  dispatch::set_handler("aten::adaptive_max_pool3d_backward", bind<adaptive_max_backward_handler, 3>);
+  dispatch::set_handler("aten::max_pool2d_with_indices", typed_handler(&max_pool2d_rule));
+  dispatch::set_handler("aten::max_pool3d_with_indices", typed_handler(&max_pool3d_rule));
+  dispatch::set_handler("aten::max_pool2d_with_indices_backward", typed_handler(&max_pool2d_backward_rule));
+  dispatch::set_handler("aten::max_pool3d_with_indices_backward", typed_handler(&max_pool3d_backward_rule));
+  dispatch::set_handler("aten::avg_pool2d", typed_handler(&avg_pool2d_rule));
+  dispatch::set_handler("aten::avg_pool3d", typed_handler(&avg_pool3d_rule));
+  dispatch::set_handler("aten::avg_pool2d_backward", typed_handler(&avg_pool2d_backward_rule));
+  dispatch::set_handler("aten::avg_pool3d_backward", typed_handler(&avg_pool3d_backward_rule));
+  dispatch::set_handler("aten::_adaptive_avg_pool2d", typed_handler(&adaptive_avg_pool2d_rule));
+  dispatch::set_handler("aten::_adaptive_avg_pool3d", typed_handler(&adaptive_avg_pool3d_rule));
+  dispatch::set_handler("aten::_adaptive_avg_pool2d_backward", typed_handler(&adaptive_avg_pool2d_backward_rule));
+  dispatch::set_handler("aten::_adaptive_avg_pool3d_backward", typed_handler(&adaptive_avg_pool3d_backward_rule));
+  dispatch::set_handler("aten::adaptive_max_pool2d", typed_handler(&adaptive_max_pool2d_rule));
+  dispatch::set_handler("aten::adaptive_max_pool3d", typed_handler(&adaptive_max_pool3d_rule));
+  dispatch::set_handler("aten::adaptive_max_pool2d_backward", typed_handler(&adaptive_max_pool2d_backward_rule));
+  dispatch::set_handler("aten::adaptive_max_pool3d_backward", typed_handler(&adaptive_max_pool3d_backward_rule));
 }
 
 } // namespace shardtensor::ops
