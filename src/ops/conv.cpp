@@ -15,8 +15,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 // One sharded spatial dim.
 struct ConvDim {
   int64_t dim;  // tensor dim
@@ -51,8 +49,7 @@ struct ConvPlan {
   std::vector<int64_t> param_grad_mesh_dims;  // mesh dims over which parameter-gradient terms are summed
 };
 
-ConvPlan make_conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const ShardSpec& spec,
-                        at::IntArrayRef wsize, at::IntArrayRef stride, at::IntArrayRef padding,
+ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArrayRef stride, at::IntArrayRef padding,
                         at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups,
                         c10::Device device) {
   ConvPlan plan;
@@ -88,7 +85,7 @@ ConvPlan make_conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* 
       continue;
     }
     if (pl.dim == 1) {
-      if (transposed) dispatch::not_implemented(op, stack, "transposed convolution with the channel dim sharded");
+      if (transposed) dispatch::not_implemented("transposed convolution with the channel dim sharded");
       plan.param_grad_mesh_dims.pop_back();
       const auto cin_g = in_shape[1] / groups, cout_g = wsize[0] / groups;
       const auto coord = spec.mesh->coordinate(m);
@@ -102,14 +99,14 @@ ConvPlan make_conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* 
         std::vector<int64_t> out_channels;
         for (auto e : spec.extents[m]) {
           if (e % cin_g != 0) {
-            dispatch::not_implemented(op, stack, "grouped convolution whose channel shards split a group; align the "
-                                                 "channel extents with the groups (multiples of in_channels/groups)");
+            dispatch::not_implemented("grouped convolution whose channel shards split a group; align the channel "
+                                      "extents with the groups (multiples of in_channels/groups)");
           }
           out_channels.push_back(e / cin_g * cout_g);
         }
         for (int64_t c = 0; c < static_cast<int64_t>(spec.extents[m].size()); ++c)
           if (spec.offset_of(m, c) % cin_g != 0)
-            dispatch::not_implemented(op, stack, "grouped convolution whose channel shards split a group");
+            dispatch::not_implemented("grouped convolution whose channel shards split a group");
         plan.local_groups = plan.channel_extent / cin_g;
         plan.weight_row_offset = plan.channel_offset / cin_g * cout_g;
         plan.weight_rows = plan.local_groups * cout_g;
@@ -151,16 +148,14 @@ ConvPlan make_conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* 
 }
 
 // The plan of a convolution of an input laid out as `spec` (Partial placements already resolved), from the cache.
-std::shared_ptr<const ConvPlan> conv_plan(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
-                                          const ShardSpec& spec, at::IntArrayRef wsize, at::IntArrayRef stride,
+std::shared_ptr<const ConvPlan> conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArrayRef stride,
                                           at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                                           at::IntArrayRef output_padding, int64_t groups, c10::Device device) {
   comm::PlanKey key;
   key.add_spec(spec).add_ints(wsize).add_ints(stride).add_ints(padding).add_ints(dilation).add(transposed);
   key.add_ints(output_padding).add(groups).add_device(device);
   return comm::cached_plan<ConvPlan>(key, [&] {
-    return make_conv_plan(op, stack, spec, wsize, stride, padding, dilation, transposed, output_padding, groups,
-                          device);
+    return make_conv_plan(spec, wsize, stride, padding, dilation, transposed, output_padding, groups, device);
   });
 }
 
@@ -236,17 +231,13 @@ bool requires_grad(const std::optional<at::Tensor>& t) {
   return t && t->defined() && t->requires_grad();
 }
 
-// convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
-void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto input = args[0].toTensor();
-  auto weight = args[1].toTensor();
-  auto bias = args[2].toOptional<at::Tensor>();
-  auto stride = args[3].toDimVector(), padding = args[4].toDimVector(), dilation = args[5].toDimVector();
-  const bool transposed = args[6].toBool();
-  auto output_padding = args[7].toDimVector();
-  const auto groups = args[8].toInt();
+// convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation,
+//             bool transposed, SymInt[] output_padding, SymInt groups)
+at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                            at::IntArrayRef output_padding, c10::SymInt groups_arg) {
+  auto mesh = dispatch::common_mesh("aten::convolution", {input, weight, bias.value_or(at::Tensor())});
+  const auto groups = groups_arg.expect_int();
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
   // A pending-sum input is completed once; when a backward may follow, the complete value stays with the input,
   // which autograd saves: the weight gradient reads it without a second all-reduce.
@@ -254,8 +245,7 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto xs = resolve_partial_once(dispatch::as_shard(input, mesh), keep);
   const auto& spec = *shard_impl(xs)->spec();
   const auto& x = shard_impl(xs)->local();
-  auto planp = conv_plan(op, stack, spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,
-                         x.device());
+  auto planp = conv_plan(spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups, x.device());
   const auto& plan = *planp;
   auto w = local_weight(local_of_param(weight, mesh), plan);
   auto b = local_bias(bias && bias->defined() ? std::optional<at::Tensor>(local_of_param(*bias, mesh)) : std::nullopt,
@@ -286,31 +276,27 @@ void convolution_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
       out = out + channel_view(*b, out.dim());
     }
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext));
+  return wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext);
 }
 
-// convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation, transposed,
-//                      output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias)
-void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto input = args[1].toTensor();
-  auto weight = args[2].toTensor();
-  auto bias_sizes = args[3].isNone() ? std::optional<std::vector<int64_t>>() : std::optional<std::vector<int64_t>>(args[3].toIntVector());
-  auto stride = args[4].toDimVector(), padding = args[5].toDimVector(), dilation = args[6].toDimVector();
-  const bool transposed = args[7].toBool();
-  auto output_padding = args[8].toDimVector();
-  const auto groups = args[9].toInt();
-  auto mask = args[10].to<std::array<bool, 3>>();
+// convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride,
+//                      SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups,
+//                      bool[3] output_mask) -> (grad_input, grad_weight, grad_bias)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::OptionalIntArrayRef bias_sizes_arg, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    bool transposed, at::IntArrayRef output_padding, c10::SymInt groups_arg, std::array<bool, 3> mask) {
+  auto mesh = dispatch::common_mesh("aten::convolution_backward", {grad_output, input, weight});
+  auto bias_sizes = bias_sizes_arg ? std::optional<std::vector<int64_t>>(bias_sizes_arg->vec()) : std::nullopt;
+  const auto groups = groups_arg.expect_int();
   // The forward's complete value of a pending-sum input, and its plan: nothing is resolved or planned again.
   auto xs = resolve_partial_once(dispatch::as_shard(input, mesh), false);
   const auto& spec = shard_impl(xs)->spec();
   const auto& x = shard_impl(xs)->local();
-  auto planp = conv_plan(op, stack, *spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,
+  auto planp = conv_plan(*spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,
                          x.device());
   const auto& plan = *planp;
-  auto g = local_aligned(resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh)), mesh, plan.out_shape,
+  auto g = local_aligned(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, plan.out_shape,
                          plan.out_placements, plan.out_ext);
   at::Tensor g_bias_source = g;
   if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
@@ -370,17 +356,14 @@ void convolution_backward_handler(const c10::OperatorHandle& op, torch::jit::Sta
   }
   if (mask[1] && gw.defined()) grad_weight = wrap(gw, mesh, pw, weight.sizes().vec(), ew);
   if (mask[2] && gb.defined()) grad_bias = wrap(gb, mesh, pb, {global_bias_numel}, eb);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, grad_input);
-  torch::jit::push(*stack, grad_weight);
-  torch::jit::push(*stack, grad_bias);
+  return {grad_input, grad_weight, grad_bias};
 }
 
 } // namespace
 
 void register_conv() {
-  dispatch::set_handler("aten::convolution", convolution_handler);
-  dispatch::set_handler("aten::convolution_backward", convolution_backward_handler);
+  dispatch::set_handler("aten::convolution", typed_handler(&convolution_rule));
+  dispatch::set_handler("aten::convolution_backward", typed_handler(&convolution_backward_rule));
 }
 
 } // namespace shardtensor::ops

@@ -10,8 +10,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 enum Reduction : int64_t { kNone = 0, kMean = 1, kSum = 2 };
 
 at::Tensor reduce_loss(const at::Tensor& l, int64_t reduction) {
@@ -27,61 +25,67 @@ at::Tensor reduce_grad(const at::Tensor& grad, const at::Tensor& like, int64_t r
   return reduction == kMean ? grad / static_cast<double>(like.numel()) : grad;
 }
 
-void mse_loss_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto d = at::sub(args[0].toTensor(), args[1].toTensor());
-  auto out = reduce_loss(d * d, args[2].toInt());
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+// mse_loss(Tensor self, Tensor target, int reduction=Mean)
+at::Tensor mse_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  auto d = at::sub(self, target);
+  return reduce_loss(d * d, reduction);
 }
 
-// mse_loss_backward(grad, self, target, reduction)
-void mse_loss_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[1].toTensor();
-  auto d = at::sub(self, args[2].toTensor());
-  auto out = reduce_grad(args[0].toTensor(), self, args[3].toInt()) * d * 2.0;
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+// mse_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction)
+at::Tensor mse_loss_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                  int64_t reduction) {
+  auto d = at::sub(self, target);
+  return reduce_grad(grad_output, self, reduction) * d * 2.0;
 }
 
-// smooth_l1_loss(self, target, reduction, beta) / huber_loss(self, target, reduction, delta)
-void smooth_l1_handler(bool huber, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  const double beta = args[3].toDouble();
-  auto d = at::sub(args[0].toTensor(), args[1].toTensor());
-  auto a = at::abs(d);
-  at::Tensor l;
-  if (huber) {
-    l = at::where(at::lt(a, beta), d * d * 0.5, (a - 0.5 * beta) * beta);
-  } else if (beta == 0) {
-    l = a;
-  } else {
-    l = at::where(at::lt(a, beta), d * d * (0.5 / beta), a - 0.5 * beta);
-  }
-  auto out = reduce_loss(l, args[2].toInt());
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+// Elementwise smooth L1 of d = self - target (|d| = a): quadratic below beta, linear above; |d| when beta is 0.
+at::Tensor smooth_l1_terms(const at::Tensor& d, const at::Tensor& a, double beta) {
+  if (beta == 0) return a;
+  return at::where(at::lt(a, beta), d * d * (0.5 / beta), a - 0.5 * beta);
 }
 
-// smooth_l1_loss_backward(grad, self, target, reduction, beta) / huber_loss_backward(..., delta)
-void smooth_l1_backward_handler(bool huber, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = args[1].toTensor();
-  const double beta = args[4].toDouble();
-  auto d = at::sub(self, args[2].toTensor());
-  auto a = at::abs(d);
-  at::Tensor local_grad;
-  if (huber) {
-    local_grad = at::where(at::lt(a, beta), d, at::sign(d) * beta);
-  } else if (beta == 0) {
-    local_grad = at::sign(d);
-  } else {
-    local_grad = at::where(at::lt(a, beta), d / beta, at::sign(d));
-  }
-  auto out = reduce_grad(args[0].toTensor(), self, args[3].toInt()) * local_grad;
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+// Elementwise Huber loss: smooth L1 scaled by delta.
+at::Tensor huber_terms(const at::Tensor& d, const at::Tensor& a, double delta) {
+  return at::where(at::lt(a, delta), d * d * 0.5, (a - 0.5 * delta) * delta);
+}
+
+// smooth_l1_loss(Tensor self, Tensor target, int reduction=Mean, float beta=1.0)
+at::Tensor smooth_l1_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
+  auto d = at::sub(self, target);
+  return reduce_loss(smooth_l1_terms(d, at::abs(d), beta), reduction);
+}
+
+// huber_loss(Tensor self, Tensor target, int reduction=Mean, float delta=1.0)
+at::Tensor huber_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  auto d = at::sub(self, target);
+  return reduce_loss(huber_terms(d, at::abs(d), delta), reduction);
+}
+
+// d(smooth L1)/d(self) elementwise.
+at::Tensor smooth_l1_term_grad(const at::Tensor& d, const at::Tensor& a, double beta) {
+  if (beta == 0) return at::sign(d);
+  return at::where(at::lt(a, beta), d / beta, at::sign(d));
+}
+
+// d(Huber)/d(self) elementwise.
+at::Tensor huber_term_grad(const at::Tensor& d, const at::Tensor& a, double delta) {
+  return at::where(at::lt(a, delta), d, at::sign(d) * delta);
+}
+
+// smooth_l1_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, float beta)
+at::Tensor smooth_l1_loss_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                        int64_t reduction, double beta) {
+  auto d = at::sub(self, target);
+  auto local_grad = smooth_l1_term_grad(d, at::abs(d), beta);
+  return reduce_grad(grad_output, self, reduction) * local_grad;
+}
+
+// huber_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, float delta)
+at::Tensor huber_loss_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                    int64_t reduction, double delta) {
+  auto d = at::sub(self, target);
+  auto local_grad = huber_term_grad(d, at::abs(d), delta);
+  return reduce_grad(grad_output, self, reduction) * local_grad;
 }
 
 // Layout shared by nll_loss's input (N, C, d1...) and target (N, d1...): the class dim must be whole.
@@ -91,15 +95,14 @@ struct NllLayout {
   std::vector<int64_t> mesh_dims; // mesh dims sharding the batch/spatial dims
 };
 
-NllLayout nll_layout(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& self,
-                     const at::Tensor& target, const MeshPtr& mesh) {
+NllLayout nll_layout(const at::Tensor& self, const at::Tensor& target, const MeshPtr& mesh) {
   NllLayout l;
   auto s = resolve_partial(dispatch::as_shard(self, mesh));
   l.self_spec = shard_impl(s)->spec();
   const auto class_dim = self.dim() == 1 ? 0 : 1;
   for (size_t m = 0; m < l.self_spec->placements.size(); ++m) {
     const auto& p = l.self_spec->placements[m];
-    if (p.is_shard(class_dim)) dispatch::not_implemented(op, stack, "nll_loss with the class dim sharded");
+    if (p.is_shard(class_dim)) dispatch::not_implemented("nll_loss with the class dim sharded");
     if (p.is_shard()) l.mesh_dims.push_back(static_cast<int64_t>(m));
   }
   l.self = shard_impl(s)->local();
@@ -122,29 +125,27 @@ at::Tensor plain_weight(const std::optional<at::Tensor>& w, const MeshPtr& mesh)
   return shard_impl(w.value()) ? shard_impl(resolve_partial(*w))->local() : *w;
 }
 
-// nll_loss_forward / nll_loss2d_forward(self, target, weight?, reduction, ignore_index) -> (output, total_weight)
-void nll_forward_handler(bool two_d, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto self = args[0].toTensor();
-  auto l = nll_layout(op, stack, self, args[1].toTensor(), mesh);
-  auto w = plain_weight(args[2].toOptional<at::Tensor>(), mesh);
-  const auto reduction = args[3].toInt();
-  const auto ignore = args[4].toInt();
+// Which aten kernel runs on the local tensors: nll_loss (N, C) / (C) or nll_loss2d (N, C, H, W).
+enum class NllKernel { plain, two_d };
+
+// nll_loss_forward / nll_loss2d_forward on `mesh` (the arguments' common mesh) -> (output, total_weight)
+std::tuple<at::Tensor, at::Tensor> nll_forward(NllKernel kernel, const MeshPtr& mesh, const at::Tensor& self,
+                                               const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                               int64_t reduction, int64_t ignore) {
+  auto l = nll_layout(self, target, mesh);
+  auto w = plain_weight(weight, mesh);
   std::optional<at::Tensor> wopt = w.defined() ? std::optional<at::Tensor>(w) : std::nullopt;
+  auto local_nll = [&](int64_t r) {
+    return kernel == NllKernel::two_d ? at::nll_loss2d_forward(l.self, l.target, wopt, r, ignore)
+                                      : at::nll_loss_forward(l.self, l.target, wopt, r, ignore);
+  };
   at::Tensor out, total;
   if (reduction == kNone) {
-    std::tie(out, total) = two_d ? at::nll_loss2d_forward(l.self, l.target, wopt, kNone, ignore)
-                                 : at::nll_loss_forward(l.self, l.target, wopt, kNone, ignore);
-    torch::jit::drop(*stack, args.size());
-    torch::jit::push(*stack, make_shard_tensor(out, l.target_spec));
-    torch::jit::push(*stack, make_shard_tensor(total, dispatch::replicate_spec(mesh, total.sizes())));
-    return;
+    std::tie(out, total) = local_nll(kNone);
+    return {make_shard_tensor(out, l.target_spec), make_shard_tensor(total, dispatch::replicate_spec(mesh, total.sizes()))};
   }
   // Local sum and local total weight, reduced together in one all-reduce.
-  at::Tensor local_sum, unused;
-  std::tie(local_sum, unused) = two_d ? at::nll_loss2d_forward(l.self, l.target, wopt, kSum, ignore)
-                                      : at::nll_loss_forward(l.self, l.target, wopt, kSum, ignore);
+  auto local_sum = std::get<0>(local_nll(kSum));
   auto valid = at::ne(l.target, ignore);
   auto tw = w.defined() ? at::where(valid, w.index_select(0, l.target.clamp_min(0).flatten()).view(l.target.sizes()),
                                     at::zeros({}, w.options()))
@@ -153,39 +154,70 @@ void nll_forward_handler(bool two_d, const c10::OperatorHandle& op, torch::jit::
   for (auto m : l.mesh_dims) both = comm::all_reduce(both, ReduceOp::Sum, *mesh, m);
   total = both[1];
   out = reduction == kMean ? both[0] / total : both[0];
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(out, dispatch::replicate_spec(mesh, {})));
-  torch::jit::push(*stack, make_shard_tensor(total, dispatch::replicate_spec(mesh, {})));
+  return {make_shard_tensor(out, dispatch::replicate_spec(mesh, {})),
+          make_shard_tensor(total, dispatch::replicate_spec(mesh, {}))};
 }
 
-// nll_loss_backward / nll_loss2d_backward(grad, self, target, weight?, reduction, ignore_index, total_weight)
-void nll_backward_handler(bool two_d, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto self = args[1].toTensor();
-  auto l = nll_layout(op, stack, self, args[2].toTensor(), mesh);
-  auto w = plain_weight(args[3].toOptional<at::Tensor>(), mesh);
-  const auto reduction = args[4].toInt();
-  const auto ignore = args[5].toInt();
+// nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index)
+std::tuple<at::Tensor, at::Tensor> nll_loss_forward_rule(const at::Tensor& self, const at::Tensor& target,
+                                                         const std::optional<at::Tensor>& weight, int64_t reduction,
+                                                         c10::SymInt ignore_index) {
+  auto mesh = dispatch::common_mesh("aten::nll_loss_forward", {self, target, weight.value_or(at::Tensor())});
+  return nll_forward(NllKernel::plain, mesh, self, target, weight, reduction, ignore_index.expect_int());
+}
+
+// nll_loss2d_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index)
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward_rule(const at::Tensor& self, const at::Tensor& target,
+                                                           const std::optional<at::Tensor>& weight, int64_t reduction,
+                                                           c10::SymInt ignore_index) {
+  auto mesh = dispatch::common_mesh("aten::nll_loss2d_forward", {self, target, weight.value_or(at::Tensor())});
+  return nll_forward(NllKernel::two_d, mesh, self, target, weight, reduction, ignore_index.expect_int());
+}
+
+// nll_loss_backward / nll_loss2d_backward on `mesh` (the arguments' common mesh) -> grad_input
+at::Tensor nll_backward(NllKernel kernel, const MeshPtr& mesh, const at::Tensor& grad_output, const at::Tensor& self,
+                        const at::Tensor& target, const std::optional<at::Tensor>& weight, int64_t reduction,
+                        int64_t ignore, const at::Tensor& total_weight) {
+  auto l = nll_layout(self, target, mesh);
+  auto w = plain_weight(weight, mesh);
   auto grad = reduction == kNone
-      ? local_as(resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh)), mesh, l.target_spec->placements,
+      ? local_as(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, l.target_spec->placements,
                  l.target_spec->dim_extents())
-      : shard_impl(resolve_partial(dispatch::as_shard(args[0].toTensor(), mesh)))->local();
-  auto total = shard_impl(resolve_partial(dispatch::as_shard(args[6].toTensor(), mesh)))->local();
+      : shard_impl(resolve_partial(dispatch::as_shard(grad_output, mesh)))->local();
+  auto total = shard_impl(resolve_partial(dispatch::as_shard(total_weight, mesh)))->local();
   std::optional<at::Tensor> wopt = w.defined() ? std::optional<at::Tensor>(w) : std::nullopt;
-  auto gi = two_d ? at::nll_loss2d_backward(grad, l.self, l.target, wopt, reduction, ignore, total)
-                  : at::nll_loss_backward(grad, l.self, l.target, wopt, reduction, ignore, total);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gi, l.self_spec));
+  auto gi = kernel == NllKernel::two_d ? at::nll_loss2d_backward(grad, l.self, l.target, wopt, reduction, ignore, total)
+                                       : at::nll_loss_backward(grad, l.self, l.target, wopt, reduction, ignore, total);
+  return make_shard_tensor(gi, l.self_spec);
 }
 
-// logsumexp(self, dim[], keepdim)
-void logsumexp_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
-  const auto keepdim = args[2].toBool();
+// nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int reduction,
+//                   SymInt ignore_index, Tensor total_weight)
+at::Tensor nll_loss_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                  const std::optional<at::Tensor>& weight, int64_t reduction, c10::SymInt ignore_index,
+                                  const at::Tensor& total_weight) {
+  auto mesh = dispatch::common_mesh("aten::nll_loss_backward",
+                                    {grad_output, self, target, weight.value_or(at::Tensor()), total_weight});
+  return nll_backward(NllKernel::plain, mesh, grad_output, self, target, weight, reduction, ignore_index.expect_int(),
+                      total_weight);
+}
+
+// nll_loss2d_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int reduction,
+//                     SymInt ignore_index, Tensor total_weight)
+at::Tensor nll_loss2d_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                    const std::optional<at::Tensor>& weight, int64_t reduction,
+                                    c10::SymInt ignore_index, const at::Tensor& total_weight) {
+  auto mesh = dispatch::common_mesh("aten::nll_loss2d_backward",
+                                    {grad_output, self, target, weight.value_or(at::Tensor()), total_weight});
+  return nll_backward(NllKernel::two_d, mesh, grad_output, self, target, weight, reduction, ignore_index.expect_int(),
+                      total_weight);
+}
+
+// logsumexp(Tensor self, int[1] dim, bool keepdim=False)
+at::Tensor logsumexp_rule(const at::Tensor& self_arg, at::IntArrayRef dim, bool keepdim) {
+  auto self = resolve_partial(self_arg);
   std::vector<int64_t> dims;
-  for (auto d : args[1].toDimVector()) dims.push_back(wrap_dim(d, std::max<int64_t>(self.dim(), 1)));
+  for (auto d : dim) dims.push_back(wrap_dim(d, std::max<int64_t>(self.dim(), 1)));
   if (dims.empty())
     for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
   auto mx = at::amax(self, dims, true);                // Partial(max) over sharded reduced dims
@@ -198,17 +230,13 @@ void logsumexp_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     std::sort(sq.rbegin(), sq.rend());
     for (auto d : sq) out = at::squeeze(out, d);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, out);
+  return out;
 }
 
-// cumsum(self, dim, dtype?)
-void cumsum_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
-  const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
-  std::optional<at::ScalarType> dtype;
-  if (!args[2].isNone()) dtype = static_cast<at::ScalarType>(args[2].toInt());
+// cumsum(Tensor self, int dim, *, ScalarType? dtype=None)
+at::Tensor cumsum_rule(const at::Tensor& self_arg, int64_t dim_arg, std::optional<at::ScalarType> dtype) {
+  auto self = resolve_partial(self_arg);
+  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
   auto spec = shard_impl(self)->spec();
   const auto& x = shard_impl(self)->local();
   auto out = at::cumsum(x, dim, dtype);
@@ -221,16 +249,14 @@ void cumsum_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const auto me = spec->mesh->coordinate(m);
     if (me > 0) out = out + all.narrow(0, 0, me).sum(0);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(out, spec));
+  return make_shard_tensor(out, spec);
 }
 
-// flip(self, dims): along a sharded dim, rank c's flipped data belongs to coordinate n-1-c.
-void flip_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
+// flip(Tensor self, int[] dims): along a sharded dim, rank c's flipped data belongs to coordinate n-1-c.
+at::Tensor flip_rule(const at::Tensor& self_arg, at::IntArrayRef dims_arg) {
+  auto self = resolve_partial(self_arg);
   std::vector<int64_t> dims;
-  for (auto d : args[1].toDimVector()) dims.push_back(wrap_dim(d, std::max<int64_t>(self.dim(), 1)));
+  for (auto d : dims_arg) dims.push_back(wrap_dim(d, std::max<int64_t>(self.dim(), 1)));
   auto spec = shard_impl(self)->spec();
   auto out = at::flip(shard_impl(self)->local(), dims);
   auto placements = spec->placements;
@@ -241,27 +267,26 @@ void flip_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     out = comm::mirror_ranks(out, *spec->mesh, m);
     std::reverse(ext[d].begin(), ext[d].end());
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, wrap(out, spec->mesh, placements, spec->global_shape, ext));
+  return wrap(out, spec->mesh, placements, spec->global_shape, ext);
 }
 
 } // namespace
 
 void register_loss() {
   using dispatch::set_handler;
-  set_handler("aten::mse_loss", mse_loss_handler);
-  set_handler("aten::mse_loss_backward", mse_loss_backward_handler);
-  set_handler("aten::smooth_l1_loss", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { smooth_l1_handler(false, op, s); });
-  set_handler("aten::smooth_l1_loss_backward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { smooth_l1_backward_handler(false, op, s); });
-  set_handler("aten::huber_loss", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { smooth_l1_handler(true, op, s); });
-  set_handler("aten::huber_loss_backward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { smooth_l1_backward_handler(true, op, s); });
-  set_handler("aten::nll_loss_forward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { nll_forward_handler(false, op, s); });
-  set_handler("aten::nll_loss2d_forward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { nll_forward_handler(true, op, s); });
-  set_handler("aten::nll_loss_backward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { nll_backward_handler(false, op, s); });
-  set_handler("aten::nll_loss2d_backward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { nll_backward_handler(true, op, s); });
-  set_handler("aten::logsumexp", logsumexp_handler);
-  set_handler("aten::cumsum", cumsum_handler);
-  set_handler("aten::flip", flip_handler);
+  set_handler("aten::mse_loss", typed_handler(&mse_loss_rule));
+  set_handler("aten::mse_loss_backward", typed_handler(&mse_loss_backward_rule));
+  set_handler("aten::smooth_l1_loss", typed_handler(&smooth_l1_loss_rule));
+  set_handler("aten::smooth_l1_loss_backward", typed_handler(&smooth_l1_loss_backward_rule));
+  set_handler("aten::huber_loss", typed_handler(&huber_loss_rule));
+  set_handler("aten::huber_loss_backward", typed_handler(&huber_loss_backward_rule));
+  set_handler("aten::nll_loss_forward", typed_handler(&nll_loss_forward_rule));
+  set_handler("aten::nll_loss2d_forward", typed_handler(&nll_loss2d_forward_rule));
+  set_handler("aten::nll_loss_backward", typed_handler(&nll_loss_backward_rule));
+  set_handler("aten::nll_loss2d_backward", typed_handler(&nll_loss2d_backward_rule));
+  set_handler("aten::logsumexp", typed_handler(&logsumexp_rule));
+  set_handler("aten::cumsum", typed_handler(&cumsum_rule));
+  set_handler("aten::flip", typed_handler(&flip_rule));
 }
 
 } // namespace shardtensor::ops

@@ -10,9 +10,6 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
-
 struct LayerNormLayout {
   at::Tensor x;                  // resolved input
   SpecPtr spec;
@@ -69,15 +66,15 @@ at::Tensor local_param(const std::optional<at::Tensor>& param, const LayerNormLa
   return local_as(resolve_partial(dispatch::as_shard(*param, mesh)), mesh, want, ext);
 }
 
-// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
-void layer_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto input = args[0].toTensor();
-  const auto k = static_cast<int64_t>(args[1].toDimVector().size());
-  auto weight = args[2].toOptional<at::Tensor>();
-  auto bias = args[3].toOptional<at::Tensor>();
-  const double eps = args[4].toDouble();
+// native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps)
+//   -> (out, mean, rstd)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_rule(const at::Tensor& input,
+                                                               c10::SymIntArrayRef normalized_shape,
+                                                               const std::optional<at::Tensor>& weight,
+                                                               const std::optional<at::Tensor>& bias, double eps) {
+  auto mesh = dispatch::common_mesh("aten::native_layer_norm",
+                                    {input, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+  const auto k = static_cast<int64_t>(normalized_shape.size());
   auto l = layer_norm_layout(input, mesh, k);
   const auto& x = shard_impl(l.x)->local();
   auto w = local_param(weight, l, input), b = local_param(bias, l, input);
@@ -105,10 +102,7 @@ void layer_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
     if (b.defined()) out = out + b;
     out = out.to(x.scalar_type());
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(out, l.spec));
-  torch::jit::push(*stack, wrap_stats(mean, l, input));
-  torch::jit::push(*stack, wrap_stats(rstd, l, input));
+  return {make_shard_tensor(out, l.spec), wrap_stats(mean, l, input), wrap_stats(rstd, l, input)};
 }
 
 // Gradient of an affine parameter: the per-rank sum over local leading elements is Partial(sum) over the mesh
@@ -125,20 +119,21 @@ at::Tensor wrap_param_grad(const at::Tensor& local, const LayerNormLayout& l, co
   return wrap(local, l.spec->mesh, p, param.sizes().vec(), ext);
 }
 
-// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
-void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto input = args[1].toTensor();
-  const auto k = static_cast<int64_t>(args[2].toDimVector().size());
-  auto weight = args[5].toOptional<at::Tensor>();
-  auto bias = args[6].toOptional<at::Tensor>();
-  auto mask = args[7].to<std::array<bool, 3>>();
+// native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd,
+//                            Tensor? weight, Tensor? bias, bool[3] output_mask) -> (grad_input, grad_weight, grad_bias)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_rule(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+    const at::Tensor& mean_arg, const at::Tensor& rstd_arg, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
+  auto mesh = dispatch::common_mesh("aten::native_layer_norm_backward", {grad_out, input, mean_arg, rstd_arg,
+                                                                         weight.value_or(at::Tensor()),
+                                                                         bias.value_or(at::Tensor())});
+  const auto k = static_cast<int64_t>(normalized_shape.size());
   auto l = layer_norm_layout(input, mesh, k);
   const auto& x = shard_impl(l.x)->local();
-  auto g = local_aligned(resolve_partial(args[0].toTensor()), mesh, input.sizes(), l.spec->placements, l.spec->dim_extents());
-  auto mean = local_aligned(args[3].toTensor(), mesh, input.sizes().vec(), l.spec->placements, l.spec->dim_extents());
-  auto rstd = local_aligned(args[4].toTensor(), mesh, input.sizes().vec(), l.spec->placements, l.spec->dim_extents());
+  auto g = local_aligned(resolve_partial(grad_out), mesh, input.sizes(), l.spec->placements, l.spec->dim_extents());
+  auto mean = local_aligned(mean_arg, mesh, input.sizes().vec(), l.spec->placements, l.spec->dim_extents());
+  auto rstd = local_aligned(rstd_arg, mesh, input.sizes().vec(), l.spec->placements, l.spec->dim_extents());
   auto w = local_param(weight, l, input);
   at::Tensor gi, gw, gb;
   std::vector<int64_t> lead_dims;
@@ -165,14 +160,13 @@ void layer_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
     if (mask[1] && w.defined()) gw = lead_dims.empty() ? gf * xhat : (gf * xhat).sum(lead_dims).to(x.scalar_type());
     if (mask[2] && bias && bias->defined()) gb = lead_dims.empty() ? gf : gf.sum(lead_dims).to(x.scalar_type());
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor());
+  auto grad_input = gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor();
   // Weight and bias gradients: one all-reduce for both over the mesh dims that shard leading dims.
   auto sums = fused_sum({gw, gb}, l.lead_mesh_dims, *mesh);
   gw = sums[0];
   gb = sums[1];
-  torch::jit::push(*stack, gw.defined() ? wrap_param_grad(gw, l, *weight) : at::Tensor());
-  torch::jit::push(*stack, gb.defined() ? wrap_param_grad(gb, l, *bias) : at::Tensor());
+  return {grad_input, gw.defined() ? wrap_param_grad(gw, l, *weight) : at::Tensor(),
+          gb.defined() ? wrap_param_grad(gb, l, *bias) : at::Tensor()};
 }
 
 } // namespace
@@ -181,8 +175,8 @@ void register_group_norm();
 
 void register_norm() {
   register_group_norm();
-  dispatch::set_handler("aten::native_layer_norm", layer_norm_handler);
-  dispatch::set_handler("aten::native_layer_norm_backward", layer_norm_backward_handler);
+  dispatch::set_handler("aten::native_layer_norm", typed_handler(&layer_norm_rule));
+  dispatch::set_handler("aten::native_layer_norm_backward", typed_handler(&layer_norm_backward_rule));
 }
 
 } // namespace shardtensor::ops
@@ -200,15 +194,14 @@ struct GroupNormLayout {
   std::vector<int64_t> batch_mesh_dims;   // mesh dims sharding dim 0
 };
 
-GroupNormLayout group_norm_layout(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const at::Tensor& input,
-                                  const MeshPtr& mesh) {
+GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh) {
   GroupNormLayout l;
   l.x = resolve_partial(dispatch::as_shard(input, mesh));
   l.spec = shard_impl(l.x)->spec();
   for (size_t m = 0; m < l.spec->placements.size(); ++m) {
     const auto& p = l.spec->placements[m];
     if (!p.is_shard()) continue;
-    if (p.dim == 1) dispatch::not_implemented(op, stack, "group_norm with the channel dim sharded; shard a spatial or the batch dim");
+    if (p.dim == 1) dispatch::not_implemented("group_norm with the channel dim sharded; shard a spatial or the batch dim");
     (p.dim == 0 ? l.batch_mesh_dims : l.spatial_mesh_dims).push_back(static_cast<int64_t>(m));
   }
   return l;
@@ -225,16 +218,17 @@ at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, i
   return wrap(local, l.spec->mesh, p, {n, g}, ext);
 }
 
-// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)
-void group_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto input = args[0].toTensor();
-  auto weight = args[1].toOptional<at::Tensor>();
-  auto bias = args[2].toOptional<at::Tensor>();
-  const auto N = args[3].toInt(), C = args[4].toInt(), HxW = args[5].toInt(), G = args[6].toInt();
-  const double eps = args[7].toDouble();
-  auto l = group_norm_layout(op, stack, input, mesh);
+// native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group,
+//                   float eps) -> (out, mean, rstd)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor& input,
+                                                               const std::optional<at::Tensor>& weight,
+                                                               const std::optional<at::Tensor>& bias, c10::SymInt N_arg,
+                                                               c10::SymInt C_arg, c10::SymInt /*HxW*/, int64_t G,
+                                                               double eps) {
+  auto mesh = dispatch::common_mesh("aten::native_group_norm",
+                                    {input, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+  const auto N = N_arg.expect_int(), C = C_arg.expect_int();
+  auto l = group_norm_layout(input, mesh);
   const auto& x = shard_impl(l.x)->local();
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
@@ -257,29 +251,30 @@ void group_norm_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   auto plain = [&](const std::optional<at::Tensor>& t) { return shard_impl(resolve_partial(dispatch::as_shard(*t, mesh)))->local(); };
   if (weight && weight->defined()) out = out * channel_view(plain(weight), x.dim());
   if (bias && bias->defined()) out = out + channel_view(plain(bias), x.dim());
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(out.to(x.scalar_type()), l.spec));
-  torch::jit::push(*stack, wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G));
-  torch::jit::push(*stack, wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G));
+  return {make_shard_tensor(out.to(x.scalar_type()), l.spec),
+          wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G),
+          wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G)};
 }
 
-// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
-void group_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto mesh = dispatch::common_mesh(op, stack);
-  auto input = args[1].toTensor();
-  auto weight = args[4].toOptional<at::Tensor>();
-  const auto C = args[6].toInt(), HxW = args[7].toInt(), G = args[8].toInt();
-  auto mask = args[9].to<std::array<bool, 3>>();
-  auto l = group_norm_layout(op, stack, input, mesh);
+// native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N,
+//                            SymInt C, SymInt HxW, int group, bool[3] output_mask)
+//   -> (grad_input, grad_weight, grad_bias)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean_arg, const at::Tensor& rstd_arg,
+    const std::optional<at::Tensor>& weight, c10::SymInt N_arg, c10::SymInt C_arg, c10::SymInt HxW_arg, int64_t G,
+    std::array<bool, 3> mask) {
+  auto mesh = dispatch::common_mesh("aten::native_group_norm_backward",
+                                    {grad_out, input, mean_arg, rstd_arg, weight.value_or(at::Tensor())});
+  const auto N = N_arg.expect_int(), C = C_arg.expect_int(), HxW = HxW_arg.expect_int();
+  auto l = group_norm_layout(input, mesh);
   const auto& x = shard_impl(l.x)->local();
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
-  auto g = local_aligned(resolve_partial(args[0].toTensor()), mesh, input.sizes(), l.spec->placements,
+  auto g = local_aligned(resolve_partial(grad_out), mesh, input.sizes(), l.spec->placements,
                          l.spec->dim_extents()).to(acc);
-  auto stats_layout = shard_impl(wrap_group_stats(at::zeros({n_local, G}), l, args[5].toInt(), G))->spec();
-  auto mean = local_as(args[2].toTensor(), mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
-  auto rstd = local_as(args[3].toTensor(), mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
+  auto stats_layout = shard_impl(wrap_group_stats(at::zeros({n_local, G}), l, N, G))->spec();
+  auto mean = local_as(mean_arg, mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
+  auto rstd = local_as(rstd_arg, mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
   int64_t inner = C / G;
   for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
   auto xg = x.to(acc).reshape({n_local, G, inner});
@@ -308,17 +303,14 @@ void group_norm_backward_handler(const c10::OperatorHandle& op, torch::jit::Stac
   };
   if (sums[0].defined()) gw = wrap_param(sums[0]);
   if (sums[1].defined()) gb = wrap_param(sums[1]);
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor());
-  torch::jit::push(*stack, gw);
-  torch::jit::push(*stack, gb);
+  return {gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor(), gw, gb};
 }
 
 } // namespace
 
 void register_group_norm() {
-  dispatch::set_handler("aten::native_group_norm", group_norm_handler);
-  dispatch::set_handler("aten::native_group_norm_backward", group_norm_backward_handler);
+  dispatch::set_handler("aten::native_group_norm", typed_handler(&group_norm_rule));
+  dispatch::set_handler("aten::native_group_norm_backward", typed_handler(&group_norm_backward_rule));
 }
 
 } // namespace shardtensor::ops

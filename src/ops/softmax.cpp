@@ -8,20 +8,16 @@ namespace shardtensor::ops {
 
 namespace {
 
-using dispatch::op_args;
-
 // All-reduce `t` over the mesh dims of `spec` that shard `dim`.
 at::Tensor reduce_over(at::Tensor t, const ShardSpec& spec, int64_t dim, ReduceOp op) {
   auto m = spec.mesh_dim_of(dim);
   return m < 0 ? t : comm::all_reduce(t, op, *spec.mesh, m);
 }
 
-// _softmax(self, dim, half_to_float) / _log_softmax
-void softmax_handler(bool log, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto self = resolve_partial(args[0].toTensor());
-  const auto dim = wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
-  const bool half_to_float = args[2].toBool();
+// softmax (or, with `log`, log_softmax) of `self_arg` along `dim_arg`.
+at::Tensor softmax_along(const at::Tensor& self_arg, int64_t dim_arg, bool half_to_float, bool log) {
+  auto self = resolve_partial(self_arg);
+  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
   auto spec = shard_impl(self)->spec();
   const auto& x = shard_impl(self)->local();
   at::Tensor out;
@@ -42,20 +38,28 @@ void softmax_handler(bool log, const c10::OperatorHandle& op, torch::jit::Stack*
     auto gsum = reduce_over(shifted.exp().sum(dim, true), *spec, dim, ReduceOp::Sum);
     out = log ? shifted - gsum.log() : shifted.exp() / gsum;
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(out, ShardSpec::make(spec->mesh, spec->placements, spec->global_shape,
-                                                                  spec->sharding_shapes())));
+  return make_shard_tensor(out, ShardSpec::make(spec->mesh, spec->placements, spec->global_shape,
+                                                spec->sharding_shapes()));
 }
 
-// _softmax_backward_data(grad_output, output, dim, input_dtype) / _log_softmax_backward_data
-void softmax_backward_handler(bool log, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = op_args(op, stack);
-  auto output = resolve_partial(args[1].toTensor());
-  auto mesh = dispatch::common_mesh(op, stack);
+// _softmax(Tensor self, int dim, bool half_to_float)
+at::Tensor softmax_rule(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  return softmax_along(self, dim, half_to_float, /*log=*/false);
+}
+
+// _log_softmax(Tensor self, int dim, bool half_to_float)
+at::Tensor log_softmax_rule(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  return softmax_along(self, dim, half_to_float, /*log=*/true);
+}
+
+// The input gradient of softmax (or, with `log`, log_softmax) from its output; `op_name` names the op in errors.
+at::Tensor softmax_backward_along(const char* op_name, const at::Tensor& grad_output, const at::Tensor& output_arg,
+                                  int64_t dim_arg, at::ScalarType input_dtype, bool log) {
+  auto output = resolve_partial(output_arg);
+  auto mesh = dispatch::common_mesh(op_name, {grad_output, output_arg});
   auto spec = shard_impl(output)->spec();
-  auto g = local_aligned(resolve_partial(args[0].toTensor()), mesh, output.sizes(), spec->placements, spec->dim_extents());
-  const auto dim = wrap_dim(args[2].toInt(), std::max<int64_t>(output.dim(), 1));
-  const auto input_dtype = static_cast<at::ScalarType>(args[3].toInt());
+  auto g = local_aligned(resolve_partial(grad_output), mesh, output.sizes(), spec->placements, spec->dim_extents());
+  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(output.dim(), 1));
   const auto& y = shard_impl(output)->local();
   at::Tensor gin;
   if (spec->mesh_dim_of(dim) < 0) {
@@ -67,19 +71,29 @@ void softmax_backward_handler(bool log, const c10::OperatorHandle& op, torch::ji
     auto s = reduce_over((g * y).sum(dim, true), *spec, dim, ReduceOp::Sum);
     gin = (y * (g - s)).to(input_dtype);
   }
-  torch::jit::drop(*stack, args.size());
-  torch::jit::push(*stack, make_shard_tensor(gin, spec));
+  return make_shard_tensor(gin, spec);
+}
+
+// _softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype)
+at::Tensor softmax_backward_rule(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                 at::ScalarType input_dtype) {
+  return softmax_backward_along("aten::_softmax_backward_data", grad_output, output, dim, input_dtype, /*log=*/false);
+}
+
+// _log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype)
+at::Tensor log_softmax_backward_rule(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                     at::ScalarType input_dtype) {
+  return softmax_backward_along("aten::_log_softmax_backward_data", grad_output, output, dim, input_dtype,
+                                /*log=*/true);
 }
 
 } // namespace
 
 void register_softmax() {
-  dispatch::set_handler("aten::_softmax", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { softmax_handler(false, op, s); });
-  dispatch::set_handler("aten::_log_softmax", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { softmax_handler(true, op, s); });
-  dispatch::set_handler("aten::_softmax_backward_data",
-                        [](const c10::OperatorHandle& op, torch::jit::Stack* s) { softmax_backward_handler(false, op, s); });
-  dispatch::set_handler("aten::_log_softmax_backward_data",
-                        [](const c10::OperatorHandle& op, torch::jit::Stack* s) { softmax_backward_handler(true, op, s); });
+  dispatch::set_handler("aten::_softmax", typed_handler(&softmax_rule));
+  dispatch::set_handler("aten::_log_softmax", typed_handler(&log_softmax_rule));
+  dispatch::set_handler("aten::_softmax_backward_data", typed_handler(&softmax_backward_rule));
+  dispatch::set_handler("aten::_log_softmax_backward_data", typed_handler(&log_softmax_backward_rule));
 }
 
 } // namespace shardtensor::ops
