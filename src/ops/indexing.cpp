@@ -27,12 +27,6 @@ at::Tensor whole_local(const at::Tensor& t) {
   return local_as(t, mesh, all_replicate(mesh), {});
 }
 
-int64_t total(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (auto e : v) s += e;
-  return s;
-}
-
 // The rows of `local` (this rank's range [off, off + ext) of `dim`) that global indices `idx` pick with `pick`;
 // entries owned by other ranks are zero, so a sum over the mesh dim completes the result. `owned_view` shapes the
 // ownership mask to broadcast against the picked values.
