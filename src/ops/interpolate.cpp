@@ -580,45 +580,29 @@ std::vector<c10::SymInt> aa_local_input_size(c10::SymIntArrayRef input_size, con
   return isize;
 }
 
-// _upsample_bilinear2d_aa(Tensor self, SymInt[2] output_size, bool align_corners, float? scales_h=None,
-//                         float? scales_w=None)
-at::Tensor upsample_bilinear2d_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
-                                       std::optional<double> scales_h, std::optional<double> scales_w) {
+// _upsample_bilinear2d_aa / _upsample_bicubic2d_aa(Tensor self, SymInt[2] output_size, bool align_corners,
+//                                                  float? scales_h=None, float? scales_w=None)
+// The two schemas are alike; `local_op` is the at:: function run on the local tensor (its type picks the overload).
+using AaOp = at::Tensor (*)(const at::Tensor&, c10::SymIntArrayRef, bool, std::optional<double>, std::optional<double>);
+template <AaOp local_op>
+at::Tensor upsample_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                            std::optional<double> scales_h, std::optional<double> scales_w) {
   auto x = aa_tensor(self);
-  auto out = at::_upsample_bilinear2d_aa_symint(shard_impl(x)->local(), output_size, align_corners, scales_h, scales_w);
+  auto out = local_op(shard_impl(x)->local(), output_size, align_corners, scales_h, scales_w);
   return aa_wrap(out, x, x.sizes());
 }
 
-// _upsample_bicubic2d_aa(Tensor self, SymInt[2] output_size, bool align_corners, float? scales_h=None,
-//                        float? scales_w=None)
-at::Tensor upsample_bicubic2d_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
-                                      std::optional<double> scales_h, std::optional<double> scales_w) {
-  auto x = aa_tensor(self);
-  auto out = at::_upsample_bicubic2d_aa_symint(shard_impl(x)->local(), output_size, align_corners, scales_h, scales_w);
-  return aa_wrap(out, x, x.sizes());
-}
-
-// _upsample_bilinear2d_aa_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size,
-//                                  bool align_corners, float? scales_h=None, float? scales_w=None)
-at::Tensor upsample_bilinear2d_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
-                                                c10::SymIntArrayRef input_size, bool align_corners,
-                                                std::optional<double> scales_h, std::optional<double> scales_w) {
+// _upsample_bilinear2d_aa_backward / _upsample_bicubic2d_aa_backward(Tensor grad_output, SymInt[2] output_size,
+//     SymInt[4] input_size, bool align_corners, float? scales_h=None, float? scales_w=None)
+using AaBackwardOp = at::Tensor (*)(const at::Tensor&, c10::SymIntArrayRef, c10::SymIntArrayRef, bool,
+                                    std::optional<double>, std::optional<double>);
+template <AaBackwardOp local_op>
+at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                     c10::SymIntArrayRef input_size, bool align_corners,
+                                     std::optional<double> scales_h, std::optional<double> scales_w) {
   auto x = aa_tensor(grad_output);
   const auto& g = shard_impl(x)->local();
-  auto out = at::_upsample_bilinear2d_aa_backward_symint(g, output_size, aa_local_input_size(input_size, g),
-                                                         align_corners, scales_h, scales_w);
-  return aa_wrap(out, x, ints(input_size));
-}
-
-// _upsample_bicubic2d_aa_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size,
-//                                 bool align_corners, float? scales_h=None, float? scales_w=None)
-at::Tensor upsample_bicubic2d_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
-                                               c10::SymIntArrayRef input_size, bool align_corners,
-                                               std::optional<double> scales_h, std::optional<double> scales_w) {
-  auto x = aa_tensor(grad_output);
-  const auto& g = shard_impl(x)->local();
-  auto out = at::_upsample_bicubic2d_aa_backward_symint(g, output_size, aa_local_input_size(input_size, g),
-                                                        align_corners, scales_h, scales_w);
+  auto out = local_op(g, output_size, aa_local_input_size(input_size, g), align_corners, scales_h, scales_w);
   return aa_wrap(out, x, ints(input_size));
 }
 
@@ -669,10 +653,14 @@ void register_interpolate() {
   dispatch::set_handler("aten::upsample_bicubic2d_backward",
                         typed_handler(&upsample2d_align_backward_rule<Mode::Cubic>));
 
-  dispatch::set_handler("aten::_upsample_bilinear2d_aa", typed_handler(&upsample_bilinear2d_aa_rule));
-  dispatch::set_handler("aten::_upsample_bicubic2d_aa", typed_handler(&upsample_bicubic2d_aa_rule));
-  dispatch::set_handler("aten::_upsample_bilinear2d_aa_backward", typed_handler(&upsample_bilinear2d_aa_backward_rule));
-  dispatch::set_handler("aten::_upsample_bicubic2d_aa_backward", typed_handler(&upsample_bicubic2d_aa_backward_rule));
+  dispatch::set_handler("aten::_upsample_bilinear2d_aa",
+                        typed_handler(&upsample_aa_rule<&at::_upsample_bilinear2d_aa_symint>));
+  dispatch::set_handler("aten::_upsample_bicubic2d_aa",
+                        typed_handler(&upsample_aa_rule<&at::_upsample_bicubic2d_aa_symint>));
+  dispatch::set_handler("aten::_upsample_bilinear2d_aa_backward",
+                        typed_handler(&upsample_aa_backward_rule<&at::_upsample_bilinear2d_aa_backward_symint>));
+  dispatch::set_handler("aten::_upsample_bicubic2d_aa_backward",
+                        typed_handler(&upsample_aa_backward_rule<&at::_upsample_bicubic2d_aa_backward_symint>));
 }
 
 } // namespace shardtensor::ops
