@@ -111,3 +111,25 @@ TEST(Registry, TypedRuleRaisesNamingItsOpAndPlacements) {
   // Outside any rule there is no running op to name.
   EXPECT_THROW(shardtensor::not_implemented("nothing runs"), c10::Error);
 }
+
+namespace {
+// A typed rule for an op with an optional tensor argument, which c10's boxing moves out of its stack slot: the
+// refusal must still name it (typed_handler runs the rule on copies, so the op's arguments stay on the stack).
+at::Tensor bincount_refusing(const at::Tensor& self, const std::optional<at::Tensor>& weights, int64_t minlength) {
+  shardtensor::not_implemented("bincount over a sharded input is refused by this test rule");
+}
+} // namespace
+
+TEST(Registry, TypedRuleErrorNamesOptionalAndListArguments) {
+  auto mesh = one_rank_mesh();
+  auto x = make_shard_tensor(at::arange(4, at::kLong), ShardSpec::make(mesh, {Placement::shard(0)}, {4}));
+  register_handler("aten::bincount", typed_handler(&bincount_refusing));
+  try {
+    at::bincount(x, at::ones({4}), 0);
+    ADD_FAILURE() << "the rule did not raise";
+  } catch (const c10::NotImplementedError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("self: (Shard(0)) global [4]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("weights: plain [4]"), std::string::npos) << msg;
+  }
+}
