@@ -286,7 +286,9 @@ void set_handler_all_overloads(const char* base_name, BoxedHandler handler) {
 }
 
 void not_implemented(const std::string& why) {
-  TORCH_INTERNAL_ASSERT(running_rule.op, "not_implemented(why) called outside a ShardTensor rule");
+  // Called from code that no slot kernel entered (a helper run directly, outside any rule): no op to name.
+  TORCH_CHECK_NOT_IMPLEMENTED(running_rule.op, "ShardTensor: not supported (", why,
+                              "); raised outside an op's domain-parallel rule, so no op or argument layouts to show");
   not_implemented(*running_rule.op, running_rule.stack, why);
 }
 
