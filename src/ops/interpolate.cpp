@@ -366,10 +366,6 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
   }
 };
 
-std::vector<int64_t> ints(c10::SymIntArrayRef v) {
-  return C10_AS_INTARRAYREF_SLOW(v).vec();
-}
-
 // A non-.vec op's optional scales: 0 where not given.
 std::vector<double> scales_of(std::initializer_list<std::optional<double>> scales) {
   std::vector<double> out;
@@ -388,7 +384,7 @@ at::Tensor vec_entry(const OpInfo& info, const at::Tensor& input, at::OptionalSy
   std::vector<int64_t> osize;
   std::vector<double> scales(info.nd, 0.0);
   if (has_size) {
-    osize = ints(*output_size);
+    osize = C10_AS_INTARRAYREF_SLOW(*output_size).vec();
     TORCH_CHECK_VALUE(static_cast<int64_t>(osize.size()) == info.nd, "output_size must have ", info.nd, " entries");
   } else {
     const auto& f = *scale_factors;
@@ -421,7 +417,7 @@ at::Tensor upsample_vec_align_rule(const at::Tensor& input, at::OptionalSymIntAr
 at::Tensor forward_entry(const OpInfo& info, const at::Tensor& self, c10::SymIntArrayRef output_size, bool ac,
                          const std::vector<double>& scales) {
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor interpolate: the input must be the ShardTensor");
-  return interp_forward(self, info, ints(output_size), ac, scales);
+  return interp_forward(self, info, C10_AS_INTARRAYREF_SLOW(output_size).vec(), ac, scales);
 }
 
 // upsample_nearest1d(Tensor self, SymInt[1] output_size, float? scales=None), _upsample_nearest_exact1d likewise
@@ -482,8 +478,9 @@ at::Tensor backward_entry(const OpInfo& info, const at::Tensor& grad_output, c10
   for (size_t m = 0; m < gspec->placements.size(); ++m)
     if (gspec->placements[m].is_shard() && gspec->placements[m].dim < 2)
       ext[gspec->placements[m].dim] = gspec->extents[m];
-  auto in_spec = ShardSpec::make_with_dim_extents(mesh, gspec->placements, ints(input_size), ext);
-  return interp_backward(grad, in_spec, info, ints(output_size), ac, scales);
+  auto in_spec =
+      ShardSpec::make_with_dim_extents(mesh, gspec->placements, C10_AS_INTARRAYREF_SLOW(input_size).vec(), ext);
+  return interp_backward(grad, in_spec, info, C10_AS_INTARRAYREF_SLOW(output_size).vec(), ac, scales);
 }
 
 // upsample_nearest1d_backward(Tensor grad_output, SymInt[1] output_size, SymInt[3] input_size, float? scales=None),
@@ -603,7 +600,7 @@ at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntA
   auto x = aa_tensor(grad_output);
   const auto& g = shard_impl(x)->local();
   auto out = local_op(g, output_size, aa_local_input_size(input_size, g), align_corners, scales_h, scales_w);
-  return aa_wrap(out, x, ints(input_size));
+  return aa_wrap(out, x, C10_AS_INTARRAYREF_SLOW(input_size));
 }
 
 } // namespace

@@ -85,20 +85,16 @@ SpecPtr resolved_spec(const at::Tensor& t) {
   return without_partial(shard_impl(t)->spec());
 }
 
-std::vector<int64_t> ints(c10::SymIntArrayRef v) {
-  return C10_AS_INTARRAYREF_SLOW(v).vec();
-}
-
 // constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0)
 at::Tensor constant_pad_rule(const at::Tensor& self, c10::SymIntArrayRef pad, const at::Scalar& value) {
-  return pad_forward(self, ints(pad), comm::PadMode::Constant, value.toDouble());
+  return pad_forward(self, C10_AS_INTARRAYREF_SLOW(pad).vec(), comm::PadMode::Constant, value.toDouble());
 }
 
 // reflection_pad{1,2,3}d(Tensor self, SymInt[2|4|6] padding), replication_pad{1,2,3}d likewise: a mode's three
 // schemas differ only in the length of `padding`, which pad_dims reads from the list, so one rule serves them.
 template <comm::PadMode Mode>
 at::Tensor mode_pad_rule(const at::Tensor& self, c10::SymIntArrayRef padding) {
-  return pad_forward(self, ints(padding), Mode, 0.0);
+  return pad_forward(self, C10_AS_INTARRAYREF_SLOW(padding).vec(), Mode, 0.0);
 }
 
 // The backward op of a mode's pad of `rank` spatial dims, for messages.
@@ -112,7 +108,8 @@ template <comm::PadMode Mode, int64_t Rank>
 at::Tensor mode_pad_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, c10::SymIntArrayRef padding) {
   static const auto name = pad_backward_name(Mode, Rank);
   auto mesh = dispatch::common_mesh(name, {grad_output, self});
-  return pad_backward(grad_output, resolved_spec(dispatch::as_shard(self, mesh)), ints(padding), Mode);
+  return pad_backward(grad_output, resolved_spec(dispatch::as_shard(self, mesh)),
+                      C10_AS_INTARRAYREF_SLOW(padding).vec(), Mode);
 }
 
 // _pad_circular is composite-implicit (slices and cat, which would gather the sharded dim): bound above autograd

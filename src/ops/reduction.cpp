@@ -120,7 +120,7 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
   auto self = args.tensor("self");
   raise_like_torch_if_empty(self, [&](const at::Tensor& empty) {
     torch::jit::Stack probe(args.all().begin(), args.all().end());
-    probe[0] = empty; // self is every reduction's first argument
+    dispatch::NamedArgs(op, &probe).set("self", empty);
     op.callBoxed(probe);
   });
   auto* impl = shard_impl(self);
