@@ -35,9 +35,11 @@ std::pair<int64_t, int64_t> outer_inner(at::IntArrayRef shape, int64_t dim) {
 at::Tensor pack_rows(const at::Tensor& t, int64_t dim, const at::Tensor& index) {
   if (index.numel() == 0) return t.narrow(dim, 0, 0);
 #ifdef SHARDTENSOR_HAVE_CUDA
-  if (t.is_cuda()) {
+  // The kernel reads a contiguous [outer, dim, inner] block; a strided shard (channels-last, a transposed view)
+  // goes through index_select, which reads its strides, instead of copying the whole shard to pack a few rows.
+  if (t.is_cuda() && t.is_contiguous()) {
     c10::cuda::CUDAGuard guard(t.device());
-    auto src = t.contiguous();
+    const auto& src = t;
     auto idx = index.device() == src.device() ? index : index.to(src.device());
     auto out = at::empty(shape_with(src.sizes(), dim, idx.numel()), src.options());
     auto [outer, inner] = outer_inner(src.sizes(), dim);

@@ -117,6 +117,26 @@ std::vector<at::Tensor> resolve_qkv(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// A learned additive bias (a relative position bias gathered from a parameter table) needs the gradient of the
+// scores, which the fused block kernels do not return. Such calls are the math form through ops that have rules
+// and their own backward: scores = q k^T * scale + bias, softmax over the keys, times v. With the sequence whole
+// on every rank (windows or grids folded into the batch dim, as in Swin/CoAtNet/MaxViT) every op is local; with
+// the key sequence sharded the score contraction gathers the keys (the matmul rule), so memory grows with the
+// full key length on each rank.
+at::Tensor attention_with_bias_grad(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                    const at::Tensor& bias, bool is_causal, std::optional<double> scale, int64_t gqa) {
+  TORCH_CHECK_VALUE(!is_causal, "scaled_dot_product_attention: attn_mask and is_causal cannot both be set");
+  const auto nd = query.dim();
+  auto k = key, v = value;
+  if (gqa > 1) {
+    k = k.repeat_interleave(gqa, nd - 3);
+    v = v.repeat_interleave(gqa, nd - 3);
+  }
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+  auto scores = at::matmul(query, k.transpose(-2, -1)).mul(sc).add(bias);
+  return at::matmul(at::softmax(scores, -1), v);
+}
+
 at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                       std::optional<double> scale, bool enable_gqa) {
@@ -160,11 +180,13 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
            "dropout_p > 0 is not supported (the dropout pattern could not match single-device randomness)",
            "pass dropout_p=0.0 (e.g. module.eval() or dropout=0 in nn.MultiheadAttention), or run attention on "
            "full tensors");
-  if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled())
-    refuse(query, key, value, attn_mask, "a gradient for attn_mask is not supported",
-           "pass attn_mask.detach()");
   if (mask_t.defined())
     TORCH_CHECK_VALUE(mask_t.dim() <= nd, "scaled_dot_product_attention: attn_mask has more dims than query");
+  if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled()) {
+    TORCH_CHECK_VALUE(at::isFloatingType(mask_t.scalar_type()),
+                      "scaled_dot_product_attention: an attn_mask that requires grad must be floating point");
+    return attention_with_bias_grad(query, key, value, mask_t, is_causal, scale, gqa);
+  }
 
   // Canonical inputs: ShardTensors without Partial.
   auto qkv = resolve_qkv({as_shard_input(query, mesh), as_shard_input(key, mesh), as_shard_input(value, mesh)});

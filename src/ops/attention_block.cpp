@@ -110,7 +110,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_block_backward(const at::Ten
   return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
 }
 
+// One bias-free block through a fused kernel (the head dim has unit stride): output and log-sum-exp in fp32/acc.
+std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor& q, const at::Tensor& ke, const at::Tensor& ve,
+                                                      const BlockCfg& c, bool diag) {
+  if (cuda_fused_ok(q, ve, c)) {
+    if (q.scalar_type() != at::kFloat) {
+      auto o = at::_scaled_dot_product_flash_attention(q, ke, ve, 0.0, diag, false, c.scale);
+      return {std::get<0>(o).to(at::kFloat), std::get<1>(o).to(at::kFloat)};
+    }
+    // The efficient kernel pads its log-sum-exp rows to a multiple of 32.
+    auto o = at::_scaled_dot_product_efficient_attention(q, ke, ve, std::nullopt, true, 0.0, diag, c.scale);
+    return {std::get<0>(o).to(at::kFloat), std::get<1>(o).narrow(-1, 0, q.size(-2)).to(at::kFloat)};
+  }
+  const auto acc = accumulate_type(q);
+  auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, diag, std::nullopt, c.scale);
+  return {o.to(acc), lse.to(acc)};
+}
+
 } // namespace
+
+// The fused kernels (CPU flash, CUDA flash and memory-efficient) do not check the head dim's stride: a transposed
+// or permuted view (q = x.transpose(-1, -2), qkv[..., i, :]) gave silently wrong values. PyTorch's public entry
+// checks it before choosing them; these direct calls must ensure it.
+at::Tensor unit_stride_head(const at::Tensor& t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
 
 Visibility visibility(const BlockCfg& c, int64_t nq, int64_t ko, int64_t nk) {
   if (nq == 0 || nk == 0) return Visibility::None;
@@ -127,18 +151,11 @@ std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::T
   auto bias = diag ? at::Tensor() : block_bias(c, vis, r, q.device());
   auto ke = expand_heads(kb, c), ve = expand_heads(vb, c);
   const auto acc = accumulate_type(q);
-  if (!bias.defined() && cuda_fused_ok(q, vb, c)) {
-    if (q.scalar_type() != at::kFloat) {
-      auto o = at::_scaled_dot_product_flash_attention(q, ke, ve, 0.0, diag, false, c.scale);
-      return {std::get<0>(o).to(at::kFloat), std::get<1>(o).to(at::kFloat)};
-    }
-    // The efficient kernel pads its log-sum-exp rows to a multiple of 32.
-    auto o = at::_scaled_dot_product_efficient_attention(q, ke, ve, std::nullopt, true, 0.0, diag, c.scale);
-    return {std::get<0>(o).to(at::kFloat), std::get<1>(o).narrow(-1, 0, q.size(-2)).to(at::kFloat)};
-  }
-  if (!bias.defined() && flash_forward_ok(q, vb, c)) {
-    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, diag, std::nullopt, c.scale);
-    return {o.to(acc), lse.to(acc)};
+  if (!bias.defined() && fused) {
+    auto qd = unit_stride_head(q);
+    ke = unit_stride_head(ke);
+    ve = unit_stride_head(ve);
+    return fused_block_forward(qd, ke, ve, c, diag);
   }
   auto s = block_scores(q.to(acc), ke.to(acc), bias, c.scale);
   auto lse = s.logsumexp(-1);

@@ -31,6 +31,10 @@ inline at::ScalarType accumulate_type(const at::Tensor& q) {
 // How much of a block of `nk` keys at global offset `ko` the `nq` queries at c.qo may see.
 Visibility visibility(const BlockCfg& c, int64_t nq, int64_t ko, int64_t nk);
 
+// `t` with a unit-stride head dim (last): itself when it has one, else a contiguous copy. The fused kernels read
+// the head dim with unit stride without checking; a transposed/permuted q/k/v view must be made dense first.
+at::Tensor unit_stride_head(const at::Tensor& t);
+
 // One block's rows and columns: queries [q_start, q_start + nq) of the local sequence (global c.qo), keys
 // [k_start, k_start + nk) of the block (global ko).
 struct BlockRange {

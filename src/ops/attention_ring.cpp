@@ -83,7 +83,10 @@ struct RingFn : torch::autograd::Function<RingFn> {
     auto s = ring_setup(q, k, std::move(cfg));
     const auto nd = s.l.nd;
     const auto& qs = *shard_impl(q)->spec();
-    at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    // One dense copy of a strided local up front (the fused block kernels need a unit-stride head dim), not one
+    // per block and step.
+    at::Tensor ql = unit_stride_head(shard_impl(q)->local()), kb = unit_stride_head(shard_impl(k)->local()),
+               vb = unit_stride_head(shard_impl(v)->local());
     if (s.zigzag) {
       auto z = to_zigzag({ql, kb, vb}, s.sl, s.l);
       ql = z[0];
@@ -152,7 +155,8 @@ struct RingFn : torch::autograd::Function<RingFn> {
     auto out_spec = ShardSpec::make_with_dim_extents(s.l.mesh, qs.placements, grads[0].sizes().vec(), qs.dim_extents());
     auto g = local_aligned(resolve_partial(grads[0]), s.l.mesh, grads[0].sizes(), out_spec->placements,
                            out_spec->dim_extents());
-    at::Tensor ql = shard_impl(q)->local(), kb = shard_impl(k)->local(), vb = shard_impl(v)->local();
+    at::Tensor ql = unit_stride_head(shard_impl(q)->local()), kb = unit_stride_head(shard_impl(k)->local()),
+               vb = unit_stride_head(shard_impl(v)->local());
     if (s.zigzag) {
       // The same permutation as the forward (out and lse were saved in the zigzag layout).
       auto z = to_zigzag({g, ql, kb, vb}, s.sl, s.l);

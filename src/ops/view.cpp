@@ -1,6 +1,7 @@
 // Shape ops. A view that keeps each sharded dim a clean contiguous-range shard is local (no communication):
 // the sharded dim may be the outermost of merged dims, or split with its inner factor dividing every extent.
-// Slicing and selecting along a sharded dim use global indices; cat along a sharded dim gathers that dim.
+// Slicing and selecting along a sharded dim use global indices; cat along a sharded dim keeps it sharded when the
+// other inputs are whole along it (they join the edge ranks), else gathers that dim.
 #include "ops/common.h"
 
 #include "dispatch/write_back.h"
@@ -438,46 +439,91 @@ std::vector<at::Tensor> unbind_rule(const at::Tensor& self, int64_t dim_arg) {
   return pieces;
 }
 
+// The number of mesh dims on which `t` is sharded (plain tensors: 0).
+int64_t shard_count(const at::Tensor& t) {
+  if (!is_shard_tensor(t)) return 0;
+  int64_t n = 0;
+  for (const auto& p : spec_of(t).placements) n += p.is_shard() ? 1 : 0;
+  return n;
+}
+
 // cat(Tensor[] tensors, int dim=0)
+// The reference layout is the most sharded input (a promoted plain parameter is a Replicate ShardTensor and must not
+// decide it). Along an unsharded dim every input is brought to that layout and the cat is local. Along a dim sharded
+// on mesh dim m: when no other input is sharded on m (a class token, a constant pad), the pieces before the sharded
+// input join coordinate 0 and those after it the last coordinate, so the result stays sharded with no communication
+// (the edge extents grow); otherwise the dim is gathered, concatenated and re-split with the default rule.
 at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
   auto mesh = dispatch::common_mesh("aten::cat", list);
-  // Reference layout: the first ShardTensor with data.
   const ShardTensorImpl* ref = nullptr;
-  int64_t ndim = 0;
-  for (auto& t : list) {
-    if (!ref) ref = shard_impl(t);
+  int64_t ref_index = -1, ref_shards = -1, ndim = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
+    const auto& t = list[i];
     if (t.dim() > 0) ndim = t.dim();
+    if (is_shard_tensor(t) && shard_count(t) > ref_shards) {
+      ref = shard_impl(t);
+      ref_index = i;
+      ref_shards = shard_count(t);
+    }
   }
   const auto dim = wrap_dim(dim_arg, ndim);
   auto placements = without_partial(ref->spec())->placements;
   auto ext = ref->spec()->dim_extents();
   const auto m = ref->spec()->mesh_dim_of(dim);
-  if (m >= 0) {
-    // Concatenating along a sharded dim: gather that dim, concatenate, re-split with the default rule.
-    placements[m] = Placement::replicate();
-    ext.erase(dim);
-  }
-  std::vector<at::Tensor> locals;
+  auto skipped = [&](const at::Tensor& t) { return t.dim() == 1 && t.size(0) == 0 && ndim != 1; };  // legacy empty
+  bool whole_joiners = m >= 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(list.size()) && whole_joiners; ++i)
+    if (i != ref_index && !skipped(list[i]) && is_shard_tensor(list[i]) &&
+        spec_of(list[i]).placements[m].is_shard())
+      whole_joiners = false;
+  // Inputs other than the reference are read whole along the cat dim.
+  auto joiner_placements = placements;
+  if (m >= 0) joiner_placements[m] = Placement::replicate();
+  auto joiner_ext = ext;
+  if (m >= 0) joiner_ext.erase(dim);
+
   std::vector<int64_t> out_shape;
   for (auto& t : list) {
-    if (t.dim() == 1 && t.size(0) == 0 && ndim != 1) continue; // legacy empty tensors are skipped by cat
-    auto p = placements;
-    for (auto& pl : p)
-      if (pl.is_shard() && pl.dim >= t.dim()) pl = Placement::replicate();
-    locals.push_back(local_as(resolve_partial(dispatch::as_shard(t, mesh)), mesh, p, ext));
+    if (skipped(t)) continue;
     if (out_shape.empty()) {
       out_shape = t.sizes().vec();
     } else {
       out_shape[dim] += t.size(dim);
     }
   }
-  auto out = at::cat(locals, dim);
-  at::Tensor result = wrap(out, mesh, placements, out_shape, ext);
-  if (m >= 0) {
-    auto target = placements;
-    target[m] = Placement::shard(dim);
-    result = redistribute_to(result, ShardSpec::make(mesh, target, out_shape));
+  auto local_of = [&](const at::Tensor& t, const Placements& base, const DimExtents& e) {
+    auto p = base;
+    for (auto& pl : p)
+      if (pl.is_shard() && pl.dim >= t.dim()) pl = Placement::replicate();
+    return local_as(resolve_partial(dispatch::as_shard(t, mesh)), mesh, p, e);
+  };
+
+  if (whole_joiners) {
+    const auto n = mesh->size(m), me = mesh->coordinate(m);
+    int64_t before = 0, after = 0;
+    std::vector<at::Tensor> locals;
+    for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
+      const auto& t = list[i];
+      if (skipped(t)) continue;
+      if (i == ref_index) {
+        locals.push_back(local_of(t, placements, ext));
+        continue;
+      }
+      (i < ref_index ? before : after) += t.size(dim);
+      if ((i < ref_index && me == 0) || (i > ref_index && me == n - 1))
+        locals.push_back(local_of(t, joiner_placements, joiner_ext));
+    }
+    auto out_ext = ext;
+    out_ext[dim].front() += before;
+    out_ext[dim].back() += after;
+    return wrap(at::cat(locals, dim), mesh, placements, out_shape, out_ext);
   }
+
+  std::vector<at::Tensor> locals;
+  for (auto& t : list)
+    if (!skipped(t)) locals.push_back(local_of(t, joiner_placements, joiner_ext));
+  at::Tensor result = wrap(at::cat(locals, dim), mesh, joiner_placements, out_shape, joiner_ext);
+  if (m >= 0) result = redistribute_to(result, ShardSpec::make_with_dim_extents(mesh, placements, out_shape, joiner_ext));
   return result;
 }
 

@@ -2,7 +2,8 @@
 outputs and q/k/v gradients; ring and head-parallel all-to-all strategies; uneven shards (a rank with one token,
 zero-extent ranks), causal, boolean/additive masks (plain and sharded with the queries), scale, GQA,
 cross-attention with independent shards, q-replicated and k/v-replicated layouts, 2-D meshes, bf16,
-nn.MultiheadAttention, and the refusals (dropout, sharded head dim, mismatched meshes, mask gradients)."""
+nn.MultiheadAttention, learned attention biases (mask gradients), batch-only (window) sharding without
+communication, and the refusals (dropout, sharded head dim, mismatched meshes)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -211,6 +212,55 @@ def case_inference():
     return True
 
 
+def _rel_bias(table, n):
+    """A relative position bias (heads, n, n) gathered from a (2n-1, heads) table, as Swin/CoAtNet/MaxViT do."""
+    idx = torch.arange(n).unsqueeze(1) - torch.arange(n).unsqueeze(0) + n - 1
+    return table[idx].permute(2, 0, 1)
+
+
+def case_learned_bias(kind):
+    """attn_mask that requires grad: a learned relative position bias (through an index of a plain table, and a
+    plain leaf), windows folded into the batch dim (sharded) or the sequence sharded (ring form: keys gathered)."""
+    m = mesh()
+    w = m.size()
+    n = 6
+    q, k, v = (randn(5, 2, n, 4, seed=s) for s in (91, 92, 93))
+    table = randn(2 * n - 1, 2, seed=94)
+    leaf = randn(1, 2, n, n, seed=95)
+    lay = ([st.Shard(0)], {0: uneven_extents(5, w, seed=96)}) if kind == "windows" else \
+        ([st.Shard(2)], {0: uneven_extents(n, w, seed=97)})
+    check_op(lambda a, b, c, t: F.scaled_dot_product_attention(a, b, c, attn_mask=_rel_bias(t, n)),
+             [q, k, v, table], [lay, lay, lay, None], m, **TOL, what=f"{kind} gathered bias",
+             expect_placements=lay[0])
+    check_op(lambda a, b, c, t: F.scaled_dot_product_attention(a, b, c, attn_mask=t, scale=0.3),
+             [q, k, v, leaf], [lay, lay, lay, None], m, **TOL, what=f"{kind} leaf bias")
+    # GQA with a learned bias.
+    k2, v2 = randn(5, 1, n, 4, seed=98), randn(5, 1, n, 4, seed=99)
+    check_op(lambda a, b, c, t: F.scaled_dot_product_attention(a, b, c, attn_mask=t, enable_gqa=True),
+             [q, k2, v2, leaf], [lay, lay, lay, None], m, **TOL, what=f"{kind} gqa leaf bias")
+    return True
+
+
+def case_batch_only_is_local():
+    """Windows folded into the batch dim: with only that dim sharded attention is local, forward and backward (no
+    collective), with a plain mask too, and the output keeps the batch shards."""
+    m = mesh()
+    w = m.size()
+    q, k, v = (randn(7, 2, 5, 4, seed=s) for s in (100, 101, 102))
+    mask = randn(2, 5, 5, seed=103)
+    ext = {0: uneven_extents(7, w, seed=104)}
+    qs, ks, vs = (st.distribute_tensor(t, m, [st.Shard(0)], ext).requires_grad_() for t in (q, k, v))
+    for strategy in ("auto", "ring", "all_to_all"):
+        with st.use_attention_strategy(strategy):
+            with st.CommCounter() as c:
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+                o.backward(torch.ones_like(o))
+            assert c.total_calls == 0, f"{strategy}: batch-sharded attention communicated: {dict(c.calls)}"
+            assert st.placements(o) == (st.Shard(0),)
+            close(full(o), F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TOL, what=strategy)
+    return True
+
+
 # ---- refusals (must raise on every rank) ----
 
 def _qkv(m, placements=(st.Shard(2),)):
@@ -238,11 +288,6 @@ def case_err_meshes():
     q, _, _ = _qkv(mesh())
     _, k, v = _qkv(mesh((2, 2)), (st.Replicate(), st.Shard(2)))
     F.scaled_dot_product_attention(q, k, v)
-
-
-def case_err_mask_grad():
-    q, k, v = _qkv(mesh())
-    F.scaled_dot_product_attention(q, k, v, attn_mask=randn(6, 6, seed=1, requires_grad=True))
 
 
 def case_err_a2a_heads():
@@ -346,11 +391,21 @@ def test_inference_mode():
     harness.run(3, case_inference)
 
 
+@pytest.mark.parametrize("kind", ["windows", "sequence"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_learned_bias(world, kind):
+    harness.run(world, case_learned_bias, kind)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_batch_only_is_local(world):
+    harness.run(world, case_batch_only_is_local)
+
+
 def test_refusals():
     harness.expect_error(2, case_err_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
     harness.expect_error(2, case_err_mha_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
     harness.expect_error(2, case_err_head_dim, match="dim -1 is sharded", kinds=("NotImplementedError",))
-    harness.expect_error(2, case_err_mask_grad, match="gradient for attn_mask", kinds=("NotImplementedError",))
 
 
 def test_refusals_2d():

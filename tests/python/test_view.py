@@ -105,3 +105,58 @@ def case_expand_partial():
 
 def test_expand_partial():
     harness.run(3, case_expand_partial)
+
+
+def case_cat_joins(seed):
+    """A whole tensor joining a sharded dim (a ViT/DeiT class or distillation token, a constant row) keeps the result
+    sharded with no communication, in grad mode too (the token is a plain tensor that requires grad, promoted to a
+    Replicate ShardTensor): pieces before the sharded input join the first rank, pieces after it the last."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 7, 4, seed=seed)
+    cls, dist_tok = randn(1, 1, 4, seed=seed + 1), randn(1, 1, 4, seed=seed + 2)
+    ext = uneven_extents(7, w, seed)
+    lay = ([st.Shard(1)], {0: ext})
+    fns = {
+        "cls": (lambda t, c, d: torch.cat([c.expand(2, -1, -1), t], 1), 1, 0),
+        "cls + distillation": (lambda t, c, d: torch.cat([c.expand(2, -1, -1), d.expand(2, -1, -1), t], 1), 2, 0),
+        "append": (lambda t, c, d: torch.cat([t, c.expand(2, -1, -1)], 1), 0, 1),
+        "both sides": (lambda t, c, d: torch.cat([c.expand(2, -1, -1), t, d.expand(2, -1, -1)], dim=-2), 1, 1),
+    }
+    for name, (fn, before, after) in fns.items():
+        for grad in (True, False):
+            out = check_op(fn, [x, cls, dist_tok], [lay, None, None], m, grad=grad, what=f"cat {name} grad={grad}",
+                           expect_placements=[st.Shard(1)])
+            want = list(ext)
+            want[0] += before
+            want[-1] += after
+            assert list(st.sharding_shapes(out)[0]) == want, f"cat {name}: extents {st.sharding_shapes(out)}, expected {want}"
+        xs = st.distribute_tensor(x, m, lay[0], lay[1])
+        with st.CommCounter() as c:
+            fn(xs, cls.clone().requires_grad_(), dist_tok)
+        assert c.total_calls == 0, f"cat {name} communicated: {dict(c.calls)}"
+    # Two sharded inputs along the sharded dim still gather and re-split (correct, counted).
+    check_op(lambda t, c, d: torch.cat([t, t * 2], 1), [x, cls, dist_tok], [lay, None, None], m, what="cat two sharded",
+             expect_placements=[st.Shard(1)])
+    return True
+
+
+def case_cat_joins_2d():
+    """2-D mesh: tokens on mesh dim 0, batch on mesh dim 1; the class token joins the token dim's first rank and is
+    sliced along the batch shards."""
+    m = mesh((2, 2))
+    x = randn(3, 6, 4, seed=5)
+    cls = randn(1, 1, 4, seed=6)
+    lay = ([st.Shard(1), st.Shard(0)], {0: [4, 2], 1: [1, 2]})
+    check_op(lambda t, c: torch.cat([c.expand(3, -1, -1), t], 1), [x, cls], [lay, None], m, what="cat 2-D",
+             expect_placements=[st.Shard(1), st.Shard(0)])
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_cat_joins_stay_sharded(world):
+    harness.run(world, case_cat_joins, world)
+
+
+def test_cat_joins_2d():
+    harness.run(4, case_cat_joins_2d)
