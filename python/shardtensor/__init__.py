@@ -204,7 +204,9 @@ def init_distributed(backend: Optional[str] = None, timeout=None):
     """``init_process_group`` from torchrun's environment: NCCL (with Gloo for CPU tensors) when CUDA is
     available, else Gloo. ``timeout`` (a ``datetime.timedelta`` or seconds; default ``DEFAULT_TIMEOUT``, 5 minutes)
     bounds every collective, so a rank whose peer died or raised fails with an error naming the op instead of
-    waiting for torch's default (10 to 30 minutes). Does nothing when a process group exists. Returns
+    waiting for torch's default (10 to 30 minutes). Does nothing when a process group exists. Without a launcher's
+    environment (no ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``: ``python train.py`` rather than torchrun) it starts a
+    one-process world on a free local port, so the same script is its own single-device reference. Returns
     (rank, world_size)."""
     if not dist.is_initialized():
         if timeout is None:
@@ -217,8 +219,24 @@ def init_distributed(backend: Optional[str] = None, timeout=None):
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend, timeout=timeout)
+        if _launched_by_torchrun():
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                                    timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _launched_by_torchrun() -> bool:
+    """True when a launcher set the env:// rendezvous variables (torchrun, or a user exporting them by hand)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def comm_stats() -> dict:

@@ -81,3 +81,23 @@ def test_init_distributed_timeout():
         assert out.returncode == 0, out.stderr
         assert float(out.stdout.strip().splitlines()[-1]) == expected, out.stdout
     assert st.DEFAULT_TIMEOUT == datetime.timedelta(minutes=5)
+
+
+def test_init_distributed_without_launcher():
+    """`python train.py` (no torchrun environment) is a one-process world: the script is its own single-device
+    reference, and sharded ops run on a 1-rank mesh."""
+    code = textwrap.dedent("""
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        import shardtensor as st
+        assert st.init_distributed() == (0, 1)
+        assert st.init_distributed() == (0, 1)  # a second call keeps the group
+        x = st.distribute_tensor(torch.arange(6.0).reshape(2, 3), init_device_mesh("cpu", (1,)), [st.Shard(0)])
+        print((x * 2).sum().item())
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                                              "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip().splitlines()[-1]) == 30.0, out.stdout
