@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import types
 from typing import Optional, Sequence
 
 import torch
@@ -313,10 +314,22 @@ class ShardTensorHostAccessError(TypeError, RuntimeError):
     the type); also a RuntimeError, which PyTorch raised here before (a wrapper without storage)."""
 
 
+def _shard_method(fn, name):
+    """``fn`` as a method of ShardTensors only: on a plain tensor the attribute lookup itself raises
+    NotAShardTensorError (a TypeError and an AttributeError), so DTensor-style duck typing
+    (``hasattr(t, "full_tensor")``, ``hasattr(t, "redistribute")``) stays False on plain tensors."""
+
+    def getter(self):
+        _check(self, name)
+        return types.MethodType(fn, self)
+
+    return property(getter, doc=fn.__doc__)
+
+
 def _install_tensor_methods():
-    torch.Tensor.full_tensor = full_tensor
-    torch.Tensor.to_local = to_local
-    torch.Tensor.redistribute = redistribute
+    torch.Tensor.full_tensor = _shard_method(full_tensor, "full_tensor")
+    torch.Tensor.to_local = _shard_method(to_local, "to_local")
+    torch.Tensor.redistribute = _shard_method(redistribute, "redistribute")
     torch.Tensor.placements = property(placements)
     torch.Tensor.device_mesh = property(device_mesh)
     torch.Tensor.sharding_shapes = property(sharding_shapes)

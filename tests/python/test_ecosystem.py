@@ -35,9 +35,10 @@ def test_placements_are_torchs():
 
 
 def test_plain_tensors_hasattr_and_isinstance():
-    """hasattr must not raise (properties raise a TypeError that is also an AttributeError)."""
+    """hasattr must not raise and is False on plain tensors (DTensor duck typing: `hasattr(t, "full_tensor")`); the
+    attributes raise a TypeError that is also an AttributeError."""
     t = torch.randn(2)
-    for name in ("placements", "device_mesh", "sharding_shapes"):
+    for name in ("placements", "device_mesh", "sharding_shapes", "full_tensor", "to_local", "redistribute"):
         assert not hasattr(t, name)
         assert getattr(t, name, "default") == "default"
         with pytest.raises(TypeError, match="expected a ShardTensor"):
