@@ -280,8 +280,21 @@ at::Tensor full_tensor(const at::Tensor& shard) {
 at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements,
                              const ShardingShapes& sharding_shapes) {
   TORCH_CHECK_VALUE(mesh, "distribute_tensor: mesh is null");
+  TORCH_CHECK_TYPE(full.defined() && !is_shard_tensor(full), "distribute_tensor: expected a plain tensor, got ",
+                   full.defined() ? "a ShardTensor" : "None");
+  // Each rank slices its shard from its own copy, so ranks passing different placements or extents would build
+  // silently inconsistent shards (Shard(0) on one rank, Shard(1) on another). One round compares what they pass.
+  comm::check_agreement(
+      *mesh,
+      {{"mesh shape", comm::digest(mesh->shape()), shown(mesh->shape())},
+       {"global shape", comm::digest(full.sizes().vec()), shown(full.sizes().vec())},
+       {"dtype", static_cast<int64_t>(full.scalar_type()), c10::toString(full.scalar_type())},
+       {"device type", static_cast<int64_t>(full.device().type()), c10::DeviceTypeName(full.device().type())},
+       {"placements", comm::digest(to_string(placements)), to_string(placements)},
+       {"sharding_shapes", comm::digest(flat_shapes(sharding_shapes)), shown(sharding_shapes)}},
+      "distribute_tensor");
   Placements rep(mesh->ndim(), Placement::replicate());
-  auto replicated = from_local(full, mesh, rep, ShapeInference::Even, {}, full.sizes().vec());
+  auto replicated = from_local(full, mesh, rep, ShapeInference::Even, {}, full.sizes().vec(), /*check=*/false);
   return redistribute(replicated, std::move(placements), sharding_shapes);
 }
 

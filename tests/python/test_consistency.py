@@ -1,5 +1,5 @@
 """Ranks that disagree raise on every rank (never a wrong number, a hang or an abort): from_local's and
-scatter_tensor's agreement checks, scatter_tensor's src problems sent with the metadata, and the opt-in per-op check
+scatter_tensor's and distribute_tensor's agreement checks, scatter_tensor's src problems sent with the metadata, and the opt-in per-op check
 (SHARDTENSOR_CHECK_CONSISTENCY)."""
 import pytest
 import torch
@@ -73,6 +73,34 @@ def test_from_local_disagreement_raises(case, match):
 def test_from_local_disagreement_raises_3_ranks():
     harness.expect_error(3, bad_explicit_extents, match="sharding_shapes", kinds=("ValueError",))
     harness.expect_error(3, bad_local_fit_even, match="fits the layout", kinds=("ValueError",))
+
+
+def bad_distribute_shard_dim():
+    """A square tensor with Shard(0) on rank 0 and Shard(1) elsewhere: every rank could slice a shard, so without
+    the check the result was silently inconsistent."""
+    m = mesh()
+    st.distribute_tensor(torch.zeros(4, 4), m, [st.Shard(0)] if rank() == 0 else [st.Shard(1)])
+
+
+def bad_distribute_extents():
+    m = mesh()
+    ext = [3, 1] if rank() == 0 else [1, 3]
+    st.distribute_tensor(torch.zeros(4, 2), m, [st.Shard(0)], sharding_shapes={0: ext})
+
+
+def bad_distribute_shape():
+    m = mesh()
+    st.distribute_tensor(torch.zeros(4 if rank() == 0 else 5, 2), m, [st.Shard(0)])
+
+
+@pytest.mark.parametrize("case,match", [
+    (bad_distribute_shard_dim, "placements"),
+    (bad_distribute_extents, "sharding_shapes"),
+    (bad_distribute_shape, "global shape"),
+])
+def test_distribute_tensor_disagreement_raises(case, match):
+    errors = harness.expect_error(2, case, match=match, kinds=("ValueError",))
+    assert all("ranks disagree" in msg for _, msg, _ in errors.values())
 
 
 def test_from_local_2d_inconsistent_inference_raises():
@@ -151,11 +179,13 @@ def test_scatter_errors_raise_everywhere(case, match):
 # ---- the opt-in per-op check ----
 
 def _disagreeing_layout():
-    # distribute_tensor slices locally and checks nothing, so ranks can build different layouts of one tensor.
+    # from_local(check=False) compares nothing, so ranks can build different layouts of one tensor.
     m = mesh()
     w = m.size()
     ext = [4] + [0] * (w - 1) if rank() == 0 else [0] * (w - 1) + [4]
-    return st.distribute_tensor(torch.arange(8.0).view(4, 2), m, [st.Shard(0)], {0: ext})
+    full = torch.arange(8.0).view(4, 2)
+    local = full[sum(ext[:rank()]):sum(ext[:rank() + 1])].clone()
+    return st.from_local(local, m, [st.Shard(0)], {0: ext}, global_shape=(4, 2), check=False)
 
 
 def per_op_check_catches_layouts():
