@@ -24,6 +24,17 @@ bool needs_host_staging(c10d::ProcessGroup& pg, const at::Tensor& t) {
   return true;
 }
 
+// c10d's backends move no complex tensors (Gloo rejects them; torch.distributed's Python API views them as real
+// before calling c10d). Collectives here do the same: a complex tensor travels as its real view, a trailing dim
+// of 2 (a view, no copy).
+bool travels_as_real(const at::Tensor& t) {
+  return t.defined() && at::isComplexType(t.scalar_type());
+}
+
+at::Tensor real_view(const at::Tensor& t) {
+  return at::view_as_real(t.resolve_conj());
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
@@ -86,10 +97,19 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
   pending.out = at::empty({recv_total}, opts.device(pending.in.device()));
   pending.recv_numels = recv_numels;
   auto recv_splits = recv_numels;
+  // Complex data travels as its real view (2 reals per element); `out` stays the complex view of the buffer.
+  auto wire_in = pending.in, wire_out = pending.out;
+  if (travels_as_real(pending.in)) {
+    wire_in = real_view(pending.in).reshape({-1});
+    wire_out = at::view_as_real(pending.out).reshape({-1});
+    for (auto& n : recv_splits) n *= 2;
+    for (auto& n : send_splits) n *= 2;
+    pending.in = wire_in;  // keeps the sent buffer alive until the wait
+  }
   // Bytes that leave this rank: the piece addressed to itself stays (c10d copies it locally).
   const auto me = mesh.coordinate(mesh_dim);
-  record_collective("all_to_all", (pending.in.numel() - send_splits[me]) * pending.in.element_size());
-  pending.work = pg.alltoall_base(pending.out, pending.in, recv_splits, send_splits);
+  record_collective("all_to_all", (wire_in.numel() - send_splits[me]) * wire_in.element_size());
+  pending.work = pg.alltoall_base(wire_out, wire_in, recv_splits, send_splits);
   return pending;
 }
 
@@ -138,6 +158,7 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
                         const Mesh& mesh, int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return local;
+  if (travels_as_real(local)) return at::view_as_complex(all_gather_v(real_view(local), dim, extents, mesh, mesh_dim));
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   int64_t max_extent = 0;
@@ -174,6 +195,11 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
 at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return local.clone();
+  if (travels_as_real(local)) {
+    TORCH_CHECK_VALUE(op == ReduceOp::Sum || op == ReduceOp::Avg,
+                      "all_reduce of a complex tensor: only sum and avg are defined (complex numbers have no order)");
+    return at::view_as_complex(all_reduce(real_view(local), op, mesh, mesh_dim));
+  }
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, local);
@@ -271,6 +297,7 @@ at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vec
 
 at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, int64_t mesh_dim) {
   if (mesh.size(mesh_dim) == 1) return tensor;
+  if (travels_as_real(tensor)) return at::view_as_complex(broadcast(real_view(tensor), root, mesh, mesh_dim));
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, tensor);
@@ -290,6 +317,13 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   const auto n = mesh.size(mesh_dim);
   const auto me = mesh.coordinate(mesh_dim);
   if (n == 1) return full;
+  if (at::isComplexType(c10::typeMetaToScalarType(options.dtype()))) {
+    auto real_shape = full_shape;
+    real_shape.push_back(2);
+    auto real_opts = options.dtype(c10::toRealValueType(c10::typeMetaToScalarType(options.dtype())));
+    return at::view_as_complex(scatter_v(me == root ? real_view(full) : full, root, dim, extents, real_shape,
+                                         real_opts, mesh, mesh_dim));
+  }
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   // c10d scatter needs equal sizes: pad every chunk to the largest extent, trim after.
