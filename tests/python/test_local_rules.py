@@ -213,8 +213,11 @@ def case_sharded_dim_refused(op):
     m = mesh()
     x = st.distribute_tensor(randn(5, 8), m, [st.Shard(1)])
     pairs = st.distribute_tensor(randn(5, 4, 2), m, [st.Shard(2)])
+    # FFTs along a sharded dim move the shard to another dim (test_fft_sharded.py); a 1-D signal has none.
+    signal = st.distribute_tensor(randn(8), m, [st.Shard(0)])
     {"sort": lambda: x.sort(1), "topk": lambda: x.topk(2, dim=-1), "argsort": lambda: x.argsort(),
-     "fft": lambda: torch.fft.fft(x), "rfft": lambda: torch.fft.rfft(x, dim=1), "fftn": lambda: torch.fft.fftn(x),
+     "fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
+     "fftn": lambda: torch.fft.fftn(signal),
      "cumprod": lambda: x.cumprod(1), "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
 
 

@@ -1,0 +1,190 @@
+// FFTs along sharded dims (the aten kernels behind torch.fft.*: _fft_r2c, _fft_c2c, _fft_c2r) by pencil transposes:
+// before a transform, every mesh dim that shards a transformed dim moves its shard to a dim that is not
+// transformed (one all-to-all each, decided from the spec alone), then the transform runs on the local tensor and
+// the result keeps that transposed layout (the next op handles any layout; an inverse transform moves the shard
+// back only if it must). When no untransformed dim can take a shard (a 1-D signal, every dim transformed), the
+// transform is split into stages over disjoint dims — a multi-dim FFT is separable — and the shard moves between
+// the stages' dims: r2c = r2c(last) then c2c(rest); c2r = c2c(rest) then c2r(last); c2c = c2c(whole dims) then
+// c2c(the others). Each stage applies the normalization to its own dims, so the product is the requested one.
+// Transforms along unsharded dims only stay the along-dims rule's (sort_fft.cpp): local, layout kept.
+#include "ops/common.h"
+
+#include <ATen/ops/_fft_c2c.h>
+#include <ATen/ops/_fft_c2r.h>
+#include <ATen/ops/_fft_r2c.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using LocalTransform = std::function<at::Tensor(const at::Tensor& local, const std::vector<int64_t>& dims)>;
+
+const ShardSpec& spec_of(const at::Tensor& t) {
+  return *shard_impl(t)->spec();
+}
+
+std::vector<int64_t> wrapped(at::IntArrayRef dims, int64_t ndim) {
+  std::vector<int64_t> out;
+  for (auto d : dims) out.push_back(wrap_dim(d, ndim));
+  return out;
+}
+
+bool any_sharded(const ShardSpec& spec, const std::vector<int64_t>& dims) {
+  return std::any_of(dims.begin(), dims.end(), [&](int64_t d) { return spec.mesh_dim_of(d) >= 0; });
+}
+
+// Moves every shard of the `stage` dims onto another dim: first choice a dim no transform of this call touches
+// (`transformed`), the largest; else a transformed dim outside this stage, the largest; ties to the lower dim. The
+// choice depends on the spec only, so every rank issues the same all-to-alls.
+at::Tensor make_local(const at::Tensor& x, const std::vector<int64_t>& stage, const std::vector<int64_t>& transformed,
+                      const char* op) {
+  const auto& spec = spec_of(x);
+  auto placements = spec.placements;
+  auto ext = spec.dim_extents();
+  std::set<int64_t> busy;  // dims sharded now or chosen as targets
+  for (const auto& p : placements)
+    if (p.is_shard()) busy.insert(p.dim);
+  bool moved = false;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_shard() || std::find(stage.begin(), stage.end(), placements[m].dim) == stage.end()) continue;
+    const auto ranks = spec.mesh->size(static_cast<int64_t>(m));
+    int64_t best = -1;
+    // An untransformed dim with at least one element per rank first (one all-to-all for the whole call), then a
+    // transformed dim of another stage, then a small untransformed dim (a batch or channel of 1 would leave ranks
+    // idle).
+    auto rank_of = [&](int64_t d) {
+      const bool untransformed = std::find(transformed.begin(), transformed.end(), d) == transformed.end();
+      return untransformed && x.size(d) >= ranks ? 2 : untransformed ? 0 : 1;
+    };
+    auto better = [&](int64_t d) {
+      if (best < 0) return true;
+      if (rank_of(d) != rank_of(best)) return rank_of(d) > rank_of(best);
+      return x.size(d) > x.size(best);
+    };
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      if (busy.count(d) || std::find(stage.begin(), stage.end(), d) != stage.end()) continue;
+      if (better(d)) best = d;
+    }
+    if (best < 0)
+      dispatch::not_implemented(std::string("the FFT (") + op + ") transforms sharded dim " +
+                                std::to_string(placements[m].dim) +
+                                " and no other dim can hold its shard during the transform (every dim is transformed "
+                                "or already sharded); redistribute that dim to Replicate() first");
+    ext.erase(placements[m].dim);
+    placements[m] = Placement::shard(best);
+    ext[best] = default_split(x.size(best), spec.mesh->size(static_cast<int64_t>(m)));
+    busy.insert(best);
+    moved = true;
+  }
+  if (!moved) return x;
+  return redistribute_to(x, ShardSpec::make_with_dim_extents(spec.mesh, placements, x.sizes().vec(), ext));
+}
+
+// Runs `fn` on the local tensor of `x` (no transformed dim sharded) and wraps the result in `x`'s layout; the
+// transformed dims' sizes come from the local result. A rank whose shard is empty along a sharded dim runs on one
+// row there (MKL's FFT refuses empty input that one device never passes it) and keeps none of the result.
+at::Tensor run_local(const at::Tensor& x, const std::vector<int64_t>& dims, const LocalTransform& fn) {
+  const auto& spec = spec_of(x);
+  auto local = shard_impl(x)->local().resolve_conj().resolve_neg();
+  std::vector<int64_t> emptied;
+  if (local.numel() == 0)
+    for (const auto& [d, e] : spec.dim_extents())
+      if (local.size(d) == 0) emptied.push_back(d);
+  if (!emptied.empty()) {
+    auto shape = local.sizes().vec();
+    for (auto d : emptied) shape[d] = 1;
+    if (std::all_of(shape.begin(), shape.end(), [](int64_t n) { return n > 0; }))
+      local = at::zeros(shape, local.options());
+    else
+      emptied.clear();
+  }
+  auto out = fn(local, dims);
+  for (auto d : emptied) out = out.narrow(d, 0, 0);
+  auto shape = out.sizes().vec();
+  const auto ext = spec.dim_extents();
+  for (const auto& [d, e] : ext) {
+    int64_t n = 0;
+    for (auto v : e) n += v;
+    shape[d] = n;
+  }
+  return wrap(out, spec.mesh, spec.placements, shape, ext);
+}
+
+struct Stage {
+  std::vector<int64_t> dims;
+  LocalTransform fn;
+};
+
+at::Tensor run_stages(const at::Tensor& self, const std::vector<int64_t>& dims, const std::vector<Stage>& staged,
+                      const LocalTransform& whole, const char* op) {
+  auto x = resolve_partial(self);
+  // One stage when every shard of a transformed dim can move to an untransformed dim.
+  int64_t sharded_transformed = 0, free_dims = 0;
+  const auto& spec = spec_of(x);
+  for (auto d : dims) sharded_transformed += spec.mesh_dim_of(d) >= 0 ? 1 : 0;
+  int64_t ranks = 1;
+  for (auto d : dims)
+    if (spec.mesh_dim_of(d) >= 0) ranks = std::max(ranks, spec.mesh->size(spec.mesh_dim_of(d)));
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (spec.mesh_dim_of(d) < 0 && std::find(dims.begin(), dims.end(), d) == dims.end() && x.size(d) >= ranks)
+      ++free_dims;
+  if (free_dims >= sharded_transformed) return run_local(make_local(x, dims, dims, op), dims, whole);
+  for (const auto& s : staged) {
+    if (s.dims.empty()) continue;
+    x = run_local(make_local(x, s.dims, dims, op), s.dims, s.fn);
+  }
+  return x;
+}
+
+// _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+at::Tensor fft_r2c_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t normalization, bool onesided) {
+  const auto dims = wrapped(dim, self.dim());
+  auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
+    return at::_fft_r2c(l, d, normalization, onesided);
+  };
+  if (!any_sharded(spec_of(self), dims)) return run_local(resolve_partial(self), dims, whole);
+  const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
+  auto c2c = [=](const at::Tensor& l, const std::vector<int64_t>& d) { return at::_fft_c2c(l, d, normalization, true); };
+  return run_stages(self, dims, {{last, whole}, {rest, c2c}}, whole, "_fft_r2c");
+}
+
+// _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
+at::Tensor fft_c2r_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t normalization, c10::SymInt last_dim_size) {
+  const auto dims = wrapped(dim, self.dim());
+  const auto n = last_dim_size.expect_int();
+  auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
+    return at::_fft_c2r(l, d, normalization, n);
+  };
+  if (!any_sharded(spec_of(self), dims)) return run_local(resolve_partial(self), dims, whole);
+  const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
+  auto c2c = [=](const at::Tensor& l, const std::vector<int64_t>& d) { return at::_fft_c2c(l, d, normalization, false); };
+  return run_stages(self, dims, {{rest, c2c}, {last, whole}}, whole, "_fft_c2r");
+}
+
+// _fft_c2c(Tensor self, SymInt[] dim, int normalization, bool forward) -> Tensor
+at::Tensor fft_c2c_rule(const at::Tensor& self, c10::SymIntArrayRef dim, int64_t normalization, bool forward) {
+  const auto dims = wrapped(C10_AS_INTARRAYREF_SLOW(dim), self.dim());
+  auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
+    return at::_fft_c2c(l, d, normalization, forward);
+  };
+  const auto& spec = spec_of(self);
+  if (!any_sharded(spec, dims)) return run_local(resolve_partial(self), dims, whole);
+  std::vector<int64_t> local_dims, sharded_dims;
+  for (auto d : dims) (spec.mesh_dim_of(d) >= 0 ? sharded_dims : local_dims).push_back(d);
+  return run_stages(self, dims, {{local_dims, whole}, {sharded_dims, whole}}, whole, "_fft_c2c");
+}
+
+} // namespace
+
+void register_fft() {
+  // Replaces the along-dims rule of these three ops (registered before): the local case is the same.
+  dispatch::set_handler("aten::_fft_r2c", typed_handler(&fft_r2c_rule));
+  dispatch::set_handler("aten::_fft_c2r", typed_handler(&fft_c2r_rule));
+  dispatch::set_handler("aten::_fft_c2c", typed_handler(&fft_c2c_rule));
+}
+
+} // namespace shardtensor::ops

@@ -1,0 +1,179 @@
+"""torch.fft along sharded dims (pencil transposes: the shard moves to an untransformed dim by one all-to-all, or
+between the stages of a separable transform when none can take it) against one device: every transform and norm
+mode, n=/s= padding and cropping, uneven and zero extents, 1-D and 2-D meshes, layouts and collective counts,
+gradients, an FNO-style spectral block, and the refusal when no dim can hold the shard."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import check_op, close, full, mesh, randn, tiny_extents, uneven_extents
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+NORMS = (None, "ortho", "forward")
+
+
+def _real(t):
+    """Outputs compared as real pairs (check_op's loss weights are real)."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
+def case_transforms(kind):
+    m = mesh()
+    w = m.size()
+    x = randn(3, 4, 10, 6, seed=1)
+    ext = uneven_extents(10, w, seed=2) if kind == "uneven" else tiny_extents(10, w)
+    lay = ([st.Shard(2)], {0: ext})
+    fns = {
+        "rfft2": lambda t, nm: torch.fft.rfft2(t, norm=nm),
+        "fft2": lambda t, nm: torch.fft.fft2(t, norm=nm),
+        "rfftn s": lambda t, nm: torch.fft.rfftn(t, s=(12, 5), dim=(2, 3), norm=nm),
+        "rfft along sharded": lambda t, nm: torch.fft.rfft(t, dim=2, norm=nm),
+        "fft n crop": lambda t, nm: torch.fft.fft(t, n=7, dim=2, norm=nm),
+        "ihfft": lambda t, nm: torch.fft.ihfft(t, dim=2, norm=nm),
+        "irfft2 of rfft2": lambda t, nm: torch.fft.irfft2(torch.fft.rfft2(t, norm=nm), s=(10, 6), norm=nm),
+        "ifft2 of fft2": lambda t, nm: torch.fft.ifft2(torch.fft.fft2(t, norm=nm), norm=nm).real,
+        "irfft along sharded": lambda t, nm: torch.fft.irfft(torch.fft.rfft(t, dim=2, norm=nm), n=10, dim=2, norm=nm),
+        "hfft": lambda t, nm: torch.fft.hfft(torch.fft.ihfft(t, dim=2), n=10, dim=2, norm=nm),
+    }
+    for name, fn in fns.items():
+        for nm in NORMS:
+            check_op(lambda t, fn=fn, nm=nm: _real(fn(t, nm)), [x], [lay], m, **TOL, what=f"{name} norm={nm}")
+    return True
+
+
+def case_layout_and_traffic():
+    """rfft2 of (B, C, H, W) with H sharded: one all-to-all moves the shard to the channels (the largest untransformed
+    dim with a row per rank); its inverse transforms locally in that layout."""
+    m = mesh()
+    w = m.size()
+    x = randn(1, 8, 9, 6, seed=3)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: uneven_extents(9, w, seed=4)})
+    with st.CommCounter() as c:
+        spec = torch.fft.rfft2(xs)
+    assert st.placements(spec) == (st.Shard(1),), st.placements(spec)
+    assert c.calls.get("all_to_all", 0) == (1 if w > 1 else 0) and c.total_calls == c.calls.get("all_to_all", 0), \
+        dict(c.calls)
+    with st.CommCounter() as c2:
+        back = torch.fft.irfft2(spec, s=(9, 6))
+    assert c2.total_calls == 0, dict(c2.calls)
+    close(full(back), x, **TOL, what="roundtrip")
+    close(full(spec), torch.fft.rfft2(x), **TOL, what="spectrum")
+    return True
+
+
+def case_staged():
+    """No untransformed dim can take the shard (a single-channel field, a 1-D signal): the transform is split into
+    stages and the shard moves between their dims."""
+    m = mesh()
+    w = m.size()
+    f = randn(1, 1, 11, 8, seed=5)
+    lay = ([st.Shard(2)], {0: uneven_extents(11, w, seed=6)})
+    for nm in NORMS:
+        check_op(lambda t, nm=nm: _real(torch.fft.rfft2(t, norm=nm)), [f], [lay], m, **TOL, what=f"staged rfft2 {nm}")
+        check_op(lambda t, nm=nm: torch.fft.irfft2(torch.fft.rfft2(t, norm=nm) * 2, s=(11, 8), norm=nm), [f], [lay],
+                 m, **TOL, what=f"staged irfft2 {nm}")
+        check_op(lambda t, nm=nm: _real(torch.fft.fft2(t, norm=nm)), [f], [lay], m, **TOL, what=f"staged fft2 {nm}")
+    # The width sharded: r2c along it needs the shard on the height first.
+    check_op(lambda t: _real(torch.fft.rfft2(t)), [f], [([st.Shard(3)], {0: uneven_extents(8, w, seed=7)})], m,
+             **TOL, what="staged rfft2, last dim sharded")
+    return True
+
+
+def case_2d_mesh():
+    m = mesh((2, 2))
+    x = randn(2, 4, 6, 5, seed=8)
+    # H and W sharded on different mesh dims: both shards move (to C and B).
+    lay = ([st.Shard(2), st.Shard(3)], {0: [2, 4], 1: [5, 0]})
+    for name, fn in (("rfft2", lambda t: _real(torch.fft.rfft2(t))),
+                     ("irfft2 of rfft2", lambda t: torch.fft.irfft2(torch.fft.rfft2(t), s=(6, 5))),
+                     ("fft along H only", lambda t: _real(torch.fft.fft(t, dim=2)))):
+        check_op(fn, [x], [lay], m, **TOL, what=f"2-D mesh {name}")
+    # Batch and channels sharded: no transformed dim is sharded, no communication.
+    xs = st.distribute_tensor(x, m, [st.Shard(0), st.Shard(1)])
+    with st.CommCounter() as c:
+        y = torch.fft.rfft2(xs)
+    assert c.total_calls == 0 and st.placements(y) == (st.Shard(0), st.Shard(1))
+    return True
+
+
+class SpectralConv2d(torch.nn.Module):
+    """An FNO spectral convolution in plain torch: rfft2, a per-mode complex contraction of the low modes with a
+    complex weight, irfft2."""
+
+    def __init__(self, cin, cout, modes):
+        super().__init__()
+        self.modes = modes
+        g = torch.Generator().manual_seed(9)
+        self.weight = torch.nn.Parameter(torch.randn(cin, cout, modes, modes, 2, generator=g) / (cin * cout))
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        xf = torch.fft.rfft2(x)
+        low = xf[..., : self.modes, : self.modes]
+        mixed = torch.einsum("bixy,ioxy->boxy", low, torch.view_as_complex(self.weight))
+        out = torch.nn.functional.pad(mixed, (0, w // 2 + 1 - self.modes, 0, h - self.modes))
+        return torch.fft.irfft2(out, s=(h, w))
+
+
+def case_fno_block():
+    m = mesh()
+    w = m.size()
+    torch.manual_seed(0)
+    block = SpectralConv2d(4, 4, 3)
+    skip = torch.nn.Conv2d(4, 4, 1)
+    x = randn(2, 4, 10, 8, seed=10)
+
+    def fno(t):
+        return torch.nn.functional.gelu(block(t) + skip(t))
+
+    ref_x = x.clone().requires_grad_()
+    ref = fno(ref_x)
+    ref.square().sum().backward()
+    ref_grads = [p.grad.clone() for p in (*block.parameters(), *skip.parameters())]
+    for p in (*block.parameters(), *skip.parameters()):
+        p.grad = None
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: uneven_extents(10, w, seed=11)}).requires_grad_()
+    out = fno(xs)
+    close(full(out), ref, **TOL, what="fno forward")
+    out.square().sum().backward()
+    close(full(xs.grad), ref_x.grad, **TOL, what="fno input grad")
+    for p, r in zip((*block.parameters(), *skip.parameters()), ref_grads):
+        close(full(p.grad) if st.is_shard_tensor(p.grad) else p.grad, r, rtol=1e-4, atol=1e-4, what="fno param grad")
+    return True
+
+
+def refuse_no_dim_for_the_shard():
+    m = mesh()
+    x = st.distribute_tensor(torch.randn(8), m, [st.Shard(0)])
+    torch.fft.fft(x)  # a 1-D signal: no other dim can hold the shard
+
+
+@pytest.mark.parametrize("kind", ["uneven", "tiny"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_transforms(world, kind):
+    harness.run(world, case_transforms, kind)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_layout_and_traffic(world):
+    harness.run(world, case_layout_and_traffic)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_staged(world):
+    harness.run(world, case_staged)
+
+
+def test_2d_mesh():
+    harness.run(4, case_2d_mesh)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fno_block(world):
+    harness.run(world, case_fno_block)
+
+
+def test_refusal():
+    harness.expect_error(2, refuse_no_dim_for_the_shard, match="no other dim can hold its shard",
+                         kinds=("NotImplementedError",))
