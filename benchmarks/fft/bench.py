@@ -150,7 +150,7 @@ def main():
         lines += [f"## P = {world}", "", "| transform | collectives | lower bound | output layout | max rel. error |",
                   "|---|---|---|---|---|"]
         for r in res["transforms"]:
-            lines.append(f"| {r['transform']} | {fmt(r['calls'], r['bytes'])} | {r["lower_bound_bytes"] / 1024:.1f} KiB"
+            lines.append(f"| {r['transform']} | {fmt(r['calls'], r['bytes'])} | {r['lower_bound_bytes'] / 1024:.1f} KiB"
                          f" | {r['output_placements']} | {r['max_rel_error']:.1e} |")
         peaks = res["fno_peak_bytes_per_rank"]
         single = res["fno_single_device_peak_bytes"]
