@@ -56,15 +56,18 @@ def run_one(name, world, mesh_shape, timeout, dtype):
         return {"model": name, "library": zoo_models.MODELS[name].library, "result": "hang",
                 "detail": f"no reply within {timeout:.0f} s", "seconds": round(time.perf_counter() - t0, 1)}
     except harness.RankError as e:  # outside run_model's own verdicts (arguments, pickling)
+        harness.discard(world)
         return {"model": name, "library": zoo_models.MODELS[name].library, "result": "raise",
                 "detail": str(e).splitlines()[0][:300], "seconds": round(time.perf_counter() - t0, 1)}
     except (EOFError, OSError) as e:  # a rank died (segfault, abort) or the pool broke
-        harness._pools.pop(world, None)
+        harness.discard(world)
         return {"model": name, "library": zoo_models.MODELS[name].library, "result": "crash",
                 "detail": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300],
                 "seconds": round(time.perf_counter() - t0, 1)}
     res = results[0]
     verdicts = {r["result"] for r in results}
+    if verdicts != {"pass"}:
+        harness.discard(world)  # a rank may have raised while another waited in a collective
     if len(verdicts) > 1:  # ranks disagree: report the worst
         order = ["wrong", "raise", "not-parallel", "pass"]
         res = min(results, key=lambda r: order.index(r["result"]) if r["result"] in order else 0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+import os
 import time
 import traceback
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -491,6 +492,8 @@ def _():
 # ------------------------------------------------------------------------------------ running and judging
 
 RTOL = {torch.float64: 1e-9, torch.float32: 2e-4}
+# SHARDTENSOR_ZOO_ANOMALY=1: a backward error also prints the forward stack of the op whose backward failed.
+ANOMALY = os.environ.get("SHARDTENSOR_ZOO_ANOMALY", "") not in ("", "0")
 GRAD_FLOOR = 1e-4   # a parameter gradient is compared relative to at least this fraction of the largest one
 
 
@@ -675,12 +678,12 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims),
                                   sharding_shapes=extents).requires_grad_()
         share = _ActivationShare(model)
-        with st.CommCounter() as fwd:
+        with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
             out = _flat_tensors(model(xs, **extra))
         share.remove()
         share.reduce()
         stage = "backward"
-        with st.CommCounter() as bwd:
+        with st.CommCounter() as bwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
             loss = sum((o * w).sum() for o, w in zip(out, weights) if o.is_floating_point())
             loss.backward()
         res["calls_forward"], res["calls_backward"] = _calls(fwd), _calls(bwd)

@@ -70,6 +70,8 @@ def test_zoo_model(name, world, mesh_shape, dims):
         pytest.skip(reason)
     results = harness.run(world, case_zoo, name, mesh_shape, dims, timeout=300)
     verdicts = {r["result"] for r in results}
+    if verdicts != {"pass"}:
+        harness.discard(world)  # a rank may have raised while another waited in a collective
     assert len(verdicts) == 1, f"{name}: ranks disagree: {[r['result'] + ' ' + r.get('detail', '') for r in results]}"
     r = results[0]
     assert r["result"] == "pass", f"{name}: {r['result']}: {r.get('detail')}\n{r.get('traceback', '')}"
@@ -132,5 +134,7 @@ for _cls in (_LocalNormalise, _Gathers, _Sorts):
     ("judge/Sorts", "raise", "NotImplementedError"),
 ])
 def test_zoo_judge_reports(name, verdict, detail):
-    for r in harness.run(2, case_zoo, name):
+    results = harness.run(2, case_zoo, name)
+    harness.discard(2)
+    for r in results:
         assert r["result"] == verdict and detail in r["detail"], r
