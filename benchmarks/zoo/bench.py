@@ -66,8 +66,16 @@ def run_one(name, world, mesh_shape, timeout, dtype):
                 "seconds": round(time.perf_counter() - t0, 1)}
     res = results[0]
     verdicts = {r["result"] for r in results}
-    if verdicts != {"pass"}:
+    if "raise" in verdicts:
         harness.discard(world)  # a rank may have raised while another waited in a collective
+    if verdicts == {"raise"} and len({r["detail"] for r in results}) > 1:
+        # Ranks raised differently: one refused, the others waited for it in a collective. The refusal is the
+        # row's error; that it was not raised on every rank is the second finding.
+        own = [r for r in results if "DistBackendError" not in r["detail"]]
+        res = dict(own[0] if own else res)
+        res["detail"] += " (raised on rank(s) " + ", ".join(str(i) for i, r in enumerate(results)
+                                                            if "DistBackendError" not in r["detail"]) + \
+            " only; the others timed out in a collective)"
     if len(verdicts) > 1:  # ranks disagree: report the worst
         order = ["wrong", "raise", "not-parallel", "pass"]
         res = min(results, key=lambda r: order.index(r["result"]) if r["result"] in order else 0)
@@ -139,7 +147,29 @@ def main():
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--list", action="store_true", help="print the model names and exit")
     results_dir.add_out_argument(ap)
+    ap.add_argument("--render", metavar="ZOO_JSON", action="append",
+                    help="only rewrite zoo.md from recorded zoo.json files (the patterns of patterns.py applied anew; "
+                    "a later file's rows replace an earlier one's of the same model); the commands and commits "
+                    "stay the recorded ones")
     args = ap.parse_args()
+    if args.render:
+        recs = []
+        for path in args.render:
+            with open(path) as f:
+                recs.append(json.load(f))
+        by_name = {}
+        for rec in recs:
+            by_name.update({r["model"]: r for r in rec["rows"]})
+        rows = [by_name[r["model"]] for r in recs[0]["rows"]] + \
+            [r for n, r in by_name.items() if n not in {x["model"] for x in recs[0]["rows"]}]
+        for r in rows:
+            r["pattern"] = classify(r)
+        rec = recs[0]
+        out = results_dir.prepare(args.out, measuring=False)
+        write(out, rows, "`; then `".join(r["command"] for r in recs), ", then ".join(r.get("commit", "?") for r in recs),
+              rec.get("layout", f"{rec['world']} ranks, a 1-D mesh, H (or the length) sharded"), rec["dtype"],
+              rec.get("minutes", sum(r.get("seconds", 0) for r in rows) / 60), rec["world"], rec.get("mesh"))
+        return
     pats = [p.strip() for p in args.models.split(",") if p.strip()]
     names = [n for n in zoo_models.MODELS if any(fnmatch.fnmatch(n, p) for p in pats)]
     if args.list:
@@ -155,6 +185,7 @@ def main():
     except ImportError:
         bar = None
     rows = []
+    commit = git_commit()
     t0 = time.perf_counter()
     try:
         for name in (bar if bar is not None else names):
@@ -169,11 +200,15 @@ def main():
         harness.close_all()
     elapsed = time.perf_counter() - t0
     layout = f"mesh {args.mesh}, H and W sharded" if mesh_shape else f"{world} ranks, a 1-D mesh, H (or the length) sharded"
+    write(out, rows, command, commit, layout, args.dtype, elapsed / 60, world, args.mesh)
+
+
+def write(out, rows, command, commit, layout, dtype, minutes, world, mesh):
     md = [f"# Model zoo: unmodified models, input sharded, against one process\n",
           f"Command: `{command}`\n",
-          f"Commit {git_commit()}, {platform.machine()}, torch {__import__('torch').__version__}, {layout}, "
-          f"{args.dtype}, uneven extents (multiples of a model's patch size where it has one), Gloo on CPU; "
-          f"{len(rows)} models in {elapsed / 60:.1f} min.\n",
+          f"Commit {commit}, {platform.machine()}, torch {__import__('torch').__version__}, {layout}, "
+          f"{dtype}, uneven extents (multiples of a model's patch size where it has one), Gloo on CPU; "
+          f"{len(rows)} models in {minutes:.1f} min.\n",
           f"**{summary(rows)}.**\n",
           "Each model: seeded random init, one training step (forward, a fixed random weighting of every output as "
           "the loss, backward) and one eval forward; compared: outputs, the input gradient, every parameter "
@@ -189,9 +224,9 @@ def main():
     with open(os.path.join(out, "zoo.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "zoo.json"), "w") as f:
-        json.dump({"command": command, "world": world, "mesh": args.mesh, "dtype": args.dtype, "rows": rows},
-                  f, indent=1, default=str)
-    print(f"\n{summary(rows)}; wrote {os.path.relpath(os.path.join(out, 'zoo.md'))} ({elapsed / 60:.1f} min)")
+        json.dump({"command": command, "commit": commit, "world": world, "mesh": mesh, "dtype": dtype,
+                   "layout": layout, "minutes": round(minutes, 2), "rows": rows}, f, indent=1, default=str)
+    print(f"\n{summary(rows)}; wrote {os.path.relpath(os.path.join(out, 'zoo.md'))} ({minutes:.1f} min)")
 
 
 if __name__ == "__main__":

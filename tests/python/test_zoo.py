@@ -37,23 +37,25 @@ def xfail(item, why):
 # (model, world, mesh shape, shard dims): every library, every kind of layer the zoo exercises.
 ZOO = [
     ("timm/resnet18", 2, None, None),
-    ("timm/efficientnet_b0", 2, None, None),
-    ("timm/convnext_atto", 3, None, None),
+    ("timm/efficientnet_b0", 3, None, None),
     ("timm/vit_tiny", 2, None, None),
-    ("monai/BasicUNet", 2, None, None),
+    ("timm/swin_tiny", 2, None, None),
+    ("timm/levit_128s", 2, None, None),
     ("monai/SegResNet", 3, None, None),
+    ("monai/ViT", 2, None, None),
     ("monai/UNet", 2, None, None),
+    ("monai/BasicUNet", 2, None, None),
+    ("monai/DenseNet", 4, (2, 2), None),
     ("smp/Unet-resnet18", 2, None, None),
     ("smp/FPN", 2, None, None),
     ("diffusers/UNet2DModel", 2, None, None),
-    ("diffusers/AutoencoderKL", 2, None, None),
-    ("physicsnemo/Pix2Pix", 2, None, None),
-    ("physicsnemo/UNet3d", 2, None, None),
-    ("physicsnemo/SRResNet3d", 2, None, None),
-    ("neuralop/FNO", 2, None, None),
-    ("smp/Unet-mobilenet_v2", 4, (2, 2), None),
 ]
-XFAIL = {}
+XFAIL = {
+    "timm/swin_tiny": xfail(5, "window partition view [2, 2, 2, 7, 7, 32] -> [8, 7, 7, 32] with Shard(1) refused"),
+    "timm/levit_128s": xfail(6, "flatten(0, 1) of (B, N, C) with N sharded (LeViT's BatchNorm1d on tokens)"),
+    "monai/UNet": xfail(3, "aten::_prelu_kernel has no rule (nn.PReLU, MONAI's default activation)"),
+    "monai/BasicUNet": xfail(2, "as_strided in backward: LeakyReLU(inplace=True) on InstanceNorm's output view"),
+}
 
 
 def _param(entry):
@@ -70,7 +72,7 @@ def test_zoo_model(name, world, mesh_shape, dims):
         pytest.skip(reason)
     results = harness.run(world, case_zoo, name, mesh_shape, dims, timeout=300)
     verdicts = {r["result"] for r in results}
-    if verdicts != {"pass"}:
+    if "raise" in verdicts:
         harness.discard(world)  # a rank may have raised while another waited in a collective
     assert len(verdicts) == 1, f"{name}: ranks disagree: {[r['result'] + ' ' + r.get('detail', '') for r in results]}"
     r = results[0]
@@ -135,6 +137,7 @@ for _cls in (_LocalNormalise, _Gathers, _Sorts):
 ])
 def test_zoo_judge_reports(name, verdict, detail):
     results = harness.run(2, case_zoo, name)
-    harness.discard(2)
+    if verdict == "raise":
+        harness.discard(2)
     for r in results:
         assert r["result"] == verdict and detail in r["detail"], r
