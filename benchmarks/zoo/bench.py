@@ -196,14 +196,20 @@ def main():
             rows.append(r)
             line = f"{r['result']:12s} {name:36s} {r.get('detail', '')[:110]}"
             (bar.write if bar is not None else print)(line)
+            # The table so far after every model: a run that is killed keeps what it measured.
+            write(out, rows, command, commit, layout(args, world, mesh_shape), args.dtype,
+                  (time.perf_counter() - t0) / 60, world, args.mesh, quiet=True)
     finally:
         harness.close_all()
-    elapsed = time.perf_counter() - t0
-    layout = f"mesh {args.mesh}, H and W sharded" if mesh_shape else f"{world} ranks, a 1-D mesh, H (or the length) sharded"
-    write(out, rows, command, commit, layout, args.dtype, elapsed / 60, world, args.mesh)
+    write(out, rows, command, commit, layout(args, world, mesh_shape), args.dtype, (time.perf_counter() - t0) / 60,
+          world, args.mesh)
 
 
-def write(out, rows, command, commit, layout, dtype, minutes, world, mesh):
+def layout(args, world, mesh_shape) -> str:
+    return f"mesh {args.mesh}, H and W sharded" if mesh_shape else f"{world} ranks, a 1-D mesh, H (or the length) sharded"
+
+
+def write(out, rows, command, commit, layout, dtype, minutes, world, mesh, quiet=False):
     md = [f"# Model zoo: unmodified models, input sharded, against one process\n",
           f"Command: `{command}`\n",
           f"Commit {commit}, {platform.machine()}, torch {__import__('torch').__version__}, {layout}, "
@@ -226,7 +232,8 @@ def write(out, rows, command, commit, layout, dtype, minutes, world, mesh):
     with open(os.path.join(out, "zoo.json"), "w") as f:
         json.dump({"command": command, "commit": commit, "world": world, "mesh": mesh, "dtype": dtype,
                    "layout": layout, "minutes": round(minutes, 2), "rows": rows}, f, indent=1, default=str)
-    print(f"\n{summary(rows)}; wrote {os.path.relpath(os.path.join(out, 'zoo.md'))} ({minutes:.1f} min)")
+    if not quiet:
+        print(f"\n{summary(rows)}; wrote {os.path.relpath(os.path.join(out, 'zoo.md'))} ({minutes:.1f} min)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ class Pattern:
 
 PATTERNS = [
     Pattern("rank-divergent refusal (as_strided_ on a Partial, channels-last global pooling)",
-            r"as_strided_ has no domain-parallel rule.*Partial",
+            r"as_strided_ has no domain-parallel rule",
             "`F.adaptive_avg_pool2d(x, 1)` of a channels-last sharded activation (timm's ConvNeXt/EdgeNeXt after "
             "their LayerNorm2d permutes) restrides its Partial(sum) result with `as_strided_`, which has no rule. "
             "Worse: only the ranks whose local strides differ reach that call (rank-local strides decide), so the "
@@ -42,9 +42,9 @@ PATTERNS = [
             "`nn.PReLU` (MONAI's default activation in UNet/AttentionUnet, PhysicsNeMo's SRResNet) has no rule. "
             "Issue 17 item 3.",
             "F.prelu(xs, torch.tensor([0.25]))"),
-    Pattern("flatten(0, 1) with an inner sharded dim", r"aten::view from \[\d+, \d+, \d+\] to \[\d+, \d+\] with \(Shard\(1\)\)",
-            "Merging the batch dim into a sharded token dim (LeViT's `bn(x.flatten(0, 1)).reshape_as(x)`). "
-            "Issue 17 item 6.",
+    Pattern("flatten(0, 1) with an inner sharded dim", r"aten::view from \[[\d, ]+\] to \[\d+, \d+\] with \(Shard\(1\)\)",
+            "Merging the batch dim into a sharded token or row dim (LeViT's `bn(x.flatten(0, 1)).reshape_as(x)`; "
+            "diffusers' VQModel flattening (B, H, W, C) to (B*H*W, C) for its codebook distances). Issue 17 item 6.",
             "st.distribute_tensor(torch.randn(2, 16, 8), m, [st.Shard(1)]).flatten(0, 1)"),
     Pattern("view of a permuted sharded gradient (not covered by an item)",
             r"aten::view from \[\d+, \d+, \d+, \d+\] to \[\d+, \d+, \d+\] with \(Shard\(2\)\)",
@@ -54,7 +54,7 @@ PATTERNS = [
             "stride audit).",
             "q = xs.view(2, 8, -1).permute(0, 2, 1); (q @ q.transpose(1, 2)).softmax(-1).bmm(q).sum().backward()"),
     Pattern("window partition (merge of the window grid into the batch)",
-            r"aten::view from \[[\d, ]+\] to \[[\d, ]+\] with \(Shard\(",
+            r"aten::view from \[[\d, ]+\] to \[[\d, ]+\] with \(Shard",
             "Swin-style window partition `x.view(B, H//w, w, W//w, w, C).permute(0, 1, 3, 2, 4, 5).reshape(-1, w, w, "
             "C)` with H sharded (timm Swin, MONAI SwinUNETR), and MobileViT's unfolding of 2x2 patches into the "
             "batch. Issue 17 item 5 (views) and 6.",
