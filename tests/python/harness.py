@@ -153,6 +153,14 @@ def run(world: int, fn, *args, timeout: float = CASE_TIMEOUT):
         raise
 
 
+def discard(world: int):
+    """Close and forget the pool of ``world`` ranks: after a case that may have left collectives unmatched (one
+    rank raised while another was inside a collective), the next case starts on fresh process groups."""
+    pool = _pools.pop(world, None)
+    if pool is not None:
+        pool.close()
+
+
 def expect_error(world: int, fn, *args, match: str = "", kinds=("NotImplementedError", "ValueError", "TypeError",
                                                                  "RuntimeError", "IndexError")):
     """Run a case that must raise on *every* rank (and must not hang)."""

@@ -1,0 +1,796 @@
+"""Unmodified models from timm, MONAI, segmentation-models-pytorch, diffusers, neuraloperator and PhysicsNeMo,
+run domain-parallel by sharding only their input, and compared with one process.
+
+``run_model(name, ...)`` runs on every rank of an initialised process group (the tests' harness pools, or
+``benchmarks/zoo/bench.py``'s). It builds the model from a seed (random init: no weights are downloaded), runs
+one training step (forward, a fixed random weighting of every output as the loss, backward) and one eval forward
+on the full input and on the input sharded along a spatial dim (uneven extents where the model allows), and
+returns a picklable verdict:
+
+- ``pass``: forward, input gradient, every parameter gradient, every buffer (BatchNorm running statistics) and
+  the eval forward equal the single-process run, and the work stayed divided;
+- ``raise``: the sharded run raised (the stage and the error's first line);
+- ``wrong``: it ran but some value differs (the first differing quantity and its relative max error) -- the
+  worst outcome, a silent wrong result;
+- ``not-parallel``: values right, but the output lost its shard of a spatial dim the model keeps, or the
+  activations were not divided (``share``: local over global elements of every module output; 1/world is
+  perfectly divided, 1.0 is every rank doing the whole work).
+
+The models run in float64 so that a real error (1e-3) is never confused with the rounding of a different
+summation order (1e-13 here); ``dtype="float32"`` is accepted too.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import os
+import time
+import traceback
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+# ----------------------------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    name: str
+    library: str                       # the import name of the library: timm, monai, ...
+    build: Callable[[], torch.nn.Module]
+    shape: Tuple[int, ...]             # global input shape
+    shard_dims: Tuple[int, ...] = (2,)  # the tensor dim a 1-D mesh shards
+    spatial: Tuple[int, ...] = ()      # the spatial dims (default: 2 and after, channels first)
+    align: int = 1                     # every extent a multiple of this (patch embeddings with stride = patch)
+    extra: Optional[Callable[[], dict]] = None   # more forward keyword arguments (plain tensors, identical)
+    spatial_out: bool = True           # the output keeps the sharded dim (so it must stay sharded)
+    dtype: Optional[str] = None        # run in this dtype whatever was asked (libraries hard-coding float32)
+    note: str = ""
+
+
+MODELS: Dict[str, ModelSpec] = {}
+
+LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_models_pytorch",
+                    "diffusers": "diffusers", "neuralop": "neuralop", "physicsnemo": "physicsnemo",
+                    "torch": "torch"}
+
+
+def model(library: str, name: str, shape, **kw):
+    """Register ``fn`` (which returns a freshly built module) as ``name``."""
+    def wrap(fn):
+        MODELS[name] = ModelSpec(name=name, library=library, build=fn, shape=tuple(shape), **kw)
+        return fn
+    return wrap
+
+
+def available(name: str) -> Optional[str]:
+    """None when the model's library is importable, else the reason it is not."""
+    lib = MODELS[name].library
+    if importlib.util.find_spec(LIBRARY_PACKAGES[lib]) is None:
+        return (f"{LIBRARY_PACKAGES[lib]} is not installed (an optional test dependency: the Makefile's venv step "
+                "installs tests/requirements-zoo.txt; `make zoo-deps` retries)")
+    return None
+
+
+# -------- timm: classifiers, 64x64 unless a stride or a patch size needs more; no drop rates (deterministic)
+
+def _timm(arch, **kw):
+    import timm
+    return timm.create_model(arch, pretrained=False, num_classes=10, **kw)
+
+
+@model("timm", "timm/resnet18", (2, 3, 64, 64), spatial_out=False)
+def _():
+    return _timm("resnet18")
+
+
+@model("timm", "timm/resnet26d", (2, 3, 64, 64), spatial_out=False, note="deep stem, avg-pool shortcut")
+def _():
+    return _timm("resnet26d")
+
+
+@model("timm", "timm/efficientnet_b0", (2, 3, 64, 64), spatial_out=False)
+def _():
+    return _timm("efficientnet_b0")
+
+
+@model("timm", "timm/tf_efficientnet_b0", (2, 3, 64, 64), spatial_out=False, note="TF 'same' padding (F.pad)")
+def _():
+    return _timm("tf_efficientnet_b0")
+
+
+@model("timm", "timm/mobilenetv3_small_050", (2, 3, 64, 64), spatial_out=False)
+def _():
+    return _timm("mobilenetv3_small_050")
+
+
+@model("timm", "timm/regnetx_002", (2, 3, 64, 64), spatial_out=False)
+def _():
+    return _timm("regnetx_002")
+
+
+@model("timm", "timm/ghostnet_050", (2, 3, 64, 64), spatial_out=False)
+def _():
+    return _timm("ghostnet_050")
+
+
+@model("timm", "timm/densenet121", (2, 3, 64, 64), spatial_out=False,
+       note="64x64: at 32x32 its last BatchNorm normalises 2 values, whose gradient is pure cancellation noise")
+def _():
+    return _timm("densenet121")
+
+
+@model("timm", "timm/convnext_atto", (2, 3, 64, 64), align=4, spatial_out=False)
+def _():
+    return _timm("convnext_atto")
+
+
+@model("timm", "timm/poolformer_s12", (2, 3, 64, 64), align=4, spatial_out=False, note="GroupNorm(1)")
+def _():
+    return _timm("poolformer_s12")
+
+
+@model("timm", "timm/vit_tiny", (2, 3, 32, 32), align=4, spatial_out=False, note="cls token (cat)")
+def _():
+    return _timm("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=2)
+
+
+@model("timm", "timm/deit_tiny_distilled", (2, 3, 32, 32), align=4, spatial_out=False)
+def _():
+    return _timm("deit_tiny_distilled_patch16_224", img_size=32, patch_size=4, depth=2)
+
+
+@model("timm", "timm/mixer_s16", (2, 3, 32, 32), align=4, spatial_out=False, note="token-mixing MLP")
+def _():
+    from timm.models.mlp_mixer import MlpMixer
+    return MlpMixer(num_classes=10, img_size=32, patch_size=4, num_blocks=2, embed_dim=64)
+
+
+@model("timm", "timm/swin_tiny", (2, 3, 56, 56), align=28, spatial_out=False, note="windows, shifted (roll)")
+def _():
+    return _timm("swin_tiny_patch4_window7_224", img_size=56, window_size=7, depths=(2, 2), num_heads=(2, 4),
+                 embed_dim=32)
+
+
+@model("timm", "timm/pvt_v2_b0", (2, 3, 64, 64), align=32, spatial_out=False, note="spatial-reduction attention")
+def _():
+    return _timm("pvt_v2_b0")
+
+
+@model("timm", "timm/levit_128s", (2, 3, 64, 64), align=16, spatial_out=False)
+def _():
+    return _timm("levit_128s", img_size=64)
+
+
+@model("timm", "timm/mobilevit_xxs", (2, 3, 64, 64), align=32, spatial_out=False, note="unfolds 2x2 patches")
+def _():
+    return _timm("mobilevit_xxs")
+
+
+@model("timm", "timm/edgenext_xx_small", (2, 3, 64, 64), align=32, spatial_out=False, note="channel attention")
+def _():
+    return _timm("edgenext_xx_small")
+
+
+# -------------------------------------------------------------------------- MONAI: 2-D unless named 3d
+
+@model("monai", "monai/UNet", (2, 1, 64, 64), note="PReLU, InstanceNorm")
+def _():
+    from monai.networks.nets import UNet
+    return UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1)
+
+
+@model("monai", "monai/UNet3d", (1, 1, 16, 16, 16), note="PReLU, InstanceNorm")
+def _():
+    from monai.networks.nets import UNet
+    return UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,), num_res_units=1)
+
+
+@model("monai", "monai/BasicUNet", (2, 1, 64, 64))
+def _():
+    from monai.networks.nets import BasicUNet
+    return BasicUNet(spatial_dims=2, in_channels=1, out_channels=2, features=(4, 4, 8, 8, 16, 4))
+
+
+@model("monai", "monai/AttentionUnet", (2, 1, 64, 64))
+def _():
+    from monai.networks.nets import AttentionUnet
+    return AttentionUnet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8, 16), strides=(2, 2))
+
+
+@model("monai", "monai/SegResNet", (2, 1, 64, 64), note="GroupNorm")
+def _():
+    from monai.networks.nets import SegResNet
+    return SegResNet(spatial_dims=2, init_filters=8, in_channels=1, out_channels=2, blocks_down=(1, 2, 2),
+                     blocks_up=(1, 1))
+
+
+@model("monai", "monai/DynUNet", (2, 1, 64, 64))
+def _():
+    from monai.networks.nets import DynUNet
+    return DynUNet(spatial_dims=2, in_channels=1, out_channels=2, kernel_size=[3, 3, 3], strides=[1, 2, 2],
+                   upsample_kernel_size=[2, 2], filters=[4, 8, 16])
+
+
+@model("monai", "monai/HighResNet", (2, 1, 32, 32), note="dilated convolutions")
+def _():
+    from monai.networks.nets import HighResNet
+    return HighResNet(spatial_dims=2, in_channels=1, out_channels=2)
+
+
+@model("monai", "monai/resnet10", (2, 1, 64, 64), spatial_out=False)
+def _():
+    from monai.networks.nets import resnet10
+    return resnet10(spatial_dims=2, n_input_channels=1, num_classes=3)
+
+
+@model("monai", "monai/DenseNet", (2, 1, 64, 64), spatial_out=False)
+def _():
+    from monai.networks.nets import DenseNet
+    return DenseNet(spatial_dims=2, in_channels=1, out_channels=3, init_features=8, growth_rate=4,
+                    block_config=(2, 2))
+
+
+@model("monai", "monai/ViT", (2, 1, 32, 32), align=8, spatial_out=False, note="cls token")
+def _():
+    from monai.networks.nets import ViT
+    return ViT(in_channels=1, img_size=(32, 32), patch_size=(8, 8), spatial_dims=2, hidden_size=48, mlp_dim=96,
+               num_layers=2, num_heads=4, classification=True, num_classes=3)
+
+
+@model("monai", "monai/UNETR", (2, 1, 32, 32), align=16)
+def _():
+    from monai.networks.nets import UNETR
+    return UNETR(in_channels=1, out_channels=2, img_size=(32, 32), spatial_dims=2, feature_size=4, hidden_size=48,
+                 mlp_dim=96, num_heads=4)
+
+
+@model("monai", "monai/SwinUNETR", (2, 1, 64, 64), align=32, note="windows, shifted (roll)")
+def _():
+    from monai.networks.nets import SwinUNETR
+    return SwinUNETR(in_channels=1, out_channels=2, spatial_dims=2, feature_size=12, depths=(1, 1, 1, 1),
+                     num_heads=(1, 1, 2, 2))
+
+
+# ------------------------------------------------------- segmentation-models-pytorch: 64x64, random encoders
+
+def _smp(arch, encoder="resnet18", **kw):
+    import segmentation_models_pytorch as smp
+    return getattr(smp, arch)(encoder_name=encoder, encoder_weights=None, in_channels=3, classes=2, **kw)
+
+
+@model("smp", "smp/Unet-resnet18", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("Unet", decoder_channels=(32, 16, 8, 8, 8))
+
+
+@model("smp", "smp/Unet-mobilenet_v2", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("Unet", "mobilenet_v2", decoder_channels=(32, 16, 8, 8, 8))
+
+
+@model("smp", "smp/UnetPlusPlus", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("UnetPlusPlus", encoder_depth=3, decoder_channels=(16, 8, 8))
+
+
+@model("smp", "smp/FPN", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("FPN", decoder_pyramid_channels=32, decoder_segmentation_channels=32)
+
+
+@model("smp", "smp/Linknet", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("Linknet")
+
+
+@model("smp", "smp/PSPNet", (2, 3, 64, 64), align=32, note="pyramid pooling")
+def _():
+    return _smp("PSPNet", psp_out_channels=32)
+
+
+@model("smp", "smp/DeepLabV3", (2, 3, 64, 64), align=32, note="ASPP, global pooling branch")
+def _():
+    return _smp("DeepLabV3", decoder_channels=32)
+
+
+@model("smp", "smp/DeepLabV3Plus", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("DeepLabV3Plus", decoder_channels=32)
+
+
+@model("smp", "smp/MAnet", (2, 3, 64, 64), align=32, note="position attention (HW x HW)")
+def _():
+    return _smp("MAnet", decoder_channels=(32, 16, 8, 8, 8), decoder_pab_channels=16)
+
+
+@model("smp", "smp/UPerNet", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("UPerNet", decoder_channels=16)
+
+
+@model("smp", "smp/Segformer-mit_b0", (2, 3, 64, 64), align=32)
+def _():
+    return _smp("Segformer", "mit_b0", decoder_segmentation_channels=16)
+
+
+# --------------------------------------------------------------------------- diffusers: from config dicts
+
+def _timestep():
+    return {"timestep": torch.tensor([3, 500])}
+
+
+@model("diffusers", "diffusers/UNet2DModel", (2, 3, 32, 32), align=4, extra=_timestep, note="GroupNorm, attention")
+def _():
+    from diffusers import UNet2DModel
+    return UNet2DModel(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(16, 32),
+                       down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+                       layers_per_block=1, norm_num_groups=8, attention_head_dim=8)
+
+
+def _cross():
+    g = torch.Generator().manual_seed(5)
+    return {"timestep": torch.tensor([3, 500]), "encoder_hidden_states": torch.randn(2, 5, 16, generator=g)}
+
+
+@model("diffusers", "diffusers/UNet2DConditionModel", (2, 4, 32, 32), align=4, extra=_cross, note="cross-attention")
+def _():
+    from diffusers import UNet2DConditionModel
+    return UNet2DConditionModel(sample_size=32, in_channels=4, out_channels=4, block_out_channels=(16, 32),
+                                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), layers_per_block=1,
+                                norm_num_groups=8, cross_attention_dim=16, attention_head_dim=8)
+
+
+@model("diffusers", "diffusers/AutoencoderKL", (2, 3, 32, 32), align=4)
+def _():
+    from diffusers import AutoencoderKL
+    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(16, 32),
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         latent_channels=4, norm_num_groups=8)
+
+
+@model("diffusers", "diffusers/VQModel", (2, 3, 32, 32), align=4, note="codebook argmin")
+def _():
+    from diffusers import VQModel
+    return VQModel(in_channels=3, out_channels=3, block_out_channels=(16, 32),
+                   down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                   latent_channels=4, num_vq_embeddings=16, norm_num_groups=8, vq_embed_dim=4)
+
+
+@model("diffusers", "diffusers/AutoencoderTiny", (2, 3, 32, 32), align=8, dtype="float32")
+def _():
+    from diffusers import AutoencoderTiny
+    return AutoencoderTiny(encoder_block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+                           num_encoder_blocks=(1, 1, 1, 1), num_decoder_blocks=(1, 1, 1, 1), latent_channels=4)
+
+
+@model("diffusers", "diffusers/UNet1DModel", (2, 2, 64), extra=lambda: {"timestep": torch.tensor([3, 500])},
+       align=8)
+def _():
+    from diffusers import UNet1DModel
+    return UNet1DModel(sample_size=64, in_channels=2, out_channels=2, block_out_channels=(32, 32, 64),
+                       extra_in_channels=64, down_block_types=("DownBlock1DNoSkip", "DownBlock1D", "AttnDownBlock1D"),
+                       up_block_types=("AttnUpBlock1D", "UpBlock1D", "UpBlock1DNoSkip"),
+                       mid_block_type="UNetMidBlock1D", use_timestep_embedding=False, time_embedding_type="fourier",
+                       flip_sin_to_cos=True, layers_per_block=1)
+
+
+@model("diffusers", "diffusers/Transformer2DModel", (2, 8, 16, 16), note="continuous input, GroupNorm + proj")
+def _():
+    from diffusers import Transformer2DModel
+    return Transformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=8, num_layers=1,
+                              norm_num_groups=4)
+
+
+@model("diffusers", "diffusers/DiTTransformer2DModel", (2, 4, 16, 16), align=2,
+       extra=lambda: {"timestep": torch.tensor([3, 500]), "class_labels": torch.tensor([1, 2])})
+def _():
+    from diffusers import DiTTransformer2DModel
+    return DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+                                 num_layers=1, sample_size=16, patch_size=2, num_embeds_ada_norm=10,
+                                 norm_num_groups=4)
+
+
+# --------------------------------------------------------------- neuraloperator: spectral (FFT) operators
+
+@model("neuralop", "neuralop/FNO", (2, 1, 32, 32))
+def _():
+    from neuralop.models import FNO
+    return FNO(n_modes=(8, 8), in_channels=1, out_channels=1, hidden_channels=8, n_layers=2)
+
+
+@model("neuralop", "neuralop/TFNO", (2, 1, 32, 32))
+def _():
+    from neuralop.models import TFNO
+    return TFNO(n_modes=(8, 8), in_channels=1, out_channels=1, hidden_channels=8, n_layers=2,
+                factorization="tucker", rank=0.5)
+
+
+@model("neuralop", "neuralop/UNO", (2, 1, 32, 32))
+def _():
+    from neuralop.models import UNO
+    return UNO(in_channels=1, out_channels=1, hidden_channels=8, n_layers=3, uno_out_channels=[8, 8, 8],
+               uno_n_modes=[[8, 8], [4, 4], [8, 8]], uno_scalings=[[1, 1], [0.5, 0.5], [2, 2]], channel_mlp_skip="linear")
+
+
+@model("neuralop", "neuralop/FNO-1d", (2, 1, 64))
+def _():
+    from neuralop.models import FNO
+    return FNO(n_modes=(8,), in_channels=1, out_channels=1, hidden_channels=8, n_layers=2)
+
+
+# ------------------------------------------------------------------------------------------- PhysicsNeMo
+
+@model("physicsnemo", "physicsnemo/FNO", (2, 1, 32, 32))
+def _():
+    from physicsnemo.models.fno import FNO
+    return FNO(in_channels=1, out_channels=1, dimension=2, latent_channels=8, num_fno_layers=2, num_fno_modes=8,
+               padding=4, decoder_layer_size=8)
+
+
+@model("physicsnemo", "physicsnemo/AFNO", (2, 2, 32, 32), align=8, dtype="float32")
+def _():
+    from physicsnemo.models.afno import AFNO
+    return AFNO(inp_shape=[32, 32], in_channels=2, out_channels=2, patch_size=[8, 8], embed_dim=16, depth=2,
+                num_blocks=4)
+
+
+@model("physicsnemo", "physicsnemo/UNet3d", (1, 1, 16, 16, 16), align=4, note="3-D, GroupNorm")
+def _():
+    from physicsnemo.models.unet import UNet
+    return UNet(in_channels=1, out_channels=1, model_depth=2, feature_map_channels=(4, 4, 8, 8),
+                num_conv_blocks=2, normalization="groupnorm", normalization_args={"num_groups": 2},
+                gradient_checkpointing=False)
+
+
+@model("physicsnemo", "physicsnemo/SRResNet3d", (1, 1, 8, 16, 16), note="3-D, PReLU, pixel shuffle")
+def _():
+    from physicsnemo.models.srrn import SRResNet
+    return SRResNet(in_channels=1, out_channels=1, conv_layer_size=8, n_resid_blocks=2, scaling_factor=2)
+
+
+@model("physicsnemo", "physicsnemo/Pix2Pix", (2, 1, 32, 32), align=8, note="reflect padding")
+def _():
+    from physicsnemo.models.pix2pix import Pix2Pix
+    return Pix2Pix(in_channels=1, out_channels=1, dimension=2, conv_layer_size=8, n_downsampling=2,
+                   n_upsampling=2, n_blocks=2)
+
+
+@model("physicsnemo", "physicsnemo/DiT", (2, 2, 32, 32), align=4,
+       extra=lambda: {"t": torch.tensor([0.1, 0.7])})
+def _():
+    from physicsnemo.models.dit import DiT
+    return DiT(input_size=(32, 32), in_channels=2, patch_size=(4, 4), hidden_size=32, depth=2, num_heads=2)
+
+
+@model("physicsnemo", "physicsnemo/Transolver", (2, 32, 32, 2), shard_dims=(1,), spatial=(1, 2),
+       note="structured 32x32, channels last")
+def _():
+    from physicsnemo.models.transolver import Transolver
+    return Transolver(functional_dim=2, out_dim=1, n_layers=2, n_hidden=32, n_head=2, slice_num=8,
+                      structured_shape=(32, 32), unified_pos=True, ref=4, use_te=False)
+
+
+@model("physicsnemo", "physicsnemo/SongUNet", (2, 2, 16, 16), align=4,
+       extra=lambda: {"noise_labels": torch.tensor([0.1, 0.7]), "class_labels": None})
+def _():
+    from physicsnemo.models.diffusion_unets import SongUNet
+    return SongUNet(img_resolution=16, in_channels=2, out_channels=2, model_channels=16, channel_mult=[1, 2],
+                    num_blocks=1, attn_resolutions=[8], dropout=0.0)
+
+
+@model("physicsnemo", "physicsnemo/DhariwalUNet", (2, 2, 16, 16), align=4,
+       extra=lambda: {"noise_labels": torch.tensor([0.1, 0.7]), "class_labels": None})
+def _():
+    from physicsnemo.models.diffusion_unets import DhariwalUNet
+    return DhariwalUNet(img_resolution=16, in_channels=2, out_channels=2, model_channels=64, channel_mult=[1, 2],
+                        num_blocks=1, attn_resolutions=[8], dropout=0.0)
+
+
+# ------------------------------------------------------------------------------------ running and judging
+
+RTOL = {torch.float64: 1e-9, torch.float32: 2e-4}
+# SHARDTENSOR_ZOO_ANOMALY=1: a backward error also prints the forward stack of the op whose backward failed.
+ANOMALY = os.environ.get("SHARDTENSOR_ZOO_ANOMALY", "") not in ("", "0")
+GRAD_FLOOR = 1e-4   # a parameter gradient is compared relative to at least this fraction of the largest one
+
+
+def _flat_tensors(out) -> list:
+    """Every tensor of a model's output (tensor, tuple/list, dict, or a dataclass such as diffusers' outputs)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flat_tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _flat_tensors(v)]
+    if dataclasses.is_dataclass(out):
+        return [t for f in dataclasses.fields(out) for t in _flat_tensors(getattr(out, f.name))]
+    return []
+
+
+def cast(module: torch.nn.Module, dt: torch.dtype) -> torch.nn.Module:
+    """``module.to(dt)`` for real parameters and buffers, the matching complex dtype for complex ones (a plain
+    ``.to(torch.float64)`` would drop the imaginary part of neuraloperator's spectral weights)."""
+    complex_dt = {torch.float64: torch.complex128, torch.float32: torch.complex64}[dt]
+    return module._apply(lambda t: t.to(dt) if t.is_floating_point() else t.to(complex_dt) if t.is_complex() else t)
+
+
+def _no_dropout(module: torch.nn.Module):
+    """Dropout, stochastic-depth and label-dropout probabilities set to 0 (smp's FPN/PSPNet/DeepLab heads default
+    to 0.2-0.5, its MiT encoder to drop-path 0.1, diffusers' DiT drops class labels with 0.1): random masks differ between one process and the ranks' generators, so no
+    comparison could pass; the modules still run."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        if isinstance(getattr(m, "drop_prob", None), float):  # timm-style DropPath
+            m.drop_prob = 0.0
+        if isinstance(getattr(m, "dropout_prob", None), float):  # diffusers' class-label dropout (DiT)
+            m.dropout_prob = 0.0
+
+
+def _randomize_zeros(module: torch.nn.Module, seed: int):
+    """Seeded small values for parameters a library initialises to zero (output convolutions of diffusion
+    models, layer scales, adaLN-Zero), so that no upstream gradient is trivially zero."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.numel() and p.abs().max() == 0:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype))
+
+
+def _full(t):
+    import shardtensor as st
+    return st.full_tensor(t) if st.is_shard_tensor(t) else t
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """max |a - b| / max(max |b|, floor): ``floor`` (a fraction of the model's gradient scale) keeps a gradient
+    that is zero in exact arithmetic (a key bias under softmax) from comparing rounding noise with itself."""
+    a, b = a.detach().double(), b.detach().double()
+    scale = max(b.abs().max().item() if b.numel() else 0.0, floor)
+    if a.shape != b.shape:
+        return float("inf")
+    if not b.numel():
+        return 0.0
+    diff = (a - b).abs()
+    if torch.isnan(diff).any():
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        if (torch.isnan(diff) & ~both_nan).any():
+            return float("inf")
+        diff = diff.masked_fill(both_nan, 0)
+    return diff.max().item() / max(scale, 1e-30)
+
+
+def aligned_extents(n: int, k: int, align: int = 1, seed: int = 0) -> list:
+    """A deterministic uneven split of ``n`` over ``k`` in multiples of ``align`` (zero allowed; the
+    remainder of ``n / align`` on the last coordinate), the same on every rank."""
+    blocks = n // align
+    g = torch.Generator().manual_seed(1000 + seed)
+    cuts = sorted(torch.randint(0, blocks + 1, (k - 1,), generator=g).tolist())
+    bounds = [0] + cuts + [blocks]
+    ext = [align * (bounds[i + 1] - bounds[i]) for i in range(k)]
+    ext[-1] += n - align * blocks
+    return ext
+
+
+def even_extents(n: int, k: int, align: int = 1) -> list:
+    blocks = n // align
+    ext = [align * (blocks // k + (1 if i < blocks % k else 0)) for i in range(k)]
+    ext[-1] += n - align * blocks
+    return ext
+
+
+class _ActivationShare:
+    """Forward hooks on every leaf module: local and global element counts of their tensor outputs (a plain
+    output counts whole: every rank computed all of it)."""
+
+    def __init__(self, module):
+        import shardtensor as st
+        self.local = self.total = 0
+        self.largest_whole = 0      # the largest module output every rank holds entirely (global elements)
+        self.largest = 0
+
+        def hook(_m, _inp, out):
+            for t in _flat_tensors(out):
+                n = t.numel()
+                loc = st.to_local(t).numel() if st.is_shard_tensor(t) else n
+                self.local += loc
+                self.total += n
+                self.largest = max(self.largest, n)
+                if loc == n:
+                    self.largest_whole = max(self.largest_whole, n)
+
+        self.handles = [m.register_forward_hook(hook) for m in module.modules() if not list(m.children())]
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def reduce(self):
+        """Every rank's local counts summed (outside any CommCounter), so all ranks judge the same numbers."""
+        t = torch.tensor([float(self.local)], dtype=torch.float64)
+        dist.all_reduce(t)
+        self.local = t.item() / dist.get_world_size()
+
+    @property
+    def share(self) -> float:
+        """Mean over ranks of the local fraction of every module output's elements."""
+        return self.local / self.total if self.total else 1.0
+
+
+def _calls(counter) -> dict:
+    return dict(sorted(counter.calls.items()))
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+
+
+def _placements_for(spec: ModelSpec, mesh_shape, shard_dims):
+    import shardtensor as st
+    return [st.Shard(d) for d in shard_dims]
+
+
+def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims: Optional[Sequence[int]] = None,
+              even: bool = False, dtype: str = "float64", seed: int = 0) -> dict:
+    """Run model ``name`` on every rank of the default process group (see the module docstring).
+
+    ``mesh_shape``: the CPU mesh (default 1-D over all ranks); ``shard_dims``: the tensor dim sharded by each
+    mesh dim (default the model's); ``even``: the default split instead of uneven extents."""
+    import shardtensor as st
+    from torch.distributed.device_mesh import init_device_mesh
+
+    spec = MODELS[name]
+    world = dist.get_world_size()
+    mesh_shape = tuple(mesh_shape or (world,))
+    if shard_dims is None:
+        # A 2-D mesh shards the first two spatial dims (H and W), or the batch and the only one.
+        sp = spec.spatial or tuple(range(2, len(spec.shape)))
+        shard_dims = spec.shard_dims if len(mesh_shape) == 1 else sp[:2] if len(sp) >= 2 else (0, sp[0])
+    shard_dims = tuple(shard_dims)
+    if len(shard_dims) != len(mesh_shape):
+        raise ValueError(f"{len(shard_dims)} shard dims for a {len(mesh_shape)}-D mesh")
+    dtype = spec.dtype or dtype
+    dt = getattr(torch, dtype)
+    rtol = RTOL[dt]
+    t0 = time.perf_counter()
+    res = {"model": name, "library": spec.library, "world": world, "mesh": list(mesh_shape),
+           "shard_dims": list(shard_dims), "dtype": dtype}
+    stage = "build"
+    try:
+        m = _mesh(mesh_shape)
+        torch.manual_seed(seed)
+        model = cast(spec.build(), dt)
+        _randomize_zeros(model, seed + 1)
+        _no_dropout(model)
+        ref = copy.deepcopy(model)
+        g = torch.Generator().manual_seed(seed + 2)
+        x = torch.randn(spec.shape, generator=g, dtype=torch.float64).to(dt)
+        extra = {k: (v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                 for k, v in (spec.extra() if spec.extra else {}).items()}
+        extents = {}
+        for i, (d, k) in enumerate(zip(shard_dims, mesh_shape)):
+            if d > 0:  # spatial dims follow the model's alignment (channels are never sharded here)
+                ext = even_extents(spec.shape[d], k, spec.align) if even else \
+                    aligned_extents(spec.shape[d], k, spec.align, seed + i)
+            else:
+                ext = even_extents(spec.shape[d], k)
+            extents[i] = ext
+        res["extents"] = extents
+
+        stage = "single-process"
+        model.train(), ref.train()
+        xr = x.clone().requires_grad_()
+        out_ref = _flat_tensors(ref(xr, **extra))
+        weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in out_ref]
+        sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
+
+        stage = "forward"
+        xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims),
+                                  sharding_shapes=extents).requires_grad_()
+        share = _ActivationShare(model)
+        with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
+            out = _flat_tensors(model(xs, **extra))
+        share.remove()
+        share.reduce()
+        stage = "backward"
+        with st.CommCounter() as bwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
+            loss = sum((o * w).sum() for o, w in zip(out, weights) if o.is_floating_point())
+            loss.backward()
+        res["calls_forward"], res["calls_backward"] = _calls(fwd), _calls(bwd)
+        res["calls_step"] = fwd.total_calls + bwd.total_calls
+        res["share"] = round(share.share, 3)
+        res["largest_whole"] = round(share.largest_whole / max(share.largest, 1), 3)
+        res["out_placements"] = [str(st.placements(o)) if st.is_shard_tensor(o) else "plain" for o in out]
+
+        stage = "compare"
+        problems = []   # (quantity, relative error)
+
+        grad_scale = max([pr.grad.abs().max().item() for pr in ref.parameters()
+                          if pr.grad is not None and pr.grad.numel()] or [0.0])
+
+        def cmp(what, a, b, floor=0.0):
+            if a is None or b is None:
+                if (a is None) != (b is None):
+                    problems.append((f"{what}: {'missing' if a is None else 'unexpected'} gradient", float("inf")))
+                return
+            e = _rel_err(_full(a), b, floor)
+            if not e <= rtol:
+                problems.append((what, e))
+
+        for i, (o, r) in enumerate(zip(out, out_ref)):
+            cmp(f"output {i}", o, r)
+        if len(out) != len(out_ref):
+            problems.append((f"{len(out)} outputs, expected {len(out_ref)}", float("inf")))
+        if xs.grad is not None and not st.is_shard_tensor(xs.grad):
+            problems.append(("input gradient is plain", float("inf")))
+        cmp("input grad", xs.grad, xr.grad)
+        for (pn, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+            if p.grad is not None and st.is_shard_tensor(p.grad):
+                problems.append((f"grad {pn} is a ShardTensor", float("inf")))
+            cmp(f"grad {pn}", p.grad, pr.grad, GRAD_FLOOR * grad_scale)
+        for (bn, b), (_, br) in zip(model.named_buffers(), ref.named_buffers()):
+            if st.is_shard_tensor(b):
+                problems.append((f"buffer {bn} became a ShardTensor", float("inf")))
+            if b.is_floating_point() or b.dtype in (torch.int64, torch.int32):
+                cmp(f"buffer {bn}", b.to(torch.float64) if not b.is_floating_point() else b,
+                    br.to(torch.float64) if not br.is_floating_point() else br)
+
+        stage = "eval"
+        model.eval(), ref.eval()
+        with torch.no_grad():
+            out_eval_ref = _flat_tensors(ref(x, **extra))
+            with st.CommCounter() as ev:
+                out_eval = _flat_tensors(model(xs.detach(), **extra))
+        res["calls_eval"] = _calls(ev)
+        stage = "compare eval"
+        for i, (o, r) in enumerate(zip(out_eval, out_eval_ref)):
+            cmp(f"eval output {i}", o, r)
+
+        if problems:
+            worst = max(problems, key=lambda p: p[1])
+            res.update(result="wrong", detail=f"{problems[0][0]} (rel. max err {problems[0][1]:.2g}); "
+                       f"{len(problems)} quantities differ, worst {worst[0]} ({worst[1]:.2g})",
+                       max_err=worst[1], wrong=[p[0] for p in problems[:20]])
+        else:
+            res.update(result="pass", detail="", max_err=0.0)
+            why = _not_parallel(spec, out, res["share"], int(torch.tensor(mesh_shape).prod()))
+            if why:
+                res.update(result="not-parallel", detail=why)
+    except Exception as e:  # noqa: BLE001 -- the verdict of a model that does not run
+        res.update(result="raise", detail=f"[{stage}] {_first_line(e)}", error=_first_line(e), stage=stage,
+                   traceback=traceback.format_exc()[-4000:])
+    res["seconds"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def _not_parallel(spec: ModelSpec, out, share: float, world: int) -> str:
+    import shardtensor as st
+    if world == 1:
+        return ""
+    if spec.spatial_out and out:
+        o = out[0]
+        if not st.is_shard_tensor(o) or not any(p.is_shard() for p in st.placements(o)):
+            return f"the output is {'plain' if not st.is_shard_tensor(o) else st.placements(o)} (not sharded)"
+    # Perfectly divided work holds 1/world of every activation; halos, heads and replicated small tensors add
+    # to that. Half-way to every rank holding everything means the work was not divided.
+    limit = 0.5 * (1.0 + 1.0 / world)
+    if share > limit:
+        return f"activations {share:.2f} of the global size per rank (divided work: {1 / world:.2f})"
+    return ""
+
+
+_meshes: dict = {}
+
+
+def _mesh(shape):
+    from torch.distributed.device_mesh import init_device_mesh
+    key = tuple(shape)
+    if key not in _meshes:
+        names = ("domain",) if len(key) == 1 else tuple(f"d{i}" for i in range(len(key)))
+        _meshes[key] = init_device_mesh("cpu", key, mesh_dim_names=names)
+    return _meshes[key]
