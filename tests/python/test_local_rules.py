@@ -213,6 +213,12 @@ def case_sharded_dim_refused(op):
     m = mesh()
     x = st.distribute_tensor(randn(5, 8), m, [st.Shard(1)])
     pairs = st.distribute_tensor(randn(5, 4, 2), m, [st.Shard(2)])
+    # strict: the rules' refusals, not the gather-compute fallback they would run otherwise (test_fallback.py)
+    with st.use_strict():
+        _sharded_dim_op(op, x, pairs)
+
+
+def _sharded_dim_op(op, x, pairs):
     {"sort": lambda: x.sort(1), "topk": lambda: x.topk(2, dim=-1), "argsort": lambda: x.argsort(),
      "fft": lambda: torch.fft.fft(x), "rfft": lambda: torch.fft.rfft(x, dim=1), "fftn": lambda: torch.fft.fftn(x),
      "cumprod": lambda: x.cumprod(1), "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
