@@ -1,6 +1,7 @@
 // shardtensor._C: the pybind11 bindings (torch's bundled pybind11; tensors cross via torch's caster).
 #include <shardtensor/attention.h>
 #include <shardtensor/comm_stats.h>
+#include <shardtensor/fallback.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/shard_tensor.h>
@@ -203,4 +204,7 @@ PYBIND11_MODULE(_C, m) {
     return to_string(set_attention_strategy(parse_attention_strategy(name)));
   });
   m.def("attention_strategy", [] { return to_string(attention_strategy()); });
+  m.def("set_strict", &set_strict, py::arg("strict"));
+  m.def("strict", &strict);
+  m.def("_reset_fallback_warnings", &reset_fallback_warnings);
 }

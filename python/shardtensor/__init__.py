@@ -27,6 +27,7 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
+    "set_strict", "strict", "use_strict",
 ]
 
 __version__ = "0.1.0"
@@ -274,6 +275,35 @@ class use_attention_strategy:
 
     def __exit__(self, *exc):
         set_attention_strategy(self.previous)
+        return False
+
+
+def set_strict(strict: bool) -> bool:
+    """Strict mode: an op without a domain-parallel rule (or whose rule declines) raises ``NotImplementedError``
+    instead of running through the gather-compute fallback (every sharded argument gathered to every rank, the op
+    run on the full tensors, a one-time warning per op). Off by default; ``SHARDTENSOR_STRICT=1`` in the
+    environment turns it on at start-up. Process-wide; set it alike on every rank. Returns the previous setting."""
+    return _C.set_strict(bool(strict))
+
+
+def strict() -> bool:
+    """Whether strict mode is on (see ``set_strict``)."""
+    return _C.strict()
+
+
+class use_strict:
+    """``with st.use_strict(): ...`` — strict mode (or, with ``False``, the fallback) for a block."""
+
+    def __init__(self, strict: bool = True):
+        self.strict = strict
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = set_strict(self.strict)
+        return self
+
+    def __exit__(self, *exc):
+        set_strict(self.previous)
         return False
 
 

@@ -32,10 +32,28 @@ void reset_comm_stats() {
 }
 
 namespace comm {
+
+namespace {
+thread_local CollectiveScope* active_scope = nullptr;
+} // namespace
+
+CollectiveScope::CollectiveScope(std::string prefix) : prefix_(std::move(prefix)), outer_(active_scope) {
+  active_scope = this;
+}
+
+CollectiveScope::~CollectiveScope() {
+  active_scope = outer_;
+}
+
 void record_collective(const char* kind, int64_t bytes) {
+  std::string name = kind;
+  if (active_scope) {
+    name = active_scope->prefix_ + name;
+    for (auto* s = active_scope; s; s = s->outer_) s->bytes_ += bytes;
+  }
   std::lock_guard<std::mutex> lock(stats_mutex);
-  stats.calls[kind] += 1;
-  stats.bytes[kind] += bytes;
+  stats.calls[name] += 1;
+  stats.bytes[name] += bytes;
 }
 } // namespace comm
 

@@ -2,7 +2,29 @@
 
 #include <shardtensor/comm_stats.h>
 
+#include <string>
+
 namespace shardtensor::comm {
 // Count one collective of `bytes` bytes issued by this rank.
 void record_collective(const char* kind, int64_t bytes);
+
+// While alive, the collectives this thread records are counted as "<prefix><kind>" (e.g. "fallback_all_gather")
+// and their bytes summed here, so a caller can attribute and report what a step of its own moved. Scopes nest; the
+// innermost one names the kind.
+class CollectiveScope {
+ public:
+  explicit CollectiveScope(std::string prefix);
+  ~CollectiveScope();
+  CollectiveScope(const CollectiveScope&) = delete;
+  CollectiveScope& operator=(const CollectiveScope&) = delete;
+  int64_t bytes() const {
+    return bytes_;
+  }
+
+ private:
+  friend void record_collective(const char* kind, int64_t bytes);
+  std::string prefix_;
+  int64_t bytes_ = 0;
+  CollectiveScope* outer_;
+};
 } // namespace shardtensor::comm

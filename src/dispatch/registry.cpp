@@ -1,6 +1,8 @@
 // Binds every aten operator (and registered custom ops) to the ShardTensor keys.
 //
-// PrivateUse1: one boxed kernel per op (a "slot") that runs the op's handler or raises NotImplementedError.
+// PrivateUse1: one boxed kernel per op (a "slot") that runs the op's handler; without one, or when the handler
+// declines (not_implemented), a functional op runs through the gather-compute fallback (dispatch/fallback.h) and
+// any other op raises NotImplementedError (strict mode: every op raises).
 // Per-op kernels are required: CompositeExplicitAutograd(NonFunctional) kernels win over a backend fallback
 // and would run dense global-size code on the wrapper.
 //
@@ -11,9 +13,11 @@
 
 #include "dispatch/args.h"
 #include "dispatch/consistency.h"
+#include "dispatch/fallback.h"
 #include "dispatch/promote.h"
 #include "dispatch/write_back.h"
 
+#include <shardtensor/fallback.h>
 #include <shardtensor/shard_tensor.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -42,6 +46,7 @@ struct Slot {
   std::atomic<const BoxedHandler*> handler{nullptr};              // nullptr: no rule
   std::atomic<const AutogradHandler*> autograd_handler{nullptr}; // nullptr: the op's own autograd formula
   std::vector<size_t> written;                                   // arguments the op writes in place (Tensor(a!))
+  bool fallback = false;                                         // functional: may run through the fallback
 };
 
 struct Registry {
@@ -71,15 +76,26 @@ Registry& registry() {
 
 // The op whose rule runs on this thread (innermost; a rule's own ops dispatch through their slots and restore it),
 // so a typed rule, which has no op handle or stack, can still raise naming the op and its argument placements.
+// `call` numbers the slot kernel calls on this thread, so a rule's refusal is told apart from one raised by a
+// nested op (or left over from an error someone caught).
 struct RunningRule {
   const c10::OperatorHandle* op = nullptr;
   const torch::jit::Stack* stack = nullptr;
+  uint64_t call = 0;
 };
 thread_local RunningRule running_rule;
+thread_local uint64_t rule_calls = 0;
+
+// The last refusal through not_implemented on this thread: the call of the rule that declined, and its reason.
+struct Declined {
+  uint64_t call = 0;
+  std::string why;
+};
+thread_local Declined declined;
 
 struct RunningRuleGuard {
   RunningRuleGuard(const c10::OperatorHandle& op, const torch::jit::Stack* stack) : saved(running_rule) {
-    running_rule = {&op, stack};
+    running_rule = {&op, stack, ++rule_calls};
   }
   ~RunningRuleGuard() {
     running_rule = saved;
@@ -99,9 +115,27 @@ struct SlotKernel final : c10::OperatorKernel {
   }
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const BoxedHandler* rule = slot->handler.load(std::memory_order_acquire);
-    if (!rule) not_implemented(op, stack);
+    const bool may_fall_back = slot->fallback && slot->level == RuleLevel::below_autograd && !strict();
+    if (!rule) {
+      if (!may_fall_back) not_implemented(op, stack);
+      if (consistency_check_enabled()) check_op_consistency(op, stack);
+      return run_fallback(op, stack, "");
+    }
     RunningRuleGuard running(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
+    if (may_fall_back) {
+      // A rule that declines (every rank alike: rules decide from the specs) before it takes its arguments off the
+      // stack (typed rules always do) leaves them there, so the fallback runs on them.
+      const auto depth = stack->size();
+      try {
+        return (*rule)(op, stack);
+      } catch (const c10::NotImplementedError&) {
+        if (declined.call != running_rule.call || stack->size() != depth) throw;
+        auto why = std::move(declined.why);
+        declined = {};
+        return run_fallback(op, stack, why);
+      }
+    }
     if (slot->written.empty() || !any_select_copies()) return (*rule)(op, stack);
     // In-place and out= ops: copies of x[i] along a sharded dim write through to x (write_back.h).
     const auto base = stack->size() - op.schema().arguments().size();
@@ -159,6 +193,7 @@ Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHan
   const auto& args = handle.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i)
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
+  slot->fallback = fallback_allowed(handle);
   auto* raw = slot.get();
   bind_kernel<SlotKernel>(r, name, kShardKey, raw);
   if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) && !handle.hasKernelForDispatchKey(kShardAutogradKey))
@@ -202,8 +237,11 @@ c10::OperatorName parse_name(const std::string& full) {
   return {full.substr(0, dot), full.substr(dot + 1)};
 }
 
+// Ops of other namespaces (no slots): the same policy as a slot without a rule.
 void shard_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  not_implemented(op, stack);
+  if (strict() || !fallback_allowed(op)) not_implemented(op, stack);
+  if (consistency_check_enabled()) check_op_consistency(op, stack);
+  run_fallback(op, stack, "");
 }
 
 } // namespace
@@ -293,6 +331,8 @@ void not_implemented(const std::string& why) {
 }
 
 void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const std::string& why) {
+  // Inside the rule of this very call: a refusal the slot kernel may answer with the fallback.
+  if (running_rule.stack == stack) declined = {running_rule.call, why};
   std::string placements = describe_shard_args(op, stack);
   TORCH_CHECK_NOT_IMPLEMENTED(false, "ShardTensor: ", qualified(op.operator_name()),
                               " has no domain-parallel rule", why.empty() ? "" : " (" + why + ")",

@@ -411,6 +411,15 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
   const auto& mesh = (gi ? gi : ii)->spec()->mesh;
   auto grad = resolve_partial(dispatch::as_shard(grad_in, mesh));
   auto gspec = shard_impl(grad)->spec();
+  // sort's gradient along `dim` keeps that dim (keepdim), and it may arrive sharded there (sort along a sharded dim
+  // runs through the gather-compute fallback, whose outputs keep the input's layout): the indices are global along
+  // `dim`, so that dim is gathered first.
+  if (keepdim && gspec->mesh_dim_of(dim) >= 0) {
+    auto placements = gspec->placements;
+    placements[gspec->mesh_dim_of(dim)] = Placement::replicate();
+    grad = redistribute_to(grad, redistribute_target_spec(*gspec, placements));
+    gspec = shard_impl(grad)->spec();
+  }
   auto idx = local_as(indices_in, mesh, gspec->placements, gspec->dim_extents());
   Placements out_p = gspec->placements;
   DimExtents out_ext;

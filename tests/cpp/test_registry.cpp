@@ -1,5 +1,6 @@
 // The one registration path: every rule (above and below autograd, built-in and registered) is listed, typed
 // handlers run through c10's boxing, and replacing a rule while other threads dispatch the op is safe.
+#include <shardtensor/fallback.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/shard_tensor.h>
 
@@ -97,6 +98,7 @@ TEST(Registry, TypedRuleRaisesNamingItsOpAndPlacements) {
   auto mesh = one_rank_mesh();
   auto x = make_shard_tensor(at::ones({4, 3}), ShardSpec::make(mesh, {Placement::shard(0)}, {4, 3}));
   register_handler("aten::roll", typed_handler(&roll_refusing));
+  const bool was_strict = set_strict(true); // else the refusal runs the fallback (Registry.DeclinedRuleFallsBack)
   try {
     at::roll(x, {1}, {0});
     ADD_FAILURE() << "the rule did not raise";
@@ -107,6 +109,7 @@ TEST(Registry, TypedRuleRaisesNamingItsOpAndPlacements) {
     EXPECT_NE(msg.find("self: (Shard(0)) global [4, 3]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("refused by this test rule"), std::string::npos) << msg;
   }
+  set_strict(was_strict);
   register_handler("aten::roll", typed_handler(&roll_once));
   // Outside any rule there is no running op to name.
   EXPECT_THROW(shardtensor::not_implemented("nothing runs"), c10::NotImplementedError);
@@ -124,6 +127,7 @@ TEST(Registry, TypedRuleErrorNamesOptionalAndListArguments) {
   auto mesh = one_rank_mesh();
   auto x = make_shard_tensor(at::arange(4, at::kLong), ShardSpec::make(mesh, {Placement::shard(0)}, {4}));
   register_handler("aten::bincount", typed_handler(&bincount_refusing));
+  const bool was_strict = set_strict(true);
   try {
     at::bincount(x, at::ones({4}), 0);
     ADD_FAILURE() << "the rule did not raise";
@@ -132,4 +136,44 @@ TEST(Registry, TypedRuleErrorNamesOptionalAndListArguments) {
     EXPECT_NE(msg.find("self: (Shard(0)) global [4]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("weights: plain [4]"), std::string::npos) << msg;
   }
+  set_strict(was_strict);
+}
+
+// Without strict mode a rule's refusal runs the gather-compute fallback on the op's arguments, which the typed
+// adapter left on the stack (a Tensor? among them): the result is the op's on the full tensors, laid out like the
+// input when the shapes agree.
+TEST(Registry, DeclinedRuleFallsBack) {
+  auto mesh = one_rank_mesh();
+  const auto full = at::arange(12, at::kFloat).reshape({4, 3});
+  auto x = make_shard_tensor(full.clone(), ShardSpec::make(mesh, {Placement::shard(0)}, {4, 3}));
+  const bool was_strict = set_strict(false);
+  register_handler("aten::roll", typed_handler(&roll_refusing));
+  auto rolled = at::roll(x, {1}, {0});
+  ASSERT_NE(shard_impl(rolled), nullptr);
+  EXPECT_TRUE(at::equal(shard_impl(rolled)->local(), at::roll(full, {1}, {0})));
+  EXPECT_EQ(shard_impl(rolled)->spec()->placements, shard_impl(x)->spec()->placements);
+  register_handler("aten::roll", typed_handler(&roll_once));
+
+  auto idx = make_shard_tensor(at::tensor({0, 2, 2, 3}, at::kLong), ShardSpec::make(mesh, {Placement::shard(0)}, {4}));
+  const auto w = at::tensor({1.0, 2.0, 3.0, 4.0}, at::kDouble);
+  register_handler("aten::bincount", typed_handler(&bincount_refusing));
+  auto counts = at::bincount(idx, w, 6);
+  ASSERT_NE(shard_impl(counts), nullptr);
+  EXPECT_TRUE(at::equal(shard_impl(counts)->local(), at::bincount(shard_impl(idx)->local(), w, 6)));
+  EXPECT_TRUE(shard_impl(counts)->spec()->all_replicate()); // another shape than every sharded argument
+  set_strict(was_strict);
+}
+
+// An op without any rule runs through the fallback; in strict mode it raises.
+TEST(Registry, NoRuleFallsBackUnlessStrict) {
+  auto mesh = one_rank_mesh();
+  const auto full = at::arange(10, at::kFloat).reshape({5, 2});
+  auto x = make_shard_tensor(full.clone(), ShardSpec::make(mesh, {Placement::shard(0)}, {5, 2}));
+  const bool was_strict = set_strict(false);
+  auto [values, indices] = at::median(x, 0);
+  EXPECT_TRUE(at::equal(shard_impl(values)->local(), std::get<0>(at::median(full, 0))));
+  EXPECT_TRUE(at::equal(shard_impl(indices)->local(), std::get<1>(at::median(full, 0))));
+  set_strict(true);
+  EXPECT_THROW(at::median(x, 0), c10::NotImplementedError);
+  set_strict(was_strict);
 }

@@ -166,6 +166,13 @@ def case_refusals(which):
     m = mesh()
     x = st.distribute_tensor(randn(5, 7, 3), m, [st.Shard(1)])
     index = torch.zeros(5, 2, 3, dtype=torch.long)
+    # strict: the rules' refusals, not the gather-compute fallback they would run otherwise (test_fallback.py)
+    with st.use_strict():
+        _refused_op(which, m, x, index)
+    return True
+
+
+def _refused_op(which, m, x, index):
     if which == "scatter":
         x.scatter(1, index, 1.0)
     elif which == "scatter_add":
@@ -176,7 +183,6 @@ def case_refusals(which):
         x[:, torch.tensor([0, 1])]
     elif which == "gather_smaller":
         st.distribute_tensor(randn(5, 7, 3), m, [st.Shard(0)]).gather(1, index[:3])
-    return True
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

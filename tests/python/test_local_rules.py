@@ -215,6 +215,12 @@ def case_sharded_dim_refused(op):
     pairs = st.distribute_tensor(randn(5, 4, 2), m, [st.Shard(2)])
     # FFTs along a sharded dim move the shard to another dim (test_fft_sharded.py); a 1-D signal has none.
     signal = st.distribute_tensor(randn(8), m, [st.Shard(0)])
+    # strict: the rules' refusals, not the gather-compute fallback they would run otherwise (test_fallback.py)
+    with st.use_strict():
+        _sharded_dim_op(op, x, pairs, signal)
+
+
+def _sharded_dim_op(op, x, pairs, signal):
     {"sort": lambda: x.sort(1), "topk": lambda: x.topk(2, dim=-1), "argsort": lambda: x.argsort(),
      "fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
      "fftn": lambda: torch.fft.fftn(signal),
