@@ -146,7 +146,17 @@ def case_fno_block():
 def refuse_no_dim_for_the_shard():
     m = mesh()
     x = st.distribute_tensor(torch.randn(8), m, [st.Shard(0)])
-    torch.fft.fft(x)  # a 1-D signal: no other dim can hold the shard
+    with st.use_strict():
+        torch.fft.fft(x)  # a 1-D signal: no other dim can hold the shard
+
+
+def case_no_dim_falls_back():
+    """Without strict mode the declined transform runs through the gather-compute fallback: right values."""
+    m = mesh()
+    f = torch.randn(9, generator=torch.Generator().manual_seed(12))
+    x = st.distribute_tensor(f, m, [st.Shard(0)], {0: uneven_extents(9, m.size(), seed=13)})
+    close(full(torch.fft.rfft(x)), torch.fft.rfft(f), **TOL, what="1-D rfft via the fallback")
+    return True
 
 
 @pytest.mark.parametrize("kind", ["uneven", "tiny"])
@@ -177,3 +187,4 @@ def test_fno_block(world):
 def test_refusal():
     harness.expect_error(2, refuse_no_dim_for_the_shard, match="no other dim can hold its shard",
                          kinds=("NotImplementedError",))
+    harness.run(2, case_no_dim_falls_back)
