@@ -49,6 +49,8 @@ ZOO = [
     ("smp/Unet-resnet18", 2, None, None),
     ("smp/FPN", 2, None, None),
     ("diffusers/UNet2DModel", 2, None, None),
+    ("neuralop/FNO", 2, None, None),
+    ("neuralop/FNO-1d", 3, None, None),
 ]
 XFAIL = {
     "timm/swin_tiny": xfail(5, "window partition view [2, 2, 2, 7, 7, 32] -> [8, 7, 7, 32] with Shard(1) refused"),
@@ -116,14 +118,15 @@ class _Gathers(torch.nn.Module):
 
 
 class _Sorts(torch.nn.Module):
-    """Sorts along the sharded dim (no distributed sort: refused on every rank)."""
+    """Sorts along the sharded dim in strict mode (no distributed sort, no fallback: refused on every rank)."""
 
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(2, 2, 3, padding=1)
 
     def forward(self, x):
-        return self.conv(x).sort(dim=2).values
+        with st.use_strict():
+            return self.conv(x).sort(dim=2).values
 
 
 for _cls in (_LocalNormalise, _Gathers, _Sorts):
