@@ -1,5 +1,6 @@
 // Shape ops. A view that keeps each sharded dim a clean contiguous-range shard is local (no communication):
-// the sharded dim may be the outermost of merged dims, or split with its inner factor dividing every extent.
+// the sharded dim may be the outermost of merged dims, or split with its inner factor dividing every extent. Other
+// views re-lay the input out first (window-aligned extents, the shard moved to the outer dim of a merge).
 // Slicing and selecting along a sharded dim use global indices; cat along a sharded dim keeps it sharded when the
 // other inputs are whole along it (they join the edge ranks), else gathers that dim.
 #include "ops/common.h"
@@ -9,6 +10,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/InferSize.h>
 #include <ATen/TensorUtils.h>
+
+#include <numeric>
+#include <optional>
 
 namespace shardtensor::ops {
 
@@ -64,63 +68,160 @@ std::vector<Group> view_groups(at::IntArrayRef in, at::IntArrayRef out) {
   return groups;
 }
 
-// view / _unsafe_view / _reshape_alias (`op_name` for messages); `unsafe`: the local result is an _unsafe_view.
-at::Tensor view_impl(const char* op_name, const at::Tensor& self, c10::SymIntArrayRef size, bool unsafe) {
-  const auto& spec = spec_of(self);
-  auto out_shape = at::infer_size(C10_AS_INTARRAYREF_SLOW(size), self.numel());
-  const auto& mesh = *spec.mesh;
-  Placements out_p = spec.placements;
-  DimExtents out_ext;
-  auto groups = view_groups(self.sizes(), out_shape);
+// Where a group of a view puts a shard held on its input dim `t`: the first output dim of size > 1 takes it. The
+// local view keeps the shard a contiguous block of the result when every input dim before `t` in the group has size
+// 1 and every extent of `t` is a multiple of `quantum`: the inner output size over what the inner input dims
+// supply (`inner_out / gcd(inner_in, inner_out)`), so each shard holds whole rows of the inner output dims.
+struct GroupFit {
+  int64_t first_out = -1;
+  int64_t inner_in = 1, inner_out = 1, quantum = 1;
+  bool outermost = true;
+};
+
+GroupFit fit_of(const Group& g, int64_t t, at::IntArrayRef in, at::IntArrayRef out) {
+  GroupFit f;
+  for (auto k : g.in) {
+    if (k < t && in[k] != 1) f.outermost = false;
+    if (k > t) f.inner_in *= in[k];
+  }
+  for (auto k : g.out) {
+    if (f.first_out < 0 && out[k] != 1) {
+      f.first_out = k;
+      continue;
+    }
+    if (f.first_out >= 0) f.inner_out *= out[k];
+  }
+  if (f.first_out < 0) f.first_out = g.out.front();
+  // An empty group (a zero-size dim) holds no data: any extents fit.
+  f.quantum = f.inner_out == 0 ? 1 : f.inner_out / std::gcd(f.inner_in, f.inner_out);
+  return f;
+}
+
+const Group* group_of(const std::vector<Group>& groups, int64_t in_dim) {
+  for (const auto& g : groups)
+    if (std::find(g.in.begin(), g.in.end(), in_dim) != g.in.end()) return &g;
+  TORCH_INTERNAL_ASSERT(false, "view: input dim ", in_dim, " in no group");
+  return nullptr;
+}
+
+struct ViewLayout {
+  Placements placements;
+  DimExtents extents;
+};
+
+// The result's layout when the view is local on every rank (each shard stays a contiguous block of the result), or
+// nullopt: a sharded dim is removed, merged under an outer dim of size > 1 or under another sharded dim, or split
+// with an inner size its extents do not hold whole.
+std::optional<ViewLayout> local_view_layout(const ShardSpec& spec, at::IntArrayRef in, at::IntArrayRef out,
+                                            const std::vector<Group>& groups) {
+  ViewLayout r{spec.placements, {}};
   for (size_t m = 0; m < spec.placements.size(); ++m) {
     const auto& p = spec.placements[m];
     if (!p.is_shard()) continue;
-    const auto d = p.dim;
-    const auto& ext = spec.extents[m];
-    bool done = false;
-    for (const auto& g : groups) {
-      auto it = std::find(g.in.begin(), g.in.end(), d);
-      if (it == g.in.end()) continue;
-      TORCH_CHECK_NOT_IMPLEMENTED(!g.out.empty(), "ShardTensor: ", op_name, " removes sharded dim ", d);
-      // Dims before the sharded one in its group must be size 1, dims after it unsharded.
-      int64_t inner_in = 1;
-      bool ok = true;
-      for (auto k : g.in) {
-        if (k < d && self.size(k) != 1) ok = false;
-        if (k > d) {
-          if (spec.mesh_dim_of(k) >= 0) ok = false;
-          inner_in *= self.size(k);
-        }
+    const auto& g = *group_of(groups, p.dim);
+    if (g.out.empty()) return std::nullopt;
+    for (auto k : g.in)
+      if (k > p.dim && spec.mesh_dim_of(k) >= 0) return std::nullopt;
+    const auto f = fit_of(g, p.dim, in, out);
+    if (!f.outermost) return std::nullopt;
+    std::vector<int64_t> ext;
+    if (f.inner_out == 0) {
+      ext = default_split(out[f.first_out], static_cast<int64_t>(spec.extents[m].size()));
+    } else {
+      for (auto e : spec.extents[m]) {
+        if (e % f.quantum != 0) return std::nullopt;
+        ext.push_back(e * f.inner_in / f.inner_out);
       }
-      // Output: the first output dim of size > 1 takes the shard; later output dims form the inner factor.
-      int64_t first_out = -1, inner_out = 1;
-      for (auto k : g.out) {
-        if (first_out < 0 && out_shape[k] != 1) {
-          first_out = k;
-          continue;
-        }
-        if (first_out >= 0) inner_out *= out_shape[k];
-      }
-      if (first_out < 0) first_out = g.out.front();
-      std::vector<int64_t> new_ext;
-      for (auto e : ext) {
-        const auto elems = e * inner_in;
-        if (elems % inner_out != 0) ok = false;
-        new_ext.push_back(inner_out ? elems / inner_out : 0);
-      }
-      TORCH_CHECK_NOT_IMPLEMENTED(ok, "ShardTensor: ", op_name, " from ", self.sizes(), " to ",
-                                  c10::IntArrayRef(out_shape), " with ", to_string(spec.placements),
-                                  " does not keep each shard a contiguous block of the result (the sharded dim must "
-                                  "be the outermost of merged dims, or split with an inner size dividing every "
-                                  "shard). Redistribute to another placement first.");
-      out_p[m] = Placement::shard(first_out);
-      out_ext[first_out] = new_ext;
-      done = true;
-      break;
     }
-    TORCH_INTERNAL_ASSERT(done);
+    r.placements[m] = Placement::shard(f.first_out);
+    r.extents[f.first_out] = std::move(ext);
   }
-  auto local_shape = local_shape_for(out_shape, out_p, out_ext, mesh);
+  return r;
+}
+
+// `extents` (summing to `n`, a multiple of `q`) moved to the nearest multiples of `q`: each shard boundary rounds to
+// the nearest multiple (ties down), so a boundary moves by at most q/2 rows and aligned extents stay as they are.
+std::vector<int64_t> nearest_aligned(const std::vector<int64_t>& extents, int64_t n, int64_t q) {
+  std::vector<int64_t> out;
+  int64_t bound = 0, prev = 0;
+  for (size_t c = 0; c < extents.size(); ++c) {
+    bound += extents[c];
+    int64_t b = bound - bound % q;
+    if (2 * (bound % q) > q) b += q;
+    if (c + 1 == extents.size()) b = n;
+    out.push_back(b - prev);
+    prev = b;
+  }
+  return out;
+}
+
+// The input layout closest to `spec` for which the view is local (see local_view_layout). Per group of merged/split
+// dims, the outermost sharded input dim keeps its mesh dim:
+// - when the input dims before it have size 1, the shard stays on its dim with its extents rounded to the nearest
+//   multiples of the group's quantum (nearest_aligned: the fewest rows move);
+// - otherwise (a merge under an outer dim of size > 1, e.g. flatten(0, 1) of (B, N, C) with N sharded) the shard
+//   moves to the outermost input dim of size > 1, default-split in multiples of the quantum (one all-to-all; fewer
+//   bytes than gathering, and every rank keeps a part);
+// other sharded dims of the group are gathered (a tensor dim is sharded by at most one mesh dim, so two shards
+// cannot both stay on one merged dim), as is a sharded size-1 dim the view removes. Everything is decided from the
+// spec and the shapes, so every rank picks the same target.
+SpecPtr view_aligned_spec(const ShardSpec& spec, at::IntArrayRef in, at::IntArrayRef out,
+                          const std::vector<Group>& groups) {
+  auto placements = spec.placements;
+  auto ext = spec.dim_extents();
+  for (const auto& g : groups) {
+    std::vector<int64_t> sharded; // the group's sharded input dims, outermost first
+    for (auto k : g.in)
+      if (spec.mesh_dim_of(k) >= 0) sharded.push_back(k);
+    for (size_t i = 0; i < sharded.size(); ++i) {
+      const auto d = sharded[i];
+      const auto m = spec.mesh_dim_of(d);
+      if (i > 0 || g.out.empty()) {
+        placements[m] = Placement::replicate();
+        ext.erase(d);
+        continue;
+      }
+      auto f = fit_of(g, d, in, out);
+      auto t = d;
+      if (!f.outermost) {
+        t = *std::find_if(g.in.begin(), g.in.end(), [&](int64_t k) { return in[k] != 1; });
+        f = fit_of(g, t, in, out);
+      }
+      const auto n = in[t];
+      const auto k = static_cast<int64_t>(spec.extents[m].size());
+      std::vector<int64_t> e;
+      if (t == d) {
+        e = nearest_aligned(spec.extents[m], n, f.quantum);
+      } else {
+        e = default_split(n / f.quantum, k);
+        for (auto& v : e) v *= f.quantum;
+      }
+      placements[m] = Placement::shard(t);
+      ext.erase(d);
+      ext[t] = std::move(e);
+    }
+  }
+  return ShardSpec::make_with_dim_extents(spec.mesh, std::move(placements), in.vec(), ext);
+}
+
+// view / _unsafe_view / _reshape_alias (`op_name` for messages); `unsafe`: the local result is an _unsafe_view.
+// A view that keeps every shard a contiguous block of the result is local. Any other view first redistributes the
+// input to the nearest layout that is (view_aligned_spec: one collective per changed mesh dim), then views locally.
+// That redistribution runs below autograd and changes no values; the view's backward (a reshape of the gradient back
+// to the input shape) goes through this rule again and re-lays the gradient out as it needs.
+at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIntArrayRef size, bool unsafe) {
+  auto out_shape = at::infer_size(C10_AS_INTARRAYREF_SLOW(size), self_arg.numel());
+  auto groups = view_groups(self_arg.sizes(), out_shape);
+  auto self = self_arg;
+  auto layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
+  if (!layout) {
+    self = redistribute_to(self, view_aligned_spec(spec_of(self), self.sizes(), out_shape, groups));
+    layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
+    TORCH_INTERNAL_ASSERT(layout, op_name, " from ", self.sizes(), " to ", c10::IntArrayRef(out_shape),
+                          ": the re-aligned layout ", to_string(spec_of(self).placements), " is not local");
+  }
+  const auto& spec = spec_of(self);
+  auto local_shape = local_shape_for(out_shape, layout->placements, layout->extents, *spec.mesh);
   const auto& local = shard_impl(self)->local();
   at::Tensor out;
   if (unsafe) {
@@ -132,7 +233,7 @@ at::Tensor view_impl(const char* op_name, const at::Tensor& self, c10::SymIntArr
     // viewed (e.g. an expanded mask): copy, as reshape does on one device for such a tensor.
     out = local.reshape(local_shape);
   }
-  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
+  return wrap(out, spec.mesh, layout->placements, out_shape, layout->extents);
 }
 
 // view(Tensor(a) self, SymInt[] size)

@@ -143,8 +143,9 @@ def _check_input_grad(xs, x, what):
 # ------------------------------------------------------------------------------------------------------ ViT
 
 def case_vit(mesh_shape, config, layout, seed, strategy="auto"):
-    """``layout``: "h" (Shard(2) on a 1-D mesh, uneven rows chosen from ``seed``), or "batch_h" (2-D mesh:
-    batch on mesh dim 0, height on mesh dim 1). ``strategy``: the sequence-parallel attention strategy."""
+    """``layout``: "h" (Shard(2) on a 1-D mesh, uneven rows chosen from ``seed``), "batch_h" (2-D mesh:
+    batch on mesh dim 0, height on mesh dim 1) or "h_w" (2-D mesh: height and width). ``strategy``: the
+    sequence-parallel attention strategy."""
     with st.use_attention_strategy(strategy):
         return _case_vit(mesh_shape, config, layout, seed)
 
@@ -162,6 +163,9 @@ def _case_vit(mesh_shape, config, layout, seed):
         rows = [p * e for e in uneven_extents(cfg.img_size[0] // p, m.size(), seed)]
         xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: rows})
         ls = labels
+    elif layout == "h_w":
+        xs = st.distribute_tensor(x, m, [st.Shard(2), st.Shard(3)])
+        ls = labels
     else:
         xs = st.distribute_tensor(x, m, [st.Shard(0), st.Shard(2)], sharding_shapes={1: [3 * p, cfg.img_size[0] - 3 * p]})
         ls = st.distribute_tensor(labels, m, [st.Shard(0), st.Replicate()])
@@ -175,7 +179,7 @@ def _case_vit(mesh_shape, config, layout, seed):
     with st.CommCounter() as bwd:
         F.cross_entropy(out, ls).backward()
     F.cross_entropy(out_ref, labels).backward()
-    if m.size() > 1:
+    if m.size() > 1 and layout != "h_w":  # h_w: the token flatten gathers the width (test_windows.py)
         _check_no_gather(fwd, bwd, "vit", bwd_gathers=1)  # pos_embed's gradient
     _check_input_grad(xs, xr, "vit")
     _check_grads(model, ref, "vit")
@@ -201,17 +205,10 @@ def test_vit_2d_mesh_batch_and_height():
     harness.run(4, case_vit, (2, 2), "tiny", "batch_h", 5)
 
 
-def case_vit_height_and_width():
-    m = mesh((2, 2), ("a", "b"))
-    model = build("vit", "tiny")
-    x, _ = synthetic.random_images(1, 3, model.cfg.img_size, model.cfg.num_classes)
-    model(st.distribute_tensor(x, m, [st.Shard(2), st.Shard(3)]))
-
-
-def test_vit_height_and_width_sharded_raises():
-    """Tokens "b c h w -> b (h w) c" with both h and w sharded are not contiguous blocks of the sequence: the
-    flatten raises on every rank (redistribute the image to one sharded spatial dim first)."""
-    harness.expect_error(4, case_vit_height_and_width, match="aten::view", kinds=("NotImplementedError",))
+def test_vit_height_and_width():
+    """Tokens "b c h w -> b (h w) c" with h and w sharded on two mesh dims: the flatten keeps the row shard and
+    gathers the width (a merged dim is sharded by one mesh dim); the model equals one device."""
+    harness.run(4, case_vit, (2, 2), "tiny", "h_w", 5)
 
 
 # ----------------------------------------------------------------------------------------------- Transolver

@@ -3,6 +3,7 @@ under no_grad / inference_mode, where PyTorch's modules call their fused inferen
 (aten::_native_multi_head_attention, aten::_transformer_encoder_layer_fwd, the nested-tensor check), against the
 single-device modules; training mode (the composite path) alongside for comparison. Uneven and zero extents,
 1-D and 2-D meshes, every mask kind, need_weights both ways."""
+import copy
 import itertools
 
 import pytest
@@ -50,8 +51,8 @@ def case_multihead_attention(ext, batch_ext=None):
     mha_tf.load_state_dict(mha.state_dict())
     b, t = 3, sum(ext)
     x = randn(b, t, 8, seed=1)
-    # With both batch and tokens sharded only the fused path works: the composite one (training, batch_first=False)
-    # merges the two sharded dims (test_multihead_attention_2d_mesh_composite_raises).
+    # With both batch and tokens sharded the composite path (training, batch_first=False) is checked separately
+    # (test_multihead_attention_2d_mesh_composite: its views merge the two sharded dims and gather one).
     layouts, modes = ((True,), ("no_grad", "inference_mode")) if batch_ext else ((True, False), MODES)
     for (batch_first, need_weights, average, mask, mode) in itertools.product(
             layouts, (True, False), (True, False), ("none", "key_padding", "causal", "both"), modes):
@@ -86,21 +87,34 @@ def test_multihead_attention_2d_mesh():
     harness.run(4, case_multihead_attention, [5, 0], [1, 2])
 
 
-def mha_2d_composite(batch_first):
+def case_mha_2d_composite(batch_first):
+    """Batch and tokens both sharded on the composite path (training with grad, or eval with (L, B, E) inputs): its
+    views merge the two sharded dims, so the view rule keeps the outer one and gathers the other
+    (test_windows.py); forward, input gradient and parameter gradients equal one device."""
     m = mesh((2, 2))
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    ref = copy.deepcopy(mha)
     x = randn(3, 5, 8, seed=1) if batch_first else randn(5, 3, 8, seed=1)
-    xs = _shard(x, m, 1 if batch_first else 0, [2, 3], [1, 2])
-    with torch.no_grad():
-        mha.train(batch_first)  # training, or eval with (L, B, E) inputs: the composite path either way
-        mha(xs, xs, xs, need_weights=False)
+    xs = _shard(x, m, 1 if batch_first else 0, [2, 3], [1, 2]).requires_grad_()
+    xr = x.clone().requires_grad_()
+    mha.train(batch_first)
+    ref.train(batch_first)
+    out, _ = mha(xs, xs, xs, need_weights=False)
+    out_ref, _ = ref(xr, xr, xr, need_weights=False)
+    close(full(out), out_ref, rtol=1e-5, atol=1e-5, what=f"composite mha batch_first={batch_first}")
+    w = randn(*out_ref.shape, seed=3)
+    (out * w).sum().backward()
+    (out_ref * w).sum().backward()
+    close(full(xs.grad), xr.grad, rtol=1e-4, atol=1e-5, what="composite mha input grad")
+    for (name, p), (_, r) in zip(mha.named_parameters(), ref.named_parameters()):
+        close(p.grad, r.grad, rtol=1e-4, atol=1e-5, what=f"composite mha grad {name}")
+    return True
 
 
-def test_multihead_attention_2d_mesh_composite_raises():
+def test_multihead_attention_2d_mesh_composite():
     for batch_first in (True, False):
-        harness.expect_error(4, mha_2d_composite, batch_first, match="contiguous block",
-                             kinds=("NotImplementedError",))
+        harness.run(4, case_mha_2d_composite, batch_first)
 
 
 def case_native_op(ext):
@@ -151,7 +165,7 @@ def case_encoder_layer(ext, batch_ext=None):
         torch.manual_seed(0)
         layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=act, batch_first=True,
                                            norm_first=norm_first)
-        # 2-D mesh: the fused path only (the composite one merges the two sharded dims, see above).
+        # 2-D mesh: the fused path only (the composite one gathers a sharded dim, see above).
         modes = ("no_grad", "inference_mode") if batch_ext else MODES
         for mask, mode in itertools.product(("none", "key_padding", "causal", "both"), modes):
             layer.train(mode == "train")

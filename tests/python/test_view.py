@@ -1,5 +1,6 @@
-"""Shape ops against single-device results: views that keep clean shards, global slicing/selecting along
-sharded dims, split/chunk/cat/stack, repeat, expand, and clear errors for views that would break a shard."""
+"""Shape ops against single-device results: views that keep clean shards, views that re-lay a shard out first
+(merged under an outer dim, split with boundaries inside rows; test_windows.py has the window partitions), global
+slicing/selecting along sharded dims, split/chunk/cat/stack, repeat, expand, and clear errors."""
 import pytest
 import torch
 
@@ -42,6 +43,10 @@ def case_views(seed):
         ("cat sharded", lambda t: torch.cat([t, t + 1], 0), s0),
         ("stack", lambda t: torch.stack([t, -t], 1), s0),
         ("repeat unsharded", lambda t: t.repeat(1, 2, 1), s0),
+        ("flatten inner sharded", lambda t: t.flatten(0, 1), s1),
+        ("reshape inner sharded", lambda t: t.reshape(-1), s1),
+        ("split rows across shard boundaries", lambda t: t.reshape(24, 5).view(3, 8, 5), s0),
+        ("unflatten sharded unaligned", lambda t: t.unflatten(0, (2, 3)), s0),
     ]
     for name, fn, lay in cases:
         check_op(fn, [x], [lay], m, what=name)
@@ -54,14 +59,29 @@ def case_view_2d(seed):
     lay = ([st.Shard(0), st.Shard(2)], {0: uneven_extents(5, 2, seed), 1: uneven_extents(4, 2, seed + 1)})
     for name, fn in [("permute", lambda t: t.permute(1, 2, 0)), ("slice", lambda t: t[1:4, :, 1:]),
                      ("flatten middle", lambda t: t.flatten(1, 2) if False else t.transpose(0, 1)),
-                     ("select unsharded", lambda t: t[:, 3])]:
+                     ("select unsharded", lambda t: t[:, 3]),
+                     ("flatten inner sharded", lambda t: t.flatten(1, 2)),
+                     ("flatten both sharded", lambda t: t.reshape(-1))]:
         check_op(fn, [x], [lay], m, what=f"2-D {name}")
     return True
 
 
-def bad_view():
-    x = st.distribute_tensor(torch.randn(3, 6), mesh(), [st.Shard(1)])
-    x.reshape(18)  # the sharded inner dim merged under an unsharded outer dim
+def case_inner_merge():
+    """A sharded inner dim merged under an outer dim of size > 1 moves its shard to the outer dim (one
+    all-to-all, default split of the outer dim in whole rows), not a refusal."""
+    m = mesh()
+    k = m.size()
+    x = randn(3, 6, seed=2)
+    lay = ([st.Shard(1)], {0: uneven_extents(6, k, 3)})
+    xs = st.distribute_tensor(x, m, *lay)
+    with st.CommCounter() as c:
+        out = xs.reshape(18)
+    assert c.calls == ({"all_to_all": 1} if k > 1 else {}), c.calls
+    assert st.placements(out) == (st.Shard(0),), st.placements(out)
+    rows = [3 // k + (1 if i < 3 % k else 0) for i in range(k)]
+    assert st.sharding_shapes(out) == {0: [6 * r for r in rows]}, st.sharding_shapes(out)
+    check_op(lambda t: t.reshape(18), [x], [lay], m, what="inner merge")
+    return True
 
 
 def bad_repeat():
@@ -79,8 +99,9 @@ def test_view_2d():
     harness.run(4, case_view_2d, 2)
 
 
-def test_unclean_view_raises():
-    harness.expect_error(2, bad_view, match="contiguous block")
+@pytest.mark.parametrize("world", [2, 3])
+def test_inner_merge(world):
+    harness.run(world, case_inner_merge)
 
 
 def test_repeat_sharded_raises():
