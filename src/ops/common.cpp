@@ -111,6 +111,7 @@ void register_all() {
   register_neighborhood_attention();
   register_indexing();
   register_sort_fft();
+  register_roll();
 }
 
 } // namespace shardtensor::ops

@@ -26,5 +26,6 @@ void register_point_search();
 void register_neighborhood_attention();
 void register_indexing();
 void register_sort_fft();
+void register_roll();
 
 } // namespace shardtensor::ops
