@@ -320,7 +320,7 @@ void register_pointwise() {
       "aten::bernoulli",         "aten::uniform_",            "aten::normal_",             "aten::exponential_",
       "aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::masked_fill_",     "aten::fill_",
       "aten::zero_",             "aten::hardshrink_backward", "aten::softshrink_backward", "aten::logit_backward",
-      "aten::where",             "aten::copy_",
+      "aten::where",             "aten::copy_",               "aten::rrelu_with_noise_backward",
       // PReLU: aten::prelu (composite) reshapes the weight to [1, C, 1, ...] (or one value) and calls the kernel,
       // an elementwise op broadcasting the weight over the input. Its backward returns both gradients at the input's
       // shape (the weight's is summed to the weight's shape by autograd, a reduction rule: Partial over the sharded
