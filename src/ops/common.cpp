@@ -112,6 +112,7 @@ void register_all() {
   register_indexing();
   register_sort_fft();
   register_fft();  // after sort_fft: replaces its rule for the FFT kernels
+  register_roll();
 }
 
 } // namespace shardtensor::ops

@@ -27,5 +27,6 @@ void register_neighborhood_attention();
 void register_indexing();
 void register_sort_fft();
 void register_fft();
+void register_roll();
 
 } // namespace shardtensor::ops

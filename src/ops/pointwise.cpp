@@ -1,11 +1,15 @@
-// Elementwise ops (every aten op tagged `pointwise`, plus activations' backward ops and random elementwise
-// ops): broadcast global shapes, pick the output layout from the sharded inputs, bring inputs to it, run the
-// op on local tensors. Partial inputs stay Partial only through ops that are linear in them.
+// Elementwise ops (every aten op tagged `pointwise`, plus activations' backward ops, random elementwise ops and
+// PReLU's kernels, and every in-place / out= variant of those, derived from the schemas): broadcast global shapes,
+// pick the output layout from the sharded inputs (the written tensor's, for in-place and out=), bring inputs to it,
+// run the op on local tensors. Partial inputs stay Partial only through ops that are linear in them.
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
+#include <c10/core/GradMode.h>
 
+#include <optional>
+#include <unordered_set>
 #include <unordered_map>
 
 namespace shardtensor::ops {
@@ -86,7 +90,7 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   auto mesh = dispatch::common_mesh(op, stack);
 
   std::vector<TensorArg> inputs;
-  std::optional<TensorArg> written;
+  std::vector<TensorArg> writes; // in-place `self`, out= tensors, rrelu's noise
   for (size_t i = 0; i < n; ++i) {
     const auto& v = (*stack)[base + i];
     if (!v.isTensor()) {
@@ -100,14 +104,14 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
     if (!t.defined()) continue;
     TensorArg a{i, t, is_written(schema.arguments()[i]),
                 !shard_impl(t) && (t.dim() == 0 || t.unsafeGetTensorImpl()->is_wrapped_number())};
-    if (a.written) {
-      TORCH_CHECK_NOT_IMPLEMENTED(!written, "ShardTensor: ", dispatch::qualified_name(op),
-                                  " writes several tensors; not supported");
-      written = a;
-    } else {
-      inputs.push_back(a);
-    }
+    if (a.written) writes.push_back(a);
+    else inputs.push_back(a);
   }
+  // The written tensor that sets the layout: `self` of an in-place op, else the first one (out0 of a two-output
+  // out= op). The others are written with it and must be laid out alike (checked below).
+  std::optional<TensorArg> written;
+  for (const auto& w : writes)
+    if (!written || schema.arguments()[w.index].name() == "self") written = w;
   // The global output shape: the broadcast of every input's global shape.
   c10::DimVector out_shape;
   bool first = true;
@@ -118,11 +122,22 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   if (written) {
     // In-place and out=: the written tensor's shape; inputs must broadcast to it.
     const auto wsize = c10::DimVector(written->value.sizes());
-    const auto merged = first ? wsize : at::infer_size_dimvector(out_shape, wsize);
-    TORCH_CHECK_NOT_IMPLEMENTED(merged == wsize, "ShardTensor: ", dispatch::qualified_name(op),
-                                " would resize its output ", written->value.sizes(), " to ",
-                                c10::IntArrayRef(merged), "; resizing ShardTensors is not supported");
+    TORCH_CHECK_NOT_IMPLEMENTED(first || at::is_expandable_to(out_shape, wsize), "ShardTensor: ",
+                                dispatch::qualified_name(op), " would resize its output ", written->value.sizes(),
+                                " to the inputs' broadcast shape ", c10::IntArrayRef(out_shape),
+                                "; resizing tensors written by an op on ShardTensors is not supported");
     out_shape = wsize;
+  }
+  if (written && !shard_impl(written->value) && c10::GradMode::is_enabled()) {
+    // Autograd (above this rule) has made the plain tensor part of the graph: its gradient would reach the
+    // ShardTensor inputs as a plain global-size tensor, not in their layouts.
+    for (const auto& a : inputs)
+      TORCH_CHECK_NOT_IMPLEMENTED(!shard_impl(a.value) || !a.value.requires_grad(), "ShardTensor: ",
+                                  dispatch::qualified_name(op), " writes the plain tensor '",
+                                  schema.arguments()[written->index].name(),
+                                  "' from a ShardTensor that requires grad; its gradient would not keep the "
+                                  "ShardTensor's layout. Write into a ShardTensor, use the out-of-place op, or "
+                                  "full_tensor() first");
   }
   const auto out_ndim = static_cast<int64_t>(out_shape.size());
   const auto mesh_ndim = static_cast<size_t>(mesh->ndim());
@@ -130,6 +145,7 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   // Output layout.
   at::Tensor completed_local; // a Partial written tensor completed for a non-linear op
   SpecPtr completed_spec;
+  SpecPtr written_layout; // the written ShardTensor's layout (after completing a pending sum), if it is one
   Placements target(mesh_ndim, Placement::replicate());
   DimExtents target_ext;
   if (written && shard_impl(written->value)) {
@@ -153,6 +169,7 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
     }
     target = wspec->placements;
     target_ext = wspec->dim_extents();
+    written_layout = wspec;
   } else if (!written) {
     std::vector<bool> claimed(out_ndim, false);
     for (size_t m = 0; m < mesh_ndim; ++m) {
@@ -175,6 +192,21 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
     }
   }
 
+  // Tensors written beside the layout-setting one (rrelu's noise, out1 of a two-output out= op) are written by the
+  // same local kernel, so they need its shape and layout; anything else would have to be redistributed back into
+  // their own buffers.
+  for (const auto& w : writes) {
+    if (w.index == written->index) continue;
+    auto* impl = shard_impl(w.value);
+    const bool alike = w.value.sizes() == written->value.sizes() &&
+        (written_layout ? impl && impl->spec()->same_layout(*written_layout) : !impl || impl->spec()->all_replicate());
+    TORCH_CHECK_NOT_IMPLEMENTED(alike, "ShardTensor: ", dispatch::qualified_name(op), " writes '",
+                                schema.arguments()[w.index].name(), "' ", impl ? impl->spec()->str() : "(plain)",
+                                " beside '", schema.arguments()[written->index].name(), "' ",
+                                written_layout ? written_layout->str() : "(plain)",
+                                "; tensors written together must have one shape and layout (redistribute first)");
+  }
+
   // Bring every input to the output layout (aligned to its own dims; broadcast dims stay Replicate).
   // Every collective runs before the stack changes, so a failing one can still name the op's arguments.
   std::vector<at::Tensor> aligned;
@@ -184,8 +216,9 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
     if (aligned[i].defined()) (*stack)[base + inputs[i].index] = aligned[i];
   for (const auto& a : inputs)
     if (a.scalar_like && shard_impl(a.value)) (*stack)[base + a.index] = shard_impl(a.value)->local();
-  if (written)
-    (*stack)[base + written->index] = completed_local.defined() ? completed_local : dispatch::local_or_self(written->value);
+  for (const auto& w : writes)
+    (*stack)[base + w.index] = w.index == written->index && completed_local.defined() ? completed_local
+                                                                                      : dispatch::local_or_self(w.value);
 
   op.callBoxed(stack);
 
@@ -201,8 +234,15 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   for (size_t r = 0; r < nret; ++r) {
     auto& out = (*stack)[stack->size() - nret + r];
     if (!out.isTensor()) continue;
-    if (returns[r].alias_info() && returns[r].alias_info()->isWrite() && written) {
-      out = written->value;
+    if (returns[r].alias_info() && returns[r].alias_info()->isWrite()) {
+      // The written argument this return aliases (the same alias set), returned as the caller's tensor.
+      bool found = false;
+      for (const auto& w : writes) {
+        if (schema.arguments()[w.index].alias_info()->beforeSets() != returns[r].alias_info()->beforeSets()) continue;
+        out = w.value;
+        found = true;
+      }
+      TORCH_INTERNAL_ASSERT(found, dispatch::qualified_name(op), ": a written return aliases no written argument");
       continue;
     }
     const auto& local = out.toTensor();
@@ -217,33 +257,105 @@ bool starts_with(const std::string& s, const char* p) {
   return s.rfind(p, 0) == 0;
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The arguments of `variant` other than those `skip` selects have the names and types of `functional`'s, in order.
+template <typename Skip>
+bool same_arguments(const c10::FunctionSchema& variant, const c10::FunctionSchema& functional, Skip skip) {
+  size_t j = 0;
+  for (const auto& a : variant.arguments()) {
+    if (skip(a)) continue;
+    if (j >= functional.arguments().size()) return false;
+    const auto& b = functional.arguments()[j++];
+    if (a.name() != b.name() || *a.type() != *b.type()) return false;
+  }
+  return j == functional.arguments().size();
+}
+
+// Every return of `s` is an alias of a written argument (the in-place / out= contract: the op returns what it wrote).
+bool returns_written(const c10::FunctionSchema& s) {
+  if (s.returns().empty()) return false;
+  for (const auto& r : s.returns())
+    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
+  return true;
+}
+
+// The functional op that `name` is the in-place or out= variant of, read from its schema (not from a list):
+// - in-place: `foo_` (overload kept) whose `self` is written and returned, with foo's arguments (rrelu_with_noise_
+//   also writes `noise`, as its functional does);
+// - out=: `foo.out` or `foo.<overload>_out`, which adds written keyword-only arguments (`out`, `out0, out1`) to
+//   foo's (or foo.<overload>'s) arguments and returns them.
+std::optional<c10::OperatorName> functional_of(const c10::OperatorName& name, const c10::FunctionSchema& s) {
+  auto& d = c10::Dispatcher::singleton();
+  if (!returns_written(s)) return std::nullopt;
+  if (ends_with(name.name, "_") && !ends_with(name.name, "__")) {
+    const auto& args = s.arguments();
+    if (args.empty() || args[0].name() != "self" || !is_written(args[0])) return std::nullopt;
+    c10::OperatorName f{name.name.substr(0, name.name.size() - 1), name.overload_name};
+    auto h = d.findOp(f);
+    if (!h) return std::nullopt;
+    const bool self_only = same_arguments(s, h->schema(), [](const c10::Argument&) { return false; });
+    return self_only ? std::optional(f) : std::nullopt;
+  }
+  const auto& ov = name.overload_name;
+  if (ov != "out" && !ends_with(ov, "_out")) return std::nullopt;
+  c10::OperatorName f{name.name, ov == "out" ? "" : ov.substr(0, ov.size() - 4)};
+  auto h = d.findOp(f);
+  if (!h) return std::nullopt;
+  const bool adds_outs =
+      same_arguments(s, h->schema(), [](const c10::Argument& a) { return a.kwarg_only() && is_written(a); });
+  return adds_outs ? std::optional(f) : std::nullopt;
+}
+
 } // namespace
 
 void register_pointwise() {
-  // Elementwise ops that carry no `pointwise` tag.
+  // Elementwise ops that carry no `pointwise` tag. Their in-place and out= variants are derived below.
   static const char* extra[] = {
-      "aten::leaky_relu",        "aten::leaky_relu_",         "aten::leaky_relu_backward", "aten::hardtanh_backward",
-      "aten::elu_backward",      "aten::softplus_backward",   "aten::mish_backward",       "aten::hardswish",
-      "aten::hardswish_",        "aten::hardswish_backward",  "aten::hardsigmoid_backward", "aten::native_dropout",
-      "aten::rrelu_with_noise",  "aten::bernoulli_",          "aten::bernoulli",           "aten::uniform_",
-      "aten::normal_",           "aten::exponential_",        "aten::log_sigmoid_forward", "aten::log_sigmoid_backward",
-      "aten::glu",               "aten::masked_fill_",        "aten::fill_",               "aten::zero_",
-      "aten::gelu_",             "aten::silu_",               "aten::prelu",               "aten::threshold_",
-      "aten::hardshrink_backward", "aten::softshrink_backward", "aten::logit_backward",    "aten::where",
-      "aten::copy_",
+      "aten::leaky_relu",        "aten::leaky_relu_backward", "aten::hardtanh_backward",   "aten::elu_backward",
+      "aten::softplus_backward", "aten::mish_backward",       "aten::hardswish",           "aten::hardswish_backward",
+      "aten::hardsigmoid_backward", "aten::native_dropout",   "aten::rrelu_with_noise",    "aten::bernoulli_",
+      "aten::bernoulli",         "aten::uniform_",            "aten::normal_",             "aten::exponential_",
+      "aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::masked_fill_",     "aten::fill_",
+      "aten::zero_",             "aten::hardshrink_backward", "aten::softshrink_backward", "aten::logit_backward",
+      "aten::where",             "aten::copy_",               "aten::rrelu_with_noise_backward",
+      // PReLU: aten::prelu (composite) reshapes the weight to [1, C, 1, ...] (or one value) and calls the kernel,
+      // an elementwise op broadcasting the weight over the input. Its backward returns both gradients at the input's
+      // shape (the weight's is summed to the weight's shape by autograd, a reduction rule: Partial over the sharded
+      // dims the weight broadcasts along, completed once by the promote kernel's backward or the leaf's hook).
+      "aten::_prelu_kernel",     "aten::_prelu_kernel_backward",
   };
   auto& d = c10::Dispatcher::singleton();
-  for (const auto& name : d.getAllOpNames()) {
-    if (!starts_with(name.name, "aten::")) continue;
+  auto bindable = [&](const c10::OperatorName& name) -> std::optional<c10::OperatorHandle> {
+    if (!starts_with(name.name, "aten::")) return std::nullopt;
     auto h = d.findOp(name);
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return std::nullopt;
+    return h;
+  };
+  const auto names = d.getAllOpNames();
+  // The functional (or listed) pointwise ops, then every in-place / out= variant of one of them.
+  std::unordered_set<c10::OperatorName> pointwise;
+  for (const auto& name : names) {
+    auto h = bindable(name);
+    if (!h) continue;
     bool match = h->hasTag(at::Tag::pointwise);
     for (const char* e : extra)
       if (name.name == e) match = true;
-    // glu halves a dim; prelu's weight broadcasts on dim 1: not elementwise in the broadcast sense. equal carries
-    // the tag but answers one bool for the whole tensors (its own rule agrees across ranks, factory.cpp).
-    if (name.name == "aten::glu" || name.name == "aten::prelu" || name.name == "aten::equal") match = false;
-    if (!match) continue;
+    // equal carries the tag but answers one bool for the whole tensors (its own rule agrees across ranks,
+    // factory.cpp).
+    if (name.name == "aten::equal") match = false;
+    if (match) pointwise.insert(name);
+  }
+  std::vector<c10::OperatorName> variants;
+  for (const auto& name : names) {
+    auto h = bindable(name);
+    if (!h || pointwise.count(name)) continue;
+    if (auto f = functional_of(name, h->schema()); f && pointwise.count(*f)) variants.push_back(name);
+  }
+  pointwise.insert(variants.begin(), variants.end());
+  for (const auto& name : pointwise) {
     const auto full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     const auto it = partial_rules().find(full);
     const auto rule = it == partial_rules().end() ? PartialRule::None : it->second;

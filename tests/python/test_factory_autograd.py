@@ -78,18 +78,19 @@ def case_dropout(seed):
 def case_python_handler(seed):
     m = mesh()
 
-    def roll_unsharded(x, shifts, dims):
-        # roll along unsharded dims is local: run on the local tensor and rewrap with the same layout.
+    def rot90_unsharded(x, k, dims):
+        # rot90 over unsharded dims is local: run on the local tensor and rewrap with the same layout.
         assert all(d % x.dim() != 0 for d in dims), "only unsharded dims in this test"
-        return st.from_local(torch.roll(st.to_local(x), shifts, dims), st.device_mesh(x), st.placements(x),
+        return st.from_local(torch.rot90(st.to_local(x), k, dims), st.device_mesh(x), st.placements(x),
                              sharding_shapes=st.sharding_shapes(x))
 
-    assert not st._C.has_handler("aten::roll")
-    st.register_handler(torch.ops.aten.roll.default, roll_unsharded)
-    assert st._C.has_handler("aten::roll")
-    x = randn(5, 4, seed=seed)
+    # An op without a built-in rule (roll, the former example here, has one now).
+    assert not st._C.has_handler("aten::rot90")
+    st.register_handler(torch.ops.aten.rot90.default, rot90_unsharded)
+    assert st._C.has_handler("aten::rot90")
+    x = randn(5, 4, 4, seed=seed)
     xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
-    close(full(torch.roll(xs, 1, 1)), torch.roll(x, 1, 1), what="python handler")
+    close(full(torch.rot90(xs, 1, (1, 2))), torch.rot90(x, 1, (1, 2)), what="python handler")
     return True
 
 

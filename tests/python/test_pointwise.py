@@ -130,3 +130,310 @@ def test_param_grad_once(world):
 
 def test_2d_mesh():
     harness.run(4, case_2d_mesh, 3)
+
+
+# ---- in-place variants (derived from the schemas) ------------------------------------------------------------------
+
+def _inplace_functionals():
+    """Every function of torch.nn.functional with an ``inplace`` parameter, with the arguments that make it
+    deterministic (evaluation mode for the dropouts and rrelu)."""
+    import inspect
+
+    def params(f):
+        try:
+            return inspect.signature(f).parameters
+        except (TypeError, ValueError):
+            return {}
+
+    out = {}
+    for name in sorted(dir(F)):
+        f = getattr(F, name)
+        if name.startswith("_") or not inspect.isfunction(f) or "inplace" not in params(f):
+            continue
+        args = (0.1, -2.0) if name == "threshold" else ()
+        kwargs = {"training": False} if "training" in params(f) else {}
+        out[name] = (f, args, kwargs)
+    return out
+
+
+def _inplace_modules():
+    nn = torch.nn
+    return {"ReLU": nn.ReLU(inplace=True), "ReLU6": nn.ReLU6(inplace=True), "ELU": nn.ELU(0.7, inplace=True),
+            "SELU": nn.SELU(inplace=True), "CELU": nn.CELU(1.3, inplace=True),
+            "Hardtanh": nn.Hardtanh(-0.5, 0.8, inplace=True), "LeakyReLU": nn.LeakyReLU(0.2, inplace=True),
+            "RReLU": nn.RReLU(inplace=True).eval(), "SiLU": nn.SiLU(inplace=True),
+            "Hardswish": nn.Hardswish(inplace=True), "Hardsigmoid": nn.Hardsigmoid(inplace=True),
+            "Mish": nn.Mish(inplace=True), "Threshold": nn.Threshold(0.1, -2.0, inplace=True),
+            "Dropout": nn.Dropout(0.3, inplace=True).eval(), "Dropout(p=0)": nn.Dropout(0.0, inplace=True)}
+
+
+def test_inplace_functionals_enumerated():
+    """The enumeration is not vacuous: it holds every activation the issue names."""
+    names = set(_inplace_functionals())
+    want = {"elu", "selu", "celu", "hardtanh", "relu6", "leaky_relu", "rrelu", "silu", "hardswish", "hardsigmoid",
+            "mish", "threshold", "dropout", "relu"}
+    assert want <= names, f"missing from torch.nn.functional's inplace=True functions: {want - names}"
+
+
+def test_every_inplace_and_out_variant_bound():
+    """Every in-place (`foo_`) and out= variant of an op that takes the pointwise rule has that rule: derived from
+    the schemas, so no variant is left out (checked here independently, through torch's schema API)."""
+    from torch._C import _dispatch_has_kernel_for_dispatch_key as has_kernel
+
+    def schema(name):
+        base, _, overload = name.partition(".")
+        return torch._C._get_schema(base, overload)
+
+    def args(s, skip=lambda a: False):
+        return [(a.name, str(a.type)) for a in s.arguments if not skip(a)]
+
+    def written(a):
+        return a.alias_info is not None and a.alias_info.is_write
+
+    untagged = {"aten::leaky_relu", "aten::hardswish", "aten::rrelu_with_noise", "aten::elu_backward",
+                "aten::native_dropout", "aten::_prelu_kernel"}  # elementwise ops aten does not tag
+    names = set(torch._C._dispatch_get_all_op_names())
+    bindable = {n for n in names if n.startswith("aten::") and not has_kernel(n, "CompositeImplicitAutograd")}
+    checked = []
+    for name in sorted(bindable):
+        base, _, overload = name.partition(".")
+        s = schema(name)
+        if not s.returns or not all(r.alias_info is not None and r.alias_info.is_write for r in s.returns):
+            continue
+        if base.endswith("_") and not base.endswith("__"):
+            functional = base[:-1] + ("." + overload if overload else "")
+            if not s.arguments or s.arguments[0].name != "self" or not written(s.arguments[0]):
+                continue
+            skip = lambda a: False  # noqa: E731
+        elif overload == "out" or overload.endswith("_out"):
+            functional = base + ("." + overload[:-4] if overload != "out" else "")
+            skip = lambda a: a.kwarg_only and written(a)  # noqa: E731
+        else:
+            continue
+        if functional not in bindable or args(s, skip) != args(schema(functional)):
+            continue
+        fbase, _, fov = functional.partition(".")
+        tags = getattr(getattr(torch.ops.aten, fbase[6:]), fov or "default").tags
+        if torch.Tag.pointwise not in tags and fbase not in untagged:
+            continue
+        if fbase == "aten::equal":
+            continue  # tagged, but one bool for the whole tensors: its own rule
+        assert st._C.has_handler(name), f"{name}: in-place/out= variant of pointwise {functional} has no rule"
+        checked.append(name)
+    assert len(checked) > 200, f"only {len(checked)} variants found: the enumeration is broken"
+    for name in ["aten::elu_", "aten::hardtanh_", "aten::hardsigmoid_", "aten::mish_", "aten::celu_",
+                 "aten::rrelu_with_noise_", "aten::leaky_relu_", "aten::silu_", "aten::hardswish_", "aten::abs_",
+                 "aten::xlogy_.Scalar_Other", "aten::elu.out", "aten::hardtanh.out", "aten::add.Scalar_out",
+                 "aten::_prelu_kernel", "aten::_prelu_kernel_backward"]:
+        assert st._C.has_handler(name), f"{name} has no rule"
+
+
+def case_inplace_activations(seed):
+    """Every inplace=True activation, functional and module, after a non-leaf op, in grad mode: forward, input
+    gradient and layout against one device; uneven extents (zero allowed)."""
+    m = mesh()
+    x = randn(7, 3, 5, seed=seed)
+    lay = ([st.Shard(0)], {0: uneven_extents(7, m.size(), seed)})
+    for name, (f, args, kwargs) in _inplace_functionals().items():
+        if name.startswith("dropout") and name != "dropout":
+            continue  # dropout1d/2d/3d want other ranks; in evaluation they return their input, like dropout
+        out = check_op(lambda t: f(t * 1.5 - 0.2, *args, inplace=True, **kwargs), [x], [lay], m, what=f"F.{name}")
+        assert st.placements(out) == (st.Shard(0),) and st.sharding_shapes(out) == lay[1], f"F.{name}: layout"
+    check_op(lambda t: F.dropout(t * 1.5, 0.0, True, True), [x], [lay], m, what="dropout p=0 training")
+    for name, mod in _inplace_modules().items():
+        check_op(lambda t: mod(t + 0.3) * 2, [x], [lay], m, what=f"nn.{name}")
+    return True
+
+
+def case_inplace_tensor_methods(seed):
+    """A sample of Tensor.xxx_ methods (several only reach the rule through the derivation), grad and no-grad."""
+    m = mesh()
+    x = randn(6, 4, seed=seed)
+    y = randn(6, 4, seed=seed + 1)
+    lay = ([st.Shard(0)], {0: uneven_extents(6, m.size(), seed)})
+    other = ([st.Shard(1)], None)  # a differently sharded second operand: redistributed to the written layout
+    unary = {"abs_": lambda t: t.abs_(), "celu_": lambda t: torch.celu_(t, 0.8), "sigmoid_": lambda t: t.sigmoid_(),
+             "clamp_": lambda t: t.clamp_(-0.4, 0.5), "xlogy_": lambda t: t.abs_().xlogy_(2.0),
+             "hardtanh_": lambda t: F.hardtanh_(t, -0.3, 0.6), "elu_": lambda t: F.elu_(t, 0.5),
+             "leaky_relu_": lambda t: F.leaky_relu_(t, 0.3), "nan_to_num_": lambda t: t.log_().nan_to_num_(0.5),
+             "pow_": lambda t: t.pow_(2), "exp_": lambda t: t.exp_()}
+    for name, f in unary.items():
+        check_op(lambda t: f(t * 1.0), [x], [lay], m, what=name)
+    binary = {"copysign_": lambda a, b: a.copysign_(b), "mul_": lambda a, b: a.mul_(b),
+              "heaviside_": lambda a, b: a.heaviside_(b), "lerp_": lambda a, b: a.lerp_(b, 0.3),
+              "addcmul_": lambda a, b: a.addcmul_(b, b, value=0.5), "hypot_": lambda a, b: a.hypot_(b)}
+    for name, f in binary.items():
+        grad = name != "heaviside_"  # heaviside has no derivative
+        check_op(lambda a, b: f(a * 1.0, b), [x, y], [lay, other], m, grad=grad, what=name)
+        check_op(lambda a, b: f(a * 1.0, b), [x, y], [lay, None], m, grad=grad, what=f"{name} plain operand")
+    # Comparisons in place write 0/1 in the written tensor's dtype (no gradient).
+    for name in ["eq_", "ne_", "lt_", "le_", "gt_", "ge_"]:
+        check_op(lambda a, b: getattr(a * 1.0, name)(b), [x, y], [lay, other], m, grad=False, what=name)
+    a, b = torch.arange(12).reshape(6, 2) * 6, torch.arange(12).reshape(6, 2) + 2
+    for name in ["gcd_", "lcm_"]:
+        check_op(lambda s, t: getattr(s.clone(), name)(t), [a, b], [lay, None], m, grad=False, what=name)
+    # No grad: the same ops on leaves and on views of a ShardTensor (an unsharded-dim slice, a sharded-dim slice).
+    with torch.no_grad():
+        for name, f in unary.items():
+            xs = st.distribute_tensor(x.clone(), m, *lay)
+            ref = x.clone()
+            f(xs)
+            f(ref)
+            close(xs.full_tensor(), ref, what=f"no-grad {name}")
+            assert st.sharding_shapes(xs) == lay[1], f"no-grad {name}: layout"
+            for view in (lambda t: t[:, 1:3], lambda t: t[1:5]):
+                xs = st.distribute_tensor(x.clone(), m, *lay)
+                ref = x.clone()
+                f(view(xs))
+                f(view(ref))
+                close(xs.full_tensor(), ref, what=f"no-grad {name} on a view")
+    return True
+
+
+def case_inplace_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(5, 6, 3, seed=seed)
+    lay = ([st.Shard(0), st.Shard(1)], {0: uneven_extents(5, 2, seed), 1: uneven_extents(6, 2, seed + 1)})
+    for name, (f, args, kwargs) in _inplace_functionals().items():
+        if name.startswith("dropout") and name != "dropout":
+            continue
+        check_op(lambda t: f(t * 1.5, *args, inplace=True, **kwargs), [x], [lay], m, what=f"2-D F.{name}")
+    return True
+
+
+def case_inplace_refusals(seed):
+    """What in-place and out= cannot do raises on every rank, naming the op."""
+    m = mesh()
+    which = seed
+    xs = st.distribute_tensor(randn(6, 1, seed=1), m, [st.Shard(0)])
+    ys = st.distribute_tensor(randn(6, 4, seed=2), m, [st.Shard(0)])
+    if which == 0:
+        xs.add_(ys)  # would broadcast the written tensor to [6, 4]
+    elif which == 1:
+        torch.add(ys, 1.0, out=torch.empty(0))  # an out= tensor that would be resized
+    elif which == 2:
+        noise = st.distribute_tensor(torch.empty(6, 4), m, [st.Replicate()])
+        torch.ops.aten.rrelu_with_noise_(ys * 1.0, noise)  # written together, laid out differently
+    elif which == 3:
+        # A plain tensor written from a ShardTensor that requires grad, under autograd: its gradient would be plain
+        # while the ShardTensor's must keep its layout.
+        p = torch.zeros(6, 4)
+        p.add_(ys.detach().requires_grad_(True) * 2)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_inplace_activations(world):
+    harness.run(world, case_inplace_activations, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_inplace_tensor_methods(world):
+    harness.run(world, case_inplace_tensor_methods, world)
+
+
+def test_inplace_2d_mesh():
+    harness.run(4, case_inplace_2d_mesh, 5)
+
+
+@pytest.mark.parametrize("which,match", [(0, "would resize"), (1, "would resize"),
+                                         (2, "written together"), (3, "plain")])
+def test_inplace_refusals(which, match):
+    harness.expect_error(3, case_inplace_refusals, which, match=match)
+
+
+# ---- PReLU -----------------------------------------------------------------------------------------------------------
+
+def _prelu_pair(num_parameters, seed):
+    torch.manual_seed(seed)
+    mod = torch.nn.PReLU(num_parameters, init=0.2)
+    with torch.no_grad():
+        mod.weight.copy_(torch.linspace(-0.5, 0.7, num_parameters))  # distinct per-channel slopes
+    ref = torch.nn.PReLU(num_parameters)
+    ref.load_state_dict(mod.state_dict())
+    return mod, ref
+
+
+def _check_module(mod, ref, x, layout, m, what):
+    """Forward, input gradient and every parameter gradient of a module on a sharded input vs one device."""
+    xr = x.clone().requires_grad_(True)
+    xs = st.distribute_tensor(x.clone(), m, *layout).requires_grad_(True)
+    out_ref, out = ref(xr), mod(xs)
+    close(out.full_tensor(), out_ref, what=f"{what} forward")
+    assert st.placements(out) == st.placements(xs) and st.sharding_shapes(out) == st.sharding_shapes(xs), \
+        f"{what}: output layout {st.placements(out)} {st.sharding_shapes(out)}"
+    w = randn(*out_ref.shape, seed=5)
+    (out_ref * w).sum().backward()
+    (out * w).sum().backward()
+    close(xs.grad.full_tensor(), xr.grad, what=f"{what} input grad")
+    for (name, p), (_, pr) in zip(mod.named_parameters(), ref.named_parameters()):
+        assert p.grad is not None and not st.is_shard_tensor(p.grad), f"{what}: {name} gradient"
+        close(p.grad, pr.grad, rtol=1e-5, atol=1e-5, what=f"{what} {name} grad")
+
+
+def case_prelu(seed):
+    m = mesh()
+    w = m.size()
+    x = randn(3, 4, 5, 6, seed=seed)
+    for num in (1, 4):
+        for dim in (0, 1, 2, 3):
+            mod, ref = _prelu_pair(num, seed)
+            lay = ([st.Shard(dim)], {0: uneven_extents(x.shape[dim], w, seed + dim)})
+            _check_module(mod, ref, x, lay, m, what=f"PReLU({num}) Shard({dim})")
+        # F.prelu with a plain weight and with a replicated ShardTensor weight.
+        wt = torch.linspace(-0.3, 0.9, num)
+        lay = ([st.Shard(2)], {0: uneven_extents(5, w, seed)})
+        check_op(F.prelu, [x, wt], [lay, None], m, what=f"F.prelu plain weight ({num})")
+        check_op(F.prelu, [x, wt], [lay, ([st.Replicate()], None)], m, what=f"F.prelu replicated weight ({num})")
+        check_op(F.prelu, [x, wt], [([st.Shard(1)], {0: uneven_extents(4, w, seed)}), None], m,
+                 what=f"F.prelu channel-sharded ({num})")
+    # (N, C) input with the channel dim sharded; a Partial input is completed first.
+    x2 = randn(5, 4, seed=seed + 3)
+    check_op(F.prelu, [x2, torch.linspace(-0.3, 0.9, 4)], [([st.Shard(1)], {0: uneven_extents(4, w, seed)}), None], m,
+             what="F.prelu (N, C)")
+    # A MONAI-style block: convolution then PReLU(C), spatial dims sharded; every parameter gradient.
+    torch.manual_seed(seed)
+    block = torch.nn.Sequential(torch.nn.Conv2d(4, 3, 3, padding=1), torch.nn.PReLU(3))
+    ref = torch.nn.Sequential(torch.nn.Conv2d(4, 3, 3, padding=1), torch.nn.PReLU(3))
+    ref.load_state_dict(block.state_dict())
+    _check_module(block, ref, x, ([st.Shard(2)], {0: uneven_extents(5, w, seed)}), m, what="conv+PReLU")
+    return True
+
+
+def case_prelu_2d_mesh(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 4, 5, 3, seed=seed)
+    for num in (1, 4):
+        for pl in ([st.Shard(1), st.Shard(2)], [st.Shard(2), st.Shard(3)], [st.Shard(0), st.Replicate()]):
+            mod, ref = _prelu_pair(num, seed)
+            ext = {i: uneven_extents(x.shape[p.dim], 2, seed + i) for i, p in enumerate(pl) if isinstance(p, st.Shard)}
+            _check_module(mod, ref, x, (pl, ext), m, what=f"2-D PReLU({num}) {pl}")
+    return True
+
+
+def case_prelu_weight_reduced_once(seed):
+    """The weight gradient's per-rank terms are summed by one all-reduce (the promote kernel's), not per use."""
+    m = mesh()
+    x = randn(3, 4, 6, seed=seed)
+    mod, _ = _prelu_pair(4, seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)]).requires_grad_(True)
+    out = mod(xs)
+    loss = (out * out).sum()
+    with st.CommCounter() as c:
+        loss.backward()
+    assert c.calls.get("all_reduce", 0) == 1, f"backward collectives {c.calls}"
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_prelu(world):
+    harness.run(world, case_prelu, world)
+
+
+def test_prelu_2d_mesh():
+    harness.run(4, case_prelu_2d_mesh, 7)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_prelu_weight_reduced_once(world):
+    harness.run(world, case_prelu_weight_reduced_once, world)
