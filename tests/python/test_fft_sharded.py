@@ -35,6 +35,7 @@ def case_transforms(kind):
         "ifft2 of fft2": lambda t, nm: torch.fft.ifft2(torch.fft.fft2(t, norm=nm), norm=nm).real,
         "irfft along sharded": lambda t, nm: torch.fft.irfft(torch.fft.rfft(t, dim=2, norm=nm), n=10, dim=2, norm=nm),
         "hfft": lambda t, nm: torch.fft.hfft(torch.fft.ihfft(t, dim=2), n=10, dim=2, norm=nm),
+        "fftshift": lambda t, nm: torch.fft.fftshift(torch.fft.fft2(t, norm=nm), dim=(2, 3)).abs(),
     }
     for name, fn in fns.items():
         for nm in NORMS:
