@@ -97,16 +97,21 @@ bool is_same_size_rule(const at::Tensor& self, const at::Tensor& other) {
 // nothing) -- the identity. Composite kernels use it that way: adaptive_avg_pool to 1 of a channels-last input
 // restrides its (N, C, 1, 1) mean in place to the channels-last strides. Views (CopySlices, a view whose base was
 // written) are rebuilt by replaying their view ops (dispatch/view_replay.h), never through as_strided.
-bool addresses_self(const at::Tensor& self, c10::SymIntArrayRef size_arg, c10::SymIntArrayRef stride_arg,
-                    const std::optional<c10::SymInt>& storage_offset) {
-  const auto size = C10_AS_INTARRAYREF_SLOW(size_arg);
-  const auto stride = C10_AS_INTARRAYREF_SLOW(stride_arg);
+bool addresses_self(const at::Tensor& self, at::IntArrayRef size, at::IntArrayRef stride,
+                    std::optional<int64_t> storage_offset) {
   if (size != self.sizes() || stride.size() != size.size()) return false;
-  if (storage_offset && storage_offset->expect_int() != self.storage_offset()) return false;
+  if (storage_offset && *storage_offset != self.storage_offset()) return false;
   if (self.numel() == 0) return true;
   for (size_t d = 0; d < size.size(); ++d)
     if (size[d] != 1 && stride[d] != self.stride(static_cast<int64_t>(d))) return false;
   return true;
+}
+
+bool addresses_self(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                    const std::optional<c10::SymInt>& storage_offset) {
+  std::optional<int64_t> offset;
+  if (storage_offset) offset = storage_offset->expect_int();
+  return addresses_self(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), offset);
 }
 
 [[noreturn]] void refuse_as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
@@ -121,8 +126,8 @@ bool addresses_self(const at::Tensor& self, c10::SymIntArrayRef size_arg, c10::S
 
 // Give the wrapper the requested strides (they differ from its own on size-1 dims only), so its memory format is the
 // one the caller asked for, as on one device.
-void set_strides(const at::Tensor& t, c10::SymIntArrayRef stride) {
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), C10_AS_INTARRAYREF_SLOW(stride));
+void set_strides(const at::Tensor& t, at::IntArrayRef stride) {
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), stride);
 }
 
 // as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None)
@@ -131,7 +136,7 @@ at::Tensor as_strided_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10
   if (!addresses_self(self, size, stride, storage_offset)) refuse_as_strided(self, size, stride);
   auto* impl = shard_impl(self);
   auto out = make_shard_tensor(impl->local().alias(), impl->spec());
-  set_strides(out, stride);
+  set_strides(out, C10_AS_INTARRAYREF_SLOW(stride));
   return out;
 }
 
@@ -139,7 +144,7 @@ at::Tensor as_strided_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10
 at::Tensor& as_strided_inplace_rule(at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                                     std::optional<c10::SymInt> storage_offset) {
   if (!addresses_self(self, size, stride, storage_offset)) refuse_as_strided(self, size, stride);
-  set_strides(self, stride);
+  set_strides(self, C10_AS_INTARRAYREF_SLOW(stride));
   return self;
 }
 
@@ -152,10 +157,10 @@ bool as_strided_autograd(bool inplace, const c10::OperatorHandle& op, torch::jit
   dispatch::NamedArgs args(op, stack);
   const auto self = args.tensor("self");
   if (!shard_impl(self)) return false;
-  const auto size = args["size"].toSymIntVector();
-  const auto stride = args["stride"].toSymIntVector();
-  std::optional<c10::SymInt> offset;
-  if (!args["storage_offset"].isNone()) offset = args["storage_offset"].toSymInt();
+  const auto size = args["size"].toDimVector();
+  const auto stride = args["stride"].toDimVector();
+  std::optional<int64_t> offset;
+  if (!args["storage_offset"].isNone()) offset = args["storage_offset"].toInt();
   if (!addresses_self(self, size, stride, offset)) return false;
   at::Tensor out = self;
   if (!inplace) out = at::alias(self);
