@@ -15,6 +15,7 @@
 #include "dispatch/consistency.h"
 #include "dispatch/fallback.h"
 #include "dispatch/promote.h"
+#include "dispatch/view_replay.h"
 #include "dispatch/write_back.h"
 
 #include <shardtensor/fallback.h>
@@ -47,6 +48,7 @@ struct Slot {
   std::atomic<const AutogradHandler*> autograd_handler{nullptr}; // nullptr: the op's own autograd formula
   std::vector<size_t> written;                                   // arguments the op writes in place (Tensor(a!))
   bool fallback = false;                                         // functional: may run through the fallback
+  bool returns_view = false;                                     // the result aliases an argument (Tensor(a))
 };
 
 struct Registry {
@@ -151,6 +153,7 @@ struct SlotKernel final : c10::OperatorKernel {
 struct PromoteKernel final : c10::OperatorKernel {
   explicit PromoteKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    ViewReplayGuard replay(slot->returns_view);
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
     if (at::GradMode::is_enabled()) {
       accumulators = prepare_autograd_args(op, stack);
@@ -194,6 +197,7 @@ Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHan
   for (size_t i = 0; i < args.size(); ++i)
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
   slot->fallback = fallback_allowed(handle);
+  slot->returns_view = returns_view(handle.schema());
   auto* raw = slot.get();
   bind_kernel<SlotKernel>(r, name, kShardKey, raw);
   if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) && !handle.hasKernelForDispatchKey(kShardAutogradKey))

@@ -5,6 +5,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/strides.h>
 
+#include <sstream>
+
 namespace shardtensor::ops {
 
 namespace {
@@ -89,18 +91,83 @@ bool is_same_size_rule(const at::Tensor& self, const at::Tensor& other) {
   return self.sizes() == other.sizes();
 }
 
+// as_strided on a ShardTensor. There is no global storage to restride (the global strides are dense strides in the
+// local tensor's order), so a geometry is honoured only when it addresses exactly the tensor's own elements in place:
+// the same sizes and storage offset, and the same strides on every dim of size > 1 (a size-1 dim's stride addresses
+// nothing) -- the identity. Composite kernels use it that way: adaptive_avg_pool to 1 of a channels-last input
+// restrides its (N, C, 1, 1) mean in place to the channels-last strides. Views (CopySlices, a view whose base was
+// written) are rebuilt by replaying their view ops (dispatch/view_replay.h), never through as_strided.
+bool addresses_self(const at::Tensor& self, at::IntArrayRef size, at::IntArrayRef stride,
+                    std::optional<int64_t> storage_offset) {
+  if (size != self.sizes() || stride.size() != size.size()) return false;
+  if (storage_offset && *storage_offset != self.storage_offset()) return false;
+  if (self.numel() == 0) return true;
+  for (size_t d = 0; d < size.size(); ++d)
+    if (size[d] != 1 && stride[d] != self.stride(static_cast<int64_t>(d))) return false;
+  return true;
+}
+
+bool addresses_self(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                    const std::optional<c10::SymInt>& storage_offset) {
+  std::optional<int64_t> offset;
+  if (storage_offset) offset = storage_offset->expect_int();
+  return addresses_self(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), offset);
+}
+
+[[noreturn]] void refuse_as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  std::ostringstream why;
+  why << "a ShardTensor has no global storage to restride: as_strided(size=" << C10_AS_INTARRAYREF_SLOW(size)
+      << ", stride=" << C10_AS_INTARRAYREF_SLOW(stride) << ") of a tensor of sizes " << self.sizes()
+      << " and strides " << self.strides()
+      << " is not the identity (same sizes and storage offset, same strides on every dim of size > 1); express "
+         "the view with view ops (slice, select, transpose, permute, view), which have rules";
+  dispatch::not_implemented(why.str());
+}
+
+// Give the wrapper the requested strides (they differ from its own on size-1 dims only), so its memory format is the
+// one the caller asked for, as on one device.
+void set_strides(const at::Tensor& t, at::IntArrayRef stride) {
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), stride);
+}
+
 // as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None)
 at::Tensor as_strided_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                            std::optional<c10::SymInt> storage_offset) {
-  const bool identity = C10_AS_INTARRAYREF_SLOW(size) == self.sizes() &&
-      C10_AS_INTARRAYREF_SLOW(stride) == self.strides() &&
-      (!storage_offset || storage_offset->expect_int() == self.storage_offset());
-  if (!identity) {
-    dispatch::not_implemented("only the identity as_strided (same sizes and strides) is supported");
-  }
-  auto spec = shard_impl(self)->spec();
-  auto local = shard_impl(self)->local();
-  return make_shard_tensor(local.alias(), spec);
+  if (!addresses_self(self, size, stride, storage_offset)) refuse_as_strided(self, size, stride);
+  auto* impl = shard_impl(self);
+  auto out = make_shard_tensor(impl->local().alias(), impl->spec());
+  set_strides(out, C10_AS_INTARRAYREF_SLOW(stride));
+  return out;
+}
+
+// as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
+at::Tensor& as_strided_inplace_rule(at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                                    std::optional<c10::SymInt> storage_offset) {
+  if (!addresses_self(self, size, stride, storage_offset)) refuse_as_strided(self, size, stride);
+  set_strides(self, C10_AS_INTARRAYREF_SLOW(stride));
+  return self;
+}
+
+// Under autograd, the identity as_strided(_) is the identity for gradients too. Its own derivative
+// (as_strided_backward) would scatter the gradient into a flat buffer of the tensor's storage size and restride
+// it, which a ShardTensor cannot do; so the identity is recorded as an alias (as_strided) or changes only the
+// wrapper's strides of size-1 dims and leaves the history alone (as_strided_: values and addressing are unchanged).
+// Any other geometry goes on to the op's own autograd kernel and the rule below, which raises.
+bool as_strided_autograd(bool inplace, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self");
+  if (!shard_impl(self)) return false;
+  const auto size = args["size"].toDimVector();
+  const auto stride = args["stride"].toDimVector();
+  std::optional<int64_t> offset;
+  if (!args["storage_offset"].isNone()) offset = args["storage_offset"].toInt();
+  if (!addresses_self(self, size, stride, offset)) return false;
+  at::Tensor out = self;
+  if (!inplace) out = at::alias(self);
+  set_strides(out, stride);
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out));
+  return true;
 }
 
 // equal(Tensor self, Tensor other) -> bool
@@ -149,6 +216,13 @@ void register_factory() {
   dispatch::set_handler("aten::_local_scalar_dense", typed_handler(&item_rule));
   dispatch::set_handler("aten::is_same_size", typed_handler(&is_same_size_rule));
   dispatch::set_handler("aten::as_strided", typed_handler(&as_strided_rule));
+  dispatch::set_handler("aten::as_strided_", typed_handler(&as_strided_inplace_rule));
+  dispatch::set_autograd_handler("aten::as_strided", [](const c10::OperatorHandle& op, torch::jit::Stack* s) {
+    return as_strided_autograd(false, op, s);
+  });
+  dispatch::set_autograd_handler("aten::as_strided_", [](const c10::OperatorHandle& op, torch::jit::Stack* s) {
+    return as_strided_autograd(true, op, s);
+  });
   dispatch::set_handler("aten::equal", typed_handler(&equal_rule));
   dispatch::set_handler("aten::allclose", typed_handler(&allclose_rule));
 }

@@ -128,17 +128,9 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
                                 "; resizing tensors written by an op on ShardTensors is not supported");
     out_shape = wsize;
   }
-  if (written && !shard_impl(written->value) && c10::GradMode::is_enabled()) {
-    // Autograd (above this rule) has made the plain tensor part of the graph: its gradient would reach the
-    // ShardTensor inputs as a plain global-size tensor, not in their layouts.
-    for (const auto& a : inputs)
-      TORCH_CHECK_NOT_IMPLEMENTED(!shard_impl(a.value) || !a.value.requires_grad(), "ShardTensor: ",
-                                  dispatch::qualified_name(op), " writes the plain tensor '",
-                                  schema.arguments()[written->index].name(),
-                                  "' from a ShardTensor that requires grad; its gradient would not keep the "
-                                  "ShardTensor's layout. Write into a ShardTensor, use the out-of-place op, or "
-                                  "full_tensor() first");
-  }
+  // A plain tensor written from ShardTensors (neuraloperator's `out = torch.zeros(...); out[..., :m] = spectrum`)
+  // receives the full value; under autograd its gradient reaches the ShardTensor inputs as a plain global-size
+  // tensor, which the rules downstream read as Replicate: right values (the zoo checks every gradient), not divided.
   const auto out_ndim = static_cast<int64_t>(out_shape.size());
   const auto mesh_ndim = static_cast<size_t>(mesh->ndim());
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, randn, uneven_extents
 
 
 def case_binary_broadcast(seed):
@@ -314,11 +314,28 @@ def case_inplace_refusals(seed):
     elif which == 2:
         noise = st.distribute_tensor(torch.empty(6, 4), m, [st.Replicate()])
         torch.ops.aten.rrelu_with_noise_(ys * 1.0, noise)  # written together, laid out differently
-    elif which == 3:
-        # A plain tensor written from a ShardTensor that requires grad, under autograd: its gradient would be plain
-        # while the ShardTensor's must keep its layout.
+    return True
+
+
+def case_plain_written_under_grad():
+    """A plain tensor written from a ShardTensor that requires grad (neuraloperator's `out = torch.zeros(...);
+    out[..., :m] = spectrum`): the plain tensor gets the full value and the ShardTensor the single-device gradient."""
+    m = mesh()
+    y = randn(6, 4, seed=3)
+    w = randn(6, 4, seed=4)
+    ref = y.clone().requires_grad_()
+    ys = st.distribute_tensor(y, m, [st.Shard(0)], {0: uneven_extents(6, m.size(), seed=5)}).requires_grad_()
+    outs = []
+    for src in (ref, ys):
         p = torch.zeros(6, 4)
-        p.add_(ys.detach().requires_grad_(True) * 2)
+        p[:, 1:3] = src[:, 1:3] * 2
+        p.add_(src.sin())
+        (p * w).sum().backward()
+        outs.append(p)
+    assert not st.is_shard_tensor(outs[1])
+    close(outs[1], outs[0], what="plain tensor written from a ShardTensor")
+    check_grad_layout(ys, what="grad through a plain written tensor")
+    close(full(ys.grad), ref.grad, what="grad through a plain written tensor")
     return True
 
 
@@ -336,10 +353,14 @@ def test_inplace_2d_mesh():
     harness.run(4, case_inplace_2d_mesh, 5)
 
 
-@pytest.mark.parametrize("which,match", [(0, "would resize"), (1, "would resize"),
-                                         (2, "written together"), (3, "plain")])
+@pytest.mark.parametrize("which,match", [(0, "would resize"), (1, "would resize"), (2, "written together")])
 def test_inplace_refusals(which, match):
     harness.expect_error(3, case_inplace_refusals, which, match=match)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_plain_written_under_grad(world):
+    harness.run(world, case_plain_written_under_grad)
 
 
 # ---- PReLU -----------------------------------------------------------------------------------------------------------

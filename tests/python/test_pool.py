@@ -1,9 +1,11 @@
 """Pooling over sharded spatial dims (halo exchange) against single-device results: max_pool 1-3d with global
 indices (kernel, stride, padding, dilation, ceil_mode), avg_pool 1-3d (ceil_mode, count_include_pad,
 divisor_override), adaptive avg/max pool 1-3d including global pooling; uneven shards, shards narrower than the
-halo, zero-extent ranks, batch/channel sharding, 2-D meshes with two sharded spatial dims; input gradients."""
+halo, zero-extent ranks, batch/channel sharding, 2-D meshes with two sharded spatial dims; input gradients; global
+average pooling of channels-last maps (adaptive pool to 1, spatial means, a pooling head's parameter gradients)."""
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import harness
@@ -196,6 +198,85 @@ def case_global_avg_partial(seed):
     return True
 
 
+def _channels_last(t):
+    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+
+
+class _PoolHead(nn.Module):
+    """ConvNeXt/PoolFormer-style head: global average pool of a channels-last map, flatten, Linear."""
+
+    def __init__(self, c, nd):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1) if nd == 2 else nn.AdaptiveAvgPool3d(1)
+        self.fc = nn.Linear(c, 3)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def case_global_pool_channels_last(seed):
+    """Global average pooling of channels-last (and otherwise strided) sharded maps: adaptive_avg_pool to 1 (which
+    restrides its mean output in place), mean over the spatial dims with and without keepdim, the pooling head of a
+    classifier with its Linear's gradients; 2-D and 3-D, sharded along H, W or D, uneven and zero extents."""
+    m = mesh()
+    w = m.size()
+    x2 = randn(2, 5, 7, 6, seed=seed)
+    x3 = randn(2, 4, 5, 3, 4, seed=seed)
+    cases2 = [
+        ("adaptive_avg_pool2d 1", lambda t: F.adaptive_avg_pool2d(_channels_last(t), 1)),
+        ("adaptive_avg_pool2d (1, 1) * 2", lambda t: F.adaptive_avg_pool2d(_channels_last(t) * 2.0, (1, 1))),
+        ("mean (2, 3) keepdim", lambda t: _channels_last(t).mean((2, 3), keepdim=True)),
+        ("mean (-2, -1)", lambda t: _channels_last(t).mean((-2, -1))),
+        ("sum (2, 3) keepdim", lambda t: _channels_last(t).sum((2, 3), keepdim=True)),
+        ("amax (2, 3) keepdim", lambda t: _channels_last(t).amax((2, 3), keepdim=True)),
+        ("permuted mean", lambda t: t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2).mean((2, 3), True)),
+        ("adaptive_avg_pool2d 1 then mul", lambda t: F.adaptive_avg_pool2d(_channels_last(t), 1) * t[:, :, :1, :1]),
+    ]
+    for d in (2, 3):
+        for ext in (uneven_extents(x2.shape[d], w, seed + d), narrow_extents(x2.shape[d], w)):
+            lay = ([st.Shard(d)], {0: ext})
+            for name, fn in cases2:
+                check_op(fn, [x2], [lay], m, **TOL, what=f"{name} S({d}) {ext}")
+            # The input is channels-last already when it is distributed.
+            check_op(lambda t: F.adaptive_avg_pool2d(t, 1), [_channels_last(x2)], [lay], m, **TOL,
+                     what=f"channels-last leaf S({d}) {ext}")
+    for d in (2, 4):
+        lay = ([st.Shard(d)], {0: uneven_extents(x3.shape[d], w, seed + d)})
+        check_op(lambda t: F.adaptive_avg_pool3d(_channels_last(t), 1), [x3], [lay], m, **TOL,
+                 what=f"adaptive_avg_pool3d 1 S({d})")
+        check_op(lambda t: _channels_last(t).mean((2, 3, 4), keepdim=True), [x3], [lay], m, **TOL,
+                 what=f"mean 3-D keepdim S({d})")
+    # The classifier head: every parameter gradient against one device.
+    for nd, x in ((2, x2), (3, x3)):
+        torch.manual_seed(seed)
+        ref = _PoolHead(x.shape[1], nd)
+        mod = _PoolHead(x.shape[1], nd)
+        mod.load_state_dict(ref.state_dict())
+        xr = _channels_last(x).requires_grad_()
+        xs = st.distribute_tensor(_channels_last(x), m, [st.Shard(2)], {0: uneven_extents(x.shape[2], w, seed)})
+        xs.requires_grad_()
+        yr, ys = ref(xr), mod(xs)
+        torch.testing.assert_close(full(ys), yr, **TOL)
+        g = randn(*yr.shape, seed=3)
+        (yr * g).sum().backward()
+        (ys * g).sum().backward()
+        torch.testing.assert_close(full(xs.grad), xr.grad, **TOL)
+        for (n, pr), ps in zip(ref.named_parameters(), mod.parameters()):
+            torch.testing.assert_close(full(ps.grad), pr.grad, **TOL, msg=lambda s, n=n: f"{nd}-D head {n}: {s}")
+    return True
+
+
+def case_global_pool_channels_last_2d_mesh():
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 4, 5, 6, seed=7)
+    lay = ([st.Shard(2), st.Shard(3)], {0: [5, 0], 1: [2, 4]})
+    check_op(lambda t: F.adaptive_avg_pool2d(_channels_last(t), 1), [x], [lay], m, **TOL, what="2-D mesh pool")
+    check_op(lambda t: _channels_last(t).mean((2, 3), keepdim=True), [x], [lay], m, **TOL, what="2-D mesh mean")
+    lay = ([st.Shard(0), st.Shard(2)], {0: [1, 1], 1: [3, 2]})
+    check_op(lambda t: F.adaptive_avg_pool2d(_channels_last(t), 1), [x], [lay], m, **TOL, what="2-D mesh N, H")
+    return True
+
+
 def case_bad_padding(seed):
     m = mesh()
     xs = st.distribute_tensor(randn(1, 2, 9, seed=seed), m, [st.Shard(2)])
@@ -271,6 +352,15 @@ def test_no_grad_and_modules(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_global_avg_partial(world):
     harness.run(world, case_global_avg_partial, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_global_pool_channels_last(world):
+    harness.run(world, case_global_pool_channels_last, world)
+
+
+def test_global_pool_channels_last_2d_mesh():
+    harness.run(4, case_global_pool_channels_last_2d_mesh)
 
 
 def test_low_precision():

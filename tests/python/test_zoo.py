@@ -52,12 +52,7 @@ ZOO = [
     ("neuralop/FNO", 2, None, None),
     ("neuralop/FNO-1d", 3, None, None),
 ]
-XFAIL = {
-    "timm/swin_tiny": xfail(5, "window partition view [2, 2, 2, 7, 7, 32] -> [8, 7, 7, 32] with Shard(1) refused"),
-    "timm/levit_128s": xfail(6, "flatten(0, 1) of (B, N, C) with N sharded (LeViT's BatchNorm1d on tokens)"),
-    "monai/UNet": xfail(3, "aten::_prelu_kernel has no rule (nn.PReLU, MONAI's default activation)"),
-    "monai/BasicUNet": xfail(2, "as_strided in backward: LeakyReLU(inplace=True) on InstanceNorm's output view"),
-}
+XFAIL = {}
 
 
 def _param(entry):
