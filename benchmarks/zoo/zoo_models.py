@@ -520,7 +520,7 @@ def cast(module: torch.nn.Module, dt: torch.dtype) -> torch.nn.Module:
 
 def _no_dropout(module: torch.nn.Module):
     """Dropout, stochastic-depth and label-dropout probabilities set to 0 (smp's FPN/PSPNet/DeepLab heads default
-    to 0.2-0.5, its MiT encoder to drop-path 0.1, diffusers' DiT drops class labels with 0.1): random masks differ between one process and the ranks' generators, so no
+    to 0.2-0.5, its MiT encoder to drop-path 0.1, diffusers' DiT drops class labels with 0.1, timm's GhostNet head calls F.dropout with drop_rate 0.2): random masks differ between one process and the ranks' generators, so no
     comparison could pass; the modules still run."""
     for m in module.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):
@@ -529,6 +529,8 @@ def _no_dropout(module: torch.nn.Module):
             m.drop_prob = 0.0
         if isinstance(getattr(m, "dropout_prob", None), float):  # diffusers' class-label dropout (DiT)
             m.dropout_prob = 0.0
+        if isinstance(getattr(m, "drop_rate", None), float):  # timm heads calling F.dropout (GhostNet: 0.2)
+            m.drop_rate = 0.0
 
 
 def _randomize_zeros(module: torch.nn.Module, seed: int):
