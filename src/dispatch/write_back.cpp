@@ -48,9 +48,16 @@ struct Entry {
   std::vector<Step> steps;
 };
 
+// A re-laid-out view's buffer: writes into it are refused.
+struct Refusal {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  std::string what;
+};
+
 struct Registry {
   std::mutex mu;
   std::unordered_map<const c10::StorageImpl*, Entry> entries;
+  std::unordered_map<const c10::StorageImpl*, Refusal> refusals;
   size_t sweep_at = 64;
 };
 
@@ -69,8 +76,15 @@ void sweep(Registry& r) {
       ++it;
     }
   }
-  r.sweep_at = 2 * r.entries.size() + 64;
-  g_entries = r.entries.size();
+  for (auto it = r.refusals.begin(); it != r.refusals.end();) {
+    if (it->second.storage.expired()) {
+      it = r.refusals.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  r.sweep_at = 2 * (r.entries.size() + r.refusals.size()) + 64;
+  g_entries = r.entries.size() + r.refusals.size();
 }
 
 const c10::StorageImpl* storage_key(const at::Tensor& local) {
@@ -83,6 +97,14 @@ void write_back_storage(const c10::StorageImpl* key) {
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
+    if (auto ref = r.refusals.find(key); ref != r.refusals.end()) {
+      auto alive = ref->second.storage.lock();
+      if (alive && alive.get() == key)
+        TORCH_CHECK_NOT_IMPLEMENTED(false, "ShardTensor: an in-place write into the result of ", ref->second.what,
+                                    ", which had to re-lay out its input first, so it is a copy, not a view: the "
+                                    "write cannot reach the input. Write into the input before the view, or use "
+                                    "the out-of-place op and keep its result");
+    }
     auto it = r.entries.find(key);
     if (it == r.entries.end()) return;
     found = it->second;
@@ -123,8 +145,21 @@ void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_
   if (auto it = r.entries.find(base_key); it != r.entries.end() && !it->second.copy.storage.expired())
     e.steps.insert(e.steps.end(), it->second.steps.begin(), it->second.steps.end());
   r.entries.insert_or_assign(key, std::move(e));
-  if (r.entries.size() >= r.sweep_at) sweep(r);
-  g_entries = r.entries.size();
+  if (r.entries.size() + r.refusals.size() >= r.sweep_at) sweep(r);
+  g_entries = r.entries.size() + r.refusals.size();
+}
+
+void register_relaid_view(const at::Tensor& copy, std::string what) {
+  auto* cimpl = shard_impl(copy);
+  TORCH_INTERNAL_ASSERT(cimpl);
+  const auto& local = cimpl->local();
+  const auto* key = storage_key(local);
+  if (!key) return;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.refusals.insert_or_assign(key, Refusal{local.storage().getWeakStorageImpl(), std::move(what)});
+  if (r.entries.size() + r.refusals.size() >= r.sweep_at) sweep(r);
+  g_entries = r.entries.size() + r.refusals.size();
 }
 
 bool any_select_copies() {

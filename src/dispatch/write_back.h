@@ -7,11 +7,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace shardtensor::dispatch {
 
 // `copy` = select(base, dim, index) replicated along `mesh_dim` (which shards `dim` in `base`).
 void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_t dim, int64_t index,
                           int64_t mesh_dim);
+
+// `copy` = the result of a view whose input had to be re-laid out first (view.cpp): it does not alias its input,
+// so an in-place write into it (or into a view of it) raises NotImplementedError naming `what`, on every rank
+// (every rank registers alike: the re-layout is decided from the spec), instead of silently not reaching the input.
+void register_relaid_view(const at::Tensor& copy, std::string what);
 
 // False while no copy is registered (the common case: then in-place ops skip the write-back check).
 bool any_select_copies();

@@ -214,6 +214,7 @@ at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIn
   auto groups = view_groups(self_arg.sizes(), out_shape);
   auto self = self_arg;
   auto layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
+  const bool relaid = !layout;
   if (!layout) {
     self = redistribute_to(self, view_aligned_spec(spec_of(self), self.sizes(), out_shape, groups));
     layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
@@ -233,7 +234,14 @@ at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIn
     // viewed (e.g. an expanded mask): copy, as reshape does on one device for such a tensor.
     out = local.reshape(local_shape);
   }
-  return wrap(out, spec.mesh, layout->placements, out_shape, layout->extents);
+  auto result = wrap(out, spec.mesh, layout->placements, out_shape, layout->extents);
+  // A re-laid-out `view` is a copy where one device has an alias: refuse in-place writes into it (never silently
+  // leave the input unchanged). `_unsafe_view` is reshape's copy path: not an alias on one device either.
+  if (relaid && !unsafe)
+    dispatch::register_relaid_view(result, std::string(op_name) + " from " + c10::str(self_arg.sizes()) + " to " +
+                                               c10::str(c10::IntArrayRef(out_shape)) + " with " +
+                                               to_string(spec_of(self_arg).placements));
+  return result;
 }
 
 // view(Tensor(a) self, SymInt[] size)

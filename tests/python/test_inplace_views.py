@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -65,9 +65,12 @@ def _check_all(x, lay, m, tag, views=VIEWS):
     done = 0
     for vname, view in views:
         try:
-            view(probe)
+            with torch.no_grad():
+                view(probe * 1.0).mul_(1.0)
         except NotImplementedError:
-            continue  # not a view the library reads in this layout (decided from the layout: alike on every rank)
+            # Not a view the library reads in this layout, or one it must re-lay out (a copy: writes into it are
+            # refused, test_relaid_view_write_refused) — decided from the layout, alike on every rank.
+            continue
         done += 1
         for oname, op in OPS:
             def fn(t, p, view=view, op=op):
@@ -263,3 +266,30 @@ def test_as_strided(world):
     for kind in ("plain", "grad", "inplace"):
         harness.expect_error(world, case_as_strided_refused, kind, match="no global storage to restride",
                              kinds=("NotImplementedError",))
+
+
+def relaid_view_written():
+    """A view that re-lays out its input (the sharded inner dim of a merge) is a copy: writing into it raises on
+    every rank instead of silently leaving the input unchanged."""
+    m = mesh()
+    x = st.distribute_tensor(randn(4, 6, 5, seed=11), m, [st.Shard(2)])
+    h = x * 1.0
+    h.view(4, 30)[:, 5:].mul_(2.0)
+
+
+def case_relaid_view_read():
+    """Reading the same re-laid-out view (no write) is fine, and writes to the input before the view reach it."""
+    m = mesh()
+    x = randn(4, 6, 5, seed=11)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)])
+    h, hr = xs * 1.0, x * 1.0
+    h[..., 1:].mul_(2.0)
+    hr[..., 1:].mul_(2.0)
+    close(full(h.view(4, 30)[:, 5:] * 3.0), hr.view(4, 30)[:, 5:] * 3.0, what="read a re-laid-out view")
+    return True
+
+
+def test_relaid_view_write_refused():
+    harness.expect_error(2, relaid_view_written, match="re-lay out its input", kinds=("NotImplementedError",))
+    harness.expect_error(3, relaid_view_written, match="re-lay out its input", kinds=("NotImplementedError",))
+    harness.run(2, case_relaid_view_read)

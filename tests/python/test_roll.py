@@ -76,7 +76,16 @@ def case_roll_flattened(seed):
 def case_roll_flattened_refused(seed):
     m = mesh()
     xs = st.distribute_tensor(randn(3, 6, seed=seed), m, [st.Shard(1)])
-    torch.roll(xs, 2)
+    with st.use_strict():  # the rule's refusal, not the gather-compute fallback that runs otherwise
+        torch.roll(xs, 2)
+    return True
+
+
+def case_roll_flattened_falls_back(seed):
+    m = mesh()
+    x = randn(3, 6, seed=seed)
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], {0: uneven_extents(6, m.size(), seed)})
+    close(full(torch.roll(xs, 2)), torch.roll(x, 2), what="flattened roll through the fallback")
     return True
 
 
@@ -147,6 +156,7 @@ def test_roll_flattened(world):
 
 def test_roll_flattened_refused():
     harness.expect_error(2, case_roll_flattened_refused, 0, match="flattened roll", kinds=("NotImplementedError",))
+    harness.run(2, case_roll_flattened_falls_back, 0)
 
 
 @pytest.mark.parametrize("world", [2, 3])
