@@ -26,7 +26,16 @@ void ShardTensorImpl::refresh_metadata() {
   // Global sizes with dense strides in the local tensor's stride order, so autograd's layout contract
   // (grad strides == param strides) holds without a dense global copy.
   const auto& global = spec_->global_shape;
-  auto strides = at::infer_dense_strides(global, local_.strides());
+  // Equal local strides (a dim whose extent on this rank is 1, next to another) would be ordered by the global
+  // sizes, and ranks holding extent 1 and extent > 1 of one dim then reported different global strides — a
+  // rank-local difference that code branching on strides could turn into ranks that diverge. Ties of non-zero
+  // strides are broken by position instead (the lower dim outer, as in a contiguous tensor), the same on every rank;
+  // zero strides (expanded dims) keep infer_dense_strides' own handling.
+  const auto ndim = static_cast<int64_t>(global.size());
+  std::vector<int64_t> keyed(local_.strides().begin(), local_.strides().end());
+  for (int64_t d = 0; d < ndim; ++d)
+    if (keyed[d] != 0) keyed[d] = keyed[d] * (ndim + 1) + (ndim - d);
+  auto strides = at::infer_dense_strides(global, keyed);
   sizes_and_strides_.set_sizes(global);
   for (size_t i = 0; i < strides.size(); ++i) sizes_and_strides_.stride_at_unchecked(i) = strides[i];
   refresh_numel();

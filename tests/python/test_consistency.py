@@ -230,3 +230,28 @@ def test_per_op_check():
         harness.expect_error(world, per_op_check_catches_layouts, match="argument layouts", kinds=("ValueError",))
         harness.expect_error(world, per_op_check_catches_ops, match="op", kinds=("ValueError",))
         harness.run(world, case_per_op_check_agreeing_ranks)
+
+
+def case_global_strides_agree():
+    """Global strides derive from each rank's local tensor; a rank holding extent 1 of a dim has tied local strides,
+    which must not change the global strides it reports (code branching on strides would diverge between ranks)."""
+    import torch.distributed as dist
+    m = mesh()
+    w = m.size()
+    ext = [1] + [1] * (w - 2) + [3] if w > 1 else [4]
+    cases = {
+        "(3, 4) Shard(1)": st.distribute_tensor(randn(3, sum(ext), seed=1), m, [st.Shard(1)], {0: ext}),
+        "channels-last H": st.distribute_tensor(randn(2, 3, sum(ext), 5, seed=2), m, [st.Shard(2)], {0: ext})
+        .contiguous(memory_format=torch.channels_last),
+    }
+    for name, t in cases.items():
+        mine = (tuple(t.stride()), t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last))
+        every = [None] * w
+        dist.all_gather_object(every, mine)
+        assert all(e == every[0] for e in every), f"{name}: ranks report different strides: {every}"
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_global_strides_agree(world):
+    harness.run(world, case_global_strides_agree)
