@@ -8,6 +8,7 @@
 // c2c(the others). Each stage applies the normalization to its own dims, so the product is the requested one.
 // Transforms along unsharded dims only stay the along-dims rule's (sort_fft.cpp): local, layout kept.
 #include "ops/common.h"
+#include "ops/empty_shard.h"
 
 #include <ATen/ops/_fft_c2c.h>
 #include <ATen/ops/_fft_c2r.h>
@@ -85,25 +86,11 @@ at::Tensor make_local(const at::Tensor& x, const std::vector<int64_t>& stage, co
 }
 
 // Runs `fn` on the local tensor of `x` (no transformed dim sharded) and wraps the result in `x`'s layout; the
-// transformed dims' sizes come from the local result. A rank whose shard is empty along a sharded dim runs on one
-// row there (MKL's FFT refuses empty input that one device never passes it) and keeps none of the result.
+// transformed dims' sizes come from the local result (an empty shard runs on a stand-in row: ops/empty_shard.h).
 at::Tensor run_local(const at::Tensor& x, const std::vector<int64_t>& dims, const LocalTransform& fn) {
   const auto& spec = spec_of(x);
-  auto local = shard_impl(x)->local().resolve_conj().resolve_neg();
-  std::vector<int64_t> emptied;
-  if (local.numel() == 0)
-    for (const auto& [d, e] : spec.dim_extents())
-      if (local.size(d) == 0) emptied.push_back(d);
-  if (!emptied.empty()) {
-    auto shape = local.sizes().vec();
-    for (auto d : emptied) shape[d] = 1;
-    if (std::all_of(shape.begin(), shape.end(), [](int64_t n) { return n > 0; }))
-      local = at::zeros(shape, local.options());
-    else
-      emptied.clear();
-  }
-  auto out = fn(local, dims);
-  for (auto d : emptied) out = out.narrow(d, 0, 0);
+  const auto in = stand_in_for_empty_shard(shard_impl(x)->local().resolve_conj().resolve_neg(), spec);
+  auto out = in.trim(fn(in.local, dims));
   auto shape = out.sizes().vec();
   const auto ext = spec.dim_extents();
   for (const auto& [d, e] : ext) {

@@ -4,6 +4,7 @@
 // input's layout; along a sharded dim they raise with the remedy (each needs the whole dim: a distributed sort
 // or FFT is not implemented).
 #include "ops/common.h"
+#include "ops/empty_shard.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -47,20 +48,9 @@ void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::
                                                ", which needs the whole dim on one rank; redistribute that dim to "
                                                "Replicate() first");
     }
-  // A rank whose shard is empty along a sharded dim runs the op on one row there (kernels such as MKL's FFT
-  // refuse empty input that one device never passes them) and keeps none of the result.
-  auto local = shard_impl(self)->local().resolve_conj().resolve_neg();
-  std::vector<int64_t> emptied;
-  for (const auto& [d, e] : spec.dim_extents())
-    if (local.size(d) == 0 && local.numel() == 0) emptied.push_back(d);
-  if (!emptied.empty()) {
-    auto shape = local.sizes().vec();
-    for (auto d : emptied) shape[d] = 1;
-    if (std::all_of(shape.begin(), shape.end(), [](int64_t n) { return n > 0; }))
-      local = at::zeros(shape, local.options());
-    else
-      emptied.clear();
-  }
+  // A rank whose shard is empty along a sharded dim runs the op on a stand-in row (ops/empty_shard.h).
+  const auto in = stand_in_for_empty_shard(shard_impl(self)->local().resolve_conj().resolve_neg(), spec);
+  const auto& local = in.local;
   args.set("self", local);
   op.callBoxed(stack);
   // Outputs: the input's layout (sharded dims precede the dims an op adds or drops); the sizes of the other dims
@@ -69,8 +59,7 @@ void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::
   const auto ext = spec.dim_extents();
   for (size_t r = 0; r < nret; ++r) {
     auto& out = (*stack)[stack->size() - nret + r];
-    auto local = out.toTensor();
-    for (auto d : emptied) local = local.narrow(d, 0, 0);
+    auto local = in.trim(out.toTensor());
     auto shape = local.sizes().vec();
     for (const auto& [d, e] : ext) {
       int64_t n = 0;
