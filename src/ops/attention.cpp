@@ -124,7 +124,7 @@ std::vector<at::Tensor> resolve_qkv(const std::vector<at::Tensor>& ts) {
 // the key sequence sharded the score contraction gathers the keys (the matmul rule), so memory grows with the
 // full key length on each rank.
 at::Tensor attention_with_bias_grad(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                    const at::Tensor& bias, bool is_causal, std::optional<double> scale, int64_t gqa) {
+                                    const at::Tensor& bias, bool is_causal, double scale, int64_t gqa) {
   TORCH_CHECK_VALUE(!is_causal, "scaled_dot_product_attention: attn_mask and is_causal cannot both be set");
   const auto nd = query.dim();
   auto k = key, v = value;
@@ -132,8 +132,7 @@ at::Tensor attention_with_bias_grad(const at::Tensor& query, const at::Tensor& k
     k = k.repeat_interleave(gqa, nd - 3);
     v = v.repeat_interleave(gqa, nd - 3);
   }
-  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
-  auto scores = at::matmul(query, k.transpose(-2, -1)).mul(sc).add(bias);
+  auto scores = at::matmul(query, k.transpose(-2, -1)).mul(scale).add(bias);
   return at::matmul(at::softmax(scores, -1), v);
 }
 
@@ -182,10 +181,11 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
            "full tensors");
   if (mask_t.defined())
     TORCH_CHECK_VALUE(mask_t.dim() <= nd, "scaled_dot_product_attention: attn_mask has more dims than query");
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
   if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled()) {
     TORCH_CHECK_VALUE(at::isFloatingType(mask_t.scalar_type()),
                       "scaled_dot_product_attention: an attn_mask that requires grad must be floating point");
-    return attention_with_bias_grad(query, key, value, mask_t, is_causal, scale, gqa);
+    return attention_with_bias_grad(query, key, value, mask_t, is_causal, sc, gqa);
   }
 
   // Canonical inputs: ShardTensors without Partial.
@@ -264,7 +264,6 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
   auto qc = to_layout(q, tq, xq);
   auto kc = to_layout(k, tk, xk);
   auto vc = to_layout(v, tk, xk);
-  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
 
   at::Tensor out;
   auto l = layout_of(qc, kc);
