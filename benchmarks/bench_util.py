@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: median timing and allocator peak memory of one call."""
+"""Shared benchmark helpers: median timing and allocator peak memory of one call, collective counts as text."""
 from __future__ import annotations
 
 import statistics
@@ -33,3 +33,10 @@ def timed(fn, warmup: int = 2, iters: int = 7, samples: list | None = None) -> f
 def peak_bytes(fn, device, prepare=None) -> int:
     """Allocator peak while ``fn`` runs (see ``shardtensor.profiling.peak_memory``)."""
     return peak_memory(fn, device, prepare)
+
+
+def format_collectives(calls: dict, nbytes: dict) -> str:
+    """``CommCounter`` calls and bytes as ``kind ×n (x KiB)``, or ``none``."""
+    if not calls:
+        return "none"
+    return ", ".join(f"{k} ×{v} ({nbytes[k] / 1024:.1f} KiB)" for k, v in sorted(calls.items()))

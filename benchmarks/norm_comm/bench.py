@@ -26,6 +26,7 @@ import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+from bench_util import format_collectives as fmt  # noqa: E402
 from results_dir import add_out_argument, prepare  # noqa: E402
 
 
@@ -77,11 +78,6 @@ def run(rank, world, port, out_path):
             json.dump(rows, f)
     dist.destroy_process_group()
 
-
-def fmt(calls, nbytes):
-    if not calls:
-        return "none"
-    return ", ".join(f"{k} ×{v} ({nbytes[k] / 1024:.1f} KiB)" for k, v in sorted(calls.items()))
 
 
 def main():
