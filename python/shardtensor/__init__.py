@@ -27,7 +27,7 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
-    "set_strict", "strict", "use_strict",
+    "set_strict", "strict", "use_strict", "localize_parameters",
 ]
 
 __version__ = "0.1.0"
@@ -155,8 +155,8 @@ def _is_dtensor(t) -> bool:
 def sync_module(module: torch.nn.Module, mesh, src_rank: Optional[int] = None) -> torch.nn.Module:
     """Broadcast every plain parameter and buffer of ``module`` over the mesh from ``src_rank`` (default: the
     mesh's first rank), so all domain ranks start from the same weights. ShardTensor and DTensor parameters and
-    buffers are skipped: each rank already holds its own part of them (a broadcast would overwrite other ranks'
-    shards)."""
+    buffers are skipped (and the local parameters standing for ShardTensor ones, see ``localize_parameters``):
+    each rank already holds its own part of them (a broadcast would overwrite other ranks' shards)."""
     if hasattr(mesh, "get_group"):
         groups = [mesh.get_group(i) for i in range(mesh.ndim)]
         ranks = mesh.mesh.flatten().tolist()
@@ -173,7 +173,7 @@ def sync_module(module: torch.nn.Module, mesh, src_rank: Optional[int] = None) -
     src_coord.reverse()
     me = mesh.get_coordinate()
     tensors = [t for t in list(module.parameters()) + list(module.buffers())
-               if not is_shard_tensor(t) and not _is_dtensor(t)]
+               if not is_shard_tensor(t) and not _is_dtensor(t) and not data_parallel.is_localized(t)]
     with torch.no_grad():
         # Along each mesh dim in turn, from the line that already holds src's values.
         for d in reversed(range(len(shape))):
@@ -420,3 +420,7 @@ _install_tensor_methods()
 from . import ops  # noqa: E402,F401  (shardtensor.ops: neighbourhood attention, knn, radius_search)
 from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint support, installed on import)
 from .compile import local_map  # noqa: E402
+from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: localized by the wrappers)
+from .data_parallel import localize_parameters  # noqa: E402
+
+data_parallel.install()

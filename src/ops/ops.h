@@ -28,5 +28,6 @@ void register_indexing();
 void register_sort_fft();
 void register_fft();
 void register_roll();
+void register_foreach();
 
 } // namespace shardtensor::ops
