@@ -1,5 +1,7 @@
 #include "ops/common.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 
 #include "comm/collectives.h"
@@ -51,6 +53,31 @@ at::Tensor resolve_partial(const at::Tensor& t) {
   auto* impl = shard_impl(t);
   if (!impl || !impl->spec()->has_partial()) return t;
   return redistribute_to(t, without_partial(impl->spec()));
+}
+
+at::Tensor scatter_partial(const at::Tensor& t, const std::vector<int64_t>& keep_whole) {
+  auto* impl = shard_impl(t);
+  if (!impl || !impl->spec()->has_partial()) return t;
+  const auto& spec = *impl->spec();
+  auto placements = spec.placements;
+  auto ext = spec.dim_extents();
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_partial()) continue;
+    const auto ranks = spec.mesh->size(static_cast<int64_t>(m));
+    int64_t best = -1;
+    for (int64_t d = 0; d < spec.ndim(); ++d) {
+      if (std::find(keep_whole.begin(), keep_whole.end(), d) != keep_whole.end() || ext.count(d)) continue;
+      if (spec.global_shape[d] < ranks) continue;
+      if (best < 0 || spec.global_shape[d] > spec.global_shape[best]) best = d;
+    }
+    if (best < 0) {
+      placements[m] = Placement::replicate();
+      continue;
+    }
+    placements[m] = Placement::shard(best);
+    ext[best] = default_split(spec.global_shape[best], ranks);
+  }
+  return redistribute_to(t, ShardSpec::make_with_dim_extents(spec.mesh, placements, spec.global_shape, ext));
 }
 
 namespace {

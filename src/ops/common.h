@@ -31,6 +31,13 @@ inline at::Tensor wrap(at::Tensor local, const MeshPtr& mesh, Placements placeme
 // Bring every Partial placement of `t` to Replicate (an all-reduce per Partial mesh dim).
 at::Tensor resolve_partial(const at::Tensor& t);
 
+// Complete every Partial placement of `t` into a shard instead (a reduce-scatter per Partial mesh dim: (P-1)/P of the
+// bytes of an all-reduce's, and 1/P of the memory): onto the largest dim not in `keep_whole`, not yet sharded, with
+// an element per rank (ties: the lower dim); Replicate where no dim qualifies. For ops that need some dims whole
+// (a padding's padded dims, a transform's dims) on a pending sum (FNO's channel contraction of a channel-sharded
+// spectrum). Decided from the spec alone.
+at::Tensor scatter_partial(const at::Tensor& t, const std::vector<int64_t>& keep_whole);
+
 // resolve_partial, at most once per value: with `keep`, the complete value stays attached to `t` (while `t` lives
 // and is not modified in place), so the backward of an op that saved `t` (a convolution's weight gradient reads its
 // input) reuses it instead of issuing the all-reduce again; an attached value is used whenever present. Whether a

@@ -108,7 +108,8 @@ struct Stage {
 
 at::Tensor run_stages(const at::Tensor& self, const std::vector<int64_t>& dims, const std::vector<Stage>& staged,
                       const LocalTransform& whole, const char* op) {
-  auto x = resolve_partial(self);
+  // A pending sum (a linear transform's input may be one) is completed into a shard of an untransformed dim.
+  auto x = scatter_partial(self, dims);
   // One stage when every shard of a transformed dim can move to an untransformed dim.
   int64_t sharded_transformed = 0, free_dims = 0;
   const auto& spec = spec_of(x);
@@ -133,7 +134,7 @@ at::Tensor fft_r2c_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_r2c(l, d, normalization, onesided);
   };
-  if (!any_sharded(spec_of(self), dims)) return run_local(resolve_partial(self), dims, whole);
+  if (!any_sharded(spec_of(self), dims)) return run_local(scatter_partial(self, dims), dims, whole);
   const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
   auto c2c = [=](const at::Tensor& l, const std::vector<int64_t>& d) { return at::_fft_c2c(l, d, normalization, true); };
   return run_stages(self, dims, {{last, whole}, {rest, c2c}}, whole, "_fft_r2c");
@@ -146,7 +147,7 @@ at::Tensor fft_c2r_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_c2r(l, d, normalization, n);
   };
-  if (!any_sharded(spec_of(self), dims)) return run_local(resolve_partial(self), dims, whole);
+  if (!any_sharded(spec_of(self), dims)) return run_local(scatter_partial(self, dims), dims, whole);
   const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
   auto c2c = [=](const at::Tensor& l, const std::vector<int64_t>& d) { return at::_fft_c2c(l, d, normalization, false); };
   return run_stages(self, dims, {{rest, c2c}, {last, whole}}, whole, "_fft_c2r");
@@ -159,7 +160,7 @@ at::Tensor fft_c2c_rule(const at::Tensor& self, c10::SymIntArrayRef dim, int64_t
     return at::_fft_c2c(l, d, normalization, forward);
   };
   const auto& spec = spec_of(self);
-  if (!any_sharded(spec, dims)) return run_local(resolve_partial(self), dims, whole);
+  if (!any_sharded(spec, dims)) return run_local(scatter_partial(self, dims), dims, whole);
   std::vector<int64_t> local_dims, sharded_dims;
   for (auto d : dims) (spec.mesh_dim_of(d) >= 0 ? sharded_dims : local_dims).push_back(d);
   return run_stages(self, dims, {{local_dims, whole}, {sharded_dims, whole}}, whole, "_fft_c2c");

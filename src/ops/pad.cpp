@@ -65,7 +65,12 @@ std::shared_ptr<const PadPlan> pad_plan(const ShardSpec& spec, at::IntArrayRef p
 
 // Forward: the padded ShardTensor.
 at::Tensor pad_forward(const at::Tensor& self_in, at::IntArrayRef pad, comm::PadMode mode, double value) {
-  auto self = resolve_partial_once(self_in, false);
+  // A pending sum is completed into a shard of an unpadded dim (a reduce-scatter of the unpadded data) rather than
+  // replicated: FNO pads the small contracted mode block of a channel-sharded spectrum to the full spectrum, which
+  // then stays divided over the ranks.
+  std::vector<int64_t> padded;
+  for (const auto& p : pad_dims(pad, self_in.dim())) padded.push_back(p.dim);
+  auto self = scatter_partial(self_in, padded);
   const auto& spec = shard_impl(self)->spec();
   const auto& x = shard_impl(self)->local();
   auto plan = pad_plan(*spec, pad, mode, value, x.device());

@@ -102,9 +102,9 @@ class SpectralConv2d(torch.nn.Module):
     """An FNO spectral convolution in plain torch: rfft2, a per-mode complex contraction of the low modes with a
     complex weight, irfft2."""
 
-    def __init__(self, cin, cout, modes):
+    def __init__(self, cin, cout, modes, alloc="pad"):
         super().__init__()
-        self.modes = modes
+        self.modes, self.alloc = modes, alloc
         g = torch.Generator().manual_seed(9)
         self.weight = torch.nn.Parameter(torch.randn(cin, cout, modes, modes, 2, generator=g) / (cin * cout))
 
@@ -113,15 +113,22 @@ class SpectralConv2d(torch.nn.Module):
         xf = torch.fft.rfft2(x)
         low = xf[..., : self.modes, : self.modes]
         mixed = torch.einsum("bixy,ioxy->boxy", low, torch.view_as_complex(self.weight))
-        out = torch.nn.functional.pad(mixed, (0, w // 2 + 1 - self.modes, 0, h - self.modes))
+        if self.alloc == "pad":
+            out = torch.nn.functional.pad(mixed, (0, w // 2 + 1 - self.modes, 0, h - self.modes))
+        else:   # neuraloperator's form, allocated from the spectrum instead of torch.zeros
+            out = xf.new_zeros(mixed.shape[0], mixed.shape[1], h, w // 2 + 1)
+            out[..., : self.modes, : self.modes] = mixed
+        self.spectrum = out
         return torch.fft.irfft2(out, s=(h, w))
 
 
-def case_fno_block():
+def case_fno_block(alloc):
+    """An FNO layer against one device; the padded (or written) full spectrum stays divided over the ranks (a
+    pending channel sum is reduce-scattered, not replicated)."""
     m = mesh()
     w = m.size()
     torch.manual_seed(0)
-    block = SpectralConv2d(4, 4, 3)
+    block = SpectralConv2d(4, 4, 3, alloc)
     skip = torch.nn.Conv2d(4, 4, 1)
     x = randn(2, 4, 10, 8, seed=10)
 
@@ -137,6 +144,7 @@ def case_fno_block():
     xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: uneven_extents(10, w, seed=11)}).requires_grad_()
     out = fno(xs)
     close(full(out), ref, **TOL, what="fno forward")
+    assert any(p.is_shard() for p in st.placements(block.spectrum)), st.placements(block.spectrum)
     out.square().sum().backward()
     close(full(xs.grad), ref_x.grad, **TOL, what="fno input grad")
     for p, r in zip((*block.parameters(), *skip.parameters()), ref_grads):
@@ -180,9 +188,10 @@ def test_2d_mesh():
     harness.run(4, case_2d_mesh)
 
 
+@pytest.mark.parametrize("alloc", ["pad", "new_zeros"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_fno_block(world):
-    harness.run(world, case_fno_block)
+def test_fno_block(world, alloc):
+    harness.run(world, case_fno_block, alloc)
 
 
 def test_refusal():
