@@ -1,5 +1,6 @@
 // shardtensor._C: the pybind11 bindings (torch's bundled pybind11; tensors cross via torch's caster).
 #include <shardtensor/attention.h>
+#include <shardtensor/comm_backend.h>
 #include <shardtensor/comm_stats.h>
 #include <shardtensor/fallback.h>
 #include <shardtensor/handler_registry.h>
@@ -204,6 +205,15 @@ PYBIND11_MODULE(_C, m) {
     return to_string(set_attention_strategy(parse_attention_strategy(name)));
   });
   m.def("attention_strategy", [] { return to_string(attention_strategy()); });
+  m.def("set_comm_backend", [](const std::string& name) {
+    TORCH_CHECK_VALUE(name == "process_group" || name == "functional",
+                      "set_comm_backend: expected \"process_group\" or \"functional\", got \"", name, "\"");
+    auto previous = set_comm_backend(name == "functional" ? CommBackend::functional : CommBackend::process_group);
+    return std::string(previous == CommBackend::functional ? "functional" : "process_group");
+  });
+  m.def("comm_backend", [] {
+    return std::string(comm_backend() == CommBackend::functional ? "functional" : "process_group");
+  });
   m.def("set_strict", &set_strict, py::arg("strict"));
   m.def("strict", &strict);
   m.def("_reset_fallback_warnings", &reset_fallback_warnings);

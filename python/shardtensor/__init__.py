@@ -27,7 +27,8 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
-    "set_strict", "strict", "use_strict", "localize_parameters",
+    "set_strict", "strict", "use_strict", "localize_parameters", "set_comm_backend", "comm_backend",
+    "use_comm_backend",
 ]
 
 __version__ = "0.1.0"
@@ -304,6 +305,36 @@ class use_strict:
 
     def __exit__(self, *exc):
         set_strict(self.previous)
+        return False
+
+
+def set_comm_backend(backend: str) -> str:
+    """How the library issues its collectives: ``"process_group"`` (the default: c10d ProcessGroup calls) or
+    ``"functional"`` (torch's ``_c10d_functional`` ops, waited by ``wait_tensor``: the form torch.compile traces).
+    The functional form is used automatically while tensors are being traced; this selects it for eager runs too.
+    ``SHARDTENSOR_COMM_BACKEND=functional`` selects it at start-up. Process-wide; set it alike on every rank.
+    Returns the previous setting."""
+    return _C.set_comm_backend(str(backend))
+
+
+def comm_backend() -> str:
+    """The collective backend for eager runs (see ``set_comm_backend``)."""
+    return _C.comm_backend()
+
+
+class use_comm_backend:
+    """``with st.use_comm_backend("functional"): ...`` — a collective backend for a block."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = set_comm_backend(self.backend)
+        return self
+
+    def __exit__(self, *exc):
+        set_comm_backend(self.previous)
         return False
 
 

@@ -1,6 +1,7 @@
 #include "comm/collectives.h"
 
 #include "comm/comm_stats.h"
+#include "comm/functional.h"
 #include "comm/wait.h"
 
 #include <ATen/ATen.h>
@@ -92,7 +93,7 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
   pending.device = input.device();
   int64_t recv_total = 0;
   for (auto n : recv_numels) recv_total += n;
-  pending.staged = needs_host_staging(pg, input);
+  pending.staged = !use_functional(input) && needs_host_staging(pg, input);
   pending.in = pending.staged ? input.cpu() : input;
   pending.out = at::empty({recv_total}, opts.device(pending.in.device()));
   pending.recv_numels = recv_numels;
@@ -105,6 +106,13 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
     for (auto& n : recv_splits) n *= 2;
     for (auto& n : send_splits) n *= 2;
     pending.in = wire_in;  // keeps the sent buffer alive until the wait
+  }
+  if (use_functional(input)) {
+    pending.functional = true;
+    pending.complex = travels_as_real(input);
+    pending.staged = false;
+    pending.out = functional::all_to_all_single_start(wire_in, recv_splits, send_splits, mesh, mesh_dim);
+    return pending;
   }
   // Bytes that leave this rank: the piece addressed to itself stays (c10d copies it locally).
   const auto me = mesh.coordinate(mesh_dim);
@@ -125,6 +133,11 @@ std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_piec
 std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending) {
   if (pending.work) wait_work(pending.work, "all_to_all");
   pending.work.reset();
+  if (pending.functional) {
+    pending.out = functional::wait(pending.out);
+    if (pending.complex) pending.out = at::view_as_complex(pending.out.view({-1, 2}));
+    pending.functional = false;
+  }
   auto out = pending.staged ? pending.out.to(pending.device) : pending.out;
   std::vector<at::Tensor> chunks;
   int64_t off = 0;
@@ -159,6 +172,7 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return local;
   if (travels_as_real(local)) return at::view_as_complex(all_gather_v(real_view(local), dim, extents, mesh, mesh_dim));
+  if (use_functional(local)) return functional::all_gather_v(local, dim, extents, mesh, mesh_dim);
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   int64_t max_extent = 0;
@@ -200,6 +214,7 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
                       "all_reduce of a complex tensor: only sum and avg are defined (complex numbers have no order)");
     return at::view_as_complex(all_reduce(real_view(local), op, mesh, mesh_dim));
   }
+  if (use_functional(local)) return functional::all_reduce(local, op, mesh, mesh_dim);
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, local);
@@ -298,6 +313,7 @@ at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vec
 at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, int64_t mesh_dim) {
   if (mesh.size(mesh_dim) == 1) return tensor;
   if (travels_as_real(tensor)) return at::view_as_complex(broadcast(real_view(tensor), root, mesh, mesh_dim));
+  if (use_functional(tensor)) return functional::broadcast(tensor, root, mesh, mesh_dim);
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, tensor);
@@ -323,6 +339,33 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
     auto real_opts = options.dtype(c10::toRealValueType(c10::typeMetaToScalarType(options.dtype())));
     return at::view_as_complex(scatter_v(me == root ? real_view(full) : full, root, dim, extents, real_shape,
                                          real_opts, mesh, mesh_dim));
+  }
+  if (use_functional(me == root ? full : at::empty({0}, options))) {
+    // No functional scatter: an all-to-all in which only the root sends (chunk j to coordinate j).
+    auto my_shape = full_shape;
+    my_shape[dim] = extents[me];
+    int64_t my_numel = 1;
+    for (auto v : my_shape) my_numel *= v;
+    std::vector<at::Tensor> flat;
+    std::vector<int64_t> send(n, 0), recv(n, 0);
+    int64_t off = 0, max_extent = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (me == root) {
+        flat.push_back(full.narrow(dim, off, extents[j]).reshape({-1}));
+        send[j] = flat.back().numel();
+      }
+      off += extents[j];
+      max_extent = std::max(max_extent, extents[j]);
+    }
+    recv[root] = my_numel;
+    auto input = me == root ? at::cat(flat) : at::empty({0}, options);
+    // Counted as the ProcessGroup scatter counts: the root's padded chunks.
+    int64_t chunk = max_extent;
+    for (size_t d = 0; d < full_shape.size(); ++d)
+      if (static_cast<int64_t>(d) != dim) chunk *= full_shape[d];
+    const int64_t bytes = me == root ? chunk * n * input.element_size() : 0;
+    auto out = functional::wait(functional::all_to_all_single_start(input, recv, send, mesh, mesh_dim, "scatter", bytes));
+    return out.view(my_shape).clone();
   }
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
@@ -382,10 +425,27 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
     ex.done_ = send;
     return ex;
   }
-  auto& pg = *mesh.group(mesh_dim);
-  GilReleased no_gil; // see comm/wait.h
   const auto me = mesh.coordinate(mesh_dim);
   const int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
+  if (!send.empty() && use_functional(send[0])) {
+    // Functional: one all-to-all per tensor with a single non-empty split each way (a permute), waited in wait().
+    ex.functional_ = true;
+    for (size_t i = 0; i < send.size(); ++i) {
+      const bool as_real = travels_as_real(send[i]);
+      auto wire = (as_real ? real_view(send[i]) : send[i]).reshape({-1});
+      int64_t recv_numel = as_real ? 2 : 1;
+      for (auto v : recv_shapes[i]) recv_numel *= v;
+      std::vector<int64_t> send_splits(n, 0), recv_splits(n, 0);
+      send_splits[next] = wire.numel();
+      recv_splits[prev] = recv_numel;
+      ex.recv_.push_back(functional::all_to_all_single_start(wire, recv_splits, send_splits, mesh, mesh_dim));
+      ex.shapes_.push_back(recv_shapes[i]);
+      ex.complex_.push_back(as_real);
+    }
+    return ex;
+  }
+  auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
   if (!send.empty()) {
     ex.device_ = send[0].device();
     ex.staged_ = needs_host_staging(pg, send[0]);
@@ -427,6 +487,16 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
 }
 
 std::vector<at::Tensor> RingExchange::wait() {
+  if (functional_) {
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < recv_.size(); ++i) {
+      auto r = functional::wait(recv_[i]);
+      out.push_back(complex_[i] ? at::view_as_complex(r.view({-1, 2})).view(shapes_[i]) : r.view(shapes_[i]));
+    }
+    recv_.clear();
+    functional_ = false;
+    return out;
+  }
   for (auto& w : works_) wait_work(w, "ring send/recv");
   works_.clear();
   keep_alive_.clear();
@@ -458,6 +528,7 @@ at::Tensor metadata_tensor(const std::vector<int64_t>& values, c10d::ProcessGrou
 } // namespace
 
 std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, const Mesh& mesh) {
+  if (tracing(at::Tensor())) refuse_host_read_while_tracing("the agreement check (from_local/distribute_tensor with check=True)");
   std::vector<int64_t> out = values;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     if (mesh.size(m) == 1) continue;
@@ -478,6 +549,7 @@ std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& va
                                                   int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return {values};
+  if (tracing(at::Tensor())) refuse_host_read_while_tracing("an exchange of extents or shapes (from_local(\"infer\"), a flip's shapes)");
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   at::Tensor in = metadata_tensor(values, pg);

@@ -47,6 +47,8 @@ struct PendingAllToAll {
   at::Tensor in, out;
   std::vector<int64_t> recv_numels;
   bool staged = false;
+  bool functional = false;  // `out` is a functional collective's result, not yet waited (comm/functional.h)
+  bool complex = false;     // functional: `out` holds the real view of complex data
   at::Device device{at::kCPU};
 };
 PendingAllToAll all_to_all_flat_start(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,
@@ -79,6 +81,9 @@ class RingExchange {
   std::vector<at::Tensor> done_;        // results when nothing was exchanged
   c10::Device device_{c10::kCPU};
   bool staged_ = false;
+  bool functional_ = false;                   // recv_ holds functional results (flat), not yet waited
+  std::vector<std::vector<int64_t>> shapes_;  // functional: the received tensors' shapes
+  std::vector<bool> complex_;                 // functional: which received tensors travel as real views
 };
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
                              const Mesh& mesh, int64_t mesh_dim, int tag_base = 0);

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -109,6 +110,8 @@ World init_from_env(c10::DeviceType device_type, std::chrono::milliseconds timeo
   if (device_type == c10::DeviceType::CUDA) c10::cuda::set_device(static_cast<c10::DeviceIndex>(w.local_rank));
 #endif
   w.group = make_process_group(w.store, w.rank, w.size, device_type, timeout);
+  // Named, so functional collectives (comm/functional.h) resolve it.
+  w.group->setGroupName("shardtensor_world");
   c10d::register_process_group("shardtensor_world", w.group);
   return w;
 }
@@ -126,6 +129,8 @@ MeshPtr init_device_mesh(const World& world, std::vector<int64_t> shape, std::ve
     rest /= shape[d];
   }
   std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups;
+  static std::atomic<int64_t> meshes_built{0};
+  const auto mesh_id = meshes_built++;
   for (int64_t d = 0; d < ndim; ++d) {
     if (ndim == 1) {
       groups.push_back(world.group);
@@ -136,6 +141,10 @@ MeshPtr init_device_mesh(const World& world, std::vector<int64_t> shape, std::ve
     for (int64_t k = 0; k < ndim; ++k) key += (k == d ? std::string("*") : std::to_string(coord[k])) + ",";
     groups.push_back(make_process_group(c10::make_intrusive<c10d::PrefixStore>(key, world.store), coord[d], shape[d],
                                         world.device_type));
+    // A registered name per group (functional collectives resolve groups by name); meshes built again get new ones.
+    const auto name = "shardtensor_mesh" + std::to_string(mesh_id) + "_" + key;
+    groups.back()->setGroupName(name);
+    c10d::register_process_group(name, groups.back());
   }
   std::vector<int64_t> ranks(n);
   for (int64_t r = 0; r < n; ++r) ranks[r] = r;
