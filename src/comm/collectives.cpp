@@ -4,6 +4,7 @@
 #include "comm/wait.h"
 
 #include <ATen/ATen.h>
+#include <utility>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace shardtensor::comm {
@@ -374,7 +375,7 @@ at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_
 }
 
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
-                             const Mesh& mesh, int64_t mesh_dim, int tag_base) {
+                             const Mesh& mesh, int64_t mesh_dim, int tag_base, bool backward) {
   TORCH_INTERNAL_ASSERT(send.size() == recv_shapes.size(), "ring_pass: one receive shape per sent tensor");
   RingExchange ex;
   const auto n = mesh.size(mesh_dim);
@@ -385,7 +386,8 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   const auto me = mesh.coordinate(mesh_dim);
-  const int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
+  int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
+  if (backward) std::swap(next, prev);
   if (!send.empty()) {
     ex.device_ = send[0].device();
     ex.staged_ = needs_host_staging(pg, send[0]);
@@ -439,8 +441,8 @@ std::vector<at::Tensor> RingExchange::wait() {
 
 std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
                                   const std::vector<std::vector<int64_t>>& recv_shapes, const Mesh& mesh,
-                                  int64_t mesh_dim) {
-  return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0).wait();
+                                  int64_t mesh_dim, bool backward) {
+  return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0, backward).wait();
 }
 
 namespace {
