@@ -397,3 +397,76 @@ def case_ring_pass_errors(which):
                                          ("config", "mesh_size"), ("direction", "Invalid ring direction")])
 def test_ring_pass_errors(which, match):
     harness.expect_error(2, case_ring_pass_errors, which, match=match, kinds=("ValueError",))
+
+
+# ---- the Extending examples of docs/python-api.md ----
+
+@torch.library.custom_op("st_doc::sum_of_squares", mutates_args=())
+def sum_of_squares(x: torch.Tensor) -> torch.Tensor:
+    return (x * x).sum()
+
+
+@sum_of_squares.register_fake
+def _(x):
+    return x.new_empty(())
+
+
+def sum_of_squares_sharded(x):
+    pl = st.placements(x)
+    if any(p.is_partial() for p in pl):
+        raise NotImplementedError(f"st_doc::sum_of_squares: refused for {pl}: redistribute to Replicate first")
+    local = sum_of_squares(st.to_local(x))
+    out = [st.Partial("sum") if p.is_shard() else st.Replicate() for p in pl]
+    return st.from_local(local, st.device_mesh(x), out, sharding_shapes={}, check=False)
+
+
+@torch.library.custom_op("st_doc::weighted_diff", mutates_args=())
+def weighted_diff(a: torch.Tensor, b: torch.Tensor, w: float) -> torch.Tensor:
+    return a - w * b
+
+
+@weighted_diff.register_fake
+def _(a, b, w):
+    return torch.empty_like(a)
+
+
+def weighted_diff_sharded(a, b, w):
+    if not (st.is_shard_tensor(a) and st.is_shard_tensor(b)) or a.shape != b.shape:
+        raise NotImplementedError("st_doc::weighted_diff: both inputs must be ShardTensors of one shape")
+    if st.placements(a) != st.placements(b):
+        raise NotImplementedError(f"st_doc::weighted_diff: placements differ ({st.placements(a)} vs "
+                                  f"{st.placements(b)}); redistribute one input first")
+    if st.sharding_shapes(a) != st.sharding_shapes(b):
+        b = st.redistribute(b, st.placements(a), st.sharding_shapes(a))
+    local = weighted_diff(st.to_local(a), st.to_local(b), w)
+    return st.from_local(local, st.device_mesh(a), st.placements(a), sharding_shapes=st.sharding_shapes(a),
+                         check=False)
+
+
+def case_extending_examples():
+    st.register_handler("st_doc::sum_of_squares", sum_of_squares_sharded)
+    st.register_handler("st_doc::weighted_diff", weighted_diff_sharded)
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(6, 5, seed=11)
+    xs = shard_of(x, m, [st.Shard(0), st.Replicate()], {0: [4, 2]})
+    with st.CommCounter() as c:
+        s = sum_of_squares(xs)
+    assert c.total_calls == 0 and st.placements(s) == (st.Partial("sum"), st.Replicate())
+    close(s.full_tensor(), (x * x).sum(), what="sum of squares")
+    y = randn(6, 5, seed=12)
+    ys = shard_of(y, m, [st.Shard(0), st.Replicate()], {0: [1, 5]})     # other extents: redistributed
+    d = weighted_diff(xs, ys, 0.5)
+    assert st.sharding_shapes(d) == st.sharding_shapes(xs)
+    close(d.full_tensor(), x - 0.5 * y, what="weighted diff")
+    other = shard_of(y, m, [st.Shard(1), st.Replicate()])
+    try:
+        weighted_diff(xs, other, 0.5)
+    except NotImplementedError as e:
+        assert "placements differ" in str(e)
+    else:
+        raise AssertionError("no refusal")
+    return True
+
+
+def test_extending_examples():
+    harness.run(4, case_extending_examples)
