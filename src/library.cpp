@@ -10,8 +10,9 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(shardtensor, m) {
-  // The differentiable API keeps specs in autograd contexts (comm/api.cpp).
+  // The differentiable API keeps specs and meshes in autograd contexts (comm/api.cpp, comm/ring_api.cpp).
   m.class_<shardtensor::SpecHolder>("_SpecHolder");
+  m.class_<shardtensor::MeshHolder>("_MeshHolder");  // the ring pass's context (comm/ring_api.cpp)
 
   // Point search (src/ops/point_search*.cpp, python/shardtensor/ops).
   m.def("knn(Tensor points, Tensor queries, int k) -> (Tensor indices, Tensor distances)");

@@ -9,5 +9,6 @@
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/mesh.h>
 #include <shardtensor/placement.h>
+#include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 #include <shardtensor/spec.h>

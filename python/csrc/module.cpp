@@ -5,6 +5,7 @@
 #include <shardtensor/fallback.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/memory_tracker.h>
+#include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 
 #include "comm/halo_plan.h"
@@ -135,6 +136,16 @@ PYBIND11_MODULE(_C, m) {
                              const std::vector<std::tuple<int, int64_t, std::string>>& p, const ShardingShapes& shapes) {
     return scatter_tensor(t.value_or(at::Tensor()), src, mesh, to_placements(p), shapes);
   }, py::call_guard<py::gil_scoped_release>());
+
+  m.def("ring_pass", [](const std::vector<at::Tensor>& tensors, const std::shared_ptr<Mesh>& mesh, int64_t mesh_dim,
+                        const std::vector<std::vector<int64_t>>& recv_shapes, bool backward) {
+    return with_context("ring_pass", [&] { return "mesh dim " + std::to_string(mesh_dim) + " of " + mesh->str(); },
+                        [&] {
+                          return ring_pass(tensors, mesh, mesh_dim, recv_shapes,
+                                           backward ? RingDirection::Backward : RingDirection::Forward);
+                        });
+  }, py::arg("tensors"), py::arg("mesh"), py::arg("mesh_dim"), py::arg("recv_shapes"), py::arg("backward"),
+        py::call_guard<py::gil_scoped_release>());
 
   m.def("register_handler", [](const std::string& name, py::function fn) {
     // The Python handler receives the op's arguments and returns its result(s); it runs with the GIL.

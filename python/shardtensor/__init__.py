@@ -28,7 +28,7 @@ __all__ = [
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
     "set_strict", "strict", "use_strict", "localize_parameters", "set_comm_backend", "comm_backend",
-    "use_comm_backend",
+    "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
 ]
 
 __version__ = "0.1.0"
@@ -387,6 +387,33 @@ def _shard_method(fn, name):
     return property(getter, doc=fn.__doc__)
 
 
+def _soft_attribute(name, on_shard):
+    """A ``torch.Tensor`` attribute that exists only on ShardTensors (``on_shard(self)``). Other tensors keep any
+    attribute of that name they set themselves (kept in their ``__dict__``); without one, reading it raises
+    NotAShardTensorError, an AttributeError, so ``hasattr`` is False."""
+
+    def getter(self):
+        if _C.is_shard_tensor(self):
+            return on_shard(self)
+        own = self.__dict__
+        if name in own:
+            return own[name]
+        raise NotAShardTensorError(f"{name}: expected a ShardTensor, got a plain tensor (a ShardTensor/PhysicsNeMo "
+                                   "attribute)")
+
+    def setter(self, value):
+        if _C.is_shard_tensor(self):
+            raise AttributeError(f"ShardTensor.{name} is read-only")
+        self.__dict__[name] = value
+
+    def deleter(self):
+        if name not in self.__dict__:
+            raise AttributeError(name)
+        del self.__dict__[name]
+
+    return property(getter, setter, deleter)
+
+
 def _install_tensor_methods():
     torch.Tensor.full_tensor = _shard_method(full_tensor, "full_tensor")
     torch.Tensor.to_local = _shard_method(to_local, "to_local")
@@ -394,6 +421,19 @@ def _install_tensor_methods():
     torch.Tensor.placements = property(placements)
     torch.Tensor.device_mesh = property(device_mesh)
     torch.Tensor.sharding_shapes = property(sharding_shapes)
+
+    # PhysicsNeMo's (and DTensor's) names on ShardTensors: x._spec and x.offsets() work; x._local_tensor says what
+    # to use. On other tensors they raise NotAShardTensorError (hasattr stays False) unless the object stored its
+    # own attribute of that name (torch's DTensor decompositions set `_spec` on plain meta tensors).
+    from .compat.spec_view import mesh_dim_offsets, spec_of
+
+    def _local_tensor_hint(self):
+        raise AttributeError("ShardTensor has no _local_tensor (a DTensor/PhysicsNeMo field): use x.to_local() "
+                             "(this rank's shard, differentiable) or st.to_local(x)")
+
+    torch.Tensor._spec = _soft_attribute("_spec", spec_of)
+    torch.Tensor.offsets = _soft_attribute("offsets", lambda self: types.MethodType(mesh_dim_offsets, self))
+    torch.Tensor._local_tensor = _soft_attribute("_local_tensor", _local_tensor_hint)
 
     original_repr = torch.Tensor.__repr__
 
@@ -455,3 +495,28 @@ from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: l
 from .data_parallel import localize_parameters  # noqa: E402
 
 data_parallel.install()
+from .functions import function_handler, register_function, unregister_function  # noqa: E402
+from .ring import ring_pass  # noqa: E402
+
+# PhysicsNeMo's names, reached on the package: say where they live.
+_PHYSICSNEMO_NAMES = {
+    "DistributedManager": "shardtensor.compat.physicsnemo.DistributedManager (built on st.init_distributed())",
+    "ShardTensorSpec": "x._spec (a read-only view) or st.placements / st.sharding_shapes / st.device_mesh",
+    "distribute_module": "shardtensor.compat.physicsnemo.distribute_module, or st.sync_module(module, mesh)",
+    "sync_module_over_mesh": "st.sync_module(module, mesh)",
+    "perform_ring_iteration": "st.ring_pass(tensor, mesh, mesh_dim, recv_shapes=...) (or "
+                              "shardtensor.compat.physicsnemo.perform_ring_iteration)",
+    "RingPassingConfig": "st.ring_pass(..., direction='forward'|'backward') (or "
+                         "shardtensor.compat.physicsnemo.RingPassingConfig)",
+    "register_function_handler": "st.register_function(fn, handler) for Python functions, st.register_handler(op, "
+                                 "handler) for aten ops (PhysicsNeMo's signature: "
+                                 "shardtensor.compat.physicsnemo.ShardTensor.register_function_handler)",
+    "register_dispatch_handler": "st.register_handler(op, handler)",
+}
+
+
+def __getattr__(name):
+    if name in _PHYSICSNEMO_NAMES:
+        raise AttributeError(f"module 'shardtensor' has no attribute {name!r} (a PhysicsNeMo name): use "
+                             f"{_PHYSICSNEMO_NAMES[name]}")
+    raise AttributeError(f"module 'shardtensor' has no attribute {name!r}")

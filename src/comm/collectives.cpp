@@ -5,6 +5,7 @@
 #include "comm/wait.h"
 
 #include <ATen/ATen.h>
+#include <utility>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace shardtensor::comm {
@@ -417,7 +418,7 @@ at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_
 }
 
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
-                             const Mesh& mesh, int64_t mesh_dim, int tag_base) {
+                             const Mesh& mesh, int64_t mesh_dim, int tag_base, bool backward) {
   TORCH_INTERNAL_ASSERT(send.size() == recv_shapes.size(), "ring_pass: one receive shape per sent tensor");
   RingExchange ex;
   const auto n = mesh.size(mesh_dim);
@@ -426,7 +427,8 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
     return ex;
   }
   const auto me = mesh.coordinate(mesh_dim);
-  const int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
+  int next = static_cast<int>((me + 1) % n), prev = static_cast<int>((me - 1 + n) % n);
+  if (backward) std::swap(next, prev);
   if (!send.empty() && use_functional(send[0])) {
     // Functional: one all-to-all per tensor with a single non-empty split each way (a permute), waited in wait().
     ex.functional_ = true;
@@ -509,8 +511,8 @@ std::vector<at::Tensor> RingExchange::wait() {
 
 std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
                                   const std::vector<std::vector<int64_t>>& recv_shapes, const Mesh& mesh,
-                                  int64_t mesh_dim) {
-  return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0).wait();
+                                  int64_t mesh_dim, bool backward) {
+  return ring_pass_start(send, recv_shapes, mesh, mesh_dim, 0, backward).wait();
 }
 
 namespace {

@@ -63,7 +63,8 @@ std::vector<at::Tensor> all_to_all_flat(const std::vector<at::Tensor>& send_piec
                                         const Mesh& mesh, int64_t mesh_dim);
 
 // Ring pass along a mesh dim: send each of `send` to coordinate (c+1) % n and receive tensors of
-// `recv_shapes` (dtype of the matching send tensor, same device) from coordinate (c-1+n) % n. Shapes come from
+// `recv_shapes` (dtype of the matching send tensor, same device) from coordinate (c-1+n) % n (`backward`: the
+// other way round, to (c-1+n) % n and from (c+1) % n). Shapes come from
 // specs every rank knows, so nothing is negotiated; zero-element tensors are neither sent nor received (both
 // sides know they are empty). `start` posts every send and receive (coalesced on NCCL) and returns at once;
 // `wait` completes them and returns the received tensors. A size-1 mesh dim hands `send` back.
@@ -74,7 +75,7 @@ class RingExchange {
 
  private:
   friend RingExchange ring_pass_start(const std::vector<at::Tensor>&, const std::vector<std::vector<int64_t>>&,
-                                      const Mesh&, int64_t, int);
+                                      const Mesh&, int64_t, int, bool);
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::vector<at::Tensor> keep_alive_;  // contiguous send buffers
   std::vector<at::Tensor> recv_;        // receive buffers (host staged when needed)
@@ -86,10 +87,10 @@ class RingExchange {
   std::vector<bool> complex_;                 // functional: which received tensors travel as real views
 };
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
-                             const Mesh& mesh, int64_t mesh_dim, int tag_base = 0);
+                             const Mesh& mesh, int64_t mesh_dim, int tag_base = 0, bool backward = false);
 std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
                                   const std::vector<std::vector<int64_t>>& recv_shapes, const Mesh& mesh,
-                                  int64_t mesh_dim);
+                                  int64_t mesh_dim, bool backward = false);
 
 // All-gather of a small int64 vector (same length on every rank); result [size, n] row-major.
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,

@@ -1,4 +1,4 @@
-// Carries a SpecPtr through at::IValue (autograd contexts save IValues).
+// Carries a SpecPtr (or a MeshPtr) through at::IValue (autograd contexts save IValues).
 #pragma once
 
 #include <shardtensor/spec.h>
@@ -19,6 +19,19 @@ inline at::IValue spec_ivalue(SpecPtr spec) {
 
 inline SpecPtr spec_from_ivalue(const at::IValue& v) {
   return v.toCustomClass<SpecHolder>()->spec;
+}
+
+struct MeshHolder : torch::CustomClassHolder {
+  explicit MeshHolder(MeshPtr m) : mesh(std::move(m)) {}
+  MeshPtr mesh;
+};
+
+inline at::IValue mesh_ivalue(MeshPtr mesh) {
+  return at::IValue(c10::make_intrusive<MeshHolder>(std::move(mesh)));
+}
+
+inline MeshPtr mesh_from_ivalue(const at::IValue& v) {
+  return v.toCustomClass<MeshHolder>()->mesh;
 }
 
 } // namespace shardtensor

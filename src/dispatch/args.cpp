@@ -64,6 +64,10 @@ std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit:
       any = true;
       if (auto* impl = shard_impl(t)) {
         one << to_string(impl->spec()->placements) << " global " << t.sizes();
+        // The extents too: a rule may decline for uneven or empty shards, not for the placements.
+        for (const auto& [m, ext] : impl->spec()->sharding_shapes()) one << " extents[mesh dim " << m << "]=" << c10::IntArrayRef(ext);
+      } else if (t.key_set().has(c10::DispatchKey::Python)) {
+        one << "tensor subclass (DTensor?) " << t.sizes();
       } else {
         one << "plain " << t.sizes();
       }
@@ -74,6 +78,26 @@ std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit:
   }
   os << ")";
   return os.str();
+}
+
+void refuse_python_subclass_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  auto args = op_args(op, stack);
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool foreign = false;
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      foreign = foreign || (t.defined() && !shard_impl(t) && t.key_set().has(c10::DispatchKey::Python));
+    });
+    // NotImplementedError, not TypeError: torch turns a TypeError inside a binary operator (x + dt) into
+    // NotImplemented, and Python then reports only "unsupported operand type(s)".
+    TORCH_CHECK_NOT_IMPLEMENTED(!foreign, "ShardTensor: ", qualified_name(op), " got a DTensor (or another tensor subclass with ",
+                     "its own __torch_dispatch__) as argument '", schema.arguments()[i].name(),
+                     "' next to ShardTensors ", describe_shard_args(op, stack),
+                     ". ShardTensors and DTensors do not mix in one op: convert the DTensor with "
+                     "shardtensor.from_dtensor(dt), or the ShardTensor with shardtensor.to_dtensor(x), first (a module "
+                     "with DTensor parameters fed ShardTensors: keep its parameters plain and use "
+                     "shardtensor.sync_module, or convert them).");
+  }
 }
 
 SpecPtr replicate_spec(const MeshPtr& mesh, at::IntArrayRef shape) {

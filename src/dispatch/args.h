@@ -96,6 +96,12 @@ MeshPtr common_mesh(std::string_view op_name, at::ArrayRef<at::Tensor> tensors);
 // "(self: Shard(0), other: plain [4, 3])" — for error messages.
 std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
 
+// Raises NotImplementedError when a tensor argument is a Python tensor subclass with its own dispatch (a DTensor, say) next
+// to ShardTensors: the subclass's __torch_dispatch__ would otherwise see ShardTensors as plain tensors (DTensor:
+// "mixed torch.Tensor and DTensor", or a 0-d Partial taken as replicated). Call it only when the op's dispatch key
+// set has the Python key (cheap to test; a Python dispatch mode sets it too, which this tells apart).
+void refuse_python_subclass_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
+
 // The local tensor of a ShardTensor, or the tensor itself.
 inline at::Tensor local_or_self(const at::Tensor& t) {
   auto* impl = shard_impl(t);

@@ -110,7 +110,7 @@ struct OutputWrapper {
   at::Tensor operator()(const at::Tensor& out) const {
     if (!out.defined()) return out;
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == at::kStrided && !out.is_nested(), "ShardTensor: ",
-                                qualified_name(op), why.empty() ? " has no domain-parallel rule" : " declined (" + why + ")",
+                                qualified_name(op), why.empty() ? " has no domain-parallel rule" : " was refused by its domain-parallel rule (" + why + ")",
                                 ", and its fallback returned a ", out.is_nested() ? "nested" : "non-strided",
                                 " tensor, which a ShardTensor cannot hold");
     // A return sharing memory with an argument (an op breaking its schema's promise, or a Replicate argument that
@@ -168,7 +168,7 @@ void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     bytes = scope.bytes();
   }
   if (warn) {
-    TORCH_WARN("ShardTensor: ", name, why.empty() ? " has no domain-parallel rule" : " declined (" + why + ")",
+    TORCH_WARN("ShardTensor: ", name, why.empty() ? " has no domain-parallel rule" : " was refused by its domain-parallel rule (" + why + ")",
                " for arguments ", described, "; it ran on the full tensors instead (every sharded argument gathered "
                "to every rank: ", bytes, " bytes collected on this rank by this call), and its results are "
                "Replicate or laid out like the first sharded argument of their shape. This warning is shown once per "

@@ -108,7 +108,9 @@ struct RunningRuleGuard {
 // The slot kernel: below autograd for ordinary rules; on both shard keys for above-autograd ones.
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    // Above autograd (linear, matmul, attention, ...): a DTensor argument is refused before the rule unwraps it.
+    if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     try {
       run(op, stack);
     } catch (const c10::DistBackendError& e) {
@@ -153,6 +155,8 @@ struct SlotKernel final : c10::OperatorKernel {
 struct PromoteKernel final : c10::OperatorKernel {
   explicit PromoteKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    // A DTensor argument: refuse here, above the Python key, before DTensor's dispatch sees ShardTensors.
+    if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     ViewReplayGuard replay(slot->returns_view);
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
     if (at::GradMode::is_enabled()) {
@@ -335,12 +339,14 @@ void not_implemented(const std::string& why) {
 }
 
 void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack, const std::string& why) {
-  // Inside the rule of this very call: a refusal the slot kernel may answer with the fallback.
-  if (running_rule.stack == stack) declined = {running_rule.call, why};
+  // Inside the rule of this very call: a refusal the slot kernel may answer with the fallback. The op has a rule
+  // then, and the message says it refused (not that there is none).
+  const bool refused_by_rule = running_rule.stack == stack;
+  if (refused_by_rule) declined = {running_rule.call, why};
   std::string placements = describe_shard_args(op, stack);
   TORCH_CHECK_NOT_IMPLEMENTED(false, "ShardTensor: ", qualified(op.operator_name()),
-                              " has no domain-parallel rule", why.empty() ? "" : " (" + why + ")",
-                              " for arguments ", placements,
+                              refused_by_rule ? " was refused by its domain-parallel rule" : " has no domain-parallel rule",
+                              why.empty() ? "" : " (" + why + ")", " for arguments ", placements,
                               ". Remedies: redistribute the input first (x.redistribute([Replicate()]) or "
                               "x.full_tensor()), run the op on x.to_local(), or register a handler with "
                               "shardtensor.register_handler.");

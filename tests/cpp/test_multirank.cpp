@@ -2,6 +2,7 @@
 // a c10d HashStore (the in-tree c10d tests do the same). Skipped when the build could not include gloo's
 // headers (then the Python suite covers multi-rank behaviour over Python-created groups).
 #include <shardtensor/distributed.h>
+#include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 
 #include <ATen/ATen.h>
@@ -84,6 +85,32 @@ TEST_P(MultiRank, ScatterFromAnyRank) {
     const int64_t src = w.size - 1;
     auto x = scatter_tensor(w.rank == src ? full : at::Tensor(), src, mesh, {Placement::shard(0)});
     TORCH_CHECK(at::allclose(full_tensor(x), full), "scatter");
+  });
+}
+
+TEST_P(MultiRank, RingPassBothWaysAndItsGradient) {
+  run_ranks(GetParam(), [](const World& w) {
+    auto mesh = init_device_mesh(w, {w.size});
+    const int64_t n = w.size, me = w.rank;
+    auto rows = [](int64_t r) { return r % 2 + 1; };  // uneven blocks: the receiver names the sender's shape
+    for (auto dir : {RingDirection::Forward, RingDirection::Backward}) {
+      const int64_t from = dir == RingDirection::Forward ? (me - 1 + n) % n : (me + 1) % n;
+      const int64_t to = dir == RingDirection::Forward ? (me + 1) % n : (me - 1 + n) % n;
+      auto mine = at::full({rows(me), 2}, static_cast<double>(me), at::kFloat).requires_grad_(true);
+      auto got = ring_pass({mine, at::arange(3, at::kLong) + me}, mesh, 0, {{rows(from), 2}, {3}}, dir);
+      TORCH_CHECK(at::equal(got[0], at::full({rows(from), 2}, static_cast<double>(from), at::kFloat)), "block");
+      TORCH_CHECK(at::equal(got[1], at::arange(3, at::kLong) + from), "int block");
+      // The gradient of what this rank received goes back to its sender.
+      (got[0] * static_cast<double>(me + 1)).sum().backward();
+      TORCH_CHECK(at::equal(mine.grad(), at::full({rows(me), 2}, static_cast<double>(to + 1), at::kFloat)), "grad");
+    }
+    bool refused = false;
+    try {
+      ring_pass({at::ones({2})}, mesh, 0, {{2}, {2}});
+    } catch (const c10::ValueError&) {
+      refused = true;  // a local check: every rank raises alike, nothing was sent
+    }
+    TORCH_CHECK(refused, "two receive shapes for one tensor must raise ValueError");
   });
 }
 

@@ -70,6 +70,35 @@ def test_from_local_disagreement_raises(case, match):
     assert all("ranks disagree" in msg for _, msg, _ in errors.values())
 
 
+def placements_differ_then_use(how, mode, mesh_shape):
+    """Issue 18 item 9: Shard(0) on one rank, Replicate() (or Shard(1)) on the others, default arguments
+    (sharding_shapes="infer", check=True) or "infer" spelled out, then full_tensor() or .sum().item(): from_local
+    itself must raise on every rank (it once aborted one rank inside the agreement check)."""
+    m = mesh(mesh_shape)
+    if len(m.mesh.shape) == 2:
+        pl = [st.Shard(0), st.Replicate()] if rank() == 0 else [st.Replicate(), st.Replicate()]
+    else:
+        pl = [st.Shard(0)] if rank() == 0 else [st.Shard(1) if how == "shard1" else st.Replicate()]
+    local = torch.randn(4, 4)
+    x = st.from_local(local, m, pl) if mode == "default" else st.from_local(local, m, pl, sharding_shapes="infer")
+    if how == "full_tensor":
+        x.full_tensor()
+    else:
+        x.sum().item()
+
+
+@pytest.mark.parametrize("how", ["full_tensor", "item", "shard1"])
+@pytest.mark.parametrize("mode", ["default", "infer"])
+def test_from_local_placements_differ_per_rank(how, mode):
+    for world in (2, 3):
+        errors = harness.expect_error(world, placements_differ_then_use, how, mode, None, match="placements",
+                                      kinds=("ValueError",))
+        assert all("ranks disagree" in msg for _, msg, _ in errors.values())
+    if how == "item" and mode == "default":   # and on a 2-D mesh
+        harness.expect_error(4, placements_differ_then_use, how, mode, (2, 2), match="placements",
+                             kinds=("ValueError",))
+
+
 def test_from_local_disagreement_raises_3_ranks():
     harness.expect_error(3, bad_explicit_extents, match="sharding_shapes", kinds=("ValueError",))
     harness.expect_error(3, bad_local_fit_even, match="fits the layout", kinds=("ValueError",))

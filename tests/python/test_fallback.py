@@ -285,7 +285,7 @@ def case_strict(which):
 
 
 @pytest.mark.parametrize("which,match", [("no_rule", "aten::median.dim has no domain-parallel rule"),
-                                         ("declined", "aten::sort has no domain-parallel rule (it works along sharded dim 0"),
+                                         ("declined", "aten::sort was refused by its domain-parallel rule (it works along sharded dim 0"),
                                          ("grid_sample", "aten::grid_sampler_2d has no domain-parallel rule")])
 def test_strict_raises_on_every_rank(which, match):
     for world in (2, 3):

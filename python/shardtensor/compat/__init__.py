@@ -15,7 +15,7 @@ import inspect
 
 import torch
 
-from . import _C
+from .. import _C
 
 __all__ = ["NotAShardTensorError", "ShardTensor", "keyword_aliases", "redistribute_arguments",
            "extents_by_mesh_dim", "chunk_extents", "to_dtensor", "from_dtensor"]
@@ -27,9 +27,31 @@ class NotAShardTensorError(TypeError, AttributeError):
     tensors)."""
 
 
+# PhysicsNeMo's ShardTensor class attributes, reached on ours: where they live here.
+_PHYSICSNEMO_CLASS_NAMES = {
+    "register_function_handler": "st.register_function(fn, handler) (a Python function) or st.register_handler(op, "
+                                 "handler) (an aten op); PhysicsNeMo's (func, types, args, kwargs) signature: "
+                                 "shardtensor.compat.physicsnemo.ShardTensor.register_function_handler",
+    "register_dispatch_handler": "st.register_handler(op, handler) (or shardtensor.compat.physicsnemo.ShardTensor."
+                                 "register_dispatch_handler)",
+    "register_named_function_handler": "st.register_handler('namespace::op', handler) (or shardtensor.compat."
+                                       "physicsnemo.ShardTensor.register_named_function_handler)",
+    "patches_enabled": "nothing: the library's rules are always on (st.set_strict controls the fallback)",
+    "promotion_mode": "nothing: plain tensors mixed with ShardTensors are always Replicate",
+    "set_promotion_mode": "nothing: plain tensors mixed with ShardTensors are always Replicate",
+    "get_promotion_mode": "nothing: plain tensors mixed with ShardTensors are always Replicate",
+}
+
+
 class _ShardTensorType(type):
     def __instancecheck__(cls, obj) -> bool:
         return isinstance(obj, torch.Tensor) and _C.is_shard_tensor(obj)
+
+    def __getattr__(cls, name):
+        if name in _PHYSICSNEMO_CLASS_NAMES:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r} (a PhysicsNeMo name): use "
+                                 f"{_PHYSICSNEMO_CLASS_NAMES[name]}")
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
 
 
 class ShardTensor(metaclass=_ShardTensorType):
@@ -48,7 +70,7 @@ class ShardTensor(metaclass=_ShardTensorType):
     @staticmethod
     def from_local(local_tensor, device_mesh=None, placements=None, sharding_shapes="infer", global_shape=None):
         """PhysicsNeMo's ``ShardTensor.from_local``: the same as ``shardtensor.from_local``."""
-        from . import from_local
+        from .. import from_local
         return from_local(local_tensor, device_mesh, placements, sharding_shapes=sharding_shapes,
                           global_shape=global_shape)
 
@@ -103,7 +125,7 @@ def redistribute_arguments(x, args, placements, sharding_shapes, device_mesh):
     if placements is None:
         raise ValueError("redistribute: placements are required, one per mesh dim (e.g. [shardtensor.Replicate()])")
     if device_mesh is not None:
-        from .mesh import as_cpp_mesh
+        from ..mesh import as_cpp_mesh
         if not as_cpp_mesh(device_mesh).same_as(_C.mesh_of(x)):
             raise NotImplementedError(f"redistribute: moving a ShardTensor to another mesh ({device_mesh}) is not "
                                       f"supported; its mesh is {_C.mesh_of(x)}. Pass that mesh (or none), or "
@@ -142,7 +164,7 @@ def to_dtensor(x):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    from . import _check, device_mesh, placements, redistribute, sharding_shapes, to_local
+    from .. import _check, device_mesh, placements, redistribute, sharding_shapes, to_local
     _check(x, "to_dtensor")
     mesh, pl = device_mesh(x), placements(x)
     if not isinstance(mesh, DeviceMesh):
@@ -158,7 +180,7 @@ def from_dtensor(dtensor):
     differentiable)."""
     from torch.distributed.tensor import DTensor
 
-    from . import from_local
+    from .. import from_local
     if not isinstance(dtensor, DTensor):
         raise TypeError(f"from_dtensor: expected a DTensor, got {type(dtensor).__name__}")
     mesh, pl = dtensor.device_mesh, dtensor.placements

@@ -1,0 +1,157 @@
+"""Routing plain Python functions to sharded implementations.
+
+ShardTensors are ``torch.Tensor`` objects backed by C++, not a Python subclass, so ``__torch_function__`` never
+sees them and ``torch.overrides.has_torch_function`` is ``False`` for them. A user's own function (``knn(points,
+queries, k)``) is therefore intercepted at the function object itself: ``register_function(fn, handler)``
+replaces ``fn.__code__`` by a small router, so every existing reference to ``fn`` (the module global, an
+imported name, a dict of callbacks) reaches the router. The router calls ``handler`` when a ShardTensor is among
+the arguments and ``fn``'s own body otherwise. Inside the handler, calls of ``fn`` on the same thread run the
+body, so a handler can call ``fn`` on local shards (or hand the ShardTensors back to the op-by-op path).
+
+The router costs one scan of the arguments (top level, and one level into lists, tuples and dicts) per call.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import types
+
+import torch
+
+from . import _C
+
+__all__ = ["register_function", "function_handler", "unregister_function", "has_shard_tensor"]
+
+_PLACEHOLDER = "__shardtensor_function_router__"
+_active = threading.local()
+
+
+def has_shard_tensor(args=(), kwargs=None) -> bool:
+    """True when a ShardTensor is among ``args``/``kwargs`` (top level, or one level inside a list, tuple or
+    dict)."""
+    def hit(v):
+        return isinstance(v, torch.Tensor) and _C.is_shard_tensor(v)
+
+    for v in list(args) + list((kwargs or {}).values()):
+        if hit(v):
+            return True
+        if isinstance(v, (list, tuple)) and any(hit(e) for e in v):
+            return True
+        if isinstance(v, dict) and any(hit(e) for e in v.values()):
+            return True
+    return False
+
+
+class _Route:
+    """What the router of one function needs: the function's own body (a copy of the original function object)
+    and the handler."""
+
+    def __init__(self, fn, body, handler):
+        self.fn, self.body, self.handler = fn, body, handler
+
+    def call(self, args, kwargs):
+        running = getattr(_active, "routes", None)
+        if running is None:
+            running = _active.routes = set()
+        if id(self) in running or not has_shard_tensor(args, kwargs):
+            return self.body(*args, **kwargs)
+        running.add(id(self))
+        try:
+            return self.handler(*args, **kwargs)
+        finally:
+            running.discard(id(self))
+
+
+def _router_code(freevars: tuple) -> types.CodeType:
+    """The code of ``def f(*args, **kwargs): return ROUTE.call(args, kwargs)``, with ``freevars`` as free
+    variables: a function's ``__code__`` may only be replaced by code with as many free variables as the function
+    has closure cells. They are named in dead code, so the router never reads the (possibly empty) cells."""
+    names = ", ".join(freevars)
+    src = ["def _outer():"]
+    src += [f"    {n} = None" for n in freevars]
+    src += ["    def _router(*args, **kwargs):"]
+    if freevars:
+        src += ["        if False:", f"            ({names},)"]
+    src += [f"        return {_PLACEHOLDER!r}.call(args, kwargs)", "    return _router"]
+    namespace: dict = {}
+    exec("\n".join(src), namespace)
+    code = namespace["_outer"]().__code__
+    if code.co_freevars != tuple(freevars):
+        raise NotImplementedError(f"register_function: cannot build a router with free variables {freevars}")
+    return code
+
+
+def _copy_function(fn):
+    body = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    body.__kwdefaults__ = fn.__kwdefaults__
+    body.__qualname__ = fn.__qualname__
+    body.__module__ = fn.__module__
+    body.__doc__ = fn.__doc__
+    body.__annotations__ = dict(fn.__annotations__)
+    body.__dict__.update({k: v for k, v in fn.__dict__.items() if k != "_shardtensor_route"})
+    return body
+
+
+def register_function(fn, handler):
+    """Route calls of the Python function ``fn`` to ``handler`` whenever a ShardTensor is among the arguments.
+
+    ``handler`` receives exactly the call's arguments (``handler(*args, **kwargs)``) and returns the result. Calls
+    without ShardTensor arguments run ``fn``'s own body; so do calls of ``fn`` made inside ``handler`` (same thread),
+    which lets the handler run ``fn`` on local shards. ``fn`` is changed in place (its ``__code__``), so every
+    reference to it is routed, including ones taken before registration; ``inspect.signature(fn)`` is kept.
+    Registering again replaces the handler. Returns ``fn``.
+
+    ``fn`` must be a Python function (``def`` or ``lambda``). Torch functions and aten ops reach ShardTensors
+    through the dispatcher instead: use ``st.register_handler(op, handler)`` for them.
+    """
+    if not callable(handler):
+        raise TypeError(f"register_function: handler must be callable, got {type(handler).__name__}")
+    if isinstance(fn, types.MethodType):
+        raise TypeError("register_function: pass the function (Class.method or the plain function), not a bound "
+                        "method")
+    if not isinstance(fn, types.FunctionType):
+        what = getattr(fn, "__name__", type(fn).__name__)
+        raise TypeError(f"register_function: {what} is not a Python function ({type(fn).__name__}); torch "
+                        "functions and aten ops reach ShardTensors through the dispatcher: register a handler for "
+                        "the aten op with st.register_handler(op, handler)")
+    if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn):
+        raise TypeError(f"register_function: {fn.__qualname__} is a generator or coroutine function; route a plain "
+                        "function that returns the result")
+    route = fn.__dict__.get("_shardtensor_route")
+    if route is not None:
+        route.handler = handler
+        return fn
+    body = _copy_function(fn)
+    route = _Route(fn, body, handler)
+    template = _router_code(fn.__code__.co_freevars)
+    consts = tuple(route if c == _PLACEHOLDER else c for c in template.co_consts)
+    names = {"co_name": fn.__code__.co_name, "co_filename": fn.__code__.co_filename,
+             "co_firstlineno": fn.__code__.co_firstlineno}
+    if hasattr(fn.__code__, "co_qualname"):  # Python 3.11+
+        names["co_qualname"] = fn.__code__.co_qualname
+    code = template.replace(co_consts=consts, **names)
+    signature = inspect.signature(fn)
+    fn.__code__ = code
+    fn.__signature__ = signature
+    fn._shardtensor_route = route
+    fn.__wrapped__ = body
+    return fn
+
+
+def function_handler(fn):
+    """Decorator form of ``register_function``: ``@st.function_handler(knn)`` above the sharded implementation of
+    ``knn`` registers it and returns it unchanged."""
+    def decorate(handler):
+        register_function(fn, handler)
+        return handler
+    return decorate
+
+
+def unregister_function(fn) -> None:
+    """Undo ``register_function``: ``fn`` runs its own body for every call again."""
+    route = getattr(fn, "__dict__", {}).get("_shardtensor_route")
+    if route is None:
+        raise ValueError(f"unregister_function: {getattr(fn, '__qualname__', fn)!r} has no registered handler")
+    fn.__code__ = route.body.__code__
+    for name in ("_shardtensor_route", "__wrapped__", "__signature__"):
+        fn.__dict__.pop(name, None)

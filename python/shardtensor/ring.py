@@ -1,0 +1,57 @@
+"""``st.ring_pass``: one step of a ring along a mesh dim, on plain local tensors (the C++ ``shardtensor::ring_pass``)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _C
+from .mesh import as_cpp_mesh
+
+__all__ = ["ring_pass"]
+
+
+def _mesh_dim_index(mesh, mesh_dim) -> int:
+    if isinstance(mesh_dim, str):
+        names = list(getattr(mesh, "mesh_dim_names", None) or as_cpp_mesh(mesh).dim_names)
+        if mesh_dim not in names:
+            raise ValueError(f"ring_pass: the mesh has no dim named {mesh_dim!r} (its dims: {names})")
+        return names.index(mesh_dim)
+    return int(mesh_dim)
+
+
+def ring_pass(tensors: Union[torch.Tensor, Sequence[torch.Tensor]], mesh, mesh_dim=0,
+              recv_shapes: Optional[Sequence] = None, direction: str = "forward"):
+    """Send ``tensors`` to the next rank along ``mesh_dim`` and return what the previous rank sent (*collective*
+    over that mesh dim: every rank of it calls this with as many tensors).
+
+    - ``tensors``: a plain tensor or a list/tuple of them (a ShardTensor's ``to_local()``); the result has the same
+      form.
+    - ``mesh``: a DeviceMesh (or C++ mesh); ``mesh_dim``: its index or name.
+    - ``recv_shapes``: the shape of each tensor this rank receives (default: the shapes it sends). Shapes are not
+      exchanged: take them from what every rank knows, e.g. ``st.sharding_shapes(x)`` of the sender.
+    - ``direction``: ``"forward"`` sends to coordinate ``c + 1`` and receives from ``c - 1`` (cyclically);
+      ``"backward"`` the other way.
+
+    Received tensors have the dtype and device of the matching sent tensor. Zero-element tensors cost nothing; on a
+    mesh dim of size 1 the result is a copy. Differentiable: the gradient of a received tensor goes back to its
+    sender by the reverse ring (as zeros where a rank has none, so the backward pass communicates alike on every
+    rank).
+    """
+    single = isinstance(tensors, torch.Tensor)
+    items = [tensors] if single else list(tensors)
+    for i, t in enumerate(items):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ring_pass: tensors[{i}] is a {type(t).__name__}, expected a torch.Tensor")
+    if direction not in ("forward", "backward"):
+        raise ValueError(f"ring_pass: direction must be 'forward' or 'backward', got {direction!r}")
+    if recv_shapes is None:
+        shapes = [list(t.shape) for t in items]
+    else:
+        nested = len(recv_shapes) > 0 and not isinstance(recv_shapes[0], int)
+        shapes = [recv_shapes] if single and not nested else list(recv_shapes)
+        if len(shapes) != len(items):
+            raise ValueError(f"ring_pass: {len(shapes)} receive shapes for {len(items)} tensors; give one per tensor")
+        shapes = [[int(s) for s in shape] for shape in shapes]
+    out = _C.ring_pass(items, as_cpp_mesh(mesh), _mesh_dim_index(mesh, mesh_dim), shapes, direction == "backward")
+    return out[0] if single else (tuple(out) if isinstance(tensors, tuple) else list(out))
