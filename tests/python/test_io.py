@@ -176,6 +176,37 @@ def test_npy_dtypes(tmp_path, world):
     harness.run(world, case_npy_dtypes, str(tmp_path))
 
 
+def hdf5_dtype_values():
+    full = full_values()
+    return {"be_f8": full.double(), "i2": (full * 10).short(), "bool": full > 0, "c8": torch.complex(full, -full)}
+
+
+def case_hdf5_dtypes(path):
+    """Contiguous datasets read byte-wise (big-endian, integer, bool, complex; a file with a user block) and a
+    dataset never written (its fill value, through HDF5)."""
+    m = mesh()
+    extents = {0: uneven_extents(SHAPE[1], m.size(), 1)}
+    for name, tensor in hdf5_dtype_values().items():
+        y = st.io.load_hdf5(path, name, m, [st.Shard(1)], extents)
+        check_same(y, st.distribute_tensor(tensor, m, [st.Shard(1)], extents), name)
+    y = st.io.load_hdf5(path, "unwritten", m, [st.Shard(0)])
+    check_same(y, st.distribute_tensor(torch.full((5, 3), 7.0), m, [st.Shard(0)]), "fill value")
+    return True
+
+
+def test_hdf5_dtypes(tmp_path):
+    needs("hdf5")
+    import h5py
+    path = str(tmp_path / "dtypes.h5")
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for name, tensor in hdf5_dtype_values().items():
+            data = tensor.numpy()
+            f.create_dataset(name, data=data.astype(">f8") if name == "be_f8" else data)
+        f.create_dataset("unwritten", shape=(5, 3), dtype="f4", fillvalue=7.0)
+        assert f["be_f8"].dtype == np.dtype(">f8")
+    harness.run(3, case_hdf5_dtypes, path)
+
+
 def case_open_objects(h5_path, zarr_path, nc_path):
     """Already-open sources: an h5py File and Dataset, a zarr Group and Array, an xarray Dataset and DataArray."""
     import h5py
@@ -314,6 +345,9 @@ def case_bytes_read(fmt, path, two_d, chunks):
             # Metadata (object headers, the chunk index) comes on top: a few KiB.
             assert nbytes <= f.nbytes <= nbytes + 16384, f"{what}: read {f.nbytes} bytes, slab {nbytes}"
             assert nbytes == whole or f.nbytes < whole, f"{what}: read {f.nbytes} bytes, the whole data {whole}"
+            if fmt == "hdf5":   # by name: the contiguous dataset's bytes are read directly (positioned reads)
+                read, y = rchar_of(lambda: st.io.load_hdf5(path, "fields/u", m, placements, extents, check=False))
+                assert nbytes <= read <= nbytes + 16384, f"{what} by name: read {read} bytes, slab {nbytes}"
         else:   # zarr, xarray over zarr: exactly the chunks the slab intersects
             store, keys = counting_store(path)
             keys.clear()

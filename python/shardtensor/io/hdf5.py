@@ -1,7 +1,11 @@
 """HDF5 datasets through h5py: hyperslab reads of each rank's slab; writes without MPI-enabled HDF5.
 
-Reading: ``Dataset.read_direct`` of the slab's hyperslab straight into the result's buffer; HDF5 reads the slab
-of a contiguous dataset, and the chunks the slab intersects of a chunked (e.g. compressed) one.
+Reading: a contiguous, unfiltered dataset in an ordinary file is one dense array at a byte offset
+(``h5py.h5d.DatasetID.get_offset``), read like ``.npy`` data with positioned reads of exactly the slab's bytes
+(raw.py); HDF5's own hyperslab read would sieve whole spans of the file for a strided slab (the columns of a
+C-order array: every rank would read the whole file). Other datasets (chunked, compressed, in memory or opened on
+a Python file object) go through ``Dataset.read_direct`` of the slab's hyperslab, straight into the result's
+buffer; HDF5 then reads and decompresses the chunks the slab intersects.
 
 Writing: h5py built without MPI cannot take concurrent writers to one file (its metadata cache would be
 corrupted), and per-rank files joined by a virtual dataset leave the output spread over files that must move
@@ -40,12 +44,41 @@ def _dataset(h5py, group, name, what):
     return obj
 
 
+def raw_location(h5py, dataset):
+    """(file name, byte offset) of a dataset whose data is one dense array in one ordinary file (contiguous layout,
+    no filters, no external storage, a numeric type, storage allocated), else None."""
+    if dataset.file.driver not in ("sec2", "stdio") or dataset.dtype.kind not in "biufc":
+        return None
+    plist = dataset.id.get_create_plist()
+    if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
+        return None
+    # Storage not yet allocated (a dataset never written holds its fill value): HDF5 answers with an undefined
+    # address, shifted by a user block, rather than None; ask for the allocation itself.
+    if dataset.id.get_space_status() != h5py.h5d.SPACE_STATUS_ALLOCATED:
+        return None
+    offset = dataset.id.get_offset()
+    if offset is None:
+        return None
+    if dataset.file.mode != "r":
+        dataset.file.flush()  # what this process wrote through h5py must be in the file before reading around it
+    return dataset.file.filename, offset
+
+
 class _Hdf5Source:
-    def __init__(self, dataset):
+    def __init__(self, h5py, dataset):
         self.dataset = dataset
         self.shape, self.dtype = tuple(dataset.shape), np.dtype(dataset.dtype)
+        self.raw = raw_location(h5py, dataset)
 
     def read(self, start, stop):
+        if self.raw is not None:
+            # A contiguous dataset read as .npy data is: exactly the slab's bytes. HDF5's own hyperslab read of a
+            # strided slab (columns of a C-order array) sieves whole spans of the file instead.
+            fd = os.open(self.raw[0], os.O_RDONLY)
+            try:
+                return raw.read_slab(fd, self.raw[1], self.shape, self.dtype, start, stop)
+            finally:
+                os.close(fd)
         out = np.empty(tuple(b - a for a, b in zip(start, stop)), self.dtype.newbyteorder("="))
         if out.size:
             selection = tuple(slice(a, b) for a, b in zip(start, stop)) if start else None  # None: a 0-d dataset
@@ -59,12 +92,12 @@ def _open(source, dataset, what):
     if isinstance(source, h5py.Dataset):
         if dataset is not None and dataset != source.name:
             raise ValueError(f"{what}: got the dataset {source.name!r} and dataset={dataset!r}; give one")
-        yield _Hdf5Source(source)
+        yield _Hdf5Source(h5py, source)
     elif isinstance(source, h5py.Group):  # a File is a Group
-        yield _Hdf5Source(_dataset(h5py, source, dataset, what))
+        yield _Hdf5Source(h5py, _dataset(h5py, source, dataset, what))
     else:  # a path, or a Python file object
         with h5py.File(source, "r") as f:
-            yield _Hdf5Source(_dataset(h5py, f, dataset, what))
+            yield _Hdf5Source(h5py, _dataset(h5py, f, dataset, what))
 
 
 def load_hdf5(path, dataset, mesh, placements, sharding_shapes=None, *, global_shape=None, device=None, dtype=None,
@@ -101,10 +134,10 @@ def save_hdf5(x, path, dataset, *, mode: str = "w") -> None:
 
     def write(layout, data):
         with h5py.File(path, "r") as f:
-            ds = f[dataset]
-            offset, shape = ds.id.get_offset(), ds.shape
-        if offset is None:  # no storage: nothing to write (a zero-size dataset has none)
-            return
+            location, shape = raw_location(h5py, f[dataset]), f[dataset].shape
+        if location is None:  # only writers of a non-empty slab get here: the dataset was created contiguous
+            raise RuntimeError(f"save_hdf5: {dataset!r} in {path} has no contiguous storage to write into")
+        offset = location[1]
         fd = os.open(path, os.O_WRONLY)
         try:
             raw.write_slab(fd, offset, shape, data, layout.start)
