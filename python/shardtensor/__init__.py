@@ -490,6 +490,7 @@ _install_tensor_methods()
 
 from . import ops  # noqa: E402,F401  (shardtensor.ops: neighbourhood attention, knn, radius_search)
 from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint support, installed on import)
+from . import io  # noqa: E402,F401  (shardtensor.io: inputs read and outputs written shard by shard)
 from .compile import local_map  # noqa: E402
 from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: localized by the wrappers)
 from .data_parallel import localize_parameters  # noqa: E402
