@@ -432,6 +432,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   if (!send.empty() && use_functional(send[0])) {
     // Functional: one all-to-all per tensor with a single non-empty split each way (a permute), waited in wait().
     ex.functional_ = true;
+    int64_t bytes = 0;
     for (size_t i = 0; i < send.size(); ++i) {
       const bool as_real = travels_as_real(send[i]);
       auto wire = (as_real ? real_view(send[i]) : send[i]).reshape({-1});
@@ -440,10 +441,12 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
       std::vector<int64_t> send_splits(n, 0), recv_splits(n, 0);
       send_splits[next] = wire.numel();
       recv_splits[prev] = recv_numel;
-      ex.recv_.push_back(functional::all_to_all_single_start(wire, recv_splits, send_splits, mesh, mesh_dim));
+      ex.recv_.push_back(functional::all_to_all_single_start(wire, recv_splits, send_splits, mesh, mesh_dim, nullptr));
       ex.shapes_.push_back(recv_shapes[i]);
       ex.complex_.push_back(as_real);
+      bytes += send[i].numel() * send[i].element_size();
     }
+    record_collective("ring_pass", bytes);  // one ring step, as the ProcessGroup path counts it
     return ex;
   }
   auto& pg = *mesh.group(mesh_dim);

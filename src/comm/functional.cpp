@@ -101,14 +101,14 @@ at::Tensor all_to_all_single_start(const at::Tensor& input, const std::vector<in
                                    const std::vector<int64_t>& send_splits, const Mesh& mesh, int64_t mesh_dim,
                                    const char* kind, int64_t bytes) {
   static const auto h = functional_op("_c10d_functional::all_to_all_single");
-  if (bytes < 0) {
+  if (kind && bytes < 0) {
     const auto me = mesh.coordinate(mesh_dim);
     int64_t sent = 0;
     for (size_t j = 0; j < send_splits.size(); ++j)
       if (static_cast<int64_t>(j) != me) sent += send_splits[j];
     bytes = sent * input.element_size();
   }
-  record_collective(kind, bytes);
+  if (kind) record_collective(kind, bytes);
   return call(h, {input.contiguous(), recv_splits, send_splits, group_name(mesh, mesh_dim)});
 }
 

@@ -42,7 +42,7 @@ at::Tensor wait(const at::Tensor& t);
 at::Tensor all_reduce_start(const at::Tensor& t, ReduceOp op, const Mesh& mesh, int64_t mesh_dim);
 // Flat all-to-all: `input` 1-D, `send_splits[j]` elements to coordinate j, `recv_splits[j]` from coordinate j.
 // Counted as `kind` with `bytes` (default: what leaves this rank), so a primitive built on it (scatter) counts as the
-// ProcessGroup path counts it.
+// ProcessGroup path counts it; `kind == nullptr`: not counted (the caller counts).
 at::Tensor all_to_all_single_start(const at::Tensor& input, const std::vector<int64_t>& recv_splits,
                                    const std::vector<int64_t>& send_splits, const Mesh& mesh, int64_t mesh_dim,
                                    const char* kind = "all_to_all", int64_t bytes = -1);

@@ -41,9 +41,16 @@ def case_primitives():
             sc = st.scatter_tensor(full if dist.get_rank() == 0 else None, 0, m, [st.Shard(0)], {0: ext})
             cplx = st.distribute_tensor(torch.complex(full, full.flip(0)), m, [st.Shard(0)], {0: ext}).full_tensor()
             amax = x.abs().amax().item()                                      # Partial(max) completed
+            me = dist.get_rank()
+            back = w > 2
+            src = (me + 1) % w if back else (me - 1) % w
+            ring = st.ring_pass([randn(me + 1, 3, seed=me), torch.complex(randn(2, seed=me), randn(2, seed=9))], m,
+                                recv_shapes=[(src + 1, 3), (2,)], direction="backward" if back else "forward")
         results[backend] = (gathered, st.to_local(moved), st.to_local(reext), summed, st.to_local(scattered),
-                            st.to_local(sc), cplx, torch.tensor(amax), dict(c.calls), dict(c.bytes))
+                            st.to_local(sc), cplx, torch.tensor(amax), dict(c.calls), dict(c.bytes), ring)
     pg, fn = results["process_group"], results["functional"]
+    for a, b in zip(pg[10], fn[10]):
+        close(b, a, what="ring pass")
     for a, b in zip(pg[:8], fn[:8]):
         close(b, a, what="functional vs process group values")
     assert pg[8] == fn[8] and pg[9] == fn[9], (pg[8], fn[8], pg[9], fn[9])
