@@ -40,3 +40,32 @@ def format_collectives(calls: dict, nbytes: dict) -> str:
     if not calls:
         return "none"
     return ", ".join(f"{k} ×{v} ({nbytes[k] / 1024:.1f} KiB)" for k, v in sorted(calls.items()))
+
+
+def spawn_rank0_rows(run, world: int, scratch: str, *args):
+    """Spawn ``world`` Gloo ranks running ``run(rank, world, port, scratch, *args)`` on a free port; ``run`` writes rank
+    0's rows as JSON to ``scratch``, which is read, removed and returned."""
+    import json
+    import os
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(world, port, scratch, *args), nprocs=world, join=True)
+    with open(scratch) as f:
+        rows = json.load(f)
+    os.remove(scratch)
+    return rows
+
+
+def write_report(out: str, name: str, payload: dict, lines: list) -> None:
+    """``name.json`` (the payload) and ``name.md`` (the lines) into ``out``; the markdown is printed too."""
+    import json
+    import os
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))

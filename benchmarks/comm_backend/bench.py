@@ -12,7 +12,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -28,7 +26,7 @@ import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from bench_util import format_collectives as fmt  # noqa: E402
+from bench_util import format_collectives as fmt, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, prepare  # noqa: E402
 
 
@@ -87,21 +85,13 @@ def main():
     args = ap.parse_args()
     out = prepare(args.out)
     world = 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp = os.path.join(out, ".comm_backend_rank0.json")
-    mp.spawn(run, args=(world, port, tmp, args.repeats), nprocs=world, join=True)
-    with open(tmp) as f:
-        rows = json.load(f)
-    os.remove(tmp)
+    rows = spawn_rank0_rows(run, world, os.path.join(out, ".comm_backend_rank0.json"), args.repeats)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     command = f"python benchmarks/comm_backend/bench.py --repeats {args.repeats}"
     meta = {"command": command, "world_size": world, "torch": torch.__version__, "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    with open(os.path.join(out, "comm_backend.json"), "w") as f:
-        json.dump({"meta": meta, "workloads": rows}, f, indent=1)
+    payload = {"meta": meta, "workloads": rows}
     lines = ["# Functional vs ProcessGroup collectives, eager", "",
              f"Rank 0 of {world} Gloo CPU ranks; median of {args.repeats} alternating steps per backend; torch "
              f"{torch.__version__}, commit {commit}, {meta['date']}. Command: `{command}`. Ratios compare the two "
@@ -111,9 +101,7 @@ def main():
     for r in rows:
         lines.append(f"| {r['workload']} | {fmt(r['calls'], r['bytes'])} | {'yes' if r['same_collectives'] else 'NO'} "
                      f"| {r['process_group_us']:.0f} µs | {r['functional_us']:.0f} µs | {r['ratio']:.2f} |")
-    with open(os.path.join(out, "comm_backend.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(out, "comm_backend", payload, lines)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -26,7 +24,7 @@ import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from bench_util import format_collectives as fmt  # noqa: E402
+from bench_util import format_collectives as fmt, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, prepare  # noqa: E402
 
 
@@ -87,20 +85,12 @@ def main():
     args = ap.parse_args()
     out = prepare(args.out)
     world = 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp = os.path.join(out, ".norm_comm_rank0.json")
-    mp.spawn(run, args=(world, port, tmp), nprocs=world, join=True)
-    with open(tmp) as f:
-        rows = json.load(f)
-    os.remove(tmp)
+    rows = spawn_rank0_rows(run, world, os.path.join(out, ".norm_comm_rank0.json"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     meta = {"command": "python benchmarks/norm_comm/bench.py", "world_size": world, "torch": torch.__version__,
             "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "counted_on": "rank 0 (bytes are what rank 0 passes to each collective)"}
-    with open(os.path.join(out, "norm_comm.json"), "w") as f:
-        json.dump({"meta": meta, "layers": rows}, f, indent=1)
+    payload = {"meta": meta, "layers": rows}
     lines = ["# Communication per normalization layer", "",
              f"Collectives issued by rank 0 of {world} Gloo ranks, counted by `shardtensor.CommCounter`; torch "
              f"{torch.__version__}, commit {commit}, {meta['date']}. Backward includes the reduction of the "
@@ -109,9 +99,7 @@ def main():
     for r in rows:
         lines.append(f"| {r['layer']} | {r['input']} | {fmt(r['forward_calls'], r['forward_bytes'])} | "
                      f"{fmt(r['backward_calls'], r['backward_bytes'])} | {r['max_rel_error_vs_single_device']:.1e} |")
-    with open(os.path.join(out, "norm_comm.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(out, "norm_comm", payload, lines)
 
 
 if __name__ == "__main__":

@@ -248,6 +248,25 @@ def comm_stats() -> dict:
     return {"calls": dict(calls), "bytes": dict(nbytes)}
 
 
+class _SettingBlock:
+    """A process-wide setting changed for a ``with`` block and restored after it (``setter`` returns the previous
+    value)."""
+
+    _setter = None
+
+    def __init__(self, value):
+        self.value = value
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = type(self)._setter(self.value)
+        return self
+
+    def __exit__(self, *exc):
+        type(self)._setter(self.previous)
+        return False
+
+
 def set_attention_strategy(strategy: str) -> str:
     """How ``F.scaled_dot_product_attention`` runs when the sequence (dim -2) is sharded: ``"ring"`` (K/V
     blocks pass around the mesh dim, log-sum-exp merge; causal self-attention runs in the load-balanced zigzag
@@ -263,20 +282,10 @@ def attention_strategy() -> str:
     return _C.attention_strategy()
 
 
-class use_attention_strategy:
+class use_attention_strategy(_SettingBlock):
     """``with st.use_attention_strategy("ring"): ...`` — set the attention strategy for a block."""
 
-    def __init__(self, strategy: str):
-        self.strategy = strategy
-        self.previous = None
-
-    def __enter__(self):
-        self.previous = set_attention_strategy(self.strategy)
-        return self
-
-    def __exit__(self, *exc):
-        set_attention_strategy(self.previous)
-        return False
+    _setter = staticmethod(set_attention_strategy)
 
 
 def set_strict(strict: bool) -> bool:
@@ -292,20 +301,13 @@ def strict() -> bool:
     return _C.strict()
 
 
-class use_strict:
+class use_strict(_SettingBlock):
     """``with st.use_strict(): ...`` — strict mode (or, with ``False``, the fallback) for a block."""
 
+    _setter = staticmethod(set_strict)
+
     def __init__(self, strict: bool = True):
-        self.strict = strict
-        self.previous = None
-
-    def __enter__(self):
-        self.previous = set_strict(self.strict)
-        return self
-
-    def __exit__(self, *exc):
-        set_strict(self.previous)
-        return False
+        super().__init__(strict)
 
 
 def set_comm_backend(backend: str) -> str:
@@ -322,20 +324,10 @@ def comm_backend() -> str:
     return _C.comm_backend()
 
 
-class use_comm_backend:
+class use_comm_backend(_SettingBlock):
     """``with st.use_comm_backend("functional"): ...`` — a collective backend for a block."""
 
-    def __init__(self, backend: str):
-        self.backend = backend
-        self.previous = None
-
-    def __enter__(self):
-        self.previous = set_comm_backend(self.backend)
-        return self
-
-    def __exit__(self, *exc):
-        set_comm_backend(self.previous)
-        return False
+    _setter = staticmethod(set_comm_backend)
 
 
 def reset_comm_stats() -> None:
