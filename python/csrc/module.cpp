@@ -120,6 +120,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("mode"), py::arg("sharding_shapes"),
       py::arg("global_shape"), py::arg("check") = true, py::call_guard<py::gil_scoped_release>());
   m.def("to_local", &to_local, py::call_guard<py::gil_scoped_release>());
+  // Raw wrapping for the traced representation (python/shardtensor/_traced.py): no autograd, no communication, no
+  // agreement check; the layout is the one a traced tensor carries.
+  m.def("_wrap_local", [](const at::Tensor& local, const std::shared_ptr<Mesh>& mesh,
+                          const std::vector<std::tuple<int, int64_t, std::string>>& placements,
+                          const ShardingShapes& shapes, std::vector<int64_t> global_shape) {
+    return make_shard_tensor(local, ShardSpec::make(mesh, to_placements(placements), std::move(global_shape), shapes));
+  });
+  m.def("_local_of", [](const at::Tensor& t) { return checked_shard_impl(t, "_local_of").local(); });
   m.def("full_tensor", [](const at::Tensor& t) { return with_context("full_tensor", [&] { return layout_of(t); }, [&] { return full_tensor(t); }); },
         py::call_guard<py::gil_scoped_release>());
   m.def("redistribute", [](const at::Tensor& t, const std::vector<std::tuple<int, int64_t, std::string>>& p,

@@ -35,6 +35,9 @@ __version__ = "0.1.0"
 
 
 def _check(x, what: str):
+    if type(x).__name__ == "TracedShard":
+        raise NotImplementedError(f"{what} inside a torch.compile'd region is not supported yet: call it outside the "
+                                  "compiled function (ShardTensors enter and leave compiled code as they are)")
     if not isinstance(x, torch.Tensor) or not _C.is_shard_tensor(x):
         raise NotAShardTensorError(f"{what}: expected a ShardTensor, got {'a plain tensor' if isinstance(x, torch.Tensor) else type(x).__name__}; "
                         "build one with shardtensor.from_local, distribute_tensor or scatter_tensor")
@@ -484,6 +487,9 @@ from . import ops  # noqa: E402,F401  (shardtensor.ops: neighbourhood attention,
 from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint support, installed on import)
 from . import io  # noqa: E402,F401  (shardtensor.io: inputs read and outputs written shard by shard)
 from .compile import local_map  # noqa: E402
+from . import _traced  # noqa: E402  (torch.compile of ShardTensor code: the traced representation)
+
+_traced.install()
 from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: localized by the wrappers)
 from .data_parallel import localize_parameters  # noqa: E402
 

@@ -82,9 +82,11 @@ void ShardTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl
 const c10::Storage& ShardTensorImpl::storage() const {
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "ShardTensor has no storage of its own (it is a global view of per-rank shards): use x.to_local() for ",
-      "this rank's shard or x.full_tensor() (a collective) for the whole tensor. torch.compile cannot trace ",
-      "ShardTensors: compile the per-shard computation instead (shardtensor.local_map(torch.compile(fn)) runs it ",
-      "on the local shards) or keep ShardTensor code outside compiled regions (torch.compiler.disable)");
+      "this rank's shard or x.full_tensor() (a collective) for the whole tensor. Under torch.compile, ShardTensors ",
+      "are traceable as arguments and results of the compiled function or module; a ShardTensor made inside "
+      "compiled code (st.* layout functions, graph breaks between sharded ops) is not traceable yet: keep that code "
+      "outside the compiled region (torch.compiler.disable), or compile the per-shard computation "
+      "(shardtensor.local_map(torch.compile(fn)))");
 }
 
 void ShardTensorImpl::release_resources() {
