@@ -1,8 +1,9 @@
 """Running per-shard computation, compiled or not: ``local_map``.
 
-``torch.compile`` cannot trace ShardTensors (they have no storage for its fake tensors; the error says so). The
-way to compile domain-parallel code is to compile the part of it that is *local* -- each output element depends
-only on this rank's shard: pointwise ops, channel mixing, per-position MLPs -- and run it on the local shards::
+``torch.compile`` traces ShardTensor arguments through their traced representation (``_traced.py``) for the rule
+families docs/python-api.md lists; for the rest, and to compile code written per shard, compile the part that is
+*local* -- each output element depends only on this rank's shard: pointwise ops, channel mixing, per-position
+MLPs -- and run it on the local shards::
 
     mlp = torch.compile(Mlp())
     y = st.local_map(mlp)(x)          # x: ShardTensor; mlp sees x.to_local(); y: ShardTensor

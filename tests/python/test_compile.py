@@ -132,6 +132,44 @@ def test_compiled_training_inductor():
     harness.run(2, case_compiled_training, "inductor", (2,), timeout=600)
 
 
+def compiled_families():
+    """(name, fn, global input shape, sharded dim): rule families that compile (forward, vs one device)."""
+    torch.manual_seed(7)
+    lin, ln = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+    weight = torch.ones(2, 4, 3, 3)
+    F = torch.nn.functional
+    return {
+        "pointwise": (lambda t: (t.sin() + 1).relu(), (1, 4, 10, 8), 2),
+        "reductions": (lambda t: t.sum((2, 3)) + t.mean(), (1, 4, 10, 8), 2),
+        "amax": (lambda t: t.amax(2), (1, 4, 10, 8), 2),
+        "views": (lambda t: t.reshape(1, 4, 80).transpose(1, 2) * 2, (1, 4, 10, 8), 2),
+        "softmax": (lambda t: t.softmax(2), (1, 4, 10, 8), 2),
+        "linear": (lambda t: lin(t), (1, 11, 8), 1),
+        "layer_norm": (lambda t: ln(t), (1, 11, 8), 1),
+        "conv2d": (lambda t: F.conv2d(t, weight, padding=1), (1, 4, 10, 8), 2),
+        "max_pool2d": (lambda t: F.max_pool2d(t, 2), (1, 4, 10, 8), 2),
+        "interpolate": (lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"), (1, 4, 10, 8), 2),
+        "rfft2": (lambda t: torch.fft.rfft2(t).abs(), (1, 4, 10, 8), 2),
+        "cat": (lambda t: torch.cat([t, t.cos()], 1), (1, 4, 10, 8), 2),
+    }
+
+
+def case_compiled_family(name):
+    m = mesh()
+    fn, shape, dim = compiled_families()[name]
+    full = randn(*shape, seed=11)
+    torch._dynamo.reset()
+    x = st.distribute_tensor(full, m, [st.Shard(dim)], {0: uneven_extents(shape[dim], m.size(), 1)})
+    y = torch.compile(fn, backend=BACKEND)(x)
+    close(y.full_tensor() if st.is_shard_tensor(y) else y, fn(full), rtol=1e-5, atol=1e-5, what=f"compiled {name}")
+    return True
+
+
+@pytest.mark.parametrize("name", list(compiled_families()))
+def test_compiled_family(name):
+    harness.run(2, case_compiled_family, name)
+
+
 def case_layout_api_in_compiled_code():
     """The st.* layout functions inside a compiled region (not traceable yet: a graph break hands the resumed frame
     a ShardTensor made in eager code) raise a clear error on every rank."""
