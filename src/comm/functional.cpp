@@ -50,7 +50,12 @@ const char* op_name(ReduceOp op) {
 } // namespace
 
 bool tracing(const at::Tensor& t) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return true;
+  // The tracers' infra modes (fake tensors, proxy tracing, functionalization); a user's own dispatch mode (a FLOP
+  // counter, a debug mode) runs eagerly and keeps the ProcessGroup path.
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  for (auto key : {TorchDispatchModeKey::FAKE, TorchDispatchModeKey::PROXY, TorchDispatchModeKey::FUNCTIONAL})
+    if (TorchDispatchModeTLS::get_mode(key).has_value()) return true;
   if (!t.defined()) return false;
   const auto ks = t.key_set();
   return ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize);

@@ -20,8 +20,8 @@
 
 namespace shardtensor::comm {
 
-// Is `t` being traced: a fake or functional tensor (its key set has Python or Functionalize), or any Python dispatch
-// mode active on this thread (a tracer's proxy mode, or a user's mode, which sees the functional ops too).
+// Is `t` being traced: a fake or functional tensor (its key set has Python or Functionalize), or a tracer's mode
+// active on this thread (fake tensors, proxy tracing, functionalization). A user's own dispatch mode is not tracing.
 bool tracing(const at::Tensor& t);
 // The path for collectives on `t`: functional when tracing or when selected.
 bool use_functional(const at::Tensor& t);

@@ -4,8 +4,9 @@
   and issue the same collectives with the same bytes as with the ProcessGroup backend: redistribution (all-gather,
   reduce-scatter, all-to-all, uneven and zero extents), scatter_tensor, broadcast (sync_module), halo convolution,
   ring attention, FFT pencils, softmax/norm statistics, 1-3 ranks and a 2-D mesh.
-- Under a Python dispatch mode (as while tracing) the collectives are `_c10d_functional` ops (then `wait_tensor`)
-  whatever the setting, and never c10d ProcessGroup ops; a make_fx trace holds functional collective nodes only.
+- While tracing (make_fx) the collectives are `_c10d_functional` ops (then `wait_tensor`) whatever the setting: a
+  trace holds functional collective nodes only. A user's own dispatch mode runs eagerly and sees ProcessGroup
+  collectives, or functional ones when selected.
 - Reads of communicated values on the host (`from_local("infer")`, the agreement check) refuse while tracing.
 """
 import importlib
@@ -113,24 +114,26 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def case_functional_under_dispatch_mode():
-    """With a Python dispatch mode active (as while tracing) the collectives are functional ops, also with the
-    process_group backend selected; no c10d ProcessGroup op is issued."""
+def case_backends_under_a_user_mode():
+    """A user's dispatch mode (a recorder, a FLOP counter) runs eagerly: it sees ProcessGroup collectives with the
+    default backend and only functional ones (each waited) with the functional backend selected; same results."""
     w = dist.get_world_size()
     m = mesh()
     x = st.distribute_tensor(randn(6, 4, seed=2), m, [st.Shard(0)], {0: uneven_extents(6, w, 1)})
-    with _Recorder() as rec:
-        y = st.redistribute(x.softmax(0), [st.Shard(1)]).full_tensor()
-    close(y, randn(6, 4, seed=2).softmax(0), what="softmax under the mode")
-    collective = [n for n in rec.names if "c10d" in n]
-    assert collective, rec.names
-    assert all(n.startswith("_c10d_functional.") for n in collective), collective
-    assert "_c10d_functional.wait_tensor.default" in collective
+    seen = {}
+    for backend in ("process_group", "functional"):
+        with st.use_comm_backend(backend), _Recorder() as rec:
+            y = st.redistribute(x.softmax(0), [st.Shard(1)]).full_tensor()
+        close(y, randn(6, 4, seed=2).softmax(0), what=f"softmax under the mode ({backend})")
+        seen[backend] = [n for n in rec.names if "c10d" in n]
+    assert seen["process_group"] and not any(n.startswith("_c10d_functional.") for n in seen["process_group"])
+    assert seen["functional"] and all(n.startswith("_c10d_functional.") for n in seen["functional"])
+    assert "_c10d_functional.wait_tensor.default" in seen["functional"]
     return True
 
 
-def test_functional_under_dispatch_mode():
-    harness.run(2, case_functional_under_dispatch_mode)
+def test_backends_under_a_user_mode():
+    harness.run(2, case_backends_under_a_user_mode)
 
 
 def case_make_fx_graph():
@@ -162,9 +165,9 @@ def test_make_fx_graph():
 
 
 def refuse_infer_while_tracing():
+    from torch.fx.experimental.proxy_tensor import make_fx
     m = mesh()
-    with _Recorder():
-        st.from_local(randn(3, 4, seed=1), m, [st.Shard(0)])   # "infer": negotiates extents on the host
+    make_fx(lambda t: st.to_local(st.from_local(t, m, [st.Shard(0)]) * 2))(randn(3, 4, seed=1))  # "infer"
 
 
 def test_host_reads_refused_while_tracing():
