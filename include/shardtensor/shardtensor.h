@@ -10,4 +10,5 @@
 #include <shardtensor/mesh.h>
 #include <shardtensor/placement.h>
 #include <shardtensor/shard_tensor.h>
+#include <shardtensor/simulation.h>
 #include <shardtensor/spec.h>

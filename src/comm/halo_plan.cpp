@@ -1,4 +1,5 @@
 #include "comm/halo_plan.h"
+#include "comm/host_metadata.h"
 
 #include <ATen/ATen.h>
 
@@ -220,6 +221,7 @@ HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t
   // Built once per plan: the exchange itself copies no indices from the host. On the CPU runs need none (narrow);
   // CUDA tensors always go through the halo kernels (strided slabs packed in one launch).
   if (!pos.empty() && (!m.run || device.is_cuda())) {
+    comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
     const auto opts = at::TensorOptions().dtype(at::kLong);
     m.pos_t = at::tensor(pos, opts).to(device);
     m.rows_t = at::tensor(rows, opts).to(device);
