@@ -28,6 +28,7 @@ __all__ = [
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
     "set_strict", "strict", "use_strict", "localize_parameters",
+    "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats",
 ]
 
 __version__ = "0.1.0"
@@ -422,5 +423,7 @@ from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint suppo
 from .compile import local_map  # noqa: E402
 from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: localized by the wrappers)
 from .data_parallel import localize_parameters  # noqa: E402
+from .simulate import SimulationError, SimulationWarning, simulate, simulating  # noqa: E402  (one rank of P, fake group)
+from .accounting import RankStats  # noqa: E402  (per-rank FLOPs, bytes, memory)
 
 data_parallel.install()
