@@ -49,14 +49,38 @@ def _sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_val=None, *
     return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
 
 
+def _window(kernel_size) -> int:
+    w = 1
+    for k in kernel_size:
+        w *= int(k)
+    return w
+
+
+def _na_forward_flops(query, key, value, kernel_size, *args, out_val=None, **kwargs):
+    """Neighbourhood attention: every query scores and averages its window of prod(kernel_size) keys: two
+    matmul-equivalents, 2·Nq·H·W·D + 2·Nq·H·W·Dv (the shardtensor op's own kernel)."""
+    nq_h = query.numel() // query.shape[-1]
+    return 2 * nq_h * _window(kernel_size) * (query.shape[-1] + value.shape[-1])
+
+
+def _na_backward_flops(grad_out, query, key, value, out, lse, kernel_size, *args, out_val=None, **kwargs):
+    """Recomputed scores, dV, dP, dQ, dK: 2·Nq·H·W·(3·D + 2·Dv), the rule torch uses for SDPA backward."""
+    nq_h = query.numel() // query.shape[-1]
+    return 2 * nq_h * _window(kernel_size) * (3 * query.shape[-1] + 2 * value.shape[-1])
+
+
 def _registry() -> dict:
     """torch's FLOP formulas (matmuls, convolutions, the CUDA attention kernels) plus the CPU flash-attention
     kernels the library's ring/all-to-all attention calls on CPU (same counting rule: two matmuls forward, five
-    backward, causal masks not discounted)."""
+    backward, causal masks not discounted) and the library's neighbourhood-attention kernels."""
     from torch.utils.flop_counter import flop_registry
     reg = dict(flop_registry)
     reg[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_flops
     reg[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward_flops
+    na = torch.ops.shardtensor
+    reg[na.neighborhood_attention] = _na_forward_flops
+    reg[na.neighborhood_attention_forward] = _na_forward_flops
+    reg[na.neighborhood_attention_backward] = _na_backward_flops
     return reg
 
 

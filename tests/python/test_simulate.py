@@ -30,13 +30,29 @@ WORKLOADS = {
     "conv": ((1, 4, 23, 16), 2),      # 23 rows: uneven at P = 2 and 3
     "vit": ((1, 3, 48, 32), 2),       # patch 8 -> 6 x 4 tokens, rows split 3/3, 2/2/2
     "transolver": ((1, 37, 8), 1),    # 37 points: uneven
+    "natten": ((1, 13, 6, 8), 1),     # 2-D neighbourhood attention (the library's kernel), 13 rows: uneven
 }
+
+
+class _NA(nn.Module):
+    """q, k, v from one linear layer, 2 heads of 4, 3x3 neighbourhood attention (halo of one row)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        b, h, w, _ = x.shape
+        q, k, v = self.qkv(x).view(b, h, w, 3, 2, 4).unbind(3)
+        return st.ops.neighborhood_attention2d(q, k, v, 3)
 
 
 def _model(name):
     torch.manual_seed(0)
     if name == "conv":
         return nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.GELU(), nn.Conv2d(8, 4, 5, padding=2))
+    if name == "natten":
+        return _NA()
     if name == "vit":
         return build("vit", "tiny", img_size=(48, 32), embed_dim=32, depth=1, num_heads=2)
     return build("transolver", "tiny", n_layers=1)
@@ -128,7 +144,7 @@ def test_meta_simulation_counts_like_cpu_and_estimates_memory(name):
         mf, mc, mb, mp = meta[kind]
         assert (mf, mc, mb) == (cf, cc, cb), f"{name} {kind}: meta {mf} {mc} {mb} != cpu {cf} {cc} {cb}"
         # The tally counts what ops return; the allocator also sees kernels' internal workspaces (the CPU
-        # convolution's im2col columns, CPU flash attention's blocks), which are large at these tiny sizes and
+        # convolution's im2col columns, CPU flash and neighbourhood attention's blocks), which are large at these tiny sizes and
         # shrink in proportion as sizes grow (ViT 128x128: within 0.3 %, benchmarks/results/paper_scale.md).
         if name == "transolver":  # no kernel with a workspace
             assert mp == cp, f"{name} {kind}: meta estimate {mp} B != measured {cp} B"
