@@ -30,7 +30,8 @@ def live_bytes(module, optimizer=None) -> int:
             local = t.to_local()
         else:
             local = t
-        key = local.untyped_storage().data_ptr()
+        storage = local.untyped_storage()
+        key = storage.data_ptr() or storage._cdata  # fake (meta-backed) storages have no data pointer
         if key in seen:
             return
         seen.add(key)
