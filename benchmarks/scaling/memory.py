@@ -30,8 +30,8 @@ def live_bytes(module, optimizer=None) -> int:
             local = t.to_local()
         else:
             local = t
-        storage = local.untyped_storage()
-        key = storage.data_ptr() or storage._cdata  # fake (meta-backed) storages have no data pointer
+        # The storage's identity: views share it; fake (meta-backed) tensors of a meta simulation have no data.
+        key = local.untyped_storage()._cdata
         if key in seen:
             return
         seen.add(key)
