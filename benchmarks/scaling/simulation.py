@@ -209,7 +209,11 @@ def run(workload, args):
                     f" ({time.perf_counter() - t:.1f} s)", flush=True)
     stem = f"{workload.name}_sim_{args.sim_device}" + (f"_{args.tag}" if args.tag else "")
     path = os.path.join(args.out, stem)
+    import subprocess
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     meta = {"command": "python " + os.path.relpath(sys.argv[0]) + " " + " ".join(args.argv), "workload": workload.name,
+            "commit": commit + ("+dirty" if results_dir.tree_is_dirty() else ""),
             "config": cfg, "sim_device": args.sim_device, "batch": args.batch, "torch": torch.__version__,
             "note": SIM_NOTE, "wall_s": round(time.perf_counter() - t0, 1), "iters": args.iters,
             "notes": workload.notes(cfg)}

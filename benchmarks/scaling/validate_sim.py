@@ -135,7 +135,10 @@ def main(argv=None):
                     print(f"{name} P={P} rank {r} {kind}: collectives {'equal' if rows[-1]['comm_equal'] else 'DIFFER'}, "
                           f"peak {a['peak_bytes']} real / {b['peak_bytes']} sim, CPU time sim/real "
                           f"{b['cpu_s'] / a['cpu_s']:.2f}", flush=True)
+    import subprocess
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     meta = {"command": "python -m benchmarks.scaling.validate_sim " + " ".join(argv or sys.argv[1:]),
+            "commit": commit + ("+dirty" if results_dir.tree_is_dirty() else ""),
             "torch": torch.__version__, "loadavg": results_dir.loadavg(), "iters": args.iters}
     path = os.path.join(args.out, "sim_validation")
     with open(path + ".json", "w") as f:

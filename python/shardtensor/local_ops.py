@@ -100,8 +100,10 @@ def local_flops(func, args, kwargs, out) -> int:
 
 def _traffic_bytes(func, args, kwargs, out) -> int:
     """Bytes an op reads and writes (its tensor arguments and results), the memory-bound term of a roofline; 0 for
-    views and factories of uninitialised memory."""
+    views, factories of uninitialised memory and queries that return no tensor (``prim::device``, sizes)."""
     if func.is_view or func.overloadpacket in _NO_TRAFFIC:
+        return 0
+    if not any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
         return 0
     total = 0
     for t in tree_leaves((args, kwargs, out)):
