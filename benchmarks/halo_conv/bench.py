@@ -7,6 +7,7 @@ the single-device step. Writes halo_conv.{json,md,png} into --out (default: the 
 benchmarks/results/local; --out benchmarks/results updates the committed results, from a clean tree only).
 
     .venv/bin/python benchmarks/halo_conv/bench.py [--ranks 2] [--device cpu] [--quick] [--out DIR]
+    .venv/bin/python benchmarks/halo_conv/bench.py --simulate 8 [--sim-device meta] [--sizes 2048]   # rank r of 8 here
 """
 from __future__ import annotations
 
@@ -112,6 +113,55 @@ def run_rank(rank, world, port, args, out_path):
     dist.destroy_process_group()
 
 
+def simulate_cases(args):
+    """``--simulate P[,rank]``: each case as simulated ranks of P (shardtensor.simulate, one process): per rank the
+    local FLOPs, the halo bytes (edge ranks send one side), peak memory and, on --sim-device cpu, the local time."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    import warnings
+    from benchmarks.scaling.simulation import _pass, _time, parse_simulate, ranks_for
+    from benchmarks.scaling.report import fmt_bytes, fmt_comm
+
+    torch.set_num_threads(1)
+    rows = []
+    todo = cases(args.quick) if not args.sizes else [(2, 8, int(s)) for s in args.sizes.split(",")]
+    for dims, channels, size in todo:
+        for P, rank in parse_simulate(args.simulate):
+            for r in ranks_for(P, rank, args.sim_ranks):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", st.SimulationWarning)
+                    with st.simulate(r, P, device=args.sim_device) as sim:
+                        torch.manual_seed(0)
+                        net = stack(dims, channels)
+                        shape = (1, channels) + (size,) * dims
+                        x = sim.shard(shape, [st.Shard(2)], requires_grad=True) if P > 1 else \
+                            torch.randn(shape, requires_grad=True)
+
+                        def fwd():
+                            with torch.no_grad():
+                                net(x)
+
+                        def step():
+                            net.zero_grad(set_to_none=True)
+                            net(x).square().mean().backward()
+
+                        step()
+                        row = {"dims": dims, "channels": channels, "size": size, "shape": list(shape), "ranks": P,
+                               "rank": r, "sim_device": args.sim_device, "fwd": _pass(fwd), "step": _pass(step)}
+                        if args.sim_device == "cpu":
+                            row["fwd"]["time"] = _time(fwd, 3, 1)
+                            row["step"]["time"] = _time(step, 3, 1)
+                rows.append(row)
+                print(f"{dims}-D {shape} P={P} rank {r}: train {row['step']['flops'] / 1e9:.2f} GFLOP, sent "
+                      f"{fmt_comm(row['step']['comm'])}, peak {fmt_bytes(row['step']['peak_bytes'])}" +
+                      (f", {row['step']['time']['median'] * 1e3:.1f} ms" if "time" in row["step"] else ""), flush=True)
+    path = os.path.join(args.out, f"halo_conv_sim_{args.sim_device}.json")
+    meta = {"command": "python benchmarks/halo_conv/bench.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
+            "note": "simulated ranks (shardtensor.simulate): no data moved, values garbage"}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"wrote {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -121,8 +171,16 @@ def main():
     ap.add_argument("--no-overlap", action="store_true",
                     help="synchronous halo exchange (SHARDTENSOR_HALO_OVERLAP=0), to measure what the overlap gains")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON recorded in --out")
+    ap.add_argument("--simulate", action="append", default=None, metavar="P[,RANK]",
+                    help="simulate rank RANK (default: --sim-ranks) of P in this process (shardtensor.simulate)")
+    ap.add_argument("--sim-device", default="meta", choices=["cpu", "meta"], help="simulated local tensors")
+    ap.add_argument("--sim-ranks", default="edges", help="'edges' (0, 1, P//2, P-1), 'all' or a list")
+    ap.add_argument("--sizes", default=None, help="with --simulate: 2-D sizes (square), comma-separated")
     add_out_argument(ap)
     args = ap.parse_args()
+    if args.simulate:
+        prepare(args.out)
+        return simulate_cases(args)
     suffix = ("" if args.device == "cpu" else f"_{args.device}") + ("_no_overlap" if args.no_overlap else "")
     prepare(args.out, measuring=not args.plot_only)
     if args.plot_only:

@@ -30,7 +30,8 @@ def live_bytes(module, optimizer=None) -> int:
             local = t.to_local()
         else:
             local = t
-        key = local.untyped_storage().data_ptr()
+        # The storage's identity: views share it; fake (meta-backed) tensors of a meta simulation have no data.
+        key = local.untyped_storage()._cdata
         if key in seen:
             return
         seen.add(key)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from benchmarks import results_dir
 
-from . import launch, plots, report
+from . import launch, plots, report, simulation
 from .check import check, fmt_errs
 from .measure import run_cases
 from .parallel import build_meshes
@@ -59,6 +59,7 @@ def parse_args(workload, argv=None):
     ap.add_argument("--tag", default="", help="suffix of the result files")
     results_dir.add_out_argument(ap)
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG (and Markdown) from the JSON")
+    simulation.add_args(ap)
     workload.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -200,6 +201,8 @@ def meta(workload, args, wall: float, checks: dict) -> dict:
 def main(workload, argv=None):
     args = parse_args(workload, argv)
     workload.config(args)  # resolves the configuration once (the spawned ranks get the workload pickled)
+    if args.simulate:
+        return simulation.run(workload, args)
     results_dir.prepare(args.out, measuring=not args.plot_only)
     path = os.path.join(args.out, stem(workload, args))
     if args.plot_only:

@@ -58,6 +58,13 @@ class Workload:
         """Full (global) synthetic inputs and target on the CPU for ``seed``: ``(inputs, target)``."""
         raise NotImplementedError
 
+    def input_specs(self, cfg: dict, size, batch: int) -> tuple[tuple, Any]:
+        """``((shape, dtype) per input, (shape, dtype) of the target)`` of ``make_input``'s global tensors, for
+        simulations that must not build them (fake tensors). Default: built once and measured."""
+        inputs, target = self.make_input(cfg, size, batch, 0)
+        spec = lambda t: (tuple(t.shape), t.dtype)  # noqa: E731
+        return tuple(spec(t) for t in inputs), spec(target)
+
     def shard_dims(self) -> tuple[Sequence, Any]:
         """The sharded dim of each input and of the target (None: replicated, passed as a plain tensor)."""
         raise NotImplementedError

@@ -85,6 +85,13 @@ class StormScope(PatchGridWorkload):
         s = synthetic.stormscope_batch(size[0], size[1], seed=seed, batch=batch, sigma_data=SIGMA_DATA)
         return (s["x"], s["sigma"]), s["target"]
 
+    def input_specs(self, cfg, size, batch):
+        import torch
+        from dataclasses import replace
+        c = replace(configs("stormscope")[cfg["name"]], **cfg["overrides"])
+        return ((((batch, c.in_channels, *size), torch.float32), ((batch,), torch.float32)),
+                ((batch, c.out_channels, *size), torch.float32))
+
     def shard_dims(self):
         return (2, None), 2
 

@@ -73,6 +73,13 @@ class Transolver(Workload):
         s = synthetic.ellipsoid_surface(size, seed=seed, batch=batch)
         return (s["embedding"], s["fx"]), s["target"]
 
+    def input_specs(self, cfg, size, batch):
+        import torch
+        from dataclasses import replace
+        c = replace(configs("transolver")[cfg["name"]], **cfg["overrides"])
+        n = int(size)
+        return (((batch, n, 6), torch.float32), ((batch, n, 2), torch.float32)), ((batch, n, c.out_dim), torch.float32)
+
     def shard_dims(self):
         return (1, 1), 1
 

@@ -90,6 +90,11 @@ class ViT(PatchGridWorkload):
         x, labels = synthetic.random_images(batch, c.in_channels, size, c.num_classes, seed=seed)
         return (x,), labels
 
+    def input_specs(self, cfg, size, batch):
+        import torch
+        c = self._cfg(cfg)
+        return (((batch, c.in_channels, *size), torch.float32),), ((batch,), torch.int64)
+
     def shard_dims(self):
         return (2,), None
 

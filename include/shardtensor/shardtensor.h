@@ -11,4 +11,5 @@
 #include <shardtensor/placement.h>
 #include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
+#include <shardtensor/simulation.h>
 #include <shardtensor/spec.h>

@@ -7,6 +7,7 @@
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
+#include <shardtensor/simulation.h>
 
 #include "comm/halo_plan.h"
 #include "comm/wait.h"
@@ -236,4 +237,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_strict", &set_strict, py::arg("strict"));
   m.def("strict", &strict);
   m.def("_reset_fallback_warnings", &reset_fallback_warnings);
+  m.def("set_simulating", &set_simulating, py::arg("on"));
+  m.def("simulating", &simulating);
 }

@@ -29,6 +29,7 @@ __all__ = [
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
     "set_strict", "strict", "use_strict", "localize_parameters", "set_comm_backend", "comm_backend",
     "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
+    "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats",
 ]
 
 __version__ = "0.1.0"
@@ -492,6 +493,8 @@ from . import _traced  # noqa: E402  (torch.compile of ShardTensor code: the tra
 _traced.install()
 from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: localized by the wrappers)
 from .data_parallel import localize_parameters  # noqa: E402
+from .simulate import SimulationError, SimulationWarning, simulate, simulating  # noqa: E402  (one rank of P, fake group)
+from .accounting import RankStats  # noqa: E402  (per-rank FLOPs, bytes, memory)
 
 data_parallel.install()
 from .functions import function_handler, register_function, unregister_function  # noqa: E402

@@ -2,10 +2,12 @@
 // scatter_tensor. Each backward runs the adjoint placement transition.
 #include "comm/agreement.h"
 #include "comm/collectives.h"
+#include "comm/host_metadata.h"
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
 
 #include <ATen/ATen.h>
+#include <shardtensor/simulation.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/autograd.h>
 
@@ -156,7 +158,7 @@ SpecPtr local_spec(const at::Tensor& local, const MeshPtr& mesh, Placements plac
       for (int64_t m = 0; m < mesh->ndim(); ++m) {
         if (!placements[m].is_shard()) continue;
         const auto d = placements[m].dim;
-        auto all = comm::all_gather_ints(local.sizes().vec(), *mesh, m);
+        auto all = comm::all_gather_ints(local.sizes().vec(), *mesh, m, "from_local(sharding_shapes='infer')");
         std::vector<int64_t> ext;
         for (size_t r = 0; r < all.size(); ++r) {
           for (int64_t i = 0; i < ndim && error.empty(); ++i) {
@@ -214,6 +216,11 @@ at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placemen
   TORCH_CHECK_TYPE(local.defined() && !is_shard_tensor(local),
                    "from_local: expected a plain local tensor, got ", local.defined() ? "a ShardTensor" : "None");
   TORCH_CHECK_VALUE(mesh, "from_local: mesh is null");
+  TORCH_CHECK_NOT_IMPLEMENTED(mode != ShapeInference::Infer || !simulating(),
+                              "from_local(sharding_shapes='infer') under simulation (shardtensor.simulate): other "
+                              "ranks' extents cannot be gathered (the fake process group returns this rank's own "
+                              "shape for every rank); pass sharding_shapes='even' with global_shape, or the extents "
+                              "{mesh_dim: [extent of coordinate 0, ...]}");
   SpecPtr spec;
   if (!check) {
     spec = local_spec(local, mesh, placements, mode, sharding_shapes, global_shape);
@@ -341,14 +348,32 @@ at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Pla
   const auto device = scatter_device(*mesh);
   // Metadata walks the mesh dims from last to first: at step m the ranks whose coords on dims < m equal
   // src's receive it along dim m from the one that holds it.
-  auto meta_t = at::tensor(meta, at::kLong);
-  for (int64_t m = mesh->ndim() - 1; m >= 0; --m) {
-    bool take_part = true;
-    for (int64_t k = 0; k < m; ++k)
-      if (me[k] != src_coord[k]) take_part = false;
-    if (take_part) meta_t = comm::broadcast(device.is_cuda() ? meta_t.to(device) : meta_t, src_coord[m], *mesh, m).cpu();
+  std::vector<int64_t> mv;
+  {
+    comm::HostMetadataGuard host; // see comm/host_metadata.h
+    auto meta_t = at::tensor(meta, at::kLong);
+    for (int64_t m = mesh->ndim() - 1; m >= 0; --m) {
+      bool take_part = true;
+      for (int64_t k = 0; k < m; ++k)
+        if (me[k] != src_coord[k]) take_part = false;
+      if (take_part)
+        meta_t = comm::broadcast(device.is_cuda() ? meta_t.to(device) : meta_t, src_coord[m], *mesh, m).cpu();
+    }
+    mv.assign(meta_t.data_ptr<int64_t>(), meta_t.data_ptr<int64_t>() + meta_t.numel());
   }
-  auto mv = std::vector<int64_t>(meta_t.data_ptr<int64_t>(), meta_t.data_ptr<int64_t>() + meta_t.numel());
+  if (simulating() && !is_src) {
+    // The broadcast above moved nothing (a simulation's process group moves no data): this rank takes the global
+    // shape and dtype from the tensor it passed instead (the tensor itself or a stand-in, e.g. on the meta device).
+    TORCH_CHECK_NOT_IMPLEMENTED(full.defined() && !is_shard_tensor(full) && full.dim() <= kMaxDims,
+                                "scatter_tensor under simulation (shardtensor.simulate): this rank is not the src rank ",
+                                src, " and passed no tensor, so it cannot learn the global shape and dtype (the fake "
+                                "process group moves no data); pass the global tensor, or a stand-in of its shape "
+                                "and dtype such as torch.empty(shape, dtype=dtype, device='meta'), on every rank");
+    mv[0] = kOk;
+    mv[1] = full.dim();
+    mv[2] = static_cast<int64_t>(full.scalar_type());
+    for (int64_t i = 0; i < full.dim(); ++i) mv[3 + i] = full.size(i);
+  }
   TORCH_CHECK_VALUE(mv[0] != kNoTensor, "scatter_tensor: the src rank ", src,
                     " passed no tensor (None or not a tensor); it must pass the full tensor");
   TORCH_CHECK_VALUE(mv[0] != kShardTensor, "scatter_tensor: the src rank ", src,

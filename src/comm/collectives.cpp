@@ -1,4 +1,7 @@
 #include "comm/collectives.h"
+#include "comm/host_metadata.h"
+
+#include <shardtensor/simulation.h>
 
 #include "comm/comm_stats.h"
 #include "comm/functional.h"
@@ -400,21 +403,20 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   return stage ? mine.to(opts.device()) : mine;
 }
 
-at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim) {
+at::Tensor mirror_ranks(const at::Tensor& local, at::IntArrayRef partner_shape, const Mesh& mesh, int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);
   const auto me = mesh.coordinate(mesh_dim);
   if (n == 1) return local;
-  // Shapes travel first (small), then one all-to-all with a single non-empty split each way.
-  auto shapes = all_gather_ints(local.sizes().vec(), mesh, mesh_dim);
+  // One all-to-all with a single non-empty split each way (the partner's shape comes from the layout).
   const auto partner = n - 1 - me;
   std::vector<at::Tensor> send;
   std::vector<int64_t> recv(n, 0);
   int64_t k = 1;
-  for (auto s : shapes[partner]) k *= s;
+  for (auto s : partner_shape) k *= s;
   for (int64_t j = 0; j < n; ++j) send.push_back(j == partner ? local : local.new_empty({0}));
   recv[partner] = k;
   auto chunks = flat_all_to_all(send, recv, local.options(), mesh, mesh_dim);
-  return chunks[partner].view(shapes[partner]).clone();
+  return chunks[partner].view(partner_shape).clone();
 }
 
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
@@ -534,6 +536,7 @@ at::Tensor metadata_tensor(const std::vector<int64_t>& values, c10d::ProcessGrou
 
 std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, const Mesh& mesh) {
   if (tracing(at::Tensor())) refuse_host_read_while_tracing("the agreement check (from_local/distribute_tensor with check=True)");
+  HostMetadataGuard host; // see comm/host_metadata.h
   std::vector<int64_t> out = values;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     if (mesh.size(m) == 1) continue;
@@ -551,10 +554,16 @@ std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, con
 }
 
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
-                                                  int64_t mesh_dim) {
+                                                  int64_t mesh_dim, const char* what) {
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return {values};
   if (tracing(at::Tensor())) refuse_host_read_while_tracing("an exchange of extents or shapes (from_local(\"infer\"), a flip's shapes)");
+  // Under the fake process group every slot would hold this rank's own values: a wrong answer, not a garbage one.
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), what, ": needs the values of other ranks (an all-gather of ",
+                              values.size(), " ints along mesh dim ", mesh_dim,
+                              "), which a simulation (shardtensor.simulate) does not have: its process group would "
+                              "return this rank's own values for every rank (docs/simulation.md lists what works)");
+  HostMetadataGuard host; // see comm/host_metadata.h
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   at::Tensor in = metadata_tensor(values, pg);

@@ -38,8 +38,9 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
                      const std::vector<int64_t>& full_shape, const at::TensorOptions& options,
                      const Mesh& mesh, int64_t mesh_dim);
 
-// Coordinate c receives the tensor of coordinate n-1-c (shapes may differ); for flips along a sharded dim.
-at::Tensor mirror_ranks(const at::Tensor& local, const Mesh& mesh, int64_t mesh_dim);
+// Coordinate c receives the tensor of coordinate n-1-c, whose shape is `partner_shape` (shapes may differ; every
+// rank knows them from the layout); for flips along a sharded dim.
+at::Tensor mirror_ranks(const at::Tensor& local, at::IntArrayRef partner_shape, const Mesh& mesh, int64_t mesh_dim);
 
 // An all-to-all in flight: wait with finish_all_to_all (buffers stay alive until then).
 struct PendingAllToAll {
@@ -92,9 +93,11 @@ std::vector<at::Tensor> ring_pass(const std::vector<at::Tensor>& send,
                                   const std::vector<std::vector<int64_t>>& recv_shapes, const Mesh& mesh,
                                   int64_t mesh_dim, bool backward = false);
 
-// All-gather of a small int64 vector (same length on every rank); result [size, n] row-major.
+// All-gather of a small int64 vector (same length on every rank); result [size, n] row-major. `what` names the
+// caller: under simulation (shardtensor/simulation.h) it raises NotImplementedError instead, as the fake process
+// group would hand back this rank's values in every slot.
 std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values, const Mesh& mesh,
-                                                  int64_t mesh_dim);
+                                                  int64_t mesh_dim, const char* what);
 
 // Element-wise minimum of a small int64 vector (same length on every rank) over every rank of the mesh: one
 // all-reduce per mesh dim, in mesh-dim order.

@@ -3,6 +3,8 @@
 #include "comm/comm_stats.h"
 #include "comm/wait.h"
 
+#include <shardtensor/simulation.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -62,7 +64,9 @@ bool tracing(const at::Tensor& t) {
 }
 
 bool use_functional(const at::Tensor& t) {
-  return backend_setting().load() == CommBackend::functional || tracing(t);
+  if (backend_setting().load() == CommBackend::functional) return true;
+  // A meta simulation's fake locals are not a trace: it measures the eager ProcessGroup path (over the fake group).
+  return !simulating() && tracing(t);
 }
 
 void refuse_host_read_while_tracing(const char* what) {

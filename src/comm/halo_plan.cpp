@@ -1,4 +1,5 @@
 #include "comm/halo_plan.h"
+#include "comm/host_metadata.h"
 
 #include <ATen/ATen.h>
 
@@ -220,6 +221,7 @@ HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t
   // Built once per plan: the exchange itself copies no indices from the host. On the CPU runs need none (narrow);
   // CUDA tensors always go through the halo kernels (strided slabs packed in one launch).
   if (!pos.empty() && (!m.run || device.is_cuda())) {
+    comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
     const auto opts = at::TensorOptions().dtype(at::kLong);
     m.pos_t = at::tensor(pos, opts).to(device);
     m.rows_t = at::tensor(rows, opts).to(device);
@@ -329,13 +331,16 @@ void HaloPlan::receive(size_t i, at::Tensor& window, const std::vector<at::Tenso
   }
 }
 
-at::Tensor HaloPlan::own_sum(size_t i, const at::Tensor& window) const {
+at::Tensor HaloPlan::own_sum(size_t i, const at::Tensor& window, bool reuse) const {
   const auto& s = steps_.at(i);
   const auto dim = s.geometry.dim;
   TORCH_INTERNAL_ASSERT(window.size(dim) == s.window_rows, "halo plan: the window has ", window.size(dim),
                         " rows along dim ", dim, ", the plan ", s.window_rows);
-  auto out = at::zeros(shape_with(window.sizes(), dim, s.own_extent), window.options());
   const auto& o = s.own;
+  // The own rows, each once and in order, covering the local extent: they are the sum already.
+  if (reuse && o.run && o.size() == s.own_extent && o.size() > 0 && o.rows[0] == 0)
+    return window.narrow(dim, o.pos[0], o.size());
+  auto out = at::zeros(shape_with(window.sizes(), dim, s.own_extent), window.options());
   if (o.size() == 0) return out;
   if (o.run) {
     out.narrow(dim, o.rows[0], o.size()).add_(window.narrow(dim, o.pos[0], o.size()));
@@ -420,11 +425,12 @@ at::Tensor HaloPlan::gather(const at::Tensor& local, const Mesh& mesh) const {
   return x;
 }
 
-at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh) const {
+at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, bool consume) const {
   auto g = window;
   for (size_t k = steps_.size(); k-- > 0;) {
     const auto& s = steps_[k];
-    auto out = own_sum(k, g);
+    // A reused window is summed into below, after its returned rows were packed (all_to_all_flat copies them).
+    auto out = own_sum(k, g, consume);
     if (s.exchange) {
       // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers.
       std::vector<int64_t> numels;

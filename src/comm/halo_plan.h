@@ -139,7 +139,10 @@ class HaloPlan {
   PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;
   at::Tensor finish(PendingHalo& pending, const Mesh& mesh) const;
   // The adjoint of gather: window rows go home (dims in reverse order) and are summed into the local tensor.
-  at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh) const;
+  // `consume`: the caller hands over `window` (a temporary nobody else reads): when this rank's rows sit in it
+  // as one run covering the whole local extent, the result is that part of the window, summed into in place,
+  // instead of a fresh local tensor next to the window (one activation less at a backward's peak).
+  at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh, bool consume = false) const;
 
   // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
   // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.
@@ -147,7 +150,7 @@ class HaloPlan {
   at::Tensor own_window(size_t i, const at::Tensor& local) const;                  // own rows placed, -1 rows filled
   std::vector<at::Tensor> sends(size_t i, const at::Tensor& local) const;          // the rows each peer's window names
   void receive(size_t i, at::Tensor& window, const std::vector<at::Tensor>& pieces) const;
-  at::Tensor own_sum(size_t i, const at::Tensor& window) const;                    // adjoint of own_window
+  at::Tensor own_sum(size_t i, const at::Tensor& window, bool reuse = false) const;  // adjoint of own_window
   std::vector<at::Tensor> returns(size_t i, const at::Tensor& window) const;       // window rows each peer owns
   void add_returns(size_t i, at::Tensor& out, const std::vector<at::Tensor>& pieces) const;
 

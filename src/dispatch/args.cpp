@@ -1,5 +1,9 @@
 #include "dispatch/args.h"
 
+#include "comm/functional.h"
+
+#include <shardtensor/simulation.h>
+
 #include <sstream>
 
 namespace shardtensor::dispatch {
@@ -81,6 +85,9 @@ std::string describe_shard_args(const c10::OperatorHandle& op, const torch::jit:
 }
 
 void refuse_python_subclass_args(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  // Fake and functional tensors beside ShardTensors are expected while a tracer runs or in a meta simulation (its
+  // parameters are fake tensors): only then are Python-dispatch tensors not DTensors-to-refuse.
+  if (simulating() || comm::tracing(at::Tensor())) return;
   const auto& schema = op.schema();
   auto args = op_args(op, stack);
   for (size_t i = 0; i < args.size(); ++i) {

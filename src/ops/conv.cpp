@@ -317,6 +317,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation, transposed,
                                                     plan.local_output_padding, local_groups, mask);
   }
+  // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at most
+  // the window gradient and the local one (the saved input stays with autograd).
+  window = at::Tensor();
   // Transposed over sharded dims: the bias gradient is the sum of this rank's own output rows (not the windows);
   // a groups == 1 contraction over sharded channels: every rank holds the whole grad_output.
   if (((plan.transposed && !plan.dims.empty()) || plan.channel_partial) && mask[2] && bias_sizes) {
@@ -326,7 +329,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   }
   at::Tensor grad_input, grad_weight, grad_bias;
   if (mask[0] && gi.defined()) {
-    if (!plan.transposed) gi = plan.halo.scatter_add(gi, *mesh);
+    if (!plan.transposed) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);  // gi: our own temporary
     grad_input = make_shard_tensor(gi, spec);
   }
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.

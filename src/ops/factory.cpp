@@ -3,6 +3,7 @@
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <shardtensor/simulation.h>
 #include <c10/util/strides.h>
 
 #include <sstream>
@@ -170,8 +171,17 @@ bool as_strided_autograd(bool inplace, const c10::OperatorHandle& op, torch::jit
   return true;
 }
 
+// A yes/no answer agreed over the ranks decides what the caller does next; under simulation every rank's answer would
+// be this rank's own (the fake process group reduces nothing), so it is refused rather than silently wrong.
+void refuse_under_simulation(const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), op, " on a ShardTensor under simulation (shardtensor.simulate): the "
+                              "answer would need the other ranks' comparisons, which the fake process group does not "
+                              "deliver; keep comparisons out of the simulated step");
+}
+
 // equal(Tensor self, Tensor other) -> bool
 bool equal_rule(const at::Tensor& self, const at::Tensor& other) {
+  refuse_under_simulation("torch.equal");
   auto mesh = shard_impl(self) ? shard_impl(self)->spec()->mesh : shard_impl(other)->spec()->mesh;
   if (self.sizes() != other.sizes()) return false;
   // Compare in self's layout, then agree across the mesh.
@@ -191,6 +201,7 @@ bool equal_rule(const at::Tensor& self, const at::Tensor& other) {
 // answer on every rank.
 // allclose(Tensor self, Tensor other, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> bool
 bool allclose_rule(const at::Tensor& self, const at::Tensor& other, double rtol, double atol, bool equal_nan) {
+  refuse_under_simulation("torch.allclose");
   auto close = at::isclose(self, other, rtol, atol, equal_nan);
   return at::all(close).item<bool>();
 }

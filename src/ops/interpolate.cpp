@@ -22,6 +22,7 @@
 // - linear: output == input along a dim is the identity whatever the scale (forward and backward).
 // - bicubic: the backward is the identity when output == input in both dims; the forward never special-cases.
 #include "comm/halo_plan.h"
+#include "comm/host_metadata.h"
 #include "comm/spec_holder.h"
 #include "ops/common.h"
 
@@ -210,6 +211,7 @@ DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_e
       idx[k * n + q] = taps.idx[(b + q) * K + k] - win_lo;
       w[k * n + q] = taps.w[(b + q) * K + k];
     }
+  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   p.idx = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, n}).to(opts.device());
   p.w = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, n}).to(opts);
   return p;

@@ -264,7 +264,11 @@ at::Tensor flip_rule(const at::Tensor& self_arg, at::IntArrayRef dims_arg) {
   for (auto d : dims) {
     const auto m = spec->mesh_dim_of(d);
     if (m < 0) continue;
-    out = comm::mirror_ranks(out, *spec->mesh, m);
+    // The partner along m holds the same extents as this rank on every other dim (flips along other mesh dims
+    // have already swapped those alike), and its own extent along d.
+    auto partner_shape = out.sizes().vec();
+    partner_shape[d] = ext[d][spec->mesh->size(m) - 1 - spec->mesh->coordinate(m)];
+    out = comm::mirror_ranks(out, partner_shape, *spec->mesh, m);
     std::reverse(ext[d].begin(), ext[d].end());
   }
   return wrap(out, spec->mesh, placements, spec->global_shape, ext);

@@ -1,6 +1,7 @@
 #include "ops/moments.h"
 
 #include "comm/collectives.h"
+#include "comm/host_metadata.h"
 
 #include <ATen/ATen.h>
 
@@ -38,7 +39,11 @@ Moments global_moments(const at::Tensor& x, const std::vector<int64_t>& dims, co
     auto all_mean = both.select(1, 0), all_m2 = both.select(1, 1);
     std::vector<int64_t> cshape(all_mean.dim(), 1);
     cshape[0] = n;
-    auto nk = at::tensor(counts, x.options()).view(cshape);
+    at::Tensor nk;
+    {
+      comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
+      nk = at::tensor(counts, x.options()).view(cshape);
+    }
     auto total = nk.sum();
     auto new_mean = (nk * all_mean).sum(0) / total.clamp_min(1);
     m2 = all_m2.sum(0) + (nk * (all_mean - new_mean.unsqueeze(0)).square()).sum(0);

@@ -206,6 +206,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dispatch_backward(const at::Tenso
   return op.call(grad_out, q, k, v, out, lse, kernel, dilation, zeros, zeros, extents_of(q, kernel), scale);
 }
 
+// The sharded rule's local kernels go through the dispatcher too (the geometry ops with this rank's offsets), so
+// dispatch modes around the library see them: FLOP counting, and the meta simulation's fake tensors (Meta kernels).
+std::vector<int64_t> first(const std::array<int64_t, 3>& a, int64_t nd) {
+  return std::vector<int64_t>(a.begin(), a.begin() + nd);
+}
+
+std::tuple<at::Tensor, at::Tensor> local_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const na::Geometry& g, double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardtensor::neighborhood_attention_forward", "")
+                       .typed<decltype(forward_meta)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(q, k, v, first(g.kernel, g.nd), first(g.dilation, g.nd), first(g.q_offset, g.nd),
+                 first(g.k_offset, g.nd), first(g.extent, g.nd), scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> local_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                                              const at::Tensor& k, const at::Tensor& v,
+                                                              const at::Tensor& out, const at::Tensor& lse,
+                                                              const na::Geometry& g, double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardtensor::neighborhood_attention_backward", "")
+                       .typed<decltype(backward_meta)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(grad_out, q, k, v, out, lse, first(g.kernel, g.nd), first(g.dilation, g.nd),
+                 first(g.q_offset, g.nd), first(g.k_offset, g.nd), first(g.extent, g.nd), scale);
+}
+
 struct PlainFn : torch::autograd::Function<PlainFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation, double scale) {
@@ -334,7 +362,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Te
     auto gp = g;
     gp.q_offset[i] = from;
     gp.k_offset[i] = key_offset;
-    return na::forward(ql.narrow(d.dim, from - a, to - from), keys.narrow(-1, 0, dim), keys.narrow(-1, dim, dim_v),
+    return local_forward(ql.narrow(d.dim, from - a, to - from), keys.narrow(-1, 0, dim), keys.narrow(-1, dim, dim_v),
                        gp, scale);
   };
   auto interior = run(i0, i1, kv, a);
@@ -376,7 +404,7 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
       kv = window;
     } else {
       kv = plan.halo.gather(kv, mesh);
-      std::tie(out, lse) = na::forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), plan.geometry, scale);
+      std::tie(out, lse) = local_forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), plan.geometry, scale);
     }
     auto kw = kv.narrow(-1, 0, dim), vw = kv.narrow(-1, dim, dim_v);
     ctx->save_for_backward({q, k, v});
@@ -410,7 +438,7 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     out_shape.back() = v.size(-1);
     auto go = local_aligned(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, out_shape, qspec->placements,
                             qspec->dim_extents());
-    auto [dq, dkw, dvw] = na::backward(go, shard_impl(q)->local(), ctx->saved_data["kw"].toTensor(),
+    auto [dq, dkw, dvw] = local_backward(go, shard_impl(q)->local(), ctx->saved_data["kw"].toTensor(),
                                        ctx->saved_data["vw"].toTensor(), out, ctx->saved_data["lse"].toTensor(),
                                        plan.geometry, ctx->saved_data["scale"].toDouble());
     if (ctx->needs_input_grad(0)) res[0] = make_shard_tensor(dq, qspec);

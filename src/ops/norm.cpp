@@ -218,6 +218,22 @@ at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, i
   return wrap(local, l.spec->mesh, p, {n, g}, ext);
 }
 
+// Per (sample, channel) values of a per-(sample, group) [n, G, 1] tensor, as [n, C].
+at::Tensor per_channel(const at::Tensor& ng1, int64_t n, int64_t G, int64_t C) {
+  return ng1.expand({n, G, C / G}).reshape({n, C});
+}
+
+// [n, C] as [n, C, 1, ...] against an ndim-d activation.
+at::Tensor against(const at::Tensor& nc, int64_t ndim) {
+  auto shape = nc.sizes().vec();
+  shape.resize(ndim, 1);
+  return nc.view(shape);
+}
+
+// Both rules keep at most one activation-sized temporary (the result): out = x * scale + shift and
+// grad_input = grad * a + x * b + c with per-(sample, channel) coefficients, and the backward's sums over positions
+// come from per-channel dot products, never a centred, normalised or product copy of the activation (those held
+// two to four extra activations at the peak of a U-Net training step).
 // native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group,
 //                   float eps) -> (out, mean, rstd)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor& input,
@@ -232,9 +248,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   const auto& x = shard_impl(l.x)->local();
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
-  int64_t inner = C / G;
-  for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
-  auto xg = x.to(acc).reshape({n_local, G, inner});
   // Moments over the group's channels and every spatial position: view as [n, G, C/G, spatial...].
   auto shape = std::vector<int64_t>{n_local, G, C / G};
   for (int64_t d = 2; d < x.dim(); ++d) shape.push_back(x.size(d));
@@ -244,13 +257,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   for (auto m : l.spatial_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim + 1, l.spec->extents[m]});
   auto mom = global_moments(x.to(acc).reshape(shape), dims, sharded, *mesh);
   auto mean = mom.mean.reshape({n_local, G, 1});
-  auto centered = xg - mean;
   auto var = mom.m2.reshape({n_local, G, 1}) / mom.count;
   auto rstd = (var + eps).rsqrt();
-  auto out = (centered * rstd).reshape(x.sizes());
-  auto plain = [&](const std::optional<at::Tensor>& t) { return shard_impl(resolve_partial(dispatch::as_shard(*t, mesh)))->local(); };
-  if (weight && weight->defined()) out = out * channel_view(plain(weight), x.dim());
-  if (bias && bias->defined()) out = out + channel_view(plain(bias), x.dim());
+  auto plain = [&](const std::optional<at::Tensor>& t) {
+    return shard_impl(resolve_partial(dispatch::as_shard(*t, mesh)))->local().to(acc);
+  };
+  auto scale = per_channel(rstd, n_local, G, C);
+  if (weight && weight->defined()) scale = scale * plain(weight).view({1, C});
+  auto shift = -per_channel(mean, n_local, G, C) * scale;
+  if (bias && bias->defined()) shift = shift + plain(bias).view({1, C});
+  auto out = x.to(acc) * against(scale, x.dim());
+  out.add_(against(shift, x.dim()));
   return {make_shard_tensor(out.to(x.scalar_type()), l.spec),
           wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G),
           wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G)};
@@ -275,28 +292,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
   auto stats_layout = shard_impl(wrap_group_stats(at::zeros({n_local, G}), l, N, G))->spec();
   auto mean = local_as(mean_arg, mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
   auto rstd = local_as(rstd_arg, mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
-  int64_t inner = C / G;
-  for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
-  auto xg = x.to(acc).reshape({n_local, G, inner});
-  auto xhat = ((xg - mean) * rstd).reshape(x.sizes());
+  auto xa = x.to(acc);
+  // Per (sample, channel) over this rank's positions: sum of grad, and sum of grad * x as a batched dot product.
+  const auto positions = n_local * C == 0 ? 0 : xa.numel() / (n_local * C);
+  auto g3 = g.reshape({n_local * C, 1, positions});
+  auto gs = g3.sum(2).reshape({n_local, C});
+  auto gx = at::bmm(g3, xa.reshape({n_local * C, positions, 1})).reshape({n_local, C});
   at::Tensor w;
-  if (weight && weight->defined()) w = channel_view(shard_impl(resolve_partial(dispatch::as_shard(*weight, mesh)))->local().to(acc), x.dim());
+  if (weight && weight->defined()) w = shard_impl(resolve_partial(dispatch::as_shard(*weight, mesh)))->local().to(acc).view({1, C});
+  auto mean_c = per_channel(mean, n_local, G, C), rstd_c = per_channel(rstd, n_local, G, C);
   at::Tensor gi, gw, gb;
   if (mask[0]) {
-    auto gw_ = (w.defined() ? g * w : g).reshape({n_local, G, inner});
-    auto xh = xhat.reshape({n_local, G, inner});
-    // One fused all-reduce of both sums.
-    auto sums = sum_over_mesh_dims(at::cat({gw_.sum(2, true), (gw_ * xh).sum(2, true)}, 2), l.spatial_mesh_dims, *mesh);
+    // Per (sample, group): sum of grad*w and of grad*w*xhat, where xhat = (x - mean) * rstd; one fused all-reduce.
+    auto gws = (w.defined() ? gs * w : gs).reshape({n_local, G, C / G}).sum(2, true);
+    auto gwx = (w.defined() ? gx * w : gx).reshape({n_local, G, C / G}).sum(2, true);
+    auto sums = sum_over_mesh_dims(at::cat({gws, rstd * (gwx - mean * gws)}, 2), l.spatial_mesh_dims, *mesh);
     const double count = static_cast<double>(C / G) * static_cast<double>(HxW);
     auto s1 = sums.narrow(2, 0, 1) / count, s2 = sums.narrow(2, 1, 1) / count;
-    gi = (rstd * (gw_ - s1 - xh * s2)).reshape(x.sizes()).to(x.scalar_type());
+    // grad_input = rstd * (grad*w - s1 - xhat*s2) = grad * a + x * b + c.
+    auto a = w.defined() ? rstd_c * w : rstd_c;
+    auto b = per_channel(-rstd * rstd * s2, n_local, G, C);
+    auto c = per_channel(rstd * rstd * s2 * mean - rstd * s1, n_local, G, C);
+    gi = g * against(a, x.dim());
+    gi.addcmul_(xa, against(b, x.dim()));
+    gi.add_(against(c, x.dim()));
+    gi = gi.to(x.scalar_type());
   }
-  std::vector<int64_t> red{0};
-  for (int64_t d = 2; d < x.dim(); ++d) red.push_back(d);
-  // Weight and bias gradients, complete after one fused all-reduce over every sharding mesh dim.
+  // Weight and bias gradients, complete after one fused all-reduce over every sharding mesh dim:
+  // sum of grad * xhat per channel = sum over samples of rstd * (sum grad*x - mean * sum grad).
   std::vector<int64_t> reduce_dims = l.spatial_mesh_dims;
   reduce_dims.insert(reduce_dims.end(), l.batch_mesh_dims.begin(), l.batch_mesh_dims.end());
-  auto sums = fused_sum({mask[1] && w.defined() ? (g * xhat).sum(red) : at::Tensor(), mask[2] ? g.sum(red) : at::Tensor()},
+  auto sums = fused_sum({mask[1] && w.defined() ? (rstd_c * (gx - mean_c * gs)).sum(0) : at::Tensor(),
+                         mask[2] ? gs.sum(0) : at::Tensor()},
                         reduce_dims, *mesh);
   auto wrap_param = [&](const at::Tensor& local) {
     return wrap(local.to(x.scalar_type()), mesh, Placements(mesh->ndim(), Placement::replicate()), {C}, {});

@@ -18,6 +18,7 @@
 // the input's data, so a pending-sum input is completed once, in the forward.
 #include "comm/collectives.h"
 #include "comm/halo_plan.h"
+#include "comm/host_metadata.h"
 #include "comm/redistribute.h"
 #include "ops/common.h"
 
@@ -179,6 +180,7 @@ void check_args(const PoolArgs& a, int64_t nsp) {
 
 // Avg pooling: the global divisor of this rank's outputs (PyTorch's clip rules), a product of per-dim factors.
 at::Tensor avg_divisor(const PoolPlan& plan, const PoolArgs& a, int64_t ndim) {
+  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   at::Tensor div;
   for (int64_t i = 0; i < plan.nsp; ++i) {
     const auto& d = plan.sp[i];
@@ -200,6 +202,7 @@ at::Tensor avg_divisor(const PoolPlan& plan, const PoolArgs& a, int64_t ndim) {
 
 // Adaptive avg pooling: averaging matrix of one dim, (n, W); row j averages the window rows of cell o0 + j.
 at::Tensor avg_matrix(const SpDim& d) {
+  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   auto m = at::zeros({d.n, d.W}, at::TensorOptions().dtype(at::kDouble));
   auto acc = m.accessor<double, 2>();
   for (int64_t j = 0; j < d.n; ++j) {
@@ -215,6 +218,7 @@ at::Tensor avg_matrix(const SpDim& d) {
 // Adaptive max pooling: (n, K) window rows of each cell of one dim (padded with the cell's first row) and their
 // validity.
 void cell_rows(const SpDim& d, int64_t& kmax, at::Tensor& rows, at::Tensor& valid) {
+  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   auto cell_start = [&](int64_t j) { return d.reduce ? 0 : ad_start(d.o0 + j, d.L, d.Lout) - d.ws; };
   auto cell_end = [&](int64_t j) { return d.reduce ? d.W : ad_end(d.o0 + j, d.L, d.Lout) - d.ws; };
   kmax = 1;
