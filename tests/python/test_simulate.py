@@ -145,7 +145,8 @@ def test_meta_simulation_counts_like_cpu_and_estimates_memory(name):
         assert (mf, mc, mb) == (cf, cc, cb), f"{name} {kind}: meta {mf} {mc} {mb} != cpu {cf} {cc} {cb}"
         # The tally counts what ops return; the allocator also sees kernels' internal workspaces (the CPU
         # convolution's im2col columns, CPU flash and neighbourhood attention's blocks), which are large at these tiny sizes and
-        # shrink in proportion as sizes grow (ViT 128x128: within 0.3 %, benchmarks/results/paper_scale.md).
+        # shrink in proportion as sizes grow (ViT 128x128, 4 ranks: within 0.3 %; benchmarks/vit/bench.py --quick
+        # --sizes 128 --simulate 4, --sim-device cpu against meta).
         if name == "transolver":  # no kernel with a workspace
             assert mp == cp, f"{name} {kind}: meta estimate {mp} B != measured {cp} B"
         else:
