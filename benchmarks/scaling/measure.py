@@ -31,20 +31,7 @@ def measure(workload, cfg, args, case, device, meshes, single: bool) -> dict:
     else:
         inputs, target = tuple(to_device(t, device) for t in inputs), to_device(target, device)
     param_bytes = memory.live_bytes(model)  # parameters only (no gradients or optimizer state yet)
-    # foreach/fused kernels raise on ShardTensor parameters; the per-parameter loop works for every layout.
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, foreach=False)
-
-    def fwd():
-        with torch.no_grad():
-            model(*inputs)
-
-    def zero():
-        opt.zero_grad(set_to_none=True)
-
-    def step():
-        zero()
-        workload.loss(model(*inputs), target, inputs).backward()
-        opt.step()
+    fwd, zero, step, opt = memory.training_closures(workload, model, inputs, target)
 
     row = {"size": workload.label(size), "elements": workload.elements(size), "ranks": case["ranks"],
            "data": case["data"], "domain": case["domain"], "modes": case["modes"], "single": single, "flops": workload.flops(cfg, size)}

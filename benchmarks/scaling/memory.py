@@ -62,3 +62,25 @@ def gather(obj, group=None) -> list:
     out = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def training_closures(workload, model, inputs, target):
+    """The three measured callables of a workload: ``fwd`` (no-grad forward), ``zero`` and ``step`` (zero grads,
+    loss, backward, AdamW step), and the optimizer. AdamW's per-parameter loop keeps the committed results
+    comparable (its foreach/fused kernels also run on ShardTensor parameters now)."""
+    import torch
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, foreach=False)
+
+    def fwd():
+        with torch.no_grad():
+            model(*inputs)
+
+    def zero():
+        opt.zero_grad(set_to_none=True)
+
+    def step():
+        zero()
+        workload.loss(model(*inputs), target, inputs).backward()
+        opt.step()
+
+    return fwd, zero, step, opt

@@ -125,19 +125,7 @@ def simulate_rank(workload, cfg, args, size, P: int, rank: int) -> dict:
                 st.sync_module(model, sim.mesh)
             inputs, target = local_inputs(workload, cfg, size, args.batch, sim, single)
             param_bytes = memory.live_bytes(model)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, foreach=False)
-
-            def fwd():
-                with torch.no_grad():
-                    model(*inputs)
-
-            def zero():
-                opt.zero_grad(set_to_none=True)
-
-            def step():
-                zero()
-                workload.loss(model(*inputs), target, inputs).backward()
-                opt.step()
+            fwd, zero, step, opt = memory.training_closures(workload, model, inputs, target)
 
             row = {"size": workload.label(size), "elements": workload.elements(size), "ranks": P, "rank": rank,
                    "domain": P, "single": single, "sim_device": args.sim_device, "flops_model": workload.flops(cfg, size)}
