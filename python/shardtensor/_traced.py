@@ -20,7 +20,7 @@ import functools
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import _C
 from .placement import from_wire, to_wire
@@ -107,14 +107,8 @@ def _to_traced(t):
 
 
 def _has_cpp_shard(args, kwargs) -> bool:
-    found = []
-
-    def look(t):
-        if isinstance(t, torch.Tensor) and not isinstance(t, TracedShard) and _C.is_shard_tensor(t):
-            found.append(t)
-        return t
-    tree_map(look, (args, kwargs))
-    return bool(found)
+    return any(isinstance(t, torch.Tensor) and not isinstance(t, TracedShard) and _C.is_shard_tensor(t)
+               for t in tree_leaves((args, kwargs)))
 
 
 class _RuleMode(TorchDispatchMode):
@@ -210,7 +204,7 @@ def _hook_plain_grads(tensors) -> None:
 
 
 def _enter(args, kwargs):
-    _hook_plain_grads(a for a in torch.utils._pytree.tree_leaves((args, kwargs)))
+    _hook_plain_grads(tree_leaves((args, kwargs)))
     return tree_map(to_traced, args), tree_map(to_traced, kwargs)
 
 

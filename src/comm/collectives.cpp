@@ -218,7 +218,7 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
                       "all_reduce of a complex tensor: only sum and avg are defined (complex numbers have no order)");
     return at::view_as_complex(all_reduce(real_view(local), op, mesh, mesh_dim));
   }
-  if (use_functional(local)) return functional::all_reduce(local, op, mesh, mesh_dim);
+  if (use_functional(local)) return finish_avg(functional::all_reduce(local, op, mesh, mesh_dim), op, n);
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   const bool stage = needs_host_staging(pg, local);

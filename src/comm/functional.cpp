@@ -100,10 +100,7 @@ at::Tensor all_reduce_start(const at::Tensor& t, ReduceOp op, const Mesh& mesh, 
 }
 
 at::Tensor all_reduce(const at::Tensor& t, ReduceOp op, const Mesh& mesh, int64_t mesh_dim) {
-  auto out = wait(all_reduce_start(t, op, mesh, mesh_dim));
-  if (op != ReduceOp::Avg) return out;
-  const auto n = mesh.size(mesh_dim);
-  return at::isIntegralType(out.scalar_type(), true) ? out.div(n, "trunc") : out.div(n);
+  return wait(all_reduce_start(t, op, mesh, mesh_dim));
 }
 
 at::Tensor all_to_all_single_start(const at::Tensor& input, const std::vector<int64_t>& recv_splits,

@@ -47,7 +47,8 @@ at::Tensor all_to_all_single_start(const at::Tensor& input, const std::vector<in
                                    const std::vector<int64_t>& send_splits, const Mesh& mesh, int64_t mesh_dim,
                                    const char* kind = "all_to_all", int64_t bytes = -1);
 
-// Complete primitives (waited), same semantics as their collectives.h counterparts.
+// Complete primitives (waited), same semantics as their collectives.h counterparts, except that all_reduce of Avg
+// returns the sum (collectives.cpp divides, as on its ProcessGroup path).
 at::Tensor all_reduce(const at::Tensor& t, ReduceOp op, const Mesh& mesh, int64_t mesh_dim);
 at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents, const Mesh& mesh,
                         int64_t mesh_dim);
