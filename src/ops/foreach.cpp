@@ -15,6 +15,7 @@
 // ranks that disagree on skipping a step would diverge.
 #include "comm/collectives.h"
 #include "ops/common.h"
+#include "ops/schema_util.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -25,10 +26,6 @@
 namespace shardtensor::ops {
 
 namespace {
-
-bool is_written(const c10::Argument& a) {
-  return a.alias_info() && a.alias_info()->isWrite();
-}
 
 bool is_tensor_list(const c10::Argument& a) {
   auto list = a.type()->cast<c10::ListType>();
@@ -282,10 +279,6 @@ void reduction_handler(ListReduction kind, const c10::OperatorHandle& op, torch:
   }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   stack->emplace_back(as_list(result));
-}
-
-bool starts_with(const std::string& s, const char* p) {
-  return s.rfind(p, 0) == 0;
 }
 
 } // namespace

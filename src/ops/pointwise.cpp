@@ -3,6 +3,7 @@
 // pick the output layout from the sharded inputs (the written tensor's, for in-place and out=), bring inputs to it,
 // run the op on local tensors. Partial inputs stay Partial only through ops that are linear in them.
 #include "ops/common.h"
+#include "ops/schema_util.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
@@ -41,10 +42,6 @@ struct TensorArg {
   bool written;
   bool scalar_like; // wrapped number or 0-dim plain tensor
 };
-
-bool is_written(const c10::Argument& a) {
-  return a.alias_info() && a.alias_info()->isWrite();
-}
 
 bool linear_partial(ReduceOp op) {
   return op == ReduceOp::Sum || op == ReduceOp::Avg;
@@ -243,14 +240,6 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
         target_ext[target[m].dim] = default_split(out_shape[target[m].dim], mesh->size(m));
     out = wrap(local, mesh, target, std::vector<int64_t>(out_shape.begin(), out_shape.end()), target_ext);
   }
-}
-
-bool starts_with(const std::string& s, const char* p) {
-  return s.rfind(p, 0) == 0;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The arguments of `variant` other than those `skip` selects have the names and types of `functional`'s, in order.
