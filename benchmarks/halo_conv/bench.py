@@ -94,16 +94,27 @@ def run_rank(rank, world, port, args, out_path):
                         ("train_local", step(local_leaf))):
             row[key + "_s"], row[key + "_range_s"] = timed_range(fn)
         row["peak_sharded_bytes"] = peak_bytes(step(leaf), device)
+        row["fwd_peak_sharded_bytes"] = peak_bytes(fwd_sharded, device)
         dist.barrier()
         if rank == 0:
             row["peak_single_bytes"] = peak_bytes(step(x.detach().requires_grad_(True)), device)
+
+            def fwd_single():
+                with torch.no_grad():
+                    net(x)
+            row["fwd_peak_single_bytes"] = peak_bytes(fwd_single, device)
             row["train_single_s"] = timed(step(x.detach().requires_grad_(True)), iters=3)
         gathered = [None] * world
         dist.all_gather_object(gathered, row)
         if rank == 0:
             merged = dict(gathered[0])
-            for k in ("fwd_sharded_s", "fwd_local_s", "train_sharded_s", "train_local_s", "peak_sharded_bytes"):
+            for k in ("fwd_sharded_s", "fwd_local_s", "train_sharded_s", "train_local_s", "peak_sharded_bytes",
+                      "fwd_peak_sharded_bytes"):
                 merged[k] = max(g[k] for g in gathered)
+            # per-rank / ideal (single / P): 1 = a perfect split of the pass's temporaries and activations
+            merged["P_times_peak_over_single"] = world * merged["peak_sharded_bytes"] / max(merged["peak_single_bytes"], 1)
+            merged["fwd_P_times_peak_over_single"] = \
+                world * merged["fwd_peak_sharded_bytes"] / max(merged["fwd_peak_single_bytes"], 1)
             for k in ("fwd_sharded_range_s", "fwd_local_range_s", "train_sharded_range_s", "train_local_range_s"):
                 merged[k] = [max(g[k][0] for g in gathered), max(g[k][1] for g in gathered)]  # max over ranks
             rows.append(merged)
@@ -211,13 +222,17 @@ def main():
              f"Conv stack (k3, k5, k3 dilated) sharded along dim 2; max over ranks; torch {torch.__version__}, commit "
              f"{commit}, {meta['date']}, 1 thread per rank. Command: `{cmd}`.", "",
              "halo overhead = sharded time / the same layers on the rank's own rows without communication; memory = "
-             "per-rank allocator peak of a training step / single-device peak.", "",
-             "| dims | input | fwd halo overhead | train halo overhead | train time sharded / single | peak memory per rank / single |",
-             "|---|---|---|---|---|---|"]
+             "per-rank allocator peak of a training step (inference: a no_grad forward) above the live parameters "
+             "and input / the single-device peak; "
+             f"P × that = per-rank / ideal (single / P), 1.00 a perfect split, above it the halo rows and the "
+             "windows the convolution regathers (max over ranks).", "",
+             "| dims | input | fwd halo overhead | train halo overhead | train time sharded / single | peak memory per rank / single | P × per-rank peak / single | inference: P × per-rank peak / single |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['dims']}-D | {r['shape']} | {r['fwd_sharded_s'] / r['fwd_local_s']:.2f}x | "
                      f"{r['train_sharded_s'] / r['train_local_s']:.2f}x | {r['train_sharded_s'] / r['train_single_s']:.2f} | "
-                     f"{r['peak_sharded_bytes'] / max(r['peak_single_bytes'], 1):.2f} |")
+                     f"{r['peak_sharded_bytes'] / max(r['peak_single_bytes'], 1):.2f} | "
+                     f"{r['P_times_peak_over_single']:.2f} | {r['fwd_P_times_peak_over_single']:.2f} |")
     with open(os.path.join(args.out, f"halo_conv{suffix}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

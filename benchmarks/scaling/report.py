@@ -60,6 +60,46 @@ def per_rank_total(row, kind: str) -> list:
     return [p + l + i for p, l, i in zip(peak, live, inp) if p is not None]
 
 
+def per_rank_above_live(row, kind: str) -> list:
+    """Per-rank bytes that a perfect split divides by P: the pass's allocator peak above the live state plus the
+    rank's input shard (activations, gradients, temporaries, halos; not the replicated parameters/optimizer
+    state)."""
+    peak = row.get(f"mem_{kind}_per_rank") or [row.get(f"mem_{kind}")]
+    inp = row.get("input_bytes_per_rank") or [row.get("input_bytes")]
+    return [p + i for p, i in zip(peak, inp) if p is not None]
+
+
+def memory_ratios(rows, row) -> dict | None:
+    """Per pass (``fwd``, ``step``), this row's max-over-ranks memory against the single-device row of the same
+    global size: ``per_rank_over_single`` (per-rank total / single total), ``P_times_per_rank_over_single``
+    (P x that: 1 = a perfect split of everything, replicated parameters and optimizer state make it larger) and
+    ``P_times_above_live_over_single`` (the same for the part a split divides: peak above the live state + the
+    input shard; 1 = no surplus, halos and regathered windows add to it). P is the domain ranks (a data x domain
+    mesh splits one sample over ``domain``). None without a baseline or for the single-device row itself."""
+    b = baseline(rows, row)
+    if b is None or row.get("single") or row.get("skipped"):
+        return None
+    P = row.get("domain", row["ranks"])
+    out = {}
+    for kind in ("fwd", "step"):
+        t, bt = per_rank_total(row, kind), per_rank_total(b, kind)
+        a, ba = per_rank_above_live(row, kind), per_rank_above_live(b, kind)
+        if not t or not bt or not max(bt):
+            continue
+        out[kind] = {"P": P, "per_rank_over_single": round(max(t) / max(bt), 4),
+                     "P_times_per_rank_over_single": round(P * max(t) / max(bt), 4),
+                     "P_times_above_live_over_single": round(P * max(a) / max(ba), 4) if a and ba and max(ba) else None}
+    return out or None
+
+
+def annotate_memory_ratios(rows):
+    """Writes ``memory_ratio`` (see memory_ratios) into every sharded row that has a single-device baseline."""
+    for r in rows:
+        m = memory_ratios(rows, r)
+        if m:
+            r["memory_ratio"] = m
+
+
 def speedup(rows, row, kind: str):
     """Throughput ratio against one device at the same global size: ``data * T(1) / T(P)`` (``data`` samples
     are processed per step on a data x domain mesh); None without a baseline."""
@@ -170,6 +210,27 @@ def write_markdown(data: dict, path: str):
               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(strong, key=lambda r: (r["elements"], r["ranks"])):
             L.append(_row(meta, rows, r))
+    ratio_rows = [r for r in sorted(measured(rows), key=lambda r: (r["elements"], r["ranks"])) if memory_ratios(rows, r)]
+    if ratio_rows:
+        L += ["", "## Memory per rank against one device", "",
+              "P = domain ranks sharing one sample. **P x per-rank / single** = P x (max over ranks of the per-rank "
+              "total) / (the single-device total at the same global size): 1.00 is a perfect split, replicated "
+              "parameters and optimizer state raise it (each rank holds all of them). **activations** = the same "
+              "ratio for what a split divides, the pass's peak above the live state plus the input shard: above "
+              "1.00 is the surplus (halos, regathered windows, replicated intermediates). Equivalently, per-rank / "
+              "ideal (single/P) is the P x figure.", "",
+              "| size | ranks | P | inference per-rank / single | inference P x per-rank / single | inference "
+              "activations P x / single | train per-rank / single | train P x per-rank / single | train activations "
+              "P x / single |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in ratio_rows:
+            m = memory_ratios(rows, r)
+            cells = []
+            for kind in ("fwd", "step"):
+                k = m.get(kind)
+                cells += ["-"] * 3 if not k else [
+                    f"{k['per_rank_over_single']:.2f}", f"{k['P_times_per_rank_over_single']:.2f}",
+                    "-" if k["P_times_above_live_over_single"] is None else f"{k['P_times_above_live_over_single']:.2f}"]
+            L.append(f"| {r['size']} | {r['ranks']} | {m[next(iter(m))]['P']} | " + " | ".join(cells) + " |")
     weak = [r for r in rows if "weak" in r["modes"]]
     if weak:
         L += ["", "## Weak scaling (fixed input per rank)", "",

@@ -272,6 +272,7 @@ def main(workload, argv=None):
             rows += got["rows"]
             if got["check"]:
                 checks[str(world)] = got["check"]
+    report.annotate_memory_ratios(rows)  # the baseline comes from another launch: derived once all are in
     data = {"meta": dict(meta(workload, args, time.perf_counter() - t0, checks), loadavg_at_start=load_start,
                          aborted_launches=aborts),
             "rows": rows}

@@ -211,6 +211,17 @@ def run(workload, args):
     print(f"wrote {path}.json/.md")
 
 
+def memory_ratio(rows: list[dict], row: dict, kind: str):
+    """(P x total / single total, P x peak-above-live+input / single) of ``row``'s rank against the simulated
+    P = 1 row of the same size (None without one): 1 = a perfect split; see report.memory_ratios."""
+    base = [b for b in rows if b["single"] and b["size"] == row["size"] and kind in b]
+    if row["single"] or not base or kind not in row:
+        return None
+    b, P = base[0], row["ranks"]
+    act = lambda r: (r[kind]["peak_bytes"] or 0) + r["input_bytes"]
+    return (P * total_bytes(row, kind) / max(total_bytes(b, kind), 1), P * act(row) / max(act(b), 1))
+
+
 def groups(rows):
     """Rows by (size, P) in order."""
     out = {}
@@ -223,17 +234,24 @@ def write_markdown(data: dict, path: str, no_train: bool = False):
     from .report import fmt_bytes, fmt_comm
     meta, rows = data["meta"], data["rows"]
     lines = [f"# {meta['workload']}: simulated ranks ({meta['sim_device']} local tensors)", "",
-             f"Command: `{meta['command']}`; torch {meta['torch']}; batch {meta['batch']}.", "", meta["note"] + ".", ""]
+             f"Command: `{meta['command']}`; torch {meta['torch']}; batch {meta['batch']}.", "", meta["note"] + ".", "",
+             "Memory ratios against the simulated P = 1 row of the same size (absent without one): P x this rank's "
+             "total / the single-device total (1 = a perfect split; replicated parameters and optimizer state raise "
+             "it), and the same for the part a split divides, the peak above the live state plus the input shard "
+             "(above 1 = halos, regathered windows, replicated intermediates).", ""]
     for kind in ["fwd"] + ([] if no_train else ["step"]):
         lines += [f"## {'inference (no_grad forward)' if kind == 'fwd' else 'training step'}", "",
                   "| size | P | rank | local GFLOP | sent per rank | memory per rank (total) | of which peak above live |"
+                  " P x total / single | P x (peak above live + input) / single |"
                   + (" local time |" if meta["sim_device"] == "cpu" else ""),
-                  "|---|---|---|---|---|---|---|" + ("---|" if meta["sim_device"] == "cpu" else "")]
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if meta["sim_device"] == "cpu" else "")]
         for (size, P), rs in groups(rows).items():
             for r in rs:
                 k = r[kind]
                 lines.append(f"| {size} | {P} | {r['rank']} | {k['flops'] / 1e9:.2f} | {fmt_comm(k['comm'])} | "
-                             f"{fmt_bytes(total_bytes(r, kind))} | {fmt_bytes(k['peak_bytes'])} |" +
+                             f"{fmt_bytes(total_bytes(r, kind))} | {fmt_bytes(k['peak_bytes'])} | "
+                             + (" | ".join(f"{v:.2f}" for v in m) if (m := memory_ratio(rows, r, kind)) else "- | -")
+                             + " |" +
                              (f" {k['time']['median'] * 1e3:.1f} ms |" if "time" in k else ""))
         lines.append("")
     with open(path, "w") as f:
