@@ -116,10 +116,17 @@ def main():
                   "`aten.full`) and the halo rows of every window; GroupNorm's outputs are `aten.mul` here (the "
                   "sharded rule's own kernels)."]
     else:
-        lines += ["", "The CPU allocator's peak includes ATen's CPU convolution workspaces (`slow_conv3d`'s im2col "
-                  "columns, allocated per call): they, not the library's tensors, dominate this figure and were the "
-                  "same before the conv/GroupNorm changes of this commit (65.6 MiB at P = 2). Not investigated "
-                  "further; the meta tally (unet_memory_meta.md) shows the library's own surplus."]
+        lines += ["", "Why the CPU figure can exceed one device's: ATen picks the CPU convolution algorithm from the "
+                  "*local* shape (`torch._C._select_conv_backend`): for batch 1, groups 1 and 3x3x3 kernels it uses "
+                  "oneDNN (mkldnn) only when N·C·D·H > 20480 (W is not in the product), else `slow_conv3d`, whose "
+                  "backward allocates im2col columns of C_in·27 × the output's voxels (27x the input). At 32³ the "
+                  "decoder conv (32 channels, input 32·32·32 = 32768 > 20480) runs mkldnn on one device (4 MiB "
+                  "workspace), but its depth-sharded window (1, 32, 18, 32, 32) gives 18432 and falls back to "
+                  "`slow_conv3d`: 54 MiB of columns in its backward, the whole P = 2 peak (found with "
+                  "torch.profiler's memory events, live allocations at the peak). Memory format, contiguity and the "
+                  "halo window's layout do not change the choice (only the shape does), so it is ATen's heuristic, "
+                  "not the library's. At 64³ (`--size 64 --sim-device cpu`) every window stays above the threshold "
+                  "and P × peak / single is 1.19 (P = 2) and 1.22 (P = 4), near the meta tally's library surplus."]
     text = "\n".join(lines) + "\n"
     print(text)
     with open(os.path.join(args.out, f"unet_memory_{args.sim_device}.md"), "w") as f:
