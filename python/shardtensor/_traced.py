@@ -73,7 +73,10 @@ class TracedShard(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    # Never traced by Dynamo: after a graph break the op runs eagerly on the TracedShard, and Dynamo would otherwise
+    # compile this frame too and fail fakeifying the transient C++ ShardTensors (hiding the op's real error).
     @classmethod
+    @torch.compiler.disable
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         unwrap = lambda t: _to_cpp(t._local, t._layout) if isinstance(t, TracedShard) else t  # noqa: E731

@@ -171,8 +171,8 @@ def test_compiled_family(name):
 
 
 def case_layout_api_in_compiled_code():
-    """The st.* layout functions inside a compiled region (not traceable yet: a graph break hands the resumed frame
-    a ShardTensor made in eager code) raise a clear error on every rank."""
+    """The st.* layout functions inside a compiled region (not traceable yet: Dynamo breaks the graph there and the
+    call runs eagerly on the traced representation) raise a clear error on every rank."""
     m = mesh()
     torch._dynamo.reset()
     x = st.distribute_tensor(torch.randn(6, 4), m, [st.Shard(0)])
@@ -180,7 +180,7 @@ def case_layout_api_in_compiled_code():
 
 
 def test_layout_api_in_compiled_code_refused():
-    harness.expect_error(2, case_layout_api_in_compiled_code, match="not traceable yet",
+    harness.expect_error(2, case_layout_api_in_compiled_code, match="inside a torch.compile'd region is not supported yet",
                          kinds=("NotImplementedError", "InternalTorchDynamoError"))
 
 
