@@ -210,7 +210,8 @@ def write_markdown(data: dict, path: str):
               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(strong, key=lambda r: (r["elements"], r["ranks"])):
             L.append(_row(meta, rows, r))
-    ratio_rows = [r for r in sorted(measured(rows), key=lambda r: (r["elements"], r["ranks"])) if memory_ratios(rows, r)]
+    ratio_rows = [(r, m) for r in sorted(measured(rows), key=lambda r: (r["elements"], r["ranks"]))
+                  if (m := memory_ratios(rows, r))]
     if ratio_rows:
         L += ["", "## Memory per rank against one device", "",
               "P = domain ranks sharing one sample. **P x per-rank / single** = P x (max over ranks of the per-rank "
@@ -222,8 +223,7 @@ def write_markdown(data: dict, path: str):
               "| size | ranks | P | inference per-rank / single | inference P x per-rank / single | inference "
               "activations P x / single | train per-rank / single | train P x per-rank / single | train activations "
               "P x / single |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in ratio_rows:
-            m = memory_ratios(rows, r)
+        for r, m in ratio_rows:
             cells = []
             for kind in ("fwd", "step"):
                 k = m.get(kind)
