@@ -9,9 +9,11 @@
 #include <shardtensor/shard_tensor.h>
 #include <shardtensor/simulation.h>
 
+#include "comm/functional.h"
 #include "comm/halo_plan.h"
 #include "comm/wait.h"
 #include "dispatch/consistency.h"
+#include "dispatch/registry.h"
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -179,6 +181,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_consistency_check", &dispatch::set_consistency_check);
   m.def("has_handler", &has_handler);
   m.def("registered_handlers", &registered_handlers);
+  m.def("rules_above_autograd", &dispatch::rules_above_autograd);
+  m.def("_take_traced_receives", &comm::functional::take_traced_receives);
+  m.def("_set_trace_anchor", [](std::optional<at::Tensor> anchor) {
+    auto previous = comm::functional::set_trace_anchor(anchor ? *anchor : at::Tensor());
+    return previous.defined() ? std::optional<at::Tensor>(previous) : std::nullopt;
+  });
 
   m.def("comm_stats", []() {
     auto s = comm_stats();

@@ -83,8 +83,8 @@ class TracedShard(torch.Tensor):
         args, kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
         # none for the ShardTensor key; the C++ dispatcher does.
-        with torch._C._DisablePythonDispatcher(), _RuleMode():
-            out = func(*args, **kwargs)
+        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((args, kwargs))):
+            out = _tie_receives(func(*args, **kwargs))
         return tree_map(_to_traced, out)
 
     # The gradient of a Partial output is complete: tangents are traced as Replicate on those mesh dims (as DTensor
@@ -93,14 +93,75 @@ class TracedShard(torch.Tensor):
         want = _tangent_layout(self._layout)
         if want == self._layout:
             return self
-        with torch._C._DisablePythonDispatcher(), _RuleMode():
-            cpp = _C.redistribute(_to_cpp(self._local, self._layout), [tuple(p) for p in want[1]], dict(want[2]))
+        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([self._local]):
+            cpp = _tie_receives(
+                _C.redistribute(_to_cpp(self._local, self._layout), [tuple(p) for p in want[1]], dict(want[2])))
         return _to_traced(cpp)
 
     def __coerce_same_metadata_as_tangent__(self, flatten_spec, expected_type=None):
         if expected_type not in (None, TracedShard):
             return None
         return self if flatten_spec is None or flatten_spec[1] == self._layout else None
+
+
+def _zero_from(tensors):
+    """A 0-dim zero that depends on each tensor (a sum over an empty slice of it: no data read)."""
+    zero = None
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            u = t.reshape(-1)[:0]
+            u = torch.view_as_real(u) if u.is_complex() else u
+            term = u.sum(dtype=torch.float32)
+            zero = term if zero is None else zero + term
+    return zero
+
+
+class _RuleBoundary:
+    """Around one traced rule call: the collectives it issues depend on its inputs (``inputs``: local tensors; see
+    src/comm/functional.h set_trace_anchor) and, through _tie_receives, its output on what they received. Entered
+    under _RuleMode, so the modes below record the ties."""
+
+    def __init__(self, inputs):
+        self.inputs = inputs
+
+    def __enter__(self):
+        _C._take_traced_receives()      # nothing left over from an earlier rule that raised
+        with torch.no_grad():           # a data dependency only, never a gradient path
+            anchor = _zero_from(self.inputs)
+        self.previous = _C._set_trace_anchor(anchor)
+        return self
+
+    def __exit__(self, *exc):
+        _C._set_trace_anchor(self.previous)
+        return False
+
+
+def _locals_of(values):
+    """The local tensors of the (C++ ShardTensor or plain) tensors among ``values``."""
+    return [_C._local_of(t) if _C.is_shard_tensor(t) else t
+            for t in tree_leaves(values) if isinstance(t, torch.Tensor)]
+
+
+def _tie_receives(out):
+    """``out`` (a rule's result) made to depend on every collective result this rank waited for while the rule ran
+    (src/comm/functional.h, take_traced_receives). A rank may have no use for what it receives (an empty halo, the
+    ring blocks a rank without queries passes on); unused, AOTAutograd would drop that collective from this rank's
+    graph alone and the peers it sends to would hang. The first tensor output gains ``+ 0``, a sum over an empty
+    slice of each result (no data read); called under _RuleMode, so the modes below record it."""
+    received = _C._take_traced_receives()
+    if not received:
+        return out
+    leaves, spec = torch.utils._pytree.tree_flatten(out)
+    for i, t in enumerate(leaves):
+        if isinstance(t, torch.Tensor):
+            zero = sum(r.reshape(-1)[:0].sum() for r in received)
+            if _C.is_shard_tensor(t):
+                local = _C._local_of(t)
+                leaves[i] = _to_cpp(local + zero.to(local.dtype), _layout_of(t))
+            else:
+                leaves[i] = t + zero.to(t.dtype)
+            return torch.utils._pytree.tree_unflatten(leaves, spec)
+    raise AssertionError("a traced rule received collective results but returned no tensor")
 
 
 def _to_traced(t):
@@ -134,8 +195,12 @@ class _ToTraced(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        # The input's gradient in the input's layout, as eagerly (a derivative formula may have left it Replicate,
+        # e.g. sum's expand); decided from the layouts alone, alike on every rank.
         if isinstance(g, TracedShard):
-            return _to_cpp(g._local, g._layout)
+            g = _to_cpp(g._local, g._layout)
+        if isinstance(g, torch.Tensor):
+            g = _as_layout(g, _tangent_layout(ctx.layout))
         return g
 
 
@@ -206,7 +271,23 @@ def _hook_plain_grads(tensors) -> None:
             setattr(t, _HOOKED, True)
 
 
+def _refuse_empty_shards(args, kwargs) -> None:
+    """Compiled training with a rank that holds no rows of its input can hang (seen with a U-Net: that rank's
+    backward graph lost collectives its peers kept), so it is refused before anything is traced. The extents are
+    the same on every rank, so every rank raises."""
+    for t in tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and not isinstance(t, TracedShard) and _C.is_shard_tensor(t):
+            for mesh_dim, extents in _C.sharding_shapes(t).items():
+                if any(int(e) == 0 for e in extents):
+                    raise NotImplementedError(
+                        f"ShardTensor: torch.compile with an empty shard is not supported yet: an argument of global "
+                        f"shape {tuple(t.shape)} with placements {_placements(t)} has extents {list(extents)} on mesh "
+                        f"dim {int(mesh_dim)}. Give every rank at least one row (sharding_shapes=...), or run this "
+                        f"call eagerly (torch.compiler.disable).")
+
+
 def _enter(args, kwargs):
+    _refuse_empty_shards(args, kwargs)
     _hook_plain_grads(tree_leaves((args, kwargs)))
     return tree_map(to_traced, args), tree_map(to_traced, kwargs)
 
@@ -223,10 +304,109 @@ def compile_entry(compiled):
     return call
 
 
+# Above-autograd rules (linear, matmul, scaled_dot_product_attention, batch_norm, upsample .vec, _pad_circular,
+# max_pool1d, the library's custom ops, ...): eagerly a C++ ShardTensor reaches them at AutogradPrivateUse1, before
+# the op decomposes. A TracedShard has no such key, and while Dynamo fake-propagates and AOTAutograd traces, the
+# composite-implicit ops decompose (SDPA into _scaled_dot_product_flash_attention_for_cpu, ...) before
+# TracedShard.__torch_dispatch__ sees them. Both tracers run the Python dispatcher, which takes Python kernels
+# registered for an op's dispatch keys: this bridge registers one at the autograd keys of those ops. For TracedShard
+# arguments it runs the op's C++ rule on transient ShardTensors with C++ autograd recording (the rule's own backward),
+# wrapped in one autograd.Function whose backward runs that C++ graph; for every other call it runs the kernel the
+# Python dispatcher would have run. Nothing changes outside the Python dispatcher (eager code never sees it).
+_BRIDGE_KEYS = (torch._C.DispatchKey.AutogradCPU, torch._C.DispatchKey.AutogradCUDA)
+
+
+def _op_overload(qualified: str):
+    ns, rest = qualified.split("::")
+    name, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+
+
+def _to_cpp_arg(t, needs_grad: bool):
+    """A transient C++ argument for the rule: a ShardTensor around a TracedShard's local, a plain tensor detached;
+    a leaf requiring grad where the bridge's input does."""
+    x = _to_cpp(t._local.detach(), t._layout) if isinstance(t, TracedShard) else t.detach()
+    return x.requires_grad_(True) if needs_grad and (x.is_floating_point() or x.is_complex()) else x
+
+
+class _AboveAutograd(torch.autograd.Function):
+    """One call of an above-autograd rule on traced arguments: forward runs the rule on transient C++ ShardTensors
+    (C++ autograd recording), backward differentiates that C++ graph."""
+
+    @staticmethod
+    def forward(ctx, op, rebuild, *tensors):
+        cpp = [_to_cpp_arg(t, ctx.needs_input_grad[2 + i]) for i, t in enumerate(tensors)]
+        args, kwargs = rebuild(cpp)
+        with torch.enable_grad(), torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of(cpp)):
+            out = op(*args, **kwargs)
+            tied = _tie_receives(out)    # the C++ graph keeps `out`; the traced results carry the tie
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        ctx.cpp_inputs = cpp
+        ctx.cpp_outputs = outs
+        # No op on the C++ results here (outside _RuleMode the fake mode would see them): _to_traced only reads
+        # their local tensor and layout.
+        result = tree_map(_to_traced, tied)
+        ctx.mark_non_differentiable(*[r for r, o in zip(tree_leaves(result), tree_leaves(out))
+                                      if isinstance(o, torch.Tensor) and not o.requires_grad])
+        return result
+
+    @staticmethod
+    def backward(ctx, *grads):
+        pairs = [(o, g) for o, g in zip(ctx.cpp_outputs, grads) if g is not None and o.requires_grad]
+        wanted = [i for i, x in enumerate(ctx.cpp_inputs) if x.requires_grad]
+        result = [None] * len(ctx.cpp_inputs)
+        if pairs and wanted:
+            gs = [_to_cpp(g._local, g._layout) if isinstance(g, TracedShard) else g for _, g in pairs]
+            with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of(gs)):
+                got = torch.autograd.grad([o for o, _ in pairs], [ctx.cpp_inputs[i] for i in wanted], gs,
+                                          allow_unused=True)
+                got = _tie_receives(list(got)) if any(g is not None for g in got) else got
+            for i, g in zip(wanted, got):
+                result[i] = _to_traced(g)
+        return (None, None, *result)
+
+
+def _bridge_kernel(op, fallback, *args, **kwargs):
+    leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    if not any(isinstance(t, TracedShard) for t in leaves):
+        return fallback(*args, **kwargs)
+    positions = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+
+    def rebuild(tensors):
+        filled = list(leaves)
+        for i, t in zip(positions, tensors):
+            filled[i] = t
+        return torch.utils._pytree.tree_unflatten(filled, spec)
+    return _AboveAutograd.apply(op, rebuild, *[leaves[i] for i in positions])
+
+
+def _install_autograd_bridge() -> None:
+    from torch._ops import resolve_key
+    for name in _C.rules_above_autograd():
+        try:
+            op = _op_overload(name)
+        except AttributeError:
+            continue        # an overload Python cannot name
+        for key in _BRIDGE_KEYS:
+            if getattr(op.py_kernels.get(key), "_shardtensor", False):
+                continue
+            # What the Python dispatcher runs at this key without the bridge: a Python kernel, or a C++ one.
+            own = op.py_kernels.pop(key, None)
+            if own is not None:
+                fallback = own
+            else:
+                final = resolve_key(op, key)
+                fallback = op.py_kernels[final] if final in op.py_kernels else functools.partial(op._op_dk, final)
+            kernel = functools.partial(_bridge_kernel, op, fallback)
+            kernel._shardtensor = True
+            op.py_impl(key)(kernel)
+
+
 def install() -> None:
     """Make ``torch.compile(model)(x)`` and ``torch.compile(fn)(x)`` take ShardTensors (once per process): compiled
     modules (``OptimizedModule.__call__``) and compiled functions (what ``OptimizeContext`` returns) convert at their
     boundary. Nothing changes for calls without ShardTensor arguments."""
+    _install_autograd_bridge()
     from torch._dynamo import eval_frame
     module_call = eval_frame.OptimizedModule.__call__
     if not getattr(module_call, "_shardtensor", False):

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace shardtensor::comm {
 
@@ -77,6 +78,12 @@ void refuse_host_read_while_tracing(const char* what) {
                               "before the compiled region");
 }
 
+at::Tensor plan_constant(const at::Tensor& host, const at::Tensor& like) {
+  auto t = host;
+  if (tracing(like)) t = at::lift_fresh(host);
+  return t.device() == like.device() ? t : t.to(like.device());
+}
+
 namespace functional {
 
 const std::string& group_name(const Mesh& mesh, int64_t mesh_dim) {
@@ -87,14 +94,40 @@ const std::string& group_name(const Mesh& mesh, int64_t mesh_dim) {
   return name;
 }
 
+namespace {
+thread_local std::vector<at::Tensor> traced_receives;
+thread_local at::Tensor trace_anchor;
+
+thread_local int64_t anchored_count = 0;
+
+// `t` + 0, the zero depending on the running rule's inputs (see set_trace_anchor). The zero is scaled by a count
+// unique to this collective, so no two collectives' inputs are the same expression: AOTAutograd's common
+// subexpression elimination would otherwise merge two identical collectives on a rank where their inputs coincide
+// (two empty pieces) and not on the others.
+at::Tensor anchored(const at::Tensor& t) {
+  if (!trace_anchor.defined() || !tracing(t)) return t;
+  return t + trace_anchor.mul(static_cast<double>(++anchored_count)).to(t.scalar_type());
+}
+} // namespace
+
+at::Tensor set_trace_anchor(at::Tensor anchor) {
+  return std::exchange(trace_anchor, std::move(anchor));
+}
+
 at::Tensor wait(const at::Tensor& t) {
   static const auto op = functional_op("_c10d_functional::wait_tensor");
-  return call(op, {t});
+  auto r = call(op, {t});
+  if (tracing(r)) traced_receives.push_back(r);
+  return r;
+}
+
+std::vector<at::Tensor> take_traced_receives() {
+  return std::exchange(traced_receives, {});
 }
 
 at::Tensor all_reduce_start(const at::Tensor& t, ReduceOp op, const Mesh& mesh, int64_t mesh_dim) {
   static const auto h = functional_op("_c10d_functional::all_reduce");
-  auto in = t.contiguous();
+  auto in = anchored(t).contiguous();
   record_collective("all_reduce", in.numel() * in.element_size());
   return call(h, {in, std::string(op_name(op)), group_name(mesh, mesh_dim)});
 }
@@ -115,7 +148,7 @@ at::Tensor all_to_all_single_start(const at::Tensor& input, const std::vector<in
     bytes = sent * input.element_size();
   }
   if (kind) record_collective(kind, bytes);
-  return call(h, {input.contiguous(), recv_splits, send_splits, group_name(mesh, mesh_dim)});
+  return call(h, {anchored(input).contiguous(), recv_splits, send_splits, group_name(mesh, mesh_dim)});
 }
 
 at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& extents, const Mesh& mesh,
@@ -135,7 +168,7 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
     pad_shape[dim] = max_extent - local.size(dim);
     input = at::cat({local, at::zeros(pad_shape, local.options())}, dim);
   }
-  auto first = input.movedim(dim, 0).contiguous();
+  auto first = anchored(input).movedim(dim, 0).contiguous();
   record_collective("all_gather", first.numel() * first.element_size() * n);
   auto gathered = wait(call(h, {first, n, group_name(mesh, mesh_dim)}));
   std::vector<at::Tensor> pieces;
@@ -148,7 +181,7 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
 
 at::Tensor broadcast(const at::Tensor& t, int64_t root, const Mesh& mesh, int64_t mesh_dim) {
   static const auto h = functional_op("_c10d_functional::broadcast");
-  auto in = t.contiguous();
+  auto in = anchored(t).contiguous();
   record_collective("broadcast", in.numel() * in.element_size());
   return wait(call(h, {in, root, group_name(mesh, mesh_dim)}));
 }

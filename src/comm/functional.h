@@ -30,6 +30,12 @@ bool use_functional(const at::Tensor& t);
 // agreement checks) when called while tracing: names `what` and the remedy.
 [[noreturn]] void refuse_host_read_while_tracing(const char* what);
 
+// A plan tensor built on the host (halo index lists, pooling divisors and averaging matrices, element counts; real,
+// built under HostMetadataGuard and possibly cached across calls) for use with `like`, on `like`'s device. While
+// `like` is traced the tensor becomes a graph constant (`lift_fresh`, as torch.tensor(...) does in traced Python
+// code): the fake and proxy modes then see a tensor they own instead of a real one they would refuse.
+at::Tensor plan_constant(const at::Tensor& host, const at::Tensor& like);
+
 namespace functional {
 
 // The registered name of the mesh dim's group (c10d resolves functional collectives by name).
@@ -37,6 +43,21 @@ const std::string& group_name(const Mesh& mesh, int64_t mesh_dim);
 
 // Wait for a functional collective's result (identity when it is already complete).
 at::Tensor wait(const at::Tensor& t);
+
+// The results waited while tracing since the last call, taken (and cleared) at a rule's boundary. A rank may have
+// no use for what it receives (an edge rank's empty halo, the blocks a rank without queries still passes round the
+// ring), but its collective still sends this rank's data: unused, AOTAutograd's partitioner would remove it from
+// this rank's graph only (it drops dead collectives assuming every rank's graph is the same) and the peers would
+// wait forever. python/shardtensor/_traced.py ties these results into the rule's output.
+std::vector<at::Tensor> take_traced_receives();
+
+// The other half: while a traced rule runs, every collective's input is made to depend on the rule's inputs
+// (`anchor`: a 0-dim zero computed from each of them, set by _traced.py at the rule's boundary; undefined: none).
+// A rank's contribution may not depend on the rule's inputs (the zero gradient blocks a rank without queries passes
+// round the ring); AOTAutograd's partitioner would then move that collective into the forward graph on that rank
+// alone. Each collective's zero is unique (no two collectives' inputs may be merged as a common subexpression).
+// Returns the previous anchor.
+at::Tensor set_trace_anchor(at::Tensor anchor);
 
 // Not waited: the caller waits (`wait`) where it first needs the result.
 at::Tensor all_reduce_start(const at::Tensor& t, ReduceOp op, const Mesh& mesh, int64_t mesh_dim);

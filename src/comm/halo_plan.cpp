@@ -1,4 +1,5 @@
 #include "comm/halo_plan.h"
+#include "comm/functional.h"
 #include "comm/host_metadata.h"
 
 #include <ATen/ATen.h>
@@ -210,7 +211,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }
 
 at::Tensor on_device(const at::Tensor& index, const at::Tensor& like) {
-  return index.device() == like.device() ? index : index.to(like.device());
+  return comm::plan_constant(index, like);
 }
 
 } // namespace

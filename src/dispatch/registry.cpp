@@ -370,6 +370,21 @@ bool has_handler(const std::string& op_name) {
   return it != r.slots.end() && it->second->handler.load() != nullptr;
 }
 
+namespace dispatch {
+
+std::vector<std::string> rules_above_autograd() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [name, slot] : r.slots)
+    if (slot->level == RuleLevel::above_autograd && slot->handler.load())
+      out.push_back(qualified(name));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+} // namespace dispatch
+
 std::vector<std::string> registered_handlers() {
   auto& r = dispatch::registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -34,6 +34,12 @@ void set_handler_all_overloads(const char* base_name, BoxedHandler handler);
 using AutogradHandler = std::function<bool(const c10::OperatorHandle& op, torch::jit::Stack* stack)>;
 void set_autograd_handler(const char* qualified_name, AutogradHandler handler);
 
+// Ops whose ShardTensor rule runs at RuleLevel::above_autograd. torch.compile's tracers decompose composite-implicit
+// ops before a traced ShardTensor's __torch_dispatch__ sees them; python/shardtensor/_traced.py routes these ops to
+// their rules at the autograd key instead. (Ops with an AutogradHandler are not listed: their handler saves memory
+// eagerly, and their own derivative formula traces correctly.)
+std::vector<std::string> rules_above_autograd();
+
 // Raises NotImplementedError naming the op, the placements of its ShardTensor arguments and the remedy.
 [[noreturn]] void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
                                   const std::string& why = "");

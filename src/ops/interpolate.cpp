@@ -21,6 +21,7 @@
 //   (identity) and output == 2 * input (o >> 1) whatever the scale; the 1-D and 3-D forward kernels do not.
 // - linear: output == input along a dim is the identity whatever the scale (forward and backward).
 // - bicubic: the backward is the identity when output == input in both dims; the forward never special-cases.
+#include "comm/functional.h"
 #include "comm/halo_plan.h"
 #include "comm/host_metadata.h"
 #include "comm/spec_holder.h"
@@ -226,10 +227,12 @@ at::Tensor weight_view(const at::Tensor& w, int64_t dim, int64_t ndim) {
 // Resample the window along p.dim to this rank's outputs.
 at::Tensor resample(const at::Tensor& window, const DimPlan& p) {
   at::Tensor out;
+  const auto idx = comm::plan_constant(p.idx, window);
+  const auto w = p.K == 1 ? at::Tensor() : comm::plan_constant(p.w, window);
   for (int64_t k = 0; k < p.K; ++k) {
-    auto rows = window.index_select(p.dim, p.idx[k]);
+    auto rows = window.index_select(p.dim, idx[k]);
     if (p.K == 1) return rows; // nearest and identity taps have weight 1
-    auto term = rows * weight_view(p.w[k], p.dim, window.dim());
+    auto term = rows * weight_view(w[k], p.dim, window.dim());
     out = out.defined() ? out + term : term;
   }
   return out;
@@ -240,9 +243,11 @@ at::Tensor resample_backward(const at::Tensor& g, const DimPlan& p) {
   auto shape = g.sizes().vec();
   shape[p.dim] = p.window_rows;
   auto out = at::zeros(shape, g.options());
+  const auto idx = comm::plan_constant(p.idx, g);
+  const auto w = p.K == 1 ? at::Tensor() : comm::plan_constant(p.w, g);
   for (int64_t k = 0; k < p.K; ++k) {
-    auto term = p.K == 1 ? g : g * weight_view(p.w[k], p.dim, g.dim());
-    out.index_add_(p.dim, p.idx[k], term);
+    auto term = p.K == 1 ? g : g * weight_view(w[k], p.dim, g.dim());
+    out.index_add_(p.dim, idx[k], term);
   }
   return out;
 }

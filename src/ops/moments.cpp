@@ -1,6 +1,7 @@
 #include "ops/moments.h"
 
 #include "comm/collectives.h"
+#include "comm/functional.h"
 #include "comm/host_metadata.h"
 
 #include <ATen/ATen.h>
@@ -42,8 +43,9 @@ Moments global_moments(const at::Tensor& x, const std::vector<int64_t>& dims, co
     at::Tensor nk;
     {
       comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
-      nk = at::tensor(counts, x.options()).view(cshape);
+      nk = at::tensor(counts, at::TensorOptions().dtype(x.scalar_type())).view(cshape);
     }
+    nk = comm::plan_constant(nk, x);
     auto total = nk.sum();
     auto new_mean = (nk * all_mean).sum(0) / total.clamp_min(1);
     m2 = all_m2.sum(0) + (nk * (all_mean - new_mean.unsqueeze(0)).square()).sum(0);

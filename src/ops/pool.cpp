@@ -17,6 +17,7 @@
 // Plans (comm/halo_plan) are cached per layout and arguments: the backward reuses the forward's and reads none of
 // the input's data, so a pending-sum input is completed once, in the forward.
 #include "comm/collectives.h"
+#include "comm/functional.h"
 #include "comm/halo_plan.h"
 #include "comm/host_metadata.h"
 #include "comm/redistribute.h"
@@ -300,7 +301,9 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
     plan.window_shape.push_back(d.W);
     plan.no_outputs = plan.no_outputs || d.n == 0;
   }
-  // What the kernels need besides the window, built once and kept on the device.
+  // What the kernels need besides the window, built once and kept on the device (real tensors even while tracing:
+  // the kernels take them through comm::plan_constant).
+  comm::HostMetadataGuard host;
   if (a.kind == PoolKind::Avg && !a.divisor_override && !plan.no_outputs) plan.divisor = avg_divisor(plan, a, nd).to(device);
   if (a.kind == PoolKind::AdaptiveAvg && !plan.no_outputs)
     for (const auto& d : plan.sp) plan.avg_matrices.push_back(avg_matrix(d).to(device));
@@ -534,9 +537,9 @@ PoolArgs avg_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, a
 }
 
 // The global divisor of this rank's outputs (broadcastable to the local output).
-at::Tensor divisor_of(const PoolPlan& plan, const PoolArgs& a, const at::TensorOptions& opts) {
-  if (a.divisor_override) return at::scalar_tensor(static_cast<double>(*a.divisor_override), opts);
-  return plan.divisor.to(opts);
+at::Tensor divisor_of(const PoolPlan& plan, const PoolArgs& a, const at::Tensor& like) {
+  if (a.divisor_override) return at::scalar_tensor(static_cast<double>(*a.divisor_override), like.options());
+  return comm::plan_constant(plan.divisor, like).to(like.options());
 }
 
 bool low_precision(const at::Tensor& t) {
@@ -554,7 +557,7 @@ at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
     auto w = low_precision(window) ? window.to(at::kFloat) : window;
     auto lp = local_padding(plan, a.p);
     auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1) : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1);
-    out = sum.div(divisor_of(plan, a, sum.options())).to(window.scalar_type());
+    out = sum.div(divisor_of(plan, a, sum)).to(window.scalar_type());
   }
   return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
 }
@@ -569,7 +572,7 @@ at::Tensor avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Te
     gi = at::zeros(plan.window_shape, g.options());
   } else {
     auto gf = low_precision(g) ? g.to(at::kFloat) : g;
-    gf = gf.div(divisor_of(plan, a, gf.options()));
+    gf = gf.div(divisor_of(plan, a, gf));
     auto like = at::empty(plan.window_shape, gf.options());
     auto lp = local_padding(plan, a.p);
     gi = nsp == 2 ? at::avg_pool2d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1)
@@ -640,7 +643,7 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
   } else {
     auto y = acc_type(window);
     for (size_t i = 0; i < plan.sp.size(); ++i)
-      y = apply_along(y, plan.sp[i].dim, plan.avg_matrices[i].to(y.options()));
+      y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()));
     out = y.to(window.scalar_type()).contiguous();
   }
   return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
@@ -663,7 +666,7 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
   } else {
     auto y = acc_type(g);
     for (size_t i = 0; i < plan.sp.size(); ++i)
-      y = apply_along(y, plan.sp[i].dim, plan.avg_matrices[i].to(y.options()).t());
+      y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()).t());
     gi = y.to(g.scalar_type()).contiguous();
   }
   return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh), spec);
@@ -694,8 +697,8 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
     at::Tensor mask;
     for (int64_t i = 0; i < nsp; ++i) {
       const auto& d = plan.sp[i];
-      const auto& rt = rows[i];
-      const auto& vt = plan.cell_valid[i];
+      const auto rt = comm::plan_constant(rows[i], window);
+      const auto vt = comm::plan_constant(plan.cell_valid[i], window);
       const auto kmax = K[i];
       // G: lead + (n_0, K_0, ..., n_{i-1}, K_{i-1}, W_i, ...) -> split dim lead + 2i
       const auto gd = lead + 2 * i;
@@ -732,7 +735,7 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
       std::vector<int64_t> shape(arg.dim(), 1);
       shape[lead + i] = d.n;
       auto cell = at::arange(d.n, lopts).view(shape);
-      auto r = at::take(rows[i], cell * K[i] + kd[i]);
+      auto r = at::take(comm::plan_constant(rows[i], window), cell * K[i] + kd[i]);
       idx.add_((r + d.ws) * gstride);
       gstride *= d.L;
     }

@@ -134,13 +134,13 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
   // Sum and mean are linear: a Partial(sum/avg) input stays pending. Everything else needs complete values.
   auto t = self;
   const bool linear = kind == Kind::Sum || kind == Kind::Mean;
-  if (!linear) t = resolve_partial(t);
+  // A pending max/min (amax over a sharded dim, then sum) is not linear: it is completed first.
+  bool nonlinear_partial = false;
+  for (const auto& p : impl->spec()->placements)
+    nonlinear_partial = nonlinear_partial || (p.is_partial() && p.op != ReduceOp::Sum && p.op != ReduceOp::Avg);
+  if (!linear || nonlinear_partial) t = resolve_partial(t);
   impl = shard_impl(t);
   const auto& spec = *impl->spec();
-  if (linear)
-    for (const auto& p : spec.placements)
-      if (p.is_partial()) TORCH_CHECK_NOT_IMPLEMENTED(p.op == ReduceOp::Sum || p.op == ReduceOp::Avg,
-                                                      "ShardTensor: ", name, " of a ", p.str(), " tensor");
   auto layout = reduce_layout(spec, dims, keepdim);
   const auto& local = impl->local();
   const auto& mesh = spec.mesh;

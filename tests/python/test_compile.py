@@ -137,6 +137,9 @@ def compiled_families():
     torch.manual_seed(7)
     lin, ln = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
     weight = torch.ones(2, 4, 3, 3)
+    tw = torch.randn(4, 3, 3, 3)
+    mm = torch.randn(8, 5)
+    gn_w, gn_b, bn_w, bn_b = torch.randn(4), torch.randn(4), torch.randn(4), torch.randn(4)
     F = torch.nn.functional
     return {
         "pointwise": (lambda t: (t.sin() + 1).relu(), (1, 4, 10, 8), 2),
@@ -151,7 +154,40 @@ def compiled_families():
         "interpolate": (lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"), (1, 4, 10, 8), 2),
         "rfft2": (lambda t: torch.fft.rfft2(t).abs(), (1, 4, 10, 8), 2),
         "cat": (lambda t: torch.cat([t, t.cos()], 1), (1, 4, 10, 8), 2),
+        # Rules that build plan tensors on the host (halo indices, divisors, averaging matrices, counts): they enter
+        # the graph as constants.
+        "group_norm": (lambda t: F.group_norm(t, 2, gn_w, gn_b), (2, 4, 10, 8), 2),
+        "instance_norm": (lambda t: F.instance_norm(t), (2, 4, 10, 8), 2),
+        "avg_pool2d": (lambda t: F.avg_pool2d(t, 3, 2, padding=1), (1, 4, 10, 8), 2),
+        "avg_pool2d_ceil_nopad": (lambda t: F.avg_pool2d(t, 3, 2, ceil_mode=True, count_include_pad=False),
+                                  (1, 4, 11, 8), 2),
+        "avg_pool3d": (lambda t: F.avg_pool3d(t, 2), (1, 2, 8, 4, 4), 2),
+        "adaptive_avg_pool2d": (lambda t: F.adaptive_avg_pool2d(t, (3, 5)), (1, 4, 10, 8), 2),
+        "adaptive_max_pool2d": (lambda t: F.adaptive_max_pool2d(t, (3, 5)), (1, 4, 10, 8), 2),
+        "reflect_pad": (lambda t: F.pad(t, (1, 2, 2, 1), mode="reflect"), (1, 4, 10, 8), 2),
+        "replicate_pad": (lambda t: F.pad(t, (1, 1, 2, 2), mode="replicate"), (1, 4, 10, 8), 2),
+        "circular_pad": (lambda t: F.pad(t, (1, 1, 2, 2), mode="circular"), (1, 4, 10, 8), 2),
+        "amax_sum": (lambda t: t.amax(2).sum(), (1, 4, 10, 8), 2),
+        "conv_transpose2d": (lambda t: F.conv_transpose2d(t, tw, stride=2, padding=1), (1, 4, 10, 8), 2),
+        "conv2d_stride2": (lambda t: F.conv2d(t, weight, stride=2, padding=1), (1, 4, 10, 8), 2),
+        "upsample_nearest": (lambda t: F.interpolate(t, scale_factor=2, mode="nearest"), (1, 4, 10, 8), 2),
+        # Above-autograd rules (composite-implicit ops the tracers would decompose first): the autograd-key bridge.
+        "sdpa_ring": (_sdpa, (1, 2, 11, 4), 2),
+        "sdpa_all_to_all": (_sdpa, (1, 2, 11, 4), 2),
+        "batch_norm": (lambda t: F.batch_norm(t, None, None, bn_w, bn_b, training=True), (2, 4, 10, 8), 2),
+        "matmul": (lambda t: t @ mm, (1, 11, 8), 1),
+        "upsample_bilinear_vec": (lambda t: F.interpolate(t, size=(20, 16), mode="bilinear", align_corners=True),
+                                  (1, 4, 10, 8), 2),
+        "max_pool1d": (lambda t: F.max_pool1d(t, 3, 2, padding=1), (1, 4, 11), 2),
     }
+
+
+def _sdpa(t):
+    return torch.nn.functional.scaled_dot_product_attention(t, t * 0.5, t.cos())
+
+
+# The sequence-parallel attention strategy of a family (set around the compiled call: it is read while tracing).
+STRATEGY = {"sdpa_ring": "ring", "sdpa_all_to_all": "all_to_all"}
 
 
 def case_compiled_family(name):
@@ -160,7 +196,8 @@ def case_compiled_family(name):
     full = randn(*shape, seed=11)
     torch._dynamo.reset()
     x = st.distribute_tensor(full, m, [st.Shard(dim)], {0: uneven_extents(shape[dim], m.size(), 1)})
-    y = torch.compile(fn, backend=BACKEND)(x)
+    with st.use_attention_strategy(STRATEGY.get(name, "auto")):
+        y = torch.compile(fn, backend=BACKEND)(x)
     close(y.full_tensor() if st.is_shard_tensor(y) else y, fn(full), rtol=1e-5, atol=1e-5, what=f"compiled {name}")
     return True
 
@@ -168,6 +205,51 @@ def case_compiled_family(name):
 @pytest.mark.parametrize("name", list(compiled_families()))
 def test_compiled_family(name):
     harness.run(2, case_compiled_family, name)
+
+
+BACKWARD_FAMILIES = ["pointwise", "reductions", "softmax", "linear", "layer_norm", "conv2d", "max_pool2d",
+                     "interpolate", "group_norm", "avg_pool2d", "adaptive_avg_pool2d", "reflect_pad", "amax_sum",
+                     "conv_transpose2d", "conv2d_stride2", "sdpa_ring", "sdpa_all_to_all", "batch_norm", "matmul",
+                     "max_pool1d"]
+
+
+def case_compiled_family_backward(name, mesh_shape=(2,)):
+    """Forward and input gradient of one compiled family against one device (the loss is taken outside the
+    compiled region, so the compiled backward receives a sharded gradient); the graphs hold functional collectives
+    only."""
+    m = mesh(mesh_shape)
+    fn, shape, dim = compiled_families()[name]
+    full = randn(*shape, seed=13)
+    torch._dynamo.reset()
+    rec = GraphRecorder()
+    if len(mesh_shape) == 1:
+        layout, ext = [st.Shard(dim)], {0: uneven_extents(shape[dim], m.size(), 2)}
+    else:       # batch and the sharded dim on a 2 x 2 mesh
+        layout, ext = [st.Shard(0), st.Shard(dim)], {1: uneven_extents(shape[dim], mesh_shape[1], 2)}
+    x = st.distribute_tensor(full, m, layout, ext).requires_grad_(True)
+    xr = full.clone().requires_grad_(True)
+    with st.use_attention_strategy(STRATEGY.get(name, "auto")):
+        y = torch.compile(fn, backend=rec.backend)(x)
+    yr = fn(xr)
+    close(y.full_tensor() if st.is_shard_tensor(y) else y, yr, rtol=1e-5, atol=1e-5, what=f"compiled {name}")
+    with st.use_attention_strategy(STRATEGY.get(name, "auto")):
+        (y * y).sum().backward()
+    (yr * yr).sum().backward()
+    assert st.is_shard_tensor(x.grad) and st.sharding_shapes(x.grad) == st.sharding_shapes(x), name
+    close(x.grad.full_tensor(), xr.grad, rtol=1e-4, atol=1e-5, what=f"compiled {name} input gradient")
+    assert_functional_collectives_only(rec, expect_collectives=False)
+    return True
+
+
+@pytest.mark.parametrize("name", BACKWARD_FAMILIES)
+def test_compiled_family_backward(name):
+    harness.run(2, case_compiled_family_backward, name)
+
+
+@pytest.mark.parametrize("name,mesh_shape", [("group_norm", (3,)), ("sdpa_ring", (3,)), ("group_norm", (2, 2)),
+                                             ("batch_norm", (2, 2))])
+def test_compiled_family_backward_more_ranks(name, mesh_shape):
+    harness.run(math.prod(mesh_shape), case_compiled_family_backward, name, mesh_shape)
 
 
 def case_layout_api_in_compiled_code():
@@ -305,3 +387,95 @@ def case_local_map_redistributes_inputs():
 
 def test_local_map_redistributes_inputs():
     harness.run(3, case_local_map_redistributes_inputs)
+
+
+# ------------------------------------------------------------------------------------ bundled models end to end
+
+def _tiny_vit():
+    import os
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks.models import build
+    return build("vit", "tiny", img_size=(32, 24), embed_dim=32, depth=2, num_heads=2)
+
+
+def _tiny_unet():
+    from test_unet import TinyUNet
+    return TinyUNet()
+
+
+def case_compiled_model_training(name, mesh_shape, backend="record", strategy="auto"):
+    """torch.compile(model) of a bundled model, two training steps with the loss inside the compiled step: loss,
+    input gradient, parameter gradients and weights equal one device; every graph holds functional collectives
+    only."""
+    m = mesh(mesh_shape)
+    torch.manual_seed(0)
+    net = _tiny_vit() if name == "vit" else _tiny_unet()
+    torch.manual_seed(0)
+    ref = _tiny_vit() if name == "vit" else _tiny_unet()
+    ref.load_state_dict(net.state_dict())
+    opt, ropt = torch.optim.SGD(net.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
+    torch._dynamo.reset()
+    rec = GraphRecorder()
+    compiled = torch.compile(net, backend=rec.backend if backend == "record" else backend)
+    F = torch.nn.functional
+    for step in range(2):
+        # Uneven, and no rank empty (compiling with an empty shard is refused: test_compile_empty_shard_refused).
+        tokens = [[1, 3], [3, 1]][step] if m.size() == 2 else [[1, 1, 2], [2, 1, 1]][step]
+        if name == "vit":
+            x = randn(2, 3, 32, 24, seed=20 + step)
+            target = torch.tensor([1, 7])
+            rows = [8 * e for e in tokens]
+            loss_of = lambda out, tgt: F.cross_entropy(out, tgt)  # noqa: E731
+        else:
+            x = randn(2, 2, 16, 12, seed=20 + step)
+            target = randn(2, 1, 16, 12, seed=30 + step)
+            rows = [4 * e for e in tokens]
+            loss_of = lambda out, tgt: F.mse_loss(out, tgt)  # noqa: E731
+        xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: rows}).requires_grad_(True)
+        xr = x.clone().requires_grad_(True)
+        ts = target if name == "vit" else st.distribute_tensor(target, m, [st.Shard(2)], {0: rows})
+        with st.use_attention_strategy(strategy):
+            loss = loss_of(compiled(xs), ts)
+        loss_ref = loss_of(ref(xr), target)
+        close(loss.full_tensor() if st.is_shard_tensor(loss) else loss, loss_ref, rtol=1e-5, atol=1e-6,
+              what=f"{name} step {step} loss")
+        loss.backward()
+        loss_ref.backward()
+        close(xs.grad.full_tensor(), xr.grad, rtol=1e-4, atol=1e-6, what=f"{name} step {step} input gradient")
+        for (pname, p), pr in zip(net.named_parameters(), ref.parameters()):
+            assert type(p.grad) is torch.Tensor, (pname, type(p.grad))
+            close(p.grad, pr.grad, rtol=1e-4, atol=1e-6, what=f"{name} step {step} grad {pname}")
+        opt.step()
+        ropt.step()
+        opt.zero_grad()
+        ropt.zero_grad()
+    for p, pr in zip(net.parameters(), ref.parameters()):
+        close(p.detach(), pr.detach(), rtol=1e-4, atol=1e-6, what=f"{name} weights after two steps")
+    if backend == "record":
+        assert_functional_collectives_only(rec)
+    return True
+
+
+@pytest.mark.parametrize("name,world", [("vit", 2), ("vit", 3), ("unet", 2), ("unet", 3)])
+def test_compiled_model_training(name, world):
+    harness.run(world, case_compiled_model_training, name, (world,), timeout=600)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_to_all"])
+def test_compiled_vit_attention_strategies(strategy):
+    harness.run(2, case_compiled_model_training, "vit", (2,), "record", strategy, timeout=600)
+
+
+def case_compile_empty_shard():
+    m = mesh()
+    x = st.distribute_tensor(torch.randn(2, 3, 8, 4), m, [st.Shard(2)], {0: [0] + [8 // (m.size() - 1)] * (m.size() - 1)})
+    torch._dynamo.reset()
+    torch.compile(conv_net(), backend=BACKEND)(x[:, :2])
+
+
+def test_compile_empty_shard_refused():
+    harness.expect_error(3, case_compile_empty_shard, match="torch.compile with an empty shard is not supported yet",
+                         kinds=("NotImplementedError",))

@@ -91,3 +91,19 @@ def test_ties_indices(world):
 
 def test_2d_mesh():
     harness.run(4, case_2d_mesh, 1)
+
+
+def case_sum_of_partial_max(seed):
+    """amax over the sharded dim leaves a pending max; summing or averaging it completes the max first (a sum of
+    pending maxima would be wrong), forward and gradient."""
+    m = mesh()
+    x = randn(4, 9, 3, seed=seed)
+    lay = _lay(x.shape, 1, m.size(), seed)
+    check_op(lambda t: t.amax(1).sum(), [x], [lay], m, rtol=1e-5, atol=1e-5, what="sum of amax")
+    check_op(lambda t: t.amin(1).mean(0), [x], [lay], m, rtol=1e-5, atol=1e-5, what="mean of amin")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sum_of_partial_max(world):
+    harness.run(world, case_sum_of_partial_max, world)
