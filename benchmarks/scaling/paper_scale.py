@@ -14,6 +14,7 @@ import os
 
 from .projection import Assumptions, assumptions_text, project
 from .report import fmt_bytes
+from .sim_agreement import validation_counts, validation_lines
 from .simulation import total_bytes
 
 GB = 1e9
@@ -119,26 +120,6 @@ def plot_scaling(path, series, title, paper_points=None):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def validation_lines(v):
-    if not v:
-        return ["(no sim_validation.json: run `python -m benchmarks.scaling.validate_sim --out benchmarks/results`)"]
-    lines = [f"Command: `{v['meta']['command']}` (load average at the end {v['meta'].get('loadavg')}).", "",
-             "| workload | P | ranks × passes | collectives equal | peak memory equal | largest peak difference | "
-             "CPU time simulated / real (min–max) |", "|---|---|---|---|---|---|---|"]
-    groups = {}
-    for r in v["rows"]:
-        groups.setdefault((r["workload"], r["ranks"]), []).append(r)
-    for (w, P), rs in groups.items():
-        ce = sum(r["comm_equal"] for r in rs)
-        pe = sum(r["peak_real"] == r["peak_sim"] for r in rs)
-        diff = max(abs(r["peak_real"] - r["peak_sim"]) for r in rs)
-        rel = max(abs(r["peak_real"] - r["peak_sim"]) / r["peak_real"] for r in rs)
-        ratios = [r["cpu_sim_s"] / r["cpu_real_s"] for r in rs]
-        lines.append(f"| {w} ({rs[0]['size']}) | {P} | {len(rs)} | {ce}/{len(rs)} | {pe}/{len(rs)} | "
-                     f"{fmt_bytes(diff)} ({rel * 100:.2f} %) | {min(ratios):.2f}–{max(ratios):.2f} |")
-    return lines
 
 
 def main(argv=None):
