@@ -105,7 +105,7 @@ def collective_cpu_per_call(n: int = 50) -> float:
     """This thread's CPU time for one small Gloo all-to-all: issuing it, waiting and waking up (the fake group of a
     simulated rank costs about nothing). An estimate of what each real collective adds to a real rank's CPU time
     (kinds and sizes differ; the call from Python adds its own dispatch)."""
-    x = torch.zeros(1024)
+    x = torch.zeros(256 * dist.get_world_size())  # all_to_all_single splits it evenly
     y = torch.empty_like(x)
     for _ in range(5):
         dist.all_to_all_single(y, x)
