@@ -122,4 +122,10 @@ def validation_counts(v) -> dict:
     return {"groups": len(s), "within": sum(bool(x["within_noise"]) for x in s),
             "comm_all_equal": all(all(r["comm_equal"]) for r in (v or {}).get("rows", [])),
             "peak_max_diff": max((a - b for a, b in pairs), default=0),
-            "peak_sim_above": sum(b > a for a, b in pairs), "ratios": [x["ratio"] for x in s]}
+            "peak_sim_above": sum(b > a for a, b in pairs), "ratios": [x["ratio"] for x in s],
+            # every rank whose peaks differ in some repeat matches exactly in another (a race, not a miscount)
+            "peak_diff_matches_elsewhere": all(any(a == b for a, b in zip(r["peak_real"], r["peak_sim"]))
+                                               for r in (v or {}).get("rows", [])),
+            "per_call_s": [x for r in (v or {}).get("rows", []) for x in r.get("collective_cpu_s", [])],
+            "explained": [x["collective_cpu_est_s"] / x["gap_s"] for x in s
+                          if x.get("collective_cpu_est_s") is not None and x["gap_s"] > 0]}
