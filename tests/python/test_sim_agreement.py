@@ -1,0 +1,39 @@
+"""The noise criterion of benchmarks/scaling/validate_sim.py (sim_agreement.summarize): a simulated rank's CPU time
+agrees with the real rank's only when the ratio's distance from 1 is within the real job's own run-to-run spread,
+and one repeat gives no verdict. Pure arithmetic on made-up rows: no processes are started."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.scaling import sim_agreement  # noqa: E402
+
+
+def _row(rank, real, sim, kind="fwd"):
+    return {"workload": "w", "size": "s", "ranks": 2, "rank": rank, "kind": kind, "cpu_real_s": real,
+            "cpu_sim_s": sim}
+
+
+def test_within_and_outside_noise():
+    # real repeats 1.0, 1.1, 0.9 (mean over the two ranks): spread 0.2 / 1.0 = 20 %
+    inside = [_row(0, [1.0, 1.1, 0.9], [1.1, 1.1, 1.1]), _row(1, [1.0, 1.1, 0.9], [1.1, 1.1, 1.1])]
+    (s,) = sim_agreement.summarize(inside)
+    assert s["real_spread"] == pytest.approx(0.2)
+    assert s["ratio"] == pytest.approx(1.1)
+    assert s["ratio_range"] == pytest.approx([1.0, 1.1 / 0.9])
+    assert s["within_noise"] is True
+    assert [p["within_noise"] for p in s["per_rank"]] == [True, True]
+    outside = [_row(0, [1.0, 1.02, 0.98], [0.7, 0.7, 0.7]), _row(1, [1.0, 1.02, 0.98], [0.7, 0.7, 0.7])]
+    (s,) = sim_agreement.summarize(outside)
+    assert s["ratio"] == pytest.approx(0.7) and s["within_noise"] is False
+
+
+def test_groups_by_pass_and_one_repeat_gives_no_verdict():
+    rows = [_row(0, [1.0], [1.0]), _row(0, [2.0], [2.0], kind="step")]
+    out = sim_agreement.summarize(rows)
+    assert [s["kind"] for s in out] == ["fwd", "step"]
+    assert all(s["real_spread"] is None and s["within_noise"] is None for s in out)
