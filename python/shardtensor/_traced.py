@@ -83,8 +83,8 @@ class TracedShard(torch.Tensor):
         args, kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
         # none for the ShardTensor key; the C++ dispatcher does.
-        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((args, kwargs))):
-            out = _tie_receives(func(*args, **kwargs))
+        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((args, kwargs))) as rule:
+            out = rule.tie(func(*args, **kwargs))
         return tree_map(_to_traced, out)
 
     # The gradient of a Partial output is complete: tangents are traced as Replicate on those mesh dims (as DTensor
@@ -93,8 +93,8 @@ class TracedShard(torch.Tensor):
         want = _tangent_layout(self._layout)
         if want == self._layout:
             return self
-        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([self._local]):
-            cpp = _tie_receives(
+        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([self._local]) as rule:
+            cpp = rule.tie(
                 _C.redistribute(_to_cpp(self._local, self._layout), [tuple(p) for p in want[1]], dict(want[2])))
         return _to_traced(cpp)
 
@@ -117,9 +117,17 @@ def _zero_from(tensors):
 
 
 class _RuleBoundary:
-    """Around one traced rule call: the collectives it issues depend on its inputs (``inputs``: local tensors; see
-    src/comm/functional.h set_trace_anchor) and, through _tie_receives, its output on what they received. Entered
-    under _RuleMode, so the modes below record the ties."""
+    """Around one traced rule call (entered under _RuleMode, so the modes below record what it adds), so that each
+    rank's graph keeps every collective the rule issues. AOTAutograd's partitioner drops a collective no output needs,
+    and moves one that no tangent reaches into the forward graph, assuming every rank's graph alike; but on one rank
+    a rule may have no use for what it receives (an empty halo, the ring blocks a rank without queries passes on), send
+    what does not depend on its inputs (zero gradient blocks), or build an empty output without reading an empty input
+    (which cuts the chain to the collectives upstream). So:
+    - every collective's input depends on the rule's inputs (``inputs``: local tensors; src/comm/functional.h
+      set_trace_anchor);
+    - ``tie(out)``: the rule's first tensor output depends on every result it waited for, and, where an input or that
+      output is empty on this rank, on the rule's inputs.
+    Each dependency is ``+ 0`` from sums over empty slices (no data read)."""
 
     def __init__(self, inputs):
         self.inputs = inputs
@@ -127,41 +135,39 @@ class _RuleBoundary:
     def __enter__(self):
         _C._take_traced_receives()      # nothing left over from an earlier rule that raised
         with torch.no_grad():           # a data dependency only, never a gradient path
-            anchor = _zero_from(self.inputs)
-        self.previous = _C._set_trace_anchor(anchor)
+            self.anchor = _zero_from(self.inputs)
+        self.previous = _C._set_trace_anchor(self.anchor)
         return self
 
     def __exit__(self, *exc):
         _C._set_trace_anchor(self.previous)
         return False
 
+    def tie(self, out):
+        received = _C._take_traced_receives()
+        leaves, spec = torch.utils._pytree.tree_flatten(out)
+        for i, t in enumerate(leaves):
+            if not isinstance(t, torch.Tensor):
+                continue
+            local = _C._local_of(t) if _C.is_shard_tensor(t) else t
+            with torch.no_grad():
+                zero = _zero_from(received)
+                if self.anchor is not None and (local.numel() == 0 or any(x.numel() == 0 for x in self.inputs)):
+                    zero = self.anchor if zero is None else zero + self.anchor
+            if zero is None:
+                return out
+            local = local + zero.to(local.dtype)
+            leaves[i] = _to_cpp(local, _layout_of(t)) if _C.is_shard_tensor(t) else local
+            return torch.utils._pytree.tree_unflatten(leaves, spec)
+        if received:
+            raise AssertionError("a traced rule received collective results but returned no tensor")
+        return out
+
 
 def _locals_of(values):
     """The local tensors of the (C++ ShardTensor or plain) tensors among ``values``."""
     return [_C._local_of(t) if _C.is_shard_tensor(t) else t
             for t in tree_leaves(values) if isinstance(t, torch.Tensor)]
-
-
-def _tie_receives(out):
-    """``out`` (a rule's result) made to depend on every collective result this rank waited for while the rule ran
-    (src/comm/functional.h, take_traced_receives). A rank may have no use for what it receives (an empty halo, the
-    ring blocks a rank without queries passes on); unused, AOTAutograd would drop that collective from this rank's
-    graph alone and the peers it sends to would hang. The first tensor output gains ``+ 0``, a sum over an empty
-    slice of each result (no data read); called under _RuleMode, so the modes below record it."""
-    received = _C._take_traced_receives()
-    if not received:
-        return out
-    leaves, spec = torch.utils._pytree.tree_flatten(out)
-    for i, t in enumerate(leaves):
-        if isinstance(t, torch.Tensor):
-            zero = sum(r.reshape(-1)[:0].sum() for r in received)
-            if _C.is_shard_tensor(t):
-                local = _C._local_of(t)
-                leaves[i] = _to_cpp(local + zero.to(local.dtype), _layout_of(t))
-            else:
-                leaves[i] = t + zero.to(t.dtype)
-            return torch.utils._pytree.tree_unflatten(leaves, spec)
-    raise AssertionError("a traced rule received collective results but returned no tensor")
 
 
 def _to_traced(t):
@@ -271,23 +277,7 @@ def _hook_plain_grads(tensors) -> None:
             setattr(t, _HOOKED, True)
 
 
-def _refuse_empty_shards(args, kwargs) -> None:
-    """Compiled training with a rank that holds no rows of its input can hang (seen with a U-Net: that rank's
-    backward graph lost collectives its peers kept), so it is refused before anything is traced. The extents are
-    the same on every rank, so every rank raises."""
-    for t in tree_leaves((args, kwargs)):
-        if isinstance(t, torch.Tensor) and not isinstance(t, TracedShard) and _C.is_shard_tensor(t):
-            for mesh_dim, extents in _C.sharding_shapes(t).items():
-                if any(int(e) == 0 for e in extents):
-                    raise NotImplementedError(
-                        f"ShardTensor: torch.compile with an empty shard is not supported yet: an argument of global "
-                        f"shape {tuple(t.shape)} with placements {_placements(t)} has extents {list(extents)} on mesh "
-                        f"dim {int(mesh_dim)}. Give every rank at least one row (sharding_shapes=...), or run this "
-                        f"call eagerly (torch.compiler.disable).")
-
-
 def _enter(args, kwargs):
-    _refuse_empty_shards(args, kwargs)
     _hook_plain_grads(tree_leaves((args, kwargs)))
     return tree_map(to_traced, args), tree_map(to_traced, kwargs)
 
@@ -337,9 +327,10 @@ class _AboveAutograd(torch.autograd.Function):
     def forward(ctx, op, rebuild, *tensors):
         cpp = [_to_cpp_arg(t, ctx.needs_input_grad[2 + i]) for i, t in enumerate(tensors)]
         args, kwargs = rebuild(cpp)
-        with torch.enable_grad(), torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of(cpp)):
+        with torch.enable_grad(), torch._C._DisablePythonDispatcher(), _RuleMode(), \
+                _RuleBoundary(_locals_of(cpp)) as rule:
             out = op(*args, **kwargs)
-            tied = _tie_receives(out)    # the C++ graph keeps `out`; the traced results carry the tie
+            tied = rule.tie(out)    # the C++ graph keeps `out`; the traced results carry the tie
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
         ctx.cpp_inputs = cpp
         ctx.cpp_outputs = outs
@@ -357,10 +348,10 @@ class _AboveAutograd(torch.autograd.Function):
         result = [None] * len(ctx.cpp_inputs)
         if pairs and wanted:
             gs = [_to_cpp(g._local, g._layout) if isinstance(g, TracedShard) else g for _, g in pairs]
-            with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of(gs)):
+            with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of(gs)) as rule:
                 got = torch.autograd.grad([o for o, _ in pairs], [ctx.cpp_inputs[i] for i in wanted], gs,
                                           allow_unused=True)
-                got = _tie_receives(list(got)) if any(g is not None for g in got) else got
+                got = rule.tie(list(got))
             for i, g in zip(wanted, got):
                 result[i] = _to_traced(g)
         return (None, None, *result)
