@@ -19,6 +19,7 @@
 // block's dp alone at step 0). Where the queries are sharded but the points replicated, each rank holds a term of
 // dp: summed over that mesh dim.
 #include "comm/collectives.h"
+#include "comm/functional.h"
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
@@ -230,12 +231,24 @@ SearchResult shard_search(const char* op, const at::Tensor& points, const at::Te
   return {out[0], out[1]};
 }
 
+// The sharded search runs host kernels on the local points and sizes its exchanges from the candidates found: it
+// cannot be traced. Decided from the tensors' kind alone, alike on every rank.
+void refuse_while_tracing(const char* what, const at::Tensor& points, const at::Tensor& queries) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !comm::tracing(dispatch::local_or_self(points)) && !comm::tracing(dispatch::local_or_self(queries)), "ShardTensor: ",
+      what, " on ShardTensors inside a torch.compile'd region is not supported yet (its kernels run on the host and "
+      "its exchanges are sized by the candidates found). Call it outside the compiled region: decorate a helper with "
+      "@torch.compiler.disable, or compile the model parts around it.");
+}
+
 SearchResult knn_entry(const at::Tensor& points, const at::Tensor& queries, int64_t k) {
+  refuse_while_tracing("shardtensor.ops.knn", points, queries);
   points::check_knn_args(points, queries, k);
   return shard_search("shardtensor.ops.knn", points, queries, k, std::numeric_limits<double>::infinity());
 }
 
 SearchResult radius_entry(const at::Tensor& points, const at::Tensor& queries, double radius, int64_t max_neighbors) {
+  refuse_while_tracing("shardtensor.ops.radius_search", points, queries);
   points::check_radius_args(points, queries, radius, max_neighbors);
   return shard_search("shardtensor.ops.radius_search", points, queries, max_neighbors, radius);
 }
