@@ -435,7 +435,8 @@ def case_compiled_model_training(name, mesh_shape, backend="record", strategy="a
     opt, ropt = torch.optim.SGD(net.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
     torch._dynamo.reset()
     rec = GraphRecorder()
-    compiled = torch.compile(net, backend=rec.backend if backend == "record" else backend)
+    # fullgraph: the whole model is one graph (no graph break anywhere in the bundled models).
+    compiled = torch.compile(net, backend=rec.backend if backend == "record" else backend, fullgraph=True)
     F = torch.nn.functional
     for step in range(2):
         # Uneven; at 3 ranks one rank holds nothing (rank 1, then rank 0): its graph must keep every collective.
