@@ -45,6 +45,16 @@ def assert_functional_collectives_only(rec, expect_collectives=True):
         assert coll and any("wait_tensor" in t for t in coll), targets
 
 
+def check_plain_grads_and_step(net, ref, opt, ropt, rtol, what):
+    """Every parameter's gradient is a plain tensor equal to one device's; then one optimizer step on both."""
+    for (name, p), pr in zip(net.named_parameters(), ref.parameters()):
+        assert type(p.grad) is torch.Tensor, (name, type(p.grad))
+        close(p.grad, pr.grad, rtol=rtol, atol=1e-6, what=f"{what} grad {name}")
+    for o in (opt, ropt):
+        o.step()
+        o.zero_grad()
+
+
 def conv_net():
     torch.manual_seed(5)
     return torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.GELU(),
@@ -108,13 +118,7 @@ def case_compiled_training(backend, mesh_shape):
         y.square().mean().backward()
         yr.square().mean().backward()
         close(x.grad.full_tensor(), xr.grad, rtol=1e-5, atol=1e-6, what=f"step {step} input gradient")
-        for (name, p), pr in zip(net.named_parameters(), ref.parameters()):
-            assert not st.is_shard_tensor(p.grad) and type(p.grad) is torch.Tensor, (name, type(p.grad))
-            close(p.grad, pr.grad, rtol=1e-5, atol=1e-6, what=f"step {step} grad {name}")
-        opt.step()
-        ropt.step()
-        opt.zero_grad()
-        ropt.zero_grad()
+        check_plain_grads_and_step(net, ref, opt, ropt, 1e-5, f"step {step}")
     for p, pr in zip(net.parameters(), ref.parameters()):
         close(p.detach(), pr.detach(), rtol=1e-5, atol=1e-6, what="weights after two steps")
     if backend == "record":
@@ -462,13 +466,7 @@ def case_compiled_model_training(name, mesh_shape, backend="record", strategy="a
         loss.backward()
         loss_ref.backward()
         close(xs.grad.full_tensor(), xr.grad, rtol=1e-4, atol=1e-6, what=f"{name} step {step} input gradient")
-        for (pname, p), pr in zip(net.named_parameters(), ref.parameters()):
-            assert type(p.grad) is torch.Tensor, (pname, type(p.grad))
-            close(p.grad, pr.grad, rtol=1e-4, atol=1e-6, what=f"{name} step {step} grad {pname}")
-        opt.step()
-        ropt.step()
-        opt.zero_grad()
-        ropt.zero_grad()
+        check_plain_grads_and_step(net, ref, opt, ropt, 1e-4, f"{name} step {step}")
     for p, pr in zip(net.parameters(), ref.parameters()):
         close(p.detach(), pr.detach(), rtol=1e-4, atol=1e-6, what=f"{name} weights after two steps")
     if backend == "record":
