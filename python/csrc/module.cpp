@@ -183,6 +183,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("registered_handlers", &registered_handlers);
   m.def("rules_above_autograd", &dispatch::rules_above_autograd);
   m.def("_take_traced_receives", &comm::functional::take_traced_receives);
+  m.def("collective_thread_cpu_seconds", &comm::collective_thread_cpu_seconds);
   m.def("_set_trace_anchor", [](std::optional<at::Tensor> anchor) {
     auto previous = comm::functional::set_trace_anchor(anchor ? *anchor : at::Tensor());
     return previous.defined() ? std::optional<at::Tensor>(previous) : std::nullopt;

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <ctime>
 #include <sstream>
 
 namespace shardtensor::comm {
@@ -14,12 +15,29 @@ std::atomic<void (*)(void*)> g_restore{nullptr};
 
 } // namespace
 
+namespace {
+thread_local int gil_released_depth = 0;
+thread_local double collective_cpu_total = 0;
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+} // namespace
+
 GilReleased::GilReleased() {
+  if (gil_released_depth++ == 0) cpu_start_ = thread_cpu_seconds();
   if (auto release = g_release.load()) token_ = release();
 }
 
 GilReleased::~GilReleased() {
   if (token_) g_restore.load()(token_);
+  if (--gil_released_depth == 0 && cpu_start_ >= 0) collective_cpu_total += thread_cpu_seconds() - cpu_start_;
+}
+
+double collective_thread_cpu_seconds() {
+  return collective_cpu_total;
 }
 
 void set_gil_hooks(GilHooks hooks) {

@@ -23,6 +23,10 @@ void set_gil_hooks(GilHooks hooks);
 // Drops the GIL (when this thread holds it) for its lifetime. Held around issuing c10d work too: Gloo's run loop
 // destroys finished work while holding the queue lock, so a thread that enqueues while holding the GIL can deadlock
 // with it.
+//
+// Every collective is issued and waited inside one, so it also measures this thread's CPU time spent in collectives
+// (outermost scopes only): `collective_thread_cpu_seconds`. The simulation's validation subtracts it to compare a
+// real rank's local compute with a simulated one's (a fake group's collectives cost nothing).
 class GilReleased {
  public:
   GilReleased();
@@ -32,7 +36,12 @@ class GilReleased {
 
  private:
   void* token_ = nullptr;
+  double cpu_start_ = -1;  // thread CPU seconds at entry of an outermost scope
 };
+
+// This thread's CPU time spent inside GilReleased scopes (issuing and waiting on collectives), in seconds, since the
+// thread started.
+double collective_thread_cpu_seconds();
 
 // Block until `work` completes, without the GIL; failures raise DistBackendError naming `kind` and the mesh dim.
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* kind, const Mesh* mesh = nullptr,

@@ -37,3 +37,13 @@ def test_groups_by_pass_and_one_repeat_gives_no_verdict():
     out = sim_agreement.summarize(rows)
     assert [s["kind"] for s in out] == ["fwd", "step"]
     assert all(s["real_spread"] is None and s["within_noise"] is None for s in out)
+
+
+def test_compute_measure_uses_its_own_keys():
+    rows = [dict(_row(0, [1.0, 1.1, 0.9], [0.5, 0.5, 0.5]), compute_real_s=[0.8, 0.85, 0.75],
+                 compute_sim_s=[0.8, 0.8, 0.8])]
+    (cpu,) = sim_agreement.summarize(rows)
+    (comp,) = sim_agreement.summarize(rows, "compute")
+    assert cpu["within_noise"] is False and cpu["ratio"] == pytest.approx(0.5)
+    assert comp["ratio"] == pytest.approx(0.8 / 0.8) and comp["within_noise"] is True
+    assert sim_agreement.summarize([_row(0, [1.0], [1.0])], "compute") == []   # rows without the measure
