@@ -138,6 +138,9 @@ def validation_counts(v) -> dict:
     return {"groups": len(s), "within": sum(bool(x["within_noise"]) for x in s),
             "compute_groups": len(sc), "compute_within": sum(bool(x["within_noise"]) for x in sc),
             "compute_ratios": [x["ratio"] for x in sc],
+            # how much the ratio moves when the time inside collectives is left out, per group
+            "compute_rise": [x["ratio"] - y["ratio"] for x in sc for y in s
+                             if (x["workload"], x["ranks"], x["kind"]) == (y["workload"], y["ranks"], y["kind"])],
             "comm_all_equal": all(all(r["comm_equal"]) for r in (v or {}).get("rows", [])),
             "peak_max_diff": max((a - b for a, b in pairs), default=0),
             "peak_sim_above": sum(b > a for a, b in pairs), "ratios": [x["ratio"] for x in s],
