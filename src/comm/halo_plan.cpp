@@ -210,10 +210,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-at::Tensor on_device(const at::Tensor& index, const at::Tensor& like) {
-  return comm::plan_constant(index, like);
-}
-
 } // namespace
 
 HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device) {
@@ -299,7 +295,8 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
   if (o.run) {
     window.narrow(dim, o.pos[0], o.size()).copy_(local.narrow(dim, o.rows[0], o.size()));
   } else {
-    window.index_copy_(dim, on_device(o.pos_t, window), local.index_select(dim, on_device(o.rows_t, local)));
+    window.index_copy_(dim, comm::plan_constant(o.pos_t, window),
+                       local.index_select(dim, comm::plan_constant(o.rows_t, local)));
   }
   return window;
 }
@@ -311,7 +308,7 @@ std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const
     const auto& index = by_rows ? m.rows : m.pos;
     if (m.size() == 0) out.push_back(t.narrow(dim, 0, 0));
     else if (m.packs_by_narrow(t)) out.push_back(t.narrow(dim, index[0], m.size()));
-    else out.push_back(pack_rows(t, dim, on_device(by_rows ? m.rows_t : m.pos_t, t)));
+    else out.push_back(pack_rows(t, dim, comm::plan_constant(by_rows ? m.rows_t : m.pos_t, t)));
   }
   return out;
 }
@@ -328,7 +325,7 @@ void HaloPlan::receive(size_t i, at::Tensor& window, const std::vector<at::Tenso
     const auto& f = s.from[r];
     if (f.size() == 0) continue;
     if (f.run) window.narrow(dim, f.pos[0], f.size()).copy_(pieces[r]);
-    else window.index_copy_(dim, on_device(f.pos_t, window), pieces[r]);
+    else window.index_copy_(dim, comm::plan_constant(f.pos_t, window), pieces[r]);
   }
 }
 
@@ -347,7 +344,8 @@ at::Tensor HaloPlan::own_sum(size_t i, const at::Tensor& window, bool reuse) con
     out.narrow(dim, o.rows[0], o.size()).add_(window.narrow(dim, o.pos[0], o.size()));
   } else {
     // Rows may repeat (reflect / replicate padding of an unsharded dim): index_add_ sums them.
-    out.index_add_(dim, on_device(o.rows_t, out), window.index_select(dim, on_device(o.pos_t, window)));
+    out.index_add_(dim, comm::plan_constant(o.rows_t, out),
+                   window.index_select(dim, comm::plan_constant(o.pos_t, window)));
   }
   return out;
 }
@@ -364,7 +362,7 @@ void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tens
     const auto& t = s.to[r];
     if (t.size() == 0) continue;
     if (t.packs_by_narrow(out)) out.narrow(dim, t.rows[0], t.size()).add_(pieces[r]);
-    else add_rows_into(out, dim, on_device(t.rows_t, out), pieces[r]);  // rows may repeat (reflect padding)
+    else add_rows_into(out, dim, comm::plan_constant(t.rows_t, out), pieces[r]);  // rows may repeat (reflect padding)
   }
 }
 

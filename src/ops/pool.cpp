@@ -181,7 +181,6 @@ void check_args(const PoolArgs& a, int64_t nsp) {
 
 // Avg pooling: the global divisor of this rank's outputs (PyTorch's clip rules), a product of per-dim factors.
 at::Tensor avg_divisor(const PoolPlan& plan, const PoolArgs& a, int64_t ndim) {
-  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   at::Tensor div;
   for (int64_t i = 0; i < plan.nsp; ++i) {
     const auto& d = plan.sp[i];
@@ -203,7 +202,6 @@ at::Tensor avg_divisor(const PoolPlan& plan, const PoolArgs& a, int64_t ndim) {
 
 // Adaptive avg pooling: averaging matrix of one dim, (n, W); row j averages the window rows of cell o0 + j.
 at::Tensor avg_matrix(const SpDim& d) {
-  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   auto m = at::zeros({d.n, d.W}, at::TensorOptions().dtype(at::kDouble));
   auto acc = m.accessor<double, 2>();
   for (int64_t j = 0; j < d.n; ++j) {
@@ -219,7 +217,6 @@ at::Tensor avg_matrix(const SpDim& d) {
 // Adaptive max pooling: (n, K) window rows of each cell of one dim (padded with the cell's first row) and their
 // validity.
 void cell_rows(const SpDim& d, int64_t& kmax, at::Tensor& rows, at::Tensor& valid) {
-  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   auto cell_start = [&](int64_t j) { return d.reduce ? 0 : ad_start(d.o0 + j, d.L, d.Lout) - d.ws; };
   auto cell_end = [&](int64_t j) { return d.reduce ? d.W : ad_end(d.o0 + j, d.L, d.Lout) - d.ws; };
   kmax = 1;
@@ -301,8 +298,8 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
     plan.window_shape.push_back(d.W);
     plan.no_outputs = plan.no_outputs || d.n == 0;
   }
-  // What the kernels need besides the window, built once and kept on the device (real tensors even while tracing:
-  // the kernels take them through comm::plan_constant).
+  // What the kernels need besides the window, built once and kept on the device: host-side tensors that stay real
+  // even while tracing (comm/host_metadata.h; the kernels take them through comm::plan_constant).
   comm::HostMetadataGuard host;
   if (a.kind == PoolKind::Avg && !a.divisor_override && !plan.no_outputs) plan.divisor = avg_divisor(plan, a, nd).to(device);
   if (a.kind == PoolKind::AdaptiveAvg && !plan.no_outputs)
@@ -691,13 +688,14 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
     const auto lead = window.dim() - nsp;
     auto lopts = at::TensorOptions().dtype(at::kLong).device(window.device());
     // Per dim: (n, K) window rows of each cell (padded with the cell's first row) and a validity mask.
-    const auto& rows = plan.cell_rows;
+    std::vector<at::Tensor> rows;
+    for (const auto& r : plan.cell_rows) rows.push_back(comm::plan_constant(r, window));
     const auto& K = plan.cell_k;
     auto G = window;
     at::Tensor mask;
     for (int64_t i = 0; i < nsp; ++i) {
       const auto& d = plan.sp[i];
-      const auto rt = comm::plan_constant(rows[i], window);
+      const auto& rt = rows[i];
       const auto vt = comm::plan_constant(plan.cell_valid[i], window);
       const auto kmax = K[i];
       // G: lead + (n_0, K_0, ..., n_{i-1}, K_{i-1}, W_i, ...) -> split dim lead + 2i
@@ -735,7 +733,7 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
       std::vector<int64_t> shape(arg.dim(), 1);
       shape[lead + i] = d.n;
       auto cell = at::arange(d.n, lopts).view(shape);
-      auto r = at::take(comm::plan_constant(rows[i], window), cell * K[i] + kd[i]);
+      auto r = at::take(rows[i], cell * K[i] + kd[i]);
       idx.add_((r + d.ws) * gstride);
       gstride *= d.L;
     }
