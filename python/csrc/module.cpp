@@ -184,10 +184,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("rules_above_autograd", &dispatch::rules_above_autograd);
   m.def("_take_traced_receives", &comm::functional::take_traced_receives);
   m.def("collective_thread_cpu_seconds", &comm::collective_thread_cpu_seconds);
-  m.def("_set_trace_anchor", [](std::optional<at::Tensor> anchor) {
-    auto previous = comm::functional::set_trace_anchor(anchor ? *anchor : at::Tensor());
-    return previous.defined() ? std::optional<at::Tensor>(previous) : std::nullopt;
-  });
+  m.def("_set_trace_anchor", &comm::functional::set_trace_anchor);
 
   m.def("comm_stats", []() {
     auto s = comm_stats();

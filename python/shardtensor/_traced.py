@@ -134,9 +134,7 @@ class _RuleBoundary:
 
     def __enter__(self):
         _C._take_traced_receives()      # nothing left over from an earlier rule that raised
-        with torch.no_grad():           # a data dependency only, never a gradient path
-            self.anchor = _zero_from(self.inputs)
-        self.previous = _C._set_trace_anchor(self.anchor)
+        self.previous = _C._set_trace_anchor(self.inputs)
         return self
 
     def __exit__(self, *exc):
@@ -150,10 +148,11 @@ class _RuleBoundary:
             if not isinstance(t, torch.Tensor):
                 continue
             local = _C._local_of(t) if _C.is_shard_tensor(t) else t
-            with torch.no_grad():
-                zero = _zero_from(received)
-                if self.anchor is not None and (local.numel() == 0 or any(x.numel() == 0 for x in self.inputs)):
-                    zero = self.anchor if zero is None else zero + self.anchor
+            with torch.no_grad():           # a data dependency only, never a gradient path
+                sources = received
+                if local.numel() == 0 or any(x.numel() == 0 for x in self.inputs):
+                    sources = received + self.inputs
+                zero = _zero_from(sources)
             if zero is None:
                 return out
             local = local + zero.to(local.dtype)

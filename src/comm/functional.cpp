@@ -96,22 +96,32 @@ const std::string& group_name(const Mesh& mesh, int64_t mesh_dim) {
 
 namespace {
 thread_local std::vector<at::Tensor> traced_receives;
-thread_local at::Tensor trace_anchor;
+thread_local std::vector<at::Tensor> anchor_inputs;  // the running rule's inputs (see set_trace_anchor)
+thread_local at::Tensor anchor_zero;                 // their zero, computed at the rule's first collective
 
 thread_local int64_t anchored_count = 0;
 
-// `t` + 0, the zero depending on the running rule's inputs (see set_trace_anchor). The zero is scaled by a count
-// unique to this collective, so no two collectives' inputs are the same expression: AOTAutograd's common
-// subexpression elimination would otherwise merge two identical collectives on a rank where their inputs coincide
-// (two empty pieces) and not on the others.
+// `t` + 0, the zero depending on the running rule's inputs (see set_trace_anchor): a sum over an empty slice of each,
+// no data read. Scaled by a count unique to this collective, so no two collectives' inputs are the same expression:
+// AOTAutograd's common subexpression elimination would otherwise merge two identical collectives on a rank where
+// their inputs coincide (two empty pieces) and not on the others.
 at::Tensor anchored(const at::Tensor& t) {
-  if (!trace_anchor.defined() || !tracing(t)) return t;
-  return t + trace_anchor.mul(static_cast<double>(++anchored_count)).to(t.scalar_type());
+  if (anchor_inputs.empty() || !tracing(t)) return t;
+  if (!anchor_zero.defined()) {
+    at::NoGradGuard no_grad; // a data dependency only, never a gradient path
+    for (const auto& x : anchor_inputs) {
+      auto empty = x.reshape({-1}).narrow(0, 0, 0);
+      auto term = (empty.is_complex() ? at::view_as_real(empty) : empty).sum(at::kFloat);
+      anchor_zero = anchor_zero.defined() ? anchor_zero + term : term;
+    }
+  }
+  return t + anchor_zero.mul(static_cast<double>(++anchored_count)).to(t.scalar_type());
 }
 } // namespace
 
-at::Tensor set_trace_anchor(at::Tensor anchor) {
-  return std::exchange(trace_anchor, std::move(anchor));
+std::vector<at::Tensor> set_trace_anchor(std::vector<at::Tensor> inputs) {
+  anchor_zero = at::Tensor();
+  return std::exchange(anchor_inputs, std::move(inputs));
 }
 
 at::Tensor wait(const at::Tensor& t) {

@@ -52,12 +52,13 @@ at::Tensor wait(const at::Tensor& t);
 std::vector<at::Tensor> take_traced_receives();
 
 // The other half: while a traced rule runs, every collective's input is made to depend on the rule's inputs
-// (`anchor`: a 0-dim zero computed from each of them, set by _traced.py at the rule's boundary; undefined: none).
+// (`inputs`: their local tensors, set by _traced.py at the rule's boundary; empty: none), through a 0-dim zero
+// computed from them at the rule's first collective (a rule without collectives adds nothing to the graph).
 // A rank's contribution may not depend on the rule's inputs (the zero gradient blocks a rank without queries passes
 // round the ring); AOTAutograd's partitioner would then move that collective into the forward graph on that rank
 // alone. Each collective's zero is unique (no two collectives' inputs may be merged as a common subexpression).
-// Returns the previous anchor.
-at::Tensor set_trace_anchor(at::Tensor anchor);
+// Returns the previous inputs.
+std::vector<at::Tensor> set_trace_anchor(std::vector<at::Tensor> inputs);
 
 // Not waited: the caller waits (`wait`) where it first needs the result.
 at::Tensor all_reduce_start(const at::Tensor& t, ReduceOp op, const Mesh& mesh, int64_t mesh_dim);
