@@ -25,6 +25,11 @@ def is_committed_dir(path: str) -> bool:
     return os.path.realpath(path) == os.path.realpath(COMMITTED)
 
 
+def git(*args) -> str:
+    """The output of ``git *args`` in the repository (stripped; empty when git fails)."""
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+
 def tree_is_dirty() -> bool:
     """Uncommitted changes to tracked files outside benchmarks/results (earlier results there do not count)."""
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",

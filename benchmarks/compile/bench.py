@@ -23,7 +23,6 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ except ModuleNotFoundError:  # not installed: the source tree's package (built b
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, HERE)
 from bench_util import spawn_rank0_rows  # noqa: E402
-from results_dir import add_out_argument, loadavg, prepare, spread  # noqa: E402
+from results_dir import add_out_argument, git, loadavg, prepare, spread  # noqa: E402
 import dispatch_check  # noqa: E402
 import report  # noqa: E402
 from workloads import CountingBackend, make_input, specs  # noqa: E402
@@ -155,10 +154,6 @@ def run(rank, world, port, scratch, args):
     finally:
         dist.destroy_process_group()
         shutil.rmtree(cache, ignore_errors=True)
-
-
-def git(*cmd) -> str:
-    return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
 
 def _library() -> dict:

@@ -18,11 +18,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMITTED = os.path.join(ROOT, "benchmarks", "results", "dispatch_overhead.json")
 SCRIPT = os.path.join(ROOT, "benchmarks", "dispatch_overhead", "bench.py")
+if os.path.join(ROOT, "benchmarks") not in sys.path:
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from results_dir import git  # noqa: E402
 TOLERANCE_US, TOLERANCE_FRACTION = 0.5, 0.5
-
-
-def _git(*cmd) -> str:
-    return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
 
 def compare(quick: bool) -> dict:
@@ -50,10 +49,10 @@ def compare(quick: bool) -> dict:
         rows.append(row)
     return {
         "before": {"file": os.path.relpath(COMMITTED, ROOT), "measured_commit": (before["git"]["commit"] or "")[:10],
-                   "file_commit": _git("log", "-1", "--format=%h", "--", os.path.relpath(COMMITTED, ROOT)),
+                   "file_commit": git("log", "-1", "--format=%h", "--", os.path.relpath(COMMITTED, ROOT)),
                    "date": before["date"], "load_average_at_end": before.get("load_average_at_end")},
         "after": {"command": f"python benchmarks/dispatch_overhead/bench.py {' '.join(opts)} --out <temporary>",
-                  "commit": _git("rev-parse", "--short", "HEAD"), "date": after["date"],
+                  "commit": git("rev-parse", "--short", "HEAD"), "date": after["date"],
                   "load_average_at_end": after.get("load_average_at_end"),
                   "collectives_issued": after["collectives_issued"]},
         "speed_ratio": speed,
