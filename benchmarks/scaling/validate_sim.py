@@ -1,14 +1,22 @@
 """Simulated ranks against real Gloo ranks, side by side: for each workload and P, every rank r of a real P-rank Gloo
-run and rank r simulated (``shardtensor.simulate``, device "cpu") measure the same inference and training step;
-the report gives, per rank, whether the collectives (calls and bytes per kind) and the peak memory agree, and the
-ratio of the simulated rank's CPU time to the real rank's (median of ``--iters``; this thread's CPU time, so
-time-slicing with other processes does not count, but cache and memory-bandwidth contention do).
+job and rank r simulated (``shardtensor.simulate``, device "cpu") measure the same inference and training step; the
+report gives, per rank, whether the collectives (calls and bytes per kind) and the peak memory agree, and the ratio
+of the simulated rank's time to the real rank's, three ways (medians of ``--iters``; this thread's CPU time, so
+time-slicing with other processes does not count): the whole step, its *compute* outside the library's collective
+calls, and its *kernels* (CPU time inside the local aten ops alone, ``st.RankStats.kernel_cpu_s``).
 
-The P simulated ranks run as P processes started together, one torch thread each, like the real job: the real
-ranks share this machine's cores, caches and memory bandwidth, and a simulated rank alone would not
-(``--sim-serial``: one after another in this process, to show that effect). Both sides start every timed iteration
-together (a barrier outside the timed region). The real job and the simulated set run ``--repeats`` times, back to
-back; the run-to-run spread of the real job is the noise the ratio is judged against (``sim_agreement.py``).
+Paired, so both sides see the same machine: the P real ranks and the P simulated ranks are 2P processes of one
+launch, and they take turns: every timed step of one side runs while the other side's processes wait at a barrier
+(blocked, using no CPU), and the side that goes first alternates. A host's speed drifts by tens of percent over
+minutes here (other tenants); back-to-back runs would compare different machines.
+
+The real job's transport threads (Gloo's TCP loop polls; its workers copy) run at ``SCHED_IDLE`` by default
+(``--transport-priority idle``): they take only CPU time a rank's compute leaves free, as on a host with cores to
+spare. At normal priority on 2 vCPUs they preempt the ranks' compute and slow it (``normal`` shows that; the rows
+record each rank's other threads' CPU time and its run-queue wait per step either way).
+
+The whole set runs ``--repeats`` times; the spread of the real side's repeats is the noise the ratio is judged
+against (``sim_agreement.py``).
 
     python -m benchmarks.scaling.validate_sim --ranks 2,3,4 --out benchmarks/results
 """
@@ -19,12 +27,11 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 import warnings
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -56,9 +63,81 @@ def _cfg(workload):
     return workload.config(args)
 
 
-def measure(workload, size, mesh, iters: int, sync=None):
-    """RankStats of inference and a training step, then ``iters`` timed steps (thread CPU time); ``sync()`` runs
-    before each timed step, outside the timed region, so concurrent ranks start each step together."""
+class Turns:
+    """Whose turn it is: the 2P processes of a paired launch pass the same sequence of barriers; timed step n of the
+    real side runs in slot 2n and the simulated side's in 2n + 1, or the other way round for odd n, and a process
+    waits for its slot at the barrier (blocked: no CPU). ``begin()`` before a timed step, ``end()`` after it,
+    ``finish()`` once at the end so every process passes every barrier."""
+
+    def __init__(self, barrier, side: int):
+        self.barrier, self.side, self.passed, self.n = barrier, side, 0, 0
+
+    def _pass_to(self, k):
+        while self.passed < k:
+            self.barrier.wait()
+            self.passed += 1
+
+    def begin(self):
+        self.slot = 2 * self.n + (self.side if self.n % 2 == 0 else 1 - self.side)
+        self.n += 1
+        self._pass_to(self.slot + 1)  # barrier k opens slot k
+
+    def end(self):
+        self._pass_to(self.slot + 2)
+
+    def finish(self):
+        self._pass_to(2 * self.n + 1)
+
+
+class _NoTurns:
+    def begin(self):
+        pass
+
+    end = finish = begin
+
+
+def _schedstat(tid) -> tuple[int, int]:
+    """(ns on CPU, ns waiting in the run queue) of one thread of this process (Linux; zeros elsewhere)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            run, wait, _ = f.read().split()
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def _threads():
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
+
+
+def _host_sample():
+    """(this thread's run-queue wait, the CPU time of this process's other threads), in seconds."""
+    me = threading.get_native_id()
+    others = sum(_schedstat(t)[0] for t in _threads() if t != me)
+    return _schedstat(me)[1] / 1e9, others / 1e9
+
+
+def idle_transport_threads():
+    """Every thread of this process but this one (Gloo's TCP loop and workers, the store's) to SCHED_IDLE: they run
+    only on CPU time no normal thread wants. Threads started later keep their priority; call it after the step
+    has run once (every process group the step uses exists by then)."""
+    me = threading.get_native_id()
+    for t in _threads():
+        if t != me:
+            try:
+                os.sched_setscheduler(t, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass  # the thread ended
+
+
+def measure(workload, size, mesh, iters: int, turns=None, before_timing=None):
+    """RankStats of inference and a training step, then per pass ``iters`` timed steps (whole thread CPU time and
+    the part outside collective calls), and ``iters`` steps under the op-counting mode (CPU time inside the local
+    kernels). Each timed step runs inside its turn (``turns``, see Turns)."""
+    turns = turns or _NoTurns()
     cfg = _cfg(workload)
     torch.manual_seed(0)
     model = workload.build(cfg, size)
@@ -78,16 +157,18 @@ def measure(workload, size, mesh, iters: int, sync=None):
         opt.step()
 
     step()
+    if before_timing:
+        before_timing()
     out = {}
     for kind, fn in (("fwd", fwd), ("step", step)):
         if kind == "step":
             opt.zero_grad(set_to_none=True)
         with st.RankStats(flops=False) as s:
             fn()
-        cpu, compute = [], []
+        cpu, compute, kernel, rq, others = [], [], [], [], []
         for _ in range(iters):
-            if sync:
-                sync()
+            turns.begin()
+            h0 = _host_sample()
             k0 = st._C.collective_thread_cpu_seconds()
             c0 = time.thread_time()
             fn()
@@ -95,99 +176,76 @@ def measure(workload, size, mesh, iters: int, sync=None):
             # Local compute: this thread's CPU time outside the library's collective calls (issuing, waiting,
             # waking up: what a fake group's instant collectives do not cost).
             compute.append(cpu[-1] - (st._C.collective_thread_cpu_seconds() - k0))
+            h1 = _host_sample()
+            turns.end()
+            rq.append(h1[0] - h0[0])
+            others.append(h1[1] - h0[1])
+        for _ in range(iters):
+            # The local kernels alone (the counting mode slows the step, hence iterations of their own).
+            turns.begin()
+            with st.RankStats(memory=False) as k:
+                fn()
+            turns.end()
+            kernel.append(k.kernel_cpu_s)
+        med = statistics.median
         out[kind] = {"comm": {"calls": s.comm_calls, "bytes": s.comm_bytes}, "peak_bytes": s.peak_bytes,
-                     "cpu_s": statistics.median(cpu), "cpu_range_s": [min(cpu), max(cpu)],
-                     "compute_s": statistics.median(compute)}
+                     "cpu_s": med(cpu), "cpu_range_s": [min(cpu), max(cpu)], "compute_s": med(compute),
+                     "kernel_s": med(kernel), "runqueue_s": med(rq), "other_threads_cpu_s": med(others)}
+    turns.finish()
     return out
 
 
 def _watchdog():
     import faulthandler
-    faulthandler.dump_traceback_later(120, exit=True)  # a hung rank shows where it is, then exits
+    faulthandler.dump_traceback_later(300, exit=True)  # a hung rank shows where it is, then exits
 
 
-def collective_cpu_per_call(n: int = 50) -> float:
-    """This thread's CPU time for one small Gloo all-to-all: issuing it, waiting and waking up (the fake group of a
-    simulated rank costs about nothing). An estimate of what each real collective adds to a real rank's CPU time
-    (kinds and sizes differ; the call from Python adds its own dispatch)."""
-    x = torch.zeros(256 * dist.get_world_size())  # all_to_all_single splits it evenly
-    y = torch.empty_like(x)
-    for _ in range(5):
-        dist.all_to_all_single(y, x)
-    dist.barrier()
-    c0 = time.thread_time()
-    for _ in range(n):
-        dist.all_to_all_single(y, x)
-    return (time.thread_time() - c0) / n
-
-
-def _real_rank(rank, world, port, name, iters, path):
+def _paired_rank(idx, world2, port, name, iters, path, barrier, idle):
+    """Process ``idx`` of a paired launch: real rank idx (< P) of a Gloo job on ``port``, else simulated rank
+    idx - P. Writes its result to ``path.idx`` and leaves without teardown (a real job here hung about one time in
+    three in teardown, after every result was written; not diagnosed)."""
     _watchdog()
-    launch.init_process_group(rank, world, "cpu", 1, port)
-    from torch.distributed.device_mesh import init_device_mesh
+    P = world2 // 2
     workload, size = workloads()[name]
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
-    res = measure(workload, size, mesh, iters, sync=dist.barrier)
-    res["collective_cpu_s"] = collective_cpu_per_call()
-    got = [None] * world
-    dist.all_gather_object(got, res)
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(got, f)
-    dist.destroy_process_group()
-    # Leave without tearing down this frame's objects: a real job here hung about one time in three in that
-    # teardown, after every result was written (the watchdog showed no Python frame left; not yet diagnosed).
+    if idx < P:
+        launch.init_process_group(idx, P, "cpu", 1, port)
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (P,), mesh_dim_names=("domain",))
+        res = measure(workload, size, mesh, iters, Turns(barrier, 0), idle_transport_threads if idle else None)
+    else:
+        torch.set_num_threads(1)  # as init_process_group does for a real rank
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", st.SimulationWarning)
+            with st.simulate(idx - P, P) as sim:
+                res = measure(workload, size, sim.mesh, iters, Turns(barrier, 1))
+    with open(f"{path}.{idx}", "w") as f:
+        json.dump(res, f)
     sys.stdout.flush()
     os._exit(0)
 
 
-def _simulate(rank, world, name, iters, sync=None):
-    workload, size = workloads()[name]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", st.SimulationWarning)
-        with st.simulate(rank, world) as sim:
-            return measure(workload, size, sim.mesh, iters, sync)
+HUNG = []  # (workload, P) of paired launches that hung (a watchdog ended them) and were rerun
 
 
-def _sim_rank(rank, world, _port, name, iters, path, barrier):
-    _watchdog()
-    torch.set_num_threads(1)  # as init_process_group does for a real rank
-    res = _simulate(rank, world, name, iters, barrier.wait)
-    with open(f"{path}.{rank}", "w") as f:
-        json.dump(res, f)
-
-
-HUNG = []  # (workload, P) of real jobs that hung (the watchdog ended them) and were rerun
-
-
-def run_real(name, P, iters, tmp, tries: int = 3):
-    # Should a real job still hang, its rank's watchdog ends it and the job is rerun; the report counts reruns.
+def run_paired(name, P, iters, tmp, idle: bool, tries: int = 3):
+    """One paired launch: ([real rank results], [simulated rank results])."""
+    import torch.multiprocessing as mp
     for t in range(tries):
         try:
-            launch.spawn(_real_rank, P, (name, iters, tmp))
+            # The barrier's parties are the 2P processes; the real ones talk over Gloo on the launch's port.
+            launch.spawn(_paired_rank, 2 * P, (name, iters, tmp, mp.get_context("spawn").Barrier(2 * P), idle))
             break
         except mp.ProcessExitedException:
             if t == tries - 1:
                 raise
             HUNG.append([name, P])
-            print(f"{name} P={P}: a real rank exited (hung?), rerunning the job", flush=True)
-    with open(tmp) as f:
-        real = json.load(f)
-    os.remove(tmp)
-    return real
-
-
-def run_sim(name, P, iters, tmp, serial: bool):
-    """The P simulated ranks: concurrent processes started together (default), or one after another here."""
-    if serial:
-        return [_simulate(r, P, name, iters) for r in range(P)]
-    launch.spawn(_sim_rank, P, (name, iters, tmp, mp.get_context("spawn").Barrier(P)))
+            print(f"{name} P={P}: a process exited (hung?), rerunning the launch", flush=True)
     out = []
-    for r in range(P):
-        with open(f"{tmp}.{r}") as f:
+    for i in range(2 * P):
+        with open(f"{tmp}.{i}") as f:
             out.append(json.load(f))
-        os.remove(f"{tmp}.{r}")
-    return out
+        os.remove(f"{tmp}.{i}")
+    return out[:P], out[P:]
 
 
 def compare(name, size_label, P, reps):
@@ -197,17 +255,19 @@ def compare(name, size_label, P, reps):
         for kind in ("fwd", "step"):
             a = [real[r][kind] for real, _ in reps]
             b = [sim[r][kind] for _, sim in reps]
-            rows.append({"workload": name, "size": size_label, "ranks": P, "rank": r, "kind": kind,
-                         "comm_equal": [x["comm"] == y["comm"] for x, y in zip(a, b)],
-                         "peak_real": [x["peak_bytes"] for x in a], "peak_sim": [y["peak_bytes"] for y in b],
-                         "cpu_real_s": [x["cpu_s"] for x in a], "cpu_sim_s": [y["cpu_s"] for y in b],
-                         "compute_real_s": [x["compute_s"] for x in a], "compute_sim_s": [y["compute_s"] for y in b],
-                         "cpu_real_range_s": [x["cpu_range_s"] for x in a],
-                         "cpu_sim_range_s": [y["cpu_range_s"] for y in b],
-                         "bytes": sum(b[0]["comm"]["bytes"].values()),
-                         "calls": sum(b[0]["comm"]["calls"].values()),
-                         "collective_cpu_s": [real[r]["collective_cpu_s"] for real, _ in reps]})
+            row = {"workload": name, "size": size_label, "ranks": P, "rank": r, "kind": kind,
+                   "comm_equal": [x["comm"] == y["comm"] for x, y in zip(a, b)],
+                   "peak_real": [x["peak_bytes"] for x in a], "peak_sim": [y["peak_bytes"] for y in b],
+                   "cpu_real_range_s": [x["cpu_range_s"] for x in a], "cpu_sim_range_s": [y["cpu_range_s"] for y in b],
+                   "bytes": sum(b[0]["comm"]["bytes"].values()), "calls": sum(b[0]["comm"]["calls"].values())}
+            for key in ("cpu", "compute", "kernel", "runqueue", "other_threads_cpu"):
+                row[f"{key}_real_s"] = [x[f"{key}_s"] for x in a]
+                row[f"{key}_sim_s"] = [y[f"{key}_s"] for y in b]
+            rows.append(row)
     return rows
+
+
+MEASURES = (("kernel", "local kernels"), ("compute", "local compute"), ("cpu", "CPU time"))
 
 
 def main(argv=None):
@@ -215,42 +275,35 @@ def main(argv=None):
     ap.add_argument("--ranks", default="2,3,4")
     ap.add_argument("--workloads", default="vit,transolver,stormscope")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3, help="real jobs and simulated sets per workload and P")
-    ap.add_argument("--sim-serial", action="store_true",
-                    help="simulate the ranks one after another in this process, each alone on the machine "
-                         "(writes sim_validation_serial.json)")
+    ap.add_argument("--repeats", type=int, default=3, help="paired launches per workload and P")
+    ap.add_argument("--transport-priority", default="idle", choices=["idle", "normal"],
+                    help="the real ranks' transport threads: SCHED_IDLE (default; they use only CPU the compute "
+                         "leaves free) or normal priority (they compete with it; writes sim_validation_normal.json)")
     results_dir.add_out_argument(ap)
     args = ap.parse_args(argv)
     results_dir.prepare(args.out)
-    torch.set_num_threads(1)
+    idle = args.transport_priority == "idle"
     rows = []
     for name in args.workloads.split(","):
         workload, size = workloads()[name]
         for P in (int(p) for p in args.ranks.split(",")):
             tmp = os.path.join(args.out, f".validate_{name}_{P}.json")
-            reps = [(run_real(name, P, args.iters, tmp), run_sim(name, P, args.iters, tmp, args.sim_serial))
-                    for _ in range(args.repeats)]
+            reps = [run_paired(name, P, args.iters, tmp, idle) for _ in range(args.repeats)]
             rows += compare(name, workload.label(size), P, reps)
-            for s in sim_agreement.summarize(rows[-2 * P:], "compute"):
-                print(f"{name} P={P} {s['kind']}: local compute sim/real {s['ratio']:.3f} "
-                      f"(repeats {s['ratio_range'][0]:.3f}-{s['ratio_range'][1]:.3f}), within noise: "
-                      f"{s['within_noise']}", flush=True)
-            for s in sim_agreement.summarize(rows[-2 * P:]):
-                print(f"{name} P={P} {s['kind']}: CPU time sim/real {s['ratio']:.3f} "
-                      f"(repeats {s['ratio_range'][0]:.3f}-{s['ratio_range'][1]:.3f}), real spread "
-                      f"{s['real_spread'] if s['real_spread'] is None else round(s['real_spread'], 3)}, "
-                      f"within noise: {s['within_noise']}", flush=True)
-    import subprocess
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+            for key, label in MEASURES:
+                for s in sim_agreement.summarize(rows[-2 * P:], key):
+                    print(f"{name} P={P} {s['kind']}: {label} sim/real {s['ratio']:.3f} (repeats "
+                          f"{s['ratio_range'][0]:.3f}-{s['ratio_range'][1]:.3f}), real spread "
+                          f"{s['real_spread'] if s['real_spread'] is None else round(s['real_spread'], 3)}, "
+                          f"within noise: {s['within_noise']}", flush=True)
     meta = {"command": "python -m benchmarks.scaling.validate_sim " + " ".join(argv or sys.argv[1:]),
-            "commit": commit + ("+dirty" if results_dir.tree_is_dirty() else ""),
-            "torch": torch.__version__, "loadavg": results_dir.loadavg(), "iters": args.iters,
-            "repeats": args.repeats, "sim": "serial" if args.sim_serial else "concurrent", "cpus": os.cpu_count(),
-            "real_jobs_rerun": HUNG}
-    path = os.path.join(args.out, "sim_validation" + ("_serial" if args.sim_serial else ""))
+            "commit": results_dir.git("rev-parse", "--short", "HEAD") + ("+dirty" if results_dir.tree_is_dirty() else ""), "torch": torch.__version__, "loadavg": results_dir.loadavg(),
+            "iters": args.iters, "repeats": args.repeats, "pairing": "interleaved turns",
+            "transport_priority": args.transport_priority, "cpus": os.cpu_count(), "launches_rerun": HUNG}
+    path = os.path.join(args.out, "sim_validation" + ("" if idle else "_normal"))
     with open(path + ".json", "w") as f:
-        json.dump({"meta": meta, "summary": sim_agreement.summarize(rows),
-                   "summary_compute": sim_agreement.summarize(rows, "compute"), "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, **{("summary" if key == "cpu" else f"summary_{key}"): sim_agreement.summarize(rows, key)
+                                    for key, _ in MEASURES}, "rows": rows}, f, indent=1)
     print(f"wrote {path}.json")
 
 

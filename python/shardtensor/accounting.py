@@ -22,8 +22,10 @@ class _OpTally:
         self.traffic = defaultdict(int)
         self.calls = defaultdict(int)
         self.instances = defaultdict(int)  # (name, flops, traffic) -> count
+        self.cpu_s = defaultdict(float)
 
-    def on_op(self, name, flops, traffic):
+    def on_op(self, name, flops, traffic, cpu_s):
+        self.cpu_s[name] += cpu_s
         self.flops[name] += flops
         self.traffic[name] += traffic
         self.calls[name] += 1
@@ -41,7 +43,10 @@ class RankStats:
     - ``s.peak_bytes``: peak memory above what was live at entry — the CPU allocator's (``st.peak_memory``'s
       tracker) with real tensors, CUDA's ``max_memory_allocated`` with ``device="cuda"``, and in a meta simulation the
       tally of the bytes the fake storages would hold (``s.memory_source`` says which);
-    - ``s.wall_s``, ``s.cpu_s`` (this thread's CPU time).
+    - ``s.wall_s``, ``s.cpu_s`` (this thread's CPU time);
+    - ``s.kernel_cpu_s``, ``s.kernel_cpu_by_op``: this thread's CPU time inside the local kernels alone (real
+      tensors; None in a meta simulation, which computes nothing) — the rank's local compute without the library's
+      and the process group's host work around it. The counting mode slows the block; time it in a separate run.
 
     ``flops=False`` skips the op-level counting (no dispatch mode: the block runs at full speed, for timing)."""
 
@@ -110,6 +115,9 @@ class RankStats:
         self.traffic_bytes = sum(t.traffic.values()) if t else None
         self.calls_by_op = dict(t.calls) if t else {}
         self.op_instances = [(n, f, b, c) for (n, f, b), c in t.instances.items()] if t else []
+        timed = t is not None and self._meta_mode is None
+        self.kernel_cpu_by_op = dict(t.cpu_s) if timed else {}
+        self.kernel_cpu_s = sum(self.kernel_cpu_by_op.values()) if timed else None
         return False
 
     @property
@@ -120,4 +128,5 @@ class RankStats:
         """The figures as a JSON-friendly dict."""
         return {"flops": self.flops, "traffic_bytes": self.traffic_bytes, "flops_by_op": self.flops_by_op,
                 "comm_calls": self.comm_calls, "comm_bytes": self.comm_bytes, "peak_bytes": self.peak_bytes,
-                "memory_source": getattr(self, "memory_source", None), "wall_s": self.wall_s, "cpu_s": self.cpu_s}
+                "memory_source": getattr(self, "memory_source", None), "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "kernel_cpu_s": self.kernel_cpu_s}

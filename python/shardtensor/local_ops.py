@@ -16,6 +16,7 @@ checks, shape exchanges, halo index lists) is created in C++ with Python dispatc
 """
 from __future__ import annotations
 
+import time
 import weakref
 from collections import defaultdict
 
@@ -129,8 +130,9 @@ def active_local_mode():
 class LocalOpMode(TorchDispatchMode):
     """Observe the local kernels under ShardTensor ops (see the module docstring).
 
-    ``listeners``: objects with ``on_op(name, flops, traffic_bytes)``, told about every local op (not the ShardTensor
-    ops, not collectives). ``fake``: a ``FakeTensorMode`` (meta simulation) or None (real tensors)."""
+    ``listeners``: objects with ``on_op(name, flops, traffic_bytes, cpu_seconds)``, told about every local op (not the
+    ShardTensor ops, not collectives); ``cpu_seconds`` is this thread's CPU time inside the kernel (0 for fake
+    tensors). ``fake``: a ``FakeTensorMode`` (meta simulation) or None (real tensors)."""
 
     def __init__(self, fake=None):
         super().__init__()
@@ -175,13 +177,18 @@ class LocalOpMode(TorchDispatchMode):
         fake = self.fake
         if fake is not None and (not tensors or any(_is_fake(t) for t in tensors)):
             out = self._run_fake(func, args, kwargs)
+            seconds = 0.0  # nothing computed
         else:
+            # This thread's CPU time inside the kernel alone (the mode's own bookkeeping stays outside): the local
+            # compute a simulated rank and a real one are compared on (benchmarks/scaling/validate_sim.py).
+            c0 = time.thread_time()
             out = func(*args, **kwargs)
+            seconds = time.thread_time() - c0
         if self.listeners:
             flops, traffic = local_flops(func, args, kwargs, out), _traffic_bytes(func, args, kwargs, out)
             name = str(func.overloadpacket.__name__)
             for listener in self.listeners:
-                listener.on_op(name, flops, traffic)
+                listener.on_op(name, flops, traffic, seconds)
         return out
 
     def _run_fake(self, func, args, kwargs):
