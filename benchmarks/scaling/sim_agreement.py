@@ -2,8 +2,8 @@
 ``paper_scale.py`` renders (the tables are here too).
 
 Each row of ``sim_validation.json`` is one rank and pass of one workload at one P, with one entry per repeat:
-``cpu_real_s[k]`` / ``cpu_sim_s[k]`` are the medians over ``--iters`` of repeat k (the real job and the set of
-simulated ranks run back to back, so repeat k of both sees about the same machine load).
+``cpu_real_s[k]`` / ``cpu_sim_s[k]`` (and ``compute_*``, ``kernel_*``) are the medians over ``--iters`` of repeat
+k (one paired launch: the real and the simulated ranks took turns, so repeat k of both saw the same machine).
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def summarize(rows, measure: str = "cpu") -> list[dict]:
     """Per workload, P and pass: the mean over ranks of each repeat's median CPU time, real and simulated; the real
     run's spread; the ratio of the medians over repeats, the range of the per-repeat ratios, the verdict; and per
     rank the same ratio against that rank's own real spread. ``measure``: "cpu" (the thread's whole CPU time, keys
-    ``cpu_real_s``/``cpu_sim_s``) or "compute" (outside the library's collective calls, ``compute_*``)."""
+    ``cpu_real_s``/``cpu_sim_s``), "compute" (outside the library's collective calls, ``compute_*``) or "kernel"
+    (inside the local aten ops, ``kernel_*``)."""
     real_key, sim_key = f"{measure}_real_s", f"{measure}_sim_s"
     rows = [r for r in rows if real_key in r]
     groups = {}
@@ -52,11 +53,8 @@ def summarize(rows, measure: str = "cpu") -> list[dict]:
             n = spread(r[real_key])
             per_rank.append({"rank": r["rank"], "ratio": round(rr, 4), "real_spread": n and round(n, 4),
                              "within_noise": verdict(rr, n)})
-        # The part of the gap a real collective's own CPU cost explains: calls x the measured cost of one call.
-        comm_est = statistics.fmean(r["calls"] * statistics.median(r["collective_cpu_s"]) for r in rs) \
-            if all("collective_cpu_s" in r for r in rs) else None
         out.append({"workload": w, "size": rs[0]["size"], "ranks": P, "kind": kind, "repeats": K,
-                    "calls": statistics.fmean(r.get("calls", 0) for r in rs), "collective_cpu_est_s": comm_est,
+                    "calls": statistics.fmean(r.get("calls", 0) for r in rs),
                     "gap_s": statistics.median(real) - statistics.median(sim),
                     "real_s": real, "sim_s": sim, "real_spread": noise, "sim_spread": spread(sim),
                     "ratio": ratio, "ratio_range": [min(per_repeat), max(per_repeat)],
@@ -72,19 +70,30 @@ def _pct(x):
     return "-" if x is None else f"{x * 100:.1f} %"
 
 
-def _yes(b):
-    return {True: "yes", False: "**no**", None: "- (one repeat)"}[b]
+MEASURES = (("kernel", "local kernels"), ("compute", "local compute"), ("cpu", "whole CPU time"))
 
 
-def validation_lines(v, serial=None):
-    """The agreement tables of sim_validation.json (and, when present, the serial run's ratios beside them)."""
-    if not v or "summary" not in v:
+def summary_of(v, key):
+    """The summary of one measure in a sim_validation.json ("cpu" is stored as "summary")."""
+    return (v or {}).get("summary" if key == "cpu" else f"summary_{key}", [])
+
+
+def _median_of(rs, key):
+    vals = [x for r in rs for x in r.get(key, [])]
+    return statistics.median(vals) if vals else None
+
+
+def validation_lines(v, normal=None):
+    """The agreement tables of sim_validation.json (transport threads idle) and, when given, the ratios of the run
+    at normal priority (sim_validation_normal.json) beside them."""
+    if not v or "summary_kernel" not in v:
         return ["(no sim_validation.json in the current format: run `python -m benchmarks.scaling.validate_sim --out "
                 "benchmarks/results`)"]
     m = v["meta"]
-    lines = [f"Command: `{m['command']}` ({m['repeats']} repeats of the real job and the simulated set, "
-             f"{m['iters']} timed iterations each; commit {m['commit']}; load average at the end {m.get('loadavg')}).",
-             "", "| workload | P | ranks × passes × repeats | collectives equal | peak memory equal | largest peak "
+    lines = [f"Command: `{m['command']}` ({m['repeats']} paired launches per workload and P, {m['iters']} timed "
+             f"iterations per measure each; commit {m['commit']}; transport threads {m['transport_priority']}; load "
+             f"average at the end {m.get('loadavg')}).", "",
+             "| workload | P | ranks × passes × repeats | collectives equal | peak memory equal | largest peak "
              "difference |", "|---|---|---|---|---|---|"]
     groups = {}
     for r in v["rows"]:
@@ -97,56 +106,60 @@ def validation_lines(v, serial=None):
         diff, real = max(((abs(a - b), a) for a, b in pairs), key=lambda t: t[0])
         lines.append(f"| {w} ({rs[0]['size']}) | {P} | {n} | {ce}/{n} | {pe}/{n} | {fmt_bytes(diff)} "
                      f"({diff / real * 100:.2f} %) |")
-    ser = {(s["workload"], s["ranks"], s["kind"]): s for s in (serial or {}).get("summary", [])}
-    lines += ["", "CPU time per rank (mean over ranks of each repeat's median; *real spread* = (max − min) / median "
-              "of the real job's repeats; *within noise* = |ratio − 1| ≤ real spread)" +
-              (f"; the last column is a separate run with the simulated ranks one after another, each alone "
-               f"(`{serial['meta']['command']}`)" if ser else "") + ":", "",
-              "| workload | P | pass | real ms | real spread | simulated / real (per-repeat range) | within noise | "
-              "ranks within their own noise | real − simulated ms | collectives per rank × CPU per call ms |" +
-              (" serial simulated / real |" if ser else ""),
-              "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if ser else "")]
-    for s in v["summary"]:
-        ranks_ok = sum(bool(p["within_noise"]) for p in s["per_rank"])
-        o = ser.get((s["workload"], s["ranks"], s["kind"]))
-        lines.append(f"| {s['workload']} | {s['ranks']} | {s['kind']} | {_ms(statistics.median(s['real_s']))} | "
-                     f"{_pct(s['real_spread'])} | {s['ratio']:.3f} ({s['ratio_range'][0]:.3f}–{s['ratio_range'][1]:.3f})"
-                     f" | {_yes(s['within_noise'])} | {ranks_ok}/{len(s['per_rank'])} | {_ms(s['gap_s'])} | "
-                     f"{'-' if s['collective_cpu_est_s'] is None else _ms(s['collective_cpu_est_s'])} "
-                     f"({s['calls']:.0f} calls) |" +
-                     ((f" {o['ratio']:.3f} |" if o else " |") if ser else ""))
-    comp = v.get("summary_compute")
-    if comp:
-        lines += ["", "Local compute per rank: the same, counting only the thread's CPU time outside the library's "
-                  "collective calls (issuing, waiting and waking up are measured in C++ around every collective, on "
-                  "both sides; a fake group's collectives cost about nothing):", "",
-                  "| workload | P | pass | real ms | real spread | simulated / real (per-repeat range) | within noise | "
-                  "ranks within their own noise |", "|---|---|---|---|---|---|---|---|"]
-        for s in comp:
-            ranks_ok = sum(bool(p["within_noise"]) for p in s["per_rank"])
-            lines.append(f"| {s['workload']} | {s['ranks']} | {s['kind']} | {_ms(statistics.median(s['real_s']))} | "
-                         f"{_pct(s['real_spread'])} | {s['ratio']:.3f} ({s['ratio_range'][0]:.3f}–"
-                         f"{s['ratio_range'][1]:.3f}) | {_yes(s['within_noise'])} | {ranks_ok}/{len(s['per_rank'])} |")
+    summ = {key: {(s["workload"], s["ranks"], s["kind"]): s for s in summary_of(v, key)} for key, _ in MEASURES}
+    norm = {key: {(s["workload"], s["ranks"], s["kind"]): s for s in summary_of(normal, key)} for key, _ in MEASURES}
+    rows_by = {}
+    for r in v["rows"]:
+        rows_by.setdefault((r["workload"], r["ranks"], r["kind"]), []).append(r)
+    lines += ["", "Simulated / real time per rank, three ways (mean over ranks of each repeat's median; in brackets the "
+              "range of the per-repeat ratios; ✓ = within noise, |ratio − 1| ≤ the real side's spread over repeats, "
+              "(max − min) / median): *kernels* = CPU time inside the local aten ops, *compute* = the step outside "
+              "the library's collective calls, *whole* = the step. The last columns are the real ranks' host load "
+              "per step (medians): the main thread's wait in the run queue, and the CPU time of the process's "
+              "other threads (Gloo's TCP loop and workers)" +
+              (f"; *normal* = the kernels' ratio of a separate run with those threads at normal priority "
+               f"(`{normal['meta']['command']}`)" if normal else "") + ".", "",
+              "| workload | P | pass | real kernels ms | real spread | kernels | compute | whole | run-queue wait ms | "
+              "other threads ms |" + (" normal: kernels | normal: whole |" if normal else ""),
+              "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if normal else "")]
+
+    def cell(s):
+        return (f"{s['ratio']:.2f} ({s['ratio_range'][0]:.2f}–{s['ratio_range'][1]:.2f})"
+                f"{' ✓' if s['within_noise'] else ''}")
+
+    for k, sk in summ["kernel"].items():
+        rs = rows_by[k]
+        rq, oth = _median_of(rs, "runqueue_real_s"), _median_of(rs, "other_threads_cpu_real_s")
+        nk, nc = norm["kernel"].get(k), norm["cpu"].get(k)
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {_ms(statistics.median(sk['real_s']))} | {_pct(sk['real_spread'])} "
+                     f"| {cell(sk)} | {cell(summ['compute'][k])} | {cell(summ['cpu'][k])} | "
+                     f"{'-' if rq is None else _ms(rq)} | {'-' if oth is None else _ms(oth)} |" +
+                     ((f" {cell(nk) if nk else '-'} | {cell(nc) if nc else '-'} |") if normal else ""))
     return lines
 
 
-def validation_counts(v) -> dict:
+def validation_counts(v, normal=None) -> dict:
     """What the prose under the tables states, computed from the results."""
-    s = v.get("summary", []) if v else []
     pairs = [(a, b) for r in (v or {}).get("rows", []) for a, b in zip(r["peak_real"], r["peak_sim"])]
-    sc = v.get("summary_compute", []) if v else []
-    return {"groups": len(s), "within": sum(bool(x["within_noise"]) for x in s),
-            "compute_groups": len(sc), "compute_within": sum(bool(x["within_noise"]) for x in sc),
-            "compute_ratios": [x["ratio"] for x in sc],
-            # how much the ratio moves when the time inside collectives is left out, per group
-            "compute_rise": [x["ratio"] - y["ratio"] for x in sc for y in s
-                             if (x["workload"], x["ranks"], x["kind"]) == (y["workload"], y["ranks"], y["kind"])],
-            "comm_all_equal": all(all(r["comm_equal"]) for r in (v or {}).get("rows", [])),
-            "peak_max_diff": max((a - b for a, b in pairs), default=0),
-            "peak_sim_above": sum(b > a for a, b in pairs), "ratios": [x["ratio"] for x in s],
-            # every rank whose peaks differ in some repeat matches exactly in another (a race, not a miscount)
-            "peak_diff_matches_elsewhere": all(any(a == b for a, b in zip(r["peak_real"], r["peak_sim"]))
-                                               for r in (v or {}).get("rows", [])),
-            "per_call_s": [x for r in (v or {}).get("rows", []) for x in r.get("collective_cpu_s", [])],
-            "explained": [x["collective_cpu_est_s"] / x["gap_s"] for x in s
-                          if x.get("collective_cpu_est_s") is not None and x["gap_s"] > 0]}
+    out = {"comm_all_equal": all(all(r["comm_equal"]) for r in (v or {}).get("rows", [])),
+           "peak_max_diff": max((a - b for a, b in pairs), default=0),
+           "peak_sim_above": sum(b > a for a, b in pairs),
+           # every rank whose peaks differ in some repeat matches exactly in another (a race, not a miscount)
+           "peak_diff_matches_elsewhere": all(any(a == b for a, b in zip(r["peak_real"], r["peak_sim"]))
+                                              for r in (v or {}).get("rows", []))}
+    for key, _ in MEASURES:
+        s = summary_of(v, key)
+        out[key] = {"groups": len(s), "within": sum(bool(x["within_noise"]) for x in s),
+                    "ratios": [x["ratio"] for x in s],
+                    # stricter, for paired launches: the per-repeat ratios (each from one launch) straddle 1
+                    "straddle": sum(x["ratio_range"][0] <= 1 <= x["ratio_range"][1] for x in s)}
+        n = summary_of(normal, key)
+        if n:
+            out[f"normal_{key}"] = {"groups": len(n), "within": sum(bool(x["within_noise"]) for x in n),
+                                    "ratios": [x["ratio"] for x in n]}
+    for side in ("real", "sim"):
+        rq = [x for r in (v or {}).get("rows", []) for x in r.get(f"runqueue_{side}_s", [])]
+        oth = [x for r in (v or {}).get("rows", []) for x in r.get(f"other_threads_cpu_{side}_s", [])]
+        out[f"runqueue_{side}_max_s"] = max(rq, default=None)
+        out[f"other_threads_{side}_max_s"] = max(oth, default=None)
+    return out

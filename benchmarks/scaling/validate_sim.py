@@ -282,6 +282,8 @@ def main(argv=None):
     results_dir.add_out_argument(ap)
     args = ap.parse_args(argv)
     results_dir.prepare(args.out)
+    # The code that runs is the tree as it is now (edits during the run do not count).
+    commit = results_dir.git("rev-parse", "--short", "HEAD") + ("+dirty" if results_dir.tree_is_dirty() else "")
     idle = args.transport_priority == "idle"
     rows = []
     for name in args.workloads.split(","):
@@ -297,7 +299,7 @@ def main(argv=None):
                           f"{s['real_spread'] if s['real_spread'] is None else round(s['real_spread'], 3)}, "
                           f"within noise: {s['within_noise']}", flush=True)
     meta = {"command": "python -m benchmarks.scaling.validate_sim " + " ".join(argv or sys.argv[1:]),
-            "commit": results_dir.git("rev-parse", "--short", "HEAD") + ("+dirty" if results_dir.tree_is_dirty() else ""), "torch": torch.__version__, "loadavg": results_dir.loadavg(),
+            "commit": commit, "torch": torch.__version__, "loadavg": results_dir.loadavg(),
             "iters": args.iters, "repeats": args.repeats, "pairing": "interleaved turns",
             "transport_priority": args.transport_priority, "cpus": os.cpu_count(), "launches_rerun": HUNG}
     path = os.path.join(args.out, "sim_validation" + ("" if idle else "_normal"))

@@ -47,3 +47,31 @@ def test_compute_measure_uses_its_own_keys():
     assert cpu["within_noise"] is False and cpu["ratio"] == pytest.approx(0.5)
     assert comp["ratio"] == pytest.approx(0.8 / 0.8) and comp["within_noise"] is True
     assert sim_agreement.summarize([_row(0, [1.0], [1.0])], "compute") == []   # rows without the measure
+
+
+def _full_row(rank, kind, kernel_sim):
+    r = _row(rank, [1.0, 1.1, 0.9], [0.8, 0.8, 0.8], kind)
+    r.update(compute_real_s=[0.9, 0.95, 0.85], compute_sim_s=[0.8, 0.8, 0.8], kernel_real_s=[0.5, 0.55, 0.45],
+             kernel_sim_s=kernel_sim, runqueue_real_s=[0.001] * 3, runqueue_sim_s=[0.0] * 3,
+             other_threads_cpu_real_s=[0.002] * 3, other_threads_cpu_sim_s=[0.0] * 3, comm_equal=[True] * 3,
+             peak_real=[100, 100, 164], peak_sim=[100] * 3)
+    return r
+
+
+def test_rendered_tables_and_counts():
+    rows = [_full_row(0, "fwd", [0.5] * 3), _full_row(1, "fwd", [0.5] * 3),
+            _full_row(0, "step", [0.3] * 3), _full_row(1, "step", [0.3] * 3)]
+    v = {"meta": {"command": "validate_sim", "repeats": 3, "iters": 5, "commit": "abc", "transport_priority": "idle"},
+         "rows": rows, "summary": sim_agreement.summarize(rows)}
+    for key in ("compute", "kernel"):
+        v[f"summary_{key}"] = sim_agreement.summarize(rows, key)
+    text = "\n".join(sim_agreement.validation_lines(v))
+    assert "| w | 2 | fwd | 500.00 | 20.0 % | 1.00 (0.91–1.11) ✓ |" in text      # kernels agree
+    assert "| w | 2 | step | 500.00 | 20.0 % | 0.60 (0.55–0.67) |" in text       # kernels 0.6: outside noise
+    assert "| 1.00 | 2.00 |" in text                                             # run-queue and other threads, ms
+    c = sim_agreement.validation_counts(v)
+    assert c["kernel"] == {"groups": 2, "within": 1, "ratios": [1.0, 0.6], "straddle": 1}
+    assert c["comm_all_equal"] and c["peak_max_diff"] == 64 and c["peak_sim_above"] == 0
+    assert c["peak_diff_matches_elsewhere"] and c["other_threads_real_max_s"] == 0.002
+    assert "normal_kernel" not in c
+    assert sim_agreement.validation_lines({"rows": []})[0].startswith("(no sim_validation.json")

@@ -251,3 +251,24 @@ def case_flip():
     assert st.sharding_shapes(y) == {0: [2, 4, 1]}
     assert torch.equal(y.full_tensor(), torch.flip(full, [0, 1]))
     return dist.get_rank()
+
+
+def test_kernel_cpu_time_is_the_local_kernels_share():
+    """RankStats.kernel_cpu_s: this thread's CPU time inside the local aten ops, per op and in total — part of the
+    block's CPU time, dominated by the convolutions here; None in a meta simulation (nothing is computed)."""
+    torch.set_num_threads(1)
+    with st.simulate(0, 2, warn=False) as sim:
+        x = sim.shard((1, 16, 96, 96), [st.Shard(2)])
+        w = torch.randn(16, 16, 5, 5)
+        with st.RankStats(memory=False) as s:
+            for _ in range(3):
+                x = F.conv2d(x, w, padding=2).relu()
+    assert s.kernel_cpu_s == pytest.approx(sum(s.kernel_cpu_by_op.values()))
+    assert 0 < s.kernel_cpu_s <= s.cpu_s + 1e-3
+    conv = sum(t for op, t in s.kernel_cpu_by_op.items() if "conv" in op)
+    assert conv > 0.5 * s.kernel_cpu_s, s.kernel_cpu_by_op
+    with st.simulate(0, 2, device="meta", warn=False) as sim:
+        x = sim.shard((1, 16, 96, 96), [st.Shard(2)])
+        with st.RankStats(memory=False) as s:
+            F.conv2d(x, torch.randn(16, 16, 5, 5), padding=2)
+    assert s.kernel_cpu_s is None and s.flops > 0
