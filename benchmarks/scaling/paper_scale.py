@@ -161,14 +161,18 @@ def main(argv=None):
         k, cp, w = c["kernel"], c["compute"], c["cpu"]
         L += ["", f"**Collectives** (calls and bytes per kind) "
               f"{'agree for every rank, pass and repeat' if c['comm_all_equal'] else 'do **not** agree everywhere'}. "
-              f"**Peak memory**: simulated above real in {c['peak_sim_above']} cases; where the two differ the real "
-              f"peak is higher, by up to {fmt_bytes(c['peak_max_diff'])}: Gloo's worker thread still held a finished "
-              "collective's buffers when the next allocation came" +
-              (" (a race: every rank that differs in one repeat matches exactly in another)." if
-               c["peak_diff_matches_elsewhere"] else "; some rank differs in **every** repeat."), "",
+              f"**Peak memory** equal in {c['peak_equal']} of {c['peak_pairs']} rank × pass × repeat pairs; "
+              f"simulated above real in {c['peak_sim_above']}; where the two differ the real peak is higher, by up "
+              f"to {fmt_bytes(c['peak_max_diff'])}" +
+              (", never more than the bytes that pass's collectives sent: Gloo's threads (at idle priority here, so "
+               "later still) drop a finished collective's buffers after the library has, and the next allocation "
+               "comes first." if c["peak_diff_within_comm_bytes"] else
+               ", in some pass **more** than the bytes its collectives sent: not explained by late buffer release."),
+              "",
               f"**Time.** The local kernels' CPU time agrees within noise in {k['within']} of {k['groups']} "
-              f"workload × P × pass groups (simulated / real {rng(k['ratios'])}); the step outside collective calls "
-              f"in {cp['within']} of {cp['groups']} ({rng(cp['ratios'])}); the whole step in {w['within']} of "
+              f"workload × P × pass groups (simulated / real {rng(k['ratios'])}; in {k['straddle']} the per-repeat "
+              f"ratios, each from one paired launch, straddle 1); the step outside collective calls in "
+              f"{cp['within']} of {cp['groups']} ({rng(cp['ratios'])}); the whole step in {w['within']} of "
               f"{w['groups']} ({rng(w['ratios'])}). The kernels are what the simulation predicts and what the "
               "projection models (a roofline over them). Outside the kernels a real rank does host work a simulated "
               "one does not: creating and completing the process group's work objects, Gloo's buffer allocations in "
@@ -176,13 +180,16 @@ def main(argv=None):
               "are the difference between the whole step and the compute column.", ""]
         if "normal_kernel" in c:
             nk, nw = c["normal_kernel"], c["normal_cpu"]
-            oth = c["other_threads_real_max_s"]
             L += [f"**With the transport threads at normal priority** (the last columns; `sim_validation_normal.json`) "
                   f"the kernels agree in {nk['within']} of {nk['groups']} groups ({rng(nk['ratios'])}) and the whole "
-                  f"step in {nw['within']} of {nw['groups']} ({rng(nw['ratios'])}): on 2 vCPUs Gloo's TCP loop polls "
-                  "whenever it may run and preempts the ranks' compute (it used as much CPU per step as the compute "
-                  "itself in the runs of docs/simulation.md). At idle priority the real ranks' other threads used at "
-                  f"most {oth * 1e3:.1f} ms per step." if oth is not None else "", ""]
+                  f"step in {nw['within']} of {nw['groups']} ({rng(nw['ratios'])}). There, per training step (medians "
+                  f"over the rows), the real ranks' other threads used {c['normal_step_other_threads_s'] * 1e3:.1f} ms "
+                  f"of CPU against a whole step of {c['normal_step_cpu_s'] * 1e3:.1f} ms, and the main thread waited "
+                  f"{c['normal_step_runqueue_s'] * 1e3:.1f} ms in the run queue (at idle priority: "
+                  f"{c['step_other_threads_s'] * 1e3:.1f} ms, {c['step_cpu_s'] * 1e3:.1f} ms and "
+                  f"{c['step_runqueue_s'] * 1e3:.1f} ms): on 2 vCPUs Gloo's TCP loop polls whenever it may run and "
+                  "preempts the ranks' compute, and every local op, the metadata-only ones too, runs slower.", ""]
+
     vit2 = load(d, "vit_sim_meta_paper_2048.json")
     vit4 = load(d, "vit_sim_meta_paper_4096.json")
     vit1 = load(d, "vit_sim_meta_paper_1024.json")

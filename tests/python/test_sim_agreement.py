@@ -54,7 +54,7 @@ def _full_row(rank, kind, kernel_sim):
     r.update(compute_real_s=[0.9, 0.95, 0.85], compute_sim_s=[0.8, 0.8, 0.8], kernel_real_s=[0.5, 0.55, 0.45],
              kernel_sim_s=kernel_sim, runqueue_real_s=[0.001] * 3, runqueue_sim_s=[0.0] * 3,
              other_threads_cpu_real_s=[0.002] * 3, other_threads_cpu_sim_s=[0.0] * 3, comm_equal=[True] * 3,
-             peak_real=[100, 100, 164], peak_sim=[100] * 3)
+             peak_real=[100, 100, 164], peak_sim=[100] * 3, bytes=0)
     return r
 
 
@@ -72,6 +72,10 @@ def test_rendered_tables_and_counts():
     c = sim_agreement.validation_counts(v)
     assert c["kernel"] == {"groups": 2, "within": 1, "ratios": [1.0, 0.6], "straddle": 1}
     assert c["comm_all_equal"] and c["peak_max_diff"] == 64 and c["peak_sim_above"] == 0
-    assert c["peak_diff_matches_elsewhere"] and c["other_threads_real_max_s"] == 0.002
+    assert (c["peak_pairs"], c["peak_equal"]) == (12, 8) and c["other_threads_real_max_s"] == 0.002
+    assert not c["peak_diff_within_comm_bytes"]  # 64 B above, and the made-up rows sent nothing
+    for r in rows:
+        r["bytes"] = 64
+    assert sim_agreement.validation_counts(v)["peak_diff_within_comm_bytes"]
     assert "normal_kernel" not in c
     assert sim_agreement.validation_lines({"rows": []})[0].startswith("(no sim_validation.json")
