@@ -73,9 +73,14 @@ def _pct(x):
 MEASURES = (("kernel", "local kernels"), ("compute", "local compute"), ("cpu", "whole CPU time"))
 
 
+def summary_key(key) -> str:
+    """Where a sim_validation.json stores the summary of one measure ("cpu", the first, as "summary")."""
+    return "summary" if key == "cpu" else f"summary_{key}"
+
+
 def summary_of(v, key):
-    """The summary of one measure in a sim_validation.json ("cpu" is stored as "summary")."""
-    return (v or {}).get("summary" if key == "cpu" else f"summary_{key}", [])
+    """The summary of one measure in a sim_validation.json."""
+    return (v or {}).get(summary_key(key), [])
 
 
 def _median_of(rs, key):
@@ -149,6 +154,7 @@ def validation_counts(v, normal=None) -> dict:
            # process group's threads still hold, not a miscount, which would scale with the activations)
            "peak_diff_within_comm_bytes": all(a - b <= r["bytes"] for r in (v or {}).get("rows", [])
                                               for a, b in zip(r["peak_real"], r["peak_sim"]))}
+
     def verdicts(s):
         return {"groups": len(s), "within": sum(bool(x["within_noise"]) for x in s), "ratios": [x["ratio"] for x in s],
                 # stricter, for paired launches: the per-repeat ratios (each from one launch) straddle 1
@@ -165,9 +171,4 @@ def validation_counts(v, normal=None) -> dict:
                 statistics.median(r["other_threads_cpu_real_s"]) for r in steps)
             out[f"{name}step_runqueue_s"] = statistics.median(statistics.median(r["runqueue_real_s"]) for r in steps)
             out[f"{name}step_cpu_s"] = statistics.median(statistics.median(r["cpu_real_s"]) for r in steps)
-    for side in ("real", "sim"):
-        rq = [x for r in (v or {}).get("rows", []) for x in r.get(f"runqueue_{side}_s", [])]
-        oth = [x for r in (v or {}).get("rows", []) for x in r.get(f"other_threads_cpu_{side}_s", [])]
-        out[f"runqueue_{side}_max_s"] = max(rq, default=None)
-        out[f"other_threads_{side}_max_s"] = max(oth, default=None)
     return out

@@ -89,13 +89,6 @@ class Turns:
         self._pass_to(2 * self.n + 1)
 
 
-class _NoTurns:
-    def begin(self):
-        pass
-
-    end = finish = begin
-
-
 def _schedstat(tid) -> tuple[int, int]:
     """(ns on CPU, ns waiting in the run queue) of one thread of this process (Linux; zeros elsewhere)."""
     try:
@@ -133,11 +126,10 @@ def idle_transport_threads():
                 pass  # the thread ended
 
 
-def measure(workload, size, mesh, iters: int, turns=None, before_timing=None):
+def measure(workload, size, mesh, iters: int, turns: Turns, before_timing=None):
     """RankStats of inference and a training step, then per pass ``iters`` timed steps (whole thread CPU time and
     the part outside collective calls), and ``iters`` steps under the op-counting mode (CPU time inside the local
     kernels). Each timed step runs inside its turn (``turns``, see Turns)."""
-    turns = turns or _NoTurns()
     cfg = _cfg(workload)
     torch.manual_seed(0)
     model = workload.build(cfg, size)
@@ -267,9 +259,6 @@ def compare(name, size_label, P, reps):
     return rows
 
 
-MEASURES = (("kernel", "local kernels"), ("compute", "local compute"), ("cpu", "CPU time"))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="2,3,4")
@@ -292,7 +281,7 @@ def main(argv=None):
             tmp = os.path.join(args.out, f".validate_{name}_{P}.json")
             reps = [run_paired(name, P, args.iters, tmp, idle) for _ in range(args.repeats)]
             rows += compare(name, workload.label(size), P, reps)
-            for key, label in MEASURES:
+            for key, label in sim_agreement.MEASURES:
                 for s in sim_agreement.summarize(rows[-2 * P:], key):
                     print(f"{name} P={P} {s['kind']}: {label} sim/real {s['ratio']:.3f} (repeats "
                           f"{s['ratio_range'][0]:.3f}-{s['ratio_range'][1]:.3f}), real spread "
@@ -304,8 +293,8 @@ def main(argv=None):
             "transport_priority": args.transport_priority, "cpus": os.cpu_count(), "launches_rerun": HUNG}
     path = os.path.join(args.out, "sim_validation" + ("" if idle else "_normal"))
     with open(path + ".json", "w") as f:
-        json.dump({"meta": meta, **{("summary" if key == "cpu" else f"summary_{key}"): sim_agreement.summarize(rows, key)
-                                    for key, _ in MEASURES}, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, **{sim_agreement.summary_key(key): sim_agreement.summarize(rows, key)
+                                    for key, _ in sim_agreement.MEASURES}, "rows": rows}, f, indent=1)
     print(f"wrote {path}.json")
 
 

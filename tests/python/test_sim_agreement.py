@@ -72,7 +72,7 @@ def test_rendered_tables_and_counts():
     c = sim_agreement.validation_counts(v)
     assert c["kernel"] == {"groups": 2, "within": 1, "ratios": [1.0, 0.6], "straddle": 1}
     assert c["comm_all_equal"] and c["peak_max_diff"] == 64 and c["peak_sim_above"] == 0
-    assert (c["peak_pairs"], c["peak_equal"]) == (12, 8) and c["other_threads_real_max_s"] == 0.002
+    assert (c["peak_pairs"], c["peak_equal"]) == (12, 8) and c["step_other_threads_s"] == 0.002
     assert not c["peak_diff_within_comm_bytes"]  # 64 B above, and the made-up rows sent nothing
     for r in rows:
         r["bytes"] = 64
