@@ -7,24 +7,30 @@ PY := $(VENV)/bin/python
 BUILD := build
 TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
 
-.PHONY: demo test build venv zoo-deps system-deps cpp-test py-test bench zoo clean
+.PHONY: demo test test-quick build venv zoo-deps system-deps cpp-test py-test bench zoo clean
+
+# Each stage says what it does, how long it roughly takes on 2 cores, and how long it took.
+# A stage's recipe starts with  @echo "== <what, and how long it roughly takes>"; date +%s > .stage-start
+STAGE_DONE = @echo "   done in $$(( $$(date +%s) - $$(cat .stage-start 2>/dev/null || date +%s) )) s"; rm -f .stage-start
 
 venv: $(VENV)/.stamp $(VENV)/.zoo-stamp
 $(VENV)/.stamp: pyproject.toml
-	@echo "== creating $(VENV): $(TORCH_PIN) and the build tools (the first time downloads torch, a few GB)"
+	@echo "== creating $(VENV): $(TORCH_PIN) and the build tools (downloads torch and its CUDA libraries, ~3 GB: a few minutes on a fast link)"; date +%s > .stage-start
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install --progress-bar on "$(TORCH_PIN)" numpy pytest matplotlib tqdm ninja "cmake>=3.25" scikit-build-core
 	touch $@
+	$(STAGE_DONE)
 
 # Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo), tried once, on the
 # same pip line as the torch pin so torch stays pinned. A failure is reported and recorded, never fatal: the zoo
 # tests then skip naming the missing library. `make zoo-deps` tries again.
 ZOO_REQS := tests/requirements-zoo.txt
 $(VENV)/.zoo-stamp: $(ZOO_REQS) | $(VENV)/.stamp
-	@echo "== optional test dependencies: $(ZOO_REQS) (pinned against $(TORCH_PIN))"
+	@echo "== optional test dependencies: $(ZOO_REQS) (pinned against $(TORCH_PIN)); about a minute"; date +%s > .stage-start
 	@if $(PY) -m pip install -q "$(TORCH_PIN)" -r $(ZOO_REQS); then echo ok > $@; else \
 	  echo "failed: the zoo tests will skip; \`make zoo-deps\` retries" | tee $@; fi
+	$(STAGE_DONE)
 
 zoo-deps: | $(VENV)/.stamp
 	rm -f $(VENV)/.zoo-stamp
@@ -43,15 +49,18 @@ system-deps:
 	  else echo "not installed:$$missing (the parts that need them are skipped)"; fi; fi
 
 build: venv system-deps
-	@echo "== building the library, the Python module and the C++ tests (CMake + ninja; [done/total] below)"
+	@echo "== building the library, the Python module and the C++ tests (CMake + ninja; [done/total] below): the first build about 5 minutes on 2 cores, later ones seconds"; date +%s > .stage-start
 	@if [ ! -f $(BUILD)/build.ninja ]; then \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(CURDIR)/$(PY) ; fi
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(BUILD)
+	$(STAGE_DONE)
 	@# The source tree's package is importable from the venv (the build drops _C and libshardtensor into it).
 	@echo "$(CURDIR)/python" > $$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/shardtensor-dev.pth
 
 demo: build
+	@echo "== the demo: a tiny ViT on a height-sharded image, 2 CPU ranks against one process (under a minute)"; date +%s > .stage-start
 	$(PY) examples/python/demo.py
+	$(STAGE_DONE)
 
 cpp-test: build
 	cd $(BUILD) && ctest --output-on-failure
@@ -60,8 +69,17 @@ py-test: build
 	$(PY) -m pytest -q tests/python
 
 test: build
+	@echo "== C++ tests: GoogleTest, the CMake package, the README's C++ recipe, the CUDA sources compiling (a few minutes)"; date +%s > .stage-start
 	cd $(BUILD) && ctest --output-on-failure
+	$(STAGE_DONE)
+	@echo "== Python tests (pytest; about a quarter of an hour on 2 cores)"; date +%s > .stage-start
 	$(PY) -m pytest -q tests/python
+	$(STAGE_DONE)
+
+# The quick tier (docs/testing.md): the GoogleTests and one representative pytest case per test file, ~3 minutes.
+test-quick: build
+	cd $(BUILD) && ctest --output-on-failure -LE "package|cuda"
+	$(PY) -m pytest -q -m quick tests/python
 
 bench: build
 	$(PY) benchmarks/dispatch_overhead/bench.py

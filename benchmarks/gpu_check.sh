@@ -195,7 +195,7 @@ build() {
       echo "no nvcc: the CUDA kernels cannot be built (install the CUDA toolkit or put nvcc on PATH)"
       return 3
     fi
-    extra+=(-DCMAKE_CUDA_COMPILER="$NVCC")
+    extra+=(-DCMAKE_CUDA_COMPILER="$NVCC" -DSHARDTENSOR_WITH_CUDA=ON)
   fi
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     "$CMAKE" -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PYTHON" \

@@ -3,7 +3,8 @@ on one process.
 
 Patch-embedding convolution (halo exchange where a patch straddles two shards), learned positional embedding,
 pre-norm transformer blocks (LayerNorm, attention over the sharded tokens, MLP), mean-pooled head. Prints the
-relative error of the output and of every parameter gradient, the step time and the per-rank peak memory.
+relative error of the output, of every parameter gradient and of the output after one SGD step (the weights a
+training step produces), the step time and the per-rank peak memory.
 
 Run with `make demo` (it spawns 2 Gloo ranks itself) or under torchrun:
     torchrun --nproc-per-node 2 examples/python/demo.py
@@ -83,6 +84,15 @@ def train_step(model, x):
     return out, x.grad, {n: p.grad for n, p in model.named_parameters()}
 
 
+def output_after_sgd_step(model, x):
+    """One training step (forward, backward, SGD update), then the updated model's output."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    train_step(model, x)
+    opt.step()
+    with torch.no_grad():
+        return model(x)
+
+
 def timed(model, x):
     train_step(model, x)  # warm-up
     t0 = time.perf_counter()
@@ -107,18 +117,21 @@ def run_rank():
     out, gx, grads, t_shard = timed(model, xs)
     mem_shard = peak_mib(model, xs)
     out_full, gx_full = out.full_tensor(), gx.full_tensor()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    stepped = output_after_sgd_step(model, xs).full_tensor()
     # A redistribute round trip: rows -> columns -> rows (all-to-all, then back).
     back = xs.redistribute([st.Shard(3)]).redistribute([st.Shard(2)], sharding_shapes={0: height_rows})
     roundtrip = rel_err(back.full_tensor(), x)
     rows = None
     if rank == 0:
         ref_model, _ = make_inputs()
-        ref_model.load_state_dict(model.state_dict())
+        ref_model.load_state_dict(initial)
         ref_out, ref_gx, ref_grads, t_single = timed(ref_model, x)
         mem_single = peak_mib(ref_model, x)
         rows = [("output", rel_err(out_full, ref_out)), ("input grad", rel_err(gx_full, ref_gx)),
                 ("redistribute round trip", roundtrip)]
         rows += [(f"grad {n}", rel_err(grads[n], ref_grads[n])) for n in ref_grads]
+        rows += [("output after one SGD step", rel_err(stepped, output_after_sgd_step(ref_model, x)))]
         rows = (rows, t_single, t_shard, mem_single)
     gathered = [None] * world
     dist.all_gather_object(gathered, (rank, mem_shard, t_shard, st.local_offsets(xs), tuple(st.to_local(xs).shape)))

@@ -14,7 +14,10 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _patches
+
+_patches.check_torch()  # before the compiled module loads: a torch it was not built for fails there obscurely
+from . import _C  # noqa: E402
 from .compat import (NotAShardTensorError, ShardTensor, extents_by_mesh_dim, from_dtensor, keyword_aliases,
                      redistribute_arguments, to_dtensor)
 from .mesh import as_cpp_mesh, device_mesh_of
@@ -29,7 +32,7 @@ __all__ = [
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
     "set_strict", "strict", "use_strict", "localize_parameters", "set_comm_backend", "comm_backend",
     "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
-    "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats",
+    "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats", "DEFAULT_TIMEOUT",
 ]
 
 __version__ = "0.1.0"
@@ -371,134 +374,19 @@ class ShardTensorHostAccessError(TypeError, RuntimeError):
     the type); also a RuntimeError, which PyTorch raised here before (a wrapper without storage)."""
 
 
-def _shard_method(fn, name):
-    """``fn`` as a method of ShardTensors only: on a plain tensor the attribute lookup itself raises
-    NotAShardTensorError (a TypeError and an AttributeError), so DTensor-style duck typing
-    (``hasattr(t, "full_tensor")``, ``hasattr(t, "redistribute")``) stays False on plain tensors."""
-
-    def getter(self):
-        _check(self, name)
-        return types.MethodType(fn, self)
-
-    return property(getter, doc=fn.__doc__)
-
-
-def _soft_attribute(name, on_shard):
-    """A ``torch.Tensor`` attribute that exists only on ShardTensors (``on_shard(self)``). Other tensors keep any
-    attribute of that name they set themselves (kept in their ``__dict__``); without one, reading it raises
-    NotAShardTensorError, an AttributeError, so ``hasattr`` is False."""
-
-    def getter(self):
-        if _C.is_shard_tensor(self):
-            return on_shard(self)
-        own = self.__dict__
-        if name in own:
-            return own[name]
-        raise NotAShardTensorError(f"{name}: expected a ShardTensor, got a plain tensor (a ShardTensor/PhysicsNeMo "
-                                   "attribute)")
-
-    def setter(self, value):
-        if _C.is_shard_tensor(self):
-            raise AttributeError(f"ShardTensor.{name} is read-only")
-        self.__dict__[name] = value
-
-    def deleter(self):
-        if name not in self.__dict__:
-            raise AttributeError(name)
-        del self.__dict__[name]
-
-    return property(getter, setter, deleter)
-
-
-def _install_tensor_methods():
-    torch.Tensor.full_tensor = _shard_method(full_tensor, "full_tensor")
-    torch.Tensor.to_local = _shard_method(to_local, "to_local")
-    torch.Tensor.redistribute = _shard_method(redistribute, "redistribute")
-    torch.Tensor.placements = property(placements)
-    torch.Tensor.device_mesh = property(device_mesh)
-    torch.Tensor.sharding_shapes = property(sharding_shapes)
-
-    # PhysicsNeMo's (and DTensor's) names on ShardTensors: x._spec and x.offsets() work; x._local_tensor says what
-    # to use. On other tensors they raise NotAShardTensorError (hasattr stays False) unless the object stored its
-    # own attribute of that name (torch's DTensor decompositions set `_spec` on plain meta tensors).
-    from .compat.spec_view import mesh_dim_offsets, spec_of
-
-    def _local_tensor_hint(self):
-        raise AttributeError("ShardTensor has no _local_tensor (a DTensor/PhysicsNeMo field): use x.to_local() "
-                             "(this rank's shard, differentiable) or st.to_local(x)")
-
-    torch.Tensor._spec = _soft_attribute("_spec", spec_of)
-    torch.Tensor.offsets = _soft_attribute("offsets", lambda self: types.MethodType(mesh_dim_offsets, self))
-    torch.Tensor._local_tensor = _soft_attribute("_local_tensor", _local_tensor_hint)
-
-    original_repr = torch.Tensor.__repr__
-
-    def __repr__(self, *args, **kwargs):
-        # Never communicates: printing on one rank must not hang the others.
-        if _C.is_shard_tensor(self):
-            return _C.shard_repr(self)
-        return original_repr(self, *args, **kwargs)
-
-    torch.Tensor.__repr__ = __repr__
-
-    original_reduce_ex = torch.Tensor.__reduce_ex__
-
-    def __reduce_ex__(self, protocol):
-        if _C.is_shard_tensor(self):
-            raise TypeError("a ShardTensor cannot be pickled or saved directly: save x.full_tensor() (the whole "
-                            "tensor, a collective) or x.to_local() with its placements and sharding_shapes")
-        return original_reduce_ex(self, protocol)
-
-    torch.Tensor.__reduce_ex__ = __reduce_ex__
-
-    # Host views of the data need one buffer holding the whole tensor; a ShardTensor's wrapper has no storage.
-    def _refuse_host_access(name):
-        original = getattr(torch.Tensor, name)
-
-        def method(self, *args, **kwargs):
-            if _C.is_shard_tensor(self):
-                raise ShardTensorHostAccessError(
-                    f"ShardTensor.{name}(): a ShardTensor has no single buffer (each rank holds a shard); use "
-                    f"x.full_tensor().{name}() for the whole tensor (a collective: call it on every rank) or "
-                    f"x.to_local().{name}() for this rank's shard")
-            return original(self, *args, **kwargs)
-
-        method.__name__ = name
-        method.__doc__ = original.__doc__
-        setattr(torch.Tensor, name, method)
-
-    for name in ("tolist", "numpy", "data_ptr"):
-        _refuse_host_access(name)
-
-    original_deepcopy = torch.Tensor.__deepcopy__
-
-    def __deepcopy__(self, memo):
-        if _C.is_shard_tensor(self):
-            out = self.detach().clone().requires_grad_(self.requires_grad)
-            memo[id(self)] = out
-            return out
-        return original_deepcopy(self, memo)
-
-    torch.Tensor.__deepcopy__ = __deepcopy__
-
-
-_install_tensor_methods()
-
 from . import ops  # noqa: E402,F401  (shardtensor.ops: neighbourhood attention, knn, radius_search)
-from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint support, installed on import)
+from . import checkpoint  # noqa: E402,F401  (torch.distributed.checkpoint support)
 from . import io  # noqa: E402,F401  (shardtensor.io: inputs read and outputs written shard by shard)
 from .compile import local_map  # noqa: E402
 from . import _traced  # noqa: E402  (torch.compile of ShardTensor code: the traced representation)
-
-_traced.install()
 from . import data_parallel  # noqa: E402  (sharded parameters under DDP/FSDP: localized by the wrappers)
 from .data_parallel import localize_parameters  # noqa: E402
 from .simulate import SimulationError, SimulationWarning, simulate, simulating  # noqa: E402  (one rank of P, fake group)
 from .accounting import RankStats  # noqa: E402  (per-rank FLOPs, bytes, memory)
-
-data_parallel.install()
 from .functions import function_handler, register_function, unregister_function  # noqa: E402
 from .ring import ring_pass  # noqa: E402
+
+_patches.install()  # every change to torch, listed in _patches.py
 
 # PhysicsNeMo's names, reached on the package: say where they live.
 _PHYSICSNEMO_NAMES = {
@@ -515,6 +403,15 @@ _PHYSICSNEMO_NAMES = {
                                  "shardtensor.compat.physicsnemo.ShardTensor.register_function_handler)",
     "register_dispatch_handler": "st.register_handler(op, handler)",
 }
+
+
+# The public namespace: __all__ and the documented subpackages. Everything else the package holds (its own
+# imports, internal modules) is left out of dir(shardtensor) and tab completion.
+_SUBPACKAGES = ("io", "ops", "compat", "checkpoint")
+
+
+def __dir__():
+    return sorted(set(__all__) | set(_SUBPACKAGES))
 
 
 def __getattr__(name):

@@ -370,7 +370,8 @@ def _bridge_kernel(op, fallback, *args, **kwargs):
     return _AboveAutograd.apply(op, rebuild, *[leaves[i] for i in positions])
 
 
-def _install_autograd_bridge() -> None:
+def install_autograd_bridge() -> None:
+    """Register the bridge kernels (once per process; listed in _patches.py as AUTOGRAD_BRIDGE)."""
     from torch._ops import resolve_key
     for name in _C.rules_above_autograd():
         try:
@@ -392,30 +393,26 @@ def _install_autograd_bridge() -> None:
             op.py_impl(key)(kernel)
 
 
-def install() -> None:
-    """Make ``torch.compile(model)(x)`` and ``torch.compile(fn)(x)`` take ShardTensors (once per process): compiled
-    modules (``OptimizedModule.__call__``) and compiled functions (what ``OptimizeContext`` returns) convert at their
-    boundary. Nothing changes for calls without ShardTensor arguments."""
-    _install_autograd_bridge()
-    from torch._dynamo import eval_frame
-    module_call = eval_frame.OptimizedModule.__call__
-    if not getattr(module_call, "_shardtensor", False):
-        @functools.wraps(module_call)
-        def optimized_module_call(self, *args, **kwargs):
-            if not _has_cpp_shard(args, kwargs):
-                return module_call(self, *args, **kwargs)
-            _hook_plain_grads(self._orig_mod.parameters())
-            args, kwargs = _enter(args, kwargs)
-            return tree_map(from_traced, module_call(self, *args, **kwargs))
-        optimized_module_call._shardtensor = True
-        eval_frame.OptimizedModule.__call__ = optimized_module_call
-    optimize_call = eval_frame.OptimizeContext.__call__
-    if not getattr(optimize_call, "_shardtensor", False):
-        @functools.wraps(optimize_call)
-        def optimize_context_call(self, fn):
-            compiled = optimize_call(self, fn)
-            if isinstance(compiled, torch.nn.Module) or not callable(compiled):
-                return compiled
-            return compile_entry(compiled)
-        optimize_context_call._shardtensor = True
-        eval_frame.OptimizeContext.__call__ = optimize_context_call
+# torch.compile(model)(x) and torch.compile(fn)(x) take ShardTensors: compiled modules (OptimizedModule.__call__) and
+# compiled functions (what OptimizeContext returns) convert at their boundary (_patches.py installs both). Nothing
+# changes for calls without ShardTensor arguments.
+
+def wrap_optimized_module_call(module_call):
+    @functools.wraps(module_call)
+    def optimized_module_call(self, *args, **kwargs):
+        if not _has_cpp_shard(args, kwargs):
+            return module_call(self, *args, **kwargs)
+        _hook_plain_grads(self._orig_mod.parameters())
+        args, kwargs = _enter(args, kwargs)
+        return tree_map(from_traced, module_call(self, *args, **kwargs))
+    return optimized_module_call
+
+
+def wrap_optimize_context_call(optimize_call):
+    @functools.wraps(optimize_call)
+    def optimize_context_call(self, fn):
+        compiled = optimize_call(self, fn)
+        if isinstance(compiled, torch.nn.Module) or not callable(compiled):
+            return compiled
+        return compile_entry(compiled)
+    return optimize_context_call

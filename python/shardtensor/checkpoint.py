@@ -48,7 +48,7 @@ def _chunk(x):
     return ChunkStorageMetadata(offsets=torch.Size(local_offsets(x)), sizes=sizes)
 
 
-def _create_write_items(x, fqn, obj=None):
+def create_write_items(x, fqn, obj=None):
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorProperties
     from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
@@ -62,29 +62,11 @@ def _create_write_items(x, fqn, obj=None):
                                                   size=x.size()))]
 
 
-def _create_chunk_list(x):
+def create_chunk_list(x):
     _checked_layout(x, "loading")
     chunk = _chunk(x)
     return [] if chunk is None else [chunk]
 
 
-def _get_tensor_shard(x, index):
+def get_tensor_shard(x, index):
     return _C.to_local(x).detach()
-
-
-def _shard_tensor_method(fn, name):
-    def get(self):
-        if not _C.is_shard_tensor(self):
-            raise AttributeError(name)
-        return fn.__get__(self)
-    return property(get)
-
-
-def install():
-    """Install the DCP protocol on ``torch.Tensor`` (idempotent; done at import)."""
-    torch.Tensor.__create_write_items__ = _shard_tensor_method(_create_write_items, "__create_write_items__")
-    torch.Tensor.__create_chunk_list__ = _shard_tensor_method(_create_chunk_list, "__create_chunk_list__")
-    torch.Tensor.__get_tensor_shard__ = _shard_tensor_method(_get_tensor_shard, "__get_tensor_shard__")
-
-
-install()

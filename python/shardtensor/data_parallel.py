@@ -188,7 +188,8 @@ def _load_state_dict_pre_hook(module, state_dict, prefix, local_metadata, strict
         state_dict[key] = value
 
 
-def _localizing(init):
+def localizing_init(init):
+    """DDP's/FSDP1's ``__init__``, localizing the wrapped module's ShardTensor parameters first (_patches.py)."""
     @functools.wraps(init)
     def wrapper(self, module, *args, **kwargs):
         if has_sharded_states(module):
@@ -197,35 +198,14 @@ def _localizing(init):
     return wrapper
 
 
-def install() -> None:
-    """Teach DDP, FSDP and FSDP2 to localize ShardTensor parameters of the module they wrap (once per process)."""
-    ddp = torch.nn.parallel.DistributedDataParallel
-    if not getattr(ddp.__init__, "_shardtensor", False):
-        ddp.__init__ = _localizing(ddp.__init__)
-        ddp.__init__._shardtensor = True
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as fsdp1
-    except ImportError:
-        fsdp1 = None
-    if fsdp1 is not None and not getattr(fsdp1.__init__, "_shardtensor", False):
-        fsdp1.__init__ = _localizing(fsdp1.__init__)
-        fsdp1.__init__._shardtensor = True
-    # FSDP2's fully_shard and the composable replicate collect the managed parameters through this function of
-    # their init module (looked up at call time), so the module is localized before FSDP sees its parameters.
-    try:
-        from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp2
-    except ImportError:
-        return
-    original = getattr(fsdp2, "_get_modules_and_states", None)
-    if original is None or getattr(original, "_shardtensor", False):
-        return
-
+def localizing_get_modules_and_states(original):
+    """FSDP2's ``fully_shard`` and the composable ``replicate`` collect the managed parameters through this
+    function of their init module (looked up at call time), so the module is localized before FSDP sees its
+    parameters (_patches.py)."""
     @functools.wraps(original)
     def get_modules_and_states(module, *args, **kwargs):
         for m in (module,) if isinstance(module, torch.nn.Module) else tuple(module):
             if has_sharded_states(m):
                 localize_parameters(m)
         return original(module, *args, **kwargs)
-
-    get_modules_and_states._shardtensor = True
-    fsdp2._get_modules_and_states = get_modules_and_states
+    return get_modules_and_states

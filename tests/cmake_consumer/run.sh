@@ -13,10 +13,7 @@ BUILD_DIR=${2:?usage: run.sh PYTHON BUILD_DIR [GENERATOR] [CMAKE] [CXX_COMPILER]
 GENERATOR=${3:-Ninja}
 CMAKE=${4:-cmake}
 CXX_COMPILER=${5:-}
-# PROJECT_DIR (default: this folder) is the project to build; TARGET its program; RUNNER a launcher prefix.
-SRC_DIR=${PROJECT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
-TARGET=${TARGET:-consumer}
-read -r -a RUNNER <<< "${RUNNER:-}"
+SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/shardtensor-consumer.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -54,5 +51,5 @@ echo "-- configuring the consumer"
 echo "-- building the consumer"
 "$CMAKE" --build "$WORK/build" > "$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; exit 1; }
 
-echo "-- running $TARGET"
-"${RUNNER[@]}" "$WORK/build/$TARGET"
+echo "-- running the consumer"
+"$WORK/build/consumer"

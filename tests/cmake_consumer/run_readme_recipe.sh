@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run README.md's C++ recipe (the ```bash block after the "<!-- cpp-recipe" marker) verbatim, as a user would
 # after `make demo`: in a temporary folder that holds this checkout's .venv and examples/ (so build-example/ is
-# created there, not in the checkout). Registered as the ctest test readme_cpp_recipe.
+# created there, not in the checkout), then the built program once more through examples/cpp/run_ranks.sh (the
+# README's launcher without torchrun). Registered as the ctest test readme_cpp_recipe.
 #
 #   run_readme_recipe.sh PROJECT_DIR HAVE_GLOO_HEADERS
 #
@@ -41,3 +42,5 @@ if grep -q "failed to bind" "$WORK/recipe.log"; then
   echo "FAILED: the program tried to serve torchrun's store port itself (see 'failed to bind' above)"
   exit 1
 fi
+echo "-- the same program through examples/cpp/run_ranks.sh 2"
+"$ROOT/examples/cpp/run_ranks.sh" 2 "$WORK/build-example/train_conv"

@@ -13,3 +13,94 @@ import harness  # noqa: E402
 def _close_pools():
     yield
     harness.close_all()
+
+
+# The quick tier (`make test-quick`, `pytest -m quick`): a representative case of every test file, in about three
+# minutes on 2 cores. Each entry names a test function (its first parametrization is taken) or one exact
+# parametrization ("name[id]"). A file without an entry must say here why it has none; a stale entry is an error,
+# so the tier cannot shrink silently when tests are renamed.
+QUICK = {
+    "test_api.py": ["test_redistribute_1d[3]", "test_errors_raise_on_every_rank"],
+    "test_attention.py": ["test_self_attention[ring-2]"],
+    "test_checkpoint.py": ["test_save_2_ranks_load_other_layouts[3]"],
+    "test_comm_backend.py": ["test_primitives[2]"],
+    "test_compat_physicsnemo.py": ["test_ring_pass[forward-3]"],
+    "test_compile.py": ["test_compiled_function"],
+    "test_complex_comm.py": ["test_complex_collectives"],
+    "test_consistency.py": ["test_from_local_disagreement_raises"],
+    "test_conv.py": ["test_conv_2d_mesh", "test_conv_module_training"],
+    "test_cuda.py": ["test_elementwise"],
+    "test_ecosystem.py": ["test_data_x_domain"],
+    "test_factory_autograd.py": ["test_autograd_plumbing"],
+    "test_failures.py": ["test_peer_failure_names_op_and_placements"],
+    "test_fallback.py": ["test_long_tail[case_median-2]"],
+    "test_fft_sharded.py": ["test_transforms[2-uneven]"],
+    "test_gpu_check.py": ["test_error_bars_of_one_rounded_sample"],
+    "test_grad_layout.py": ["test_leaf_grad_layout[2-uneven]"],
+    "test_halo_plan.py": ["test_backward_builds_no_plan"],
+    "test_indexing_rules.py": ["test_index_select[3]"],
+    "test_inplace_views.py": ["test_inplace_views[0-2]"],
+    "test_interpolate.py": ["test_interp_module_and_layout"],
+    "test_io.py": ["test_roundtrip[npy-3]"],
+    "test_linear.py": ["test_linear[3]"],
+    "test_local_rules.py": ["test_sort_topk_scans[2]"],
+    "test_loss_scan.py": ["test_cross_entropy[3]"],
+    "test_mixed_dtensor.py": ["test_mixed_dtensor_raises"],
+    "test_models.py": ["test_vit_2d_image[2]"],
+    "test_neighborhood_attention.py": ["test_sharded_2d"],
+    "test_norm.py": ["test_gn_bn_model"],
+    "test_optim_sharded.py": ["test_optimizer"],
+    "test_patches.py": ["test_namespace_is_the_api", "test_torch_version_checks"],
+    "test_physicsnemo_examples.py": ["test_example"],
+    "test_point_search.py": ["test_sharded_batched"],
+    "test_pointwise.py": ["test_binary_broadcast[3]"],
+    "test_pool.py": ["test_pool2d"],
+    "test_profiling.py": ["test_peak_memory_threads_and_nesting"],
+    "test_reduction.py": ["test_reductions[0-3]"],
+    "test_roll.py": ["test_roll_sharded_dim[3]"],
+    "test_sim_agreement.py": ["test_within_and_outside_noise"],
+    "test_simulate.py": ["test_simulated_rank_equals_real_rank"],
+    "test_smoke.py": ["test_roundtrip"],
+    "test_strided_inputs.py": ["test_halo_ops_strided"],
+    "test_transformer.py": ["test_encoder_layer"],
+    "test_unet.py": ["test_unet_training_1d_mesh"],
+    "test_view.py": ["test_views"],
+    "test_windows.py": ["test_swin_block"],
+    "test_write_through.py": ["test_select_writes_through"],
+    "test_zoo.py": ["test_zoo_model"],
+}
+QUICK_EXEMPT = {
+    "test_compile_bench.py": "a benchmark's smoke run (a minute of compiling); test_compile.py stands for compile",
+    "test_validate_sim.py": "a launch of 2P processes; test_simulate.py stands for the simulation",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: the quick tier (make test-quick), chosen in QUICK below")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselect: the entries are checked against everything collected
+def pytest_collection_modifyitems(config, items):
+    by_file = {}
+    for item in items:
+        by_file.setdefault(os.path.basename(item.fspath), []).append(item)
+    problems = []
+    for name in by_file:
+        if name not in QUICK and name not in QUICK_EXEMPT:
+            problems.append(f"{name} has no quick case: add one to QUICK in tests/python/conftest.py (or say in "
+                            "QUICK_EXEMPT why not)")
+    for name, entries in QUICK.items():
+        if name not in by_file:
+            continue  # the file was not collected in this run (a path or -k selection)
+        for entry in entries:
+            if "[" in entry:
+                chosen = [i for i in by_file[name] if i.name == entry]
+            else:
+                chosen = [i for i in by_file[name] if i.originalname == entry][:1]
+            if not chosen:
+                problems.append(f"QUICK names {name}::{entry}, which does not exist")
+            for item in chosen:
+                item.add_marker(pytest.mark.quick)
+    config.quick_tier_problems = problems  # test_smoke.py fails on them in a full run
+    if problems and "quick" in (config.getoption("markexpr", "") or ""):
+        raise pytest.UsageError("; ".join(problems))

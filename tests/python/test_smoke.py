@@ -20,3 +20,8 @@ def test_roundtrip():
     for w in (1, 2, 3):
         res = harness.run(w, case_roundtrip, 7)
         assert res[0] == (st.Shard(0),)
+
+
+def test_quick_tier_is_consistent(request):
+    """The quick tier (tests/python/conftest.py QUICK) names existing tests and covers every collected test file."""
+    assert request.config.quick_tier_problems == []
