@@ -13,7 +13,7 @@ TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
 # A stage's recipe starts with  @echo "== <what, and how long it roughly takes>"; date +%s > .stage-start
 STAGE_DONE = @echo "   done in $$(( $$(date +%s) - $$(cat .stage-start 2>/dev/null || date +%s) )) s"; rm -f .stage-start
 
-venv: $(VENV)/.stamp $(VENV)/.zoo-stamp
+venv: $(VENV)/.stamp $(VENV)/.test-stamp $(VENV)/.zoo-stamp
 $(VENV)/.stamp: pyproject.toml
 	@echo "== creating $(VENV): $(TORCH_PIN) and the build tools (downloads torch and its CUDA libraries, ~3 GB: a few minutes on a fast link)"; date +%s > .stage-start
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(VENV)/.stamp: pyproject.toml
 	$(PY) -m pip install --progress-bar on "$(TORCH_PIN)" numpy pytest matplotlib tqdm ninja "cmake>=3.25" scikit-build-core
 	touch $@
 	$(STAGE_DONE)
+
+# Test dependencies (tests/requirements.txt), on the torch pin's pip line.
+$(VENV)/.test-stamp: tests/requirements.txt | $(VENV)/.stamp
+	$(PY) -m pip install -q "$(TORCH_PIN)" -r tests/requirements.txt
+	touch $@
 
 # Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo), tried once, on the
 # same pip line as the torch pin so torch stays pinned. A failure is reported and recorded, never fatal: the zoo

@@ -8,6 +8,7 @@
 #include "comm/wait.h"
 
 #include <ATen/ATen.h>
+#include <optional>
 #include <utility>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -38,6 +39,43 @@ bool travels_as_real(const at::Tensor& t) {
 
 at::Tensor real_view(const at::Tensor& t) {
   return at::view_as_real(t.resolve_conj());
+}
+
+// Gloo moves and reduces only float, double, half, bfloat16, int8, uint8, int32, int64 and bool (NCCL lacks int16
+// too). Other dtypes travel as a supported dtype of the same element size: for collectives that only move data the
+// bytes are reinterpreted (a view, no copy: the backend copies them verbatim); reductions convert instead (below).
+std::optional<at::ScalarType> wire_dtype(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar: case at::kByte:
+    case at::kInt: case at::kLong: case at::kBool:
+      return std::nullopt;
+    default: break;
+  }
+  if (at::isComplexType(t.scalar_type())) return std::nullopt;  // travels as its real view (travels_as_real)
+  switch (t.element_size()) {
+    case 1: return at::kByte;
+    case 2: return at::kHalf;  // no 16-bit integer in Gloo; half is moved byte for byte
+    case 4: return at::kInt;
+    case 8: return at::kLong;
+    default: return std::nullopt;
+  }
+}
+
+// The dtype an all-reduce of `t` computes in when the backend lacks t's dtype: one that holds every value and whose
+// result converts back exactly (sums wrap modulo 2^bits as torch's own do). uint64 sums wrap identically in int64;
+// its max/min have no such dtype.
+at::ScalarType reduce_dtype(const at::Tensor& t, ReduceOp op) {
+  switch (t.scalar_type()) {
+    case at::kShort: case at::kUInt16: return at::kInt;
+    case at::kUInt32: return at::kLong;
+    case at::kUInt64:
+      TORCH_CHECK_NOT_IMPLEMENTED(op == ReduceOp::Sum,
+                                  "all_reduce of a uint64 tensor: only a sum can be computed (no backend reduces "
+                                  "unsigned 64-bit integers and no wider dtype holds them); convert to int64 first");
+      return at::kLong;
+    default: return at::isFloat8Type(t.scalar_type()) ? at::kFloat : t.scalar_type();
+  }
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -101,10 +139,16 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
   pending.in = pending.staged ? input.cpu() : input;
   pending.out = at::empty({recv_total}, opts.device(pending.in.device()));
   pending.recv_numels = recv_numels;
+  pending.dtype = input.scalar_type();
   auto recv_splits = recv_numels;
-  // Complex data travels as its real view (2 reals per element); `out` stays the complex view of the buffer.
+  // Complex data travels as its real view (2 reals per element), dtypes the backend lacks as a same-size one;
+  // `out` stays the original view of the buffer.
   auto wire_in = pending.in, wire_out = pending.out;
-  if (travels_as_real(pending.in)) {
+  if (auto wire = wire_dtype(pending.in)) {
+    wire_in = pending.in.view(*wire);
+    wire_out = pending.out.view(*wire);
+    pending.in = wire_in;
+  } else if (travels_as_real(pending.in)) {
     wire_in = real_view(pending.in).reshape({-1});
     wire_out = at::view_as_real(pending.out).reshape({-1});
     for (auto& n : recv_splits) n *= 2;
@@ -140,6 +184,7 @@ std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending) {
   if (pending.functional) {
     pending.out = functional::wait(pending.out);
     if (pending.complex) pending.out = at::view_as_complex(pending.out.view({-1, 2}));
+    else if (pending.out.scalar_type() != pending.dtype) pending.out = pending.out.view(pending.dtype);
     pending.functional = false;
   }
   auto out = pending.staged ? pending.out.to(pending.device) : pending.out;
@@ -176,6 +221,8 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
   const auto n = mesh.size(mesh_dim);
   if (n == 1) return local;
   if (travels_as_real(local)) return at::view_as_complex(all_gather_v(real_view(local), dim, extents, mesh, mesh_dim));
+  if (auto wire = wire_dtype(local))
+    return all_gather_v(local.view(*wire), dim, extents, mesh, mesh_dim).view(local.scalar_type());
   if (use_functional(local)) return functional::all_gather_v(local, dim, extents, mesh, mesh_dim);
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
@@ -217,6 +264,14 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
     TORCH_CHECK_VALUE(op == ReduceOp::Sum || op == ReduceOp::Avg,
                       "all_reduce of a complex tensor: only sum and avg are defined (complex numbers have no order)");
     return at::view_as_complex(all_reduce(real_view(local), op, mesh, mesh_dim));
+  }
+  if (wire_dtype(local)) {
+    const auto compute = reduce_dtype(local, op);
+    auto wide = compute == at::kLong && local.element_size() == 8 ? local.view(at::kLong) : local.to(compute);
+    auto reduced = all_reduce(wide, op, mesh, mesh_dim);
+    return local.element_size() == reduced.element_size() && !at::isFloatingType(compute)
+               ? reduced.view(local.scalar_type())
+               : reduced.to(local.scalar_type());
   }
   if (use_functional(local)) return finish_avg(functional::all_reduce(local, op, mesh, mesh_dim), op, n);
   auto& pg = *mesh.group(mesh_dim);
@@ -317,6 +372,8 @@ at::Tensor all_to_all_v(const at::Tensor& local, int64_t src_dim, const std::vec
 at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, int64_t mesh_dim) {
   if (mesh.size(mesh_dim) == 1) return tensor;
   if (travels_as_real(tensor)) return at::view_as_complex(broadcast(real_view(tensor), root, mesh, mesh_dim));
+  if (auto wire = wire_dtype(tensor))
+    return broadcast(tensor.view(*wire), root, mesh, mesh_dim).view(tensor.scalar_type());
   if (use_functional(tensor)) return functional::broadcast(tensor, root, mesh, mesh_dim);
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
@@ -343,6 +400,11 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
     auto real_opts = options.dtype(c10::toRealValueType(c10::typeMetaToScalarType(options.dtype())));
     return at::view_as_complex(scatter_v(me == root ? real_view(full) : full, root, dim, extents, real_shape,
                                          real_opts, mesh, mesh_dim));
+  }
+  if (auto wire = wire_dtype(at::empty({0}, options))) {
+    return scatter_v(me == root ? full.view(*wire) : full, root, dim, extents, full_shape, options.dtype(*wire), mesh,
+                     mesh_dim)
+        .view(c10::typeMetaToScalarType(options.dtype()));
   }
   if (use_functional(me == root ? full : at::empty({0}, options))) {
     // No functional scatter: an all-to-all in which only the root sends (chunk j to coordinate j).

@@ -50,6 +50,7 @@ struct PendingAllToAll {
   bool staged = false;
   bool functional = false;  // `out` is a functional collective's result, not yet waited (comm/functional.h)
   bool complex = false;     // functional: `out` holds the real view of complex data
+  at::ScalarType dtype = at::kFloat;  // of the data: `out` travels in another dtype when the backend lacks it
   at::Device device{at::kCPU};
 };
 PendingAllToAll all_to_all_flat_start(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,

@@ -235,8 +235,7 @@ void store_rule(Registry& r, Slot* slot, BoxedHandler handler) {
 
 bool should_bind(const c10::OperatorHandle& h) {
   // Composite-implicit ops must keep decomposing above the backend (binding them would drop their autograd).
-  return !h.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-      !h.hasKernelForDispatchKey(kShardKey);
+  return !decomposes_before_shard_key(h) && !h.hasKernelForDispatchKey(kShardKey);
 }
 
 c10::OperatorName parse_name(const std::string& full) {
@@ -253,6 +252,12 @@ void shard_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 }
 
 } // namespace
+
+bool decomposes_before_shard_key(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+}
 
 void install_dispatch() {
   auto& r = registry();
@@ -280,8 +285,8 @@ void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool stric
     auto h = c10::Dispatcher::singleton().findOp(name);
     TORCH_CHECK_VALUE(h.has_value(), "register_handler: no operator named '", qualified(name),
                       "' is registered; define the op (torch.library) before registering its handler");
-    if (!strict && h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return;
-    TORCH_CHECK_NOT_IMPLEMENTED(!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
+    if (!strict && decomposes_before_shard_key(*h)) return;
+    TORCH_CHECK_NOT_IMPLEMENTED(!decomposes_before_shard_key(*h),
                                 "register_handler: '", qualified(name),
                                 "' is composite-implicit (it decomposes into other ops); register handlers "
                                 "for the ops it decomposes into instead");
@@ -324,7 +329,7 @@ void set_handler_all_overloads(const char* base_name, BoxedHandler handler) {
     // out= overloads write into a caller's tensor and are handled by the op's own rule, if any.
     if (name.name != base_name || name.overload_name == "out") continue;
     auto h = d.findOp(name);
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    if (!h || decomposes_before_shard_key(*h)) continue;
     set_handler(name, handler, /*strict=*/false);
     any = true;
   }

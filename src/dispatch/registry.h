@@ -22,6 +22,13 @@ enum class RuleLevel {
   above_autograd,
 };
 
+// Whether `op` decomposes before reaching the ShardTensor key: a CompositeImplicitAutograd kernel and no explicit
+// composite one. Such ops are left to their parts' rules. An op with both (silu_backward: its structured wrapper is
+// CompositeExplicitAutogradNonFunctional) decomposes above autograd, but below it (torch.compile's tracer, any call
+// under no autograd key) the explicit kernel runs at the ShardTensor key, allocating a plain global-size output:
+// those are bound like any other op.
+bool decomposes_before_shard_key(const c10::OperatorHandle& op);
+
 // Built-in registration helpers for src/ops: register by full name or by all overloads of a base name.
 // `strict`: raise for composite-implicit ops (user registrations); built-ins skip them quietly, since such
 // ops decompose into ops that have rules.

@@ -307,12 +307,15 @@ void register_pointwise() {
       // shape (the weight's is summed to the weight's shape by autograd, a reduction rule: Partial over the sharded
       // dims the weight broadcasts along, completed once by the promote kernel's backward or the leaf's hook).
       "aten::_prelu_kernel",     "aten::_prelu_kernel_backward",
+      // Elementwise without the tag: rsub (other - alpha * self), complex(real, imag), polar(abs, angle), fill (the
+      // functional fill: every element the value).
+      "aten::rsub",              "aten::complex",             "aten::polar",               "aten::fill",
   };
   auto& d = c10::Dispatcher::singleton();
   auto bindable = [&](const c10::OperatorName& name) -> std::optional<c10::OperatorHandle> {
     if (!starts_with(name.name, "aten::")) return std::nullopt;
     auto h = d.findOp(name);
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return std::nullopt;
+    if (!h || dispatch::decomposes_before_shard_key(*h)) return std::nullopt;
     return h;
   };
   const auto names = d.getAllOpNames();

@@ -90,15 +90,31 @@ bool empty_reduction(const at::Tensor& local, const std::vector<int64_t>& dims) 
   return false;
 }
 
+// The identity of max (lowest) and min (highest) in dtype `t`: an empty shard's term of a pending max/min. It must be
+// representable in `t` (at::full refuses an int64 bound for an int16 tensor, on that rank only).
+template <typename T>
+at::Scalar integral_limit(bool low) {
+  return low ? at::Scalar(std::numeric_limits<T>::lowest()) : at::Scalar(std::numeric_limits<T>::max());
+}
+at::Scalar limit(at::ScalarType t, bool low) {
+  if (at::isFloatingType(t)) return (low ? -1 : 1) * std::numeric_limits<double>::infinity();
+  switch (t) {
+    case at::kBool: return !low;
+    case at::kByte: return integral_limit<uint8_t>(low);
+    case at::kChar: return integral_limit<int8_t>(low);
+    case at::kShort: return integral_limit<int16_t>(low);
+    case at::kInt: return integral_limit<int32_t>(low);
+    case at::kUInt16: return integral_limit<uint16_t>(low);
+    case at::kUInt32: return integral_limit<uint32_t>(low);
+    case at::kUInt64: return integral_limit<uint64_t>(low);
+    default: return integral_limit<int64_t>(low);
+  }
+}
 at::Scalar lowest(at::ScalarType t) {
-  if (at::isFloatingType(t)) return -std::numeric_limits<double>::infinity();
-  if (t == at::kBool) return false;
-  return std::numeric_limits<int64_t>::min();
+  return limit(t, /*low=*/true);
 }
 at::Scalar highest(at::ScalarType t) {
-  if (at::isFloatingType(t)) return std::numeric_limits<double>::infinity();
-  if (t == at::kBool) return true;
-  return std::numeric_limits<int64_t>::max();
+  return limit(t, /*low=*/false);
 }
 
 enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm };
@@ -151,6 +167,11 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
       out = at::sum(local, dims, keepdim, dtype);
       break;
     case Kind::Mean: {
+      // torch's mean refuses integral results (its meta function); the sum below would not, so check as it does.
+      const auto result_type = dtype.value_or(self.scalar_type());
+      TORCH_CHECK(at::isFloatingType(result_type) || at::isComplexType(result_type),
+                  "mean(): could not infer output dtype. ", dtype ? "Optional" : "Input",
+                  " dtype must be either a floating point or complex dtype. Got: ", c10::toString(result_type));
       int64_t count = 1;
       for (auto d : dims) count *= self.size(d);
       auto s = at::sum(local, dims, keepdim, dtype);

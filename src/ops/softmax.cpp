@@ -1,6 +1,7 @@
-// softmax / log_softmax and their backward ops. Over an unsharded dim they are local; over a sharded dim they
-// use the global max and the global sum of exponentials (two small all-reduces), and the backward a global
-// sum of grad*output.
+// Ops along one dim: softmax / log_softmax and their backward ops. Over an unsharded dim they are local; over a
+// sharded dim they use the global max and the global sum of exponentials (two small all-reduces), and the backward a
+// global sum of grad*output. glu and its backward: local along an unsharded dim (each rank's rows hold both halves);
+// along a sharded dim the halves lie on different ranks, which the rule refuses (the fallback, or redistribute).
 #include "comm/collectives.h"
 #include "ops/common.h"
 
@@ -24,6 +25,9 @@ at::Tensor softmax_along(const at::Tensor& self_arg, int64_t dim_arg, bool half_
   if (spec->mesh_dim_of(dim) < 0) {
     out = log ? at::_log_softmax(x, dim, half_to_float) : at::_softmax(x, dim, half_to_float);
   } else {
+    // The local kernel refuses integral inputs; the sharded formula below (exp promotes) would not, so refuse as it.
+    TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(x.scalar_type()), "\"", log ? "log_softmax" : "softmax",
+                                "_lastdim_kernel_impl\" not implemented for '", c10::toString(x.scalar_type()), "'");
     auto xf = half_to_float ? x.to(at::kFloat) : x;
     at::Tensor local_max;
     if (x.size(dim) == 0) {
@@ -87,9 +91,47 @@ at::Tensor log_softmax_backward_rule(const at::Tensor& grad_output, const at::Te
                                 /*log=*/true);
 }
 
+// The layout of glu's output: `self`'s, with `dim` halved (never sharded here).
+SpecPtr glu_output_spec(const ShardSpec& spec, int64_t dim) {
+  auto shape = spec.global_shape;
+  shape[dim] /= 2;
+  return ShardSpec::make(spec.mesh, spec.placements, shape, spec.sharding_shapes());
+}
+
+int64_t glu_dim(const char* op, const at::Tensor& self, const ShardSpec& spec, int64_t dim_arg) {
+  const auto dim = wrap_dim(dim_arg, self.dim());
+  if (spec.mesh_dim_of(dim) >= 0)
+    dispatch::not_implemented(std::string(op) + " along dim " + std::to_string(dim) + ", which is sharded (" +
+                              spec.str() + "): its two halves lie on different ranks; redistribute that dim to "
+                              "Replicate() first");
+  return dim;
+}
+
+// glu(Tensor self, int dim=-1)
+at::Tensor glu_rule(const at::Tensor& self_arg, int64_t dim_arg) {
+  auto self = resolve_partial(self_arg);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto dim = glu_dim("glu", self, spec, dim_arg);
+  return make_shard_tensor(at::glu(shard_impl(self)->local(), dim), glu_output_spec(spec, dim));
+}
+
+// glu_backward(Tensor grad_output, Tensor self, int dim)
+at::Tensor glu_backward_rule(const at::Tensor& grad_output, const at::Tensor& self_arg, int64_t dim_arg) {
+  auto self = resolve_partial(self_arg);
+  auto spec = shard_impl(self)->spec();
+  const auto dim = glu_dim("glu_backward", self, *spec, dim_arg);
+  auto mesh = dispatch::common_mesh("aten::glu_backward", {grad_output, self_arg});
+  auto out_spec = glu_output_spec(*spec, dim);
+  auto g = local_aligned(resolve_partial(grad_output), mesh, out_spec->global_shape, spec->placements,
+                         spec->dim_extents());
+  return make_shard_tensor(at::glu_backward(g, shard_impl(self)->local(), dim), spec);
+}
+
 } // namespace
 
 void register_softmax() {
+  dispatch::set_handler("aten::glu", typed_handler(&glu_rule));
+  dispatch::set_handler("aten::glu_backward", typed_handler(&glu_backward_rule));
   dispatch::set_handler("aten::_softmax", typed_handler(&softmax_rule));
   dispatch::set_handler("aten::_log_softmax", typed_handler(&log_softmax_rule));
   dispatch::set_handler("aten::_softmax_backward_data", typed_handler(&softmax_backward_rule));

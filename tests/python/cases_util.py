@@ -87,8 +87,9 @@ def shard_of(full, m, placements, extents=None):
     return st.distribute_tensor(full, m, placements, sharding_shapes=extents)
 
 
-def close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+def close(actual, expected, rtol=1e-5, atol=1e-6, what="", equal_nan=False):
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=equal_nan,
+                               msg=lambda m: f"{what}: {m}")
 
 
 def full(x):

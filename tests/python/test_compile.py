@@ -501,3 +501,91 @@ def case_point_search_in_compiled_code(which):
 @pytest.mark.parametrize("which", ["knn", "radius_search"])
 def test_point_search_in_compiled_code(which):
     harness.run(2, case_point_search_in_compiled_code, which)
+
+
+# Every pointwise op of torch's OpInfo database (unary and binary ufuncs, the activations of torch.nn.functional) that
+# is differentiable in float32, compiled forward and backward with a sharded input. Ops whose composite kernel runs at
+# the ShardTensor key below autograd (silu_backward) once failed to trace; the sweep keeps the whole class covered.
+ACTIVATIONS = {"nn.functional.silu", "nn.functional.gelu", "nn.functional.mish", "nn.functional.elu",
+               "nn.functional.celu", "nn.functional.selu", "nn.functional.hardswish", "nn.functional.hardsigmoid",
+               "nn.functional.softplus", "nn.functional.leaky_relu", "nn.functional.relu6", "nn.functional.hardtanh",
+               "nn.functional.logsigmoid", "nn.functional.tanhshrink", "nn.functional.softsign",
+               "nn.functional.hardshrink", "nn.functional.softshrink", "nn.functional.relu", "nn.functional.threshold",
+               "nn.functional.rrelu", "sigmoid", "nn.functional.glu"}
+
+
+def _pointwise_cases():
+    """(name, fn, args, kwargs) with the first float32 sample of every differentiable pointwise OpInfo whose input has
+    at least 2 rows (the sharded dim)."""
+    from torch.testing._internal.common_methods_invocations import binary_ufuncs, op_db, unary_ufuncs
+    names = {o.name for o in unary_ufuncs} | {o.name for o in binary_ufuncs} | ACTIVATIONS
+    cases = []
+    for info in op_db:
+        if info.name not in names or not info.supports_autograd or torch.float32 not in info.dtypes:
+            continue
+        if info.name == "nn.functional.rrelu":   # random in training mode: compared in eval mode below
+            continue
+        for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+            x = sample.input
+            if info.name == "nn.functional.glu":   # it halves its dim: sharded along another one
+                dim = sample.kwargs.get("dim", sample.args[0] if sample.args else -1)
+                if x.dim() < 2 or dim % x.dim() == 0:
+                    continue
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.size(0) >= 2 and x.numel() > 0:
+                cases.append((f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name,
+                              info.op, x, list(sample.args), dict(sample.kwargs)))
+                break
+    return cases
+
+
+def case_compiled_pointwise_sweep():
+    """One compiled graph applies every op to its sharded sample (strict: no gather fallback); outputs and, after one
+    backward over all of them, input gradients equal one device."""
+    m = mesh()
+    cases = _pointwise_cases()
+
+    def like(t, a):  # a second tensor argument of the input's shape is sharded like it
+        return isinstance(a, torch.Tensor) and a.shape == t.shape
+
+    inputs, plain = [], []
+    for name, fn, x, args, kwargs in cases:
+        ext = {0: uneven_extents(x.size(0), m.size(), 3)}
+
+        def shard(t):
+            return st.distribute_tensor(t.detach(), m, [st.Shard(0)], ext).requires_grad_(t.is_floating_point()
+                                                                                       or t.is_complex())
+        inputs.append([shard(x)] + [shard(a) if like(x, a) else a for a in args])
+        plain.append([x.detach().requires_grad_(True)] + [
+            a.detach().requires_grad_(a.is_floating_point() or a.is_complex()) if like(x, a) else a for a in args])
+    torch._dynamo.reset()
+
+    def run_all(all_inputs):
+        return [fn(*ins, **kwargs) for (_, fn, _, _, kwargs), ins in zip(cases, all_inputs)]
+    with st.use_strict():
+        outs = torch.compile(run_all, backend=BACKEND, fullgraph=True)(inputs)
+    refs = run_all(plain)
+    sharded, tangents, references, ref_tangents = [], [], [], []
+    for (name, *_), out, ref in zip(cases, outs, refs):
+        out, ref = (out[0], ref[0]) if isinstance(ref, tuple) else (out, ref)   # frexp, max.dim: the values
+        close(out.full_tensor(), ref, rtol=1e-5, atol=1e-6, equal_nan=True, what=f"compiled {name}")
+        if ref.requires_grad:
+            grad = torch.linspace(0.5, 1.5, ref.numel()).reshape(ref.shape).to(ref.dtype)
+            sharded.append(out)
+            tangents.append(st.distribute_tensor(grad, m, list(st.placements(out)), st.sharding_shapes(out)))
+            references.append(ref)
+            ref_tangents.append(grad)
+    # One backward over every output: a compiled graph's backward takes all its tangents at once.
+    with st.use_strict():
+        torch.autograd.backward(sharded, tangents)
+    torch.autograd.backward(references, ref_tangents)
+    for (name, *_), ins, pins in zip(cases, inputs, plain):
+        for i, (a, b) in enumerate(zip(ins, pins)):
+            if isinstance(b, torch.Tensor) and b.grad is not None:
+                close(a.grad.full_tensor(), b.grad, rtol=1e-4, atol=1e-5, equal_nan=True,
+                      what=f"compiled {name} gradient of input {i}")
+    return len(cases)
+
+
+def test_compiled_pointwise_sweep():
+    counts = harness.run(2, case_compiled_pointwise_sweep, timeout=900)
+    assert counts[0] > 100, counts

@@ -1,6 +1,8 @@
 """Complex tensors through every collective (c10d backends move none: Gloo rejects them, so they travel as their
 real view): full_tensor (all-gather), redistribute (all-to-all), Partial sums (all-reduce), scatter_tensor,
-conjugate views, a complex spectrum gathered after a local FFT, and gradients through those, against one device."""
+conjugate views, a complex spectrum gathered after a local FFT, and gradients through those, against one device.
+Likewise the dtypes Gloo lacks (int16, uint16, uint32, uint64, float8): moved as a same-size dtype, reduced in a wider
+one."""
 import pytest
 import torch
 
@@ -65,3 +67,30 @@ def test_complex_collectives(world, dtype):
 @pytest.mark.parametrize("world", [2, 3])
 def test_complex_gradients(world):
     harness.run(world, case_complex_gradients)
+
+
+def case_dtypes_gloo_lacks():
+    m = mesh()
+    w = m.size()
+    ext = {0: uneven_extents(7, w, seed=3)}
+    base = torch.arange(21).reshape(7, 3)
+    for dtype in (torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
+        v = (base % 9).to(dtype) if dtype == torch.float8_e4m3fn else base.to(dtype)
+        x = st.distribute_tensor(v, m, [st.Shard(0)], ext)
+        assert x.dtype == dtype
+        assert torch.equal(x.full_tensor().view(torch.uint8), v.view(torch.uint8)), dtype          # all-gather
+        assert torch.equal(x.redistribute([st.Shard(1)]).full_tensor().view(torch.uint8), v.view(torch.uint8))
+        s = st.scatter_tensor(v if rank() == 0 else None, 0, m, [st.Shard(1)])
+        assert torch.equal(s.full_tensor().view(torch.uint8), v.view(torch.uint8)), dtype           # scatter
+    # Reductions (torch's CPU kernels reduce int16 but not the unsigned ones): max, min, and a sum kept in int16 that
+    # wraps around as torch's does.
+    v = (base * 1000).to(torch.int16)
+    x = st.distribute_tensor(v, m, [st.Shard(0)], ext)
+    assert torch.equal(full(x.amax(0)), v.amax(0))
+    assert torch.equal(full(x.amin(0)), v.amin(0))
+    assert torch.equal(full(x.sum(0, dtype=torch.int16)), v.sum(0, dtype=torch.int16))
+    return True
+
+
+def test_dtypes_gloo_lacks():
+    harness.run(3, case_dtypes_gloo_lacks)

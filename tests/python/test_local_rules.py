@@ -306,3 +306,25 @@ def test_host_access_remedies():
 @pytest.mark.parametrize("world", [2, 3])
 def test_sync_module_skips_dtensor(world):
     harness.run(world, case_sync_module_dtensor, world)
+
+
+def case_integral_mean_and_softmax(what):
+    """Sharded reductions and softmax refuse the dtypes torch refuses, with torch's message (the sharded formulas,
+    a sum then a division, exp then a sum, would otherwise return a value)."""
+    m = mesh()
+    x = st.distribute_tensor(torch.arange(12).reshape(6, 2), m, [st.Shard(0)])
+    if what == "mean":
+        x.mean()
+    elif what == "mean_bool":
+        x.bool().mean(0)
+    elif what == "mean_dtype":
+        x.float().mean(0, dtype=torch.int64)
+    else:
+        torch.softmax(x, 0)
+
+
+@pytest.mark.parametrize("what,match", [("mean", "Input dtype must be either a floating point or complex dtype"),
+                                        ("mean_bool", "Got: Bool"), ("mean_dtype", "Optional dtype must be"),
+                                        ("softmax", "not implemented for 'Long'")])
+def test_integral_mean_and_softmax_raise_like_torch(what, match):
+    harness.expect_error(2, case_integral_mean_and_softmax, what, match=match)

@@ -56,6 +56,30 @@ def case_activations(seed):
     return True
 
 
+def case_untagged_elementwise(seed):
+    """Elementwise ops without torch's pointwise tag (rsub, complex, polar, functional fill) and glu along an unsharded
+    dim run locally (strict mode: no gather), forward and gradients equal one device; glu along the sharded dim is
+    refused on every rank."""
+    m = mesh()
+    x, y = randn(5, 8, seed=seed).abs() + 0.1, randn(5, 8, seed=seed + 1)
+    lay = ([st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
+    with st.use_strict():
+        check_op(lambda a, b: torch.rsub(a, b, alpha=2), [x, y], [lay, lay], m, what="rsub")
+        check_op(lambda a: torch.rsub(a, 0.5), [x], [lay], m, what="rsub.Scalar")
+        check_op(lambda a, b: torch.view_as_real(torch.complex(a, b)), [x, y], [lay, lay], m, what="complex")
+        check_op(lambda a, b: torch.view_as_real(torch.polar(a, b)), [x, y], [lay, None], m, what="polar")
+        check_op(lambda a: torch.fill(a, torch.tensor(0.25)) * a, [x], [lay], m, what="fill")
+        check_op(lambda a: F.glu(a, 1), [x], [lay], m, what="glu")
+    return True
+
+
+def case_glu_along_sharded_dim():
+    m = mesh()
+    xs = st.distribute_tensor(randn(6, 4, seed=3), m, [st.Shard(0)])
+    with st.use_strict():
+        F.glu(xs, 0)
+
+
 def case_inplace_and_out(seed):
     m = mesh()
     x = randn(6, 4, seed=seed)
@@ -458,3 +482,12 @@ def test_prelu_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_prelu_weight_reduced_once(world):
     harness.run(world, case_prelu_weight_reduced_once, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_untagged_elementwise(world):
+    harness.run(world, case_untagged_elementwise, world)
+
+
+def test_glu_along_sharded_dim_refused():
+    harness.expect_error(2, case_glu_along_sharded_dim, match="glu along dim 0, which is sharded")
