@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
 
-.PHONY: demo test test-quick build venv zoo-deps system-deps cpp-test py-test bench zoo clean
+.PHONY: demo test test-quick op-sweep op-sweep-update build venv zoo-deps system-deps cpp-test py-test bench zoo clean
 
 # Each stage says what it does, how long it roughly takes on 2 cores, and how long it took.
 # A stage's recipe starts with  @echo "== <what, and how long it roughly takes>"; date +%s > .stage-start
@@ -85,6 +85,14 @@ test: build
 test-quick: build
 	cd $(BUILD) && ctest --output-on-failure -LE "package|cuda"
 	$(PY) -m pytest -q -m quick tests/python
+
+# The whole OpInfo sweep (tests/python/op_sweep.py; `make test` runs a subset): compare with the expected file, or
+# rewrite it and the generated op list of docs/supported-ops.md.
+op-sweep: build
+	$(PY) tests/python/op_sweep.py --check
+
+op-sweep-update: build
+	$(PY) tests/python/op_sweep.py --update
 
 bench: build
 	$(PY) benchmarks/dispatch_overhead/bench.py

@@ -93,8 +93,11 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& src, con
     const auto& target = dst.placements[m];
     if (target.is_shard()) {
       const auto off = dst.offset_of(mi, mesh.coordinate(mi));
-      // Copy so the replicated buffer is not kept alive by the slice.
-      t = t.narrow(target.dim, off, dst.extents[m][mesh.coordinate(mi)]).clone();
+      // Copy when the slice would keep a larger replicated buffer alive; a slice of a smaller one (a gradient
+      // expanded from a scalar: stride 0, no memory) stays a view, as the expanded tensor is on one device.
+      auto slice = t.narrow(target.dim, off, dst.extents[m][mesh.coordinate(mi)]);
+      const auto needed = static_cast<size_t>(slice.numel()) * slice.element_size();
+      t = slice.has_storage() && slice.storage().nbytes() <= needed ? slice : slice.clone();
       cur[m] = target;
       cur_ext[m] = dst.extents[m];
     } else if (target.is_partial()) {

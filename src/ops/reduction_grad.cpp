@@ -67,13 +67,15 @@ struct SumMeanFn : torch::autograd::Function<SumMeanFn> {
     const auto count = ctx->saved_data["count"].toInt();
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     if (!shard_impl(g)) g = dispatch::as_shard(g, spec->mesh);
+    // mean divides the reduced gradient (small) before it is expanded: the expansion stays a stride-0 view of it,
+    // sliced into the input's layout without a copy, so no input-sized pass precedes the next op's own.
+    if (count > 0) g = g / static_cast<double>(count);
     if (!ctx->saved_data["keepdim"].toBool())
       for (auto d : dims) g = g.unsqueeze(d); // ascending, so each index is final
     g = g.expand(spec->global_shape);
     auto target = without_partial(spec);
     g = at::GradMode::is_enabled() ? redistribute(g, target->placements, target->sharding_shapes())
                                    : redistribute_to(g, target);
-    if (count > 0) g = g / static_cast<double>(count);
     if (g.scalar_type() != dtype) g = g.to(dtype);
     return {g, at::Tensor()};
   }

@@ -49,6 +49,7 @@ QUICK = {
     "test_models.py": ["test_vit_2d_image[2]"],
     "test_neighborhood_attention.py": ["test_sharded_2d"],
     "test_norm.py": ["test_gn_bn_model"],
+    "test_op_sweep.py": ["test_docs_section_current"],
     "test_optim_sharded.py": ["test_optimizer"],
     "test_patches.py": ["test_namespace_is_the_api", "test_torch_version_checks"],
     "test_physicsnemo_examples.py": ["test_example"],
