@@ -94,10 +94,11 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& src, con
     if (target.is_shard()) {
       const auto off = dst.offset_of(mi, mesh.coordinate(mi));
       // Copy when the slice would keep a larger replicated buffer alive; a slice of a smaller one (a gradient
-      // expanded from a scalar: stride 0, no memory) stays a view, as the expanded tensor is on one device.
+      // expanded from a scalar: stride 0, less memory than it covers) stays a view. A slice covering its whole buffer
+      // (a mesh dim of size 1) is copied too: it would alias the source, which a user may write to afterwards.
       auto slice = t.narrow(target.dim, off, dst.extents[m][mesh.coordinate(mi)]);
       const auto needed = static_cast<size_t>(slice.numel()) * slice.element_size();
-      t = slice.has_storage() && slice.storage().nbytes() <= needed ? slice : slice.clone();
+      t = slice.has_storage() && slice.storage().nbytes() < needed ? slice : slice.clone();
       cur[m] = target;
       cur_ext[m] = dst.extents[m];
     } else if (target.is_partial()) {
