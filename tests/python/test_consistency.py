@@ -99,6 +99,45 @@ def test_from_local_placements_differ_per_rank(how, mode):
                              kinds=("ValueError",))
 
 
+def modes_differ(modes, mesh_shape):
+    """Issue 30 item 1: a different sharding_shapes mode per rank (explicit extents, "even", "infer"): the agreement
+    message has one size whatever the mode, so every rank raises instead of a Gloo size mismatch aborting one."""
+    m = mesh(mesh_shape)
+    w = m.size()
+    n = 2 * w
+    local = torch.zeros(2, 3)
+    mode = modes[rank() % len(modes)]
+    if mode == "explicit":
+        st.from_local(local, m, [st.Shard(0)] * len(m.mesh.shape) if len(m.mesh.shape) == 1
+                      else [st.Shard(0), st.Replicate()], sharding_shapes={0: [2] * m.mesh.shape[0]})
+    else:
+        pl = [st.Shard(0)] if len(m.mesh.shape) == 1 else [st.Shard(0), st.Replicate()]
+        gs = (2 * m.mesh.shape[0], 3)
+        st.from_local(local, m, pl, sharding_shapes=mode, global_shape=gs if mode == "even" else None)
+
+
+@pytest.mark.parametrize("modes", [("explicit", "even"), ("even", "explicit"), ("infer", "explicit"),
+                                   ("explicit", "infer"), ("infer", "even"), ("even", "infer"),
+                                   ("infer", "even", "explicit")])
+def test_from_local_modes_differ_per_rank(modes):
+    for world in (2, 3):
+        errors = harness.expect_error(world, modes_differ, modes, None, match="sharding_shapes mode",
+                                      kinds=("ValueError",))
+        assert all("ranks disagree" in msg for _, msg, _ in errors.values())
+    harness.expect_error(4, modes_differ, modes, (2, 2), match="sharding_shapes mode", kinds=("ValueError",))
+
+
+def case_infer_wrong_global_shape():
+    """Issue 30 item 5: "infer" with a global_shape the gathered extents contradict raises (it was ignored)."""
+    m = mesh()
+    st.from_local(torch.zeros(2, 3), m, [st.Shard(0)], "infer", global_shape=(2 * m.size() + 1, 3))
+
+
+def test_from_local_infer_checks_global_shape():
+    for world in (1, 2):
+        harness.expect_error(world, case_infer_wrong_global_shape, match="global_shape", kinds=("ValueError",))
+
+
 def test_from_local_disagreement_raises_3_ranks():
     harness.expect_error(3, bad_explicit_extents, match="sharding_shapes", kinds=("ValueError",))
     harness.expect_error(3, bad_local_fit_even, match="fits the layout", kinds=("ValueError",))
