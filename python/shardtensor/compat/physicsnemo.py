@@ -479,8 +479,10 @@ class RingPassingConfig:
 
 def perform_ring_iteration(tensor: torch.Tensor, mesh, ring_config: RingPassingConfig, recv_shape=None):
     """One ring step: send ``tensor`` to the next rank along ``ring_config.mesh_dim`` (the previous one for
-    ``ring_direction="backward"``) and return the tensor received, of ``recv_shape`` (default: ``tensor``'s shape).
-    ``st.ring_pass``; differentiable."""
+    ``ring_direction="backward"``) and return the tensor received, of ``recv_shape`` (default: the shape the sender
+    sends; PhysicsNeMo assumes ``tensor``'s own, which is wrong for uneven shards). ``st.ring_pass``: the ranks agree
+    on the shapes before any data moves, and a ``recv_shape`` the sender does not send raises ``ValueError`` on every
+    rank; differentiable."""
     size = mesh.size(ring_config.mesh_dim)
     if ring_config.mesh_size != size:
         raise ValueError(f"perform_ring_iteration: ring_config.mesh_size={ring_config.mesh_size} but mesh dim "
