@@ -231,6 +231,11 @@ PYBIND11_MODULE(_C, m) {
     return to_string(set_attention_strategy(parse_attention_strategy(name)));
   });
   m.def("attention_strategy", [] { return to_string(attention_strategy()); });
+  m.def("set_thread_attention_strategy", [](const std::optional<std::string>& name) -> std::optional<std::string> {
+    auto previous = set_thread_attention_strategy(name ? std::optional(parse_attention_strategy(*name)) : std::nullopt);
+    if (!previous) return std::nullopt;
+    return to_string(*previous);
+  });
   m.def("set_comm_backend", [](const std::string& name) {
     TORCH_CHECK_VALUE(name == "process_group" || name == "functional",
                       "set_comm_backend: expected \"process_group\" or \"functional\", got \"", name, "\"");

@@ -276,20 +276,35 @@ def set_attention_strategy(strategy: str) -> str:
     blocks pass around the mesh dim, log-sum-exp merge; causal self-attention runs in the load-balanced zigzag
     layout), ``"ring_contiguous"`` (the ring without the zigzag permutation), ``"all_to_all"`` (sequence shards -> head shards,
     local attention, back) or ``"auto"`` (the default: all-to-all when the key/value heads divide evenly by the
-    mesh dim size and the attention is causal or it moves no more bytes than the ring). Process-wide; set it alike on every rank.
-    Returns the previous setting."""
+    mesh dim size and the attention is causal or it moves no more bytes than the ring). The process-wide default:
+    set it alike on every rank, before threads that run attention start (a change while another thread runs
+    attention could reach the ranks at different points; ``use_attention_strategy`` changes the calling thread
+    only). Each attention call reads the setting once and its backward reuses that choice. Returns the previous
+    default."""
     return _C.set_attention_strategy(str(strategy))
 
 
 def attention_strategy() -> str:
-    """The current attention strategy (see ``set_attention_strategy``)."""
+    """The attention strategy in effect on this thread (see ``set_attention_strategy``)."""
     return _C.attention_strategy()
 
 
-class use_attention_strategy(_SettingBlock):
-    """``with st.use_attention_strategy("ring"): ...`` — set the attention strategy for a block."""
+class use_attention_strategy:
+    """``with st.use_attention_strategy("ring"): ...`` — the attention strategy for a block, on the calling thread
+    only (attention running on other threads meanwhile keeps its own setting, so no thread can make the ranks
+    diverge). Blocks nest; the previous setting comes back on exit."""
 
-    _setter = staticmethod(set_attention_strategy)
+    def __init__(self, strategy: str):
+        self.value = str(strategy)
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = _C.set_thread_attention_strategy(self.value)
+        return self
+
+    def __exit__(self, *exc):
+        _C.set_thread_attention_strategy(self.previous)
+        return False
 
 
 def set_strict(strict: bool) -> bool:
