@@ -198,6 +198,8 @@ def register_handler(op, fn) -> None:
     receives the op's arguments (ShardTensors, plain tensors, scalars) and returns its result(s); it runs below
     autograd, so it should work on ``to_local()`` values and wrap results with ``from_local``.
     """
+    if not callable(fn):
+        raise TypeError(f"register_handler: the handler must be callable, got {type(fn).__name__}")
     name = op if isinstance(op, str) else op.name() if hasattr(op, "name") else str(op)
     if "::" not in name:
         name = "aten::" + name

@@ -1,5 +1,8 @@
 #include "comm/wait.h"
 
+#include <shardtensor/mesh.h>
+#include <shardtensor/simulation.h>
+
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -46,6 +49,8 @@ void set_gil_hooks(GilHooks hooks) {
 }
 
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* kind, const Mesh* mesh, int64_t mesh_dim) {
+  // A collective over an ended simulation's fake group would "complete" with garbage.
+  if (mesh && C10_UNLIKELY(mesh->simulation() != 0)) check_simulation_alive(*mesh, kind);
   std::string failure;
   {
     GilReleased no_gil;

@@ -93,6 +93,44 @@ def test_compute_split_shapes():
     assert p.compute_split_shapes(6, 4) == [1, 1, 1, 3]     # div-up would leave the last empty: floor
     assert p.compute_split_shapes(8, 4) == [2, 2, 2, 2]
     assert p.compute_split_shapes(5, 1) == [5]
+    assert p.compute_split_shapes(0, 3) == [0, 0, 0]
+    # Issue 30 item 5: no chunks divided by zero; a negative size gave negative extents.
+    with pytest.raises(ValueError, match="num_chunks"):
+        p.compute_split_shapes(5, 0)
+    with pytest.raises(ValueError, match="num_chunks"):
+        p.compute_split_shapes(5, -2)
+    with pytest.raises(ValueError, match="size"):
+        p.compute_split_shapes(-3, 2)
+
+
+def test_handlers_must_be_callable():
+    """Issue 30 item 5: a non-callable handler is refused when it is registered (it used to fail at the first call,
+    inside an op, on whichever rank reached it)."""
+    p = pn()
+
+    def knn(x):
+        return x
+
+    for register in (lambda h: p.ShardTensor.register_function_handler(knn, h),
+                     lambda h: p.ShardTensor.register_function_handler(torch.dot, h),
+                     lambda h: p.ShardTensor.register_dispatch_handler(torch.ops.aten.dot.default, h),
+                     lambda h: st.register_function(knn, h),
+                     lambda h: st.register_handler(torch.ops.aten.dot.default, h)):
+        for bad in (None, 3, "handler"):
+            with pytest.raises(TypeError, match="callable"):
+                register(bad)
+    assert knn.__code__.co_name == "knn" and not st._C.has_handler("aten::dot")
+
+
+def case_src_data_rank(value):
+    p = pn()
+    p.distribute_tensor(torch.zeros(4, 2), mesh(), [st.Shard(0)], src_data_rank=value)
+
+
+def test_src_data_rank_checked():
+    """Issue 30 item 5: src_data_rank=-1 indexed the mesh from its end; out of range or not an int is refused."""
+    for value, kind in ((-1, "ValueError"), (2, "ValueError"), (1.0, "TypeError"), (True, "TypeError")):
+        harness.expect_error(2, case_src_data_rank, value, match="src_data_rank", kinds=(kind,))
 
 
 # ---- x._spec, x.offsets() and the PhysicsNeMo names ----
