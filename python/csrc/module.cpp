@@ -247,6 +247,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("set_strict", &set_strict, py::arg("strict"));
   m.def("strict", &strict);
+  m.def("set_fallback_budget", &set_fallback_budget, py::arg("bytes"));
+  m.def("fallback_budget", &fallback_budget);
   m.def("_reset_fallback_warnings", &reset_fallback_warnings);
   m.def("set_simulating", &set_simulating, py::arg("on"));
   m.def("simulating", &simulating);

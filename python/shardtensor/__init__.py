@@ -27,7 +27,7 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
-    "set_strict", "strict", "use_strict", "localize_parameters", "set_comm_backend", "comm_backend",
+    "set_strict", "strict", "use_strict", "set_fallback_budget", "fallback_budget", "localize_parameters", "set_comm_backend", "comm_backend",
     "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
     "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats",
 ]
@@ -320,6 +320,26 @@ def set_strict(strict: bool) -> bool:
 def strict() -> bool:
     """Whether strict mode is on (see ``set_strict``)."""
     return _C.strict()
+
+
+def set_fallback_budget(nbytes: Optional[int]) -> Optional[int]:
+    """The size guard of the gather-compute fallback: the most bytes one call may hold on each rank (its sharded
+    arguments gathered at their global size, plus room for the result; estimated from the layouts before anything
+    moves). Above it the op raises ``NotImplementedError`` on every rank, naming the op, the bytes and this setting.
+    ``None`` (the default): the memory available on the arguments' device, so a gather that cannot fit never starts;
+    ``0`` refuses every gather. The ranks use the smallest budget among them (one small all-reduce per fallback
+    call, which also checks that strict mode is alike everywhere). ``SHARDTENSOR_FALLBACK_MAX_BYTES`` (bytes or
+    ``auto``) sets it at start-up. Returns the previous setting."""
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"set_fallback_budget: expected a number of bytes >= 0 or None, got {nbytes!r}")
+    previous = _C.set_fallback_budget(-1 if nbytes is None else int(nbytes))
+    return None if previous < 0 else previous
+
+
+def fallback_budget() -> Optional[int]:
+    """The fallback's size guard in bytes, or None when automatic (see ``set_fallback_budget``)."""
+    budget = _C.fallback_budget()
+    return None if budget < 0 else budget
 
 
 class use_strict(_SettingBlock):

@@ -119,15 +119,22 @@ struct SlotKernel final : c10::OperatorKernel {
   }
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const BoxedHandler* rule = slot->handler.load(std::memory_order_acquire);
-    const bool may_fall_back = slot->fallback && slot->level == RuleLevel::below_autograd && !strict();
+    // Strict mode is a rank's own setting: where the fallback could run, a strict rank's refusal first meets its
+    // peers' fallback agreement (a peer that is not strict waits there), so both raise instead of one waiting.
+    const bool fallback_op = slot->fallback && slot->level == RuleLevel::below_autograd;
+    const bool may_fall_back = fallback_op && !strict();
     if (!rule) {
-      if (!may_fall_back) not_implemented(op, stack);
+      if (!fallback_op) not_implemented(op, stack);
       if (consistency_check_enabled()) check_op_consistency(op, stack);
+      if (!may_fall_back) {
+        agree_before_strict_refusal(op, stack, "");
+        not_implemented(op, stack);
+      }
       return run_fallback(op, stack, "");
     }
     RunningRuleGuard running(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
-    if (may_fall_back) {
+    if (fallback_op) {
       // A rule that declines (every rank alike: rules decide from the specs) before it takes its arguments off the
       // stack (typed rules always do) leaves them there, so the fallback runs on them.
       const auto depth = stack->size();
@@ -137,6 +144,10 @@ struct SlotKernel final : c10::OperatorKernel {
         if (declined.call != running_rule.call || stack->size() != depth) throw;
         auto why = std::move(declined.why);
         declined = {};
+        if (!may_fall_back) {
+          agree_before_strict_refusal(op, stack, why);
+          throw;
+        }
         return run_fallback(op, stack, why);
       }
     }
@@ -247,8 +258,12 @@ c10::OperatorName parse_name(const std::string& full) {
 
 // Ops of other namespaces (no slots): the same policy as a slot without a rule.
 void shard_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  if (strict() || !fallback_allowed(op)) not_implemented(op, stack);
+  if (!fallback_allowed(op)) not_implemented(op, stack);
   if (consistency_check_enabled()) check_op_consistency(op, stack);
+  if (strict()) {
+    agree_before_strict_refusal(op, stack, "");
+    not_implemented(op, stack);
+  }
   run_fallback(op, stack, "");
 }
 

@@ -207,6 +207,28 @@ def test_tensor_from_an_ended_simulation_refuses():
             y.sum()
 
 
+def _local_ops_of_a_step(world):
+    """The tensor ops a halo-exchanging training step runs on a simulated rank's local (fake) tensors."""
+    class Count:
+        n = 0
+
+        def on_op(self, name, flops, traffic, seconds):
+            Count.n += 1
+
+    with st.simulate(world // 2, world, device="meta", warn=False) as sim:
+        x = sim.shard((1, 3, 4 * world, 16), [st.Shard(2)], requires_grad=True)
+        w = torch.randn(4, 3, 3, 3, requires_grad=True)
+        sim.local_mode.listeners.append(Count())
+        F.conv2d(x, w, padding=1).square().sum().backward()
+    return Count.n
+
+
+def test_simulated_step_host_work_does_not_grow_with_world():
+    """Issue 30 item 5: a simulated rank's host work per op grew with P (a tensor op per peer in every halo exchange,
+    a tensor per rank to plan a shard), 43 s per step at P = 8192; now the neighbours' pieces only."""
+    assert _local_ops_of_a_step(512) == _local_ops_of_a_step(16)
+
+
 def test_two_dim_mesh_and_meta_allocates_nothing():
     with st.simulate(5, 8, mesh_shape=(2, 4), mesh_dim_names=("data", "domain"), device="meta", warn=False) as sim:
         assert sim.coordinate == (1, 1)
