@@ -65,12 +65,37 @@ std::string layout_of(const at::Tensor& t) {
   return impl ? impl->spec()->str() : "";
 }
 
+// "file:line in function" of the innermost Python frame of this thread outside the shardtensor package (the user's
+// call), for error messages; takes the GIL.
+std::string python_location() {
+  if (!Py_IsInitialized()) return "";
+  py::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  std::string out;
+  while (frame && out.empty()) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    const char* name = PyUnicode_AsUTF8(code->co_name);
+    if (file && std::string(file).find("/shardtensor/") == std::string::npos)
+      out = std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(frame)) + " in " + (name ? name : "?");
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return out;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ShardTensor C++ core";
 
   // Collectives wait without the GIL (see comm/wait.h): ops reached from Python's indexing still hold it.
+  comm::set_python_location_hook(&python_location);
   comm::set_gil_hooks({[]() -> void* { return Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr; },
                        [](void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }});
 

@@ -15,6 +15,7 @@ namespace {
 
 std::atomic<void* (*)()> g_release{nullptr};
 std::atomic<void (*)(void*)> g_restore{nullptr};
+std::atomic<std::string (*)()> g_location{nullptr};
 
 } // namespace
 
@@ -41,6 +42,15 @@ GilReleased::~GilReleased() {
 
 double collective_thread_cpu_seconds() {
   return collective_cpu_total;
+}
+
+void set_python_location_hook(std::string (*hook)()) {
+  g_location = hook;
+}
+
+std::string python_location() {
+  auto hook = g_location.load();
+  return hook ? hook() : std::string();
 }
 
 void set_gil_hooks(GilHooks hooks) {

@@ -11,6 +11,8 @@
 // then runs the op's own autograd kernel.
 #include "dispatch/registry.h"
 
+#include "comm/wait.h"
+
 #include "dispatch/args.h"
 #include "dispatch/consistency.h"
 #include "dispatch/fallback.h"
@@ -68,12 +70,25 @@ Registry& registry() {
 
 // A collective that failed inside a handler (a peer died or raised first, a timeout): the error names the op and
 // the layouts of its arguments (handlers leave their arguments on the stack until their collectives are done).
+// The user's spelling of ops reached from Python methods rather than torch functions.
+std::string user_call(const std::string& op) {
+  if (op == "aten::_local_scalar_dense")
+    return ".item() (or float()/int()/bool() of a one-element ShardTensor; aten::_local_scalar_dense)";
+  if (op == "aten::is_nonzero") return "bool() of a ShardTensor (aten::is_nonzero)";
+  return op;
+}
+
 [[noreturn]] void rethrow_with_op(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
                                   const c10::DistBackendError& e) {
   const bool has_args = stack->size() >= op.schema().arguments().size();
+  // A rank waits here when its peers do not reach the same call: `.item()` on one rank only is the usual case.
+  const auto where = comm::python_location();
   C10_THROW_ERROR(DistBackendError, std::string(e.what_without_backtrace()) + "\n  while running " +
-                                        qualified_name(op) +
-                                        (has_args ? " with arguments " + describe_shard_args(op, stack) : ""));
+                                        user_call(qualified_name(op)) +
+                                        (has_args ? " with arguments " + describe_shard_args(op, stack) : "") +
+                                        (where.empty() ? "" : "\n  called from " + where) +
+                                        "\n  Every rank of the mesh must make the same call (a collective) at this "
+                                        "point; a rank that skipped it or made another leaves this one waiting.");
 }
 
 // The op whose rule runs on this thread (innermost; a rule's own ops dispatch through their slots and restore it),

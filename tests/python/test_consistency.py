@@ -197,6 +197,32 @@ def test_from_local_check_cost():
         harness.run(world, case_from_local_check_cost)
 
 
+def case_permuted_mesh(grid):
+    """Issue 30 item 4: DeviceMesh("cpu", [2, 1, 0]) at 3 ranks runs on the default group, whose rank order differs:
+    two ranks raised and the third waited for them. Now every rank raises when the mesh is first used."""
+    from torch.distributed.device_mesh import DeviceMesh
+    m = DeviceMesh("cpu", grid)
+    st.distribute_tensor(torch.arange(12.0).view(4, 3), m, [st.Shard(0)] * len(m.mesh.shape))
+
+
+def case_mesh_in_order_works():
+    from torch.distributed.device_mesh import DeviceMesh
+    import torch.distributed as dist
+    m = DeviceMesh("cpu", list(range(dist.get_world_size())))
+    x = torch.arange(12.0).view(4, 3)
+    close(st.distribute_tensor(x, m, [st.Shard(0)]).full_tensor(), x, what="mesh in rank order")
+    return True
+
+
+def test_permuted_mesh_raises_everywhere():
+    errors = harness.expect_error(3, case_permuted_mesh, [2, 1, 0], match="does not hold that dim's ranks",
+                                  kinds=("ValueError",))
+    assert len({msg for _, msg, _ in errors.values()}) == 1
+    harness.expect_error(4, case_permuted_mesh, [[0, 1], [3, 2]], match="does not hold that dim's ranks",
+                         kinds=("ValueError",))
+    harness.run(3, case_mesh_in_order_works)
+
+
 # ---- scatter_tensor ----
 
 def scatter_none_on_src():
