@@ -113,6 +113,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("dim_names", &Mesh::dim_names)
       .def_property_readonly("ranks", &Mesh::ranks)
       .def_property_readonly("id", &Mesh::id)
+      .def_property_readonly("device_type", [](const Mesh& self) { return c10::DeviceTypeName(self.device_type(), true); })
+      .def_property_readonly("group_names", [](const Mesh& self) {
+        std::vector<std::string> names;
+        for (int64_t d = 0; d < self.ndim(); ++d) names.push_back(self.group(d)->getGroupName());
+        return names;
+      })
       .def("same_as", [](const Mesh& self, const Mesh& other) { return self.same_as(other); })
       .def("__repr__", &Mesh::str);
 

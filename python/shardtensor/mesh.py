@@ -74,7 +74,42 @@ def _agree_on_group_ranks(mesh, coordinate) -> None:
 
 
 def device_mesh_of(cpp_mesh):
-    """The user's DeviceMesh for a C++ mesh, or the C++ mesh when it was built in C++."""
-    return _user_meshes.get(cpp_mesh.id, cpp_mesh)
+    """The user's DeviceMesh for a C++ mesh. When the user no longer holds it (a DeviceMesh made inline and
+    dropped), one is rebuilt over the same process groups, so code asking a ShardTensor for its mesh (the io writers,
+    x.device_mesh) keeps working; a mesh built in C++ from groups torch does not know comes back as the C++ mesh."""
+    mesh = _user_meshes.get(cpp_mesh.id)
+    if mesh is not None:
+        return mesh
+    mesh = _rebuild(cpp_mesh)
+    if mesh is None:
+        return cpp_mesh
+    _user_meshes[cpp_mesh.id] = mesh
+    return mesh
+
+
+def _rebuild(cpp_mesh):
+    """A DeviceMesh over the C++ mesh's process groups (found by their registered names), or None."""
+    try:
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        groups = [_resolve_process_group(name) for name in cpp_mesh.group_names]
+        shape, names = list(cpp_mesh.shape), tuple(cpp_mesh.dim_names)
+        ranks = list(cpp_mesh.ranks)
+        if len(shape) == 1:
+            mesh = DeviceMesh.from_group(groups[0], cpp_mesh.device_type, mesh_dim_names=names)
+        else:
+            if not ranks:
+                return None
+            mesh = DeviceMesh.from_group(groups, cpp_mesh.device_type, mesh=torch.tensor(ranks).view(shape),
+                                         mesh_dim_names=names)
+    except Exception:  # noqa: BLE001  (no registered groups: a mesh built in C++, or a torch without from_group)
+        return None
+    try:
+        mesh._shardtensor_mesh = cpp_mesh   # the same C++ mesh again, with no new agreement round
+    except AttributeError:
+        pass
+    return mesh
 
 
