@@ -1,6 +1,7 @@
 // Attention over sharded sequences: the strategy policy of F.scaled_dot_product_attention on ShardTensors.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace shardtensor {
@@ -19,9 +20,14 @@ enum class AttentionStrategy {
   AllToAll,
 };
 
-// Process-wide; returns the previous setting. Every rank of a mesh must use the same setting (the choice decides
-// which collectives run).
+// The process-wide default; returns the previous one. Every rank of a mesh must use the same setting (the choice
+// decides which collectives run): set it before threads that run attention start, or use the thread's setting.
 AttentionStrategy set_attention_strategy(AttentionStrategy strategy);
+// This thread's own setting, which wins over the default on this thread only (std::nullopt: follow the default);
+// returns the previous one. Another thread running attention meanwhile is not affected.
+std::optional<AttentionStrategy> set_thread_attention_strategy(std::optional<AttentionStrategy> strategy);
+std::optional<AttentionStrategy> thread_attention_strategy();
+// The strategy in effect on this thread. Read once per attention call: the backward reuses the forward's choice.
 AttentionStrategy attention_strategy();
 
 // "auto", "ring", "ring_contiguous", "all_to_all" (the Python names); parsing raises ValueError otherwise.

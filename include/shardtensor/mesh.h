@@ -54,6 +54,8 @@ class Mesh {
   // only) a rank is its row-major position in the mesh.
   std::vector<int64_t> coordinate_of(int64_t global_rank) const;
   uint64_t id() const { return id_; }
+  // The simulation this mesh was built in (shardtensor/simulation.h), 0 for a real one.
+  uint64_t simulation() const { return simulation_; }
 
   // Same ranks, same groups, same layout.
   bool same_as(const Mesh& other) const;
@@ -67,6 +69,7 @@ class Mesh {
   c10::DeviceType device_type_;
   std::vector<int64_t> ranks_;
   uint64_t id_;
+  uint64_t simulation_;
 };
 
 using MeshPtr = std::shared_ptr<const Mesh>;

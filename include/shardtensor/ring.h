@@ -18,9 +18,13 @@ enum class RingDirection {
 
 // A collective over mesh dim `mesh_dim`: every rank of that dim's group calls it with the same number of tensors.
 // Sends `tensors[i]` to the neighbour and returns the neighbour's `tensors[i]`, received into `recv_shapes[i]`
-// (empty: the shape of `tensors[i]`; the receiver must know the sender's shape, e.g. from a spec's extents) with
-// the dtype and device of `tensors[i]`. Shapes are never exchanged. Zero-element tensors travel as nothing; a mesh
-// dim of size 1 returns copies of `tensors`. Tensors must be plain (pass a ShardTensor's to_local()).
+// (empty: the shape the sender sends) with the dtype and device of `tensors[i]`. Before any data moves the ranks of
+// the ring agree on the shapes: one small fixed-size all-gather along the mesh dim (a second one when some rank gave
+// no shapes or shapes its sender does not send); given shapes that differ from the sender's, different numbers,
+// dtypes or directions of tensors, or a rank's invalid arguments raise ValueError on every rank of the ring. (Under
+// simulation or tracing nothing is exchanged: the shapes are the given ones, else `tensors[i]`'s own.) Zero-element
+// tensors travel as nothing; a mesh dim of size 1 returns copies of `tensors`. Tensors must be plain (pass a
+// ShardTensor's to_local()).
 //
 // Differentiable: the gradient of each received tensor travels back to its sender by the reverse ring (gradients
 // that are undefined on a rank travel as zeros, so every rank takes part in the backward pass alike).

@@ -65,12 +65,37 @@ std::string layout_of(const at::Tensor& t) {
   return impl ? impl->spec()->str() : "";
 }
 
+// "file:line in function" of the innermost Python frame of this thread outside the shardtensor package (the user's
+// call), for error messages; takes the GIL.
+std::string python_location() {
+  if (!Py_IsInitialized()) return "";
+  py::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  std::string out;
+  while (frame && out.empty()) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    const char* name = PyUnicode_AsUTF8(code->co_name);
+    if (file && std::string(file).find("/shardtensor/") == std::string::npos)
+      out = std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(frame)) + " in " + (name ? name : "?");
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return out;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ShardTensor C++ core";
 
   // Collectives wait without the GIL (see comm/wait.h): ops reached from Python's indexing still hold it.
+  comm::set_python_location_hook(&python_location);
   comm::set_gil_hooks({[]() -> void* { return Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr; },
                        [](void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }});
 
@@ -88,6 +113,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("dim_names", &Mesh::dim_names)
       .def_property_readonly("ranks", &Mesh::ranks)
       .def_property_readonly("id", &Mesh::id)
+      .def_property_readonly("device_type", [](const Mesh& self) { return c10::DeviceTypeName(self.device_type(), true); })
+      .def_property_readonly("group_names", [](const Mesh& self) {
+        std::vector<std::string> names;
+        for (int64_t d = 0; d < self.ndim(); ++d) names.push_back(self.group(d)->getGroupName());
+        return names;
+      })
       .def("same_as", [](const Mesh& self, const Mesh& other) { return self.same_as(other); })
       .def("__repr__", &Mesh::str);
 
@@ -231,6 +262,11 @@ PYBIND11_MODULE(_C, m) {
     return to_string(set_attention_strategy(parse_attention_strategy(name)));
   });
   m.def("attention_strategy", [] { return to_string(attention_strategy()); });
+  m.def("set_thread_attention_strategy", [](const std::optional<std::string>& name) -> std::optional<std::string> {
+    auto previous = set_thread_attention_strategy(name ? std::optional(parse_attention_strategy(*name)) : std::nullopt);
+    if (!previous) return std::nullopt;
+    return to_string(*previous);
+  });
   m.def("set_comm_backend", [](const std::string& name) {
     TORCH_CHECK_VALUE(name == "process_group" || name == "functional",
                       "set_comm_backend: expected \"process_group\" or \"functional\", got \"", name, "\"");
@@ -242,6 +278,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("set_strict", &set_strict, py::arg("strict"));
   m.def("strict", &strict);
+  m.def("set_fallback_budget", &set_fallback_budget, py::arg("bytes"));
+  m.def("fallback_budget", &fallback_budget);
   m.def("_reset_fallback_warnings", &reset_fallback_warnings);
   m.def("set_simulating", &set_simulating, py::arg("on"));
   m.def("simulating", &simulating);

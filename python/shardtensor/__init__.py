@@ -30,7 +30,7 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
-    "set_strict", "strict", "use_strict", "localize_parameters", "set_comm_backend", "comm_backend",
+    "set_strict", "strict", "use_strict", "set_fallback_budget", "fallback_budget", "localize_parameters", "set_comm_backend", "comm_backend",
     "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
     "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats", "DEFAULT_TIMEOUT",
 ]
@@ -201,6 +201,8 @@ def register_handler(op, fn) -> None:
     receives the op's arguments (ShardTensors, plain tensors, scalars) and returns its result(s); it runs below
     autograd, so it should work on ``to_local()`` values and wrap results with ``from_local``.
     """
+    if not callable(fn):
+        raise TypeError(f"register_handler: the handler must be callable, got {type(fn).__name__}")
     name = op if isinstance(op, str) else op.name() if hasattr(op, "name") else str(op)
     if "::" not in name:
         name = "aten::" + name
@@ -279,20 +281,35 @@ def set_attention_strategy(strategy: str) -> str:
     blocks pass around the mesh dim, log-sum-exp merge; causal self-attention runs in the load-balanced zigzag
     layout), ``"ring_contiguous"`` (the ring without the zigzag permutation), ``"all_to_all"`` (sequence shards -> head shards,
     local attention, back) or ``"auto"`` (the default: all-to-all when the key/value heads divide evenly by the
-    mesh dim size and the attention is causal or it moves no more bytes than the ring). Process-wide; set it alike on every rank.
-    Returns the previous setting."""
+    mesh dim size and the attention is causal or it moves no more bytes than the ring). The process-wide default:
+    set it alike on every rank, before threads that run attention start (a change while another thread runs
+    attention could reach the ranks at different points; ``use_attention_strategy`` changes the calling thread
+    only). Each attention call reads the setting once and its backward reuses that choice. Returns the previous
+    default."""
     return _C.set_attention_strategy(str(strategy))
 
 
 def attention_strategy() -> str:
-    """The current attention strategy (see ``set_attention_strategy``)."""
+    """The attention strategy in effect on this thread (see ``set_attention_strategy``)."""
     return _C.attention_strategy()
 
 
-class use_attention_strategy(_SettingBlock):
-    """``with st.use_attention_strategy("ring"): ...`` — set the attention strategy for a block."""
+class use_attention_strategy:
+    """``with st.use_attention_strategy("ring"): ...`` — the attention strategy for a block, on the calling thread
+    only (attention running on other threads meanwhile keeps its own setting, so no thread can make the ranks
+    diverge). Blocks nest; the previous setting comes back on exit."""
 
-    _setter = staticmethod(set_attention_strategy)
+    def __init__(self, strategy: str):
+        self.value = str(strategy)
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = _C.set_thread_attention_strategy(self.value)
+        return self
+
+    def __exit__(self, *exc):
+        _C.set_thread_attention_strategy(self.previous)
+        return False
 
 
 def set_strict(strict: bool) -> bool:
@@ -306,6 +323,26 @@ def set_strict(strict: bool) -> bool:
 def strict() -> bool:
     """Whether strict mode is on (see ``set_strict``)."""
     return _C.strict()
+
+
+def set_fallback_budget(nbytes: Optional[int]) -> Optional[int]:
+    """The size guard of the gather-compute fallback: the most bytes one call may hold on each rank (its sharded
+    arguments gathered at their global size, plus room for the result; estimated from the layouts before anything
+    moves). Above it the op raises ``NotImplementedError`` on every rank, naming the op, the bytes and this setting.
+    ``None`` (the default): the memory available on the arguments' device, so a gather that cannot fit never starts;
+    ``0`` refuses every gather. The ranks use the smallest budget among them (one small all-reduce per fallback
+    call, which also checks that strict mode is alike everywhere). ``SHARDTENSOR_FALLBACK_MAX_BYTES`` (bytes or
+    ``auto``) sets it at start-up. Returns the previous setting."""
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"set_fallback_budget: expected a number of bytes >= 0 or None, got {nbytes!r}")
+    previous = _C.set_fallback_budget(-1 if nbytes is None else int(nbytes))
+    return None if previous < 0 else previous
+
+
+def fallback_budget() -> Optional[int]:
+    """The fallback's size guard in bytes, or None when automatic (see ``set_fallback_budget``)."""
+    budget = _C.fallback_budget()
+    return None if budget < 0 else budget
 
 
 class use_strict(_SettingBlock):

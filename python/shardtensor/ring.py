@@ -28,8 +28,11 @@ def ring_pass(tensors: Union[torch.Tensor, Sequence[torch.Tensor]], mesh, mesh_d
     - ``tensors``: a plain tensor or a list/tuple of them (a ShardTensor's ``to_local()``); the result has the same
       form.
     - ``mesh``: a DeviceMesh (or C++ mesh); ``mesh_dim``: its index or name.
-    - ``recv_shapes``: the shape of each tensor this rank receives (default: the shapes it sends). Shapes are not
-      exchanged: take them from what every rank knows, e.g. ``st.sharding_shapes(x)`` of the sender.
+    - ``recv_shapes``: the shape of each tensor this rank receives (default: the shapes its sender sends). Before
+      any data moves, the ranks of the ring agree on the shapes (one small all-gather of a fixed-size header; a
+      second one only when some rank gave no shapes or gave shapes its sender does not send): a rank whose given
+      shapes differ from what its sender sends, or ranks passing different numbers, dtypes or directions of tensors,
+      raise ``ValueError`` on every rank of the ring.
     - ``direction``: ``"forward"`` sends to coordinate ``c + 1`` and receives from ``c - 1`` (cyclically);
       ``"backward"`` the other way.
 
@@ -46,12 +49,11 @@ def ring_pass(tensors: Union[torch.Tensor, Sequence[torch.Tensor]], mesh, mesh_d
     if direction not in ("forward", "backward"):
         raise ValueError(f"ring_pass: direction must be 'forward' or 'backward', got {direction!r}")
     if recv_shapes is None:
-        shapes = [list(t.shape) for t in items]
+        shapes = []
     else:
         nested = len(recv_shapes) > 0 and not isinstance(recv_shapes[0], int)
         shapes = [recv_shapes] if single and not nested else list(recv_shapes)
-        if len(shapes) != len(items):
-            raise ValueError(f"ring_pass: {len(shapes)} receive shapes for {len(items)} tensors; give one per tensor")
+        # A count that does not match the tensors is checked in C++, with the other ranks (so all of them raise).
         shapes = [[int(s) for s in shape] for shape in shapes]
     out = _C.ring_pass(items, as_cpp_mesh(mesh), _mesh_dim_index(mesh, mesh_dim), shapes, direction == "backward")
     return out[0] if single else (tuple(out) if isinstance(tensors, tuple) else list(out))

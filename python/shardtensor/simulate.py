@@ -150,8 +150,14 @@ class Simulation:
             if not p.is_shard():
                 continue
             d = p.dim % len(shape)
-            ext = extents.get(m) or [len(c) for c in torch.arange(shape[d]).tensor_split(self.mesh_shape[m])]
-            shape[d] = ext[coord[m]]
+            ext = extents.get(m)
+            if ext:
+                shape[d] = ext[coord[m]]
+            else:
+                # torch.tensor_split's sizes (the first n % k parts one longer), computed for this coordinate only:
+                # no tensor per rank (each would be a fake-tensor op under a meta simulation).
+                base, extra = divmod(shape[d], self.mesh_shape[m])
+                shape[d] = base + (1 if coord[m] < extra else 0)
         return tuple(shape)
 
     def shard(self, global_shape: Sequence[int], placements, dtype=torch.float32, sharding_shapes=None,

@@ -115,7 +115,13 @@ std::vector<comm::AgreementField> from_local_inputs(const at::Tensor& local, con
   f.push_back({"device type", static_cast<int64_t>(local.device().type()), c10::DeviceTypeName(local.device().type())});
   f.push_back({"placements", comm::digest(to_string(placements)), to_string(placements)});
   f.push_back({"sharding_shapes mode", static_cast<int64_t>(mode), mode_name(mode)});
-  if (mode == ShapeInference::Explicit) f.push_back({"sharding_shapes", comm::digest(flat_shapes(shapes)), shown(shapes)});
+  // Every field is present in every mode (a placeholder where it does not apply): the agreement message must have
+  // one size whatever the arguments, or ranks passing different modes would mismatch inside the all-reduce itself.
+  if (mode == ShapeInference::Explicit) {
+    f.push_back({"sharding_shapes", comm::digest(flat_shapes(shapes)), shown(shapes)});
+  } else {
+    f.push_back({"sharding_shapes", -1, mode_name(mode)});
+  }
   if (global_shape) {
     f.push_back({"global_shape", comm::digest(*global_shape), shown(*global_shape)});
   } else {
@@ -130,6 +136,8 @@ std::vector<comm::AgreementField> from_local_inputs(const at::Tensor& local, con
       if (d >= 0 && d < ndim) whole[d] = -1;
     }
     f.push_back({"local sizes of unsharded dims", comm::digest(whole), shown(whole) + " (-1: sharded)"});
+  } else {
+    f.push_back({"local sizes of unsharded dims", -1, "not compared (sharding_shapes is not 'infer')"});
   }
   return f;
 }
@@ -174,6 +182,12 @@ SpecPtr local_spec(const at::Tensor& local, const MeshPtr& mesh, Placements plac
         shapes[m] = std::move(ext);
       }
       TORCH_CHECK_VALUE(error.empty(), error);
+      if (global_shape) {
+        TORCH_CHECK_VALUE(*global_shape == global, "from_local: global_shape ", shown(*global_shape),
+                          " does not match the global shape ", shown(global),
+                          " the local shapes add up to (sharding_shapes='infer'); pass the right global_shape or "
+                          "none");
+      }
       break;
     }
     case ShapeInference::Even: {
@@ -226,20 +240,20 @@ at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placemen
     spec = local_spec(local, mesh, placements, mode, sharding_shapes, global_shape);
   } else {
     // Ranks that disagree raise together: the arguments are compared before anything else communicates (infer's
-    // all-gather needs equal ndim and placements), then the resulting layouts and whether each local fits its
-    // layout. Even and explicit modes need one round, infer on a multi-dim mesh two.
+    // all-gather needs equal ndim and placements), with the resulting layouts and whether each local fits its
+    // layout. Even and explicit modes know their layout without communicating and need one round; infer compares
+    // placeholders for the layout in that round (so the first message has the same fields in every mode) and, on
+    // a multi-dim mesh, compares the inferred layouts in a second round (a 1-D mesh's ranks all saw every shape).
     auto fields = from_local_inputs(local, *mesh, placements, mode, sharding_shapes, global_shape);
-    if (mode == ShapeInference::Infer) {
-      comm::check_agreement(*mesh, fields, "from_local");
-      fields.clear();
-    }
     std::string error;
-    try {
-      spec = local_spec(local, mesh, placements, mode, sharding_shapes, global_shape);
-    } catch (const c10::Error& e) {
-      error = e.what_without_backtrace();
-    }
-    if (mode != ShapeInference::Infer || mesh->ndim() > 1) {
+    auto compute = [&] {
+      try {
+        spec = local_spec(local, mesh, placements, mode, sharding_shapes, global_shape);
+      } catch (const c10::Error& e) {
+        error = e.what_without_backtrace();
+      }
+    };
+    auto add_layout = [&] {
       fields.push_back({"whether the local tensor fits the layout", error.empty(),
                         error.empty() ? "fits" : "does not fit: " + error});
       std::vector<int64_t> layout;
@@ -250,6 +264,20 @@ at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placemen
       }
       fields.push_back({"layout (global shape and sharding shapes)", spec ? comm::digest(layout) : -1,
                         spec ? spec->str() : "none"});
+    };
+    if (mode == ShapeInference::Infer) {
+      fields.push_back({"whether the local tensor fits the layout", 1, "not known yet (inferred after)"});
+      fields.push_back({"layout (global shape and sharding shapes)", -2, "not known yet (inferred after)"});
+      comm::check_agreement(*mesh, fields, "from_local");
+      fields.clear();
+      compute();
+      if (mesh->ndim() > 1) {
+        add_layout();
+        comm::check_agreement(*mesh, fields, "from_local");
+      }
+    } else {
+      compute();
+      add_layout();
       comm::check_agreement(*mesh, fields, "from_local");
     }
     TORCH_CHECK_VALUE(error.empty(), error);

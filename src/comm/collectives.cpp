@@ -124,14 +124,21 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
                                       const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim) {
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
+  // Only non-empty pieces are touched: a halo exchange has two of them among P (on fake tensors, under a simulation,
+  // every tensor op costs a Python dispatch, so per-peer ops made a step's time grow with P).
   std::vector<at::Tensor> flat;
   std::vector<int64_t> send_splits;
+  send_splits.reserve(send_pieces.size());
   for (const auto& p : send_pieces) {
-    flat.push_back(p.reshape({-1}));
-    send_splits.push_back(p.numel());
+    const auto n = p.numel();
+    if (n > 0) flat.push_back(p.reshape({-1}));
+    send_splits.push_back(n);
   }
   PendingAllToAll pending;
-  auto input = at::cat(flat);
+  // A buffer of its own, as cat gives (the caller may write to its tensors while the exchange is in flight).
+  auto input = flat.size() == 1 ? flat[0].clone()
+               : flat.empty()   ? at::empty({0}, send_pieces.empty() ? opts : send_pieces[0].options())
+                                : at::cat(flat);
   pending.device = input.device();
   int64_t recv_total = 0;
   for (auto n : recv_numels) recv_total += n;
@@ -189,9 +196,17 @@ std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending) {
   }
   auto out = pending.staged ? pending.out.to(pending.device) : pending.out;
   std::vector<at::Tensor> chunks;
+  chunks.reserve(pending.recv_numels.size());
+  // Every empty chunk shares one empty view (one op instead of one per peer; see start_flat_all_to_all).
+  at::Tensor empty;
   int64_t off = 0;
   for (auto n : pending.recv_numels) {
-    chunks.push_back(out.narrow(0, off, n));
+    if (n == 0) {
+      if (!empty.defined()) empty = out.narrow(0, 0, 0);
+      chunks.push_back(empty);
+    } else {
+      chunks.push_back(out.narrow(0, off, n));
+    }
     off += n;
   }
   return chunks;

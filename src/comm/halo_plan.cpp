@@ -304,9 +304,12 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
 std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
                                          bool by_rows) {
   std::vector<at::Tensor> out;
+  // Peers without rows (all but the neighbours, usually) share one empty piece: per-peer tensor ops would make a
+  // step's host time grow with the mesh size (every op costs a Python dispatch on a simulation's fake tensors).
+  at::Tensor none;
   for (const auto& m : maps) {
     const auto& index = by_rows ? m.rows : m.pos;
-    if (m.size() == 0) out.push_back(t.narrow(dim, 0, 0));
+    if (m.size() == 0) out.push_back(none.defined() ? none : (none = t.narrow(dim, 0, 0)));
     else if (m.packs_by_narrow(t)) out.push_back(t.narrow(dim, index[0], m.size()));
     else out.push_back(pack_rows(t, dim, comm::plan_constant(by_rows ? m.rows_t : m.pos_t, t)));
   }
@@ -397,7 +400,8 @@ at::Tensor HaloPlan::finish(PendingHalo& p, const Mesh& mesh) const {
     p.posted = false;
     std::vector<at::Tensor> pieces;
     for (size_t r = 0; r < chunks.size(); ++r)
-      pieces.push_back(chunks[r].view(shape_with(p.window.sizes(), s.geometry.dim, s.from[r].size())));
+      pieces.push_back(s.from[r].size() == 0 ? at::Tensor()  // never read (receive skips empty peers)
+                                             : chunks[r].view(shape_with(p.window.sizes(), s.geometry.dim, s.from[r].size())));
     receive(0, p.window, pieces);
   }
   auto x = p.window;
@@ -413,7 +417,8 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
                                 s.geometry.mesh_dim);
   std::vector<at::Tensor> pieces;
   for (size_t r = 0; r < chunks.size(); ++r)
-    pieces.push_back(chunks[r].view(shape_with(window.sizes(), s.geometry.dim, s.from[r].size())));
+    pieces.push_back(s.from[r].size() == 0 ? at::Tensor()  // never read (receive skips empty peers)
+                                           : chunks[r].view(shape_with(window.sizes(), s.geometry.dim, s.from[r].size())));
   receive(i, window, pieces);
   return window;
 }
@@ -437,7 +442,8 @@ at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, boo
       auto chunks = all_to_all_flat(returns(k, g), numels, g.options(), mesh, s.geometry.mesh_dim);
       std::vector<at::Tensor> pieces;
       for (size_t r = 0; r < chunks.size(); ++r)
-        pieces.push_back(chunks[r].view(shape_with(g.sizes(), s.geometry.dim, s.to[r].size())));
+        pieces.push_back(s.to[r].size() == 0 ? at::Tensor()  // never read (add_returns skips empty peers)
+                                             : chunks[r].view(shape_with(g.sizes(), s.geometry.dim, s.to[r].size())));
       add_returns(k, out, pieces);
     }
     g = out;

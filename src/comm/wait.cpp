@@ -1,5 +1,8 @@
 #include "comm/wait.h"
 
+#include <shardtensor/mesh.h>
+#include <shardtensor/simulation.h>
+
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -12,6 +15,7 @@ namespace {
 
 std::atomic<void* (*)()> g_release{nullptr};
 std::atomic<void (*)(void*)> g_restore{nullptr};
+std::atomic<std::string (*)()> g_location{nullptr};
 
 } // namespace
 
@@ -40,12 +44,23 @@ double collective_thread_cpu_seconds() {
   return collective_cpu_total;
 }
 
+void set_python_location_hook(std::string (*hook)()) {
+  g_location = hook;
+}
+
+std::string python_location() {
+  auto hook = g_location.load();
+  return hook ? hook() : std::string();
+}
+
 void set_gil_hooks(GilHooks hooks) {
   g_restore = hooks.restore;
   g_release = hooks.release;
 }
 
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* kind, const Mesh* mesh, int64_t mesh_dim) {
+  // A collective over an ended simulation's fake group would "complete" with garbage.
+  if (mesh && C10_UNLIKELY(mesh->simulation() != 0)) check_simulation_alive(*mesh, kind);
   std::string failure;
   {
     GilReleased no_gil;

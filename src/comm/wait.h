@@ -10,6 +10,8 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <string>
+
 namespace shardtensor::comm {
 
 // Installed by the Python module: `release` drops the GIL if this thread holds it and returns a token for
@@ -19,6 +21,11 @@ struct GilHooks {
   void (*restore)(void*) = nullptr;
 };
 void set_gil_hooks(GilHooks hooks);
+
+// Installed by the Python module: "file:line in function" of the Python code running on this thread (empty when
+// none). Called only to word errors (it takes the GIL).
+void set_python_location_hook(std::string (*hook)());
+std::string python_location();
 
 // Drops the GIL (when this thread holds it) for its lifetime. Held around issuing c10d work too: Gloo's run loop
 // destroys finished work while holding the queue lock, so a thread that enqueues while holding the GIL can deadlock

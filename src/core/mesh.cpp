@@ -1,4 +1,5 @@
 #include <shardtensor/mesh.h>
+#include <shardtensor/simulation.h>
 
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -24,7 +25,8 @@ Mesh::Mesh(std::vector<int64_t> shape,
       dim_names_(std::move(dim_names)),
       device_type_(device_type),
       ranks_(std::move(ranks)),
-      id_(next_mesh_id++) {
+      id_(next_mesh_id++),
+      simulation_(simulation_epoch()) {
   TORCH_CHECK_VALUE(!shape_.empty(), "Mesh: a mesh needs at least one dimension");
   TORCH_CHECK_VALUE(groups_.size() == shape_.size() && coordinate_.size() == shape_.size(),
                     "Mesh: expected one process group and one coordinate per mesh dim (", shape_.size(),

@@ -1,5 +1,6 @@
 // ShardTensorImpl: a storage-less TensorImpl on the shard dispatch key that wraps the local tensor.
 #include <shardtensor/shard_tensor.h>
+#include <shardtensor/simulation.h>
 
 #include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>
@@ -114,6 +115,8 @@ ShardTensorImpl& checked_shard_impl(const at::Tensor& t, const char* what) {
 
 at::Tensor make_shard_tensor(at::Tensor local, SpecPtr spec) {
   TORCH_INTERNAL_ASSERT(spec);
+  // Every op's result is wrapped here: one load on the usual path.
+  if (C10_UNLIKELY(spec->mesh->simulation() != 0)) check_simulation_alive(*spec->mesh, "ShardTensor");
   return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec));
 }
 

@@ -2,19 +2,35 @@
 // full data), at the cost of gathering each sharded argument. See include/shardtensor/fallback.h for the policy.
 #include "dispatch/fallback.h"
 
+#include "comm/collectives.h"
 #include "comm/comm_stats.h"
+#include "comm/functional.h"
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
+#include "dispatch/registry.h"
 
 #include <shardtensor/fallback.h>
 #include <shardtensor/shard_tensor.h>
+#include <shardtensor/simulation.h>
 
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
+#ifdef SHARDTENSOR_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -31,6 +47,21 @@ bool strict_from_env() {
 std::atomic<bool>& strict_flag() {
   static std::atomic<bool> flag{strict_from_env()};
   return flag;
+}
+
+int64_t budget_from_env() {
+  const char* v = std::getenv("SHARDTENSOR_FALLBACK_MAX_BYTES");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return -1;
+  char* end = nullptr;
+  const long long bytes = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end && *end == 0 && bytes >= 0, "SHARDTENSOR_FALLBACK_MAX_BYTES must be a number of bytes or "
+                    "'auto', got '", v, "'");
+  return bytes;
+}
+
+std::atomic<int64_t>& budget_flag() {
+  static std::atomic<int64_t> budget{budget_from_env()};
+  return budget;
 }
 
 struct Warned {
@@ -58,6 +89,15 @@ bool set_strict(bool on) {
 
 bool strict() {
   return strict_flag().load(std::memory_order_relaxed);
+}
+
+int64_t set_fallback_budget(int64_t bytes) {
+  TORCH_CHECK_VALUE(bytes >= -1, "set_fallback_budget: expected a number of bytes >= 0 or -1 (automatic), got ", bytes);
+  return budget_flag().exchange(bytes);
+}
+
+int64_t fallback_budget() {
+  return budget_flag().load(std::memory_order_relaxed);
 }
 
 void reset_fallback_warnings() {
@@ -128,7 +168,99 @@ struct OutputWrapper {
   }
 };
 
+// Memory this process could still allocate on `device`: CUDA's free memory plus what torch's caching allocator
+// holds unused; on the CPU the system's available memory (MemAvailable).
+int64_t available_bytes(const c10::Device& device) {
+  constexpr int64_t kUnknown = std::numeric_limits<int64_t>::max();
+#ifdef SHARDTENSOR_HAVE_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return kUnknown;
+    }
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const int64_t unused = stats.reserved_bytes[all].current - stats.allocated_bytes[all].current;
+    return static_cast<int64_t>(free) + std::max<int64_t>(unused, 0);
+  }
+#endif
+  if (!device.is_cpu()) return kUnknown;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return static_cast<int64_t>(kb) * 1024;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : kUnknown;
+}
+
+// What the fallback would hold on each rank: every argument it gathers at its global size, plus the largest
+// ShardTensor argument again as room for the result (not known before the op runs). From the specs alone.
+int64_t gather_estimate(const c10::OperatorHandle& op, const torch::jit::Stack* stack, c10::Device* device) {
+  int64_t total = 0, largest = 0;
+  bool first = true;
+  for (const auto& v : op_args(op, stack)) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      const auto* impl = shard_impl(t);
+      if (!impl) return;
+      if (first) {
+        *device = impl->local().device();
+        first = false;
+      }
+      int64_t numel = 1;
+      for (auto s : impl->spec()->global_shape) numel *= s;
+      const int64_t bytes = numel * static_cast<int64_t>(impl->local().element_size());
+      if (!impl->spec()->all_replicate()) total += bytes;
+      largest = std::max(largest, bytes);
+    });
+  }
+  return total + largest;
+}
+
+struct Agreement {
+  bool any_strict = false, all_strict = false;
+  int64_t budget = 0;    // the smallest over the ranks
+  int64_t estimate = 0;  // the same on every rank
+};
+
+// One small all-reduce over the op's mesh: strict mode and the budget of every rank.
+Agreement agree(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool strict_here) {
+  Agreement a;
+  c10::Device device(c10::kCPU);
+  a.estimate = gather_estimate(op, stack, &device);
+  const int64_t set = fallback_budget();
+  // A simulation's local tensors are fake or a rank's share only: the machine's memory says nothing about them.
+  a.budget = set >= 0 ? set : simulating() ? std::numeric_limits<int64_t>::max() : available_bytes(device);
+  if (comm::tracing(at::Tensor())) {
+    // A traced graph cannot read host values: this rank's own settings (every rank traces its own graph).
+    a.any_strict = a.all_strict = strict_here;
+    return a;
+  }
+  auto mesh = common_mesh(op, stack);
+  comm::CollectiveScope scope("fallback_");  // counted as the fallback's (fallback_all_reduce)
+  const auto r = comm::all_reduce_min_ints({strict_here ? 0 : 1, strict_here ? 1 : 0, a.budget}, *mesh);
+  a.any_strict = r[0] == 0;
+  a.all_strict = r[1] == 1;
+  a.budget = r[2];
+  return a;
+}
+
+std::string strict_differs(const std::string& why) {
+  return (why.empty() ? "" : why + "; ") +
+         std::string("strict mode (shardtensor.set_strict / SHARDTENSOR_STRICT) is on on some ranks of the mesh and "
+                     "off on others, so the ranks would not agree on running the gather-compute fallback: set it alike "
+                     "on every rank");
+}
+
 } // namespace
+
+void agree_before_strict_refusal(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
+  const auto a = agree(op, stack, /*strict_here=*/true);
+  if (!a.all_strict) not_implemented(op, stack, strict_differs(why));
+}
 
 bool fallback_allowed(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
@@ -147,6 +279,19 @@ bool fallback_allowed(const c10::OperatorHandle& op) {
 
 void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
   const auto name = qualified_name(op);
+  {
+    const auto a = agree(op, stack, /*strict_here=*/false);
+    if (a.any_strict) not_implemented(op, stack, strict_differs(why));
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        a.estimate <= a.budget, "ShardTensor: ", name,
+        why.empty() ? " has no domain-parallel rule" : " was refused by its domain-parallel rule (" + why + ")",
+        " for arguments ", describe_shard_args(op, stack), ", and its gather-compute fallback would hold about ",
+        a.estimate, " bytes on every rank (each sharded argument at its global size, plus room for the result), more "
+        "than the fallback budget of ", a.budget, " bytes (the smallest over the ranks: by default the memory "
+        "available on the device; set it with shardtensor.set_fallback_budget(bytes) or "
+        "SHARDTENSOR_FALLBACK_MAX_BYTES). Nothing was gathered. Remedies: redistribute the input to a layout a rule "
+        "supports, run the op on x.to_local(), register a rule (shardtensor.register_handler), or raise the budget.");
+  }
   const bool warn = first_fallback_of(name);
   const std::string described = warn ? describe_shard_args(op, stack) : std::string();
   OutputWrapper wrap{op, why, common_mesh(op, stack), {}, {}};

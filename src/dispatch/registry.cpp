@@ -11,6 +11,8 @@
 // then runs the op's own autograd kernel.
 #include "dispatch/registry.h"
 
+#include "comm/wait.h"
+
 #include "dispatch/args.h"
 #include "dispatch/consistency.h"
 #include "dispatch/fallback.h"
@@ -68,12 +70,25 @@ Registry& registry() {
 
 // A collective that failed inside a handler (a peer died or raised first, a timeout): the error names the op and
 // the layouts of its arguments (handlers leave their arguments on the stack until their collectives are done).
+// The user's spelling of ops reached from Python methods rather than torch functions.
+std::string user_call(const std::string& op) {
+  if (op == "aten::_local_scalar_dense")
+    return ".item() (or float()/int()/bool() of a one-element ShardTensor; aten::_local_scalar_dense)";
+  if (op == "aten::is_nonzero") return "bool() of a ShardTensor (aten::is_nonzero)";
+  return op;
+}
+
 [[noreturn]] void rethrow_with_op(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
                                   const c10::DistBackendError& e) {
   const bool has_args = stack->size() >= op.schema().arguments().size();
+  // A rank waits here when its peers do not reach the same call: `.item()` on one rank only is the usual case.
+  const auto where = comm::python_location();
   C10_THROW_ERROR(DistBackendError, std::string(e.what_without_backtrace()) + "\n  while running " +
-                                        qualified_name(op) +
-                                        (has_args ? " with arguments " + describe_shard_args(op, stack) : ""));
+                                        user_call(qualified_name(op)) +
+                                        (has_args ? " with arguments " + describe_shard_args(op, stack) : "") +
+                                        (where.empty() ? "" : "\n  called from " + where) +
+                                        "\n  Every rank of the mesh must make the same call (a collective) at this "
+                                        "point; a rank that skipped it or made another leaves this one waiting.");
 }
 
 // The op whose rule runs on this thread (innermost; a rule's own ops dispatch through their slots and restore it),
@@ -119,15 +134,22 @@ struct SlotKernel final : c10::OperatorKernel {
   }
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const BoxedHandler* rule = slot->handler.load(std::memory_order_acquire);
-    const bool may_fall_back = slot->fallback && slot->level == RuleLevel::below_autograd && !strict();
+    // Strict mode is a rank's own setting: where the fallback could run, a strict rank's refusal first meets its
+    // peers' fallback agreement (a peer that is not strict waits there), so both raise instead of one waiting.
+    const bool fallback_op = slot->fallback && slot->level == RuleLevel::below_autograd;
+    const bool may_fall_back = fallback_op && !strict();
     if (!rule) {
-      if (!may_fall_back) not_implemented(op, stack);
+      if (!fallback_op) not_implemented(op, stack);
       if (consistency_check_enabled()) check_op_consistency(op, stack);
+      if (!may_fall_back) {
+        agree_before_strict_refusal(op, stack, "");
+        not_implemented(op, stack);
+      }
       return run_fallback(op, stack, "");
     }
     RunningRuleGuard running(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
-    if (may_fall_back) {
+    if (fallback_op) {
       // A rule that declines (every rank alike: rules decide from the specs) before it takes its arguments off the
       // stack (typed rules always do) leaves them there, so the fallback runs on them.
       const auto depth = stack->size();
@@ -137,6 +159,10 @@ struct SlotKernel final : c10::OperatorKernel {
         if (declined.call != running_rule.call || stack->size() != depth) throw;
         auto why = std::move(declined.why);
         declined = {};
+        if (!may_fall_back) {
+          agree_before_strict_refusal(op, stack, why);
+          throw;
+        }
         return run_fallback(op, stack, why);
       }
     }
@@ -246,8 +272,12 @@ c10::OperatorName parse_name(const std::string& full) {
 
 // Ops of other namespaces (no slots): the same policy as a slot without a rule.
 void shard_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  if (strict() || !fallback_allowed(op)) not_implemented(op, stack);
+  if (!fallback_allowed(op)) not_implemented(op, stack);
   if (consistency_check_enabled()) check_op_consistency(op, stack);
+  if (strict()) {
+    agree_before_strict_refusal(op, stack, "");
+    not_implemented(op, stack);
+  }
   run_fallback(op, stack, "");
 }
 

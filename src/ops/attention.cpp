@@ -20,6 +20,7 @@
 #include "ops/ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <torch/autograd.h>
 
 #include <cmath>
@@ -179,8 +180,15 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
            "dropout_p > 0 is not supported (the dropout pattern could not match single-device randomness)",
            "pass dropout_p=0.0 (e.g. module.eval() or dropout=0 in nn.MultiheadAttention), or run attention on "
            "full tensors");
-  if (mask_t.defined())
+  if (mask_t.defined()) {
     TORCH_CHECK_VALUE(mask_t.dim() <= nd, "scaled_dot_product_attention: attn_mask has more dims than query");
+    // The mask must broadcast to the attention weights [..., L, S] (global shapes; each rank slices its part).
+    auto weights = query.sizes().vec();
+    weights.back() = key.size(-2);
+    TORCH_CHECK_VALUE(at::is_expandable_to(mask_t.sizes(), weights), "scaled_dot_product_attention: attn_mask ",
+                      mask_t.sizes(), " does not broadcast to the attention weights ", c10::IntArrayRef(weights),
+                      " (global shapes: query ", query.sizes(), ", key ", key.sizes(), ")");
+  }
   const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
   if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled()) {
     TORCH_CHECK_VALUE(at::isFloatingType(mask_t.scalar_type()),

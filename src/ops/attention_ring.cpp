@@ -31,14 +31,15 @@ struct RingSetup {
   std::vector<Segment> qseg;  // the local queries' segments in the computing layout
 };
 
-RingSetup ring_setup(const at::Tensor& q, const at::Tensor& k, BlockCfg c) {
+// `zigzag`: the forward's decision when the backward sets up (the strategy may have changed since).
+RingSetup ring_setup(const at::Tensor& q, const at::Tensor& k, BlockCfg c, std::optional<bool> zigzag = std::nullopt) {
   RingSetup s;
   s.l = layout_of(q, k);
   const auto& qs = *shard_impl(q)->spec();
   const auto& ks = *shard_impl(k)->spec();
   c.nd = s.l.nd;
   s.c = std::move(c);
-  s.zigzag = use_zigzag(s.l, qs, ks, s.c.causal, s.c.mask.defined());
+  s.zigzag = zigzag ? *zigzag : use_zigzag(s.l, qs, ks, s.c.causal, s.c.mask.defined());
   s.sl = seq_layout(s.l, ks, s.zigzag);
   s.sm = s.l.seq_mesh_dim;
   s.n = s.l.kv_ring ? s.l.mesh->size(s.sm) : 1;
@@ -128,6 +129,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["gqa"] = gqa;
+    ctx->saved_data["zigzag"] = s.zigzag;
     auto out_local = acc.to(ql.scalar_type());
     if (s.zigzag) out_local = to_contiguous({out_local}, s.sl, s.l)[0];
     auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
@@ -146,7 +148,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     cfg.causal = ctx->saved_data["causal"].toBool();
     cfg.gqa = ctx->saved_data["gqa"].toInt();
     if (!ctx->saved_data["mask"].isNone()) cfg.mask = ctx->saved_data["mask"].toTensor();
-    auto s = ring_setup(q, k, std::move(cfg));
+    auto s = ring_setup(q, k, std::move(cfg), ctx->saved_data["zigzag"].toBool());
     const auto nd = s.l.nd;
     const auto& qs = *shard_impl(q)->spec();
     const auto& ks = *shard_impl(k)->spec();

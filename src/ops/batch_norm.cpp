@@ -4,6 +4,7 @@
 // updated from the global statistics, so they are identical on every rank and equal to single-device ones.
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
 #include "comm/collectives.h"
+#include "ops/arg_checks.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -160,6 +161,7 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
   if (!shard_impl(input)) {
     return at::native::batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
   }
+  check_batch_norm_args(input, weight, bias, running_mean, running_var);
   const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
   TORCH_CHECK_VALUE(training || has_running, "batch_norm: evaluation needs running_mean and running_var");
   auto replicated_or_plain = [](const at::Tensor& t) {

@@ -7,6 +7,7 @@
 // all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum input is
 // completed once, in the forward.
 #include "comm/halo_plan.h"
+#include "ops/arg_checks.h"
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
@@ -238,6 +239,7 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
                             at::IntArrayRef output_padding, c10::SymInt groups_arg) {
   auto mesh = dispatch::common_mesh("aten::convolution", {input, weight, bias.value_or(at::Tensor())});
   const auto groups = groups_arg.expect_int();
+  check_convolution_args(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
   // A pending-sum input is completed once; when a backward may follow, the complete value stays with the input,
   // which autograd saves: the weight gradient reads it without a second all-reduce.

@@ -6,6 +6,7 @@
 #include "comm/redistribute.h"
 #include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
+#include "ops/arg_checks.h"
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -87,6 +88,7 @@ bool owns_bias(const ContractPlan& plan, const Mesh& mesh) {
 at::Tensor contraction(const char* op_name, bool batched, const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor* bias, at::Scalar beta, const at::Scalar& alpha) {
   auto mesh = bias ? dispatch::common_mesh(op_name, {*bias, a, b}) : dispatch::common_mesh(op_name, {a, b});
+  check_contraction_args(op_name, batched, a, b, bias);
   const std::string la = batched ? "bmk" : "mk", lb = batched ? "bkn" : "kn", lo = batched ? "bmn" : "mn";
   auto plan = plan_contraction(a, la, b, lb, lo, mesh);
   auto a_local = local_as(a, mesh, plan.pa, plan.ea);
@@ -232,6 +234,7 @@ at::Tensor apply_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  check_linear_args(x, w, b);
   // Held until the op below has recorded its graph edges.
   auto acc_x = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(x) : nullptr;
   auto acc_w = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(w) : nullptr;
@@ -240,6 +243,7 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::
 }
 
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
+  check_matmul_args(a, b);
   // Held until the op below has recorded its graph edges.
   auto acc_a = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(a) : nullptr;
   auto acc_b = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(b) : nullptr;

@@ -3,6 +3,7 @@
 // the backward all-reduces the two sums it needs. Affine gradients are Partial(sum) over the mesh dims that
 // shard the leading dims, reduced once by the parameter's promotion.
 #include "comm/collectives.h"
+#include "ops/arg_checks.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -74,6 +75,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_rule(const at::Tensor&
                                                                const std::optional<at::Tensor>& bias, double eps) {
   auto mesh = dispatch::common_mesh("aten::native_layer_norm",
                                     {input, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+  check_layer_norm_args(input, normalized_shape, weight, bias);
   const auto k = static_cast<int64_t>(normalized_shape.size());
   auto l = layer_norm_layout(input, mesh, k);
   const auto& x = shard_impl(l.x)->local();

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_grad_layout, check_op, close, full, mesh, randn, tiny_extents, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, randn, rank, tiny_extents, uneven_extents
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -474,3 +474,71 @@ def case_float64(strategy):
 @pytest.mark.parametrize("strategy", ["ring", "ring_contiguous"])
 def test_float64(strategy):
     harness.run(3, case_float64, strategy)
+
+
+# ---- the strategy setting: per thread, and captured per call (issue 30 item 1) ----
+
+def case_strategy_block_in_another_thread():
+    """Rank 0 holds a `use_attention_strategy` block open in a second thread while its main thread (and every other
+    rank's) runs causal attention: the block must not reach the main thread (it used to, so the ranks took the
+    zigzag ring and the contiguous ring, or the all-to-all, and one aborted)."""
+    import threading
+    m = mesh()
+    q, k, v = (randn(1, 4, 9, 4, seed=s) for s in (70, 71, 72))
+    lay = ([st.Shard(2)], {0: uneven_extents(9, m.size(), seed=9)})
+    inside, leave = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        with st.use_attention_strategy("ring_contiguous" if rank() == 0 else "all_to_all"):
+            seen["other"] = st.attention_strategy()
+            inside.set()
+            leave.wait(60)
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        inside.wait(60)
+        assert st.attention_strategy() == "auto", st.attention_strategy()
+        with st.use_attention_strategy("ring"):
+            check_op(sdpa(is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL, what="ring while another thread "
+                     "holds a block")
+        check_op(sdpa(is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL, what="auto while another thread holds a "
+                 "block")
+    finally:
+        leave.set()
+        t.join()
+    assert seen["other"] == ("ring_contiguous" if rank() == 0 else "all_to_all")
+    assert st.attention_strategy() == "auto"
+    return True
+
+
+def case_backward_after_strategy_block(strategy):
+    """The backward runs after the block that chose the strategy has closed: it must follow the forward's choice
+    (the ring's backward re-read the setting, so a forward in the contiguous layout was differentiated in the zigzag
+    layout)."""
+    m = mesh()
+    q, k, v = (randn(1, 2, 10, 4, seed=s) for s in (73, 74, 75))
+    lay = ([st.Shard(2)], {0: uneven_extents(10, m.size(), seed=10)})
+    qs, ks, vs = (st.distribute_tensor(t, m, lay[0], lay[1]).requires_grad_() for t in (q, k, v))
+    ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+    with st.use_attention_strategy(strategy):
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    other = "ring" if strategy == "ring_contiguous" else "ring_contiguous"
+    w = randn(*out.shape, seed=76)
+    with st.use_attention_strategy(other):
+        (out * st.distribute_tensor(w, m, lay[0], lay[1])).sum().backward()
+    (F.scaled_dot_product_attention(ql, kl, vl, is_causal=True) * w).sum().backward()
+    for name, a, b in (("q", qs, ql), ("k", ks, kl), ("v", vs, vl)):
+        close(full(a.grad), b.grad, **TOL, what=f"{strategy} then {other}: d{name}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_strategy_is_per_thread(world):
+    harness.run(world, case_strategy_block_in_another_thread)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ring_contiguous"])
+def test_backward_follows_forward_strategy(strategy):
+    harness.run(3, case_backward_after_strategy_block, strategy)

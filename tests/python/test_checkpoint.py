@@ -186,3 +186,66 @@ def case_partial_refused(path):
 def test_partial_refused_on_every_rank(tmp_path):
     harness.expect_error(2, case_partial_refused, str(tmp_path / "partial"), match="Partial",
                          kinds=("CheckpointException",))
+
+
+# ---- st.checkpoint.save / load: fresh directories and a pointer (issue 30 item 3) ----
+
+def case_checkpoint_helper(root):
+    """Two saves, a third that fails on one rank mid-save: the pointer names the second, loading the root gives its
+    values, loading the failed directory raises on every rank; a save into an existing directory is refused."""
+    import os
+    m = mesh()
+    w = dist.get_world_size()
+    values = [randn(*FIELD, seed=40 + i) for i in range(3)]
+
+    def state(i):
+        return {"field": st.distribute_tensor(values[i], m, [st.Shard(0)], {0: uneven_extents(FIELD[0], w, 4)})}
+
+    first = st.checkpoint.save(state(0), root)
+    second = st.checkpoint.save(state(1), root)
+    assert os.path.basename(first) == "step-1" and os.path.basename(second) == "step-2", (first, second)
+    assert st.checkpoint.latest(root) == second
+    # A rank fails while writing its files: DCP raises on every rank; nothing is marked or pointed at.
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    original = FileSystemWriter.write_data
+
+    def failing(self, plan, planner):
+        if dist.get_rank() == w - 1:
+            raise OSError("disk full (simulated)")
+        return original(self, plan, planner)
+
+    FileSystemWriter.write_data = failing
+    try:
+        st.checkpoint.save(state(2), root)
+    except BaseException as e:   # noqa: BLE001  (DCP's CheckpointException is a BaseException)
+        failed = type(e).__name__
+    else:
+        failed = None
+    finally:
+        FileSystemWriter.write_data = original
+    assert failed, "the failing save returned"
+    assert st.checkpoint.latest(root) == second
+    into = {"field": st.distribute_tensor(torch.zeros(FIELD), m, [st.Shard(1)])}
+    assert st.checkpoint.load(into, root) == second
+    close(into["field"].full_tensor(), values[1], what="latest complete checkpoint")
+    assert st.checkpoint.load(into, first) == first
+    close(into["field"].full_tensor(), values[0], what="an older complete checkpoint")
+    errors = []
+    for bad in (os.path.join(root, "step-3"), os.path.join(root, "nowhere")):
+        try:
+            st.checkpoint.load(into, bad)
+        except ValueError as e:
+            errors.append(str(e))
+    try:
+        st.checkpoint.save(state(0), root, "step-2")
+    except ValueError as e:
+        errors.append(str(e))
+    assert len(errors) == 3 and "not a complete checkpoint" in errors[0] and "no checkpoint" in errors[1] \
+        and "exists" in errors[2], errors
+    return failed, errors
+
+
+def test_checkpoint_save_is_all_or_nothing(tmp_path):
+    for world in (2, 3):
+        results = harness.run(world, case_checkpoint_helper, str(tmp_path / f"w{world}"))
+        assert all(r == results[0] for r in results), results   # the same errors on every rank

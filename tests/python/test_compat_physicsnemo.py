@@ -93,6 +93,44 @@ def test_compute_split_shapes():
     assert p.compute_split_shapes(6, 4) == [1, 1, 1, 3]     # div-up would leave the last empty: floor
     assert p.compute_split_shapes(8, 4) == [2, 2, 2, 2]
     assert p.compute_split_shapes(5, 1) == [5]
+    assert p.compute_split_shapes(0, 3) == [0, 0, 0]
+    # Issue 30 item 5: no chunks divided by zero; a negative size gave negative extents.
+    with pytest.raises(ValueError, match="num_chunks"):
+        p.compute_split_shapes(5, 0)
+    with pytest.raises(ValueError, match="num_chunks"):
+        p.compute_split_shapes(5, -2)
+    with pytest.raises(ValueError, match="size"):
+        p.compute_split_shapes(-3, 2)
+
+
+def test_handlers_must_be_callable():
+    """Issue 30 item 5: a non-callable handler is refused when it is registered (it used to fail at the first call,
+    inside an op, on whichever rank reached it)."""
+    p = pn()
+
+    def knn(x):
+        return x
+
+    for register in (lambda h: p.ShardTensor.register_function_handler(knn, h),
+                     lambda h: p.ShardTensor.register_function_handler(torch.dot, h),
+                     lambda h: p.ShardTensor.register_dispatch_handler(torch.ops.aten.dot.default, h),
+                     lambda h: st.register_function(knn, h),
+                     lambda h: st.register_handler(torch.ops.aten.dot.default, h)):
+        for bad in (None, 3, "handler"):
+            with pytest.raises(TypeError, match="callable"):
+                register(bad)
+    assert knn.__code__.co_name == "knn" and not st._C.has_handler("aten::dot")
+
+
+def case_src_data_rank(value):
+    p = pn()
+    p.distribute_tensor(torch.zeros(4, 2), mesh(), [st.Shard(0)], src_data_rank=value)
+
+
+def test_src_data_rank_checked():
+    """Issue 30 item 5: src_data_rank=-1 indexed the mesh from its end; out of range or not an int is refused."""
+    for value, kind in ((-1, "ValueError"), (2, "ValueError"), (1.0, "TypeError"), (True, "TypeError")):
+        harness.expect_error(2, case_src_data_rank, value, match="src_data_rank", kinds=(kind,))
 
 
 # ---- x._spec, x.offsets() and the PhysicsNeMo names ----
@@ -397,6 +435,67 @@ def case_ring_pass_errors(which):
                                          ("config", "mesh_size"), ("direction", "Invalid ring direction")])
 def test_ring_pass_errors(which, match):
     harness.expect_error(2, case_ring_pass_errors, which, match=match, kinds=("ValueError",))
+
+
+def case_ring_pass_shapes_disagree(which):
+    """Issue 30 item 1: receive shapes a sender does not send (one rank aborted in Gloo), uneven shards with the
+    default receive shapes (a partly filled tensor), per-rank argument problems: all raise on every rank, before any
+    data moves."""
+    p = pn()
+    m = mesh()
+    w, r = m.size(), rank()
+    if which == "recv_shape":           # rank 0 expects 3 rows, its sender sends 2
+        st.ring_pass(torch.ones(2, 4), m, recv_shapes=[(3, 4) if r == 0 else (2, 4)])
+    elif which == "recv_shape_compat":  # the PhysicsNeMo helper, a recv_shape too small on rank 1
+        cfg = p.RingPassingConfig(mesh_dim=0, mesh_size=w)
+        p.perform_ring_iteration(torch.ones(3, 2), m, cfg, recv_shape=(2, 2) if r == 1 else (3, 2))
+    elif which == "count":              # rank 1 gives a receive shape for one tensor of two
+        x = torch.ones(2)
+        st.ring_pass([x, x], m, recv_shapes=[(2,)] if r == 1 else [(2,), (2,)])
+    elif which == "tensors":            # rank 0 passes two tensors, the others one
+        st.ring_pass([torch.ones(2)] * (2 if r == 0 else 1), m)
+    elif which == "dtype":
+        st.ring_pass(torch.ones(2, dtype=torch.float64 if r == 0 else torch.float32), m)
+    elif which == "direction":
+        st.ring_pass(torch.ones(2), m, direction="backward" if r == 0 else "forward")
+
+
+@pytest.mark.parametrize("which,match", [("recv_shape", "sends"), ("recv_shape_compat", "sends"),
+                                         ("count", "receive shapes"), ("tensors", "number of tensors"),
+                                         ("dtype", "dtypes"), ("direction", "direction")])
+def test_ring_pass_disagreement_raises_everywhere(which, match):
+    for world in (2, 3):
+        errors = harness.expect_error(world, case_ring_pass_shapes_disagree, which, match=match, kinds=("ValueError",))
+        assert len({msg for _, msg, _ in errors.values()}) == 1, errors   # the same message on every rank
+    harness.run(3, case_ring_pass, "forward")                         # the pool still communicates
+
+
+def case_ring_pass_default_shapes_uneven(direction):
+    """Uneven shards and no recv_shapes: each rank receives its sender's whole block (the shapes come from the
+    sender), forward and backward, and the PhysicsNeMo helper does the same."""
+    p = pn()
+    m = mesh()
+    w, r = m.size(), rank()
+    ext = [1 + 2 * i for i in range(w)]
+    full = randn(sum(ext), 3, seed=5)
+    offs = [sum(ext[:i]) for i in range(w)]
+    mine = full[offs[r]:offs[r] + ext[r]].clone().requires_grad_()
+    src = (r - 1) % w if direction == "forward" else (r + 1) % w
+    got = st.ring_pass(mine, m, direction=direction)
+    close(got, full[offs[src]:offs[src] + ext[src]], what="default receive shape")
+    (got * (r + 1)).sum().backward()
+    dst = (r + 1) % w if direction == "forward" else (r - 1) % w
+    close(mine.grad, torch.full_like(mine, float(dst + 1)), what="ring grad")
+    cfg = p.RingPassingConfig(mesh_dim=0, mesh_size=w, ring_direction=direction)
+    close(p.perform_ring_iteration(mine.detach(), m, cfg), full[offs[src]:offs[src] + ext[src]],
+          what="perform_ring_iteration default shape")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_ring_pass_default_shapes_uneven(world, direction):
+    harness.run(world, case_ring_pass_default_shapes_uneven, direction)
 
 
 # ---- the Extending examples of docs/python-api.md ----

@@ -99,6 +99,45 @@ def test_from_local_placements_differ_per_rank(how, mode):
                              kinds=("ValueError",))
 
 
+def modes_differ(modes, mesh_shape):
+    """Issue 30 item 1: a different sharding_shapes mode per rank (explicit extents, "even", "infer"): the agreement
+    message has one size whatever the mode, so every rank raises instead of a Gloo size mismatch aborting one."""
+    m = mesh(mesh_shape)
+    w = m.size()
+    n = 2 * w
+    local = torch.zeros(2, 3)
+    mode = modes[rank() % len(modes)]
+    if mode == "explicit":
+        st.from_local(local, m, [st.Shard(0)] * len(m.mesh.shape) if len(m.mesh.shape) == 1
+                      else [st.Shard(0), st.Replicate()], sharding_shapes={0: [2] * m.mesh.shape[0]})
+    else:
+        pl = [st.Shard(0)] if len(m.mesh.shape) == 1 else [st.Shard(0), st.Replicate()]
+        gs = (2 * m.mesh.shape[0], 3)
+        st.from_local(local, m, pl, sharding_shapes=mode, global_shape=gs if mode == "even" else None)
+
+
+@pytest.mark.parametrize("modes", [("explicit", "even"), ("even", "explicit"), ("infer", "explicit"),
+                                   ("explicit", "infer"), ("infer", "even"), ("even", "infer"),
+                                   ("infer", "even", "explicit")])
+def test_from_local_modes_differ_per_rank(modes):
+    for world in (2, 3):
+        errors = harness.expect_error(world, modes_differ, modes, None, match="sharding_shapes mode",
+                                      kinds=("ValueError",))
+        assert all("ranks disagree" in msg for _, msg, _ in errors.values())
+    harness.expect_error(4, modes_differ, modes, (2, 2), match="sharding_shapes mode", kinds=("ValueError",))
+
+
+def case_infer_wrong_global_shape():
+    """Issue 30 item 5: "infer" with a global_shape the gathered extents contradict raises (it was ignored)."""
+    m = mesh()
+    st.from_local(torch.zeros(2, 3), m, [st.Shard(0)], "infer", global_shape=(2 * m.size() + 1, 3))
+
+
+def test_from_local_infer_checks_global_shape():
+    for world in (1, 2):
+        harness.expect_error(world, case_infer_wrong_global_shape, match="global_shape", kinds=("ValueError",))
+
+
 def test_from_local_disagreement_raises_3_ranks():
     harness.expect_error(3, bad_explicit_extents, match="sharding_shapes", kinds=("ValueError",))
     harness.expect_error(3, bad_local_fit_even, match="fits the layout", kinds=("ValueError",))
@@ -156,6 +195,32 @@ def case_from_local_check_cost():
 def test_from_local_check_cost():
     for world in (1, 2):
         harness.run(world, case_from_local_check_cost)
+
+
+def case_permuted_mesh(grid):
+    """Issue 30 item 4: DeviceMesh("cpu", [2, 1, 0]) at 3 ranks runs on the default group, whose rank order differs:
+    two ranks raised and the third waited for them. Now every rank raises when the mesh is first used."""
+    from torch.distributed.device_mesh import DeviceMesh
+    m = DeviceMesh("cpu", grid)
+    st.distribute_tensor(torch.arange(12.0).view(4, 3), m, [st.Shard(0)] * len(m.mesh.shape))
+
+
+def case_mesh_in_order_works():
+    from torch.distributed.device_mesh import DeviceMesh
+    import torch.distributed as dist
+    m = DeviceMesh("cpu", list(range(dist.get_world_size())))
+    x = torch.arange(12.0).view(4, 3)
+    close(st.distribute_tensor(x, m, [st.Shard(0)]).full_tensor(), x, what="mesh in rank order")
+    return True
+
+
+def test_permuted_mesh_raises_everywhere():
+    errors = harness.expect_error(3, case_permuted_mesh, [2, 1, 0], match="does not hold that dim's ranks",
+                                  kinds=("ValueError",))
+    assert len({msg for _, msg, _ in errors.values()}) == 1
+    harness.expect_error(4, case_permuted_mesh, [[0, 1], [3, 2]], match="does not hold that dim's ranks",
+                         kinds=("ValueError",))
+    harness.run(3, case_mesh_in_order_works)
 
 
 # ---- scatter_tensor ----

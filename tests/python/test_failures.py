@@ -31,6 +31,8 @@ def case_peer_skips_collective(kind):
     try:
         if kind == "op":
             x[4]                          # select along the sharded dim: an all-gather rank 0 never joins
+        elif kind == "item":
+            x.sum().item()                # .item() on some ranks only: the sum's all-reduce rank 0 never joins
         else:
             x.full_tensor()
     except Exception as e:                # noqa: BLE001  (the error itself is what is checked)
@@ -54,6 +56,18 @@ def test_peer_failure_names_op_and_placements():
             assert "while running aten::" in msg and "Shard(0)" in msg, msg
             assert "init_distributed(timeout=" in msg, msg
         harness.run(world, case_pool_still_works)
+
+
+def test_item_on_some_ranks_names_item_and_the_line():
+    """Issue 30 item 4: `.item()` on one rank only was reported as aten::_local_scalar_dense; the message names
+    `.item()`, the Python line that called it, and why the rank waited."""
+    results = harness.run(2, case_peer_skips_collective, "item")
+    kind, msg = results[1]
+    assert kind == "DistBackendError", (kind, msg)
+    assert "while running .item()" in msg, msg
+    assert "called from " in msg and "test_failures.py" in msg and "in case_peer_skips_collective" in msg, msg
+    assert "must make the same call" in msg, msg
+    harness.run(2, case_pool_still_works)
 
 
 def test_peer_failure_in_full_tensor_names_the_call():

@@ -252,7 +252,9 @@ def case_warning_once_and_count(world):
     largest = -(-8 // world)
     expected = largest * 3 * 4 * world if world > 1 else 0   # all_gather counts the padded input times the group
     assert nbytes == expected == first.bytes.get("fallback_all_gather", 0), (nbytes, expected, first.bytes)
-    assert first.calls == second.calls == ({"fallback_all_gather": 1} if world > 1 else {}), first.calls
+    # The gather, and the fallback's agreement on strict mode and its size guard (one small all-reduce).
+    assert first.calls == second.calls == ({"fallback_all_gather": 1, "fallback_all_reduce": 1} if world > 1 else {}), \
+        first.calls
     assert first.bytes == second.bytes
     assert len(_fallback_warnings(record, "aten::median.dim")) == 1
     # a backward through the fallback is counted as well (its gathers are the fallback's)
@@ -331,3 +333,88 @@ def case_refused(which):
 def test_refused_without_rule(which, match):
     harness.expect_error(2, case_refused, which, match=match + " has no domain-parallel rule",
                          kinds=("NotImplementedError",))
+
+
+# ---- the size guard and strict mode agreed across ranks (issue 30 item 4) ----
+
+def case_strict_on_one_rank(which):
+    """Strict mode on rank 0 only: rank 0 refused at once while the others waited in the fallback's gather until the
+    process group's timeout. Now every rank raises, naming the setting."""
+    m = mesh()
+    xs = shard_of(randn(6, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(6, m.size(), 31)})
+    with st.use_strict(torch.distributed.get_rank() == 0):
+        if which == "no_rule":
+            torch.median(xs, dim=0)
+        else:
+            torch.sort(xs, dim=0)
+
+
+def case_after_errors():
+    """The ranks still agree after the refusals: a fallback runs."""
+    m = mesh()
+    x = randn(6, 4, seed=32)
+    close(full(torch.median(shard_of(x, m, [st.Shard(0)]), dim=0).values), torch.median(x, dim=0).values,
+          what="median after refusals")
+    return True
+
+
+@pytest.mark.parametrize("which", ["no_rule", "declined"])
+def test_strict_on_one_rank_raises_everywhere(which):
+    for world in (2, 3):
+        errors = harness.expect_error(world, case_strict_on_one_rank, which, match="set it alike on every rank",
+                                      kinds=("NotImplementedError",))
+        assert len({msg for _, msg, _ in errors.values()}) == 1, errors
+        harness.run(world, case_after_errors)
+
+
+def case_budget(which):
+    m = mesh()
+    xs = shard_of(randn(8, 4, seed=33), m, [st.Shard(0)])
+    if which == "auto":
+        # A global shape no rank could hold (a stride-0 view: no memory here), gathered: refused before it starts.
+        huge = xs[:, :1].expand(8, 10 ** 12)
+        before = st.comm_stats()["calls"].get("fallback_all_gather", 0)
+        try:
+            torch.median(huge, dim=1)
+        finally:
+            assert st.comm_stats()["calls"].get("fallback_all_gather", 0) == before, "gathered before refusing"
+        return
+    budget = 100 if which == "fixed" else (100 if torch.distributed.get_rank() == 0 else None)
+    previous = st.set_fallback_budget(budget)
+    try:
+        assert st.fallback_budget() == budget
+        torch.median(xs, dim=0)       # 8 x 4 floats gathered + room for the result: 256 bytes > 100
+    finally:
+        st.set_fallback_budget(previous)
+
+
+def case_budget_allows():
+    m = mesh()
+    x = randn(8, 4, seed=34)
+    previous = st.set_fallback_budget(256)
+    try:
+        close(full(torch.median(shard_of(x, m, [st.Shard(0)]), dim=0).values), torch.median(x, dim=0).values,
+              what="median within the budget")
+    finally:
+        st.set_fallback_budget(previous)
+    assert st.fallback_budget() is None
+    return True
+
+
+@pytest.mark.parametrize("which", ["fixed", "one_rank", "auto"])
+def test_fallback_size_guard(which):
+    for world in (2, 3):
+        errors = harness.expect_error(world, case_budget, which, match="fallback budget",
+                                      kinds=("NotImplementedError",))
+        for _, msg, _ in errors.values():
+            assert "aten::median" in msg and "set_fallback_budget" in msg and "bytes" in msg, msg
+        assert len({msg for _, msg, _ in errors.values()}) == 1, errors
+    harness.run(2, case_budget_allows)
+
+
+def test_fallback_budget_setting():
+    with pytest.raises(ValueError, match="bytes"):
+        st.set_fallback_budget(-5)
+    with pytest.raises(ValueError, match="bytes"):
+        st.set_fallback_budget(1.5)
+    assert st.fallback_budget() is None

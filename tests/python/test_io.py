@@ -593,3 +593,158 @@ def test_missing_library_names_the_package(monkeypatch, module, call):
     monkeypatch.setitem(__import__("sys").modules, module, None)
     with pytest.raises(ImportError, match=f"pip install {module}"):
         call()
+
+
+# ---- outputs published only when complete; inputs agreed on (issue 30 item 3) ----
+
+KILL_SCRIPT = r"""
+import os, sys, datetime, json
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+import shardtensor as st
+from shardtensor.io import raw
+
+rank, world, port, fmt, path, how, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], \
+    sys.argv[6], sys.argv[7]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=20))
+mesh = init_device_mesh("cpu", (world,))
+x = st.distribute_tensor(torch.arange(9 * 7 * 4, dtype=torch.float32).view(9, 7, 4) + 1000, mesh, [st.Shard(0)])
+original = raw.write_slab
+zarr_set = None
+
+def dying_write(*args, **kwargs):
+    if rank == 1:
+        original(*args, **kwargs)          # part of the slab lands in the file first
+        if how == "die":
+            os._exit(17)                   # killed mid-save
+        raise OSError("disk full (simulated)")
+    return original(*args, **kwargs)
+
+raw.write_slab = dying_write
+if fmt == "zarr":
+    import zarr
+    real_setitem = zarr.Array.__setitem__
+    def dying_setitem(self, key, value):
+        real_setitem(self, key, value)
+        if rank == 1:
+            if how == "die":
+                os._exit(17)
+            raise OSError("disk full (simulated)")
+    zarr.Array.__setitem__ = dying_setitem
+try:
+    if fmt == "npy":
+        st.io.save_npy(x, path)
+    elif fmt == "hdf5":
+        st.io.save_hdf5(x, path, "u")
+    else:
+        st.io.save_zarr(x, path, "u")
+    result = ["ok", ""]
+except Exception as e:
+    result = [type(e).__name__, str(e)]
+with open(out + f".{rank}", "w") as f:
+    json.dump(result, f)
+# Rank 0 hosts the job's store, which the survivors ask who stopped: stay until every survivor has its answer.
+import time
+deadline = time.time() + 60
+while time.time() < deadline and not all(os.path.exists(out + f".{r}") for r in range(world) if r != 1 or how != "die"):
+    time.sleep(0.05)
+os._exit(0)
+"""
+
+
+def _read_saved(fmt, path):
+    if fmt == "npy":
+        return np.load(path)
+    if fmt == "hdf5":
+        import h5py
+        with h5py.File(path, "r") as f:
+            return f["u"][...]
+    import zarr
+    return zarr.open_array(path, path="u", mode="r")[...]
+
+
+@pytest.mark.parametrize("fmt,how", [("npy", "die"), ("hdf5", "die"), ("zarr", "die"), ("npy", "raise")])
+def test_failed_save_publishes_nothing(tmp_path, fmt, how):
+    """A rank killed (or raising) inside its slab write: nothing under the name loads afterwards (an earlier file
+    there is untouched), and the survivors' error names the save and the rank (not the transport's text)."""
+    import subprocess
+    import sys
+    needs(fmt)
+    world = 3
+    path = str(tmp_path / {"npy": "out.npy", "hdf5": "out.h5", "zarr": "out.zarr"}[fmt])
+    earlier = full_values().numpy()
+    if fmt == "npy":
+        np.save(path, earlier)
+    elif fmt == "hdf5":
+        import h5py
+        with h5py.File(path, "w") as f:
+            f.create_dataset("u", data=earlier)
+    else:
+        import zarr
+        zarr.create_array(store=path, name="u", shape=earlier.shape, dtype=earlier.dtype)[...] = earlier
+    out = str(tmp_path / "result")
+    port = str(harness._free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(st.__file__)), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(r), str(world), port, fmt, path, how, out],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(world)]
+    for p in procs:
+        p.wait(timeout=120)
+    import json
+    for r in range(world):
+        if how == "die" and r == 1:
+            assert procs[r].returncode == 17
+            continue
+        with open(f"{out}.{r}") as f:
+            kind, msg = json.load(f)
+        assert kind != "ok", f"rank {r} finished the save"
+        if how == "raise" and r == 1:
+            assert "disk full" in msg, msg           # the failing rank raises its own error
+            continue
+        what = {"npy": "save_npy", "hdf5": "save_hdf5", "zarr": "save_zarr"}[fmt]
+        assert what in msg and path in msg, msg
+        if how == "die":
+            assert "rank(s) [1]" in msg and "stopped before finishing" in msg, msg
+        elif r != 1:
+            assert "rank(s) [1]" in msg and "disk full" in msg, msg
+    np.testing.assert_array_equal(_read_saved(fmt, path), earlier)   # the earlier file, whole
+    assert not any("shardtensor-partial" in n for n in os.listdir(tmp_path) if how == "raise"), os.listdir(tmp_path)
+
+
+def case_file_versions_differ(paths):
+    """Each rank opens "the file" and gets another version of the same shape (what a replacement between the
+    ranks' opens gives): every rank raises instead of returning slabs of two versions."""
+    import torch.distributed as dist
+    st.io.load_npy(paths[dist.get_rank() % len(paths)], mesh(), [st.Shard(0)])
+
+
+def test_npy_versions_differ_between_ranks(tmp_path):
+    a, b = str(tmp_path / "a.npy"), str(tmp_path / "b.npy")
+    np.save(a, full_values().numpy())
+    np.save(b, full_values(seed=5).numpy())
+    for world in (2, 3):
+        errors = harness.expect_error(world, case_file_versions_differ, [a, b], match="different versions",
+                                      kinds=("ValueError",))
+        assert len({msg for _, msg, _ in errors.values()}) == 1
+    harness.run(2, case_load, "npy", a, False)   # the same file everywhere still loads
+
+
+def case_mesh_not_referenced(fmt, path):
+    """The DeviceMesh a tensor was made with, dropped by the user: the writers still find its process groups."""
+    import gc
+    from torch.distributed.device_mesh import DeviceMesh
+    import torch.distributed as dist
+    x = st.distribute_tensor(full_values(), DeviceMesh("cpu", list(range(dist.get_world_size()))), [st.Shard(0)])
+    gc.collect()
+    save(fmt, x, path)
+    assert st.device_mesh(x).mesh.tolist() == list(range(dist.get_world_size()))
+    return True
+
+
+@pytest.mark.parametrize("fmt", WRITERS)
+def test_writers_without_the_users_mesh(tmp_path, fmt):
+    needs(fmt)
+    path = str(tmp_path / f"m_{fmt}")
+    harness.run(2, case_mesh_not_referenced, fmt, path)
+    np.testing.assert_array_equal(read_back(fmt, path), full_values().numpy())

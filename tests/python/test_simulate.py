@@ -185,6 +185,50 @@ def test_flag_warning_and_teardown():
     assert not dist.is_initialized()
 
 
+def test_tensor_from_an_ended_simulation_refuses():
+    """Issue 30 item 5: a ShardTensor made inside st.simulate and used after the block computed garbage silently over
+    the ended simulation's fake group; now every op, collective or new wrap on it raises ValueError, also inside a
+    later simulation, while that simulation's own tensors work."""
+    for device in ("cpu", "meta"):
+        with st.simulate(1, 2, device=device, warn=False) as sim:
+            x = sim.shard((6, 4), [st.Shard(0)])
+            mesh = sim.mesh
+            (x * 2).sum()                              # fine inside
+        for use in (lambda: x * 2, lambda: x.sum(), lambda: x.full_tensor(), lambda: x.redistribute([st.Replicate()]),
+                    lambda: st.from_local(torch.zeros(3, 4), mesh, [st.Shard(0)], "even", global_shape=(6, 4))):
+            with pytest.raises(ValueError, match="simulate.*has ended"):
+                use()
+        with st.simulate(0, 2, device=device, warn=False) as sim2:
+            with pytest.raises(ValueError, match="has ended"):
+                x + 1
+            y = sim2.shard((6, 4), [st.Shard(0)])
+            assert st.to_local(y * 2).shape == (3, 4)
+        with pytest.raises(ValueError, match="has ended"):
+            y.sum()
+
+
+def _local_ops_of_a_step(world):
+    """The tensor ops a halo-exchanging training step runs on a simulated rank's local (fake) tensors."""
+    class Count:
+        n = 0
+
+        def on_op(self, name, flops, traffic, seconds):
+            Count.n += 1
+
+    with st.simulate(world // 2, world, device="meta", warn=False) as sim:
+        x = sim.shard((1, 3, 4 * world, 16), [st.Shard(2)], requires_grad=True)
+        w = torch.randn(4, 3, 3, 3, requires_grad=True)
+        sim.local_mode.listeners.append(Count())
+        F.conv2d(x, w, padding=1).square().sum().backward()
+    return Count.n
+
+
+def test_simulated_step_host_work_does_not_grow_with_world():
+    """Issue 30 item 5: a simulated rank's host work per op grew with P (a tensor op per peer in every halo exchange,
+    a tensor per rank to plan a shard), 43 s per step at P = 8192; now the neighbours' pieces only."""
+    assert _local_ops_of_a_step(512) == _local_ops_of_a_step(16)
+
+
 def test_two_dim_mesh_and_meta_allocates_nothing():
     with st.simulate(5, 8, mesh_shape=(2, 4), mesh_dim_names=("data", "domain"), device="meta", warn=False) as sim:
         assert sim.coordinate == (1, 1)

@@ -260,6 +260,12 @@ def _aten_overloads(func):
     return out
 
 
+def _check_handler(what: str, handler) -> None:
+    if not callable(handler):
+        raise TypeError(f"{what}: handler must be callable (a function taking the call's arguments), got "
+                        f"{type(handler).__name__} {handler!r:.60}")
+
+
 def _register_aten(ops, func, handler, describe):
     registered, refused = [], []
     for op in ops:
@@ -314,7 +320,10 @@ class ShardTensor(_ShardTensorCheck):
           functional aten overloads (``st.register_handler``): it runs below autograd (the op's own derivative
           records the graph), under ``torch.no_grad()``, with the op's arguments in schema order in ``args``
           (``kwargs`` empty) and ``func`` the function you registered.
+
+        ``handler`` must be callable (``TypeError`` otherwise, at registration rather than at the first call).
         """
+        _check_handler("register_function_handler", handler)
         if isinstance(func, types.FunctionType):
             def adapter(*args, **kwargs):
                 args, kwargs = _promote_plain(args, kwargs)
@@ -331,6 +340,7 @@ class ShardTensor(_ShardTensorCheck):
     def register_dispatch_handler(op, handler: Callable) -> None:
         """``handler(*args)`` for an aten op (``OpOverload``; an ``OpOverloadPacket`` registers every overload):
         ``st.register_handler``. Arguments arrive positionally in schema order."""
+        _check_handler("register_dispatch_handler", handler)
         ops = [op] if isinstance(op, (str, torch._ops.OpOverload)) else _aten_overloads(op)
         if not ops:
             raise TypeError(f"register_dispatch_handler: expected an OpOverload, got {op!r}")
@@ -362,6 +372,10 @@ def compute_split_shapes(size: int, num_chunks: int) -> list:
     1); when div-up would leave the last one empty, floor chunks with the remainder on the last (6 over 4: 1, 1, 1,
     3). Pass it as ``sharding_shapes`` for PhysicsNeMo's layout; shardtensor's default is ``torch.tensor_split``'s."""
     size, num_chunks = int(size), int(num_chunks)
+    if num_chunks < 1:
+        raise ValueError(f"compute_split_shapes: num_chunks must be at least 1, got {num_chunks}")
+    if size < 0:
+        raise ValueError(f"compute_split_shapes: size must be non-negative, got {size}")
     if num_chunks == 1:
         return [size]
     chunk = (size + num_chunks - 1) // num_chunks
@@ -422,7 +436,14 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
         placements = [Replicate()] * device_mesh.ndim
     if src_data_rank is None:
         return _distribute_tensor(tensor, device_mesh, placements, sharding_shapes=sharding_shapes)
-    src = int(device_mesh.mesh.flatten()[int(src_data_rank)])
+    if isinstance(src_data_rank, bool) or not isinstance(src_data_rank, int):
+        raise TypeError(f"distribute_tensor: src_data_rank must be an int (an index into the mesh's ranks) or None, "
+                        f"got {type(src_data_rank).__name__}")
+    if not 0 <= src_data_rank < device_mesh.mesh.numel():
+        raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank} is not a rank of the mesh (0 to "
+                         f"{device_mesh.mesh.numel() - 1}); pass the index of the rank holding the data, or None to "
+                         "slice every rank's own copy")
+    src = int(device_mesh.mesh.flatten()[src_data_rank])
     with torch.no_grad():
         out = _scatter_tensor(tensor.detach(), src, device_mesh, placements, sharding_shapes=sharding_shapes)
     return out.requires_grad_(tensor.requires_grad) if tensor.requires_grad else out
@@ -479,8 +500,10 @@ class RingPassingConfig:
 
 def perform_ring_iteration(tensor: torch.Tensor, mesh, ring_config: RingPassingConfig, recv_shape=None):
     """One ring step: send ``tensor`` to the next rank along ``ring_config.mesh_dim`` (the previous one for
-    ``ring_direction="backward"``) and return the tensor received, of ``recv_shape`` (default: ``tensor``'s shape).
-    ``st.ring_pass``; differentiable."""
+    ``ring_direction="backward"``) and return the tensor received, of ``recv_shape`` (default: the shape the sender
+    sends; PhysicsNeMo assumes ``tensor``'s own, which is wrong for uneven shards). ``st.ring_pass``: the ranks agree
+    on the shapes before any data moves, and a ``recv_shape`` the sender does not send raises ``ValueError`` on every
+    rank; differentiable."""
     size = mesh.size(ring_config.mesh_dim)
     if ring_config.mesh_size != size:
         raise ValueError(f"perform_ring_iteration: ring_config.mesh_size={ring_config.mesh_size} but mesh dim "

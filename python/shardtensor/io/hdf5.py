@@ -25,7 +25,7 @@ import numpy as np
 
 from . import raw
 from .loader import load, require
-from .writer import create_then_write
+from .writer import local_array, prepare, remove_quietly, run_phases, temporary_path
 
 
 def _h5py(what):
@@ -65,10 +65,19 @@ def raw_location(h5py, dataset):
 
 
 class _Hdf5Source:
-    def __init__(self, h5py, dataset):
-        self.dataset = dataset
+    def __init__(self, h5py, dataset, path=None):
+        self.dataset, self.path = dataset, path
         self.shape, self.dtype = tuple(dataset.shape), np.dtype(dataset.dtype)
         self.raw = raw_location(h5py, dataset)
+
+    def identity(self):
+        """A file opened by its path: its inode, size and modification time, and the dataset read (compared across
+        ranks, so a file replaced between their reads is refused). Objects the caller opened: the dataset only."""
+        key = (self.dataset.name, self.shape, self.dtype.str, self.raw)
+        if self.path is None:
+            return key
+        st_ = os.stat(self.path)
+        return key + (st_.st_ino, st_.st_size, st_.st_mtime_ns)
 
     def read(self, start, stop):
         if self.raw is not None:
@@ -97,7 +106,8 @@ def _open(source, dataset, what):
         yield _Hdf5Source(h5py, _dataset(h5py, source, dataset, what))
     else:  # a path, or a Python file object
         with h5py.File(source, "r") as f:
-            yield _Hdf5Source(h5py, _dataset(h5py, f, dataset, what))
+            yield _Hdf5Source(h5py, _dataset(h5py, f, dataset, what),
+                              os.fspath(source) if isinstance(source, (str, os.PathLike)) else None)
 
 
 def load_hdf5(path, dataset, mesh, placements, sharding_shapes=None, *, global_shape=None, device=None, dtype=None,
@@ -115,33 +125,63 @@ def load_hdf5(path, dataset, mesh, placements, sharding_shapes=None, *, global_s
 def save_hdf5(x, path, dataset, *, mode: str = "w") -> None:
     """Write the ShardTensor ``x`` as the dataset ``dataset`` of the HDF5 file ``path``, each rank writing only its
     slab (collective over ``x``'s mesh; nothing is gathered; no MPI-enabled h5py needed: see the module doc).
-    ``mode``: ``"w"`` creates or truncates the file, ``"a"`` adds the dataset to an existing file (a dataset of
-    that name there raises ``ValueError``). ``Partial`` values raise ``ValueError``."""
+    ``mode``: ``"w"`` creates or replaces the file, ``"a"`` adds the dataset to an existing file (a dataset of
+    that name there raises ``ValueError``). Published only once every rank wrote its slab: ``"w"`` builds the file
+    under a temporary name beside ``path`` and renames it; ``"a"`` builds the dataset under a temporary name in the
+    file and renames it (an HDF5 link move). So a save that fails or is killed on any rank never leaves a file or
+    dataset under the name that loads. ``Partial`` values raise ``ValueError``."""
     h5py = _h5py("save_hdf5")
     if mode not in ("w", "a"):
         raise ValueError(f"save_hdf5: mode must be 'w' (create or truncate the file) or 'a' (add the dataset), "
                          f"got {mode!r}")
     path = os.fspath(path)
+    what = f"save_hdf5({path!r}, {dataset!r})"
+    layout, mesh, dtype = prepare(x, what)
+    data = local_array(x)
+    # mode "w": a whole new file under a temporary name; "a": a temporary dataset in the existing file.
+    file = temporary_path(path) if mode == "w" else path
+    name = dataset if mode == "w" else f"{dataset}.shardtensor-partial"
 
-    def create(layout, dtype):
-        with h5py.File(path, mode) as f:
-            if dataset in f:
-                raise ValueError(f"save_hdf5: {path} already holds {dataset!r}; delete it first or write the whole "
-                                 "file with mode='w'")
+    def create():
+        with h5py.File(file, "w" if mode == "w" else "a") as f:
+            if mode == "a":
+                if dataset in f:
+                    raise ValueError(f"save_hdf5: {path} already holds {dataset!r}; delete it first or write the "
+                                     "whole file with mode='w'")
+                if name in f:
+                    del f[name]   # left by an earlier save that did not finish
             dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the data's place in the file is fixed now
-            f.create_dataset(dataset, shape=layout.global_shape, dtype=dtype, dcpl=dcpl, fill_time="never")
+            f.create_dataset(name, shape=layout.global_shape, dtype=dtype, dcpl=dcpl, fill_time="never")
 
-    def write(layout, data):
-        with h5py.File(path, "r") as f:
-            location, shape = raw_location(h5py, f[dataset]), f[dataset].shape
+    def write():
+        with h5py.File(file, "r") as f:
+            location, shape = raw_location(h5py, f[name]), f[name].shape
         if location is None:  # only writers of a non-empty slab get here: the dataset was created contiguous
-            raise RuntimeError(f"save_hdf5: {dataset!r} in {path} has no contiguous storage to write into")
-        offset = location[1]
-        fd = os.open(path, os.O_WRONLY)
+            raise RuntimeError(f"save_hdf5: {name!r} in {file} has no contiguous storage to write into")
+        fd = os.open(file, os.O_WRONLY)
         try:
-            raw.write_slab(fd, offset, shape, data, layout.start)
+            raw.write_slab(fd, location[1], shape, data, layout.start)
         finally:
             os.close(fd)
 
-    create_then_write(x, "save_hdf5", create, write)
+    def publish():
+        if mode == "w":
+            os.replace(file, path)
+        else:
+            with h5py.File(file, "a") as f:
+                f.move(name, dataset)
+
+    def cleanup():
+        if mode == "w":
+            remove_quietly(file)
+        else:
+            with h5py.File(file, "a") as f:
+                if name in f:
+                    del f[name]
+
+    run_phases(mesh, what, [
+        create if layout.is_root else None,
+        write if layout.is_writer and data.size else None,
+        publish if layout.is_root else None,
+    ], cleanup=cleanup if layout.is_root else None)

@@ -84,16 +84,24 @@ def load(what: str, open_source, mesh, placements, sharding_shapes, global_shape
     failure: Optional[BaseException] = None
     layout: Optional[Layout] = None
     local = None
+    identity = None
     try:
         with open_source() as source:
             torch_dtype(what, source.dtype)
             layout = plan(what, source.shape, mesh, placements, sharding_shapes, global_shape)
+            # What this rank reads (a file's inode, size, modification time, header), before and after its read:
+            # the ranks compare it below, so a file replaced or changed between their reads is refused instead of
+            # giving each rank a slab of another version.
+            identity = source.identity() if hasattr(source, "identity") else None
             array = source.read(layout.start, layout.stop)
+            if identity is not None and source.identity() != identity:
+                raise ValueError(f"{what}: the file changed while this rank read it (its inode, size or modification "
+                                 "time differs after the read); read it again when no one is writing it")
         local = to_tensor(array, default_device(mesh) if device is None else device, dtype)
     except Exception as e:  # every rank learns of it below, and raises
         failure = e
     if check and hasattr(mesh, "get_group"):
-        agree(mesh, failure, what)
+        agree(mesh, failure, what, identity=identity if identity is not None else ())
     elif failure is not None:
         raise failure
     return from_local(local, mesh, layout.placements, sharding_shapes=layout.extents,

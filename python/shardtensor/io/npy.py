@@ -40,6 +40,12 @@ class _NpySource:
         self.f = f
         self.shape, self.fortran, self.dtype, self.offset = read_header(f)
 
+    def identity(self):
+        """What this rank reads: the open file's inode, size and modification time (a replacement by rename keeps
+        this rank's open file; another rank opening later gets the new one) and the header."""
+        st_ = os.fstat(self.f.fileno())
+        return (st_.st_ino, st_.st_size, st_.st_mtime_ns, self.shape, self.fortran, self.dtype.str, self.offset)
+
     def read(self, start, stop):
         return raw.read_slab(self.f.fileno(), self.offset, self.shape, self.dtype, start, stop, self.fortran)
 
@@ -71,13 +77,15 @@ def load_npy(path, mesh, placements, sharding_shapes=None, *, global_shape=None,
 def save_npy(x, path) -> None:
     """Write the ShardTensor ``x`` as one ``.npy`` file (C order) at ``path``, each rank writing only its slab
     (collective over ``x``'s mesh; nothing is gathered). The mesh's first rank writes the header and sizes the
-    file; after a barrier each writing rank writes its slab's bytes in place (copies on replicated mesh dims are
-    written by coordinate 0 of those dims only). ``Partial`` values raise ``ValueError``."""
+    file under a temporary name beside ``path``; after a barrier each writing rank writes its slab's bytes in place
+    (copies on replicated mesh dims are written by coordinate 0 of those dims only); once every rank reported
+    success the first rank renames the file to ``path``, so a save that fails or is killed on any rank never leaves
+    a file there that loads (an earlier file at ``path`` stays as it was). ``Partial`` values raise ``ValueError``."""
     path = os.fspath(path)
 
-    def create(layout, dtype):
+    def create(temp, layout, dtype):
         header = {"descr": _format.dtype_to_descr(dtype), "fortran_order": False, "shape": layout.global_shape}
-        with open(path, "wb") as f:
+        with open(temp, "wb") as f:
             try:
                 _format.write_array_header_1_0(f, header)
             except ValueError:  # a header over 64 KiB (thousands of dims)
@@ -85,13 +93,13 @@ def save_npy(x, path) -> None:
                 _format.write_array_header_2_0(f, header)
             f.truncate(f.tell() + dtype.itemsize * int(np.prod(layout.global_shape, dtype=np.int64)))
 
-    def write(layout, data):
-        with open(path, "rb", buffering=0) as f:
+    def write(temp, layout, data):
+        with open(temp, "rb", buffering=0) as f:
             shape, _, _, offset = read_header(f)
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(temp, os.O_WRONLY)
         try:
             raw.write_slab(fd, offset, shape, data, layout.start)
         finally:
             os.close(fd)
 
-    create_then_write(x, "save_npy", create, write)
+    create_then_write(x, f"save_npy({path!r})", path, create, write)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import Optional
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from ..placement import Shard
 from .layout import Layout
 from .loader import ArraySource, load, require
-from .writer import local_array, prepare, run_phases
+from .writer import local_array, prepare, remove_quietly, run_phases, temporary_path
 
 MAX_CHUNK_BYTES = 32 << 20
 
@@ -127,30 +128,48 @@ def _write_box(arr, data, slab_start, box):
     arr[target] = data[source]
 
 
+def _is_local_path(path) -> bool:
+    return isinstance(path, (str, os.PathLike)) and "://" not in os.fspath(path)
+
+
 def save_zarr(x, path, name: Optional[str] = None, *, chunks=None, mode: str = "w", **create_kwargs) -> None:
     """Write the ShardTensor ``x`` as a zarr array at ``path`` (a path or store; ``name``: the array's path in the
     group there), each rank writing only its slab (collective over ``x``'s mesh; nothing is gathered; no chunk is
     written by two ranks at once: see the module doc). ``chunks``: default aligned with the shards.
     ``mode``: ``"w"`` replaces an array there, ``"a"`` refuses to. ``create_kwargs`` go to
     ``zarr.create_array`` (``compressors=``, ``zarr_format=``, ``fill_value=``, ...). ``Partial`` values raise
-    ``ValueError``."""
+    ``ValueError``. On a local path the array is built under a temporary name (a sibling directory, or a sibling
+    array in the group) and renamed into place once every rank wrote its slab, so a save that fails or is killed
+    never leaves an array under the name that loads (an array it replaces stays until the rename); other stores
+    are written in place."""
     zarr = _zarr("save_zarr")
     if mode not in ("w", "a"):
         raise ValueError(f"save_zarr: mode must be 'w' (replace) or 'a' (refuse to replace), got {mode!r}")
-    layout, mesh, dtype = prepare(x, "save_zarr")
+    what = f"save_zarr({path!r}{', ' + repr(name) if name else ''})"
+    layout, mesh, dtype = prepare(x, what)
     data = local_array(x)
     chunks = tuple(int(c) for c in chunks) if chunks is not None else default_chunks(layout, dtype.itemsize)
     if len(chunks) != len(layout.global_shape):
         raise ValueError(f"save_zarr: chunks {chunks} for a {len(layout.global_shape)}-d tensor")
     arrays = []
+    staged = _is_local_path(path)
+    if staged:
+        path = os.fspath(path)
+        target = os.path.join(path, name) if name else path        # the array's directory
+        temp = temporary_path(target)
+        store, array_name = (path, os.path.relpath(temp, path)) if name else (temp, None)
+    else:
+        store, array_name = path, name
 
     def create():
-        zarr.create_array(store=path, name=name, shape=layout.global_shape, dtype=dtype, chunks=chunks,
-                          overwrite=mode == "w", **create_kwargs)
+        if staged and mode == "a" and os.path.exists(target):
+            raise ValueError(f"save_zarr: {target} exists; mode='a' refuses to replace it (mode='w' replaces it)")
+        zarr.create_array(store=store, name=array_name, shape=layout.global_shape, dtype=dtype, chunks=chunks,
+                          overwrite=staged or mode == "w", **create_kwargs)
 
     def opened():
         if not arrays:
-            arrays.append(zarr.open_array(store=path, path=name or "", mode="r+"))
+            arrays.append(zarr.open_array(store=store, path=array_name or "", mode="r+"))
         return arrays[0]
 
     def write_inner(box):
@@ -159,6 +178,16 @@ def save_zarr(x, path, name: Optional[str] = None, *, chunks=None, mode: str = "
     def write_rims(rims):
         for box in rims:
             _write_box(opened(), data, layout.start, box)
+
+    def publish():
+        if os.path.exists(target):
+            old = temp + "-replaced"
+            remove_quietly(old)
+            os.rename(target, old)
+            os.rename(temp, target)
+            remove_quietly(old)
+        else:
+            os.rename(temp, target)
 
     # Every rank derives the same turns from the layout (the writers' slabs, in mesh order).
     mine_inner, mine_rims = split_by_chunks(layout.start, layout.stop, layout.global_shape, chunks)
@@ -170,4 +199,7 @@ def save_zarr(x, path, name: Optional[str] = None, *, chunks=None, mode: str = "
     phases = [create if layout.is_root else None,
               (lambda: write_inner(mine_inner)) if layout.is_writer and mine_inner else None]
     phases += [(lambda: write_rims(mine_rims)) if coord == layout.coordinate else None for coord in turns]
-    run_phases(mesh, "save_zarr", phases)
+    if staged:
+        phases.append(publish if layout.is_root else None)
+    run_phases(mesh, what, phases,
+               cleanup=(lambda: remove_quietly(temp)) if staged and layout.is_root else None)
