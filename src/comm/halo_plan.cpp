@@ -259,7 +259,20 @@ HaloPlan::HaloPlan(const std::vector<HaloDim>& dims, const std::vector<int64_t>&
     const auto& mine = d.want[s.me];
     s.window_rows = static_cast<int64_t>(mine.size());
     s.own_extent = d.extents[s.me];
-    s.filled = std::find(mine.begin(), mine.end(), -1) != mine.end();
+    // The filled positions as runs (a sliding window's padding: at most one at each end); scattered ones (requests
+    // that are not windows) as an index tensor.
+    for (int64_t p = 0; p < s.window_rows; ++p) {
+      if (mine[p] != -1) continue;
+      if (!s.fill_runs.empty() && s.fill_runs.back().first + s.fill_runs.back().second == p) ++s.fill_runs.back().second;
+      else s.fill_runs.emplace_back(p, 1);
+    }
+    if (s.fill_runs.size() > kMaxFillRuns) {
+      std::vector<int64_t> pos;
+      for (int64_t p = 0; p < s.window_rows; ++p)
+        if (mine[p] == -1) pos.push_back(p);
+      comm::HostMetadataGuard host;
+      s.fill_t = at::tensor(pos, at::TensorOptions().dtype(at::kLong)).to(device);
+    }
     {
       std::vector<int64_t> pos, rows;
       owned(s.me, s.me, pos, rows);
@@ -288,8 +301,13 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
   TORCH_INTERNAL_ASSERT(local.size(dim) == s.own_extent, "halo plan: the local tensor has ", local.size(dim),
                         " rows along dim ", dim, ", the plan ", s.own_extent);
   auto shape = shape_with(local.sizes(), dim, s.window_rows);
-  // Every position is written below unless it is filled or comes from a peer.
-  auto window = s.filled ? at::full(shape, fill_, local.options()) : at::empty(shape, local.options());
+  // Only the padding rows are filled; the own rows are copied below and the peers' rows arrive in `receive`.
+  auto window = at::empty(shape, local.options());
+  if (s.fill_t.defined()) {
+    window.index_fill_(dim, comm::plan_constant(s.fill_t, window), fill_);
+  } else {
+    for (const auto& [p, n] : s.fill_runs) window.narrow(dim, p, n).fill_(fill_);
+  }
   const auto& o = s.own;
   if (o.size() == 0) return window;
   if (o.run) {

@@ -171,11 +171,13 @@ class HaloPlan {
     int64_t me = 0;
     int64_t window_rows = 0, own_extent = 0;
     bool exchange = false;   // some coordinate needs rows of another one
-    bool filled = false;     // this rank's window has -1 rows
+    std::vector<std::pair<int64_t, int64_t>> fill_runs;  // (first position, count) of the -1 rows
+    at::Tensor fill_t;       // their positions, when they form more than kMaxFillRuns runs
     RowMap own;              // my window positions <- my local rows
     std::vector<RowMap> to;  // [peer] rows: my local rows that peer's window names (its order)
     std::vector<RowMap> from;  // [peer] pos: my window positions that peer owns
   };
+  static constexpr size_t kMaxFillRuns = 4;
   static RowMap row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device);
   // Per map, the slices of `t` along `dim` at its rows (by_rows) or its window positions, packed for a collective.
   static std::vector<at::Tensor> pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
