@@ -204,12 +204,6 @@ std::vector<int64_t> shape_with(at::IntArrayRef shape, int64_t dim, int64_t n) {
   return s;
 }
 
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  return n;
-}
-
 } // namespace
 
 HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device) {
@@ -384,10 +378,17 @@ void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tens
   }
 }
 
-std::vector<int64_t> HaloPlan::recv_numels(size_t i, at::IntArrayRef window_shape) const {
+std::vector<std::vector<int64_t>> HaloPlan::recv_shapes(size_t i, at::IntArrayRef window_shape) const {
   const auto& s = steps_.at(i);
-  std::vector<int64_t> out;
-  for (const auto& f : s.from) out.push_back(numel_of(shape_with(window_shape, s.geometry.dim, f.size())));
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& f : s.from) out.push_back(shape_with(window_shape, s.geometry.dim, f.size()));
+  return out;
+}
+
+std::vector<std::vector<int64_t>> HaloPlan::return_shapes(size_t i, at::IntArrayRef window_shape) const {
+  const auto& s = steps_.at(i);
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& t : s.to) out.push_back(shape_with(window_shape, s.geometry.dim, t.size()));
   return out;
 }
 
@@ -400,9 +401,10 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
   const auto& s = steps_[0];
   p.window = own_window(0, local);
   if (!s.exchange) return p;
-  // Own rows never travel: they are in the window already; only halo rows are exchanged.
-  p.exchange = all_to_all_flat_start(sends(0, local), recv_numels(0, p.window.sizes()), local.options(), mesh,
-                                     s.geometry.mesh_dim);
+  // Own rows never travel: they are in the window already; only halo rows are exchanged, with the peers that hold
+  // or need them.
+  p.exchange = peer_exchange_start(sends(0, local), recv_shapes(0, p.window.sizes()), local.options(), mesh,
+                                   s.geometry.mesh_dim);
   p.posted = true;
   return p;
 }
@@ -410,12 +412,8 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
 at::Tensor HaloPlan::finish(PendingHalo& p, const Mesh& mesh) const {
   if (steps_.empty()) return p.window;
   if (p.posted) {
-    const auto& s = steps_[0];
-    auto chunks = finish_all_to_all(p.exchange);
+    auto pieces = p.exchange.wait();
     p.posted = false;
-    std::vector<at::Tensor> pieces;
-    for (size_t r = 0; r < chunks.size(); ++r)
-      pieces.push_back(chunks[r].view(shape_with(p.window.sizes(), s.geometry.dim, s.from[r].size())));
     receive(0, p.window, pieces);
   }
   auto x = p.window;
@@ -427,11 +425,9 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
   const auto& s = steps_[i];
   auto window = own_window(i, local);
   if (!s.exchange) return window;
-  auto chunks = all_to_all_flat(sends(i, local), recv_numels(i, window.sizes()), local.options(), mesh,
-                                s.geometry.mesh_dim);
-  std::vector<at::Tensor> pieces;
-  for (size_t r = 0; r < chunks.size(); ++r)
-    pieces.push_back(chunks[r].view(shape_with(window.sizes(), s.geometry.dim, s.from[r].size())));
+  auto pieces = peer_exchange_start(sends(i, local), recv_shapes(i, window.sizes()), local.options(), mesh,
+                                    s.geometry.mesh_dim)
+                    .wait();
   receive(i, window, pieces);
   return window;
 }
@@ -446,16 +442,15 @@ at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, boo
   auto g = window;
   for (size_t k = steps_.size(); k-- > 0;) {
     const auto& s = steps_[k];
-    // A reused window is summed into below, after its returned rows were packed (all_to_all_flat copies them).
+    // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers. It is
+    // posted before the own rows are summed (a reused window is summed into in place: the sends are packed first,
+    // and they are contiguous copies of rows the own sum never touches).
+    PeerExchange back;
+    if (s.exchange) back = peer_exchange_start(returns(k, g), return_shapes(k, g.sizes()), g.options(), mesh,
+                                               s.geometry.mesh_dim);
     auto out = own_sum(k, g, consume);
     if (s.exchange) {
-      // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers.
-      std::vector<int64_t> numels;
-      for (const auto& t : s.to) numels.push_back(numel_of(shape_with(g.sizes(), s.geometry.dim, t.size())));
-      auto chunks = all_to_all_flat(returns(k, g), numels, g.options(), mesh, s.geometry.mesh_dim);
-      std::vector<at::Tensor> pieces;
-      for (size_t r = 0; r < chunks.size(); ++r)
-        pieces.push_back(chunks[r].view(shape_with(g.sizes(), s.geometry.dim, s.to[r].size())));
+      auto pieces = back.wait();
       add_returns(k, out, pieces);
     }
     g = out;

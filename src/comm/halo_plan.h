@@ -111,7 +111,7 @@ struct HaloDim {
 
 struct PendingHalo {
   at::Tensor window;
-  PendingAllToAll exchange;
+  PeerExchange exchange;
   bool posted = false;
 };
 
@@ -183,7 +183,10 @@ class HaloPlan {
   static std::vector<at::Tensor> pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
                                         bool by_rows);
   at::Tensor gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const;
-  std::vector<int64_t> recv_numels(size_t i, at::IntArrayRef window_shape) const;
+  // The shapes of the pieces dim i's exchange receives from every peer (window rows), and of those its adjoint
+  // receives (the rows of `local` each peer's window named).
+  std::vector<std::vector<int64_t>> recv_shapes(size_t i, at::IntArrayRef window_shape) const;
+  std::vector<std::vector<int64_t>> return_shapes(size_t i, at::IntArrayRef window_shape) const;
 
   std::vector<Step> steps_;
   double fill_ = 0.0;
