@@ -519,8 +519,9 @@ std::vector<at::Tensor> RingExchange::wait() {
 }
 
 PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
-                                 const std::vector<std::vector<int64_t>>& recv_shapes, const at::TensorOptions& opts,
+                                 const std::vector<std::vector<int64_t>>& recv_shapes, const at::Tensor& like,
                                  const Mesh& mesh, int64_t mesh_dim, const char* kind) {
+  const auto opts = like.options();
   const auto n = mesh.size(mesh_dim);
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(send.size()) == n && static_cast<int64_t>(recv_shapes.size()) == n,
                         "peer exchange: one piece and one receive shape per coordinate");
@@ -534,8 +535,7 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
     for (auto v : shape) k *= v;
     return k;
   };
-  // The pieces are views or packs of the exchanged tensor: they say whether it is being traced.
-  const auto& probe = send[0];
+  const auto& probe = like;
   if (use_functional(probe)) {
     // No functional send/recv: one all-to-all whose splits are empty except between the pairs that move rows.
     std::vector<int64_t> recv_numels;

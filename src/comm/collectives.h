@@ -72,8 +72,8 @@ std::vector<at::Tensor> all_to_all_flat(const std::vector<at::Tensor>& send_piec
 // (c +- 1) it has nothing for, so every rank joins each coalesced group (the first one on a group creates its
 // communicator, collectively). The functional path (tracing, or selected) has no send/recv: one all-to-all whose
 // splits are empty except between those pairs. Counted as one call of `kind` with the bytes sent and one message
-// per piece sent. `opts`: the pieces' dtype and device; the pieces are views or packs of the exchanged tensor (an
-// empty one included: whether it is being traced decides the path). Host staging as for the collectives.
+// per piece sent. `like`: a tensor of the exchange (dtype, device, and whether it is being traced decides the path).
+// Host staging as for the collectives.
 class PeerExchange {
  public:
   // Completes the exchange: the received tensors, by coordinate (empty where nothing came).
@@ -81,7 +81,7 @@ class PeerExchange {
 
  private:
   friend PeerExchange peer_exchange_start(const std::vector<at::Tensor>&, const std::vector<std::vector<int64_t>>&,
-                                          const at::TensorOptions&, const Mesh&, int64_t, const char*);
+                                          const at::Tensor&, const Mesh&, int64_t, const char*);
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::vector<at::Tensor> keep_alive_;  // contiguous send buffers and placeholders
   std::vector<at::Tensor> recv_;        // by coordinate (host staged when needed)
@@ -95,7 +95,7 @@ class PeerExchange {
 // The tag of peer exchanges on Gloo (ring passes use small tags of their own).
 constexpr int kPeerExchangeTag = 0x4a10;
 PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
-                                 const std::vector<std::vector<int64_t>>& recv_shapes, const at::TensorOptions& opts,
+                                 const std::vector<std::vector<int64_t>>& recv_shapes, const at::Tensor& like,
                                  const Mesh& mesh, int64_t mesh_dim, const char* kind = "halo");
 
 // Ring pass along a mesh dim: send each of `send` to coordinate (c+1) % n and receive tensors of

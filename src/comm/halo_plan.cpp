@@ -285,6 +285,9 @@ HaloPlan::HaloPlan(const std::vector<HaloDim>& dims, const std::vector<int64_t>&
         s.from[r] = row_map(std::move(pos2), std::move(rows2), device);
       }
     }
+    s.runs = s.own.run && !s.fill_t.defined();
+    for (const auto& m : s.to) s.runs = s.runs && m.run;
+    for (const auto& m : s.from) s.runs = s.runs && m.run;
     steps_.push_back(std::move(s));
   }
 }
@@ -311,6 +314,69 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
                        local.index_select(dim, comm::plan_constant(o.rows_t, local)));
   }
   return window;
+}
+
+PeerExchange HaloPlan::post(size_t i, const at::Tensor& local, const Mesh& mesh) const {
+  const auto& s = steps_.at(i);
+  if (!s.exchange) return {};
+  return peer_exchange_start(sends(i, local), recv_shapes(i, local.sizes()), local, mesh, s.geometry.mesh_dim);
+}
+
+at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received,
+                                  int64_t begin, int64_t len, bool own_zero) const {
+  const auto& s = steps_.at(i);
+  const auto dim = s.geometry.dim;
+  TORCH_INTERNAL_ASSERT(s.runs && begin >= 0 && len >= 0 && begin + len <= s.window_rows,
+                        "halo plan: window slice [", begin, ", ", begin + len, ") of ", s.window_rows, " rows");
+  auto out = at::empty(shape_with(local.sizes(), dim, len), local.options());
+  const auto end = begin + len;
+  // The part of the run of window positions [p, p + n) inside the slice: rows from `src` (its row r0 at p), or
+  // `value` when there is no source.
+  auto place = [&](int64_t p, int64_t n, const at::Tensor* src, int64_t r0, double value) {
+    const auto lo = std::max(p, begin), hi = std::min(p + n, end);
+    if (hi <= lo) return;
+    auto dst = out.narrow(dim, lo - begin, hi - lo);
+    if (src) dst.copy_(src->narrow(dim, r0 + lo - p, hi - lo));
+    else dst.fill_(value);
+  };
+  for (const auto& [p, n] : s.fill_runs) place(p, n, nullptr, 0, fill_);
+  const auto& o = s.own;
+  if (o.size() > 0) place(o.pos[0], o.size(), own_zero ? nullptr : &local, o.rows[0], 0.0);
+  for (size_t r = 0; r < s.from.size(); ++r) {
+    const auto& f = s.from[r];
+    if (f.size() > 0) place(f.pos[0], f.size(), &received.at(r), 0, 0.0);
+  }
+  return out;
+}
+
+PeerExchange HaloPlan::post_returns(size_t i, const std::vector<std::pair<int64_t, at::Tensor>>& slices,
+                                    at::IntArrayRef local_shape, const at::Tensor& like, const Mesh& mesh) const {
+  const auto& s = steps_.at(i);
+  if (!s.exchange) return {};
+  TORCH_INTERNAL_ASSERT(s.runs, "halo plan: post_returns needs consecutive runs");
+  const auto dim = s.geometry.dim;
+  std::vector<at::Tensor> pieces;
+  for (const auto& f : s.from) {
+    const auto n = f.size();
+    if (n == 0) {
+      pieces.push_back(like.narrow(0, 0, 0));
+      continue;
+    }
+    const auto p = f.pos[0];
+    // One slice holding the whole run (the common case: a border window covers the halo it reads): a view.
+    at::Tensor piece;
+    for (const auto& [b, g] : slices)
+      if (b <= p && p + n <= b + g.size(dim)) piece = g.narrow(dim, p - b, n);
+    if (!piece.defined()) {
+      piece = at::zeros(shape_with(local_shape, dim, n), like.options());
+      for (const auto& [b, g] : slices) {
+        const auto lo = std::max(p, b), hi = std::min(p + n, b + g.size(dim));
+        if (hi > lo) piece.narrow(dim, lo - p, hi - lo).copy_(g.narrow(dim, lo - b, hi - lo));
+      }
+    }
+    pieces.push_back(piece);
+  }
+  return peer_exchange_start(pieces, return_shapes(i, local_shape), like, mesh, s.geometry.mesh_dim);
 }
 
 std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
@@ -403,8 +469,7 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
   if (!s.exchange) return p;
   // Own rows never travel: they are in the window already; only halo rows are exchanged, with the peers that hold
   // or need them.
-  p.exchange = peer_exchange_start(sends(0, local), recv_shapes(0, p.window.sizes()), local.options(), mesh,
-                                   s.geometry.mesh_dim);
+  p.exchange = peer_exchange_start(sends(0, local), recv_shapes(0, p.window.sizes()), local, mesh, s.geometry.mesh_dim);
   p.posted = true;
   return p;
 }
@@ -425,9 +490,8 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
   const auto& s = steps_[i];
   auto window = own_window(i, local);
   if (!s.exchange) return window;
-  auto pieces = peer_exchange_start(sends(i, local), recv_shapes(i, window.sizes()), local.options(), mesh,
-                                    s.geometry.mesh_dim)
-                    .wait();
+  auto pieces =
+      peer_exchange_start(sends(i, local), recv_shapes(i, window.sizes()), local, mesh, s.geometry.mesh_dim).wait();
   receive(i, window, pieces);
   return window;
 }
@@ -446,8 +510,7 @@ at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, boo
     // posted before the own rows are summed (a reused window is summed into in place: the sends are packed first,
     // and they are contiguous copies of rows the own sum never touches).
     PeerExchange back;
-    if (s.exchange) back = peer_exchange_start(returns(k, g), return_shapes(k, g.sizes()), g.options(), mesh,
-                                               s.geometry.mesh_dim);
+    if (s.exchange) back = peer_exchange_start(returns(k, g), return_shapes(k, g.sizes()), g, mesh, s.geometry.mesh_dim);
     auto out = own_sum(k, g, consume);
     if (s.exchange) {
       auto pieces = back.wait();

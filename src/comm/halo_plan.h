@@ -144,6 +144,25 @@ class HaloPlan {
   // instead of a fresh local tensor next to the window (one activation less at a backward's peak).
   at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh, bool consume = false) const;
 
+  // Dim i's halo rows alone, without a window (the border execution of comm/halo_borders.h): `post` sends this
+  // rank's rows to the peers whose windows name them and receives the rows of its own window that peers hold
+  // (wait() gives them by peer: the `received` of window_slice). The same messages as gather's exchange of dim i, so
+  // a rank running this path and one building its window match.
+  PeerExchange post(size_t i, const at::Tensor& local, const Mesh& mesh) const;
+  // Whether every row map of dim i is one consecutive run and its padding rows are runs (the windows of sliding
+  // windows over zero-padded dims): what window_slice and post_returns need.
+  bool runs(size_t i) const { return steps_.at(i).runs; }
+  // Window positions [begin, begin + len) of dim i, assembled from the padding value, `local`'s rows and the rows
+  // received from peers: a few rows, not the window. `own_zero`: zeros in place of the own rows (what the rows of
+  // other ranks add to a term the local rows already gave).
+  at::Tensor window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received, int64_t begin,
+                          int64_t len, bool own_zero = false) const;
+  // The adjoint of post for gradients of window slices (`slices`: first window position and gradient; disjoint):
+  // the rows each peer owns go home, positions no slice covers counting zero. `local_shape`: the local tensor's;
+  // `like`: a tensor of the exchange (dtype, device, tracing). Add what wait() gives with add_returns.
+  PeerExchange post_returns(size_t i, const std::vector<std::pair<int64_t, at::Tensor>>& slices,
+                            at::IntArrayRef local_shape, const at::Tensor& like, const Mesh& mesh) const;
+
   // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
   // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.
   bool exchanges(size_t i) const { return steps_.at(i).exchange; }
@@ -171,6 +190,7 @@ class HaloPlan {
     int64_t me = 0;
     int64_t window_rows = 0, own_extent = 0;
     bool exchange = false;   // some coordinate needs rows of another one
+    bool runs = true;        // every map below is a run and the -1 rows form fill_runs
     std::vector<std::pair<int64_t, int64_t>> fill_runs;  // (first position, count) of the -1 rows
     at::Tensor fill_t;       // their positions, when they form more than kMaxFillRuns runs
     RowMap own;              // my window positions <- my local rows

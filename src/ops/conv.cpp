@@ -1,11 +1,15 @@
 // Convolutions over sharded spatial dims by halo exchange. The output partition follows the global output grid:
 // coordinate c owns the outputs whose window centres lie in its input range, so any stride, dilation, kernel size
-// (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank gathers
+// (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank reads
 // exactly the input rows its outputs read (its own plus halos from any number of ranks away; zeros outside the
-// tensor), runs the local convolution with zero padding on sharded dims, and in backward sends the halo
-// gradients home. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by one fused
-// all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum input is
-// completed once, in the forward.
+// tensor), and in backward sends the halo gradients home. With one sharded spatial dim the convolution runs
+// without building the window where the layout allows (comm/halo_borders.h): the single-device call on the rank's
+// own rows, the border rows recomputed from the halo, forward and backward; otherwise (several sharded dims,
+// transposed, offsets off the stride grid) the rank gathers its window and runs the local convolution with zero
+// padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
+// one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
+// input is completed once, in the forward.
+#include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "ops/common.h"
 
@@ -30,6 +34,8 @@ struct ConvPlan {
   // Convolution: gathers the input window (its scatter_add sends the window's gradient home). Transposed: the
   // output windows each rank's kernel produces, summed into their owners (its gather brings the gradient back).
   comm::HaloPlan halo;
+  // One sharded spatial dim, not transposed: how this rank runs without its window (direct), when it can.
+  comm::BorderSplit split;
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
@@ -132,6 +138,11 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
     plan.local_output_padding[i] = 0;
   }
   plan.halo = comm::HaloPlan(halo_dims, spec.mesh->coordinates(), device);
+  if (!transposed && plan.dims.size() == 1 && plan.halo.runs(0)) {
+    const auto& d = plan.dims[0];
+    plan.split = comm::border_split(d.in_extents, d.out_extents, spec.mesh->coordinate(d.mesh_dim), in_shape[d.dim],
+                                    d.window);
+  }
   plan.local_out_shape = plan.out_shape;
   for (size_t m = 0; m < plan.out_placements.size(); ++m)
     if (plan.out_placements[m].is_shard()) {
@@ -185,9 +196,8 @@ std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const C
   return b->narrow(0, plan.weight_row_offset, plan.weight_rows);
 }
 
-// Forward with the halo exchange overlapped: post the exchange, convolve the outputs whose windows lie in this
-// rank's own rows, then the border outputs from the completed window. One sharded spatial dim, not transposed.
-// Returns an undefined tensor when there is no interior to overlap with (the caller then runs the plain path).
+// The halo exchange overlaps the main convolution (forward) and the main gradients (backward);
+// SHARDTENSOR_HALO_OVERLAP=0 completes each exchange before the compute (to measure what the overlap gains).
 bool overlap_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("SHARDTENSOR_HALO_OVERLAP");
@@ -196,35 +206,15 @@ bool overlap_enabled() {
   return enabled;
 }
 
-at::Tensor overlapped_forward(const ConvPlan& plan, const at::Tensor& x, const Mesh& mesh, const at::Tensor& w,
-                              const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
-                              int64_t groups) {
-  if (!overlap_enabled() || plan.transposed || plan.dims.size() != 1 || plan.no_outputs) return {};
-  const auto& d = plan.dims[0];
-  const auto me = mesh.coordinate(d.mesh_dim);
-  const auto s = d.window.stride, pv = d.window.padding, span = d.window.span();
-  int64_t a = 0, b0 = 0;
-  for (int64_t c = 0; c < me; ++c) {
-    a += d.in_extents[c];
-    b0 += d.out_extents[c];
-  }
-  const auto e = d.in_extents[me];
-  const auto b1 = b0 + d.out_extents[me];
-  // The window starts at global row b0*s - p; interior outputs read only rows in [a, a + e).
-  const auto j_lo = std::max<int64_t>(b0, (a + pv + s - 1) / s);
-  const auto j_hi = std::min<int64_t>(b1, (a + e + pv - span) >= 0 ? (a + e + pv - span) / s + 1 : 0);
-  if (j_hi <= j_lo) return {};
-  auto pending = plan.halo.start(x, mesh);
-  auto conv = [&](const at::Tensor& rows) {
-    return at::convolution(rows, w, b, stride, plan.local_padding, dilation, false, plan.local_output_padding, groups);
-  };
-  auto interior = conv(x.narrow(d.dim, j_lo * s - pv - a, (j_hi - 1 - j_lo) * s + span));
-  auto window = plan.halo.finish(pending, mesh);
-  std::vector<at::Tensor> parts;
-  if (j_lo > b0) parts.push_back(conv(window.narrow(d.dim, 0, (j_lo - 1 - b0) * s + span)));
-  parts.push_back(interior);
-  if (b1 > j_hi) parts.push_back(conv(window.narrow(d.dim, (j_hi - b0) * s, (b1 - 1 - j_hi) * s + span)));
-  return parts.size() == 1 ? parts[0] : at::cat(parts, d.dim);
+// The local padding with `pad` on the split dim.
+std::vector<int64_t> padding_on_split_dim(const ConvPlan& plan, int64_t pad) {
+  auto p = plan.local_padding;
+  p[plan.dims[0].dim - 2] = pad;
+  return p;
+}
+
+bool runs_direct(const ConvPlan& plan) {
+  return plan.split.direct && !plan.no_outputs;
 }
 
 bool requires_grad(const std::optional<at::Tensor>& t) {
@@ -263,9 +253,12 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
     if (b) {
       out = out + channel_view(*b, out.dim());
     }
-  } else if (auto overlapped = overlapped_forward(plan, x, *mesh, w, b, stride, dilation, local_groups);
-             overlapped.defined()) {
-    out = overlapped;
+  } else if (runs_direct(plan)) {
+    auto kernel = [&](const at::Tensor& in, int64_t pad) {
+      return at::convolution(in, w, b, stride, padding_on_split_dim(plan, pad), dilation, false,
+                             plan.local_output_padding, local_groups);
+    };
+    out = comm::border_forward(plan.halo, plan.split, x, *mesh, kernel, overlap_enabled());
   } else {
     auto window = plan.halo.gather(x, *mesh);
     out = plan.no_outputs ? at::zeros(plan.local_out_shape, window.options())
@@ -277,6 +270,67 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
     }
   }
   return wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext);
+}
+
+std::vector<int64_t> with_extent(at::IntArrayRef shape, int64_t dim, int64_t n) {
+  auto s = shape.vec();
+  s[dim] = n;
+  return s;
+}
+
+// This rank's window shape (a convolution's input window: every halo dim at its window length).
+std::vector<int64_t> window_shape(const ConvPlan& plan, const at::Tensor& x) {
+  auto shape = x.sizes().vec();
+  for (size_t k = 0; k < plan.halo.size(); ++k) shape[plan.halo.dim(k).dim] = plan.halo.window_rows(k);
+  return shape;
+}
+
+// The backward of a direct split (comm/halo_borders.h). The main call's gradients over the rank's own rows are the
+// single-device backward on them: they hold every term that reads own rows, of all outputs. What the border outputs
+// add through the neighbours' rows comes from the border windows with the own rows zeroed (the weight gradient's
+// terms; the input gradient of those windows' halo rows, which goes home). Overlap: the input's halo rows travel
+// while the main weight and bias gradients are computed, the halo's gradient while the main input gradient is.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const ConvPlan& plan, const at::Tensor& g,
+                                                               const at::Tensor& x, const at::Tensor& w,
+                                                               at::OptionalIntArrayRef bias_sizes,
+                                                               at::IntArrayRef stride, at::IntArrayRef dilation,
+                                                               int64_t groups, std::array<bool, 3> mask,
+                                                               const Mesh& mesh) {
+  const auto dim = plan.dims[0].dim;
+  const auto main_padding = padding_on_split_dim(plan, plan.split.padding);
+  const bool overlap = overlap_enabled();
+  at::Tensor gi, gw, gb;
+  comm::PeerExchange rows;
+  std::vector<at::Tensor> received;
+  if (mask[1]) rows = plan.halo.post(0, x, mesh);
+  if (mask[1] && !overlap) received = rows.wait();
+  if (mask[1] || mask[2]) {
+    std::tie(std::ignore, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride, main_padding, dilation, false,
+                                                             plan.local_output_padding, groups, {false, mask[1], mask[2]});
+  }
+  if (mask[1] && overlap) received = rows.wait();
+  std::vector<std::pair<int64_t, at::Tensor>> halo_grads;
+  for (const auto& b : plan.split.borders) {
+    auto gb_out = g.narrow(dim, b.out_begin, b.out_len);
+    // The input gradient reads no input values: without a weight gradient the border window is only a shape.
+    auto win = mask[1] ? plan.halo.window_slice(0, x, received, b.win_begin, b.win_len, /*own_zero=*/true)
+                       : at::zeros(with_extent(x.sizes(), dim, b.win_len), x.options());
+    auto [gib, gwb, unused] = at::convolution_backward(gb_out, win, w, std::nullopt, stride, plan.local_padding,
+                                                       dilation, false, plan.local_output_padding, groups,
+                                                       {mask[0], mask[1], false});
+    if (mask[1]) gw.add_(gwb);
+    if (mask[0]) halo_grads.emplace_back(b.win_begin, gib);
+  }
+  if (mask[0]) {
+    auto back = plan.halo.post_returns(0, halo_grads, x.sizes(), g, mesh);
+    std::vector<at::Tensor> returned;
+    if (!overlap) returned = back.wait();
+    gi = std::get<0>(at::convolution_backward(g, x, w, std::nullopt, stride, main_padding, dilation, false,
+                                              plan.local_output_padding, groups, {true, false, false}));
+    if (overlap) returned = back.wait();
+    plan.halo.add_returns(0, gi, returned);
+  }
+  return {gi, gw, gb};
 }
 
 // convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride,
@@ -299,8 +353,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   auto g = local_aligned(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, plan.out_shape,
                          plan.out_placements, plan.out_ext);
   at::Tensor g_bias_source = g;
-  if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
-  auto window = plan.transposed ? x : plan.halo.gather(x, *mesh);
   auto w = local_weight(local_of_param(weight, mesh), plan);
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   const int64_t global_bias_numel = bias_sizes && !bias_sizes->empty() ? (*bias_sizes)[0] : 0;
@@ -309,17 +361,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   if (local_bias_sizes) bias_sizes = local_bias_sizes;
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
   at::Tensor gi, gw, gb;
-  if (plan.no_outputs) {
-    gi = at::zeros_like(window);
-    gw = at::zeros_like(w);
-    if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+  // Both paths below exchange the same rows with the same peers (a rank may take either, by its layout): the input's
+  // halo rows when the weight gradient is wanted, then the input gradient's halo rows home when it is wanted.
+  if (!plan.transposed && runs_direct(plan)) {
+    std::tie(gi, gw, gb) = direct_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else {
-    std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation, transposed,
-                                                    plan.local_output_padding, local_groups, mask);
+    if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
+    // The input gradient reads no input values: without a weight gradient the window is only a shape.
+    auto window = plan.transposed ? x : mask[1] || plan.halo.empty() ? plan.halo.gather(x, *mesh)
+                                                                      : at::empty(window_shape(plan, x), x.options());
+    if (plan.no_outputs) {
+      gi = at::zeros_like(window);
+      gw = at::zeros_like(w);
+      if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+    } else {
+      std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation,
+                                                      transposed, plan.local_output_padding, local_groups, mask);
+    }
+    // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at
+    // most the window gradient and the local one (the saved input stays with autograd).
+    window = at::Tensor();
+    if (mask[0] && gi.defined() && !plan.transposed)
+      gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);  // gi: our own temporary
   }
-  // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at most
-  // the window gradient and the local one (the saved input stays with autograd).
-  window = at::Tensor();
   // Transposed over sharded dims: the bias gradient is the sum of this rank's own output rows (not the windows);
   // a groups == 1 contraction over sharded channels: every rank holds the whole grad_output.
   if (((plan.transposed && !plan.dims.empty()) || plan.channel_partial) && mask[2] && bias_sizes) {
@@ -328,10 +392,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     gb = g_bias_source.sum(red);
   }
   at::Tensor grad_input, grad_weight, grad_bias;
-  if (mask[0] && gi.defined()) {
-    if (!plan.transposed) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);  // gi: our own temporary
-    grad_input = make_shard_tensor(gi, spec);
-  }
+  if (mask[0] && gi.defined()) grad_input = make_shard_tensor(gi, spec);
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.
   // Sharded channels: the weight gradient is sharded like the weight slice each rank used (dim 1 for groups == 1,
   // dim 0 for aligned groups); the bias gradient is complete (groups == 1: every rank holds the whole

@@ -1,0 +1,54 @@
+// Sliding windows along one sharded dim run without building the window.
+//
+// A rank's window along the sharded dim is its own rows with a few rows of its neighbours (and padding) on either
+// side. Building it copies every own row into a new tensor, and splitting the work into an interior and border parts
+// concatenates the output again. Instead: the local kernel runs once on the rank's own rows with a symmetric
+// padding P on the dim — the single-device op's own call on this rank's rows, into the output it returns — which
+// gives every output of this rank, those near an edge computed with the neighbours' rows read as padding. Only those
+// border outputs are computed again, from border windows (the halo rows and the few own rows they read), and
+// written over their rows of the output. The halo travels while the main call runs. Memory traffic beyond the
+// single-device op: the halo rows, a few own rows per border, and the border outputs.
+//
+// The backward of a linear op (convolution) follows the same split: the main call's gradients, plus the border
+// outputs' terms that read the neighbours' rows (their gradients go home).
+//
+// The split is a pure function of the layout and the window (cached with the op's plan). It applies when the main
+// call's outputs are exactly this rank's outputs (P = the distance from the window start to the rank's first row,
+// and the output count matches: stride-1 windows always, strided ones at stride-aligned offsets) and there is an
+// interior; otherwise the op builds the window (HaloPlan::gather). Either way a rank exchanges the same rows with
+// the same peers, so ranks on different paths still match.
+#pragma once
+
+#include "comm/halo_plan.h"
+
+#include <functional>
+
+namespace shardtensor::comm {
+
+struct BorderSplit {
+  // Outputs (local indices) recomputed from window positions [win_begin, win_begin + win_len).
+  struct Border {
+    int64_t out_begin = 0, out_len = 0;
+    int64_t win_begin = 0, win_len = 0;
+  };
+  bool direct = false;           // the main call applies (else: build the window)
+  int64_t padding = 0;           // the main call's symmetric padding on the dim
+  std::vector<Border> borders;   // at most two, in order, disjoint
+};
+
+// The split of coordinate `coord` along a dim of size L with `in_extents`, whose outputs (`out_extents`) follow
+// sliding_window_partition with zero padding (positions outside [0, L) read as the padding value). `max_padding`:
+// the most padding the local kernel accepts (-1: any; pooling accepts at most half its window).
+BorderSplit border_split(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& out_extents, int64_t coord,
+                         int64_t L, const SlidingWindow& w, int64_t max_padding = -1);
+
+// `kernel(input, padding)`: the local op on `input` with `padding` on the split dim (the op's own arguments
+// elsewhere); its output rows along the dim are the window's outputs.
+using WindowKernel = std::function<at::Tensor(const at::Tensor& input, int64_t padding)>;
+
+// The forward of a direct split along the plan's only dim: posts the halo rows, runs the main call (while they
+// travel when `overlap`), then each border's call, written into the main call's output, which is returned.
+at::Tensor border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local, const Mesh& mesh,
+                          const WindowKernel& kernel, bool overlap = true);
+
+} // namespace shardtensor::comm
