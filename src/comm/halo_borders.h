@@ -9,8 +9,10 @@
 // written over their rows of the output. The halo travels while the main call runs. Memory traffic beyond the
 // single-device op: the halo rows, a few own rows per border, and the border outputs.
 //
-// The backward of a linear op (convolution) follows the same split: the main call's gradients, plus the border
-// outputs' terms that read the neighbours' rows (their gradients go home).
+// The backward of a linear op (convolution) needs no window either (BorderTerms): the main call's backward on the
+// rank's own rows gives every term that reads them, of all its outputs; the terms through a neighbour's rows are
+// computed by that neighbour, to which the gradient rows of the border outputs travel (as many rows as the halo) —
+// one exchange instead of the input's halo and then its gradient.
 //
 // The split is a pure function of the layout and the window (cached with the op's plan). It applies when the main
 // call's outputs are exactly this rank's outputs (P = the distance from the window start to the rank's first row,
@@ -41,6 +43,22 @@ struct BorderSplit {
 // the most padding the local kernel accepts (-1: any; pooling accepts at most half its window).
 BorderSplit border_split(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& out_extents, int64_t coord,
                          int64_t L, const SlidingWindow& w, int64_t max_padding = -1);
+
+// The backward's exchange of a linear sliding-window op along one sharded dim (its layout as for border_split, for
+// every rank whatever its forward path): coordinate `coord` sends each peer the gradient rows of its outputs that
+// read the peer's rows, and adds the terms of the peers' outputs that read its own rows. Ranges are contiguous
+// (with dilation a range may hold outputs that skip the rows: their terms there are zero).
+struct BorderTerms {
+  struct Received {
+    int64_t outputs = 0;                // the peer's output rows that arrive
+    int64_t row_begin = 0, rows = 0;    // the global input rows they read
+  };
+  std::vector<std::pair<int64_t, int64_t>> send;  // [peer]: (first local output, count)
+  std::vector<Received> recv;                     // [peer]
+  int64_t own_begin = 0, own_rows = 0;            // this rank's input rows (global)
+};
+BorderTerms border_terms(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& out_extents,
+                         int64_t coord, int64_t L, const SlidingWindow& w);
 
 // `kernel(input, padding)`: the local op on `input` with `padding` on the split dim (the op's own arguments
 // elsewhere); its output rows along the dim are the window's outputs.

@@ -323,7 +323,7 @@ PeerExchange HaloPlan::post(size_t i, const at::Tensor& local, const Mesh& mesh)
 }
 
 at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received,
-                                  int64_t begin, int64_t len, bool own_zero) const {
+                                  int64_t begin, int64_t len) const {
   const auto& s = steps_.at(i);
   const auto dim = s.geometry.dim;
   TORCH_INTERNAL_ASSERT(s.runs && begin >= 0 && len >= 0 && begin + len <= s.window_rows,
@@ -341,42 +341,12 @@ at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::
   };
   for (const auto& [p, n] : s.fill_runs) place(p, n, nullptr, 0, fill_);
   const auto& o = s.own;
-  if (o.size() > 0) place(o.pos[0], o.size(), own_zero ? nullptr : &local, o.rows[0], 0.0);
+  if (o.size() > 0) place(o.pos[0], o.size(), &local, o.rows[0], 0.0);
   for (size_t r = 0; r < s.from.size(); ++r) {
     const auto& f = s.from[r];
-    if (f.size() > 0) place(f.pos[0], f.size(), &received.at(r), 0, 0.0);
+    if (f.size() > 0) place(f.pos[0], f.size(), received.empty() ? nullptr : &received.at(r), 0, 0.0);
   }
   return out;
-}
-
-PeerExchange HaloPlan::post_returns(size_t i, const std::vector<std::pair<int64_t, at::Tensor>>& slices,
-                                    at::IntArrayRef local_shape, const at::Tensor& like, const Mesh& mesh) const {
-  const auto& s = steps_.at(i);
-  if (!s.exchange) return {};
-  TORCH_INTERNAL_ASSERT(s.runs, "halo plan: post_returns needs consecutive runs");
-  const auto dim = s.geometry.dim;
-  std::vector<at::Tensor> pieces;
-  for (const auto& f : s.from) {
-    const auto n = f.size();
-    if (n == 0) {
-      pieces.push_back(like.narrow(0, 0, 0));
-      continue;
-    }
-    const auto p = f.pos[0];
-    // One slice holding the whole run (the common case: a border window covers the halo it reads): a view.
-    at::Tensor piece;
-    for (const auto& [b, g] : slices)
-      if (b <= p && p + n <= b + g.size(dim)) piece = g.narrow(dim, p - b, n);
-    if (!piece.defined()) {
-      piece = at::zeros(shape_with(local_shape, dim, n), like.options());
-      for (const auto& [b, g] : slices) {
-        const auto lo = std::max(p, b), hi = std::min(p + n, b + g.size(dim));
-        if (hi > lo) piece.narrow(dim, lo - p, hi - lo).copy_(g.narrow(dim, lo - b, hi - lo));
-      }
-    }
-    pieces.push_back(piece);
-  }
-  return peer_exchange_start(pieces, return_shapes(i, local_shape), like, mesh, s.geometry.mesh_dim);
 }
 
 std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,

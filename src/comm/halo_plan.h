@@ -150,18 +150,12 @@ class HaloPlan {
   // a rank running this path and one building its window match.
   PeerExchange post(size_t i, const at::Tensor& local, const Mesh& mesh) const;
   // Whether every row map of dim i is one consecutive run and its padding rows are runs (the windows of sliding
-  // windows over zero-padded dims): what window_slice and post_returns need.
+  // windows over zero-padded dims): what window_slice needs.
   bool runs(size_t i) const { return steps_.at(i).runs; }
   // Window positions [begin, begin + len) of dim i, assembled from the padding value, `local`'s rows and the rows
-  // received from peers: a few rows, not the window. `own_zero`: zeros in place of the own rows (what the rows of
-  // other ranks add to a term the local rows already gave).
+  // received from peers (none: zeros in their place): a few rows, not the window.
   at::Tensor window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received, int64_t begin,
-                          int64_t len, bool own_zero = false) const;
-  // The adjoint of post for gradients of window slices (`slices`: first window position and gradient; disjoint):
-  // the rows each peer owns go home, positions no slice covers counting zero. `local_shape`: the local tensor's;
-  // `like`: a tensor of the exchange (dtype, device, tracing). Add what wait() gives with add_returns.
-  PeerExchange post_returns(size_t i, const std::vector<std::pair<int64_t, at::Tensor>>& slices,
-                            at::IntArrayRef local_shape, const at::Tensor& like, const Mesh& mesh) const;
+                          int64_t len) const;
 
   // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
   // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.

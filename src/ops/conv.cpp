@@ -34,8 +34,11 @@ struct ConvPlan {
   // Convolution: gathers the input window (its scatter_add sends the window's gradient home). Transposed: the
   // output windows each rank's kernel produces, summed into their owners (its gather brings the gradient back).
   comm::HaloPlan halo;
-  // One sharded spatial dim, not transposed: how this rank runs without its window (direct), when it can.
+  // One sharded spatial dim, not transposed: how this rank runs without its window (direct), when it can, and the
+  // backward's exchange of border gradient rows (border_terms: the same on every rank).
   comm::BorderSplit split;
+  bool border_terms = false;
+  comm::BorderTerms terms;
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
@@ -140,8 +143,10 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
   plan.halo = comm::HaloPlan(halo_dims, spec.mesh->coordinates(), device);
   if (!transposed && plan.dims.size() == 1 && plan.halo.runs(0)) {
     const auto& d = plan.dims[0];
-    plan.split = comm::border_split(d.in_extents, d.out_extents, spec.mesh->coordinate(d.mesh_dim), in_shape[d.dim],
-                                    d.window);
+    const auto coord = spec.mesh->coordinate(d.mesh_dim);
+    plan.split = comm::border_split(d.in_extents, d.out_extents, coord, in_shape[d.dim], d.window);
+    plan.border_terms = true;
+    plan.terms = comm::border_terms(d.in_extents, d.out_extents, coord, in_shape[d.dim], d.window);
   }
   plan.local_out_shape = plan.out_shape;
   for (size_t m = 0; m < plan.out_placements.size(); ++m)
@@ -285,50 +290,67 @@ std::vector<int64_t> window_shape(const ConvPlan& plan, const at::Tensor& x) {
   return shape;
 }
 
-// The backward of a direct split (comm/halo_borders.h). The main call's gradients over the rank's own rows are the
-// single-device backward on them: they hold every term that reads own rows, of all outputs. What the border outputs
-// add through the neighbours' rows comes from the border windows with the own rows zeroed (the weight gradient's
-// terms; the input gradient of those windows' halo rows, which goes home). Overlap: the input's halo rows travel
-// while the main weight and bias gradients are computed, the halo's gradient while the main input gradient is.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const ConvPlan& plan, const at::Tensor& g,
+// The backward with one sharded spatial dim (comm/halo_borders.h, BorderTerms). This rank's main backward holds
+// every term of its outputs that reads its own rows or padding: the single-device backward on its rows when its
+// split is direct, else on its window with the neighbours' rows read as zeros. The gradient rows of its border
+// outputs go to the neighbours whose rows they read, which add those terms on their rows (input gradient) and to
+// their weight-gradient term; it adds the terms of the neighbours' outputs that read its rows. One exchange, in
+// flight while the main backward runs; nothing window-sized on the direct path.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& plan, const at::Tensor& g,
                                                                const at::Tensor& x, const at::Tensor& w,
                                                                at::OptionalIntArrayRef bias_sizes,
                                                                at::IntArrayRef stride, at::IntArrayRef dilation,
                                                                int64_t groups, std::array<bool, 3> mask,
                                                                const Mesh& mesh) {
-  const auto dim = plan.dims[0].dim;
-  const auto main_padding = padding_on_split_dim(plan, plan.split.padding);
+  const auto& d = plan.dims[0];
+  const auto dim = d.dim;
+  const auto& terms = plan.terms;
   const bool overlap = overlap_enabled();
-  at::Tensor gi, gw, gb;
+  // Whether this exchange happens is the same on every rank: the mask and the layout.
+  const bool exchange = (mask[0] || mask[1]) && plan.halo.exchanges(0);
   comm::PeerExchange rows;
   std::vector<at::Tensor> received;
-  if (mask[1]) rows = plan.halo.post(0, x, mesh);
-  if (mask[1] && !overlap) received = rows.wait();
-  if (mask[1] || mask[2]) {
-    std::tie(std::ignore, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride, main_padding, dilation, false,
-                                                             plan.local_output_padding, groups, {false, mask[1], mask[2]});
+  if (exchange) {
+    std::vector<at::Tensor> send;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t r = 0; r < terms.send.size(); ++r) {
+      const auto& [first, count] = terms.send[r];
+      send.push_back(g.narrow(dim, count > 0 ? first : 0, count));
+      shapes.push_back(with_extent(g.sizes(), dim, terms.recv[r].outputs));
+    }
+    rows = comm::peer_exchange_start(send, shapes, g, mesh, d.mesh_dim);
+    if (!overlap) received = rows.wait();
   }
-  if (mask[1] && overlap) received = rows.wait();
-  std::vector<std::pair<int64_t, at::Tensor>> halo_grads;
-  for (const auto& b : plan.split.borders) {
-    auto gb_out = g.narrow(dim, b.out_begin, b.out_len);
-    // The input gradient reads no input values: without a weight gradient the border window is only a shape.
-    auto win = mask[1] ? plan.halo.window_slice(0, x, received, b.win_begin, b.win_len, /*own_zero=*/true)
-                       : at::zeros(with_extent(x.sizes(), dim, b.win_len), x.options());
-    auto [gib, gwb, unused] = at::convolution_backward(gb_out, win, w, std::nullopt, stride, plan.local_padding,
-                                                       dilation, false, plan.local_output_padding, groups,
-                                                       {mask[0], mask[1], false});
-    if (mask[1]) gw.add_(gwb);
-    if (mask[0]) halo_grads.emplace_back(b.win_begin, gib);
+  at::Tensor gi, gw, gb;
+  if (plan.no_outputs) {
+    if (mask[0]) gi = at::zeros_like(x);
+    if (mask[1]) gw = at::zeros_like(w);
+    if (mask[2] && bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+  } else if (plan.split.direct) {
+    std::tie(gi, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride,
+                                                    padding_on_split_dim(plan, plan.split.padding), dilation, false,
+                                                    plan.local_output_padding, groups, mask);
+  } else {
+    auto window = plan.halo.window_slice(0, x, {}, 0, plan.halo.window_rows(0));  // the neighbours' rows zero
+    std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bias_sizes, stride, plan.local_padding, dilation,
+                                                    false, plan.local_output_padding, groups, mask);
+    if (mask[0]) gi = plan.halo.own_sum(0, gi, /*reuse=*/true);
   }
-  if (mask[0]) {
-    auto back = plan.halo.post_returns(0, halo_grads, x.sizes(), g, mesh);
-    std::vector<at::Tensor> returned;
-    if (!overlap) returned = back.wait();
-    gi = std::get<0>(at::convolution_backward(g, x, w, std::nullopt, stride, main_padding, dilation, false,
-                                              plan.local_output_padding, groups, {true, false, false}));
-    if (overlap) returned = back.wait();
-    plan.halo.add_returns(0, gi, returned);
+  if (!exchange) return {gi, gw, gb};
+  if (overlap) received = rows.wait();
+  for (size_t r = 0; r < terms.recv.size(); ++r) {
+    const auto& t = terms.recv[r];
+    const auto lo = std::max(t.row_begin, terms.own_begin);
+    const auto hi = std::min(t.row_begin + t.rows, terms.own_begin + terms.own_rows);
+    if (t.outputs == 0 || hi <= lo || x.numel() == 0) continue;
+    // The rows the neighbour's border outputs read, only this rank's nonzero: their terms on this rank's rows.
+    auto window = at::zeros(with_extent(x.sizes(), dim, t.rows), x.options());
+    window.narrow(dim, lo - t.row_begin, hi - lo).copy_(x.narrow(dim, lo - terms.own_begin, hi - lo));
+    auto [gti, gtw, unused] = at::convolution_backward(received[r], window, w, std::nullopt, stride,
+                                                       plan.local_padding, dilation, false, plan.local_output_padding,
+                                                       groups, {mask[0], mask[1], false});
+    if (mask[0]) gi.narrow(dim, lo - terms.own_begin, hi - lo).add_(gti.narrow(dim, lo - t.row_begin, hi - lo));
+    if (mask[1]) gw.add_(gtw);
   }
   return {gi, gw, gb};
 }
@@ -361,10 +383,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   if (local_bias_sizes) bias_sizes = local_bias_sizes;
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
   at::Tensor gi, gw, gb;
-  // Both paths below exchange the same rows with the same peers (a rank may take either, by its layout): the input's
-  // halo rows when the weight gradient is wanted, then the input gradient's halo rows home when it is wanted.
-  if (!plan.transposed && runs_direct(plan)) {
-    std::tie(gi, gw, gb) = direct_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
+  // Which of the two paths below runs is the same on every rank (the plan's dims); within the first, ranks may run
+  // their main backward differently but exchange alike.
+  if (plan.border_terms) {
+    std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else {
     if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
     // The input gradient reads no input values: without a weight gradient the window is only a shape.
