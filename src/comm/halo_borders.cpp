@@ -29,7 +29,8 @@ BorderSplit border_split(const std::vector<int64_t>& in_extents, const std::vect
   const auto ws = b0 * s - w.padding;
   const auto P = a - ws;
   if (P < 0 || (max_padding >= 0 && P > max_padding)) return split;
-  if (e + 2 * P < span || (e + 2 * P - span) / s + 1 != n) return split;
+  // The main call's output count (pooling's ceil mode as PyTorch counts it; a convolution floors).
+  if (pool_output_size(e, SlidingWindow{w.kernel, s, P, w.dilation, w.ceil_mode}) != n) return split;
   // Outputs reading a row of another rank: below `a` only while the window starts below it, at or above a + e only
   // once it ends there, so two short scans find them (with dilation a window can skip the halo, hence per tap).
   auto reads = [&](int64_t j, auto&& outside) {
@@ -103,18 +104,19 @@ BorderTerms border_terms(const std::vector<int64_t>& in_extents, const std::vect
   return terms;
 }
 
-at::Tensor border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local, const Mesh& mesh,
-                          const WindowKernel& kernel, bool overlap) {
+std::vector<at::Tensor> border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local,
+                                       const Mesh& mesh, const WindowKernel& kernel, bool overlap) {
   TORCH_INTERNAL_ASSERT(split.direct && plan.size() == 1 && plan.runs(0), "border_forward: not a direct split");
   const auto dim = plan.dim(0).dim;
   auto exchange = plan.post(0, local, mesh);
   std::vector<at::Tensor> received;
   if (!overlap) received = exchange.wait();
-  auto out = kernel(local, split.padding);
+  auto out = kernel(local, split.padding, split.padding);
   if (overlap) received = exchange.wait();
   for (const auto& b : split.borders) {
     auto window = plan.window_slice(0, local, received, b.win_begin, b.win_len);
-    out.narrow(dim, b.out_begin, b.out_len).copy_(kernel(window, 0));
+    auto part = kernel(window, 0, b.win_begin);
+    for (size_t k = 0; k < out.size(); ++k) out[k].narrow(dim, b.out_begin, b.out_len).copy_(part[k]);
   }
   return out;
 }

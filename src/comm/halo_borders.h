@@ -60,13 +60,15 @@ struct BorderTerms {
 BorderTerms border_terms(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& out_extents,
                          int64_t coord, int64_t L, const SlidingWindow& w);
 
-// `kernel(input, padding)`: the local op on `input` with `padding` on the split dim (the op's own arguments
-// elsewhere); its output rows along the dim are the window's outputs.
-using WindowKernel = std::function<at::Tensor(const at::Tensor& input, int64_t padding)>;
+// `kernel(input, padding, first)`: the local op on `input` with `padding` on the split dim (the op's own arguments
+// elsewhere); the rows of each of its outputs along the dim are the window's outputs. `first`: the window position
+// of the input's first row (for outputs that name input rows, such as max pooling's indices).
+using WindowKernel =
+    std::function<std::vector<at::Tensor>(const at::Tensor& input, int64_t padding, int64_t first)>;
 
 // The forward of a direct split along the plan's only dim: posts the halo rows, runs the main call (while they
-// travel when `overlap`), then each border's call, written into the main call's output, which is returned.
-at::Tensor border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local, const Mesh& mesh,
-                          const WindowKernel& kernel, bool overlap = true);
+// travel when `overlap`), then each border's call, written into the main call's outputs, which are returned.
+std::vector<at::Tensor> border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local,
+                                       const Mesh& mesh, const WindowKernel& kernel, bool overlap = true);
 
 } // namespace shardtensor::comm

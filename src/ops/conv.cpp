@@ -39,6 +39,17 @@ struct ConvPlan {
   comm::BorderSplit split;
   bool border_terms = false;
   comm::BorderTerms terms;
+  // The terms through the neighbours' rows are convolutions over the other dims of one input row with one tap of
+  // the kernel along the split dim (`row_*`: their arguments; a 1-D convolution keeps a length-1 dim), each adding
+  // to one output row: small kernels on whole rows, not convolutions of thin windows (which take CPU kernels many
+  // times slower per output than the main call's). Forward of a direct split: output row `out` (local) gains the
+  // term of the halo row at window position `pos` through tap `tap` (the main call read that row as zero).
+  struct HaloTap {
+    int64_t out, tap, pos;
+  };
+  std::vector<HaloTap> halo_taps;
+  std::vector<int64_t> row_stride, row_padding, row_dilation, row_output_padding;
+  bool row_unsqueeze = false;
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
@@ -147,6 +158,26 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
     plan.split = comm::border_split(d.in_extents, d.out_extents, coord, in_shape[d.dim], d.window);
     plan.border_terms = true;
     plan.terms = comm::border_terms(d.in_extents, d.out_extents, coord, in_shape[d.dim], d.window);
+    for (int64_t i = 0; i < spatial; ++i) {
+      if (i == d.dim - 2) continue;
+      plan.row_stride.push_back(expand(stride, i));
+      plan.row_padding.push_back(plan.local_padding[i]);
+      plan.row_dilation.push_back(expand(dilation, i));
+      plan.row_output_padding.push_back(0);
+    }
+    plan.row_unsqueeze = plan.row_stride.empty();
+    if (plan.row_unsqueeze) plan.row_stride = plan.row_dilation = {1}, plan.row_padding = plan.row_output_padding = {0};
+    if (plan.split.direct) {
+      const auto a = spec.offset_of(d.mesh_dim, coord), e = d.in_extents[coord], L = in_shape[d.dim];
+      const auto ws = a - plan.split.padding;  // global row of window position 0
+      const auto& w = d.window;
+      for (const auto& b : plan.split.borders)
+        for (auto j = b.out_begin; j < b.out_begin + b.out_len; ++j)
+          for (int64_t t = 0; t < w.kernel; ++t) {
+            const auto pos = j * w.stride + t * w.dilation, q = ws + pos;
+            if (q >= 0 && q < L && (q < a || q >= a + e)) plan.halo_taps.push_back({j, t, pos});
+          }
+    }
   }
   plan.local_out_shape = plan.out_shape;
   for (size_t m = 0; m < plan.out_placements.size(); ++m)
@@ -222,6 +253,39 @@ bool runs_direct(const ConvPlan& plan) {
   return plan.split.direct && !plan.no_outputs;
 }
 
+// Row `row` of `t` along the split dim, as an input (or output gradient) of the convolution over the other dims.
+at::Tensor row_of(const ConvPlan& plan, const at::Tensor& t, int64_t row) {
+  auto r = t.select(plan.dims[0].dim, row);
+  return plan.row_unsqueeze ? r.unsqueeze(-1) : r;
+}
+
+// A result of the convolution over the other dims, shaped like one row of the full convolution's tensors.
+at::Tensor as_row(const ConvPlan& plan, const at::Tensor& t) {
+  return plan.row_unsqueeze ? t.squeeze(-1) : t;
+}
+
+// The forward of a direct split (comm/halo_borders.h): the single-device call on the rank's rows while the halo
+// rows travel, then each border output row gains the terms of the halo rows it reads.
+at::Tensor direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
+                          const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
+                          int64_t groups, const Mesh& mesh) {
+  const auto dim = plan.dims[0].dim;
+  const bool overlap = overlap_enabled();
+  auto rows = plan.halo.post(0, x, mesh);
+  std::vector<at::Tensor> received;
+  if (!overlap) received = rows.wait();
+  auto out = at::convolution(x, w, b, stride, padding_on_split_dim(plan, plan.split.padding), dilation, false,
+                             plan.local_output_padding, groups);
+  if (overlap) received = rows.wait();
+  for (const auto& h : plan.halo_taps) {
+    auto halo_row = plan.halo.window_slice(0, x, received, h.pos, 1);
+    auto term = at::convolution(row_of(plan, halo_row, 0), row_of(plan, w, h.tap), std::nullopt, plan.row_stride,
+                                plan.row_padding, plan.row_dilation, false, plan.row_output_padding, groups);
+    out.select(dim, h.out).add_(as_row(plan, term));
+  }
+  return out;
+}
+
 bool requires_grad(const std::optional<at::Tensor>& t) {
   return t && t->defined() && t->requires_grad();
 }
@@ -259,11 +323,7 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
       out = out + channel_view(*b, out.dim());
     }
   } else if (runs_direct(plan)) {
-    auto kernel = [&](const at::Tensor& in, int64_t pad) {
-      return at::convolution(in, w, b, stride, padding_on_split_dim(plan, pad), dilation, false,
-                             plan.local_output_padding, local_groups);
-    };
-    out = comm::border_forward(plan.halo, plan.split, x, *mesh, kernel, overlap_enabled());
+    out = direct_forward(plan, x, w, b, stride, dilation, local_groups, *mesh);
   } else {
     auto window = plan.halo.gather(x, *mesh);
     out = plan.no_outputs ? at::zeros(plan.local_out_shape, window.options())
@@ -338,19 +398,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& p
   }
   if (!exchange) return {gi, gw, gb};
   if (overlap) received = rows.wait();
+  if (x.numel() == 0) return {gi, gw, gb};
+  const auto& win = d.window;
   for (size_t r = 0; r < terms.recv.size(); ++r) {
     const auto& t = terms.recv[r];
-    const auto lo = std::max(t.row_begin, terms.own_begin);
-    const auto hi = std::min(t.row_begin + t.rows, terms.own_begin + terms.own_rows);
-    if (t.outputs == 0 || hi <= lo || x.numel() == 0) continue;
-    // The rows the neighbour's border outputs read, only this rank's nonzero: their terms on this rank's rows.
-    auto window = at::zeros(with_extent(x.sizes(), dim, t.rows), x.options());
-    window.narrow(dim, lo - t.row_begin, hi - lo).copy_(x.narrow(dim, lo - terms.own_begin, hi - lo));
-    auto [gti, gtw, unused] = at::convolution_backward(received[r], window, w, std::nullopt, stride,
-                                                       plan.local_padding, dilation, false, plan.local_output_padding,
-                                                       groups, {mask[0], mask[1], false});
-    if (mask[0]) gi.narrow(dim, lo - terms.own_begin, hi - lo).add_(gti.narrow(dim, lo - t.row_begin, hi - lo));
-    if (mask[1]) gw.add_(gtw);
+    // Output i of the neighbour's block reads row row_begin + i*s + tap*d: the terms on this rank's rows.
+    for (int64_t i = 0; i < t.outputs; ++i)
+      for (int64_t tap = 0; tap < win.kernel; ++tap) {
+        const auto q = t.row_begin + i * win.stride + tap * win.dilation - terms.own_begin;
+        if (q < 0 || q >= terms.own_rows) continue;
+        auto [gti, gtw, unused] = at::convolution_backward(
+            row_of(plan, received[r], i), row_of(plan, x, q), row_of(plan, w, tap), std::nullopt, plan.row_stride,
+            plan.row_padding, plan.row_dilation, false, plan.row_output_padding, groups, {mask[0], mask[1], false});
+        if (mask[0]) gi.select(dim, q).add_(as_row(plan, gti));
+        if (mask[1]) gw.select(dim, tap).add_(as_row(plan, gtw));
+      }
   }
   return {gi, gw, gb};
 }
