@@ -4,10 +4,11 @@
 // side. Building it copies every own row into a new tensor, and splitting the work into an interior and border parts
 // concatenates the output again. Instead: the local kernel runs once on the rank's own rows with a symmetric
 // padding P on the dim — the single-device op's own call on this rank's rows, into the output it returns — which
-// gives every output of this rank, those near an edge computed with the neighbours' rows read as padding. Only those
-// border outputs are computed again, from border windows (the halo rows and the few own rows they read), and
-// written over their rows of the output. The halo travels while the main call runs. Memory traffic beyond the
-// single-device op: the halo rows, a few own rows per border, and the border outputs.
+// gives every output of this rank, those near an edge computed with the neighbours' rows read as padding. Those
+// border outputs then get what the halo rows add: a linear op (convolution, ops/conv.cpp) adds the halo rows'
+// terms; any op can compute them again from border windows (the halo rows and the few own rows they read) and
+// write them over their rows of the output (border_forward; pooling). The halo travels while the main call runs.
+// Memory traffic beyond the single-device op: the halo rows and the border rows.
 //
 // The backward of a linear op (convolution) needs no window either (BorderTerms): the main call's backward on the
 // rank's own rows gives every term that reads them, of all its outputs; the terms through a neighbour's rows are
@@ -16,8 +17,8 @@
 //
 // The split is a pure function of the layout and the window (cached with the op's plan). It applies when the main
 // call's outputs are exactly this rank's outputs (P = the distance from the window start to the rank's first row,
-// and the output count matches: stride-1 windows always, strided ones at stride-aligned offsets) and there is an
-// interior; otherwise the op builds the window (HaloPlan::gather). Either way a rank exchanges the same rows with
+// and the output count matches: stride-1 windows always, strided ones at stride-aligned offsets; ceil mode counted
+// as PyTorch's pooling counts it) and there is an interior; otherwise the op builds the window (HaloPlan::gather). Either way a rank exchanges the same rows with
 // the same peers, so ranks on different paths still match.
 #pragma once
 

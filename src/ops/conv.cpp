@@ -4,7 +4,8 @@
 // exactly the input rows its outputs read (its own plus halos from any number of ranks away; zeros outside the
 // tensor), and in backward sends the halo gradients home. With one sharded spatial dim the convolution runs
 // without building the window where the layout allows (comm/halo_borders.h): the single-device call on the rank's
-// own rows, the border rows recomputed from the halo, forward and backward; otherwise (several sharded dims,
+// own rows, and the halo rows' terms added to the border rows (forward; in the backward the border rows' gradients
+// travel and the neighbours add their terms); otherwise (several sharded dims,
 // transposed, offsets off the stride grid) the rank gathers its window and runs the local convolution with zero
 // padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
