@@ -6,7 +6,7 @@ backward), 2-D and 3-D.
 Samples are interleaved (every sample times each variant once, in a rotating order, each started by a barrier), so
 a busy machine slows all variants alike; a sample's time is the slowest rank's. Reported: the median over samples
 of sharded / local-only per sample (and its range), and the medians of the times. Writes
-halo_conv_compare.{json,md} into --out (default: the git-ignored benchmarks/results/local).
+halo_conv_compare[_TAG].{json,md} into --out (default: the git-ignored benchmarks/results/local).
 
     .venv/bin/python benchmarks/halo_conv/compare.py [--ranks 2] [--sizes2d 256,512,1024] [--sizes3d 32,64]
 """
@@ -178,10 +178,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-physicsnemo", action="store_true", help="leave PhysicsNeMo out even when importable")
     ap.add_argument("--plot-only", action="store_true", help="re-render the table from the JSON in --out")
+    ap.add_argument("--tag", default="", help="suffix of the result files (halo_conv_compare_TAG.*), for runs kept side by side")
     add_out_argument(ap)
     args = ap.parse_args()
     prepare(args.out, measuring=not args.plot_only)
-    json_path = os.path.join(args.out, "halo_conv_compare.json")
+    name = "halo_conv_compare" + (f"_{args.tag}" if args.tag else "")
+    json_path = os.path.join(args.out, name + ".json")
     if args.plot_only:
         with open(json_path) as f:
             data = json.load(f)
@@ -191,7 +193,7 @@ def main():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        tmp = os.path.join(args.out, ".halo_conv_compare.json")
+        tmp = os.path.join(args.out, f".{name}.json")
         load_start = loadavg()
         mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
         with open(tmp) as f:
@@ -206,7 +208,7 @@ def main():
         with open(json_path, "w") as f:
             json.dump(data, f, indent=1)
     text = render(data["rows"], data["meta"])
-    with open(os.path.join(args.out, "halo_conv_compare.md"), "w") as f:
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write(text)
     print(text)
 
