@@ -11,7 +11,7 @@
   passes, broadcasts and scatters. The link is NVLink while the P ranks fit in one node, the inter-node network
   (one NIC per GPU) otherwise.
 - Exposed communication: ring passes overlap the attention kernels of the same pass (the ring is double-buffered),
-  so only max(0, T_ring - T_attention) is exposed; every other kind (halo all-to-alls included, conservatively) is
+  so only max(0, T_ring - T_attention) is exposed; every other kind (halo exchanges included, conservatively) is
   counted in full.
 
 Speed-up S(P) = T(1) / T(P), with T(1) the same projection of the plain single-device model (P = 1). The model

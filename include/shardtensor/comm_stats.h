@@ -2,6 +2,10 @@
 // collective kind. Users read it like torch's CommDebugMode to check what an op communicates. Bytes per call on
 // this rank: all_reduce / broadcast: the tensor; all_gather: the gathered result (n pieces); all_to_all and
 // ring_pass: what this rank sends to other ranks (its piece for itself excluded); scatter: the root's pieces.
+// Messages: the point-to-point messages this rank sends, for the kinds made of them: an all_to_all talks to every
+// other rank of its group (n - 1), a halo exchange or a ring pass only to the peers it has rows for (plus, on
+// NCCL, a one-element placeholder to a ring neighbour it has nothing for). Collectives whose message pattern is the
+// backend's algorithm (all_reduce, all_gather, ...) count none.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +17,7 @@ namespace shardtensor {
 struct CommStats {
   std::map<std::string, int64_t> calls;
   std::map<std::string, int64_t> bytes;
+  std::map<std::string, int64_t> messages;
   int64_t total_calls() const;
   int64_t total_bytes() const;
 };

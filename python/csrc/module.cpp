@@ -219,7 +219,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("comm_stats", []() {
     auto s = comm_stats();
-    return py::make_tuple(s.calls, s.bytes);
+    return py::make_tuple(s.calls, s.bytes, s.messages);
   });
   m.def("reset_comm_stats", &reset_comm_stats);
   // The halo plan cache (tests: a backward builds no plan of its own).

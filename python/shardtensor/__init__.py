@@ -252,9 +252,10 @@ def _free_port() -> int:
 
 
 def comm_stats() -> dict:
-    """Collectives issued by this process so far: ``{"calls": {kind: n}, "bytes": {kind: n}}``."""
-    calls, nbytes = _C.comm_stats()
-    return {"calls": dict(calls), "bytes": dict(nbytes)}
+    """Collectives issued by this process so far: ``{"calls": {kind: n}, "bytes": {kind: n}, "messages": {kind: n}}``
+    (messages: the point-to-point messages sent, for the kinds made of them; see ``CommCounter``)."""
+    calls, nbytes, messages = _C.comm_stats()
+    return {"calls": dict(calls), "bytes": dict(nbytes), "messages": dict(messages)}
 
 
 class _SettingBlock:
@@ -384,7 +385,10 @@ class CommCounter:
 
         with st.CommCounter() as c:
             y = model(x)
-        print(c.calls, c.bytes)
+        print(c.calls, c.bytes, c.messages)
+
+    ``messages``: the point-to-point messages this rank sent, for the kinds made of them (an ``all_to_all`` talks to
+    every other rank of its group; a ``halo`` exchange and a ``ring_pass`` only to the peers they have data for).
     """
 
     def __enter__(self):
@@ -397,6 +401,8 @@ class CommCounter:
                       if v - self._start["calls"].get(k, 0)}
         self.bytes = {k: v - self._start["bytes"].get(k, 0) for k, v in end["bytes"].items()
                       if v - self._start["bytes"].get(k, 0)}
+        self.messages = {k: v - self._start["messages"].get(k, 0) for k, v in end["messages"].items()
+                         if v - self._start["messages"].get(k, 0)}
         return False
 
     @property

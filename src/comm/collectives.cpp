@@ -120,8 +120,11 @@ std::vector<int64_t> numel_per_extent(at::IntArrayRef shape, int64_t dim, const 
 
 // Post one flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
 // elements from rank j. The pending object keeps the buffers alive until finish_all_to_all.
+// Counted as one `kind` of the bytes that leave this rank (the piece addressed to itself stays: c10d copies it
+// locally), made of `messages` point-to-point messages (-1: one to every other rank of the group).
 PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces, const std::vector<int64_t>& recv_numels,
-                                      const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim) {
+                                      const at::TensorOptions& opts, const Mesh& mesh, int64_t mesh_dim,
+                                      const char* kind = "all_to_all", int64_t messages = -1) {
   auto& pg = *mesh.group(mesh_dim);
   GilReleased no_gil; // see comm/wait.h
   // Only non-empty pieces are touched: a halo exchange has two of them among P (on fake tensors, under a simulation,
@@ -162,16 +165,16 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
     for (auto& n : send_splits) n *= 2;
     pending.in = wire_in;  // keeps the sent buffer alive until the wait
   }
+  const auto me = mesh.coordinate(mesh_dim);
+  record_collective(kind, (wire_in.numel() - send_splits[me]) * wire_in.element_size(),
+                    messages < 0 ? mesh.size(mesh_dim) - 1 : messages);
   if (use_functional(input)) {
     pending.functional = true;
     pending.complex = travels_as_real(input);
     pending.staged = false;
-    pending.out = functional::all_to_all_single_start(wire_in, recv_splits, send_splits, mesh, mesh_dim);
+    pending.out = functional::all_to_all_single_start(wire_in, recv_splits, send_splits, mesh, mesh_dim, nullptr);
     return pending;
   }
-  // Bytes that leave this rank: the piece addressed to itself stays (c10d copies it locally).
-  const auto me = mesh.coordinate(mesh_dim);
-  record_collective("all_to_all", (wire_in.numel() - send_splits[me]) * wire_in.element_size());
   pending.work = pg.alltoall_base(wire_out, wire_in, recv_splits, send_splits);
   return pending;
 }
@@ -525,7 +528,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
       ex.complex_.push_back(as_real);
       bytes += send[i].numel() * send[i].element_size();
     }
-    record_collective("ring_pass", bytes);  // one ring step, as the ProcessGroup path counts it
+    record_collective("ring_pass", bytes, static_cast<int64_t>(send.size()));  // one ring step, as the ProcessGroup path counts it
     return ex;
   }
   auto& pg = *mesh.group(mesh_dim);
@@ -540,7 +543,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   // block as a one-element placeholder: a rank whose blocks are all empty still joins the step (the first one
   // creates the communicator, collectively), and a pair's placeholder matches on both sides because every rank
   // knows every extent. Gloo skips empty blocks on both sides alike.
-  int64_t bytes = 0;
+  int64_t bytes = 0, messages = 0;
   for (size_t i = 0; i < send.size(); ++i) {
     auto opts = send[i].options().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
     ex.recv_.push_back(at::empty(recv_shapes[i], opts));
@@ -552,6 +555,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
       ex.keep_alive_.push_back(buf);
       std::vector<at::Tensor> ts{buf};
       bytes += send[i].numel() * buf.element_size();
+      ++messages;
       ex.works_.push_back(pg.send(ts, next, tag));
     }
     if (ex.recv_.back().numel() > 0 || coalesce) {
@@ -566,7 +570,7 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
     ex.works_.clear();
     if (w) ex.works_.push_back(w);
   }
-  record_collective("ring_pass", bytes);
+  record_collective("ring_pass", bytes, messages);
   return ex;
 }
 
@@ -586,6 +590,101 @@ std::vector<at::Tensor> RingExchange::wait() {
   keep_alive_.clear();
   if (!done_.empty()) return std::move(done_);
   std::vector<at::Tensor> out;
+  for (auto& r : recv_) out.push_back(staged_ ? r.to(device_) : r);
+  recv_.clear();
+  return out;
+}
+
+PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
+                                 const std::vector<std::vector<int64_t>>& recv_shapes, const at::Tensor& like,
+                                 const Mesh& mesh, int64_t mesh_dim, const char* kind) {
+  const auto opts = like.options();
+  const auto n = mesh.size(mesh_dim);
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(send.size()) == n && static_cast<int64_t>(recv_shapes.size()) == n,
+                        "peer exchange: one piece and one receive shape per coordinate");
+  PeerExchange ex;
+  ex.shapes_ = recv_shapes;
+  ex.device_ = opts.device();
+  if (n == 1) return ex;  // nothing to a coordinate's self
+  const auto me = mesh.coordinate(mesh_dim);
+  auto numel = [](const std::vector<int64_t>& shape) {
+    int64_t k = 1;
+    for (auto v : shape) k *= v;
+    return k;
+  };
+  const auto& probe = like;
+  if (use_functional(probe)) {
+    // No functional send/recv: one all-to-all whose splits are empty except between the pairs that move rows.
+    std::vector<int64_t> recv_numels;
+    int64_t messages = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      recv_numels.push_back(numel(recv_shapes[j]));
+      messages += j != me && send[j].numel() > 0;
+    }
+    ex.functional_ = start_flat_all_to_all(send, recv_numels, opts, mesh, mesh_dim, kind, messages);
+    ex.use_functional_ = true;
+    return ex;
+  }
+  auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil; // see comm/wait.h
+  ex.staged_ = needs_host_staging(pg, probe);
+  const auto wire_opts = opts.device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
+  const bool coalesce = !ex.staged_ && ex.device_.is_cuda();
+  // Real views on the wire (NCCL has no complex type); one-element placeholders of that type.
+  auto wire = [](const at::Tensor& t) { return travels_as_real(t) ? at::view_as_real(t) : t; };
+  const auto placeholder_opts = travels_as_real(probe) ? wire_opts.dtype(c10::toRealValueType(probe.scalar_type()))
+                                                       : wire_opts;
+  const int64_t next = (me + 1) % n, prev = (me - 1 + n) % n;
+  if (coalesce) pg.startCoalescing(c10::DeviceType::CUDA);
+  int64_t bytes = 0, messages = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    ex.recv_.push_back(at::empty(recv_shapes[j], wire_opts));
+    if (j == me) continue;
+    // See collectives.h: on NCCL a ring neighbour gets a placeholder when there is nothing for it.
+    const bool joins = coalesce && (j == next || j == prev);
+    const auto peer = static_cast<int>(j);
+    if (send[j].numel() > 0 || joins) {
+      auto buf = send[j].numel() == 0 ? at::zeros({1}, placeholder_opts)
+                 : ex.staged_        ? wire(send[j].cpu().contiguous())
+                                     : wire(send[j].contiguous());
+      ex.keep_alive_.push_back(buf);
+      std::vector<at::Tensor> ts{buf};
+      bytes += buf.numel() * buf.element_size();
+      ++messages;
+      ex.works_.push_back(pg.send(ts, peer, kPeerExchangeTag));
+    }
+    if (ex.recv_.back().numel() > 0 || joins) {
+      auto target = ex.recv_.back().numel() > 0 ? wire(ex.recv_.back()) : at::empty({1}, placeholder_opts);
+      ex.keep_alive_.push_back(target);
+      std::vector<at::Tensor> tr{target};
+      ex.works_.push_back(pg.recv(tr, peer, kPeerExchangeTag));
+    }
+  }
+  if (coalesce) {
+    auto w = pg.endCoalescing(c10::DeviceType::CUDA);
+    ex.works_.clear();
+    if (w) ex.works_.push_back(w);
+  }
+  record_collective(kind, bytes, messages);
+  ex.kind_ = kind;
+  return ex;
+}
+
+std::vector<at::Tensor> PeerExchange::wait() {
+  std::vector<at::Tensor> out;
+  if (use_functional_) {
+    auto chunks = finish_all_to_all(functional_);
+    use_functional_ = false;
+    for (size_t j = 0; j < chunks.size(); ++j) out.push_back(chunks[j].view(shapes_[j]));
+    return out;
+  }
+  for (auto& w : works_) wait_work(w, kind_);
+  works_.clear();
+  keep_alive_.clear();
+  if (recv_.empty()) {  // a mesh dim of one coordinate: nothing arrives
+    for (const auto& s : shapes_) out.push_back(at::empty(s, at::TensorOptions().device(device_)));
+    return out;
+  }
   for (auto& r : recv_) out.push_back(staged_ ? r.to(device_) : r);
   recv_.clear();
   return out;

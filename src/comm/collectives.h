@@ -64,6 +64,41 @@ std::vector<at::Tensor> all_to_all_flat(const std::vector<at::Tensor>& send_piec
                                         const std::vector<int64_t>& recv_numels, const at::TensorOptions& opts,
                                         const Mesh& mesh, int64_t mesh_dim);
 
+// A point-to-point exchange along a mesh dim (a halo: rows move only between the ranks that need them, not through
+// a group-wide all-to-all): this rank sends send[j] to coordinate j and receives a tensor of recv_shapes[j] from it
+// (send[me] and recv_shapes[me] are empty). Sizes come from the layout, which every rank knows, so both sides of a
+// pair skip an empty piece alike; the messages between a pair go in coordinate order under one tag, so consecutive
+// exchanges match in the order every rank issues them. Gloo: one send and one receive per non-empty piece. NCCL:
+// coalesced (batch_isend_irecv), and every rank also exchanges a one-element placeholder with each ring neighbour
+// (c +- 1) it has nothing for, so every rank joins each coalesced group (the first one on a group creates its
+// communicator, collectively). The functional path (tracing, or selected) has no send/recv: one all-to-all whose
+// splits are empty except between those pairs. Counted as one call of `kind` with the bytes sent and one message
+// per piece sent. `like`: a tensor of the exchange (dtype, device, and whether it is being traced decides the path).
+// Host staging as for the collectives.
+class PeerExchange {
+ public:
+  // Completes the exchange: the received tensors, by coordinate (empty where nothing came).
+  std::vector<at::Tensor> wait();
+
+ private:
+  friend PeerExchange peer_exchange_start(const std::vector<at::Tensor>&, const std::vector<std::vector<int64_t>>&,
+                                          const at::Tensor&, const Mesh&, int64_t, const char*);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<at::Tensor> keep_alive_;  // contiguous send buffers and placeholders
+  std::vector<at::Tensor> recv_;        // by coordinate (host staged when needed)
+  std::vector<std::vector<int64_t>> shapes_;
+  c10::Device device_{c10::kCPU};
+  bool staged_ = false;
+  bool use_functional_ = false;
+  PendingAllToAll functional_;
+  const char* kind_ = "halo";
+};
+// The tag of peer exchanges on Gloo (ring passes use small tags of their own).
+constexpr int kPeerExchangeTag = 0x4a10;
+PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
+                                 const std::vector<std::vector<int64_t>>& recv_shapes, const at::Tensor& like,
+                                 const Mesh& mesh, int64_t mesh_dim, const char* kind = "halo");
+
 // Ring pass along a mesh dim: send each of `send` to coordinate (c+1) % n and receive tensors of
 // `recv_shapes` (dtype of the matching send tensor, same device) from coordinate (c-1+n) % n (`backward`: the
 // other way round, to (c-1+n) % n and from (c+1) % n). Shapes come from

@@ -45,7 +45,7 @@ CollectiveScope::~CollectiveScope() {
   active_scope = outer_;
 }
 
-void record_collective(const char* kind, int64_t bytes) {
+void record_collective(const char* kind, int64_t bytes, int64_t messages) {
   std::string name = kind;
   if (active_scope) {
     name = active_scope->prefix_ + name;
@@ -54,6 +54,7 @@ void record_collective(const char* kind, int64_t bytes) {
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats.calls[name] += 1;
   stats.bytes[name] += bytes;
+  if (messages > 0) stats.messages[name] += messages;
 }
 } // namespace comm
 

@@ -5,8 +5,9 @@
 #include <string>
 
 namespace shardtensor::comm {
-// Count one collective of `bytes` bytes issued by this rank.
-void record_collective(const char* kind, int64_t bytes);
+// Count one collective of `bytes` bytes issued by this rank, made of `messages` point-to-point messages it sends
+// (include/shardtensor/comm_stats.h says which kinds count them).
+void record_collective(const char* kind, int64_t bytes, int64_t messages = 0);
 
 // While alive, the collectives this thread records are counted as "<prefix><kind>" (e.g. "fallback_all_gather")
 // and their bytes summed here, so a caller can attribute and report what a step of its own moved. Scopes nest; the
@@ -22,7 +23,7 @@ class CollectiveScope {
   }
 
  private:
-  friend void record_collective(const char* kind, int64_t bytes);
+  friend void record_collective(const char* kind, int64_t bytes, int64_t messages);
   std::string prefix_;
   int64_t bytes_ = 0;
   CollectiveScope* outer_;

@@ -204,12 +204,6 @@ std::vector<int64_t> shape_with(at::IntArrayRef shape, int64_t dim, int64_t n) {
   return s;
 }
 
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  return n;
-}
-
 } // namespace
 
 HaloPlan::RowMap HaloPlan::row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device) {
@@ -259,7 +253,20 @@ HaloPlan::HaloPlan(const std::vector<HaloDim>& dims, const std::vector<int64_t>&
     const auto& mine = d.want[s.me];
     s.window_rows = static_cast<int64_t>(mine.size());
     s.own_extent = d.extents[s.me];
-    s.filled = std::find(mine.begin(), mine.end(), -1) != mine.end();
+    // The filled positions as runs (a sliding window's padding: at most one at each end); scattered ones (requests
+    // that are not windows) as an index tensor.
+    for (int64_t p = 0; p < s.window_rows; ++p) {
+      if (mine[p] != -1) continue;
+      if (!s.fill_runs.empty() && s.fill_runs.back().first + s.fill_runs.back().second == p) ++s.fill_runs.back().second;
+      else s.fill_runs.emplace_back(p, 1);
+    }
+    if (s.fill_runs.size() > kMaxFillRuns) {
+      std::vector<int64_t> pos;
+      for (int64_t p = 0; p < s.window_rows; ++p)
+        if (mine[p] == -1) pos.push_back(p);
+      comm::HostMetadataGuard host;
+      s.fill_t = at::tensor(pos, at::TensorOptions().dtype(at::kLong)).to(device);
+    }
     {
       std::vector<int64_t> pos, rows;
       owned(s.me, s.me, pos, rows);
@@ -278,6 +285,9 @@ HaloPlan::HaloPlan(const std::vector<HaloDim>& dims, const std::vector<int64_t>&
         s.from[r] = row_map(std::move(pos2), std::move(rows2), device);
       }
     }
+    s.runs = s.own.run && !s.fill_t.defined();
+    for (const auto& m : s.to) s.runs = s.runs && m.run;
+    for (const auto& m : s.from) s.runs = s.runs && m.run;
     steps_.push_back(std::move(s));
   }
 }
@@ -288,8 +298,13 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
   TORCH_INTERNAL_ASSERT(local.size(dim) == s.own_extent, "halo plan: the local tensor has ", local.size(dim),
                         " rows along dim ", dim, ", the plan ", s.own_extent);
   auto shape = shape_with(local.sizes(), dim, s.window_rows);
-  // Every position is written below unless it is filled or comes from a peer.
-  auto window = s.filled ? at::full(shape, fill_, local.options()) : at::empty(shape, local.options());
+  // Only the padding rows are filled; the own rows are copied below and the peers' rows arrive in `receive`.
+  auto window = at::empty(shape, local.options());
+  if (s.fill_t.defined()) {
+    window.index_fill_(dim, comm::plan_constant(s.fill_t, window), fill_);
+  } else {
+    for (const auto& [p, n] : s.fill_runs) window.narrow(dim, p, n).fill_(fill_);
+  }
   const auto& o = s.own;
   if (o.size() == 0) return window;
   if (o.run) {
@@ -299,6 +314,39 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
                        local.index_select(dim, comm::plan_constant(o.rows_t, local)));
   }
   return window;
+}
+
+PeerExchange HaloPlan::post(size_t i, const at::Tensor& local, const Mesh& mesh) const {
+  const auto& s = steps_.at(i);
+  if (!s.exchange) return {};
+  return peer_exchange_start(sends(i, local), recv_shapes(i, local.sizes()), local, mesh, s.geometry.mesh_dim);
+}
+
+at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received,
+                                  int64_t begin, int64_t len) const {
+  const auto& s = steps_.at(i);
+  const auto dim = s.geometry.dim;
+  TORCH_INTERNAL_ASSERT(s.runs && begin >= 0 && len >= 0 && begin + len <= s.window_rows,
+                        "halo plan: window slice [", begin, ", ", begin + len, ") of ", s.window_rows, " rows");
+  auto out = at::empty(shape_with(local.sizes(), dim, len), local.options());
+  const auto end = begin + len;
+  // The part of the run of window positions [p, p + n) inside the slice: rows from `src` (its row r0 at p), or
+  // `value` when there is no source.
+  auto place = [&](int64_t p, int64_t n, const at::Tensor* src, int64_t r0, double value) {
+    const auto lo = std::max(p, begin), hi = std::min(p + n, end);
+    if (hi <= lo) return;
+    auto dst = out.narrow(dim, lo - begin, hi - lo);
+    if (src) dst.copy_(src->narrow(dim, r0 + lo - p, hi - lo));
+    else dst.fill_(value);
+  };
+  for (const auto& [p, n] : s.fill_runs) place(p, n, nullptr, 0, fill_);
+  const auto& o = s.own;
+  if (o.size() > 0) place(o.pos[0], o.size(), &local, o.rows[0], 0.0);
+  for (size_t r = 0; r < s.from.size(); ++r) {
+    const auto& f = s.from[r];
+    if (f.size() > 0) place(f.pos[0], f.size(), received.empty() ? nullptr : &received.at(r), 0, 0.0);
+  }
+  return out;
 }
 
 std::vector<at::Tensor> HaloPlan::pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
@@ -369,10 +417,17 @@ void HaloPlan::add_returns(size_t i, at::Tensor& out, const std::vector<at::Tens
   }
 }
 
-std::vector<int64_t> HaloPlan::recv_numels(size_t i, at::IntArrayRef window_shape) const {
+std::vector<std::vector<int64_t>> HaloPlan::recv_shapes(size_t i, at::IntArrayRef window_shape) const {
   const auto& s = steps_.at(i);
-  std::vector<int64_t> out;
-  for (const auto& f : s.from) out.push_back(numel_of(shape_with(window_shape, s.geometry.dim, f.size())));
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& f : s.from) out.push_back(shape_with(window_shape, s.geometry.dim, f.size()));
+  return out;
+}
+
+std::vector<std::vector<int64_t>> HaloPlan::return_shapes(size_t i, at::IntArrayRef window_shape) const {
+  const auto& s = steps_.at(i);
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& t : s.to) out.push_back(shape_with(window_shape, s.geometry.dim, t.size()));
   return out;
 }
 
@@ -385,9 +440,9 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
   const auto& s = steps_[0];
   p.window = own_window(0, local);
   if (!s.exchange) return p;
-  // Own rows never travel: they are in the window already; only halo rows are exchanged.
-  p.exchange = all_to_all_flat_start(sends(0, local), recv_numels(0, p.window.sizes()), local.options(), mesh,
-                                     s.geometry.mesh_dim);
+  // Own rows never travel: they are in the window already; only halo rows are exchanged, with the peers that hold
+  // or need them.
+  p.exchange = peer_exchange_start(sends(0, local), recv_shapes(0, p.window.sizes()), local, mesh, s.geometry.mesh_dim);
   p.posted = true;
   return p;
 }
@@ -395,13 +450,8 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
 at::Tensor HaloPlan::finish(PendingHalo& p, const Mesh& mesh) const {
   if (steps_.empty()) return p.window;
   if (p.posted) {
-    const auto& s = steps_[0];
-    auto chunks = finish_all_to_all(p.exchange);
+    auto pieces = p.exchange.wait();
     p.posted = false;
-    std::vector<at::Tensor> pieces;
-    for (size_t r = 0; r < chunks.size(); ++r)
-      pieces.push_back(s.from[r].size() == 0 ? at::Tensor()  // never read (receive skips empty peers)
-                                             : chunks[r].view(shape_with(p.window.sizes(), s.geometry.dim, s.from[r].size())));
     receive(0, p.window, pieces);
   }
   auto x = p.window;
@@ -413,12 +463,8 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
   const auto& s = steps_[i];
   auto window = own_window(i, local);
   if (!s.exchange) return window;
-  auto chunks = all_to_all_flat(sends(i, local), recv_numels(i, window.sizes()), local.options(), mesh,
-                                s.geometry.mesh_dim);
-  std::vector<at::Tensor> pieces;
-  for (size_t r = 0; r < chunks.size(); ++r)
-    pieces.push_back(s.from[r].size() == 0 ? at::Tensor()  // never read (receive skips empty peers)
-                                           : chunks[r].view(shape_with(window.sizes(), s.geometry.dim, s.from[r].size())));
+  auto pieces =
+      peer_exchange_start(sends(i, local), recv_shapes(i, window.sizes()), local, mesh, s.geometry.mesh_dim).wait();
   receive(i, window, pieces);
   return window;
 }
@@ -433,17 +479,14 @@ at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, boo
   auto g = window;
   for (size_t k = steps_.size(); k-- > 0;) {
     const auto& s = steps_[k];
-    // A reused window is summed into below, after its returned rows were packed (all_to_all_flat copies them).
+    // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers. It is
+    // posted before the own rows are summed (a reused window is summed into in place: the sends are packed first,
+    // and they are contiguous copies of rows the own sum never touches).
+    PeerExchange back;
+    if (s.exchange) back = peer_exchange_start(returns(k, g), return_shapes(k, g.sizes()), g, mesh, s.geometry.mesh_dim);
     auto out = own_sum(k, g, consume);
     if (s.exchange) {
-      // The adjoint exchange: my window's halo rows go back to their owners; I receive my rows named by peers.
-      std::vector<int64_t> numels;
-      for (const auto& t : s.to) numels.push_back(numel_of(shape_with(g.sizes(), s.geometry.dim, t.size())));
-      auto chunks = all_to_all_flat(returns(k, g), numels, g.options(), mesh, s.geometry.mesh_dim);
-      std::vector<at::Tensor> pieces;
-      for (size_t r = 0; r < chunks.size(); ++r)
-        pieces.push_back(s.to[r].size() == 0 ? at::Tensor()  // never read (add_returns skips empty peers)
-                                             : chunks[r].view(shape_with(g.sizes(), s.geometry.dim, s.to[r].size())));
+      auto pieces = back.wait();
       add_returns(k, out, pieces);
     }
     g = out;

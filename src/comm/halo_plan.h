@@ -111,7 +111,7 @@ struct HaloDim {
 
 struct PendingHalo {
   at::Tensor window;
-  PendingAllToAll exchange;
+  PeerExchange exchange;
   bool posted = false;
 };
 
@@ -144,6 +144,19 @@ class HaloPlan {
   // instead of a fresh local tensor next to the window (one activation less at a backward's peak).
   at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh, bool consume = false) const;
 
+  // Dim i's halo rows alone, without a window (the border execution of comm/halo_borders.h): `post` sends this
+  // rank's rows to the peers whose windows name them and receives the rows of its own window that peers hold
+  // (wait() gives them by peer: the `received` of window_slice). The same messages as gather's exchange of dim i, so
+  // a rank running this path and one building its window match.
+  PeerExchange post(size_t i, const at::Tensor& local, const Mesh& mesh) const;
+  // Whether every row map of dim i is one consecutive run and its padding rows are runs (the windows of sliding
+  // windows over zero-padded dims): what window_slice needs.
+  bool runs(size_t i) const { return steps_.at(i).runs; }
+  // Window positions [begin, begin + len) of dim i, assembled from the padding value, `local`'s rows and the rows
+  // received from peers (none: zeros in their place): a few rows, not the window.
+  at::Tensor window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received, int64_t begin,
+                          int64_t len) const;
+
   // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
   // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.
   bool exchanges(size_t i) const { return steps_.at(i).exchange; }
@@ -171,17 +184,23 @@ class HaloPlan {
     int64_t me = 0;
     int64_t window_rows = 0, own_extent = 0;
     bool exchange = false;   // some coordinate needs rows of another one
-    bool filled = false;     // this rank's window has -1 rows
+    bool runs = true;        // every map below is a run and the -1 rows form fill_runs
+    std::vector<std::pair<int64_t, int64_t>> fill_runs;  // (first position, count) of the -1 rows
+    at::Tensor fill_t;       // their positions, when they form more than kMaxFillRuns runs
     RowMap own;              // my window positions <- my local rows
     std::vector<RowMap> to;  // [peer] rows: my local rows that peer's window names (its order)
     std::vector<RowMap> from;  // [peer] pos: my window positions that peer owns
   };
+  static constexpr size_t kMaxFillRuns = 4;
   static RowMap row_map(std::vector<int64_t> pos, std::vector<int64_t> rows, c10::Device device);
   // Per map, the slices of `t` along `dim` at its rows (by_rows) or its window positions, packed for a collective.
   static std::vector<at::Tensor> pieces(const at::Tensor& t, int64_t dim, const std::vector<RowMap>& maps,
                                         bool by_rows);
   at::Tensor gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const;
-  std::vector<int64_t> recv_numels(size_t i, at::IntArrayRef window_shape) const;
+  // The shapes of the pieces dim i's exchange receives from every peer (window rows), and of those its adjoint
+  // receives (the rows of `local` each peer's window named).
+  std::vector<std::vector<int64_t>> recv_shapes(size_t i, at::IntArrayRef window_shape) const;
+  std::vector<std::vector<int64_t>> return_shapes(size_t i, at::IntArrayRef window_shape) const;
 
   std::vector<Step> steps_;
   double fill_ = 0.0;

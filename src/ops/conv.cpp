@@ -1,11 +1,16 @@
 // Convolutions over sharded spatial dims by halo exchange. The output partition follows the global output grid:
 // coordinate c owns the outputs whose window centres lie in its input range, so any stride, dilation, kernel size
-// (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank gathers
+// (odd or even) and padding works, including offsets that are not multiples of the stride. Each rank reads
 // exactly the input rows its outputs read (its own plus halos from any number of ranks away; zeros outside the
-// tensor), runs the local convolution with zero padding on sharded dims, and in backward sends the halo
-// gradients home. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by one fused
-// all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum input is
-// completed once, in the forward.
+// tensor), and in backward sends the halo gradients home. With one sharded spatial dim the convolution runs
+// without building the window where the layout allows (comm/halo_borders.h): the single-device call on the rank's
+// own rows, and the halo rows' terms added to the border rows (forward; in the backward the border rows' gradients
+// travel and the neighbours add their terms); otherwise (several sharded dims,
+// transposed, offsets off the stride grid) the rank gathers its window and runs the local convolution with zero
+// padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
+// one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
+// input is completed once, in the forward.
+#include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "ops/arg_checks.h"
 #include "ops/common.h"
@@ -31,6 +36,22 @@ struct ConvPlan {
   // Convolution: gathers the input window (its scatter_add sends the window's gradient home). Transposed: the
   // output windows each rank's kernel produces, summed into their owners (its gather brings the gradient back).
   comm::HaloPlan halo;
+  // One sharded spatial dim, not transposed: how this rank runs without its window (direct), when it can, and the
+  // backward's exchange of border gradient rows (border_terms: the same on every rank).
+  comm::BorderSplit split;
+  bool border_terms = false;
+  comm::BorderTerms terms;
+  // The terms through the neighbours' rows are convolutions over the other dims of one input row with one tap of
+  // the kernel along the split dim (`row_*`: their arguments; a 1-D convolution keeps a length-1 dim), each adding
+  // to one output row: small kernels on whole rows, not convolutions of thin windows (which take CPU kernels many
+  // times slower per output than the main call's). Forward of a direct split: output row `out` (local) gains the
+  // term of the halo row at window position `pos` through tap `tap` (the main call read that row as zero).
+  struct HaloTap {
+    int64_t out, tap, pos;
+  };
+  std::vector<HaloTap> halo_taps;
+  std::vector<int64_t> row_stride, row_padding, row_dilation, row_output_padding;
+  bool row_unsqueeze = false;
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
@@ -133,6 +154,33 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
     plan.local_output_padding[i] = 0;
   }
   plan.halo = comm::HaloPlan(halo_dims, spec.mesh->coordinates(), device);
+  if (!transposed && plan.dims.size() == 1 && plan.halo.runs(0)) {
+    const auto& d = plan.dims[0];
+    const auto coord = spec.mesh->coordinate(d.mesh_dim);
+    plan.split = comm::border_split(d.in_extents, d.out_extents, coord, in_shape[d.dim], d.window);
+    plan.border_terms = true;
+    plan.terms = comm::border_terms(d.in_extents, d.out_extents, coord, in_shape[d.dim], d.window);
+    for (int64_t i = 0; i < spatial; ++i) {
+      if (i == d.dim - 2) continue;
+      plan.row_stride.push_back(expand(stride, i));
+      plan.row_padding.push_back(plan.local_padding[i]);
+      plan.row_dilation.push_back(expand(dilation, i));
+      plan.row_output_padding.push_back(0);
+    }
+    plan.row_unsqueeze = plan.row_stride.empty();
+    if (plan.row_unsqueeze) plan.row_stride = plan.row_dilation = {1}, plan.row_padding = plan.row_output_padding = {0};
+    if (plan.split.direct) {
+      const auto a = spec.offset_of(d.mesh_dim, coord), e = d.in_extents[coord], L = in_shape[d.dim];
+      const auto ws = a - plan.split.padding;  // global row of window position 0
+      const auto& w = d.window;
+      for (const auto& b : plan.split.borders)
+        for (auto j = b.out_begin; j < b.out_begin + b.out_len; ++j)
+          for (int64_t t = 0; t < w.kernel; ++t) {
+            const auto pos = j * w.stride + t * w.dilation, q = ws + pos;
+            if (q >= 0 && q < L && (q < a || q >= a + e)) plan.halo_taps.push_back({j, t, pos});
+          }
+    }
+  }
   plan.local_out_shape = plan.out_shape;
   for (size_t m = 0; m < plan.out_placements.size(); ++m)
     if (plan.out_placements[m].is_shard()) {
@@ -186,9 +234,8 @@ std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const C
   return b->narrow(0, plan.weight_row_offset, plan.weight_rows);
 }
 
-// Forward with the halo exchange overlapped: post the exchange, convolve the outputs whose windows lie in this
-// rank's own rows, then the border outputs from the completed window. One sharded spatial dim, not transposed.
-// Returns an undefined tensor when there is no interior to overlap with (the caller then runs the plain path).
+// The halo exchange overlaps the main convolution (forward) and the main gradients (backward);
+// SHARDTENSOR_HALO_OVERLAP=0 completes each exchange before the compute (to measure what the overlap gains).
 bool overlap_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("SHARDTENSOR_HALO_OVERLAP");
@@ -197,35 +244,48 @@ bool overlap_enabled() {
   return enabled;
 }
 
-at::Tensor overlapped_forward(const ConvPlan& plan, const at::Tensor& x, const Mesh& mesh, const at::Tensor& w,
-                              const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
-                              int64_t groups) {
-  if (!overlap_enabled() || plan.transposed || plan.dims.size() != 1 || plan.no_outputs) return {};
-  const auto& d = plan.dims[0];
-  const auto me = mesh.coordinate(d.mesh_dim);
-  const auto s = d.window.stride, pv = d.window.padding, span = d.window.span();
-  int64_t a = 0, b0 = 0;
-  for (int64_t c = 0; c < me; ++c) {
-    a += d.in_extents[c];
-    b0 += d.out_extents[c];
+// The local padding with `pad` on the split dim.
+std::vector<int64_t> padding_on_split_dim(const ConvPlan& plan, int64_t pad) {
+  auto p = plan.local_padding;
+  p[plan.dims[0].dim - 2] = pad;
+  return p;
+}
+
+bool runs_direct(const ConvPlan& plan) {
+  return plan.split.direct && !plan.no_outputs;
+}
+
+// Row `row` of `t` along the split dim, as an input (or output gradient) of the convolution over the other dims.
+at::Tensor row_of(const ConvPlan& plan, const at::Tensor& t, int64_t row) {
+  auto r = t.select(plan.dims[0].dim, row);
+  return plan.row_unsqueeze ? r.unsqueeze(-1) : r;
+}
+
+// A result of the convolution over the other dims, shaped like one row of the full convolution's tensors.
+at::Tensor as_row(const ConvPlan& plan, const at::Tensor& t) {
+  return plan.row_unsqueeze ? t.squeeze(-1) : t;
+}
+
+// The forward of a direct split (comm/halo_borders.h): the single-device call on the rank's rows while the halo
+// rows travel, then each border output row gains the terms of the halo rows it reads.
+at::Tensor direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
+                          const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
+                          int64_t groups, const Mesh& mesh) {
+  const auto dim = plan.dims[0].dim;
+  const bool overlap = overlap_enabled();
+  auto rows = plan.halo.post(0, x, mesh);
+  std::vector<at::Tensor> received;
+  if (!overlap) received = rows.wait();
+  auto out = at::convolution(x, w, b, stride, padding_on_split_dim(plan, plan.split.padding), dilation, false,
+                             plan.local_output_padding, groups);
+  if (overlap) received = rows.wait();
+  for (const auto& h : plan.halo_taps) {
+    auto halo_row = plan.halo.window_slice(0, x, received, h.pos, 1);
+    auto term = at::convolution(row_of(plan, halo_row, 0), row_of(plan, w, h.tap), std::nullopt, plan.row_stride,
+                                plan.row_padding, plan.row_dilation, false, plan.row_output_padding, groups);
+    out.select(dim, h.out).add_(as_row(plan, term));
   }
-  const auto e = d.in_extents[me];
-  const auto b1 = b0 + d.out_extents[me];
-  // The window starts at global row b0*s - p; interior outputs read only rows in [a, a + e).
-  const auto j_lo = std::max<int64_t>(b0, (a + pv + s - 1) / s);
-  const auto j_hi = std::min<int64_t>(b1, (a + e + pv - span) >= 0 ? (a + e + pv - span) / s + 1 : 0);
-  if (j_hi <= j_lo) return {};
-  auto pending = plan.halo.start(x, mesh);
-  auto conv = [&](const at::Tensor& rows) {
-    return at::convolution(rows, w, b, stride, plan.local_padding, dilation, false, plan.local_output_padding, groups);
-  };
-  auto interior = conv(x.narrow(d.dim, j_lo * s - pv - a, (j_hi - 1 - j_lo) * s + span));
-  auto window = plan.halo.finish(pending, mesh);
-  std::vector<at::Tensor> parts;
-  if (j_lo > b0) parts.push_back(conv(window.narrow(d.dim, 0, (j_lo - 1 - b0) * s + span)));
-  parts.push_back(interior);
-  if (b1 > j_hi) parts.push_back(conv(window.narrow(d.dim, (j_hi - b0) * s, (b1 - 1 - j_hi) * s + span)));
-  return parts.size() == 1 ? parts[0] : at::cat(parts, d.dim);
+  return out;
 }
 
 bool requires_grad(const std::optional<at::Tensor>& t) {
@@ -265,9 +325,8 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
     if (b) {
       out = out + channel_view(*b, out.dim());
     }
-  } else if (auto overlapped = overlapped_forward(plan, x, *mesh, w, b, stride, dilation, local_groups);
-             overlapped.defined()) {
-    out = overlapped;
+  } else if (runs_direct(plan)) {
+    out = direct_forward(plan, x, w, b, stride, dilation, local_groups, *mesh);
   } else {
     auto window = plan.halo.gather(x, *mesh);
     out = plan.no_outputs ? at::zeros(plan.local_out_shape, window.options())
@@ -279,6 +338,86 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
     }
   }
   return wrap(out, mesh, plan.out_placements, plan.out_shape, plan.out_ext);
+}
+
+std::vector<int64_t> with_extent(at::IntArrayRef shape, int64_t dim, int64_t n) {
+  auto s = shape.vec();
+  s[dim] = n;
+  return s;
+}
+
+// This rank's window shape (a convolution's input window: every halo dim at its window length).
+std::vector<int64_t> window_shape(const ConvPlan& plan, const at::Tensor& x) {
+  auto shape = x.sizes().vec();
+  for (size_t k = 0; k < plan.halo.size(); ++k) shape[plan.halo.dim(k).dim] = plan.halo.window_rows(k);
+  return shape;
+}
+
+// The backward with one sharded spatial dim (comm/halo_borders.h, BorderTerms). This rank's main backward holds
+// every term of its outputs that reads its own rows or padding: the single-device backward on its rows when its
+// split is direct, else on its window with the neighbours' rows read as zeros. The gradient rows of its border
+// outputs go to the neighbours whose rows they read, which add those terms on their rows (input gradient) and to
+// their weight-gradient term; it adds the terms of the neighbours' outputs that read its rows. One exchange, in
+// flight while the main backward runs; nothing window-sized on the direct path.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& plan, const at::Tensor& g,
+                                                               const at::Tensor& x, const at::Tensor& w,
+                                                               at::OptionalIntArrayRef bias_sizes,
+                                                               at::IntArrayRef stride, at::IntArrayRef dilation,
+                                                               int64_t groups, std::array<bool, 3> mask,
+                                                               const Mesh& mesh) {
+  const auto& d = plan.dims[0];
+  const auto dim = d.dim;
+  const auto& terms = plan.terms;
+  const bool overlap = overlap_enabled();
+  // Whether this exchange happens is the same on every rank: the mask and the layout.
+  const bool exchange = (mask[0] || mask[1]) && plan.halo.exchanges(0);
+  comm::PeerExchange rows;
+  std::vector<at::Tensor> received;
+  if (exchange) {
+    std::vector<at::Tensor> send;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t r = 0; r < terms.send.size(); ++r) {
+      const auto& [first, count] = terms.send[r];
+      send.push_back(g.narrow(dim, count > 0 ? first : 0, count));
+      shapes.push_back(with_extent(g.sizes(), dim, terms.recv[r].outputs));
+    }
+    rows = comm::peer_exchange_start(send, shapes, g, mesh, d.mesh_dim);
+    if (!overlap) received = rows.wait();
+  }
+  at::Tensor gi, gw, gb;
+  if (plan.no_outputs) {
+    if (mask[0]) gi = at::zeros_like(x);
+    if (mask[1]) gw = at::zeros_like(w);
+    if (mask[2] && bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+  } else if (plan.split.direct) {
+    std::tie(gi, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride,
+                                                    padding_on_split_dim(plan, plan.split.padding), dilation, false,
+                                                    plan.local_output_padding, groups, mask);
+  } else {
+    auto window = plan.halo.window_slice(0, x, {}, 0, plan.halo.window_rows(0));  // the neighbours' rows zero
+    std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bias_sizes, stride, plan.local_padding, dilation,
+                                                    false, plan.local_output_padding, groups, mask);
+    if (mask[0]) gi = plan.halo.own_sum(0, gi, /*reuse=*/true);
+  }
+  if (!exchange) return {gi, gw, gb};
+  if (overlap) received = rows.wait();
+  if (x.numel() == 0) return {gi, gw, gb};
+  const auto& win = d.window;
+  for (size_t r = 0; r < terms.recv.size(); ++r) {
+    const auto& t = terms.recv[r];
+    // Output i of the neighbour's block reads row row_begin + i*s + tap*d: the terms on this rank's rows.
+    for (int64_t i = 0; i < t.outputs; ++i)
+      for (int64_t tap = 0; tap < win.kernel; ++tap) {
+        const auto q = t.row_begin + i * win.stride + tap * win.dilation - terms.own_begin;
+        if (q < 0 || q >= terms.own_rows) continue;
+        auto [gti, gtw, unused] = at::convolution_backward(
+            row_of(plan, received[r], i), row_of(plan, x, q), row_of(plan, w, tap), std::nullopt, plan.row_stride,
+            plan.row_padding, plan.row_dilation, false, plan.row_output_padding, groups, {mask[0], mask[1], false});
+        if (mask[0]) gi.select(dim, q).add_(as_row(plan, gti));
+        if (mask[1]) gw.select(dim, tap).add_(as_row(plan, gtw));
+      }
+  }
+  return {gi, gw, gb};
 }
 
 // convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride,
@@ -301,8 +440,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   auto g = local_aligned(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, plan.out_shape,
                          plan.out_placements, plan.out_ext);
   at::Tensor g_bias_source = g;
-  if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
-  auto window = plan.transposed ? x : plan.halo.gather(x, *mesh);
   auto w = local_weight(local_of_param(weight, mesh), plan);
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   const int64_t global_bias_numel = bias_sizes && !bias_sizes->empty() ? (*bias_sizes)[0] : 0;
@@ -311,17 +448,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   if (local_bias_sizes) bias_sizes = local_bias_sizes;
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
   at::Tensor gi, gw, gb;
-  if (plan.no_outputs) {
-    gi = at::zeros_like(window);
-    gw = at::zeros_like(w);
-    if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+  // Which of the two paths below runs is the same on every rank (the plan's dims); within the first, ranks may run
+  // their main backward differently but exchange alike.
+  if (plan.border_terms) {
+    std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else {
-    std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation, transposed,
-                                                    plan.local_output_padding, local_groups, mask);
+    if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
+    // The input gradient reads no input values: without a weight gradient the window is only a shape.
+    auto window = plan.transposed ? x : mask[1] || plan.halo.empty() ? plan.halo.gather(x, *mesh)
+                                                                      : at::empty(window_shape(plan, x), x.options());
+    if (plan.no_outputs) {
+      gi = at::zeros_like(window);
+      gw = at::zeros_like(w);
+      if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
+    } else {
+      std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation,
+                                                      transposed, plan.local_output_padding, local_groups, mask);
+    }
+    // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at
+    // most the window gradient and the local one (the saved input stays with autograd).
+    window = at::Tensor();
+    if (mask[0] && gi.defined() && !plan.transposed)
+      gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);  // gi: our own temporary
   }
-  // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at most
-  // the window gradient and the local one (the saved input stays with autograd).
-  window = at::Tensor();
   // Transposed over sharded dims: the bias gradient is the sum of this rank's own output rows (not the windows);
   // a groups == 1 contraction over sharded channels: every rank holds the whole grad_output.
   if (((plan.transposed && !plan.dims.empty()) || plan.channel_partial) && mask[2] && bias_sizes) {
@@ -330,10 +479,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     gb = g_bias_source.sum(red);
   }
   at::Tensor grad_input, grad_weight, grad_bias;
-  if (mask[0] && gi.defined()) {
-    if (!plan.transposed) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);  // gi: our own temporary
-    grad_input = make_shard_tensor(gi, spec);
-  }
+  if (mask[0] && gi.defined()) grad_input = make_shard_tensor(gi, spec);
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.
   // Sharded channels: the weight gradient is sharded like the weight slice each rank used (dim 1 for groups == 1,
   // dim 0 for aligned groups); the bias gradient is complete (groups == 1: every rank holds the whole

@@ -18,6 +18,7 @@
 // the input's data, so a pending-sum input is completed once, in the forward.
 #include "comm/collectives.h"
 #include "comm/functional.h"
+#include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "comm/host_metadata.h"
 #include "comm/redistribute.h"
@@ -61,6 +62,10 @@ struct PoolPlan {
   int64_t nsp = 0;
   std::vector<SpDim> sp;       // spatial dims in order
   comm::HaloPlan halo;         // the gathered sharded dims, in mesh-dim order
+  // Windowed pools with one gathered dim (spatial dim `split_sp`): how this rank runs without its window, when it
+  // can (comm/halo_borders.h).
+  comm::BorderSplit split;
+  int64_t split_sp = -1;
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
@@ -290,6 +295,14 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
   // Max pooling fills outside rows with -inf (never selected); averages see zeros (their divisors are exact).
   const auto fill = comm::fill_value(a.kind == PoolKind::Max ? comm::PadMode::NegInf : comm::PadMode::Zeros);
   plan.halo = comm::HaloPlan(halo_dims, mesh.coordinates(), device, fill);
+  if (!adaptive && by_mesh.size() == 1 && plan.halo.runs(0)) {
+    const auto i = by_mesh[0].second;
+    const auto& d = plan.sp[i];
+    const auto w = window_of(a, i);
+    // PyTorch's pooling kernels take at most half the kernel size as padding (dilation aside).
+    plan.split = comm::border_split(d.in_ext, d.out_ext, mesh.coordinate(d.mesh_dim), d.L, w, w.kernel / 2);
+    plan.split_sp = i;
+  }
   plan.local_out_shape.assign(spec.local_shape.begin(), spec.local_shape.end() - nsp);
   plan.window_shape = plan.local_out_shape;
   for (int64_t d = 0; d < nd - nsp; ++d) plan.no_outputs = plan.no_outputs || spec.local_shape[d] == 0;
@@ -365,16 +378,19 @@ at::Tensor wrap_out(const PoolPlan& plan, const MeshPtr& mesh, const at::Tensor&
   return wrap(local, mesh, plan.out_placements, plan.out_shape, plan.out_ext);
 }
 
-// Flat window index -> flat global index over the spatial plane.
-at::Tensor window_to_global(const PoolPlan& plan, const at::Tensor& idx) {
+// Flat window index -> flat global index over the spatial plane. `first`, `rows`: along the split dim the kernel's
+// input held `rows` rows from window position `first` on (-1: the whole window).
+at::Tensor window_to_global(const PoolPlan& plan, const at::Tensor& idx, int64_t first = -1, int64_t rows = -1) {
   auto rem = idx;
   auto out = at::zeros_like(idx);
   int64_t gstride = 1;
   for (int64_t i = plan.nsp - 1; i >= 0; --i) {
     const auto& d = plan.sp[i];
-    auto coord = rem.remainder(d.W);
-    rem = rem.div(d.W, "floor");
-    out.add_((coord + d.ws) * gstride);
+    const bool part = first >= 0 && i == plan.split_sp;
+    const auto W = part ? rows : d.W, start = part ? d.ws + first : d.ws;
+    auto coord = rem.remainder(W);
+    rem = rem.div(W, "floor");
+    out.add_((coord + start) * gstride);
     gstride *= d.L;
   }
   return out;
@@ -427,7 +443,7 @@ at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const 
     const auto lead = g.dim() - plan.nsp;
     gi.scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
   }
-  return plan.halo.scatter_add(gi.view(wshape), mesh);
+  return plan.halo.scatter_add(gi.view(wshape), mesh, /*consume=*/true);  // gi: our own temporary
 }
 
 // ---- max_pool{2,3}d_with_indices ----------------------------------------------------------------------------
@@ -458,6 +474,20 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = shard_impl(x)->spec()->mesh;
+  if (plan.split.direct && !plan.no_outputs) {
+    const auto dim = plan.sp[plan.split_sp].dim;
+    auto kernel = [&](const at::Tensor& in, int64_t pad, int64_t first) -> std::vector<at::Tensor> {
+      auto lp = local_padding(plan, a.p);
+      lp[plan.split_sp] = pad;
+      auto [o, i] = nsp == 2 ? at::max_pool2d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil)
+                             : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
+      // Indices name rows of the kernel's input: the main call's starts at window position `pad`, a border
+      // window's at its first position.
+      return {o, window_to_global(plan, i, first, in.size(dim))};
+    };
+    auto outs = comm::border_forward(plan.halo, plan.split, shard_impl(x)->local(), *mesh, kernel);
+    return {wrap_out(plan, mesh, outs[0]), wrap_out(plan, mesh, outs[1])};
+  }
   auto window = gather_window(plan, x);
   at::Tensor out, idx;
   if (plan.no_outputs) {
@@ -546,6 +576,19 @@ bool low_precision(const at::Tensor& t) {
 at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
+  if (plan.split.direct && !plan.no_outputs) {
+    const auto& local = shard_impl(x)->local();
+    const auto& mesh = *shard_impl(x)->spec()->mesh;
+    auto kernel = [&](const at::Tensor& in, int64_t pad, int64_t) -> std::vector<at::Tensor> {
+      auto w = low_precision(in) ? in.to(at::kFloat) : in;
+      auto lp = local_padding(plan, a.p);
+      lp[plan.split_sp] = pad;
+      return {nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1)
+                       : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1)};
+    };
+    auto sum = comm::border_forward(plan.halo, plan.split, local, mesh, kernel)[0];
+    return wrap_out(plan, shard_impl(x)->spec()->mesh, sum.div(divisor_of(plan, a, sum)).to(local.scalar_type()));
+  }
   auto window = gather_window(plan, x);
   at::Tensor out;
   if (plan.no_outputs) {
@@ -576,7 +619,7 @@ at::Tensor avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Te
                   : at::avg_pool3d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1);
     gi = gi.to(g.scalar_type());
   }
-  return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh), spec);
+  return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh, /*consume=*/true), spec);  // gi: our temporary
 }
 
 // avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -135,6 +135,45 @@ def test_conv_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_conv_module_training(world):
     harness.run(world, case_conv_module_training, world)
+
+
+def case_conv_gradient_subsets(seed):
+    """Only the input gradient (frozen weights) or only the parameter gradients (an input that needs none), with
+    layouts where neighbouring ranks run the convolution differently (one from its own rows plus border windows, the
+    next from its gathered window: offsets off the stride grid): every rank still exchanges the same rows, and the
+    gradients equal one device's."""
+    m = mesh()
+    k = m.size()
+    x = randn(2, 3, 23, 5, seed=seed)
+    odd = [3, 4, 4][:k - 1]  # rank 1 starts at an odd row: off the stride-2 grid
+    layouts = [odd + [23 - sum(odd)], uneven_extents(23, k, seed)]
+    for ext in layouts:
+        for stride, kernel, pad, dil in ((2, 3, 1, 1), (1, 3, 1, 1), (1, 4, 2, 1), (3, 5, 2, 2)):
+            w = randn(4, 3, kernel, 3, seed=seed + 1)
+            b = randn(4, seed=seed + 2)
+            for x_grad, w_grad in ((True, False), (False, True)):
+                what = f"extents {ext} k={kernel} s={stride} p={pad} d={dil} input grad {x_grad} weight grad {w_grad}"
+                xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: ext}).requires_grad_(x_grad)
+                xr = x.clone().requires_grad_(x_grad)
+                ws, wr = w.clone().requires_grad_(w_grad), w.clone().requires_grad_(w_grad)
+                bs, br = b.clone().requires_grad_(w_grad), b.clone().requires_grad_(w_grad)
+                y = F.conv2d(xs, ws, bs, stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1))
+                yr = F.conv2d(xr, wr, br, stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1))
+                close(full(y), yr, **TOL, what=what + " output")
+                g = randn(*yr.shape, seed=seed + 3)
+                torch.autograd.backward(y, g)
+                torch.autograd.backward(yr, g)
+                if x_grad:
+                    close(full(xs.grad), xr.grad, **TOL, what=what + " input gradient")
+                if w_grad:
+                    close(full(ws.grad), wr.grad, **TOL, what=what + " weight gradient")
+                    close(full(bs.grad), br.grad, **TOL, what=what + " bias gradient")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_conv_gradient_subsets(world):
+    harness.run(world, case_conv_gradient_subsets, world)
 
 
 def case_pad_modes(seed):

@@ -147,10 +147,14 @@ def test_meta_simulation_counts_like_cpu_and_estimates_memory(name):
         # convolution's im2col columns, CPU flash and neighbourhood attention's blocks), which are large at these tiny sizes and
         # shrink in proportion as sizes grow (ViT 128x128, 4 ranks: within 0.3 %; benchmarks/vit/bench.py --quick
         # --sizes 128 --simulate 4, --sim-device cpu against meta).
+        # The convolution runs its im2col over all of a rank's rows at once, as on one device: at 8 x 16 rows that
+        # workspace is most of the peak (the same layers on a plain tensor of the rank's rows peak at 25 KiB, the
+        # tally 10 KiB).
+        lower = 0.3 if name == "conv" else 0.4
         if name == "transolver":  # no kernel with a workspace
             assert mp == cp, f"{name} {kind}: meta estimate {mp} B != measured {cp} B"
         else:
-            assert 0.4 * cp <= mp <= cp, f"{name} {kind}: meta estimate {mp} B vs measured {cp} B"
+            assert lower * cp <= mp <= cp, f"{name} {kind}: meta estimate {mp} B vs measured {cp} B"
 
 
 def test_flops_are_local_and_sum_to_single_device():

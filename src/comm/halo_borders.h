@@ -1,0 +1,75 @@
+// Sliding windows along one sharded dim run without building the window.
+//
+// A rank's window along the sharded dim is its own rows with a few rows of its neighbours (and padding) on either
+// side. Building it copies every own row into a new tensor, and splitting the work into an interior and border parts
+// concatenates the output again. Instead: the local kernel runs once on the rank's own rows with a symmetric
+// padding P on the dim — the single-device op's own call on this rank's rows, into the output it returns — which
+// gives every output of this rank, those near an edge computed with the neighbours' rows read as padding. Those
+// border outputs then get what the halo rows add: a linear op (convolution, ops/conv.cpp) adds the halo rows'
+// terms; any op can compute them again from border windows (the halo rows and the few own rows they read) and
+// write them over their rows of the output (border_forward; pooling). The halo travels while the main call runs.
+// Memory traffic beyond the single-device op: the halo rows and the border rows.
+//
+// The backward of a linear op (convolution) needs no window either (BorderTerms): the main call's backward on the
+// rank's own rows gives every term that reads them, of all its outputs; the terms through a neighbour's rows are
+// computed by that neighbour, to which the gradient rows of the border outputs travel (as many rows as the halo) —
+// one exchange instead of the input's halo and then its gradient.
+//
+// The split is a pure function of the layout and the window (cached with the op's plan). It applies when the main
+// call's outputs are exactly this rank's outputs (P = the distance from the window start to the rank's first row,
+// and the output count matches: stride-1 windows always, strided ones at stride-aligned offsets; ceil mode counted
+// as PyTorch's pooling counts it) and there is an interior; otherwise the op builds the window (HaloPlan::gather). Either way a rank exchanges the same rows with
+// the same peers, so ranks on different paths still match.
+#pragma once
+
+#include "comm/halo_plan.h"
+
+#include <functional>
+
+namespace shardtensor::comm {
+
+struct BorderSplit {
+  // Outputs (local indices) recomputed from window positions [win_begin, win_begin + win_len).
+  struct Border {
+    int64_t out_begin = 0, out_len = 0;
+    int64_t win_begin = 0, win_len = 0;
+  };
+  bool direct = false;           // the main call applies (else: build the window)
+  int64_t padding = 0;           // the main call's symmetric padding on the dim
+  std::vector<Border> borders;   // at most two, in order, disjoint
+};
+
+// The split of coordinate `coord` along a dim of size L with `in_extents`, whose outputs (`out_extents`) follow
+// sliding_window_partition with zero padding (positions outside [0, L) read as the padding value). `max_padding`:
+// the most padding the local kernel accepts (-1: any; pooling accepts at most half its window).
+BorderSplit border_split(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& out_extents, int64_t coord,
+                         int64_t L, const SlidingWindow& w, int64_t max_padding = -1);
+
+// The backward's exchange of a linear sliding-window op along one sharded dim (its layout as for border_split, for
+// every rank whatever its forward path): coordinate `coord` sends each peer the gradient rows of its outputs that
+// read the peer's rows, and adds the terms of the peers' outputs that read its own rows. Ranges are contiguous
+// (with dilation a range may hold outputs that skip the rows: their terms there are zero).
+struct BorderTerms {
+  struct Received {
+    int64_t outputs = 0;                // the peer's output rows that arrive
+    int64_t row_begin = 0, rows = 0;    // the global input rows they read
+  };
+  std::vector<std::pair<int64_t, int64_t>> send;  // [peer]: (first local output, count)
+  std::vector<Received> recv;                     // [peer]
+  int64_t own_begin = 0, own_rows = 0;            // this rank's input rows (global)
+};
+BorderTerms border_terms(const std::vector<int64_t>& in_extents, const std::vector<int64_t>& out_extents,
+                         int64_t coord, int64_t L, const SlidingWindow& w);
+
+// `kernel(input, padding, first)`: the local op on `input` with `padding` on the split dim (the op's own arguments
+// elsewhere); the rows of each of its outputs along the dim are the window's outputs. `first`: the window position
+// of the input's first row (for outputs that name input rows, such as max pooling's indices).
+using WindowKernel =
+    std::function<std::vector<at::Tensor>(const at::Tensor& input, int64_t padding, int64_t first)>;
+
+// The forward of a direct split along the plan's only dim: posts the halo rows, runs the main call (while they
+// travel when `overlap`), then each border's call, written into the main call's outputs, which are returned.
+std::vector<at::Tensor> border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local,
+                                       const Mesh& mesh, const WindowKernel& kernel, bool overlap = true);
+
+} // namespace shardtensor::comm
