@@ -140,6 +140,7 @@ void register_all() {
   register_sort_fft();
   register_fft();  // after sort_fft: replaces its rule for the FFT kernels
   register_roll();
+  register_unfold();
   register_foreach();
 }
 

@@ -28,6 +28,7 @@ void register_indexing();
 void register_sort_fft();
 void register_fft();
 void register_roll();
+void register_unfold();
 void register_foreach();
 
 } // namespace shardtensor::ops
