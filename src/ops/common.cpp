@@ -141,6 +141,9 @@ void register_all() {
   register_fft();  // after sort_fft: replaces its rule for the FFT kernels
   register_roll();
   register_unfold();
+  register_im2col();
+  register_rot90();
+  register_grid_sample();
   register_foreach();
 }
 

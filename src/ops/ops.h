@@ -29,6 +29,9 @@ void register_sort_fft();
 void register_fft();
 void register_roll();
 void register_unfold();
+void register_im2col();
+void register_rot90();
+void register_grid_sample();
 void register_foreach();
 
 } // namespace shardtensor::ops

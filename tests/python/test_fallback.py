@@ -121,7 +121,8 @@ def case_unfold(world):
     m = mesh()
     x = randn(2, 3, 7, 6, seed=15)
     lay = _sharded(7, world, 2, seed=15)
-    # F.unfold is im2col (and its backward col2im): functional, so it falls back
+    # F.unfold is im2col (and its backward col2im); both have rules now (test_fold_rot90_grid.py), kept here as a
+    # long-tail model-level check
     check_op(lambda t: F.unfold(t, kernel_size=(3, 2), padding=1, stride=(2, 1)), [x], [lay], m, what="F.unfold")
     cols = randn(2, 3 * 2 * 2, 9, seed=16)     # 3 x 3 blocks of 2 x 2 in a 4 x 6 image
     check_op(lambda c: F.fold(c, output_size=(4, 6), kernel_size=2, stride=(1, 2)), [cols],
@@ -286,7 +287,8 @@ def case_strict(which):
 
 @pytest.mark.parametrize("which,match", [("no_rule", "aten::median.dim has no domain-parallel rule"),
                                          ("declined", "aten::sort was refused by its domain-parallel rule (it works along sharded dim 0"),
-                                         ("grid_sample", "aten::grid_sampler_2d has no domain-parallel rule")])
+                                         ("grid_sample", "aten::grid_sampler_2d was refused by its domain-parallel rule "
+                                                         "(the input or the grid is sharded along a dim other than the batch)")])
 def test_strict_raises_on_every_rank(which, match):
     for world in (2, 3):
         harness.expect_error(world, case_strict, which, match=match, kinds=("NotImplementedError",))
