@@ -144,6 +144,9 @@ void register_all() {
   register_im2col();
   register_rot90();
   register_grid_sample();
+  register_view_inplace();
+  register_diagonal();
+  register_position_writes();
   register_foreach();
 }
 

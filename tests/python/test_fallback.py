@@ -161,11 +161,11 @@ def test_long_tail(case, world):
     harness.run(world, case, world)
 
 
-@pytest.mark.xfail(strict=True, raises=harness.RankError,
-                   reason="quantile's decomposition ends in in-place views (unsqueeze_, transpose_, squeeze_), which "
-                          "have no rule and which the fallback refuses (they change the tensor's metadata in place)")
-def test_quantile():
-    harness.run(2, case_quantile, 2)
+@pytest.mark.parametrize("world", [2, 3])
+def test_quantile(world):
+    """quantile's decomposition ends in in-place views (unsqueeze_, transpose_, squeeze_): they have rules
+    (src/ops/view_inplace.cpp)."""
+    harness.run(world, case_quantile, world)
 
 
 @pytest.mark.parametrize("mode,padding_mode,align_corners", [("bilinear", "zeros", False),
