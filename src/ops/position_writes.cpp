@@ -1,5 +1,6 @@
 // Writes addressed by global element positions: masked_scatter(_) (the k-th selected element, in row-major order,
-// takes source[k]), put(_) (flat row-major indices) and index_fill(_) (indices along one dim). They are the
+// takes source[k]), put(_) (flat row-major indices) and index_fill(_) (indices along one dim); and the reads of
+// their backward formulas, take and masked_scatter_backward (a Partial sum of each rank's positions). They are the
 // backward formulas of masked_select, take and trace (which run through the gather fallback) and user ops of their
 // own. A rank writes the positions of its own block: the indices (or the mask's running count) are global and read
 // whole, the values come from the whole source, and nothing is sent. Index and mask tensors that are sharded are
@@ -80,26 +81,39 @@ at::Tensor masked_scatter_functional_rule(const at::Tensor& self, const at::Tens
   return masked_scatter_rule(out, mask, source);
 }
 
-// put_(Tensor(a!) self, Tensor index, Tensor source, bool accumulate=False) -> Tensor(a!)
-at::Tensor& put_rule(at::Tensor& self, const at::Tensor& index_in, const at::Tensor& source_in, bool accumulate) {
-  auto index = whole(index_in).reshape({-1});
-  auto source = whole(source_in).reshape({-1});
-  TORCH_CHECK_VALUE(index.scalar_type() == at::kLong, "put_(): Expected a long tensor for index, but got ",
-                    index.scalar_type());
-  TORCH_CHECK_VALUE(index.numel() == source.numel(), "put_(): Expected source and index to have the same number of "
-                    "elements, but got source.numel() = ", source.numel(), ", index.numel() = ", index.numel());
-  if (!shard_impl(self)) return self.put_(index, source, accumulate);
-  auto b = block_of(self, "put_");
+// masked_scatter_backward(Tensor grad_output, Tensor mask, SymInt[] sizes) -> Tensor: the source's gradient, the
+// selected gradient elements in row-major order (zeros after them). Each rank places its own block's selected
+// elements at their running-count positions: a Partial(sum) over the mesh dims that shard the gradient.
+at::Tensor masked_scatter_backward_rule(const at::Tensor& grad_output, const at::Tensor& mask_in,
+                                        c10::SymIntArrayRef sizes_in) {
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(sizes_in).vec();
+  auto grad = resolve_partial(grad_output);
+  const auto& spec = *shard_impl(grad)->spec();
+  auto b = block_of(grad, "masked_scatter_backward");
+  auto full_mask = whole(mask_in).expand(grad.sizes());
+  auto pos = full_mask.reshape({-1}).cumsum(0, at::kLong).sub_(1).view(grad.sizes());
+  auto local_mask = narrow_to(full_mask, b);
+  int64_t numel = 1;
+  for (auto v : sizes) numel *= v;
+  auto out = at::zeros({numel}, b.local.options());
+  out.index_put_({narrow_to(pos, b).masked_select(local_mask)}, b.local.masked_select(local_mask));
+  Placements pl(spec.placements.size(), Placement::replicate());
+  for (size_t m = 0; m < pl.size(); ++m)
+    if (spec.placements[m].is_shard()) pl[m] = Placement::partial(ReduceOp::Sum);
+  return wrap(out.view(sizes), spec.mesh, pl, sizes, {});
+}
+
+// Flat global positions (negative counted from the end, checked in range): which lie in this rank's block, and
+// their flat positions in the local tensor.
+std::pair<at::Tensor, at::Tensor> local_positions(const at::Tensor& self, const Block& b, const at::Tensor& index) {
   const auto n = self.numel();
   if (index.numel() > 0) {
     const bool in_range = ((index >= -n) & (index < n)).all().item<bool>();
-    TORCH_CHECK_INDEX(in_range, "put_(): index out of range for a tensor of ", n, " elements");
+    TORCH_CHECK_INDEX(in_range, "index out of range for a tensor of ", n, " elements");
   }
-  auto flat = at::where(index < 0, index + n, index);
-  // Unravel the global positions; keep those in this rank's block, as positions of the local tensor.
-  auto rest = flat.clone();
-  auto mine = at::ones_like(flat, flat.options().dtype(at::kBool));
-  auto local_flat = at::zeros_like(flat);
+  auto rest = at::where(index < 0, index + n, index);
+  auto mine = at::ones_like(rest, rest.options().dtype(at::kBool));
+  auto local_flat = at::zeros_like(rest);
   int64_t local_stride = 1;
   for (int64_t d = self.dim() - 1; d >= 0; --d) {
     const auto size = self.size(d);
@@ -111,6 +125,20 @@ at::Tensor& put_rule(at::Tensor& self, const at::Tensor& index_in, const at::Ten
     local_flat += (coord - b.begin[d]) * local_stride;
     local_stride *= e;
   }
+  return {mine, local_flat};
+}
+
+// put_(Tensor(a!) self, Tensor index, Tensor source, bool accumulate=False) -> Tensor(a!)
+at::Tensor& put_rule(at::Tensor& self, const at::Tensor& index_in, const at::Tensor& source_in, bool accumulate) {
+  auto index = whole(index_in).reshape({-1});
+  auto source = whole(source_in).reshape({-1});
+  TORCH_CHECK_VALUE(index.scalar_type() == at::kLong, "put_(): Expected a long tensor for index, but got ",
+                    index.scalar_type());
+  TORCH_CHECK_VALUE(index.numel() == source.numel(), "put_(): Expected source and index to have the same number of "
+                    "elements, but got source.numel() = ", source.numel(), ", index.numel() = ", index.numel());
+  if (!shard_impl(self)) return self.put_(index, source, accumulate);
+  auto b = block_of(self, "put_");
+  auto [mine, local_flat] = local_positions(self, b, index);
   b.local.put_(local_flat.masked_select(mine), source.masked_select(mine), accumulate);
   return self;
 }
@@ -120,6 +148,26 @@ at::Tensor put_functional_rule(const at::Tensor& self, const at::Tensor& index, 
                                bool accumulate) {
   auto out = fresh_copy(self, index, source);
   return put_rule(out, index, source, accumulate);
+}
+
+// take(Tensor self, Tensor index) -> Tensor (put's source gradient): each rank reads the positions in its block
+// (zeros elsewhere), a Partial(sum) over the mesh dims that shard `self`, shaped like the index.
+at::Tensor take_rule(const at::Tensor& self_in, const at::Tensor& index_in) {
+  auto index = whole(index_in);
+  TORCH_CHECK_VALUE(index.scalar_type() == at::kLong, "take(): Expected a long tensor for index, but got ",
+                    index.scalar_type());
+  auto self = resolve_partial(self_in);
+  const auto& spec = *shard_impl(self)->spec();
+  auto b = block_of(self, "take");
+  auto flat = index.reshape({-1});
+  auto [mine, local_flat] = local_positions(self, b, flat);
+  auto values = b.local.numel() == 0
+      ? at::zeros({flat.numel()}, b.local.options())
+      : b.local.reshape({-1}).index_select(0, local_flat.masked_fill(~mine, 0)).masked_fill(~mine, 0);
+  Placements pl(spec.placements.size(), Placement::replicate());
+  for (size_t m = 0; m < pl.size(); ++m)
+    if (spec.placements[m].is_shard()) pl[m] = Placement::partial(ReduceOp::Sum);
+  return wrap(values.view(index.sizes()), spec.mesh, pl, index.sizes().vec(), {});
 }
 
 // index_fill_ along `dim` with `fill` (a Scalar, or a 0-d tensor already made whole).
@@ -175,8 +223,10 @@ at::Tensor index_fill_scalar_functional_rule(const at::Tensor& self, int64_t dim
 void register_position_writes() {
   dispatch::set_handler("aten::masked_scatter_", typed_handler(&masked_scatter_rule));
   dispatch::set_handler("aten::masked_scatter", typed_handler(&masked_scatter_functional_rule));
+  dispatch::set_handler("aten::masked_scatter_backward", typed_handler(&masked_scatter_backward_rule));
   dispatch::set_handler("aten::put_", typed_handler(&put_rule));
   dispatch::set_handler("aten::put", typed_handler(&put_functional_rule));
+  dispatch::set_handler("aten::take", typed_handler(&take_rule));
   dispatch::set_handler("aten::index_fill_.int_Tensor", typed_handler(&index_fill_tensor_rule));
   dispatch::set_handler("aten::index_fill_.int_Scalar", typed_handler(&index_fill_scalar_rule));
   dispatch::set_handler("aten::index_fill.int_Tensor", typed_handler(&index_fill_tensor_functional_rule));

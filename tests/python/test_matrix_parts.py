@@ -219,3 +219,31 @@ def case_fallback_backward_2d_mesh():
 
 def test_fallback_backward_2d_mesh():
     harness.run(4, case_fallback_backward_2d_mesh)
+
+
+def case_inplace_views_and_writes_2d_mesh():
+    m = mesh((2, 2))
+    x = randn(4, 1, 6, seed=22)
+    lay = ([st.Shard(0), st.Shard(2)], {0: [1, 3], 1: [6, 0]})
+
+    def chain(t):
+        y = t * 1
+        y.squeeze_(1)
+        y.transpose_(0, 1)
+        y.unsqueeze_(-1)
+        return y.squeeze_(-1).t_() * 2
+
+    check_op(chain, [x], [lay], m, what="in-place views 2x2")
+    a = randn(5, 6, seed=23)
+    lay = ([st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [1, 5]})
+    mask = randn(5, 6, seed=24) > 0
+    check_op(lambda t, s: t.masked_scatter(mask, s), [a, randn(30, seed=25)], [lay, None], m,
+             what="masked_scatter 2x2")
+    check_op(lambda t, s: t.put(torch.tensor([0, 29, 7, 13]), s), [a, randn(4, seed=26)], [lay, None], m,
+             what="put 2x2")
+    check_op(lambda t: t.index_fill(1, torch.tensor([0, 4]), 1.5).tril(1), [a], [lay], m, what="index_fill tril 2x2")
+    return True
+
+
+def test_inplace_views_and_writes_2d_mesh():
+    harness.run(4, strict, case_inplace_views_and_writes_2d_mesh)
