@@ -3,7 +3,7 @@ memory order reversed), an expanded one (stride 0 along a dim, as `sum`/`mean` b
 sliced one (a storage offset and gaps: a view into a larger buffer), a gradient that reaches the rule through
 views (`flatten(2).transpose(1, 2)` of the output, XCiT's stem after its BatchNorm) and a plain full gradient.
 Each rule's input and parameter gradients are compared with the single-device computation on the same gradient,
-float64, uneven extents (zero included), 2 and 3 ranks. A rule that read its gradient's memory as if it were
+float64, uneven extents (zero included) on 2 ranks, one row / no row / the rest on 3. A rule that read its gradient's memory as if it were
 contiguous, or that assumed the gradient's layout equals its output's, returns a wrong value here."""
 import pytest
 import torch
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import close, full, mesh, randn, uneven_extents
+from cases_util import close, full, mesh, randn, tiny_extents, uneven_extents
 from shardtensor.ops import knn, neighborhood_attention2d
 
 D = torch.float64
@@ -113,7 +113,8 @@ def check_grad_layouts(fn, inputs, layouts, m, kinds=KINDS, rtol=1e-9, atol=1e-1
 
 
 def _sh(dim, n, w, seed=0):
-    return ([st.Shard(dim)], {0: uneven_extents(n, w, seed=seed)})
+    # 3 ranks: one row, nothing, the rest (a local size-1 dim carries no stride order; an empty rank none at all)
+    return ([st.Shard(dim)], {0: tiny_extents(n, w) if w == 3 else uneven_extents(n, w, seed=seed)})
 
 
 def _rules(w):
