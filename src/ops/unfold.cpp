@@ -154,22 +154,57 @@ bool unfold_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
-// unfold_backward(Tensor grad_in, SymInt[] input_sizes, int dim, int size, int step) -> Tensor: aten's derivative
-// of the local (unsharded-dim) unfold. The windows dim and the window dim must be whole; other dims keep their
-// layout.
+// The input rows whose unfold partition has `windows` per coordinate: each boundary at the centre row of the next
+// coordinate's first window. Empty when the rule cannot produce them.
+std::vector<int64_t> rows_for_windows(const std::vector<int64_t>& windows, int64_t L, int64_t size, int64_t step) {
+  std::vector<int64_t> ext;
+  int64_t prev = 0, count = 0;
+  for (size_t c = 0; c + 1 < windows.size(); ++c) {
+    count += windows[c];
+    const auto a = std::clamp<int64_t>(count * step + (size - 1) / 2, prev, L);
+    ext.push_back(a - prev);
+    prev = a;
+  }
+  ext.push_back(L - prev);
+  comm::SlidingWindow w;
+  w.kernel = size;
+  w.stride = step;
+  auto part = comm::sliding_window_partition(ext, L, (L - size) / step + 1, w, comm::PadMode::None);
+  return part.out_extents == windows ? ext : std::vector<int64_t>();
+}
+
+// unfold_backward(Tensor grad_in, SymInt[] input_sizes, int dim, int size, int step) -> Tensor: aten's derivative,
+// reached for the local (unsharded-dim) unfold and under torch.compile or double backward. A gradient sharded along
+// the windows dim goes to the input rows those windows come from (rows_for_windows; else the default split, the
+// gradient's windows redistributed to match): the local unfold_backward of the window, then the halo rows home.
 at::Tensor unfold_backward_rule(const at::Tensor& grad_in, c10::SymIntArrayRef input_sizes, int64_t dim, int64_t size,
                                 int64_t step) {
   const auto sizes = C10_AS_INTARRAYREF_SLOW(input_sizes).vec();
   const auto d = sizes.empty() ? 0 : wrap_dim(dim, static_cast<int64_t>(sizes.size()));
   auto g = resolve_partial(grad_in);
   const auto& spec = shard_impl(g)->spec();
-  if (!sizes.empty() && (spec->mesh_dim_of(d) >= 0 || spec->mesh_dim_of(grad_in.dim() - 1) >= 0))
-    not_implemented("the gradient of an unfold is sharded along its windows or window dim");
+  if (!sizes.empty() && spec->mesh_dim_of(grad_in.dim() - 1) >= 0)
+    not_implemented("the gradient of an unfold is sharded along its window dim");
   auto ext = spec->dim_extents();
-  auto local_sizes = sizes;
-  for (const auto& [t, e] : ext) local_sizes[t] = shard_impl(g)->local().size(t);
-  auto local = at::unfold_backward(shard_impl(g)->local(), local_sizes, d, size, step);
-  return make_shard_tensor(local, ShardSpec::make_with_dim_extents(spec->mesh, spec->placements, sizes, ext));
+  ext.erase(grad_in.dim() - 1);
+  const auto m = sizes.empty() ? -1 : spec->mesh_dim_of(d);
+  if (m < 0) {
+    auto local_sizes = sizes;
+    for (const auto& [t, e] : ext) local_sizes[t] = shard_impl(g)->local().size(t);
+    auto local = at::unfold_backward(shard_impl(g)->local(), local_sizes, d, size, step);
+    return make_shard_tensor(local, ShardSpec::make_with_dim_extents(spec->mesh, spec->placements, sizes, ext));
+  }
+  auto rows = rows_for_windows(spec->extents[m], sizes[d], size, step);
+  ext[d] = rows.empty() ? default_split(sizes[d], spec->mesh->size(m)) : rows;
+  auto in_spec = ShardSpec::make_with_dim_extents(spec->mesh, spec->placements, sizes, ext);
+  auto plan = unfold_plan(*in_spec, d, size, step, grad_in.device());
+  auto out_spec = unfold_spec(*in_spec, d, size, step, &plan->out_extents);
+  auto gl = local_as(g, spec->mesh, out_spec->placements, out_spec->dim_extents());
+  auto window_shape = in_spec->local_shape;
+  window_shape[d] = plan->halo.window_rows(0);
+  auto window_grad = gl.size(d) > 0 ? at::unfold_backward(gl, window_shape, d, size, step)
+                                    : at::zeros(window_shape, gl.options());
+  return make_shard_tensor(plan->halo.scatter_add(window_grad, *spec->mesh, /*consume=*/true), in_spec);
 }
 
 } // namespace

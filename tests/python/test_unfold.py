@@ -138,3 +138,27 @@ def test_bad_args():
     with pytest.raises(RuntimeError):
         torch.randn(2, 5).unfold(1, 6, 1)
     harness.expect_error(2, case_bad_args, match="maximum size")
+
+
+def case_unfold_backward_op(kind):
+    """aten::unfold_backward called on a gradient sharded along the windows dim (torch.compile and double backward
+    reach it): the windows' rows go home, whether the windows' extents came from an unfold or not."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 11, 3, seed=12)
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes=_ext(kind, 11, w))
+    for size, step in WINDOWS:
+        u = xs.unfold(1, size, step)
+        g = randn(*u.shape, seed=13)
+        want = torch.ops.aten.unfold_backward(g, list(x.shape), 1, size, step)
+        for ext in (st.sharding_shapes(u), {0: uneven_extents(u.shape[1], w, seed=size)}):
+            gs = st.distribute_tensor(g, m, [st.Shard(1)], sharding_shapes=ext)
+            got = torch.ops.aten.unfold_backward(gs, list(x.shape), 1, size, step)
+            assert st.placements(got) == (st.Shard(1),)
+            torch.testing.assert_close(got.full_tensor(), want, msg=lambda s: f"unfold_backward {size} {step}: {s}")
+    return True
+
+
+@pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny"), (4, "narrow")])
+def test_unfold_backward_op(world, kind):
+    harness.run(world, strict, case_unfold_backward_op, kind)
