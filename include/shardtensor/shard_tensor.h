@@ -39,6 +39,9 @@ class ShardTensorImpl final : public c10::TensorImpl {
 
   // Replace the local tensor and spec in place (used by in-place ops that change nothing visible globally).
   void set_local(at::Tensor local);
+  // Replace the local tensor and the spec together: an in-place view op (squeeze_, transpose_, ...) changes the
+  // tensor's shape and layout; the global sizes and strides follow.
+  void set_local_and_spec(at::Tensor local, SpecPtr spec);
 
  private:
   template <typename VersionCounter>

@@ -87,7 +87,8 @@ WindowPartition transposed_window_partition(const std::vector<int64_t>& in_exten
 
 // Padding by (left, right) (negative: crop) along a sharded dim: output o reads row o - left mapped by `mode`
 // and belongs to the coordinate owning that row (pads go to the edge coordinates that hold rows), so constant
-// padding moves nothing and the other modes only the mirrored rows.
+// padding moves nothing and the other modes only the mirrored rows. Circular pads must be non-negative: torch
+// wraps the cropped tensor, not the rows of the uncropped one, so a caller crops first.
 WindowPartition padding_partition(const std::vector<int64_t>& in_extents, int64_t L, int64_t left, int64_t right,
                                   PadMode mode);
 

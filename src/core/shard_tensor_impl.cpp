@@ -48,6 +48,16 @@ void ShardTensorImpl::set_local(at::Tensor local) {
   local_ = std::move(local);
 }
 
+void ShardTensorImpl::set_local_and_spec(at::Tensor local, SpecPtr spec) {
+  TORCH_INTERNAL_ASSERT(local.defined() && !local.requires_grad() && !is_shard_tensor(local) &&
+                        local.dtype() == local_.dtype());
+  TORCH_INTERNAL_ASSERT(local.sizes() == c10::IntArrayRef(spec->local_shape), "ShardTensor: local shape ",
+                        local.sizes(), " does not match the spec: ", spec->str());
+  local_ = std::move(local);
+  spec_ = std::move(spec);
+  refresh_metadata();
+}
+
 template <typename VersionCounter>
 c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::shallow_copy_and_detach_core(
     VersionCounter&& version_counter, bool allow_tensor_metadata_change) const {

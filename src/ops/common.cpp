@@ -140,6 +140,13 @@ void register_all() {
   register_sort_fft();
   register_fft();  // after sort_fft: replaces its rule for the FFT kernels
   register_roll();
+  register_unfold();
+  register_im2col();
+  register_rot90();
+  register_grid_sample();
+  register_view_inplace();
+  register_diagonal();
+  register_position_writes();
   register_foreach();
 }
 

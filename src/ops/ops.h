@@ -28,6 +28,13 @@ void register_indexing();
 void register_sort_fft();
 void register_fft();
 void register_roll();
+void register_unfold();
+void register_im2col();
+void register_rot90();
+void register_grid_sample();
+void register_view_inplace();
+void register_diagonal();
+void register_position_writes();
 void register_foreach();
 
 } // namespace shardtensor::ops

@@ -99,7 +99,18 @@ at::Tensor constant_pad_rule(const at::Tensor& self, c10::SymIntArrayRef pad, co
 // schemas differ only in the length of `padding`, which pad_dims reads from the list, so one rule serves them.
 template <comm::PadMode Mode>
 at::Tensor mode_pad_rule(const at::Tensor& self, c10::SymIntArrayRef padding) {
-  return pad_forward(self, C10_AS_INTARRAYREF_SLOW(padding).vec(), Mode, 0.0);
+  const auto pad = C10_AS_INTARRAYREF_SLOW(padding).vec();
+  // torch's own checks (the kernel that would make them does not run on a ShardTensor), from global sizes.
+  const char* name = Mode == comm::PadMode::Reflect ? "reflection_pad" : "replication_pad";
+  for (const auto& d : pad_dims(pad, self.dim())) {
+    const auto L = self.size(d.dim);
+    TORCH_CHECK_VALUE(Mode != comm::PadMode::Reflect || (d.left < L && d.right < L), "ShardTensor ", name,
+                      ": padding size should be less than the corresponding input dimension, but got: padding (",
+                      d.left, ", ", d.right, ") at dimension ", d.dim, " of input ", self.sizes());
+    TORCH_CHECK_VALUE(L + d.left + d.right >= 1, "ShardTensor ", name, ": input (size ", L, " at dimension ", d.dim,
+                      ") is too small. Calculated output size: ", L + d.left + d.right);
+  }
+  return pad_forward(self, pad, Mode, 0.0);
 }
 
 // The backward op of a mode's pad of `rank` spatial dims, for messages.
@@ -135,10 +146,30 @@ struct PadCircularFn : torch::autograd::Function<PadCircularFn> {
   }
 };
 
+// torch's circular padding crops first and wraps the *cropped* tensor: F.pad(arange(4), (-1, 1), "circular") is
+// [1, 2, 3, 1], not the rows (o - left) mod L of the whole input ([1, 2, 3, 0]). So the negative parts are a
+// crop (a constant pad by them: a local slice, recorded by autograd as usual) and only the positive parts wrap.
 at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
   auto p = C10_AS_INTARRAYREF_SLOW(pad).vec();
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor _pad_circular: the input must be the ShardTensor");
-  return PadCircularFn::apply(self, p);
+  std::vector<int64_t> crop(p.size()), wrap(p.size());
+  bool crops = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    crop[i] = std::min<int64_t>(p[i], 0);
+    wrap[i] = std::max<int64_t>(p[i], 0);
+    crops = crops || p[i] < 0;
+  }
+  for (const auto& d : pad_dims(p, self.dim())) {
+    const auto size = self.size(d.dim) + std::min<int64_t>(d.left, 0) + std::min<int64_t>(d.right, 0);
+    TORCH_CHECK_VALUE(size > 0 || (d.left <= 0 && d.right <= 0),
+                      "ShardTensor _pad_circular: pads (", d.left, ", ", d.right, ") crop dim ", d.dim, " of size ",
+                      self.size(d.dim), " away entirely before wrapping it");
+    TORCH_CHECK_VALUE(std::max<int64_t>(d.left, 0) <= size && std::max<int64_t>(d.right, 0) <= size,
+                      "ShardTensor _pad_circular: padding value causes wrapping around more than once: pads (",
+                      d.left, ", ", d.right, ") of dim ", d.dim, " of size ", self.size(d.dim), " (", size,
+                      " after the negative pads crop it)");
+  }
+  return PadCircularFn::apply(crops ? at::constant_pad_nd(self, crop) : self, wrap);
 }
 
 } // namespace

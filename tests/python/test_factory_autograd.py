@@ -78,19 +78,20 @@ def case_dropout(seed):
 def case_python_handler(seed):
     m = mesh()
 
-    def rot90_unsharded(x, k, dims):
-        # rot90 over unsharded dims is local: run on the local tensor and rewrap with the same layout.
-        assert all(d % x.dim() != 0 for d in dims), "only unsharded dims in this test"
-        return st.from_local(torch.rot90(st.to_local(x), k, dims), st.device_mesh(x), st.placements(x),
+    def renorm_rows(x, p, dim, maxnorm):
+        # renorm over the sharded dim 0 rescales each row by its own norm: local. Run on the local tensor and rewrap
+        # with the same layout.
+        assert dim == 0 and st.placements(x) == (st.Shard(0),), "only rows of a row-sharded tensor in this test"
+        return st.from_local(torch.renorm(st.to_local(x), p, dim, maxnorm), st.device_mesh(x), st.placements(x),
                              sharding_shapes=st.sharding_shapes(x))
 
-    # An op without a built-in rule (roll, the former example here, has one now).
-    assert not st._C.has_handler("aten::rot90")
-    st.register_handler(torch.ops.aten.rot90.default, rot90_unsharded)
-    assert st._C.has_handler("aten::rot90")
+    # An op without a built-in rule (roll and rot90, the former examples here, have one now).
+    assert not st._C.has_handler("aten::renorm")
+    st.register_handler(torch.ops.aten.renorm.default, renorm_rows)
+    assert st._C.has_handler("aten::renorm")
     x = randn(5, 4, 4, seed=seed)
     xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
-    close(full(torch.rot90(xs, 1, (1, 2))), torch.rot90(x, 1, (1, 2)), what="python handler")
+    close(full(torch.renorm(xs, 2, 0, 1.5)), torch.renorm(x, 2, 0, 1.5), what="python handler")
     return True
 
 

@@ -121,7 +121,8 @@ def case_unfold(world):
     m = mesh()
     x = randn(2, 3, 7, 6, seed=15)
     lay = _sharded(7, world, 2, seed=15)
-    # F.unfold is im2col (and its backward col2im): functional, so it falls back
+    # F.unfold is im2col (and its backward col2im); both have rules now (test_fold_rot90_grid.py), kept here as a
+    # long-tail model-level check
     check_op(lambda t: F.unfold(t, kernel_size=(3, 2), padding=1, stride=(2, 1)), [x], [lay], m, what="F.unfold")
     cols = randn(2, 3 * 2 * 2, 9, seed=16)     # 3 x 3 blocks of 2 x 2 in a 4 x 6 image
     check_op(lambda c: F.fold(c, output_size=(4, 6), kernel_size=2, stride=(1, 2)), [cols],
@@ -160,11 +161,11 @@ def test_long_tail(case, world):
     harness.run(world, case, world)
 
 
-@pytest.mark.xfail(strict=True, raises=harness.RankError,
-                   reason="quantile's decomposition ends in in-place views (unsqueeze_, transpose_, squeeze_), which "
-                          "have no rule and which the fallback refuses (they change the tensor's metadata in place)")
-def test_quantile():
-    harness.run(2, case_quantile, 2)
+@pytest.mark.parametrize("world", [2, 3])
+def test_quantile(world):
+    """quantile's decomposition ends in in-place views (unsqueeze_, transpose_, squeeze_): they have rules
+    (src/ops/view_inplace.cpp)."""
+    harness.run(world, case_quantile, world)
 
 
 @pytest.mark.parametrize("mode,padding_mode,align_corners", [("bilinear", "zeros", False),
@@ -288,7 +289,8 @@ def case_strict(which):
 
 @pytest.mark.parametrize("which,match", [("no_rule", "aten::median.dim has no domain-parallel rule"),
                                          ("declined", "aten::sort was refused by its domain-parallel rule (it works along sharded dim 0"),
-                                         ("grid_sample", "aten::grid_sampler_2d has no domain-parallel rule")])
+                                         ("grid_sample", "aten::grid_sampler_2d was refused by its domain-parallel rule "
+                                                         "(the input or the grid is sharded along a dim other than the batch)")])
 def test_strict_raises_on_every_rank(which, match):
     for world in (2, 3):
         harness.expect_error(world, case_strict, which, match=match, kinds=("NotImplementedError",))
@@ -315,7 +317,7 @@ def case_refused(which):
     m = mesh()
     xs = shard_of(randn(6, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(6, m.size(), 31)})
     if which == "view":
-        xs.unfold(1, 2, 1)                                  # Tensor.unfold is a view
+        xs.as_strided((3, 4), (8, 1))                       # a view no layout of a ShardTensor can honour
     elif which == "inplace":
         xs.renorm_(2, 0, 1.0)
     elif which == "out":
@@ -327,11 +329,12 @@ def case_refused(which):
         torch.multinomial(xs.abs() + 0.1, 2)
 
 
-@pytest.mark.parametrize("which,match", [("view", "aten::unfold"), ("inplace", "aten::renorm_"),
+@pytest.mark.parametrize("which,match", [("view", "aten::as_strided was refused by its domain-parallel rule"),
+                                         ("inplace", "aten::renorm_"),
                                          ("out", "aten::median.dim_values"), ("random", "aten::poisson"),
                                          ("random_multinomial", "aten::multinomial")])
 def test_refused_without_rule(which, match):
-    harness.expect_error(2, case_refused, which, match=match + " has no domain-parallel rule",
+    harness.expect_error(2, case_refused, which, match=match if "rule" in match else match + " has no domain-parallel rule",
                          kinds=("NotImplementedError",))
 
 
