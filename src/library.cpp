@@ -35,10 +35,12 @@ namespace {
 
 // Runs when the library loads (on `import shardtensor`, or when a C++ program linking it starts); every aten op
 // is registered by then (libtorch loads first) and the schemas above exist.
+// The rules first: an op whose rule runs above autograd is bound there once, before the blanket binding of every
+// remaining aten op below autograd (which skips ops bound already).
 struct Installer {
   Installer() {
-    dispatch::install_dispatch();
     ops::register_all();
+    dispatch::install_dispatch();
   }
 } installer;
 

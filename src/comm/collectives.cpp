@@ -590,7 +590,7 @@ std::vector<at::Tensor> RingExchange::wait() {
   keep_alive_.clear();
   if (!done_.empty()) return std::move(done_);
   std::vector<at::Tensor> out;
-  for (auto& r : recv_) out.push_back(staged_ ? r.to(device_) : r);
+  for (auto& r : recv_) out.push_back(staged_ && r.numel() > 0 ? r.to(device_) : r);
   recv_.clear();
   return out;
 }
@@ -637,8 +637,19 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
   const int64_t next = (me + 1) % n, prev = (me - 1 + n) % n;
   if (coalesce) pg.startCoalescing(c10::DeviceType::CUDA);
   int64_t bytes = 0, messages = 0;
+  // Peers with nothing to send here (all but the neighbours, usually) share an empty receive of their shape: a
+  // tensor op per peer would make a simulated rank's host work grow with P. (Shapes differ when a rank holds no
+  // elements along another dim; the callers copy such pieces, so each keeps its shape.)
+  std::vector<at::Tensor> nothing;
   for (int64_t j = 0; j < n; ++j) {
-    ex.recv_.push_back(at::empty(recv_shapes[j], wire_opts));
+    if (numel(recv_shapes[j]) == 0) {
+      auto same = std::find_if(nothing.begin(), nothing.end(),
+                               [&](const at::Tensor& t) { return t.sizes() == at::IntArrayRef(recv_shapes[j]); });
+      if (same == nothing.end()) same = nothing.insert(nothing.end(), at::empty(recv_shapes[j], wire_opts));
+      ex.recv_.push_back(*same);
+    } else {
+      ex.recv_.push_back(at::empty(recv_shapes[j], wire_opts));
+    }
     if (j == me) continue;
     // See collectives.h: on NCCL a ring neighbour gets a placeholder when there is nothing for it.
     const bool joins = coalesce && (j == next || j == prev);
@@ -685,7 +696,7 @@ std::vector<at::Tensor> PeerExchange::wait() {
     for (const auto& s : shapes_) out.push_back(at::empty(s, at::TensorOptions().device(device_)));
     return out;
   }
-  for (auto& r : recv_) out.push_back(staged_ ? r.to(device_) : r);
+  for (auto& r : recv_) out.push_back(staged_ && r.numel() > 0 ? r.to(device_) : r);
   recv_.clear();
   return out;
 }

@@ -80,8 +80,10 @@ void update_running(const at::Tensor& running, const at::Tensor& stat, double mo
   buffer_storage(running).mul_(1 - momentum).add_(stat.to(running.scalar_type()), momentum);
 }
 
+// Forward returns {output, mean, invstd}: the statistics are those of this rank's channels (the internal ops
+// below return them, gathered over a sharded channel dim); they carry no gradient, as on one device.
 struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
                             const std::optional<at::Tensor>& running_var, bool use_batch_stats, double momentum,
                             double eps) {
@@ -117,7 +119,8 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     if (b.defined()) out = out + channel_view(b.to(acc), x.dim());
     ctx->save_for_backward({x_shard, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), mean, invstd});
     ctx->saved_data["batch_stats"] = use_batch_stats;
-    return make_shard_tensor(out.to(x.scalar_type()), l.spec);
+    ctx->mark_non_differentiable({mean, invstd});
+    return {make_shard_tensor(out.to(x.scalar_type()), l.spec), mean, invstd};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -174,13 +177,77 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
   TORCH_CHECK_NOT_IMPLEMENTED(!has_running || (replicated_or_plain(*running_mean) && replicated_or_plain(*running_var)),
                               "ShardTensor batch_norm: running_mean/running_var must be plain tensors (module buffers) "
                               "or Replicate ShardTensors; redistribute them to Replicate()");
-  return BatchNormFn::apply(input, weight, bias, running_mean, running_var, training || !has_running, momentum, eps);
+  return BatchNormFn::apply(input, weight, bias, running_mean, running_var, training || !has_running, momentum, eps)[0];
+}
+
+// The internal batch-norm ops torch's decompositions and torch.compile call (native_batch_norm,
+// _native_batch_norm_legit with and without running statistics, _batch_norm_with_update/_no_update): the same
+// computation, with the saved per-channel statistics as outputs -- Replicate over the mesh (all channels, as on one
+// device) in training, empty tensors in evaluation as torch's CPU and CUDA kernels return them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_with_stats(
+    const char* op, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps) {
+  TORCH_INTERNAL_ASSERT(shard_impl(input), op, ": bound for ShardTensor inputs only");
+  check_batch_norm_args(input, weight, bias, running_mean, running_var);
+  const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
+  TORCH_CHECK_VALUE(training || has_running, op, ": evaluation needs running_mean and running_var");
+  auto outs = BatchNormFn::apply(input, weight, bias, running_mean, running_var, training, momentum, eps);
+  const auto l = bn_layout(resolve_partial(input));
+  auto stat = [&](const at::Tensor& local) {
+    if (!training) return at::empty({0}, local.options().dtype(input.scalar_type()));
+    auto full = all_channels(local, l).to(input.scalar_type());
+    return make_shard_tensor(full, dispatch::replicate_spec(l.spec->mesh, full.sizes()));
+  };
+  return {outs[0], stat(outs[1]), stat(outs[2])};
+}
+
+// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
+// _native_batch_norm_legit(input, weight?, bias?, running_mean(a!), running_var(a!), training, momentum, eps)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_rule(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps) {
+  return batch_norm_with_stats("native_batch_norm", input, weight, bias, running_mean, running_var, training,
+                               momentum, eps);
+}
+
+// _native_batch_norm_legit.no_stats(input, weight?, bias?, training, momentum, eps)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_no_stats_rule(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    bool training, double momentum, double eps) {
+  TORCH_CHECK_VALUE(training, "_native_batch_norm_legit.no_stats: evaluation needs running statistics");
+  return batch_norm_with_stats("_native_batch_norm_legit", input, weight, bias, std::nullopt, std::nullopt, true,
+                               momentum, eps);
+}
+
+// _batch_norm_with_update(input, weight?, bias?, running_mean(a!), running_var(a!), momentum, eps)
+// _batch_norm_no_update(input, weight?, bias?, running_mean?, running_var?, momentum, eps)
+// -> (output, save_mean, save_invstd, reserve): reserve is cudnn's workspace, empty elsewhere (and here).
+template <bool Training>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_update_rule(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, double momentum,
+    double eps) {
+  auto [out, mean, invstd] = batch_norm_with_stats(Training ? "_batch_norm_with_update" : "_batch_norm_no_update",
+                                                   input, weight, bias, running_mean, running_var, Training,
+                                                   momentum, eps);
+  auto reserve = at::empty({0}, input.options().dtype(at::kByte));
+  if (auto* i = shard_impl(input)) reserve = make_shard_tensor(reserve, dispatch::replicate_spec(i->spec()->mesh, {0}));
+  return {out, mean, invstd, reserve};
 }
 
 } // namespace
 
 void register_batch_norm() {
   dispatch::set_handler("aten::batch_norm", typed_handler(&batch_norm_entry), dispatch::RuleLevel::above_autograd);
+  const auto above = dispatch::RuleLevel::above_autograd;
+  dispatch::set_handler("aten::native_batch_norm", typed_handler(&native_batch_norm_rule), above);
+  dispatch::set_handler("aten::_native_batch_norm_legit", typed_handler(&native_batch_norm_rule), above);
+  dispatch::set_handler("aten::_native_batch_norm_legit.no_stats", typed_handler(&native_batch_norm_no_stats_rule),
+                        above);
+  dispatch::set_handler("aten::_batch_norm_with_update", typed_handler(&batch_norm_update_rule<true>), above);
+  dispatch::set_handler("aten::_batch_norm_no_update", typed_handler(&batch_norm_update_rule<false>), above);
 }
 
 } // namespace shardtensor::ops

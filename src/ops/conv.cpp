@@ -376,9 +376,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& p
   if (exchange) {
     std::vector<at::Tensor> send;
     std::vector<std::vector<int64_t>> shapes;
+    at::Tensor nothing;  // one empty piece for every peer this rank sends nothing (no tensor op per peer)
     for (size_t r = 0; r < terms.send.size(); ++r) {
       const auto& [first, count] = terms.send[r];
-      send.push_back(g.narrow(dim, count > 0 ? first : 0, count));
+      if (count == 0 && !nothing.defined()) nothing = g.narrow(dim, 0, 0);
+      send.push_back(count > 0 ? g.narrow(dim, first, count) : nothing);
       shapes.push_back(with_extent(g.sizes(), dim, terms.recv[r].outputs));
     }
     rows = comm::peer_exchange_start(send, shapes, g, mesh, d.mesh_dim);

@@ -131,11 +131,26 @@ void set_strides(const at::Tensor& t, at::IntArrayRef stride) {
   t.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), stride);
 }
 
+// A tensor sharded along no mesh dim (Replicate, or a pending sum, which as_strided's selection commutes with) holds
+// the whole tensor on every rank; where its local tensor has the wrapper's own geometry (strides and storage
+// offset), the local storage is the storage the geometry addresses, so any as_strided is the local one.
+bool restrides_locally(const at::Tensor& self) {
+  auto* impl = shard_impl(self);
+  for (const auto& p : impl->spec()->placements)
+    if (p.is_shard()) return false;
+  const auto& local = impl->local();
+  return local.strides() == self.strides() && local.storage_offset() == self.storage_offset();
+}
+
 // as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None)
 at::Tensor as_strided_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                            std::optional<c10::SymInt> storage_offset) {
-  if (!addresses_self(self, size, stride, storage_offset)) refuse_as_strided(self, size, stride);
   auto* impl = shard_impl(self);
+  if (!addresses_self(self, size, stride, storage_offset)) {
+    if (!restrides_locally(self)) refuse_as_strided(self, size, stride);
+    auto out = impl->local().as_strided_symint(size, stride, storage_offset);
+    return make_shard_tensor(out, ShardSpec::make(impl->spec()->mesh, impl->spec()->placements, out.sizes().vec()));
+  }
   auto out = make_shard_tensor(impl->local().alias(), impl->spec());
   set_strides(out, C10_AS_INTARRAYREF_SLOW(stride));
   return out;

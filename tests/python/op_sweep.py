@@ -9,7 +9,8 @@ recorded, not carried into the next):
   raises    it raises even with the fallback (the error's type is recorded)
   wrong     a value or gradient differs from one device (a silent wrong result: a bug)
   diverged  the ranks disagree on the outcome (a bug)
-  n/a       no sample shards along that dim (not a tensor, or the dim has fewer than 2 elements)
+  n/a       no sample shards along that dim (not a tensor, or the dim has fewer than 2 elements), or the op raises
+            on one device with plain CPU tensors (the jiterator ops run on CUDA only)
   random    the op draws random numbers (two seeds give two results on one device): each rank draws its own, so
             values cannot match one device; not judged
 
@@ -103,6 +104,10 @@ def _compare(out, ref, values=True):
     return True
 
 
+class ReferenceFails(Exception):
+    """The op raised on one device with plain tensors (the jiterator ops run only on CUDA): not applicable here."""
+
+
 def _run(info, sample, pattern, m, strict):
     """One attempt: 'ok' or 'wrong'; exceptions propagate."""
     import torch
@@ -132,13 +137,16 @@ def _run(info, sample, pattern, m, strict):
     ref_args, sh_args = build(other_grads=True)
     torch.manual_seed(0)
     try:
-        ref = info.op(*ref_args, **kwargs)
-    except RuntimeError as e:
-        if "not differentiable" not in str(e):
-            raise
-        ref_args, sh_args = build(other_grads=False)   # e.g. a loss's target
-        torch.manual_seed(0)
-        ref = info.op(*ref_args, **kwargs)
+        try:
+            ref = info.op(*ref_args, **kwargs)
+        except RuntimeError as e:
+            if "not differentiable" not in str(e):
+                raise
+            ref_args, sh_args = build(other_grads=False)   # e.g. a loss's target
+            torch.manual_seed(0)
+            ref = info.op(*ref_args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise ReferenceFails(f"{type(e).__name__}: {e}") from e
     with st.use_strict(strict):
         torch.manual_seed(0)
         out = info.op(*sh_args, **kwargs)
@@ -209,6 +217,8 @@ def run_case(info, pattern, m):
         return "random"
     try:
         return "rule" if _run(info, sample, pattern, m, strict=True) == "ok" else "wrong"
+    except ReferenceFails:
+        return "n/a"
     except NotImplementedError:
         pass                 # a refusal in strict mode: does the fallback give the right answer?
     except Exception as e:   # noqa: BLE001  (any error is an outcome)

@@ -152,6 +152,30 @@ def bad_as_strided():
     torch.as_strided(xs, (2, 2), (1, 1))
 
 
+def case_as_strided_unsharded():
+    """A non-identity as_strided of a tensor sharded along no mesh dim (Replicate, or a pending sum) is the local
+    one: forward and input gradient equal one device (as_strided_copy/_scatter of a Replicate tensor, whose
+    backward restrides the gradient, too)."""
+    m = mesh()
+    x = randn(9, seed=4)
+    rep = st.distribute_tensor(x, m, [st.Replicate()])
+    check_op(lambda a: torch.as_strided(a, (2, 3), (1, 2), 1) * 2, [x], [([st.Replicate()], None)], m,
+             what="as_strided of Replicate")
+    check_op(lambda a: torch.as_strided_copy(a, (3, 2), (2, 1)), [x], [([st.Replicate()], None)], m,
+             what="as_strided_copy of Replicate")
+    out = torch.as_strided_scatter(rep, torch.ones(2, 2), (2, 2), (1, 3))
+    close(full(out), torch.as_strided_scatter(x, torch.ones(2, 2), (2, 2), (1, 3)), what="as_strided_scatter")
+    # A pending sum: each rank's term restrided, summed when read.
+    import torch.distributed as dist
+    part = st.from_local(x if dist.get_rank() == 0 else torch.zeros_like(x), m, [st.Partial()])
+    close(full(torch.as_strided(part, (4,), (2,))), torch.as_strided(x, (4,), (2,)), what="as_strided of Partial")
+    return True
+
+
+def test_as_strided_unsharded():
+    harness.run(2, case_as_strided_unsharded)
+
+
 @pytest.mark.parametrize("world,shape", [(2, (2,)), (4, (2, 2))])
 def test_sync_module(world, shape):
     harness.run(world, case_sync_module, shape)

@@ -165,6 +165,56 @@ def case_instance_norm(seed):
     return True
 
 
+def case_batch_norm_internal_ops(dim_sharded, seed):
+    """The internal batch-norm ops torch.compile and torch's decompositions call (native_batch_norm,
+    _native_batch_norm_legit and its no_stats overload, _batch_norm_with_update/_no_update), in strict mode: the
+    output, the saved statistics (all channels, also with the channel dim sharded), the running statistics they
+    update, and the input, weight and bias gradients equal one device."""
+    m = mesh()
+    aten = torch.ops.aten
+    x = randn(3, 4, 7, 5, seed=seed) * 2 + 1
+    w, b = randn(4, seed=seed + 1), randn(4, seed=seed + 2)
+    ext = {0: uneven_extents(x.shape[dim_sharded], m.size(), seed)}
+    calls = {
+        "native_batch_norm": lambda x, w, b, rm, rv: aten.native_batch_norm(x, w, b, rm, rv, True, 0.2, 1e-5),
+        "native_batch_norm eval": lambda x, w, b, rm, rv: aten.native_batch_norm(x, w, b, rm, rv, False, 0.2, 1e-5),
+        "_native_batch_norm_legit": lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.2,
+                                                                                          1e-5),
+        "_native_batch_norm_legit.no_stats": lambda x, w, b, rm, rv: aten._native_batch_norm_legit.no_stats(
+            x, w, b, True, 0.2, 1e-5),
+        "_batch_norm_with_update": lambda x, w, b, rm, rv: aten._batch_norm_with_update(x, w, b, rm, rv, 0.2, 1e-5),
+        "_batch_norm_no_update": lambda x, w, b, rm, rv: aten._batch_norm_no_update(x, w, b, rm, rv, 0.2, 1e-5),
+    }
+    g = randn(3, 4, 7, 5, seed=seed + 3)
+    for name, call in calls.items():
+        rm, rv = randn(4, seed=5), randn(4, seed=6).abs() + 0.5
+        rm_s, rv_s = rm.clone(), rv.clone()
+        xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+        xs = st.distribute_tensor(x, m, [st.Shard(dim_sharded)], ext).requires_grad_()
+        ws, bs = w.clone().requires_grad_(), b.clone().requires_grad_()
+        ref = call(xr, wr, br, rm, rv)
+        with st.use_strict():
+            out = call(xs, ws, bs, rm_s, rv_s)
+            assert len(out) == len(ref), name
+            for i, (o, r) in enumerate(zip(out, ref)):
+                o = st.full_tensor(o) if st.is_shard_tensor(o) else o
+                assert o.shape == r.shape and o.dtype == r.dtype, (name, i, o.shape, r.shape)
+                close(o, r, rtol=1e-4, atol=1e-5, what=f"{name} output {i}")
+            close(rm_s, rm, rtol=1e-5, atol=1e-6, what=f"{name} running_mean")
+            close(rv_s, rv, rtol=1e-5, atol=1e-6, what=f"{name} running_var")
+            (out[0] * st.distribute_tensor(g, m, [st.Shard(dim_sharded)], ext)).sum().backward()
+        (ref[0] * g).sum().backward()
+        close(st.full_tensor(xs.grad), xr.grad, rtol=1e-4, atol=1e-5, what=f"{name} input grad")
+        close(ws.grad, wr.grad, rtol=1e-4, atol=1e-5, what=f"{name} weight grad")
+        close(bs.grad, br.grad, rtol=1e-4, atol=1e-5, what=f"{name} bias grad")
+    return True
+
+
+@pytest.mark.parametrize("world,dim_sharded", [(2, 2), (3, 1), (2, 0)])
+def test_batch_norm_internal_ops(world, dim_sharded):
+    harness.run(world, case_batch_norm_internal_ops, dim_sharded, world)
+
+
 @pytest.mark.parametrize("world,dim_sharded,momentum", [(2, 2, 0.1), (3, 0, 0.1), (2, 1, 0.3), (4, 3, None)])
 def test_batch_norm_module(world, dim_sharded, momentum):
     harness.run(world, case_batch_norm_module, dim_sharded, momentum, world)

@@ -1,0 +1,210 @@
+"""Memory traffic beyond the local op's, per layer and per pass: a stack of L x (Conv(C->C, k3, padding 1) + ReLU)
+split on the first spatial dim over N Gloo ranks, profiled once sharded and once as the same layers on each rank's
+own rows without communication (local-only); the difference is what domain parallelism adds.
+
+Traffic of a kernel (the profiler's list of aten ops that do the work, not their composite callers) is counted as the
+bytes it writes: what it allocates for its results (the profiler's memory accounting) and, for an in-place kernel
+(copy_, add_, zero_, fill_, index_add_, ...), the size of the tensor it writes (its first input). Reads are not
+counted: an op on a ShardTensor is recorded with the global shapes of its arguments, not the local ones its kernel
+reads. Attributed to the layer whose forward (a record_function around the
+module) or backward (a range opened by the module's backward pre-hook and closed by its backward hook) encloses it.
+The goal (issue 28): the extra traffic of a layer is the halo rows -- per pass, a few rows of C x W per neighbour --
+not a pass over the rank's whole block. Reported per rank 0 (rank 1 is its mirror image).
+
+    .venv/bin/python benchmarks/halo_conv/traffic.py [--ranks 2] [--size 256] [--dims 2] [--channels 16] [--layers 4]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+
+import shardtensor as st
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
+
+ELEMENT_BYTES = 4   # the profiler records shapes, not dtypes; everything here is float32 (index tensors are tiny)
+
+
+def stack(dims: int, channels: int, layers: int) -> nn.Module:
+    conv = nn.Conv2d if dims == 2 else nn.Conv3d
+    mods = []
+    for _ in range(layers):
+        mods += [conv(channels, channels, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*mods)
+
+
+def label_layers(net: nn.Module):
+    """Forward and backward ranges named `layer i fwd` / `layer i bwd` around every convolution (with its ReLU)."""
+    open_ranges = {}
+    convs = [m for m in net if isinstance(m, (nn.Conv2d, nn.Conv3d))]
+    relus = [m for m in net if isinstance(m, nn.ReLU)]
+    for i, (c, r) in enumerate(zip(convs, relus)):
+        def fwd_pre(_m, _a, i=i):
+            open_ranges[("fwd", i)] = torch.profiler.record_function(f"layer {i} fwd")
+            open_ranges[("fwd", i)].__enter__()
+
+        def fwd_post(_m, _a, _o, i=i):
+            open_ranges.pop(("fwd", i)).__exit__(None, None, None)
+
+        def bwd_pre(_m, _g, i=i):   # on the ReLU: the layer's backward starts with it
+            open_ranges[("bwd", i)] = torch.profiler.record_function(f"layer {i} bwd")
+            open_ranges[("bwd", i)].__enter__()
+
+        def bwd_post(_m, _gi, _go, i=i):  # on the convolution: its input gradient ends the layer's backward
+            r = open_ranges.pop(("bwd", i), None)
+            if r is not None:
+                r.__exit__(None, None, None)
+        c.register_forward_pre_hook(fwd_pre)
+        r.register_forward_hook(fwd_post)
+        r.register_full_backward_pre_hook(bwd_pre)
+        c.register_full_backward_hook(bwd_post)
+
+
+def tensor_bytes(shapes) -> int:
+    total = 0
+    for shape in shapes:
+        if isinstance(shape, list) and shape and all(isinstance(s, int) for s in shape):
+            n = 1
+            for s in shape:
+                n *= s
+            total += n * ELEMENT_BYTES
+    return total
+
+
+# In-place ops that only change metadata (no data written).
+METADATA = {"aten::" + n for n in ("as_strided", "view", "alias", "narrow", "slice", "select", "expand", "permute",
+                                   "transpose", "t", "unsqueeze", "squeeze", "_reshape_alias", "detach", "reshape",
+                                   "unfold", "movedim", "split", "chunk", "unbind", "empty", "empty_strided",
+                                   "empty_like", "resize_", "lift_fresh", "_unsafe_view", "flatten", "unflatten",
+                                   "set_", "is_same_size", "size", "stride", "_local_scalar_dense", "result_type")}
+DEBUG = os.environ.get("TRAFFIC_DEBUG", "")
+
+
+def traffic_by_layer(prof) -> dict:
+    """{'layer i fwd'/'layer i bwd': {'bytes': ..., 'ops': {name: bytes}}} over the leaf aten ops."""
+    out = collections.defaultdict(lambda: {"bytes": 0, "ops": collections.Counter()})
+    for e in prof.events():
+        if not e.name.startswith("aten::") or e.cpu_children:
+            continue
+        owner, p = None, e.cpu_parent
+        while p is not None:
+            if p.name.startswith("layer "):
+                owner = p.name
+                break
+            p = p.cpu_parent
+        if owner is None:
+            continue
+        in_place = e.name.endswith("_") and e.name not in METADATA and e.input_shapes
+        b = max(e.cpu_memory_usage, 0) + (tensor_bytes(e.input_shapes[:1]) if in_place else 0)
+        if DEBUG and owner == DEBUG:
+            print(owner, e.name, e.input_shapes, e.cpu_memory_usage, [p.name for p in [e.cpu_parent] if p], flush=True)
+        out[owner]["bytes"] += b
+        out[owner]["ops"][e.name] += b
+    return {k: {"bytes": v["bytes"], "ops": dict(v["ops"])} for k, v in out.items()}
+
+
+def run_rank(rank, world, port, args, out_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    torch.manual_seed(0)
+    net = stack(args.dims, args.channels, args.layers)
+    label_layers(net)
+    x = torch.randn((1, args.channels) + (args.size,) * args.dims)
+    sharded = st.distribute_tensor(x, mesh, [st.Shard(2)])
+    inputs = {"sharded": sharded, "local": st.to_local(sharded).clone()}
+    result = {}
+    for name, inp in inputs.items():
+        leaf = inp.detach().requires_grad_(True)
+        for _ in range(2):   # warm-up: plans and caches built
+            net.zero_grad(set_to_none=True)
+            net(leaf).square().mean().backward()
+        net.zero_grad(set_to_none=True)
+        dist.barrier()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                    profile_memory=True) as prof:
+            net(leaf).square().mean().backward()
+        result[name] = traffic_by_layer(prof)
+        result[name + "_rows"] = st.to_local(inp).shape[2] if name == "sharded" else inp.shape[2]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(gathered, f)
+    dist.destroy_process_group()
+
+
+def render(ranks_data, meta) -> str:
+    r0 = ranks_data[0]
+    row_bytes = meta["channels"] * meta["size"] ** (meta["dims"] - 1) * 4   # one row of one sample, float32
+    lines = [f"# Memory traffic beyond the local op's, per layer and pass ({meta['ranks']} Gloo CPU ranks)", "",
+             f"{meta['layers']} × (Conv(C→C, k3, padding 1) + ReLU), C = {meta['channels']}, {meta['dims']}-D "
+             f"{meta['size']}^{meta['dims']}, split on the first spatial dim; rank 0 "
+             f"({r0['sharded_rows']} own rows; one row = {row_bytes / 1024:.0f} KiB). torch {meta['torch']}, commit "
+             f"{meta['commit']}, {meta['date']}, load {meta['load']}. Command: `{meta['command']}`.", "",
+             "Traffic: bytes every leaf aten op writes (its allocations, and the tensor an in-place op writes); "
+             "*extra* = sharded − local-only on the same rows, in rows of C × W (a halo row exchanged is written a "
+             "few times: packed, received, its border output). A full pass over the block would be "
+             f"{r0['sharded_rows']} rows.", "",
+             "| layer | pass | local-only MiB | sharded MiB | extra MiB | extra in rows | largest extra ops |",
+             "|---|---|---|---|---|---|---|"]
+    keys = sorted(set(r0["local"]) | set(r0["sharded"]), key=lambda k: (k.split()[2], int(k.split()[1])))
+    for k in keys:
+        loc = r0["local"].get(k, {"bytes": 0, "ops": {}})
+        sh = r0["sharded"].get(k, {"bytes": 0, "ops": {}})
+        extra = sh["bytes"] - loc["bytes"]
+        diffs = collections.Counter({op: b - loc["ops"].get(op, 0) for op, b in sh["ops"].items()})
+        top = ", ".join(f"{op.removeprefix('aten::')} {b / 2**20:.2f}" for op, b in diffs.most_common(3) if b > 0)
+        lines.append(f"| {k.split()[1]} | {k.split()[2]} | {loc['bytes'] / 2**20:.2f} | {sh['bytes'] / 2**20:.2f} | "
+                     f"{extra / 2**20:.2f} | {extra / row_bytes:.1f} | {top} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--dims", type=int, default=2, choices=(2, 3))
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--channels", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=4)
+    add_out_argument(ap)
+    args = ap.parse_args()
+    prepare(args.out)
+    name = f"halo_conv_traffic_{args.dims}d_{args.size}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = os.path.join(args.out, f".{name}.json")
+    load = loadavg()
+    mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
+    with open(tmp) as f:
+        data = json.load(f)
+    os.remove(tmp)
+    meta = dict(ranks=args.ranks, dims=args.dims, size=args.size, channels=args.channels, layers=args.layers,
+                torch=torch.__version__, commit=git("rev-parse", "--short", "HEAD"),
+                date=datetime.date.today().isoformat(), load=load,
+                command="python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]))
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
+        json.dump({"meta": meta, "ranks": data}, f)
+    text = render(data, meta)
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
