@@ -1,11 +1,11 @@
 // The library's start-up, in one translation unit so its order is fixed: first the `shardtensor::` operator
 // schemas and classes (every custom op of the project is declared here; its CPU/CUDA/Meta/Autograd kernels live
 // beside their code in src/ops), then the installer, which binds every operator to the ShardTensor dispatch keys
-// and registers the built-in rules (src/ops/*: register_*). Static objects of one translation unit are
-// constructed in order, so every schema exists when a rule is registered for it.
+// and installs the built-in rule families (src/ops/*: SHARDTENSOR_RULE_FAMILY, dispatch/rule_family.h). Static
+// objects of one translation unit are constructed in order, so every schema exists when a rule is registered for it.
 #include "comm/spec_holder.h"
 #include "dispatch/registry.h"
-#include "ops/ops.h"
+#include "dispatch/rule_family.h"
 
 #include <torch/library.h>
 
@@ -35,10 +35,12 @@ namespace {
 
 // Runs when the library loads (on `import shardtensor`, or when a C++ program linking it starts); every aten op
 // is registered by then (libtorch loads first) and the schemas above exist.
+// The rules first: an op whose rule runs above autograd is bound there once, before the blanket binding of every
+// remaining aten op below autograd (which skips ops bound already).
 struct Installer {
   Installer() {
+    dispatch::install_rule_families();
     dispatch::install_dispatch();
-    ops::register_all();
   }
 } installer;
 

@@ -179,7 +179,7 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
 
 } // namespace
 
-void register_batch_norm() {
+SHARDTENSOR_RULE_FAMILY(batch_norm) {
   dispatch::set_handler("aten::batch_norm", typed_handler(&batch_norm_entry), dispatch::RuleLevel::above_autograd);
 }
 
