@@ -1,8 +1,9 @@
 // The library's start-up, in one translation unit so its order is fixed: first the `shardtensor::` operator
 // schemas and classes (every custom op of the project is declared here; its CPU/CUDA/Meta/Autograd kernels live
-// beside their code in src/ops), then the installer, which binds every operator to the ShardTensor dispatch keys
-// and installs the built-in rule families (src/ops/*: SHARDTENSOR_RULE_FAMILY, dispatch/rule_family.h). Static
-// objects of one translation unit are constructed in order, so every schema exists when a rule is registered for it.
+// beside their code in src/ops), then the installer, which installs the built-in rule families (src/ops/*:
+// SHARDTENSOR_RULE_FAMILY, dispatch/rule_family.h) and binds every remaining operator to the ShardTensor dispatch
+// keys. Static objects of one translation unit are constructed in order, so every schema exists when a rule is
+// registered for it.
 #include "comm/spec_holder.h"
 #include "dispatch/registry.h"
 #include "dispatch/rule_family.h"
