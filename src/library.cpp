@@ -1,11 +1,12 @@
 // The library's start-up, in one translation unit so its order is fixed: first the `shardtensor::` operator
 // schemas and classes (every custom op of the project is declared here; its CPU/CUDA/Meta/Autograd kernels live
-// beside their code in src/ops), then the installer, which binds every operator to the ShardTensor dispatch keys
-// and registers the built-in rules (src/ops/*: register_*). Static objects of one translation unit are
-// constructed in order, so every schema exists when a rule is registered for it.
+// beside their code in src/ops), then the installer, which installs the built-in rule families (src/ops/*:
+// SHARDTENSOR_RULE_FAMILY, dispatch/rule_family.h) and binds every remaining operator to the ShardTensor dispatch
+// keys. Static objects of one translation unit are constructed in order, so every schema exists when a rule is
+// registered for it.
 #include "comm/spec_holder.h"
 #include "dispatch/registry.h"
-#include "ops/ops.h"
+#include "dispatch/rule_family.h"
 
 #include <torch/library.h>
 
@@ -39,7 +40,7 @@ namespace {
 // remaining aten op below autograd (which skips ops bound already).
 struct Installer {
   Installer() {
-    ops::register_all();
+    dispatch::install_rule_families();
     dispatch::install_dispatch();
   }
 } installer;

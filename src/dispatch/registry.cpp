@@ -17,6 +17,7 @@
 #include "dispatch/consistency.h"
 #include "dispatch/fallback.h"
 #include "dispatch/promote.h"
+#include "dispatch/rule_family.h"
 #include "dispatch/view_replay.h"
 #include "dispatch/write_back.h"
 
@@ -51,6 +52,7 @@ struct Slot {
   std::vector<size_t> written;                                   // arguments the op writes in place (Tensor(a!))
   bool fallback = false;                                         // functional: may run through the fallback
   bool returns_view = false;                                     // the result aliases an argument (Tensor(a))
+  std::string family, autograd_family; // the built-in families that own the rules (empty: none)
 };
 
 struct Registry {
@@ -254,7 +256,19 @@ Slot* bind_above_autograd(Registry& r, const c10::OperatorName& name, const c10:
   return raw;
 }
 
+// A built-in family claims an op's rule: one owner per op, so no family's rule silently replaces another's and the
+// families' installation order cannot matter. Users' registrations (no family running) replace rules freely.
+void claim(std::string& owner, const c10::OperatorName& name, const char* what) {
+  const auto& family = registering_family();
+  if (family.empty()) return;
+  TORCH_INTERNAL_ASSERT(owner.empty(), "two built-in ", what, " for ", qualified(name), ": the family ", owner,
+                        " registered one and the family ", family,
+                        " registers another. An op has one built-in rule; merge them into the family that owns the op");
+  owner = family;
+}
+
 void store_rule(Registry& r, Slot* slot, BoxedHandler handler) {
+  claim(slot->family, slot->name, "rules");
   r.rules.push_back(std::make_unique<const BoxedHandler>(std::move(handler)));
   slot->handler.store(r.rules.back().get(), std::memory_order_release);
 }
@@ -333,13 +347,17 @@ void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool stric
 void set_autograd_handler(const char* qualified_name, AutogradHandler handler) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.slots.find(parse_name(qualified_name));
-  TORCH_INTERNAL_ASSERT(it != r.slots.end(), qualified_name, " is not bound to the ShardTensor key");
-  auto h = c10::Dispatcher::singleton().findOp(it->first);
+  const auto name = parse_name(qualified_name);
+  auto h = c10::Dispatcher::singleton().findOp(name);
   TORCH_INTERNAL_ASSERT(h && h->hasKernelForDispatchKey(c10::DispatchKey::Autograd), qualified_name,
                         " has no autograd kernel to replace");
+  // The op's own rule may belong to another family, not registered yet (families register in any order).
+  auto* slot = bind_op(r, name, *h);
+  TORCH_INTERNAL_ASSERT(slot->level == RuleLevel::below_autograd, qualified_name,
+                        " has a rule above autograd, which replaces its autograd kernel already");
+  claim(slot->autograd_family, name, "autograd rules");
   r.autograd_rules.push_back(std::make_unique<const AutogradHandler>(std::move(handler)));
-  it->second->autograd_handler.store(r.autograd_rules.back().get(), std::memory_order_release);
+  slot->autograd_handler.store(r.autograd_rules.back().get(), std::memory_order_release);
 }
 
 void set_handler(const char* qualified_name, BoxedHandler handler, RuleLevel level) {
@@ -406,6 +424,13 @@ bool has_handler(const std::string& op_name) {
 }
 
 namespace dispatch {
+
+std::string rule_family_of(const std::string& op_name) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.slots.find(parse_name(op_name));
+  return it == r.slots.end() ? std::string() : it->second->family;
+}
 
 std::vector<std::string> rules_above_autograd() {
   auto& r = registry();

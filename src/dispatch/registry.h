@@ -47,6 +47,10 @@ void set_autograd_handler(const char* qualified_name, AutogradHandler handler);
 // eagerly, and their own derivative formula traces correctly.)
 std::vector<std::string> rules_above_autograd();
 
+// The built-in rule family (dispatch/rule_family.h) that owns `op_name`'s rule ("conv (src/ops/conv.cpp)"), or empty
+// when no family registered one. A user's registered handler may have replaced the rule since.
+std::string rule_family_of(const std::string& op_name);
+
 // Raises NotImplementedError naming the op, the placements of its ShardTensor arguments and the remedy.
 [[noreturn]] void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* stack,
                                   const std::string& why = "");

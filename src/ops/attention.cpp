@@ -17,7 +17,6 @@
 #include "ops/attention_ring.h"
 #include "ops/attention_seq.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
@@ -294,7 +293,7 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
 
 } // namespace
 
-void register_attention() {
+SHARDTENSOR_RULE_FAMILY(attention) {
   dispatch::set_handler("aten::scaled_dot_product_attention", typed_handler(&sdpa_entry), dispatch::RuleLevel::above_autograd);
 }
 

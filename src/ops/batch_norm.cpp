@@ -239,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_update_rul
 
 } // namespace
 
-void register_batch_norm() {
+SHARDTENSOR_RULE_FAMILY(batch_norm) {
   dispatch::set_handler("aten::batch_norm", typed_handler(&batch_norm_entry), dispatch::RuleLevel::above_autograd);
   const auto above = dispatch::RuleLevel::above_autograd;
   dispatch::set_handler("aten::native_batch_norm", typed_handler(&native_batch_norm_rule), above);

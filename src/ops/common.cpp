@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "ops/ops.h"
-
 #include "comm/collectives.h"
 #include "dispatch/promote.h"
 
@@ -114,40 +112,6 @@ at::Tensor resolve_partial_once(const at::Tensor& t, bool keep) {
     t.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<ResolvedValue>(value, t, local));
   }
   return value;
-}
-
-void register_all() {
-  register_factory();
-  register_pointwise();
-  register_reduction();
-  register_reduction_grad();
-  register_view();
-  register_linear();
-  register_softmax();
-  register_embedding();
-  register_norm();
-  register_batch_norm();
-  register_loss();
-  register_attention();
-  register_transformer_fastpath();
-  register_conv();
-  register_pad();
-  register_pool();
-  register_point_search();
-  register_interpolate();
-  register_neighborhood_attention();
-  register_indexing();
-  register_sort_fft();
-  register_fft();  // after sort_fft: replaces its rule for the FFT kernels
-  register_roll();
-  register_unfold();
-  register_im2col();
-  register_rot90();
-  register_grid_sample();
-  register_view_inplace();
-  register_diagonal();
-  register_position_writes();
-  register_foreach();
 }
 
 } // namespace shardtensor::ops

@@ -4,6 +4,7 @@
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/registry.h"
+#include "dispatch/rule_family.h"
 
 #include <ATen/ATen.h>
 

@@ -514,7 +514,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
 
 } // namespace
 
-void register_conv() {
+SHARDTENSOR_RULE_FAMILY(conv) {
   dispatch::set_handler("aten::convolution", typed_handler(&convolution_rule));
   dispatch::set_handler("aten::convolution_backward", typed_handler(&convolution_backward_rule));
 }

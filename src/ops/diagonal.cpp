@@ -14,7 +14,6 @@
 // a and column b that is the local tril/triu at k + a - b, for any layout (no communication; Partial kept).
 #include "dispatch/write_back.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 #include <algorithm>
 
@@ -195,7 +194,7 @@ at::Tensor trace_rule(const at::Tensor& self) {
 
 } // namespace
 
-void register_diagonal() {
+SHARDTENSOR_RULE_FAMILY(diagonal) {
   dispatch::set_handler("aten::trace", typed_handler(&trace_rule));
   dispatch::set_handler("aten::diagonal_copy", typed_handler(&diagonal_copy_rule));
   dispatch::set_handler("aten::tril", typed_handler(&triangle_rule<true>));

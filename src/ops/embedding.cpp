@@ -46,7 +46,7 @@ at::Tensor embedding_backward_rule(const at::Tensor& grad_output, const at::Tens
 
 } // namespace
 
-void register_embedding() {
+SHARDTENSOR_RULE_FAMILY(embedding) {
   dispatch::set_handler("aten::embedding", typed_handler(&embedding_rule));
   dispatch::set_handler("aten::embedding_dense_backward", typed_handler(&embedding_backward_rule));
 }

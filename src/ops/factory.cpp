@@ -223,8 +223,9 @@ bool allclose_rule(const at::Tensor& self, const at::Tensor& other, double rtol,
 
 } // namespace
 
-void register_factory() {
-  for (const char* name : {"aten::_to_copy", "aten::clone", "aten::detach", "aten::alias", "aten::lift_fresh",
+SHARDTENSOR_RULE_FAMILY(factory) {
+  // clone carries the `pointwise` tag: its rule is the pointwise family's.
+  for (const char* name : {"aten::_to_copy", "aten::detach", "aten::alias", "aten::lift_fresh",
                            "aten::lift_fresh_copy", "aten::contiguous", "aten::_conj", "aten::resolve_conj",
                            "aten::resolve_neg", "aten::_neg_view", "aten::positive", "aten::_lazy_clone"}) {
     auto h = c10::Dispatcher::singleton().findOp({name, ""});

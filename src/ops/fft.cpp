@@ -6,7 +6,7 @@
 // transform is split into stages over disjoint dims — a multi-dim FFT is separable — and the shard moves between
 // the stages' dims: r2c = r2c(last) then c2c(rest); c2r = c2c(rest) then c2r(last); c2c = c2c(whole dims) then
 // c2c(the others). Each stage applies the normalization to its own dims, so the product is the requested one.
-// Transforms along unsharded dims only stay the along-dims rule's (sort_fft.cpp): local, layout kept.
+// Transforms along unsharded dims only run on the local shards, layout kept.
 #include "ops/common.h"
 #include "ops/empty_shard.h"
 
@@ -168,8 +168,7 @@ at::Tensor fft_c2c_rule(const at::Tensor& self, c10::SymIntArrayRef dim, int64_t
 
 } // namespace
 
-void register_fft() {
-  // Replaces the along-dims rule of these three ops (registered before): the local case is the same.
+SHARDTENSOR_RULE_FAMILY(fft) {
   dispatch::set_handler("aten::_fft_r2c", typed_handler(&fft_r2c_rule));
   dispatch::set_handler("aten::_fft_c2r", typed_handler(&fft_c2r_rule));
   dispatch::set_handler("aten::_fft_c2c", typed_handler(&fft_c2c_rule));

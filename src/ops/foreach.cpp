@@ -283,7 +283,7 @@ void reduction_handler(ListReduction kind, const c10::OperatorHandle& op, torch:
 
 } // namespace
 
-void register_foreach() {
+SHARDTENSOR_RULE_FAMILY(foreach) {
   auto& d = c10::Dispatcher::singleton();
   const std::map<std::string, ListReduction> reductions = {
       {"aten::_foreach_norm", ListReduction::Norm},

@@ -4,7 +4,6 @@
 // the batch follows a batch-sharded grid. Any spatial shard of the input or the grid declines: the op then runs
 // through the gather fallback (each rank gathers the whole input and grid; see docs/supported-ops.md).
 #include "ops/common.h"
-#include "ops/ops.h"
 
 namespace shardtensor::ops {
 
@@ -78,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_backward_rule(const at::Tensor& 
 
 } // namespace
 
-void register_grid_sample() {
+SHARDTENSOR_RULE_FAMILY(grid_sample) {
   dispatch::set_handler("aten::grid_sampler_2d", typed_handler(&grid_sampler_rule<false>));
   dispatch::set_handler("aten::grid_sampler_3d", typed_handler(&grid_sampler_rule<true>));
   dispatch::set_handler("aten::grid_sampler_2d_backward", typed_handler(&grid_sampler_backward_rule<false>));

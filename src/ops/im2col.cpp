@@ -18,7 +18,6 @@
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 #include <torch/autograd.h>
 
@@ -324,7 +323,7 @@ at::Tensor col2im_rule(const at::Tensor& self_in, c10::SymIntArrayRef output_siz
 
 } // namespace
 
-void register_im2col() {
+SHARDTENSOR_RULE_FAMILY(im2col) {
   dispatch::set_handler("aten::im2col", typed_handler(&im2col_rule));
   dispatch::set_autograd_handler("aten::im2col", im2col_autograd);
   dispatch::set_handler("aten::col2im", typed_handler(&col2im_rule));

@@ -457,7 +457,7 @@ at::Tensor& index_put_impl_inplace_rule(at::Tensor& self, const c10::List<std::o
 
 } // namespace
 
-void register_indexing() {
+SHARDTENSOR_RULE_FAMILY(indexing) {
   using dispatch::set_handler;
   // Composite-implicit: its decomposition would build a dense global-size gradient.
   set_handler("aten::index_select_backward", typed_handler(&index_select_backward),

@@ -612,7 +612,7 @@ at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntA
 
 } // namespace
 
-void register_interpolate() {
+SHARDTENSOR_RULE_FAMILY(interpolate) {
   const auto above = dispatch::RuleLevel::above_autograd;
   dispatch::set_handler("aten::upsample_nearest1d.vec", typed_handler(&upsample_vec_rule<Mode::Nearest, 1>), above);
   dispatch::set_handler("aten::upsample_nearest2d.vec", typed_handler(&upsample_vec_rule<Mode::Nearest, 2>), above);

@@ -260,7 +260,7 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
 
 } // namespace
 
-void register_linear() {
+SHARDTENSOR_RULE_FAMILY(linear) {
   dispatch::set_handler("aten::mm", typed_handler(&mm_rule));
   dispatch::set_handler("aten::bmm", typed_handler(&bmm_rule));
   dispatch::set_handler("aten::addmm", typed_handler(&addmm_rule));

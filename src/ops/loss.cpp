@@ -276,7 +276,7 @@ at::Tensor flip_rule(const at::Tensor& self_arg, at::IntArrayRef dims_arg) {
 
 } // namespace
 
-void register_loss() {
+SHARDTENSOR_RULE_FAMILY(loss) {
   using dispatch::set_handler;
   set_handler("aten::mse_loss", typed_handler(&mse_loss_rule));
   set_handler("aten::mse_loss_backward", typed_handler(&mse_loss_backward_rule));

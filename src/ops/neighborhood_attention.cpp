@@ -24,7 +24,6 @@
 #include "dispatch/promote.h"
 #include "ops/common.h"
 #include "ops/neighborhood_kernels.h"
-#include "ops/ops.h"
 
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -495,7 +494,7 @@ at::Tensor na_shard(const at::Tensor& query, const at::Tensor& key, const at::Te
 
 } // namespace
 
-void register_neighborhood_attention() {
+SHARDTENSOR_RULE_FAMILY(neighborhood_attention) {
   dispatch::set_handler("shardtensor::neighborhood_attention", typed_handler(&na_shard), dispatch::RuleLevel::above_autograd);
 }
 

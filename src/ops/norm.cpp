@@ -173,10 +173,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_rule(
 
 } // namespace
 
-void register_group_norm();
-
-void register_norm() {
-  register_group_norm();
+SHARDTENSOR_RULE_FAMILY(norm) {
   dispatch::set_handler("aten::native_layer_norm", typed_handler(&layer_norm_rule));
   dispatch::set_handler("aten::native_layer_norm_backward", typed_handler(&layer_norm_backward_rule));
 }
@@ -337,7 +334,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
 
 } // namespace
 
-void register_group_norm() {
+SHARDTENSOR_RULE_FAMILY(group_norm) {
   dispatch::set_handler("aten::native_group_norm", typed_handler(&group_norm_rule));
   dispatch::set_handler("aten::native_group_norm_backward", typed_handler(&group_norm_backward_rule));
 }

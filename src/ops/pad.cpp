@@ -174,7 +174,7 @@ at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
 
 } // namespace
 
-void register_pad() {
+SHARDTENSOR_RULE_FAMILY(pad) {
   dispatch::set_handler("aten::_pad_circular", typed_handler(&pad_circular_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::constant_pad_nd", typed_handler(&constant_pad_rule));
   using comm::PadMode;

@@ -24,7 +24,6 @@
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 #include "ops/point_search_kernels.h"
 
 #include <torch/autograd.h>
@@ -255,7 +254,7 @@ SearchResult radius_entry(const at::Tensor& points, const at::Tensor& queries, d
 
 } // namespace
 
-void register_point_search() {
+SHARDTENSOR_RULE_FAMILY(point_search) {
   dispatch::set_handler("shardtensor::knn", typed_handler(&knn_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("shardtensor::radius_search", typed_handler(&radius_entry), dispatch::RuleLevel::above_autograd);
 }

@@ -292,7 +292,7 @@ std::optional<c10::OperatorName> functional_of(const c10::OperatorName& name, co
 
 } // namespace
 
-void register_pointwise() {
+SHARDTENSOR_RULE_FAMILY(pointwise) {
   // Elementwise ops that carry no `pointwise` tag. Their in-place and out= variants are derived below.
   static const char* extra[] = {
       "aten::leaky_relu",        "aten::leaky_relu_backward", "aten::hardtanh_backward",   "aten::elu_backward",

@@ -861,7 +861,7 @@ at::Tensor max_pool1d_entry(const at::Tensor& self, at::IntArrayRef kernel, at::
 
 } // namespace
 
-void register_pool() {
+SHARDTENSOR_RULE_FAMILY(pool) {
   dispatch::set_handler("aten::max_pool1d", typed_handler(&max_pool1d_entry), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::max_pool2d_with_indices", typed_handler(&max_pool2d_rule));
   dispatch::set_handler("aten::max_pool3d_with_indices", typed_handler(&max_pool3d_rule));

@@ -8,7 +8,6 @@
 // values. A Partial written tensor raises (a pending sum cannot take a write).
 #include "comm/redistribute.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 namespace shardtensor::ops {
 
@@ -220,7 +219,7 @@ at::Tensor index_fill_scalar_functional_rule(const at::Tensor& self, int64_t dim
 
 } // namespace
 
-void register_position_writes() {
+SHARDTENSOR_RULE_FAMILY(position_writes) {
   dispatch::set_handler("aten::masked_scatter_", typed_handler(&masked_scatter_rule));
   dispatch::set_handler("aten::masked_scatter", typed_handler(&masked_scatter_functional_rule));
   dispatch::set_handler("aten::masked_scatter_backward", typed_handler(&masked_scatter_backward_rule));

@@ -458,7 +458,7 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
 
 } // namespace
 
-void register_reduction() {
+SHARDTENSOR_RULE_FAMILY(reduction) {
   using dispatch::set_handler;
   // Composite-implicit: bound on both shard keys so it never decomposes into a dense global allocation.
   dispatch::set_handler("aten::value_selecting_reduction_backward", typed_handler(&value_selecting_backward),

@@ -9,7 +9,6 @@
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -103,7 +102,7 @@ bool sum_mean_autograd(bool mean, const c10::OperatorHandle& op, torch::jit::Sta
 
 } // namespace
 
-void register_reduction_grad() {
+SHARDTENSOR_RULE_FAMILY(reduction_grad) {
   for (const char* name : {"aten::sum", "aten::sum.dim_IntList"})
     dispatch::set_autograd_handler(name, [](const c10::OperatorHandle& op, torch::jit::Stack* s) {
       return sum_mean_autograd(false, op, s);

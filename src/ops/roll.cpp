@@ -6,7 +6,6 @@
 // (aten's formula: a roll by the negated shifts) comes back through this rule.
 #include "comm/halo_plan.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 #include <c10/core/SymIntArrayRef.h>
 
@@ -149,7 +148,7 @@ at::Tensor roll_rule(const at::Tensor& self, c10::SymIntArrayRef shifts_arg, at:
 
 } // namespace
 
-void register_roll() {
+SHARDTENSOR_RULE_FAMILY(roll) {
   dispatch::set_handler("aten::roll", typed_handler(&roll_rule));
 }
 

@@ -3,7 +3,6 @@
 // communication; only a flip of a sharded dim moves data (one all-to-all mirrors the rows). For k = 1 that is the
 // second dim's flip, k = 3 the first's, k = 2 both.
 #include "ops/common.h"
-#include "ops/ops.h"
 
 namespace shardtensor::ops {
 
@@ -27,7 +26,7 @@ at::Tensor rot90_rule(const at::Tensor& self, int64_t k, at::IntArrayRef dims) {
 
 } // namespace
 
-void register_rot90() {
+SHARDTENSOR_RULE_FAMILY(rot90) {
   dispatch::set_handler("aten::rot90", typed_handler(&rot90_rule));
 }
 

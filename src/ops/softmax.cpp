@@ -129,7 +129,7 @@ at::Tensor glu_backward_rule(const at::Tensor& grad_output, const at::Tensor& se
 
 } // namespace
 
-void register_softmax() {
+SHARDTENSOR_RULE_FAMILY(softmax) {
   dispatch::set_handler("aten::glu", typed_handler(&glu_rule));
   dispatch::set_handler("aten::glu_backward", typed_handler(&glu_backward_rule));
   dispatch::set_handler("aten::_softmax", typed_handler(&softmax_rule));

@@ -1,8 +1,7 @@
 // Ops that work along given dims: sort, topk, the scans other than cumsum (cumprod, cummax, cummin,
-// logcumsumexp), the FFT kernels (_fft_r2c, _fft_c2r, _fft_c2c, behind torch.fft.*) and view_as_real /
-// view_as_complex. Along dims that are not sharded they run on the local shards and every output keeps the
-// input's layout; along a sharded dim they raise with the remedy (each needs the whole dim: a distributed sort
-// or FFT is not implemented).
+// logcumsumexp) and view_as_real / view_as_complex. Along dims that are not sharded they run on the local shards and
+// every output keeps the input's layout; along a sharded dim they raise with the remedy (each needs the whole dim: a
+// distributed sort is not implemented). The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
 #include "ops/common.h"
 #include "ops/empty_shard.h"
 
@@ -12,22 +11,14 @@ namespace shardtensor::ops {
 
 namespace {
 
-// Which dims an op works along: those its `dim` argument names (an int or a list), none, or the last dim.
+// Which dims an op works along: the one its `dim` argument names, none, or the last dim.
 enum class Along { dim_arg, none, last };
 
 // The dims of `self` (`ndim` >= 1) that the op works along, wrapped.
 std::vector<int64_t> dims_along(Along along, const dispatch::NamedArgs& args, int64_t ndim) {
   std::vector<int64_t> dims;
   switch (along) {
-    case Along::dim_arg: {
-      const auto& dim = args["dim"];
-      if (dim.isInt()) {
-        dims.push_back(wrap_dim(dim.toInt(), ndim));
-      } else {
-        for (auto d : dim.toDimVector()) dims.push_back(wrap_dim(d, ndim));
-      }
-      break;
-    }
+    case Along::dim_arg: dims.push_back(wrap_dim(args["dim"].toInt(), ndim)); break;
     case Along::last: dims.push_back(ndim - 1); break;
     case Along::none: break;
   }
@@ -72,13 +63,13 @@ void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::
 
 } // namespace
 
-void register_sort_fft() {
+SHARDTENSOR_RULE_FAMILY(sort_fft) {
   auto rule = [](Along along) {
     return [along](const c10::OperatorHandle& op, torch::jit::Stack* stack) { along_dims_handler(along, op, stack); };
   };
-  // Along `dim`: an int (sort, sort.stable, topk, the scans) or a list (the FFT kernels).
+  // Along `dim` (sort, sort.stable, topk, the scans).
   for (const char* name : {"aten::sort", "aten::sort.stable", "aten::topk", "aten::cumprod", "aten::cummax",
-                           "aten::cummin", "aten::logcumsumexp", "aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c"})
+                           "aten::cummin", "aten::logcumsumexp"})
     dispatch::set_handler(name, rule(Along::dim_arg));
   // Complex <-> real pairs: view_as_real appends a dim of 2, view_as_complex consumes the last dim.
   dispatch::set_handler("aten::view_as_real", rule(Along::none));

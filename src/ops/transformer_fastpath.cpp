@@ -162,7 +162,7 @@ at::Tensor nested_from_mask_rule(const at::Tensor& /*t*/, const at::Tensor& /*ma
 
 } // namespace
 
-void register_transformer_fastpath() {
+SHARDTENSOR_RULE_FAMILY(transformer_fastpath) {
   dispatch::set_handler("aten::_native_multi_head_attention", typed_handler(&native_mha_rule));
   dispatch::set_handler("aten::_transformer_encoder_layer_fwd", typed_handler(&encoder_layer_rule));
   dispatch::set_handler("aten::_nested_tensor_from_mask_left_aligned", typed_handler(&nested_left_aligned_rule));

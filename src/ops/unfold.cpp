@@ -13,7 +13,6 @@
 #include "dispatch/args.h"
 #include "dispatch/write_back.h"
 #include "ops/common.h"
-#include "ops/ops.h"
 
 #include <torch/autograd.h>
 
@@ -209,7 +208,7 @@ at::Tensor unfold_backward_rule(const at::Tensor& grad_in, c10::SymIntArrayRef i
 
 } // namespace
 
-void register_unfold() {
+SHARDTENSOR_RULE_FAMILY(unfold) {
   dispatch::set_handler("aten::unfold", typed_handler(&unfold_rule));
   dispatch::set_autograd_handler("aten::unfold", unfold_autograd);
   dispatch::set_handler("aten::unfold_backward", typed_handler(&unfold_backward_rule));

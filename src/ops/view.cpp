@@ -772,7 +772,7 @@ at::Tensor view_dtype_rule(const at::Tensor& self_arg, at::ScalarType dtype) {
 
 } // namespace
 
-void register_view() {
+SHARDTENSOR_RULE_FAMILY(view) {
   dispatch::set_handler("aten::view", typed_handler(&view_rule));
   dispatch::set_handler("aten::view.dtype", typed_handler(&view_dtype_rule));
   dispatch::set_handler("aten::_unsafe_view", typed_handler(&unsafe_view_rule));

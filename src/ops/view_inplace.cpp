@@ -5,7 +5,6 @@
 // the view keeps them). A view that would have to re-lay the input out first (squeezing a sharded size-1 dim)
 // raises: the tensor would stop sharing its local tensor with its other views.
 #include "ops/common.h"
-#include "ops/ops.h"
 
 namespace shardtensor::ops {
 
@@ -54,7 +53,7 @@ at::Tensor& t_rule(at::Tensor& self) {
 
 } // namespace
 
-void register_view_inplace() {
+SHARDTENSOR_RULE_FAMILY(view_inplace) {
   dispatch::set_handler("aten::squeeze_", typed_handler(&squeeze_rule));
   dispatch::set_handler("aten::squeeze_.dim", typed_handler(&squeeze_dim_rule));
   dispatch::set_handler("aten::squeeze_.dims", typed_handler(&squeeze_dims_rule));
