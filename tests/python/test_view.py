@@ -236,3 +236,37 @@ def test_split_small_outer_stays_divided(world, n_ext):
 
 def test_split_small_outer_2d():
     harness.run(4, case_split_small_outer_2d)
+
+
+def _fengwu_fuse(V, H, W):
+    """FengWu: the variables' token sequences folded into one sequence, a projection, and the fuser's 3-D view."""
+    def fn(t, w, b):
+        B, _, HW, C = t.shape
+        seq = torch.nn.functional.linear(t.reshape(B, V * HW, C), w, b)
+        grid = seq.view(B, V, H, W, -1)
+        return seq, torch.nn.functional.linear(grid, w[:, :w.shape[0]], b)
+    return fn
+
+
+def case_fengwu_fold(hw_ext):
+    """(B, V, H*W, C) sharded on the tokens: the fold into (B, V*H*W, C) keeps a Shard of the merged dim (whole
+    variable blocks), so the projection after it is a Shard, never Partial; the fuser's view (B, V, H, W, C) then
+    puts the shard on H (a small outer factor V: V * V < H * W), where the projection stays a Shard too."""
+    m = mesh()
+    k = m.size()
+    V, H, W, C = 3, 4, 5, 4
+    x = randn(2, V, H * W, C, seed=17)
+    w, b = randn(C, C, seed=18), randn(C, seed=19)
+    lay = ([st.Shard(2)], {0: hw_ext})
+    out = check_op(_fengwu_fuse(V, H, W), [x, w, b], [lay, None, None], m, what="FengWu fold")
+    seq, grid = out
+    assert st.placements(seq) == (st.Shard(1),), st.placements(seq)
+    assert not any(p.is_partial() for p in st.placements(seq) + st.placements(grid))
+    if k > 1:
+        assert st.placements(grid) == (st.Shard(2),), st.placements(grid)
+    return True
+
+
+@pytest.mark.parametrize("world,hw_ext", [(2, [8, 12]), (3, [0, 13, 7]), (4, [5, 5, 5, 5])])
+def test_fengwu_fold_stays_sharded(world, hw_ext):
+    harness.run(world, case_fengwu_fold, hw_ext)
