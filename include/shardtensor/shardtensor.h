@@ -5,6 +5,7 @@
 #include <shardtensor/comm_stats.h>
 #include <shardtensor/distributed.h>
 #include <shardtensor/fallback.h>
+#include <shardtensor/replication.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/mesh.h>
