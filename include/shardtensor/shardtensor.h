@@ -5,11 +5,11 @@
 #include <shardtensor/comm_stats.h>
 #include <shardtensor/distributed.h>
 #include <shardtensor/fallback.h>
-#include <shardtensor/replication.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/mesh.h>
 #include <shardtensor/placement.h>
+#include <shardtensor/replication.h>
 #include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 #include <shardtensor/simulation.h>
