@@ -205,10 +205,10 @@ SpecPtr view_aligned_spec(const ShardSpec& spec, at::IntArrayRef in, at::IntArra
 }
 
 // A split of a sharded dim whose outer factor is small beside the rest (outer * outer < inner: a stride or a pooling
-// window put outermost, as in Hiera's unrolled layout `x.view(B, q, N // q, C).amax(1)`, or a handful of variables
-// unflattened from a token dim, as in FengWu's fuser; MaxViT's grid split `view(B, g, H / g, ...)` alike) would leave the shard on a dim of a few rows: each rank then
-// holds whole slices that the next reduction or select over that dim must combine on every rank, and it divides
-// the work by at most `outer`. The shard goes to the next output dim of size > 1 instead (default split), one
+// window put outermost, as in Hiera's unrolled layout `x.view(B, q, N // q, C).amax(1)`; a handful of variables
+// unflattened from a token dim, as in FengWu's fuser; MaxViT's grid split `view(B, g, H / g, ...)`) would leave the
+// shard on a dim of a few rows: each rank then holds whole slices that the next reduction or select over that dim
+// must combine on every rank, and it divides the work by at most `outer`. The shard goes to the next output dim of size > 1 instead (default split), one
 // all-to-all after the local view. Returns the result's layout with those shards moved, or nullopt when none moves.
 // Decided from the shapes and the layout alone, so every rank picks the same target.
 std::optional<ViewLayout> inner_split_layout(const ViewLayout& layout, at::IntArrayRef in, at::IntArrayRef out,
