@@ -6,6 +6,9 @@
 // other rank of its group (n - 1), a halo exchange or a ring pass only to the peers it has rows for (plus, on
 // NCCL, a one-element placeholder to a ring neighbour it has nothing for). Collectives whose message pattern is the
 // backend's algorithm (all_reduce, all_gather, ...) count none.
+// Replications: an op's rule (or the gather-compute fallback) that brought a tensor sharded along a large dim to
+// Replicate on its own accord (see include/shardtensor/replication.h), per op: how often, and the bytes of the
+// replicated tensor each time. Explicit requests (full_tensor, redistribute) are not counted.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,8 @@ struct CommStats {
   std::map<std::string, int64_t> calls;
   std::map<std::string, int64_t> bytes;
   std::map<std::string, int64_t> messages;
+  std::map<std::string, int64_t> replications;
+  std::map<std::string, int64_t> replicated_bytes;
   int64_t total_calls() const;
   int64_t total_bytes() const;
 };

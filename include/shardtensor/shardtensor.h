@@ -9,6 +9,7 @@
 #include <shardtensor/memory_tracker.h>
 #include <shardtensor/mesh.h>
 #include <shardtensor/placement.h>
+#include <shardtensor/replication.h>
 #include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 #include <shardtensor/simulation.h>

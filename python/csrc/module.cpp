@@ -5,6 +5,7 @@
 #include <shardtensor/fallback.h>
 #include <shardtensor/handler_registry.h>
 #include <shardtensor/memory_tracker.h>
+#include <shardtensor/replication.h>
 #include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 #include <shardtensor/simulation.h>
@@ -219,7 +220,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("comm_stats", []() {
     auto s = comm_stats();
-    return py::make_tuple(s.calls, s.bytes, s.messages);
+    return py::make_tuple(s.calls, s.bytes, s.messages, s.replications, s.replicated_bytes);
   });
   m.def("reset_comm_stats", &reset_comm_stats);
   // The halo plan cache (tests: a backward builds no plan of its own).
@@ -281,6 +282,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_fallback_budget", &set_fallback_budget, py::arg("bytes"));
   m.def("fallback_budget", &fallback_budget);
   m.def("_reset_fallback_warnings", &reset_fallback_warnings);
+  m.def("set_replication_threshold", &set_replication_threshold, py::arg("numel"));
+  m.def("replication_threshold", &replication_threshold);
+  m.def("_reset_replication_warnings", &reset_replication_warnings);
   m.def("set_simulating", &set_simulating, py::arg("on"));
   m.def("simulating", &simulating);
 }

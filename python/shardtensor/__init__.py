@@ -30,7 +30,7 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
-    "set_strict", "strict", "use_strict", "set_fallback_budget", "fallback_budget", "localize_parameters", "set_comm_backend", "comm_backend",
+    "set_strict", "strict", "use_strict", "set_replication_threshold", "replication_threshold", "set_fallback_budget", "fallback_budget", "localize_parameters", "set_comm_backend", "comm_backend",
     "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
     "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats", "DEFAULT_TIMEOUT",
 ]
@@ -252,10 +252,13 @@ def _free_port() -> int:
 
 
 def comm_stats() -> dict:
-    """Collectives issued by this process so far: ``{"calls": {kind: n}, "bytes": {kind: n}, "messages": {kind: n}}``
-    (messages: the point-to-point messages sent, for the kinds made of them; see ``CommCounter``)."""
-    calls, nbytes, messages = _C.comm_stats()
-    return {"calls": dict(calls), "bytes": dict(nbytes), "messages": dict(messages)}
+    """Collectives issued by this process so far: ``{"calls": {kind: n}, "bytes": {kind: n}, "messages": {kind: n},
+    "replications": {op: n}, "replicated_bytes": {op: n}}`` (messages: the point-to-point messages sent, for the
+    kinds made of them; replications: tensors sharded along a large dim that an op made replicated; see
+    ``CommCounter``)."""
+    calls, nbytes, messages, replications, replicated = _C.comm_stats()
+    return {"calls": dict(calls), "bytes": dict(nbytes), "messages": dict(messages),
+            "replications": dict(replications), "replicated_bytes": dict(replicated)}
 
 
 class _SettingBlock:
@@ -346,6 +349,25 @@ def fallback_budget() -> Optional[int]:
     return None if budget < 0 else budget
 
 
+def set_replication_threshold(numel: int) -> int:
+    """When an op's rule turns a tensor sharded along a large dim into a replicated one (a gather inside a rule, a
+    view that must gather), the work stops being divided from there on: it is counted (``CommCounter().replications``,
+    ``RankStats().replications``), warned about once per op and call site ("the work is no longer divided"), and in
+    strict mode (``set_strict``) refused with ``NotImplementedError`` on every rank. "Large": the gathered dim is
+    longer than the mesh dim and the tensor has at least ``numel`` elements (default 16384;
+    ``SHARDTENSOR_REPLICATION_MIN_NUMEL`` sets it at start-up), so statistics and losses never count. Explicit requests
+    (``full_tensor()``, ``redistribute``) never count; the gather-compute fallback's gathers are counted and keep its
+    own warning. Process-wide; set it alike on every rank. Returns the previous setting."""
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"set_replication_threshold: expected an element count >= 0, got {numel!r}")
+    return _C.set_replication_threshold(int(numel))
+
+
+def replication_threshold() -> int:
+    """The element count from which a replication counts (see ``set_replication_threshold``)."""
+    return _C.replication_threshold()
+
+
 class use_strict(_SettingBlock):
     """``with st.use_strict(): ...`` — strict mode (or, with ``False``, the fallback) for a block."""
 
@@ -389,6 +411,10 @@ class CommCounter:
 
     ``messages``: the point-to-point messages this rank sent, for the kinds made of them (an ``all_to_all`` talks to
     every other rank of its group; a ``halo`` exchange and a ``ring_pass`` only to the peers they have data for).
+
+    ``replications`` / ``replicated_bytes`` (per op name): how often an op turned a tensor sharded along a large dim
+    into a replicated one, and the bytes of those tensors: the points where the work stopped being divided (see
+    ``set_replication_threshold``; ``full_tensor()`` and ``redistribute(...)`` are not counted).
     """
 
     def __enter__(self):
@@ -403,6 +429,11 @@ class CommCounter:
                       if v - self._start["bytes"].get(k, 0)}
         self.messages = {k: v - self._start["messages"].get(k, 0) for k, v in end["messages"].items()
                          if v - self._start["messages"].get(k, 0)}
+        self.replications = {k: v - self._start["replications"].get(k, 0) for k, v in end["replications"].items()
+                             if v - self._start["replications"].get(k, 0)}
+        self.replicated_bytes = {k: v - self._start["replicated_bytes"].get(k, 0)
+                                 for k, v in end["replicated_bytes"].items()
+                                 if v - self._start["replicated_bytes"].get(k, 0)}
         return False
 
     @property

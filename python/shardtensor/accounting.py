@@ -40,6 +40,8 @@ class RankStats:
     - ``s.traffic_bytes``: bytes the local kernels read and wrote (every non-view op's tensors), for a roofline;
       ``s.op_instances``: ``[(op, flops, traffic_bytes, count), ...]``;
     - ``s.comm_calls``, ``s.comm_bytes`` (per collective kind, bytes this rank sent: ``st.CommCounter``);
+    - ``s.replications``, ``s.replicated_bytes`` (per op): tensors sharded along a large dim that an op made
+      replicated, where the work stopped being divided (``st.set_replication_threshold``);
     - ``s.peak_bytes``: peak memory above what was live at entry — the CPU allocator's (``st.peak_memory``'s
       tracker) with real tensors, CUDA's ``max_memory_allocated`` with ``device="cuda"``, and in a meta simulation the
       tally of the bytes the fake storages would hold (``s.memory_source`` says which);
@@ -100,6 +102,7 @@ class RankStats:
             self._listening.listeners.remove(self._tally)
         self._comm.__exit__(*exc)
         self.comm_calls, self.comm_bytes = dict(self._comm.calls), dict(self._comm.bytes)
+        self.replications, self.replicated_bytes = dict(self._comm.replications), dict(self._comm.replicated_bytes)
         self.peak_bytes = None
         if self.count_memory:
             if self._meta_mode is not None:
@@ -127,6 +130,7 @@ class RankStats:
     def summary(self) -> dict:
         """The figures as a JSON-friendly dict."""
         return {"flops": self.flops, "traffic_bytes": self.traffic_bytes, "flops_by_op": self.flops_by_op,
-                "comm_calls": self.comm_calls, "comm_bytes": self.comm_bytes, "peak_bytes": self.peak_bytes,
+                "comm_calls": self.comm_calls, "comm_bytes": self.comm_bytes, "replications": self.replications,
+                "replicated_bytes": self.replicated_bytes, "peak_bytes": self.peak_bytes,
                 "memory_source": getattr(self, "memory_source", None), "wall_s": self.wall_s, "cpu_s": self.cpu_s,
                 "kernel_cpu_s": self.kernel_cpu_s}

@@ -56,6 +56,12 @@ void record_collective(const char* kind, int64_t bytes, int64_t messages) {
   stats.bytes[name] += bytes;
   if (messages > 0) stats.messages[name] += messages;
 }
+
+void record_replication(const std::string& op, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats.replications[op] += 1;
+  stats.replicated_bytes[op] += bytes;
+}
 } // namespace comm
 
 } // namespace shardtensor

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+
 namespace shardtensor {
 
 SpecPtr redistribute_target_spec(const ShardSpec& src, const Placements& placements,
@@ -43,7 +45,13 @@ bool sharded_elsewhere(const Placements& cur, int64_t tensor_dim, size_t except_
   return false;
 }
 
+std::atomic<ReplicationObserver> replication_observer{nullptr};
+
 } // namespace
+
+void set_replication_observer(ReplicationObserver observer) {
+  replication_observer.store(observer);
+}
 
 at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& src, const ShardSpec& dst) {
   TORCH_CHECK_VALUE(src.mesh->same_as(*dst.mesh), "redistribute: source and target meshes differ (",
@@ -81,6 +89,8 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& src, con
       cur[m] = target;
       cur_ext[m] = dst.extents[m];
     } else {
+      if (target.is_replicate())
+        if (auto observer = replication_observer.load()) observer(src, mi, a, static_cast<int64_t>(t.element_size()));
       t = comm::all_gather_v(t, a, cur_ext[m], mesh, mi);
       cur[m] = Placement::replicate();
       cur_ext[m].clear();

@@ -25,4 +25,10 @@ SpecPtr without_partial(const SpecPtr& spec);
 // the shards); a plain gradient is taken as the full replicated value and sliced locally.
 at::Tensor grad_to_spec(const at::Tensor& grad, const SpecPtr& spec);
 
+// Told before a shard is gathered to Replicate (`src`: the layout being moved; `mesh_dim`: the mesh dim whose shard
+// of tensor dim `dim` is gathered; `element_size`: bytes per element), so the dispatch layer can count, warn or refuse (src/dispatch/replication.h)
+// before anything moves. It decides from the spec alone, so every rank decides alike.
+using ReplicationObserver = void (*)(const ShardSpec& src, int64_t mesh_dim, int64_t dim, int64_t element_size);
+void set_replication_observer(ReplicationObserver observer);
+
 } // namespace shardtensor

@@ -8,6 +8,7 @@
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/registry.h"
+#include "dispatch/replication.h"
 
 #include <shardtensor/fallback.h>
 #include <shardtensor/shard_tensor.h>
@@ -302,6 +303,7 @@ void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     // Every rank walks the same arguments in the same order and each plan depends only on the specs, so the
     // collectives match across ranks.
     comm::CollectiveScope scope("fallback_");
+    FallbackReplicationScope replications(name);
     auto gather = [&](const at::Tensor& t) {
       const auto& spec = shard_impl(t)->spec();
       if (spec->has_shard()) wrap.layouts.push_back(without_partial(spec));

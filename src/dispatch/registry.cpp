@@ -405,6 +405,10 @@ void not_implemented(const c10::OperatorHandle& op, const torch::jit::Stack* sta
                               "shardtensor.register_handler.");
 }
 
+std::string running_op_name() {
+  return running_rule.op ? qualified(running_rule.op->operator_name()) : std::string();
+}
+
 } // namespace dispatch
 
 void not_implemented(const std::string& why) {

@@ -57,4 +57,7 @@ std::string rule_family_of(const std::string& op_name);
 // The same from inside a typed rule: names the op whose rule is running on this thread and its arguments.
 [[noreturn]] void not_implemented(const std::string& why);
 
+// The qualified name of the op whose rule is running on this thread (innermost), or "" outside any rule.
+std::string running_op_name();
+
 } // namespace shardtensor::dispatch

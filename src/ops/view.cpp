@@ -204,6 +204,45 @@ SpecPtr view_aligned_spec(const ShardSpec& spec, at::IntArrayRef in, at::IntArra
   return ShardSpec::make_with_dim_extents(spec.mesh, std::move(placements), in.vec(), ext);
 }
 
+// A split of a sharded dim whose outer factor is small beside the rest (outer * outer < inner: a stride or a pooling
+// window put outermost, as in Hiera's unrolled layout `x.view(B, q, N // q, C).amax(1)`; a handful of variables
+// unflattened from a token dim, as in FengWu's fuser; MaxViT's grid split `view(B, g, H / g, ...)`) would leave the
+// shard on a dim of a few rows: each rank then holds whole slices that the next reduction or select over that dim
+// must combine on every rank, and it divides the work by at most `outer`. The shard goes to the next output dim of size > 1 instead (default split), one
+// all-to-all after the local view. Returns the result's layout with those shards moved, or nullopt when none moves.
+// Decided from the shapes and the layout alone, so every rank picks the same target.
+std::optional<ViewLayout> inner_split_layout(const ViewLayout& layout, at::IntArrayRef in, at::IntArrayRef out,
+                                             const Mesh& mesh, const std::vector<Group>& groups) {
+  auto moved = layout;
+  bool any = false;
+  for (size_t m = 0; m < layout.placements.size(); ++m) {
+    const auto& p = layout.placements[m];
+    if (!p.is_shard() || mesh.size(static_cast<int64_t>(m)) == 1) continue;
+    const auto o = p.dim;
+    const Group* g = nullptr;
+    for (const auto& cand : groups)
+      if (std::find(cand.out.begin(), cand.out.end(), o) != cand.out.end()) g = &cand;
+    // Only a split (one input dim of size > 1 becoming several): a merge keeps its shard on the merged dim.
+    if (!g || std::count_if(g->in.begin(), g->in.end(), [&](int64_t k) { return in[k] > 1; }) != 1) continue;
+    // A leading dim is where a batch is folded with other dims ((B * N, C) -> (B, N, C), windows into the batch):
+    // its outer factor is the batch, whose shard is the cheapest one there is.
+    if (o == 0) continue;
+    int64_t inner = 1, next = -1;
+    for (auto k : g->out)
+      if (k > o) {
+        inner *= out[k];
+        if (next < 0 && out[k] > 1) next = k;
+      }
+    if (next < 0 || out[o] * out[o] >= inner) continue;
+    moved.placements[m] = Placement::shard(next);
+    moved.extents.erase(o);
+    moved.extents[next] = default_split(out[next], mesh.size(static_cast<int64_t>(m)));
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return moved;
+}
+
 // view / _unsafe_view / _reshape_alias (`op_name` for messages); `unsafe`: the local result is an _unsafe_view.
 // A view that keeps every shard a contiguous block of the result is local. Any other view first redistributes the
 // input to the nearest layout that is (view_aligned_spec: one collective per changed mesh dim), then views locally.
@@ -235,9 +274,13 @@ at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIn
     out = local.reshape(local_shape);
   }
   auto result = wrap(out, spec.mesh, layout->placements, out_shape, layout->extents);
+  const auto inner = inner_split_layout(*layout, self.sizes(), out_shape, *spec.mesh, groups);
+  if (inner)
+    result = redistribute_to(result, ShardSpec::make_with_dim_extents(spec.mesh, inner->placements, out_shape,
+                                                                      inner->extents));
   // A re-laid-out `view` is a copy where one device has an alias: refuse in-place writes into it (never silently
   // leave the input unchanged). `_unsafe_view` is reshape's copy path: not an alias on one device either.
-  if (relaid && !unsafe)
+  if ((relaid || inner) && !unsafe)
     dispatch::register_relaid_view(result, std::string(op_name) + " from " + c10::str(self_arg.sizes()) + " to " +
                                                c10::str(c10::IntArrayRef(out_shape)) + " with " +
                                                to_string(spec_of(self_arg).placements));

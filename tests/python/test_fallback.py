@@ -421,3 +421,95 @@ def test_fallback_budget_setting():
     with pytest.raises(ValueError, match="bytes"):
         st.set_fallback_budget(1.5)
     assert st.fallback_budget() is None
+
+
+# ---- replications: an op that makes a tensor sharded along a large dim replicated ----
+
+def _replication_warnings(record, op):
+    return [w for w in record if "ShardTensor: " + op in str(w.message)
+            and "the work is no longer divided" in str(w.message)]
+
+
+def _cat_twice(xs):
+    out = []
+    for _ in range(2):   # one call site, two calls: one warning
+        out.append(torch.cat([xs, xs * 2], 0))
+    return out
+
+
+def case_replication_watch(world):
+    """cat of two inputs sharded along the cat dim gathers both (then re-splits): counted per op in CommCounter and
+    RankStats, warned once per op and call site; full_tensor/redistribute are not; small tensors (the threshold) and
+    dims no longer than the mesh are not; strict mode raises on every rank before anything moves; the fallback's
+    gathers are counted under its op without a second warning."""
+    m = mesh()
+    k = m.size()
+    x = randn(9, 5, seed=41)
+    lay = ([st.Shard(0)], {0: uneven_extents(9, k, 41)})
+    previous = st.set_replication_threshold(0)
+    try:
+        st._C._reset_replication_warnings()
+        xs = st.distribute_tensor(x, m, *lay)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            with st.CommCounter() as c, st.RankStats(flops=False, memory=False) as s:
+                outs = _cat_twice(xs)
+        for o in outs:
+            close(full(o), torch.cat([x, x * 2], 0), what="cat of sharded inputs")
+        nbytes = 9 * 5 * 4
+        if k > 1:
+            assert c.replications == {"aten::cat": 4}, c.replications
+            assert c.replicated_bytes == {"aten::cat": 4 * nbytes}, c.replicated_bytes
+            assert s.replications == c.replications and s.replicated_bytes == c.replicated_bytes, s.summary()
+            assert len(_replication_warnings(record, "aten::cat")) == 1, [str(w.message) for w in record]
+            msg = str(_replication_warnings(record, "aten::cat")[0].message)
+            assert "[9, 5]" in msg and "Shard(0)" in msg and "_cat_twice" in msg, msg
+        else:   # nothing is gathered on one rank
+            assert c.replications == {} and not _replication_warnings(record, "aten::cat"), c.replications
+        # Explicit requests: neither counted nor warned.
+        with warnings.catch_warnings(record=True) as record, st.CommCounter() as c:
+            warnings.simplefilter("always")
+            close(xs.full_tensor(), x, what="full_tensor")
+            close(full(xs.redistribute([st.Replicate()])), x, what="redistribute")
+        assert c.replications == {} and not [w for w in record if "no longer divided" in str(w.message)], c.replications
+        # A dim no longer than the mesh is not large.
+        small = st.distribute_tensor(randn(k, 5, seed=42), m, [st.Shard(0)])
+        with st.CommCounter() as c:
+            torch.cat([small, small], 0)
+        assert c.replications == {}, c.replications
+        # Strict mode refuses it, on every rank, before any collective.
+        with st.use_strict(), st.CommCounter() as c:
+            if k > 1:
+                with pytest.raises(NotImplementedError, match="aten::cat turned a tensor of shape \\[9, 5\\].*strict mode"):
+                    torch.cat([xs, xs], 0)
+            else:
+                torch.cat([xs, xs], 0)
+        assert c.calls == {}, c.calls
+        # The fallback's gathers: counted under its op; its own warning only.
+        st._C._reset_fallback_warnings()
+        with warnings.catch_warnings(record=True) as record, st.CommCounter() as c:
+            warnings.simplefilter("always")
+            v = torch.median(xs, dim=0).values
+        close(full(v), torch.median(x, dim=0).values, what="median")
+        if k > 1:
+            assert c.replications == {"aten::median.dim": 1}, c.replications
+        assert not _replication_warnings(record, "aten::median.dim"), [str(w.message) for w in record]
+    finally:
+        st.set_replication_threshold(previous)
+    # The default threshold: these small tensors are never counted.
+    assert st.replication_threshold() == 16384
+    with st.CommCounter() as c:
+        torch.cat([xs, xs], 0)
+    assert c.replications == {}, c.replications
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_replication_counted_warned_and_strict(world):
+    harness.run(world, case_replication_watch, world)
+
+
+def test_replication_threshold_argument():
+    with pytest.raises(ValueError, match="element count"):
+        st.set_replication_threshold(-1)
+    assert st.replication_threshold() == 16384

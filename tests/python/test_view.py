@@ -182,3 +182,91 @@ def test_cat_joins_stay_sharded(world):
 
 def test_cat_joins_2d():
     harness.run(4, case_cat_joins_2d)
+
+
+def _hiera_pool(q):
+    """timm Hiera's unrolled pooling (the tokens of a pooling window are q apart), then a projection."""
+    def fn(t, w, b):
+        B, N, C = t.shape
+        pooled = t.view(B, q, N // q, C).amax(1)
+        return torch.nn.functional.linear(pooled, w, b), pooled.view(B, 2, N // q // 2, C).max(dim=1).values
+    return fn
+
+
+def case_split_small_outer(seed, n_ext):
+    """A split whose outer factor is small (q * q < N // q) puts the shard on the inner dim, so the reduction over
+    q that follows is local and its result stays sharded: one all-to-all, no all-reduce or all-gather, no Partial."""
+    m = mesh()
+    k = m.size()
+    q, N, C = 4, sum(n_ext), 3
+    x = randn(2, N, C, seed=seed)
+    w, b = randn(5, C, seed=seed + 1), randn(5, seed=seed + 2)
+    lay = ([st.Shard(1)], {0: n_ext})
+    xs = st.distribute_tensor(x, m, *lay)
+    with st.CommCounter() as c:
+        pooled = xs.view(2, q, N // q, C).amax(1)
+    assert set(c.calls) <= {"all_to_all"}, c.calls
+    assert c.calls.get("all_to_all", 0) <= (2 if k > 1 else 0), c.calls
+    if k > 1:   # (a one-rank mesh keeps the shard on q: nothing to divide)
+        assert st.placements(pooled) == (st.Shard(1),), st.placements(pooled)
+        assert st.sharding_shapes(pooled) == {0: [len(s) for s in torch.tensor_split(torch.arange(N // q), k)]}
+    check_op(_hiera_pool(q), [x, w, b], [lay, None, None], m, what="Hiera pool",
+             expect_placements=[st.Shard(1)] if k > 1 else None)
+    return True
+
+
+def case_split_small_outer_2d():
+    """2-D mesh: batch on mesh dim 0, tokens on mesh dim 1: the token shard moves to the inner dim, the batch
+    shard stays."""
+    m = mesh((2, 2))
+    q, N, C = 4, 96, 3
+    x = randn(3, N, C, seed=3)
+    w, b = randn(5, C, seed=4), randn(5, seed=5)
+    lay = ([st.Shard(0), st.Shard(1)], {0: [2, 1], 1: [0, 96]})
+    check_op(_hiera_pool(q), [x, w, b], [lay, None, None], m, what="Hiera pool 2-D",
+             expect_placements=[st.Shard(0), st.Shard(1)])
+    return True
+
+
+@pytest.mark.parametrize("world,n_ext", [(1, [96]), (2, [48, 48]), (2, [23, 73]), (3, [0, 40, 56]),
+                                         (4, [24, 24, 24, 24]), (4, [10, 0, 62, 24])])
+def test_split_small_outer_stays_divided(world, n_ext):
+    harness.run(world, case_split_small_outer, 7, n_ext)
+
+
+def test_split_small_outer_2d():
+    harness.run(4, case_split_small_outer_2d)
+
+
+def _fengwu_fuse(V, H, W):
+    """FengWu: the variables' token sequences folded into one sequence, a projection, and the fuser's 3-D view."""
+    def fn(t, w, b):
+        B, _, HW, C = t.shape
+        seq = torch.nn.functional.linear(t.reshape(B, V * HW, C), w, b)
+        grid = seq.view(B, V, H, W, -1)
+        return seq, torch.nn.functional.linear(grid, w[:, :w.shape[0]], b)
+    return fn
+
+
+def case_fengwu_fold(hw_ext):
+    """(B, V, H*W, C) sharded on the tokens: the fold into (B, V*H*W, C) keeps a Shard of the merged dim (whole
+    variable blocks), so the projection after it is a Shard, never Partial; the fuser's view (B, V, H, W, C) then
+    puts the shard on H (a small outer factor V: V * V < H * W), where the projection stays a Shard too."""
+    m = mesh()
+    k = m.size()
+    V, H, W, C = 3, 4, 5, 4
+    x = randn(2, V, H * W, C, seed=17)
+    w, b = randn(C, C, seed=18), randn(C, seed=19)
+    lay = ([st.Shard(2)], {0: hw_ext})
+    out = check_op(_fengwu_fuse(V, H, W), [x, w, b], [lay, None, None], m, what="FengWu fold")
+    seq, grid = out
+    assert st.placements(seq) == (st.Shard(1),), st.placements(seq)
+    assert not any(p.is_partial() for p in st.placements(seq) + st.placements(grid))
+    if k > 1:
+        assert st.placements(grid) == (st.Shard(2),), st.placements(grid)
+    return True
+
+
+@pytest.mark.parametrize("world,hw_ext", [(2, [8, 12]), (3, [0, 13, 7]), (4, [5, 5, 5, 5])])
+def test_fengwu_fold_stays_sharded(world, hw_ext):
+    harness.run(world, case_fengwu_fold, hw_ext)

@@ -278,8 +278,10 @@ def test_swin_block_2d_mesh():
 # ------------------------------------------------------------------------------ MaxViT grid partition
 
 def case_grid_roundtrip(h_ext):
-    """The grid dim is the outer factor of H: extents are re-aligned to multiples of H/g (the window count)
-    once when they are not, and the shard stays on the grid dim through the partition and its reverse."""
+    """The grid dim g is a small outer factor of H (g * g < H / g): the split puts the shard on the window count H/g
+    (one all-to-all after the local view; one more first when the extents are not multiples of H/g), so each rank
+    holds whole grid windows and the attention over a window's g * g tokens is local. The reverse merges (g, H/g) with
+    the shard on the inner factor: one all-to-all moves it to the outer g (view's merge rule)."""
     m = mesh()
     B, H, W, C, g = 1, 12, 8, 3, 2
     torch.manual_seed(0)
@@ -292,15 +294,15 @@ def case_grid_roundtrip(h_ext):
     with st.CommCounter() as c:
         win = grid_partition(xs, g)
     aligned = all(e % q == 0 for e in h_ext)
-    assert c.calls == ({} if aligned or m.size() == 1 else {"all_to_all": 1}), c.calls
-    want_h = _nearest_aligned(h_ext, q)
-    assert _layout(win) == ((Shard(1),), {0: [e // q for e in want_h]}), _layout(win)
+    assert c.calls == ({} if m.size() == 1 else {"all_to_all": 1 if aligned else 2}), c.calls
+    rows = _default_split(q, m.size())
+    assert _layout(win) == ((Shard(0),), {0: [r * (W // g) for r in rows]}), _layout(win)
     with st.CommCounter() as c:
         out = grid_reverse(lin(win), g, H, W)
-    assert c.calls == {}, c.calls
+    assert c.calls == ({} if m.size() == 1 else {"all_to_all": 1}), c.calls
     out_ref = grid_reverse(ref(grid_partition(xr, g)), g, H, W)
     close(full(out), out_ref, rtol=1e-5, atol=1e-5, what="grid round trip")
-    assert _layout(out) == ((Shard(1),), {0: want_h}), _layout(out)
+    assert _layout(out) == ((Shard(1),), {0: [r * q for r in _default_split(g, m.size())]}), _layout(out)
     _backward_both(out, out_ref, xs, xr, "grid round trip")
     _grads_match(lin, ref, "grid round trip")
     return True
