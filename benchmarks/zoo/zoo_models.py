@@ -54,7 +54,7 @@ MODELS: Dict[str, ModelSpec] = {}
 
 LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_models_pytorch",
                     "diffusers": "diffusers", "neuralop": "neuralop", "physicsnemo": "physicsnemo",
-                    "torch": "torch"}
+                    "torchvision": "torchvision", "torch": "torch"}
 
 
 def model(library: str, name: str, shape, **kw):
@@ -174,6 +174,158 @@ def _():
     return _timm("edgenext_xx_small")
 
 
+@model("timm", "timm/xcit_nano", (2, 3, 32, 32), align=8, spatial_out=False,
+       note="convolutional stem (BatchNorm) before tokens, cross-covariance attention, class attention")
+def _():
+    return _timm("xcit_nano_12_p8_224", img_size=32, depth=2)
+
+
+def _halonet_cfg():
+    from timm.models.byobnet import ByoBlockCfg, ByoModelCfg, interleave_blocks
+    # halonet26t's layout, narrow and shallow: halo attention (block 4, halo 1) at stride 8
+    return ByoModelCfg(blocks=(ByoBlockCfg(type="bottle", d=1, c=32, s=1, gs=0, br=0.25),
+                               interleave_blocks(types=("bottle", "self_attn"), d=2, c=64, s=2, gs=0, br=0.25)),
+                       stem_chs=16, stem_type="tiered", stem_pool="maxpool", self_attn_layer="halo",
+                       self_attn_kwargs=dict(block_size=4, halo_size=1))
+
+
+@model("timm", "timm/halonet", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="blocked local attention with halos (Tensor.unfold)")
+def _():
+    from timm.models.byobnet import ByobNet
+    return ByobNet(_halonet_cfg(), num_classes=10)
+
+
+@model("timm", "timm/volo_d1", (2, 3, 64, 64), align=16, spatial_out=False,
+       note="outlook attention (F.unfold/F.fold), class attention")
+def _():
+    from timm.models.volo import VOLO
+    return VOLO(layers=[1, 1, 1, 1], img_size=64, embed_dims=[32, 64, 64, 64], num_heads=[1, 2, 2, 2],
+                stem_hidden_dim=16, num_classes=10)
+
+
+@model("timm", "timm/nf_resnet", (2, 3, 64, 64), spatial_out=False,
+       note="normalizer-free (nf_resnet26's blocks, narrow), scaled weight standardisation")
+def _():
+    from timm.models.nfnet import NormFreeNet, _nfres_cfg
+    return NormFreeNet(_nfres_cfg(depths=(1, 1, 1, 1), channels=(32, 64, 128, 256)), num_classes=10)
+
+
+@model("timm", "timm/crossvit", (2, 3, 32, 32), align=8, spatial_out=False,
+       note="two patch sizes, cross-attention of the class tokens")
+def _():
+    from timm.models.crossvit import CrossVit
+    return CrossVit(img_size=32, img_scale=(1.0, 1.0), patch_size=(4, 8), embed_dim=(32, 64), depth=((1, 1, 0),),
+                    num_heads=(2, 2), mlp_ratio=(2.0, 2.0, 1.0), num_classes=10)
+
+
+@model("timm", "timm/twins_svt", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="locally grouped + sub-sampled global attention, conv position encoding")
+def _():
+    return _timm("twins_svt_small", img_size=64, embed_dims=(16, 32, 64, 128), num_heads=(1, 2, 4, 8),
+                 depths=(2, 2, 2, 2), wss=(4, 4, 2, 1))
+
+
+@model("timm", "timm/eva02_tiny", (2, 3, 32, 32), align=4, spatial_out=False, note="2-D rotary embedding, SwiGLU")
+def _():
+    return _timm("eva02_tiny_patch14_224", img_size=32, patch_size=4, depth=2)
+
+
+@model("timm", "timm/davit", (2, 3, 128, 128), align=64, spatial_out=False,
+       note="spatial window attention + channel attention")
+def _():
+    from timm.models.davit import DaVit
+    return DaVit(depths=(1, 1, 1), embed_dims=(16, 32, 64), num_heads=(1, 2, 4), window_size=4, num_classes=10)
+
+
+@model("timm", "timm/mvitv2", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="pooling attention (strided conv pooling of q/k/v), relative positions")
+def _():
+    from timm.models.mvitv2 import MultiScaleVit, MultiScaleVitCfg
+    return MultiScaleVit(MultiScaleVitCfg(depths=(1, 1, 1, 1), embed_dim=16, num_heads=1), img_size=(64, 64),
+                         num_classes=10)
+
+
+@model("timm", "timm/hiera", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="mask units, unrolled token order, max-pooled queries")
+def _():
+    return _timm("hiera_tiny_224", img_size=(64, 64), embed_dim=16, stages=(1, 1, 1, 1))
+
+
+@model("timm", "timm/efficientvit_b0", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="ReLU linear attention (multi-scale)")
+def _():
+    return _timm("efficientvit_b0")
+
+
+# ------------------------------------------------- torchvision: video, optical flow, segmentation, Swin-V2
+
+def _video_resnet(stem, conv_makers):
+    from torchvision.models.video import resnet as vr
+    return vr.VideoResNet(vr.BasicBlock, conv_makers, [1, 1, 1, 1], getattr(vr, stem), num_classes=10)
+
+
+@model("torchvision", "torchvision/r2plus1d", (1, 3, 8, 32, 32), shard_dims=(3,), spatial_out=False,
+       note="(2+1)-D convolutions, H sharded")
+def _():
+    from torchvision.models.video.resnet import Conv2Plus1D
+    return _video_resnet("R2Plus1dStem", [Conv2Plus1D] * 4)
+
+
+@model("torchvision", "torchvision/mc3", (1, 3, 8, 32, 32), shard_dims=(2,), spatial_out=False,
+       note="3-D then (1, 3, 3) convolutions, time sharded")
+def _():
+    from torchvision.models.video.resnet import Conv3DNoTemporal, Conv3DSimple
+    return _video_resnet("BasicStem", [Conv3DSimple] + [Conv3DNoTemporal] * 3)
+
+
+@model("torchvision", "torchvision/swin3d", (1, 3, 4, 64, 64), shard_dims=(3,), align=32, spatial_out=False,
+       note="3-D shifted windows, H sharded")
+def _():
+    from torchvision.models.video.swin_transformer import SwinTransformer3d
+    return SwinTransformer3d(patch_size=[2, 4, 4], embed_dim=16, depths=[2, 2], num_heads=[1, 2],
+                             window_size=[2, 4, 4], stochastic_depth_prob=0.0, num_classes=10)
+
+
+class _FlowPair(torch.nn.Module):
+    """RAFT on the two frames stacked along the channels (so that both are sharded alike), 2 refinement steps."""
+
+    def __init__(self, raft):
+        super().__init__()
+        self.raft = raft
+
+    def forward(self, x):
+        return self.raft(x[:, :3], x[:, 3:], num_flow_updates=2)
+
+
+@model("torchvision", "torchvision/raft_small", (1, 6, 128, 128), align=8, dtype="float32",
+       note="all-pairs correlation volume, grid_sample lookups; the two frames stacked on the channels")
+def _():
+    from torchvision.models.optical_flow import raft_small
+    return _FlowPair(raft_small(weights=None))
+
+
+@model("torchvision", "torchvision/lraspp", (2, 3, 64, 64), align=32, note="MobileNetV3 + global-pool gate")
+def _():
+    from torchvision.models.segmentation import lraspp_mobilenet_v3_large
+    return lraspp_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=3)
+
+
+@model("torchvision", "torchvision/fcn_resnet50", (1, 3, 32, 32), align=8, note="dilated ResNet-50")
+def _():
+    from torchvision.models.segmentation import fcn_resnet50
+    return fcn_resnet50(weights=None, weights_backbone=None, num_classes=3, aux_loss=False)
+
+
+@model("torchvision", "torchvision/swin_v2", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="cosine attention, continuous position bias, shifted windows")
+def _():
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+    return SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[1, 2], window_size=[4, 4],
+                           stochastic_depth_prob=0.0, num_classes=10, block=SwinTransformerBlockV2,
+                           downsample_layer=PatchMergingV2)
+
+
 # -------------------------------------------------------------------------- MONAI: 2-D unless named 3d
 
 @model("monai", "monai/UNet", (2, 1, 64, 64), note="PReLU, InstanceNorm")
@@ -252,6 +404,42 @@ def _():
     from monai.networks.nets import SwinUNETR
     return SwinUNETR(in_channels=1, out_channels=2, spatial_dims=2, feature_size=12, depths=(1, 1, 1, 1),
                      num_heads=(1, 1, 2, 2))
+
+
+@model("monai", "monai/SwinUNETR-v2", (2, 1, 64, 64), align=32, note="v2: a residual conv block per stage")
+def _():
+    from monai.networks.nets import SwinUNETR
+    return SwinUNETR(in_channels=1, out_channels=2, spatial_dims=2, feature_size=12, depths=(1, 1, 1, 1),
+                     num_heads=(1, 1, 2, 2), use_v2=True)
+
+
+@model("monai", "monai/FlexibleUNet", (2, 1, 64, 64), align=32, note="EfficientNet-B0 encoder")
+def _():
+    from monai.networks.nets import FlexibleUNet
+    return FlexibleUNet(in_channels=1, out_channels=2, backbone="efficientnet-b0", spatial_dims=2,
+                        decoder_channels=(32, 16, 8, 8, 8))
+
+
+@model("monai", "monai/MedNeXt", (2, 1, 32, 32), align=16, note="depthwise 7x7, GroupNorm, inverted bottlenecks")
+def _():
+    from monai.networks.nets import MedNeXt
+    return MedNeXt(spatial_dims=2, init_filters=8, in_channels=1, out_channels=2, blocks_down=(1, 1, 1, 1),
+                   blocks_bottleneck=1, blocks_up=(1, 1, 1, 1))
+
+
+@model("monai", "monai/SegResNetDS", (2, 1, 64, 64), align=4, note="deep supervision (several outputs)")
+def _():
+    from monai.networks.nets import SegResNetDS
+    return SegResNetDS(spatial_dims=2, init_filters=8, in_channels=1, out_channels=2, blocks_down=(1, 2, 2),
+                       dsdepth=2)
+
+
+@model("monai", "monai/Restormer", (2, 3, 32, 32), align=8,
+       note="transposed (channel) attention, pixel (un)shuffle")
+def _():
+    from monai.networks.nets.restormer import Restormer
+    return Restormer(spatial_dims=2, in_channels=3, out_channels=3, dim=8, num_blocks=(1, 1, 1, 1),
+                     heads=(1, 1, 2, 2), num_refinement_blocks=1)
 
 
 # ------------------------------------------------------- segmentation-models-pytorch: 64x64, random encoders
@@ -394,6 +582,43 @@ def _():
                                  norm_num_groups=4)
 
 
+def _video_cross():
+    g = torch.Generator().manual_seed(5)
+    return {"timestep": torch.tensor([3, 500]), "encoder_hidden_states": torch.randn(2, 5, 16, generator=g)}
+
+
+@model("diffusers", "diffusers/UNet3DConditionModel", (2, 4, 4, 16, 16), shard_dims=(3,), spatial=(3, 4), align=2,
+       extra=_video_cross, note="frames x H x W, temporal attention and convolutions, H sharded")
+def _():
+    from diffusers import UNet3DConditionModel
+    return UNet3DConditionModel(sample_size=16, in_channels=4, out_channels=4, block_out_channels=(16, 32),
+                                down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+                                up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"), layers_per_block=1,
+                                norm_num_groups=8, cross_attention_dim=16, attention_head_dim=8)
+
+
+class _ControlNetPair(torch.nn.Module):
+    """ControlNet on the latent and the conditioning image stacked along the channels (both sharded alike; the
+    conditioning embedding keeps the latent's resolution)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, timestep, encoder_hidden_states):
+        return self.net(x[:, :4], timestep, encoder_hidden_states, controlnet_cond=x[:, 4:], return_dict=False)
+
+
+@model("diffusers", "diffusers/ControlNetModel", (2, 7, 32, 32), align=4, extra=_cross,
+       note="latent + conditioning image on the channels; outputs the residuals of every down block")
+def _():
+    from diffusers import ControlNetModel
+    return _ControlNetPair(ControlNetModel(in_channels=4, conditioning_channels=3, block_out_channels=(16, 32),
+                                           down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                           layers_per_block=1, norm_num_groups=8, cross_attention_dim=16,
+                                           attention_head_dim=8, conditioning_embedding_out_channels=(8,)))
+
+
 # --------------------------------------------------------------- neuraloperator: spectral (FFT) operators
 
 @model("neuralop", "neuralop/FNO", (2, 1, 32, 32))
@@ -490,6 +715,29 @@ def _():
                         num_blocks=1, attn_resolutions=[8], dropout=0.0)
 
 
+@model("physicsnemo", "physicsnemo/Pangu", (1, 72, 32, 32), align=16,
+       note="3-D Earth windows with latitude-dependent bias, surface + 13 levels")
+def _():
+    from physicsnemo.models.pangu import Pangu
+    return Pangu(img_size=(32, 32), patch_size=(2, 4, 4), embed_dim=16, num_heads=(1, 2, 2, 1),
+                 window_size=(2, 2, 4))
+
+
+@model("physicsnemo", "physicsnemo/FengWu", (1, 14, 32, 32), align=16,
+       note="one encoder per variable, variables folded into the tokens")
+def _():
+    from physicsnemo.models.fengwu import Fengwu
+    return Fengwu(img_size=(32, 32), pressure_level=2, embed_dim=16, patch_size=(4, 4), num_heads=(1, 2, 2, 1),
+                  window_size=(2, 2, 4))
+
+
+@model("physicsnemo", "physicsnemo/DLWP", (2, 2, 6, 16, 16), shard_dims=(3,), spatial=(3, 4), align=4,
+       note="cubed sphere: 6 faces, halo padding across faces (rot90), H sharded")
+def _():
+    from physicsnemo.models.dlwp import DLWP
+    return DLWP(nr_input_channels=2, nr_output_channels=2, nr_initial_channels=8, depth=2)
+
+
 # ------------------------------------------------------------------------------------ running and judging
 
 RTOL = {torch.float64: 1e-9, torch.float32: 2e-4}
@@ -531,6 +779,8 @@ def _no_dropout(module: torch.nn.Module):
             m.dropout_prob = 0.0
         if isinstance(getattr(m, "drop_rate", None), float):  # timm heads calling F.dropout (GhostNet: 0.2)
             m.drop_rate = 0.0
+        if type(m).__name__ == "StochasticDepth" and isinstance(getattr(m, "p", None), float):  # torchvision
+            m.p = 0.0
 
 
 def _randomize_zeros(module: torch.nn.Module, seed: int):
