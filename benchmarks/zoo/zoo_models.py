@@ -252,8 +252,8 @@ def _():
     return _timm("hiera_tiny_224", img_size=(64, 64), embed_dim=16, stages=(1, 1, 1, 1))
 
 
-@model("timm", "timm/efficientvit_b0", (2, 3, 64, 64), align=32, spatial_out=False,
-       note="ReLU linear attention (multi-scale)")
+@model("timm", "timm/efficientvit_b0", (2, 3, 64, 64), align=32, spatial_out=False, dtype="float32",
+       note="ReLU linear attention (multi-scale); float32: the attention casts q, k, v to float32")
 def _():
     return _timm("efficientvit_b0")
 
@@ -299,7 +299,8 @@ class _FlowPair(torch.nn.Module):
 
 
 @model("torchvision", "torchvision/raft_small", (1, 6, 128, 128), align=8, dtype="float32",
-       note="all-pairs correlation volume, grid_sample lookups; the two frames stacked on the channels")
+       note="all-pairs correlation volume, grid_sample lookups; the two frames stacked on the channels; float32: "
+       "its coordinate grid is float32")
 def _():
     from torchvision.models.optical_flow import raft_small
     return _FlowPair(raft_small(weights=None))
@@ -743,7 +744,10 @@ def _():
 RTOL = {torch.float64: 1e-9, torch.float32: 2e-4}
 # SHARDTENSOR_ZOO_ANOMALY=1: a backward error also prints the forward stack of the op whose backward failed.
 ANOMALY = os.environ.get("SHARDTENSOR_ZOO_ANOMALY", "") not in ("", "0")
-GRAD_FLOOR = 1e-4   # a parameter gradient is compared relative to at least this fraction of the largest one
+# A parameter gradient is compared relative to at least this fraction of the largest one: a gradient that is zero in
+# exact arithmetic (a conv bias before InstanceNorm, a key bias under softmax) holds only rounding noise, and in
+# float32 the floor must keep the tolerance (RTOL x floor x largest) above one unit in the last place of the largest.
+GRAD_FLOOR = {torch.float64: 1e-4, torch.float32: 1e-2}
 
 
 def _flat_tensors(out) -> list:
@@ -781,6 +785,8 @@ def _no_dropout(module: torch.nn.Module):
             m.drop_rate = 0.0
         if type(m).__name__ == "StochasticDepth" and isinstance(getattr(m, "p", None), float):  # torchvision
             m.p = 0.0
+        if isinstance(getattr(m, "drop_connect_rate", None), float):  # MONAI's EfficientNet blocks (0.2 scaled)
+            m.drop_connect_rate = 0.0
 
 
 def _randomize_zeros(module: torch.nn.Module, seed: int):
@@ -984,7 +990,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         for (pn, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
             if p.grad is not None and st.is_shard_tensor(p.grad):
                 problems.append((f"grad {pn} is a ShardTensor", float("inf")))
-            cmp(f"grad {pn}", p.grad, pr.grad, GRAD_FLOOR * grad_scale)
+            cmp(f"grad {pn}", p.grad, pr.grad, GRAD_FLOOR[dt] * grad_scale)
         for (bn, b), (_, br) in zip(model.named_buffers(), ref.named_buffers()):
             if st.is_shard_tensor(b):
                 problems.append((f"buffer {bn} became a ShardTensor", float("inf")))
