@@ -1,5 +1,5 @@
-"""Unmodified models from timm, MONAI, segmentation-models-pytorch, diffusers, neuraloperator and PhysicsNeMo,
-run domain-parallel by sharding only their input, and compared with one process.
+"""Unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers, neuraloperator and
+PhysicsNeMo, run domain-parallel by sharding only their input, and compared with one process.
 
 ``run_model(name, ...)`` runs on every rank of an initialised process group (the tests' harness pools, or
 ``benchmarks/zoo/bench.py``'s). It builds the model from a seed (random init: no weights are downloaded), runs
@@ -772,7 +772,7 @@ def cast(module: torch.nn.Module, dt: torch.dtype) -> torch.nn.Module:
 
 def _no_dropout(module: torch.nn.Module):
     """Dropout, stochastic-depth and label-dropout probabilities set to 0 (smp's FPN/PSPNet/DeepLab heads default
-    to 0.2-0.5, its MiT encoder to drop-path 0.1, diffusers' DiT drops class labels with 0.1, timm's GhostNet head calls F.dropout with drop_rate 0.2): random masks differ between one process and the ranks' generators, so no
+    to 0.2-0.5, its MiT encoder to drop-path 0.1, diffusers' DiT drops class labels with 0.1, timm's GhostNet head calls F.dropout with drop_rate 0.2, torchvision's StochasticDepth, MONAI's EfficientNet drop-connect 0.2): random masks differ between one process and the ranks' generators, so no
     comparison could pass; the modules still run."""
     for m in module.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):

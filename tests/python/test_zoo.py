@@ -51,6 +51,9 @@ ZOO = [
     ("diffusers/UNet2DModel", 2, None, None),
     ("neuralop/FNO", 2, None, None),
     ("neuralop/FNO-1d", 3, None, None),
+    ("timm/halonet", 2, None, None),          # blocked attention with halos (Tensor.unfold)
+    ("torchvision/mc3", 2, None, None),       # video: 3-D convolutions, the time dim sharded
+    ("torchvision/raft_small", 2, None, None),  # optical flow: all-pairs correlation, grid_sample lookups
 ]
 XFAIL = {}
 
