@@ -73,6 +73,17 @@ PATTERNS = [
             "single-process run once shardtensor is imported. Not covered by an item (the methods should raise "
             "AttributeError on plain tensors, as the properties already do).",
             "import shardtensor; hasattr(torch.randn(2), 'redistribute')  # True"),
+    Pattern("a merge of levels x lat x lon moves the shard onto the levels (issue 29 item 3)",
+            r"the output is \(Replicate\(\),\) \(not sharded\)",
+            "PhysicsNeMo's Pangu folds (levels, lat, lon) into one token dim, `x.reshape(B, C, -1).transpose(1, 2)`, "
+            "with lat sharded: a shard of a middle dim is not a block of the merged dim, so the merge re-lays it "
+            "out as a block of the tokens, i.e. on the outer levels dim (an all-to-all; the work stays divided). "
+            "Every later view keeps it there, so `output[:, :, 0]` (the surface level, held by one rank) is "
+            "replicated to every rank and the surface patch recovery runs whole on each; the upper-air output "
+            "comes out sharded along its levels instead of lat. The view rule's choice of where a merged or split "
+            "shard lands (issue 29 item 3).",
+            "t = xs.unsqueeze(2).expand(-1, -1, 8, -1, -1).reshape(2, 8, -1)  # xs (2, 8, H, W) Shard(2): "
+            "t's shard is on the 8 'levels'; t.view(2, 8, 8, H, W)[:, :, 0] is replicated"),
     Pattern("peer failed (a rank raised or timed out earlier)", r"DistBackendError|Connection closed by peer",
             "A collective failed because another rank raised, died or issued a different collective (see that "
             "rank's error; the run restarts the pool after every failure).",

@@ -14,6 +14,7 @@
 #include <ATen/ops/matmul_native.h>
 #include <torch/autograd.h>
 
+
 namespace shardtensor::ops {
 
 namespace {
@@ -242,6 +243,29 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::
   return at::native::linear(x, w, b);
 }
 
+// The batch dim that both operands shard alike (same placements and extents, no broadcast, no Partial, the matrix
+// dims unsharded), when they are not already the leading dims; else empty. matmul's decomposition merges the
+// batch dims into one for bmm: a shard of an inner batch dim (Pangu/FengWu windows under the heads dim) is not a
+// block of the merged dim, so the merge redistributed it and the result came back sharded on the outer dim.
+std::vector<int64_t> inner_shared_batch_shard(const at::Tensor& a, const at::Tensor& b) {
+  auto* ai = shard_impl(a);
+  auto* bi = shard_impl(b);
+  if (!ai || !bi || a.dim() != b.dim() || a.dim() < 3) return {};
+  const ShardSpec& sa = *ai->spec();
+  const ShardSpec& sb = *bi->spec();
+  if (sa.mesh != sb.mesh || sa.placements != sb.placements || sa.has_partial() || !sa.has_shard()) return {};
+  std::vector<int64_t> dims;
+  for (const auto& p : sa.placements) {
+    if (!p.is_shard()) continue;
+    if (p.dim >= a.dim() - 2 || a.size(p.dim) != b.size(p.dim)) return {};
+    dims.push_back(p.dim);
+  }
+  // One sharded batch dim (a merge of two sharded dims cannot stay sharded on both mesh dims); a leading one
+  // already is a block of the merged dim.
+  if (dims.size() != 1 || dims[0] == 0 || sa.dim_extents() != sb.dim_extents()) return {};
+  return dims;
+}
+
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
   check_matmul_args(a, b);
   // Held until the op below has recorded its graph edges.
@@ -254,6 +278,13 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
   // (..., S, K) @ (K,): a one-output linear.
   if (b.dim() == 1 && a.dim() >= 2 && token_local_linear(a, b, std::nullopt)) {
     return at::squeeze(apply_linear(a, b.unsqueeze(0), std::nullopt), -1);
+  }
+  // Batch-sharded on an inner batch dim: move the shared sharded dim to the front so that the bmm the
+  // decomposition calls is local per rank, and move them back.
+  auto front = inner_shared_batch_shard(a, b);
+  if (!front.empty()) {
+    const int64_t d = front[0];
+    return at::native::matmul(a.movedim(d, 0), b.movedim(d, 0)).movedim(0, d);
   }
   return at::native::matmul(a, b);
 }

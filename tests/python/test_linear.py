@@ -40,6 +40,35 @@ def case_linear(seed):
     return True
 
 
+def case_batched_matmul_inner_shard(seed):
+    """(B, heads, windows, N, d) @ (B, heads, windows, d, N) with the windows sharded in both (Pangu/FengWu's 3-D
+    window attention): local per rank, the output sharded like the windows (the decomposition's batch merge used
+    to redistribute onto the heads dim, two all-to-alls per product, and the head merge after it ended Partial)."""
+    m = mesh()
+    w = m.size()
+    q, k = randn(2, 3, 7, 4, 5, seed=seed), randn(2, 3, 7, 5, 4, seed=seed + 1)
+    win = ([st.Shard(2)], {0: uneven_extents(7, w, seed)})
+    check_op(torch.matmul, [q, k], [win, win], m, what="matmul inner batch shard", expect_placements=[st.Shard(2)])
+    qs = st.distribute_tensor(q, m, [st.Shard(2)], sharding_shapes=win[1])
+    ks = st.distribute_tensor(k, m, [st.Shard(2)], sharding_shapes=win[1])
+    with st.CommCounter() as c:
+        out = qs @ ks
+    assert c.total_calls == 0, c.calls
+    assert st.sharding_shapes(out) == st.sharding_shapes(qs), (st.sharding_shapes(out), st.sharding_shapes(qs))
+    # A 2-D mesh: the windows on one mesh dim; heads and windows on both (values only: the decomposition's own
+    # path); a different split of one operand (likewise).
+    if w == 4:
+        m2 = mesh((2, 2))
+        one = ([st.Replicate(), st.Shard(2)], {1: uneven_extents(7, 2, seed)})
+        check_op(torch.matmul, [q, k], [one, one], m2, what="matmul inner batch shard, 2-D mesh",
+                 expect_placements=[st.Replicate(), st.Shard(2)])
+        two = ([st.Shard(1), st.Shard(2)], {0: uneven_extents(3, 2, seed), 1: uneven_extents(7, 2, seed + 1)})
+        check_op(torch.matmul, [q, k], [two, two], m2, what="matmul two inner batch shards")
+    if w > 1:
+        other = ([st.Shard(2)], {0: list(reversed(uneven_extents(7, w, seed)))})
+        check_op(torch.matmul, [q, k], [win, other], m, what="matmul batch shards split differently")
+
+
 def case_nn_linear_module(seed):
     """An nn.Linear on token-sharded input: weight and bias grads equal single-device, plain tensors."""
     m = mesh()
@@ -80,6 +109,11 @@ def case_embedding(seed):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_linear(world):
     harness.run(world, case_linear, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_batched_matmul_inner_shard(world):
+    harness.run(world, case_batched_matmul_inner_shard, world)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -1,5 +1,5 @@
-"""The model-zoo lane: unmodified models from timm, MONAI, segmentation-models-pytorch, diffusers, neuraloperator and
-PhysicsNeMo (random init, small inputs), run by sharding only their input, against one process: one training step
+"""The model-zoo lane: unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers,
+neuraloperator and PhysicsNeMo (random init, small inputs), run by sharding only their input, against one process: one training step
 (output, input gradient, every parameter gradient, every buffer) and one eval forward, and the work must stay
 divided (``benchmarks/zoo/zoo_models.py`` builds and judges them; ``benchmarks/zoo/bench.py`` runs the longer
 list). Uneven extents, 2 ranks mostly, some at 3, and a 2 x 2 mesh sharding H and W.
@@ -51,6 +51,9 @@ ZOO = [
     ("diffusers/UNet2DModel", 2, None, None),
     ("neuralop/FNO", 2, None, None),
     ("neuralop/FNO-1d", 3, None, None),
+    ("timm/halonet", 2, None, None),          # blocked attention with halos (Tensor.unfold)
+    ("torchvision/mc3", 2, None, None),       # video: 3-D convolutions, the time dim sharded
+    ("torchvision/raft_small", 2, None, None),  # optical flow: all-pairs correlation, grid_sample lookups
 ]
 XFAIL = {}
 
