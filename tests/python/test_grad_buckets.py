@@ -5,7 +5,7 @@ input sharded over H (1-D mesh, uneven extents, 1-3 ranks) or over H and W (2 x 
 is compared with the same model's on one device, with bucketing off (0), one bucket per parameter (1 byte: every
 all-reduce in flight while the backward goes on) and the default. Also: gradient accumulation over two backward
 calls, retain_graph, torch.autograd.grad (nothing deferred, no .grad), a parameter shared by two layers, parameters
-without a gradient on a step, tensor and post-accumulate hooks (which see the complete gradient), create_graph, and
+without a gradient on a step, activation checkpointing (reentrant: a backward inside the backward; non-reentrant), tensor and post-accumulate hooks (which see the complete gradient), create_graph, and
 a backward that raises on every rank (its deferred reductions are dropped, the next step is exact).
 """
 import pytest
@@ -31,8 +31,12 @@ class Net(torch.nn.Module):
         self.head = torch.nn.Linear(6, 4)
         self.other = torch.nn.Linear(6, 4)   # used only when asked: no gradient otherwise
 
-    def forward(self, x, twice=False, other=False):
-        y = torch.relu(self.gn(self.c1(x)))
+    def forward(self, x, twice=False, other=False, checkpoint=None):
+        if checkpoint is None:
+            y = torch.relu(self.gn(self.c1(x)))
+        else:   # the first block recomputed in the backward (reentrant: a backward of its own inside ours)
+            from torch.utils.checkpoint import checkpoint as ckpt
+            y = ckpt(lambda t: torch.relu(self.gn(self.c1(t))), x, use_reentrant=checkpoint == "reentrant")
         y = self.c2(y)
         if twice:
             y = self.c2(torch.relu(y))
@@ -103,6 +107,10 @@ def _run_variant(two_d, bucket_bytes, variant):
         assert net.other.weight.grad is None
         loss(net, sharded(x1), other=True).backward()
         loss(ref, x1, other=True).backward()
+    elif variant in ("reentrant", "non_reentrant"):
+        x = sharded(x0).requires_grad_()   # the reentrant checkpoint needs an input that requires grad
+        loss(net, x, checkpoint=variant).backward()
+        loss(ref, x0.clone().requires_grad_()).backward()
     elif variant == "autograd_grad":
         params = list(net.parameters())[:-2]   # `other` is not part of the graph
         grads = torch.autograd.grad(loss(net, sharded(x0)), params)
@@ -162,7 +170,7 @@ def test_training_step(world, bucket_bytes):
 
 
 @pytest.mark.parametrize("variant", ["accumulate", "retain", "shared", "unused", "autograd_grad", "hooks",
-                                     "create_graph", "error"])
+                                     "create_graph", "error", "reentrant", "non_reentrant"])
 def test_variants(variant):
     harness.run(3, case_step, False, 1, variant)
 
@@ -185,3 +193,45 @@ def case_settings():
 
 def test_settings():
     harness.run(1, case_settings)
+
+
+def case_data_parallel(wrapper):
+    """DDP / FSDP2 over the data axis of a 2 x 2 (data x domain) mesh, the input sharded over the domain axis: the
+    gradients equal the single-device average over the two data groups' samples. FSDP2's parameters carry no
+    accumulator hooks, so their domain sums are deferred (its post-backward waits for them); DDP's carry its hooks,
+    so they are summed at once."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    previous = st.set_grad_bucket_bytes(1)
+    try:
+        m = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "domain"))
+        dp = m.get_local_rank("data")
+        samples = [_input(30 + s) for s in range(2)]
+        net, ref = Net(), Net()
+        if wrapper == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(net, process_group=m.get_group("data"),
+                                                              find_unused_parameters=True)
+        else:
+            from torch.distributed.fsdp import fully_shard
+            fully_shard(net.c2, mesh=m["data"])
+            model = fully_shard(net, mesh=m["data"])
+        st._C.reset_grad_reduction_stats()
+        x = st.distribute_tensor(samples[dp], m["domain"], [st.Shard(2)], {0: [5, 4]})
+        model(x).square().mean().backward()
+        deferred = st._C.grad_reduction_stats()["deferred"]
+        assert (deferred > 0) == (wrapper == "fsdp2"), deferred
+        for s in samples:
+            (ref(s).square().mean() / 2).backward()
+        for (name, p), (_, r) in zip(net.named_parameters(), ref.named_parameters()):
+            if r.grad is None:
+                continue
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            close(g, r.grad, rtol=1e-5, atol=1e-6, what=f"{wrapper} {name}")
+    finally:
+        st.set_grad_bucket_bytes(previous)
+    return True
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_data_parallel(wrapper):
+    harness.run(4, case_data_parallel, wrapper)
