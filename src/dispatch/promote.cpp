@@ -1,5 +1,6 @@
 #include "dispatch/promote.h"
 
+#include "comm/collectives.h"
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/grad_buckets.h"
@@ -26,9 +27,13 @@ struct PromoteBackward final : torch::autograd::Node {
     const auto& g = grads[0];
     if (!g.defined() || !is_shard_tensor(g)) return {g};
     const auto& spec = shard_impl(g)->spec();
-    if (auto dims = pending_sum_dims(*spec); !dims.empty() &&
-        defer_grad_reduction(next_edge(0), shard_impl(g)->local(), spec->mesh, dims))
-      return {at::Tensor()};
+    if (auto dims = pending_sum_dims(*spec); !dims.empty()) {
+      auto term = shard_impl(g)->local();
+      if (defer_grad_reduction(next_edge(0), term, spec->mesh, dims)) return {at::Tensor()};
+      // A sum left to complete: all-reduces (the redistribute planner may route Partial -> Replicate otherwise).
+      for (auto m : dims) term = comm::all_reduce(term, ReduceOp::Sum, *spec->mesh, m);
+      return {term};
+    }
     auto full = redistribute_to(g, replicate_spec(spec->mesh, g.sizes()));
     return {shard_impl(full)->local()};
   }
