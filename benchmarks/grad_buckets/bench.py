@@ -151,7 +151,11 @@ def run(rank, world, port, scratch, size, steps, rounds):
         import json
         with open(scratch, "w") as f:
             json.dump(rows, f)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Leave without tearing the process groups down: a Gloo group destroyed while its run loop still holds finished
+    # work on Python tensors (this script's own all-reduces) can deadlock on the GIL at exit.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main():
@@ -159,13 +163,22 @@ def main():
     parser.add_argument("--size", type=int, default=256, help="height and width of the conv stack's input")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rows", help="re-render the report from rank 0's recorded rows (JSON) instead of measuring")
+    parser.add_argument("--load", type=float, nargs=2, metavar=("START", "END"),
+                        help="with --rows: the 1-minute load averages recorded around that run")
     add_out_argument(parser)
     args = parser.parse_args()
-    out = prepare(args.out)
-    start = loadavg()
-    rows = spawn_rank0_rows(run, 2, os.path.join(out, "grad_buckets.scratch.json"), args.size, args.steps,
-                            args.rounds)
-    end = loadavg()
+    out = prepare(args.out, measuring=not args.rows)
+    if args.rows:
+        import json
+        with open(args.rows) as f:
+            rows = json.load(f)
+        start, end = ([args.load[0]], [args.load[1]]) if args.load else (None, None)
+    else:
+        start = loadavg()
+        rows = spawn_rank0_rows(run, 2, os.path.join(out, "grad_buckets.scratch.json"), args.size, args.steps,
+                                args.rounds)
+        end = loadavg()
     command = (f"benchmarks/grad_buckets/bench.py --size {args.size} --steps {args.steps} --rounds {args.rounds}")
     lines = [
         "# Parameter-gradient reductions: communication hidden per training step",
