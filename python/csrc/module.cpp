@@ -14,6 +14,7 @@
 #include "comm/halo_plan.h"
 #include "comm/wait.h"
 #include "dispatch/consistency.h"
+#include "dispatch/grad_buckets.h"
 #include "dispatch/registry.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -223,6 +224,12 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(s.calls, s.bytes, s.messages, s.replications, s.replicated_bytes);
   });
   m.def("reset_comm_stats", &reset_comm_stats);
+  // Parameter-gradient buckets (dispatch/grad_buckets.h).
+  m.def("grad_bucket_bytes", &dispatch::grad_bucket_bytes);
+  m.def("set_grad_bucket_bytes", &dispatch::set_grad_bucket_bytes, py::arg("bytes"));
+  m.def("wait_grad_reductions", &dispatch::wait_grad_reductions, py::call_guard<py::gil_scoped_release>());
+  m.def("grad_reduction_stats", &dispatch::grad_reduction_stats);
+  m.def("reset_grad_reduction_stats", &dispatch::reset_grad_reduction_stats);
   // The halo plan cache (tests: a backward builds no plan of its own).
   m.def("_halo_plan_stats", []() {
     auto s = comm::plan_cache_stats();

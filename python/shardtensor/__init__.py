@@ -30,7 +30,9 @@ __all__ = [
     "is_shard_tensor", "placements", "device_mesh", "sharding_shapes", "local_offsets",
     "sync_module", "register_handler", "init_distributed", "comm_stats", "reset_comm_stats", "CommCounter", "peak_memory",
     "set_attention_strategy", "attention_strategy", "use_attention_strategy", "local_map",
-    "set_strict", "strict", "use_strict", "set_replication_threshold", "replication_threshold", "set_fallback_budget", "fallback_budget", "localize_parameters", "set_comm_backend", "comm_backend",
+    "set_strict", "strict", "use_strict", "set_replication_threshold", "replication_threshold", "set_fallback_budget",
+    "fallback_budget", "set_grad_bucket_bytes", "grad_bucket_bytes", "wait_grad_reductions", "localize_parameters",
+    "set_comm_backend", "comm_backend",
     "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
     "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats", "DEFAULT_TIMEOUT",
 ]
@@ -366,6 +368,38 @@ def set_replication_threshold(numel: int) -> int:
 def replication_threshold() -> int:
     """The element count from which a replication counts (see ``set_replication_threshold``)."""
     return _C.replication_threshold()
+
+
+def set_grad_bucket_bytes(nbytes: int) -> int:
+    """Bucket size of the parameter-gradient reductions, in bytes. A plain parameter used with sharded inputs
+    (a conv, linear or norm weight and bias) gets a per-rank term of its gradient that must be summed over the mesh
+    dims that shard the inputs. During ``backward()`` these terms gather in buckets; a bucket's all-reduce is issued
+    asynchronously once it holds ``nbytes`` (one flat buffer, one message per mesh dim) and the backward goes on;
+    what is left is issued, waited and accumulated into ``.grad`` before ``backward()`` returns. ``0`` turns
+    bucketing off: each rule sums its parameters' gradients where it produces them (one blocking all-reduce per
+    layer). Default 1 MiB, or ``SHARDTENSOR_GRAD_BUCKET_BYTES`` at start-up. Process-wide; set it alike on every rank
+    (bucket boundaries decide which collectives are issued). Returns the previous value.
+
+    Parameters whose gradient something observes during the backward are reduced at once, whatever this setting:
+    those with a tensor hook, a post-accumulate-grad hook or an accumulator hook (DDP, FSDP1, ``replicate``), and
+    every gradient of ``torch.autograd.grad``, ``backward(inputs=...)`` and ``create_graph=True``. FSDP2 reads
+    ``.grad`` in its post-backward: the pending reductions complete there first. A hook of your own that reads a
+    parameter's ``.grad`` mid-backward calls ``wait_grad_reductions()`` first."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"set_grad_bucket_bytes: expected a number of bytes >= 0, got {nbytes!r}")
+    return _C.set_grad_bucket_bytes(int(nbytes))
+
+
+def grad_bucket_bytes() -> int:
+    """Bucket size of the parameter-gradient reductions in bytes (0: off); see ``set_grad_bucket_bytes``."""
+    return _C.grad_bucket_bytes()
+
+
+def wait_grad_reductions() -> None:
+    """Complete every pending parameter-gradient reduction now: issue, wait and accumulate into ``.grad``. A
+    collective point: every rank calls it at the same place. ``backward()`` does it itself before returning; call it
+    only in a hook that reads ``.grad`` during the backward."""
+    _C.wait_grad_reductions()
 
 
 class use_strict(_SettingBlock):

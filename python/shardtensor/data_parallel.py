@@ -209,3 +209,14 @@ def localizing_get_modules_and_states(original):
                 localize_parameters(m)
         return original(module, *args, **kwargs)
     return get_modules_and_states
+
+
+def waiting_post_backward(original):
+    """FSDP2's ``FSDPParamGroup.post_backward`` reads its parameters' ``.grad`` during the backward; parameter-gradient
+    reductions still in their buckets (``set_grad_bucket_bytes``) complete first. Every rank runs it at the same
+    point of the backward, so the collectives this issues match."""
+    @functools.wraps(original)
+    def post_backward(self, *args, **kwargs):
+        _C.wait_grad_reductions()
+        return original(self, *args, **kwargs)
+    return post_backward

@@ -306,6 +306,33 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
   return stage ? t.to(local.device()) : t;
 }
 
+PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t mesh_dim) {
+  PendingAllReduce pending;
+  pending.device = buf.device();
+  pending.buf = std::move(buf);
+  if (mesh.size(mesh_dim) == 1) return pending;
+  TORCH_INTERNAL_ASSERT(pending.buf.is_contiguous() && !wire_dtype(pending.buf) && !travels_as_real(pending.buf),
+                        "all_reduce_sum_start: a contiguous buffer of a natively reduced dtype");
+  auto& pg = *mesh.group(mesh_dim);
+  GilReleased no_gil;  // see comm/wait.h
+  pending.staged = needs_host_staging(pg, pending.buf);
+  if (pending.staged) pending.buf = pending.buf.cpu();
+  std::vector<at::Tensor> ts{pending.buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  record_collective("all_reduce", pending.buf.numel() * pending.buf.element_size());
+  pending.work = pg.allreduce(ts, opts);
+  return pending;
+}
+
+at::Tensor finish_all_reduce_sum(PendingAllReduce& pending, const Mesh& mesh, int64_t mesh_dim) {
+  if (pending.work) wait_work(pending.work, "all_reduce (gradient bucket)", &mesh, mesh_dim);
+  pending.work.reset();
+  auto out = pending.staged ? pending.buf.to(pending.device) : pending.buf;
+  pending.buf = at::Tensor();
+  return out;
+}
+
 at::Tensor reduce_scatter_v(const at::Tensor& local, ReduceOp op, int64_t dim, const std::vector<int64_t>& extents,
                             const Mesh& mesh, int64_t mesh_dim) {
   const auto n = mesh.size(mesh_dim);

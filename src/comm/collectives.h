@@ -19,6 +19,18 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
 // Reduce over the mesh dim; returns a new tensor.
 at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, int64_t mesh_dim);
 
+// A sum over one mesh dim in flight (gradient buckets, dispatch/grad_buckets.h): started on a buffer the caller owns
+// and leaves alone until `finish_all_reduce_sum` hands it back reduced. Dtypes the backend reduces natively only
+// (float, double, half, bfloat16); no functional (traced) path: callers reduce synchronously while tracing.
+struct PendingAllReduce {
+  c10::intrusive_ptr<c10d::Work> work;  // null when nothing is in flight (a size-1 mesh dim)
+  at::Tensor buf;                       // reduced in place (its host copy when staged)
+  at::Device device{at::kCPU};
+  bool staged = false;
+};
+PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t mesh_dim);
+at::Tensor finish_all_reduce_sum(PendingAllReduce& pending, const Mesh& mesh, int64_t mesh_dim);
+
 // Each rank holds a full-size term along `dim`; returns this rank's chunk (`extents`) of the reduction.
 at::Tensor reduce_scatter_v(const at::Tensor& local, ReduceOp op, int64_t dim,
                             const std::vector<int64_t>& extents, const Mesh& mesh, int64_t mesh_dim);

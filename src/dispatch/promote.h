@@ -24,7 +24,19 @@ namespace shardtensor::dispatch {
 std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const c10::OperatorHandle& op,
                                                                           torch::jit::Stack* stack);
 
-// Differentiable: plain -> Replicate ShardTensor on `mesh`.
+// Differentiable: plain -> Replicate ShardTensor on `mesh`. Its backward completes a pending gradient, deferring
+// the sum into the gradient buckets where it may (dispatch/grad_buckets.h).
 at::Tensor promote_to_replicate(const at::Tensor& plain, const MeshPtr& mesh);
+
+// Whether the gradient of parameter `t`, sent as a pending sum now, would be deferred into the gradient buckets: `t`
+// as a rule received it, a promoted parameter (its promotion defers) or a plain leaf (the rule defers it itself,
+// `defer_leaf_grad`). A rule that would sum several parameter gradients in one fused all-reduce leaves them pending
+// instead when this holds for each (the buckets fuse them), and sums them itself otherwise.
+bool param_grad_deferrable(const at::Tensor& t);
+
+// For a rule whose autograd Function takes the plain leaf `param` itself: defers the sum of `term` over `mesh_dims`
+// into the gradient buckets; the rule then returns no gradient for it. False when it cannot (reduce it now).
+bool defer_leaf_grad(const at::Tensor& param, const at::Tensor& term, const MeshPtr& mesh,
+                     const std::vector<int64_t>& mesh_dims);
 
 } // namespace shardtensor::dispatch

@@ -171,6 +171,19 @@ std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const st
   }
   return out;
 }
+
+bool sum_param_grads(std::vector<at::Tensor>& terms, const std::vector<at::Tensor>& params,
+                     const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
+  bool any = false, pending = !mesh_dims.empty();
+  for (size_t i = 0; i < terms.size(); ++i) {
+    if (!terms[i].defined()) continue;
+    any = true;
+    pending = pending && i < params.size() && dispatch::param_grad_deferrable(params[i]);
+  }
+  if (any && pending) return true;
+  terms = fused_sum(terms, mesh_dims, mesh);
+  return false;
+}
 } // namespace shardtensor::ops
 
 namespace shardtensor::ops {

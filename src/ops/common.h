@@ -65,6 +65,13 @@ namespace shardtensor::ops {
 // concatenation; returns the complete values in the same order. Undefined terms stay undefined.
 std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const std::vector<int64_t>& mesh_dims,
                                   const Mesh& mesh);
+
+// Parameter-gradient terms (terms[i] of params[i], as the rule received them): summed over `mesh_dims` now, in one
+// fused all-reduce, unless every parameter that gets a term is a promoted one whose sum the gradient buckets would
+// defer (dispatch/promote.h, dispatch/grad_buckets.h); then the terms stay as they are and the caller marks them
+// Partial(sum) over `mesh_dims`. Returns true when left pending. The same answer on every rank.
+bool sum_param_grads(std::vector<at::Tensor>& terms, const std::vector<at::Tensor>& params,
+                     const std::vector<int64_t>& mesh_dims, const Mesh& mesh);
 } // namespace shardtensor::ops
 
 namespace shardtensor::ops {

@@ -487,12 +487,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   // dim 0 for aligned groups); the bias gradient is complete (groups == 1: every rank holds the whole
   // grad_output) or sharded with the output channels.
   // Terms over batch/spatial shards are summed now, weight and bias in one fused all-reduce.
+  // Left pending instead when the gradient buckets take them (dispatch/grad_buckets.h): one bucket fuses them.
+  bool pending = false;
   {
-    auto sums = fused_sum({mask[1] ? gw : at::Tensor(), mask[2] ? gb : at::Tensor()}, plan.param_grad_mesh_dims, *mesh);
-    gw = sums[0];
-    gb = sums[1];
+    std::vector<at::Tensor> terms{mask[1] ? gw : at::Tensor(), mask[2] ? gb : at::Tensor()};
+    // The bias itself is not an argument here: it follows the weight (its own promotion completes its sum either
+    // way, deferred or at once).
+    const auto w_arg = mask[1] && plan.channel_mesh_dim < 0 ? weight : at::Tensor();
+    pending = sum_param_grads(terms, {w_arg, w_arg}, plan.param_grad_mesh_dims, *mesh);
+    gw = terms[0];
+    gb = terms[1];
   }
   Placements pw(mesh->ndim(), Placement::replicate()), pb(mesh->ndim(), Placement::replicate());
+  if (pending)
+    for (auto m : plan.param_grad_mesh_dims) pw[m] = pb[m] = Placement::partial();
   DimExtents ew, eb;
   if (plan.channel_mesh_dim >= 0) {
     const auto m = plan.channel_mesh_dim;

@@ -4,6 +4,7 @@
 // across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
+#include "dispatch/grad_buckets.h"
 #include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
 #include "ops/arg_checks.h"
@@ -178,6 +179,8 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Te
 // Gradients of x, w and (when defined) b.
 variable_list linear_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  // Read before the guard: a create_graph backward (grad mode on) reduces at once (dispatch/grad_buckets.h).
+  const bool may_defer = dispatch::backward_defers_grad_reductions();
   at::NoGradGuard no_grad;
   const auto& x_spec = *shard_impl(x)->spec();
   auto g_local = local_aligned(resolve_partial(g), x_spec.mesh, g.sizes(), x_spec.placements, x_spec.dim_extents());
@@ -188,7 +191,25 @@ variable_list linear_backward(const at::Tensor& g, const at::Tensor& x, const at
   const bool want_w = w.requires_grad(), want_b = b.defined() && b.requires_grad();
   at::Tensor tw = want_w ? at::mm(g2.t(), x_local.reshape({-1, x_local.size(-1)})) : at::Tensor();
   at::Tensor tb = want_b ? g2.sum(0) : at::Tensor();
-  if (want_w && want_b && tw.scalar_type() == tb.scalar_type()) {
+  std::vector<int64_t> token_dims;
+  for (size_t m = 0; m < x_spec.placements.size(); ++m)
+    if (x_spec.placements[m].is_shard()) token_dims.push_back(static_cast<int64_t>(m));
+  const bool pending = may_defer && !token_dims.empty() && (want_w || want_b) &&
+                       (!want_w || dispatch::param_grad_deferrable(w)) &&
+                       (!want_b || dispatch::param_grad_deferrable(b));
+  if (pending) {
+    // The gradient buckets sum them (dispatch/grad_buckets.h): a promoted parameter gets its term pending over the
+    // token mesh dims (its promotion defers it); a plain leaf's term is deferred here and it gets none from us.
+    Placements p(x_spec.placements.size(), Placement::replicate());
+    for (auto m : token_dims) p[m] = Placement::partial();
+    auto pending_grad = [&](const at::Tensor& term, const at::Tensor& param) {
+      if (shard_impl(param)) return make_shard_tensor(term, ShardSpec::make(x_spec.mesh, p, param.sizes().vec()));
+      if (dispatch::defer_leaf_grad(param, term, x_spec.mesh, token_dims)) return at::Tensor();
+      return reduce_param_grad(term, x_spec, param);
+    };
+    if (want_w) gw = pending_grad(tw, w);
+    if (want_b) gb = pending_grad(tb, b);
+  } else if (want_w && want_b && tw.scalar_type() == tb.scalar_type()) {
     // One fused all-reduce for both parameter gradients.
     auto both = reduce_param_grad(at::cat({tw.flatten(), tb}), x_spec, at::Tensor());
     auto plain = shard_impl(both) ? shard_impl(both)->local() : both;

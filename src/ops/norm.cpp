@@ -110,8 +110,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_rule(const at::Tensor&
 // Gradient of an affine parameter: the per-rank sum over local leading elements is Partial(sum) over the mesh
 // dims that shard leading dims; its normalized dims keep their shards.
 // `local` is already summed over the leading mesh dims (fused_sum), so only the normalized dims' shards remain.
-at::Tensor wrap_param_grad(const at::Tensor& local, const LayerNormLayout& l, const at::Tensor& param) {
+// `pending`: the leading mesh dims' sums are left to the gradient buckets (sum_param_grads): Partial(sum) there.
+at::Tensor wrap_param_grad(const at::Tensor& local, const LayerNormLayout& l, const at::Tensor& param, bool pending) {
   Placements p(l.spec->mesh->ndim(), Placement::replicate());
+  if (pending)
+    for (auto m : l.lead_mesh_dims) p[m] = Placement::partial();
   DimExtents ext;
   for (auto m : l.norm_mesh_dims) {
     const auto d = l.spec->placements[m].dim - l.axis;
@@ -163,12 +166,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_rule(
     if (mask[2] && bias && bias->defined()) gb = lead_dims.empty() ? gf : gf.sum(lead_dims).to(x.scalar_type());
   }
   auto grad_input = gi.defined() ? make_shard_tensor(gi, l.spec) : at::Tensor();
-  // Weight and bias gradients: one all-reduce for both over the mesh dims that shard leading dims.
-  auto sums = fused_sum({gw, gb}, l.lead_mesh_dims, *mesh);
+  // Weight and bias gradients: one all-reduce for both over the mesh dims that shard leading dims, or left pending
+  // for the gradient buckets (normalized dims unsharded: the buckets take replicated sums only).
+  std::vector<at::Tensor> sums{gw, gb};
+  const bool pending = sum_param_grads(
+      sums, l.norm_mesh_dims.empty() ? std::vector<at::Tensor>{weight.value_or(at::Tensor()), bias.value_or(at::Tensor())}
+                                     : std::vector<at::Tensor>{},
+      l.lead_mesh_dims, *mesh);
   gw = sums[0];
   gb = sums[1];
-  return {grad_input, gw.defined() ? wrap_param_grad(gw, l, *weight) : at::Tensor(),
-          gb.defined() ? wrap_param_grad(gb, l, *bias) : at::Tensor()};
+  return {grad_input, gw.defined() ? wrap_param_grad(gw, l, *weight, pending) : at::Tensor(),
+          gb.defined() ? wrap_param_grad(gb, l, *bias, pending) : at::Tensor()};
 }
 
 } // namespace
@@ -321,11 +329,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
   // sum of grad * xhat per channel = sum over samples of rstd * (sum grad*x - mean * sum grad).
   std::vector<int64_t> reduce_dims = l.spatial_mesh_dims;
   reduce_dims.insert(reduce_dims.end(), l.batch_mesh_dims.begin(), l.batch_mesh_dims.end());
-  auto sums = fused_sum({mask[1] && w.defined() ? (rstd_c * (gx - mean_c * gs)).sum(0) : at::Tensor(),
-                         mask[2] ? gs.sum(0) : at::Tensor()},
-                        reduce_dims, *mesh);
+  // Or left pending for the gradient buckets (sum_param_grads); the bias is no argument here and follows the weight.
+  std::vector<at::Tensor> sums{mask[1] && w.defined() ? (rstd_c * (gx - mean_c * gs)).sum(0) : at::Tensor(),
+                               mask[2] ? gs.sum(0) : at::Tensor()};
+  const auto w_arg = mask[1] && weight ? *weight : at::Tensor();
+  const bool pending = sum_param_grads(sums, {w_arg, w_arg}, reduce_dims, *mesh);
+  Placements param_placements(mesh->ndim(), Placement::replicate());
+  if (pending)
+    for (auto m : reduce_dims) param_placements[m] = Placement::partial();
   auto wrap_param = [&](const at::Tensor& local) {
-    return wrap(local.to(x.scalar_type()), mesh, Placements(mesh->ndim(), Placement::replicate()), {C}, {});
+    return wrap(local.to(x.scalar_type()), mesh, param_placements, {C}, {});
   };
   if (sums[0].defined()) gw = wrap_param(sums[0]);
   if (sums[1].defined()) gb = wrap_param(sums[1]);

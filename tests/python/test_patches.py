@@ -20,6 +20,7 @@ import importlib, json, sys
 import torch, torch.distributed, torch.nn.parallel, torch.nn.functional, torch._dynamo, torch._dynamo.eval_frame
 import torch.distributed.checkpoint, torch.distributed.fsdp, torch.distributed.tensor
 import torch.distributed.fsdp._fully_shard._fully_shard as fsdp2
+import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp2_group
 OWNERS = {
     "torch": torch, "torch.Tensor": torch.Tensor, "torch._C.TensorBase": torch._C.TensorBase,
     "torch.nn.Module": torch.nn.Module, "torch.nn.functional": torch.nn.functional,
@@ -27,6 +28,7 @@ OWNERS = {
     "torch.nn.parallel.DistributedDataParallel": torch.nn.parallel.DistributedDataParallel,
     "torch.distributed.fsdp.FullyShardedDataParallel": torch.distributed.fsdp.FullyShardedDataParallel,
     "torch.distributed.fsdp._fully_shard._fully_shard": fsdp2,
+    "torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup": fsdp2_group.FSDPParamGroup,
     "torch._dynamo.eval_frame.OptimizedModule": torch._dynamo.eval_frame.OptimizedModule,
     "torch._dynamo.eval_frame.OptimizeContext": torch._dynamo.eval_frame.OptimizeContext,
     "torch.autograd.Function": torch.autograd.Function,
