@@ -107,17 +107,6 @@ at::Tensor reduce_terms(const at::Tensor& terms, ReduceOp op) {
   return terms.sum(0);
 }
 
-// Element counts of `shape` with `dim` replaced by each extent.
-std::vector<int64_t> numel_per_extent(at::IntArrayRef shape, int64_t dim, const std::vector<int64_t>& extents) {
-  int64_t rest = 1;
-  for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i)
-    if (i != dim) rest *= shape[i];
-  std::vector<int64_t> out;
-  out.reserve(extents.size());
-  for (auto e : extents) out.push_back(e * rest);
-  return out;
-}
-
 // Post one flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
 // elements from rank j. The pending object keeps the buffers alive until finish_all_to_all.
 // Counted as one `kind` of the bytes that leave this rank (the piece addressed to itself stays: c10d copies it
