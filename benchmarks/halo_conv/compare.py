@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -24,13 +23,13 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_util import spawn_rank0_rows  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 
 
@@ -56,7 +55,7 @@ def physicsnemo_module():
         return None
 
 
-def run_rank(rank, world, port, args, out_path):
+def run_rank(rank, world, port, out_path, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -190,15 +189,8 @@ def main():
     else:
         args.sizes2d = [int(s) for s in args.sizes2d.split(",") if s]
         args.sizes3d = [int(s) for s in args.sizes3d.split(",") if s]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        tmp = os.path.join(args.out, f".{name}.json")
         load_start = loadavg()
-        mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
-        with open(tmp) as f:
-            rows = json.load(f)
-        os.remove(tmp)
+        rows = spawn_rank0_rows(run_rank, args.ranks, os.path.join(args.out, f".{name}.json"), args)
         cmd = ".venv/bin/python benchmarks/halo_conv/compare.py " + " ".join(sys.argv[1:])
         meta = {"command": cmd.strip(), "ranks": args.ranks, "channels": args.channels, "layers": args.layers,
                 "samples": args.samples, "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),

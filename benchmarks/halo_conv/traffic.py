@@ -20,18 +20,17 @@ import collections
 import datetime
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_util import spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 
 ELEMENT_BYTES = 4   # the profiler records shapes, not dtypes; everything here is float32 (index tensors are tiny)
@@ -115,7 +114,7 @@ def traffic_by_layer(prof) -> dict:
     return {k: {"bytes": v["bytes"], "ops": dict(v["ops"])} for k, v in out.items()}
 
 
-def run_rank(rank, world, port, args, out_path):
+def run_rank(rank, world, port, out_path, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -185,25 +184,13 @@ def main():
     args = ap.parse_args()
     prepare(args.out)
     name = f"halo_conv_traffic_{args.dims}d_{args.size}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp = os.path.join(args.out, f".{name}.json")
     load = loadavg()
-    mp.spawn(run_rank, args=(args.ranks, port, args, tmp), nprocs=args.ranks, join=True)
-    with open(tmp) as f:
-        data = json.load(f)
-    os.remove(tmp)
+    data = spawn_rank0_rows(run_rank, args.ranks, os.path.join(args.out, f".{name}.json"), args)
     meta = dict(ranks=args.ranks, dims=args.dims, size=args.size, channels=args.channels, layers=args.layers,
                 torch=torch.__version__, commit=git("rev-parse", "--short", "HEAD"),
                 date=datetime.date.today().isoformat(), load=load,
                 command="python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]))
-    with open(os.path.join(args.out, name + ".json"), "w") as f:
-        json.dump({"meta": meta, "ranks": data}, f)
-    text = render(data, meta)
-    with open(os.path.join(args.out, name + ".md"), "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, name, {"meta": meta, "ranks": data}, render(data, meta).rstrip("\n").split("\n"))
 
 
 if __name__ == "__main__":
