@@ -193,7 +193,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_with_stats(
   const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
   TORCH_CHECK_VALUE(training || has_running, op, ": evaluation needs running_mean and running_var");
   auto outs = BatchNormFn::apply(input, weight, bias, running_mean, running_var, training, momentum, eps);
-  const auto l = bn_layout(resolve_partial(input));
+  // Only the sharded dims matter here, which a pending sum does not change: no second resolve (a collective).
+  const auto l = bn_layout(input);
   auto stat = [&](const at::Tensor& local) {
     if (!training) return at::empty({0}, local.options().dtype(input.scalar_type()));
     auto full = all_channels(local, l).to(input.scalar_type());
