@@ -1,5 +1,7 @@
 #include "dispatch/write_back.h"
 
+#include "comm/redistribute.h"
+
 #include <shardtensor/shard_tensor.h>
 
 #include <ATen/ATen.h>
@@ -43,9 +45,12 @@ struct Step {
 
 // steps[0] selected the copy from its base; steps[k > 0] are the selects that made steps[k-1]'s base, when that
 // base was itself a copy (x[i][j] with i and j sharded on two mesh dims; the middle copy is often a temporary).
+// `owned`/`scattered` (set for a scattered copy, whose steps hold one select): the slice's layout on its owner and
+// the copy's layout with the selected dim kept (size 1).
 struct Entry {
   Local copy;
   std::vector<Step> steps;
+  SpecPtr owned, scattered;
 };
 
 // A re-laid-out view's buffer: writes into it are refused.
@@ -113,6 +118,17 @@ void write_back_storage(const c10::StorageImpl* key) {
   // Gone (or the address reused by another buffer): nothing can read the copy any more.
   if (!copy.defined() || storage_key(copy) != key) return;
   const auto& steps = found->steps;
+  if (found->scattered) {
+    // Every rank of the mesh dim holds a part of the copy and takes part in moving it back to the owner.
+    const auto& st = steps.front();
+    auto slice = redistribute_local(copy.unsqueeze(st.dim), *found->scattered, *found->owned);
+    const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
+    const auto off = st.spec->offset_of(st.mesh_dim, coord);
+    if (st.index < off || st.index >= off + st.spec->extents[st.mesh_dim][coord]) return;
+    auto region = st.base.get();
+    if (region.defined()) region.select(st.dim, st.index - off).copy_(slice.select(st.dim, 0));
+    return;
+  }
   std::vector<int64_t> local_index(steps.size());
   for (size_t k = 0; k < steps.size(); ++k) {
     const auto& st = steps[k];
@@ -131,7 +147,7 @@ void write_back_storage(const c10::StorageImpl* key) {
 } // namespace
 
 void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_t dim, int64_t index,
-                          int64_t mesh_dim) {
+                          int64_t mesh_dim, SpecPtr owned, SpecPtr scattered) {
   auto* bimpl = shard_impl(base);
   auto* cimpl = shard_impl(copy);
   TORCH_INTERNAL_ASSERT(bimpl && cimpl);
@@ -139,11 +155,22 @@ void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_
   const auto* base_key = storage_key(bimpl->local());
   // A copy that aliases the base (e.g. a size-1 mesh dim) is a real view already: writes reach the base.
   if (!key || !base_key || key == base_key) return;
-  Entry e{Local(cimpl->local()), {Step{Local(bimpl->local()), bimpl->spec(), dim, index, mesh_dim}}};
+  Entry e{Local(cimpl->local()), {Step{Local(bimpl->local()), bimpl->spec(), dim, index, mesh_dim}},
+          std::move(owned), std::move(scattered)};
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (auto it = r.entries.find(base_key); it != r.entries.end() && !it->second.copy.storage.expired())
+  if (auto it = r.entries.find(base_key); it != r.entries.end() && !it->second.copy.storage.expired()) {
+    if (e.scattered || it->second.scattered) {
+      // A chain through a scattered copy would have to move each link back in turn: refused (rare: selects along
+      // two sharded dims, one result of 3 or more dims).
+      r.refusals.insert_or_assign(key, Refusal{cimpl->local().storage().getWeakStorageImpl(),
+                                               "a select along a sharded dim of a tensor that was itself selected "
+                                               "along a sharded dim (a copy of a copy)"});
+      g_entries = r.entries.size() + r.refusals.size();
+      return;
+    }
     e.steps.insert(e.steps.end(), it->second.steps.begin(), it->second.steps.end());
+  }
   r.entries.insert_or_assign(key, std::move(e));
   if (r.entries.size() + r.refusals.size() >= r.sweep_at) sweep(r);
   g_entries = r.entries.size() + r.refusals.size();

@@ -518,6 +518,26 @@ at::Tensor slice_rule(const at::Tensor& self, int64_t dim_arg, std::optional<c10
   return wrap(out, spec.mesh, spec.placements, out_shape, out_ext);
 }
 
+// Where the result of selecting one index of `dim` (sharded on a mesh dim of `ranks` ranks) keeps that mesh dim's
+// shard, as a dim of the slice (the input's numbering; `dim` itself excluded), or -1 to replicate the result. The
+// selected slice lives on one rank; replicated, every rank would compute all that follows it (Pangu's surface level
+// `output[:, :, 0]`, FengWu's per-variable decoders `x[:, i]`). So a result of at least 3 dims (a field or a
+// token sequence per sample) is scattered from the owner along its neighbour of the selected dim instead: the inner
+// one (the next spatial dim of a channels-first field, the tokens after a variables dim), else the outer one; one
+// that another mesh dim shards, or with fewer rows than ranks, does not take it. A result of 1 or 2 dims (a class
+// token `x[:, 0]`, a per-sample vector or row) is small and feeds heads that want it whole: it stays replicated.
+// Decided from the shapes and the layout alone, so every rank picks the same dim.
+int64_t select_landing_dim(const ShardSpec& spec, int64_t dim, int64_t ranks) {
+  const auto ndim = static_cast<int64_t>(spec.global_shape.size());
+  if (ndim - 1 < 3) return -1;
+  for (auto d : {dim + 1, dim - 1}) {
+    if (d < 0 || d >= ndim) continue;
+    if (spec.mesh_dim_of(d) >= 0 || spec.global_shape[d] < ranks) continue;
+    return d;
+  }
+  return -1;
+}
+
 // select.int(Tensor(a) self, int dim, SymInt index)
 at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt index_arg) {
   const auto dim = wrap_dim(dim_arg, self.dim());
@@ -529,13 +549,18 @@ at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt inde
   const auto& spec0 = spec_of(self);
   const auto global_index = index;
   const auto sharded_on = spec0.mesh_dim_of(dim);
+  int64_t landing = -1;
+  SpecPtr owned;
   if (auto m = sharded_on; m >= 0) {
-    // The index lives on one rank: slice it out, then replicate that one slice along the mesh dim (a collective).
-    // The result is a copy; writes into it are written back to the owner (dispatch/write_back.h).
+    // The index lives on one rank: slice it out, then move that one slice along the mesh dim (a collective): a
+    // scatter from the owner onto the landing dim (select_landing_dim), or a broadcast to every rank. The result
+    // is a copy; writes into it are written back to the owner (dispatch/write_back.h).
     t = at::slice(self, dim, index, index + 1);
-    auto placements = spec_of(t).placements;
-    placements[m] = Placement::replicate();
-    t = redistribute_to(t, redistribute_target_spec(spec_of(t), placements));
+    owned = shard_impl(t)->spec();
+    auto placements = owned->placements;
+    landing = select_landing_dim(*owned, dim, spec0.mesh->size(m));
+    placements[m] = landing >= 0 ? Placement::shard(landing) : Placement::replicate();
+    t = redistribute_to(t, redistribute_target_spec(*owned, placements));
     index = 0;
   }
   const auto& spec = spec_of(t);
@@ -550,7 +575,9 @@ at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt inde
   auto out_shape = self.sizes().vec();
   out_shape.erase(out_shape.begin() + dim);
   auto out = wrap(shard_impl(t)->local().select(dim, index), spec.mesh, out_p, out_shape, out_ext);
-  if (sharded_on >= 0) dispatch::register_select_copy(self, out, dim, global_index, sharded_on);
+  if (sharded_on >= 0)
+    dispatch::register_select_copy(self, out, dim, global_index, sharded_on, landing >= 0 ? owned : nullptr,
+                                   landing >= 0 ? shard_impl(t)->spec() : nullptr);
   return out;
 }
 
