@@ -73,17 +73,20 @@ PATTERNS = [
             "single-process run once shardtensor is imported. Not covered by an item (the methods should raise "
             "AttributeError on plain tensors, as the properties already do).",
             "import shardtensor; hasattr(torch.randn(2), 'redistribute')  # True"),
-    Pattern("a merge of levels x lat x lon moves the shard onto the levels (issue 29 item 3)",
+    Pattern("the output lost its shard: a select of one index of a sharded dim was replicated (issue 29 item 3)",
             r"the output is \(Replicate\(\),\) \(not sharded\)",
             "PhysicsNeMo's Pangu folds (levels, lat, lon) into one token dim, `x.reshape(B, C, -1).transpose(1, 2)`, "
             "with lat sharded: a shard of a middle dim is not a block of the merged dim, so the merge re-lays it "
-            "out as a block of the tokens, i.e. on the outer levels dim (an all-to-all; the work stays divided). "
-            "Every later view keeps it there, so `output[:, :, 0]` (the surface level, held by one rank) is "
-            "replicated to every rank and the surface patch recovery runs whole on each; the upper-air output "
-            "comes out sharded along its levels instead of lat. The view rule's choice of where a merged or split "
-            "shard lands (issue 29 item 3).",
+            "out as a block of the tokens, i.e. on the outer levels dim (an all-to-all; the work stays divided), and "
+            "every later view keeps it there. `output[:, :, 0]` (the surface level) then lives on one rank; `select` "
+            "used to replicate it, so the surface patch recovery ran whole on every rank and the surface output was "
+            "Replicate. Fixed (issue 29 item 3): a select along a sharded dim whose result has 3 or more dims is "
+            "scattered from the owner along the selected dim's neighbour (here lat: one all-to-all of the slice), so "
+            "the surface output is sharded along lat and the upper-air output along its levels. FengWu's per-variable "
+            "decoders `x[:, i]` (the 6-variable dim holds the shard after its tokens merge) were replicated the same "
+            "way (act. share 0.69 on 2 ranks; now 0.5). A model matching this now replicates its output elsewhere.",
             "t = xs.unsqueeze(2).expand(-1, -1, 8, -1, -1).reshape(2, 8, -1)  # xs (2, 8, H, W) Shard(2): "
-            "t's shard is on the 8 'levels'; t.view(2, 8, 8, H, W)[:, :, 0] is replicated"),
+            "t's shard is on the 8 'levels'; t.view(2, 8, 8, H, W)[:, :, 0] was replicated, is now Shard(2)"),
     Pattern("peer failed (a rank raised or timed out earlier)", r"DistBackendError|Connection closed by peer",
             "A collective failed because another rank raised, died or issued a different collective (see that "
             "rank's error; the run restarts the pool after every failure).",
