@@ -523,18 +523,21 @@ at::Tensor slice_rule(const at::Tensor& self, int64_t dim_arg, std::optional<c10
 // selected slice lives on one rank; replicated, every rank would compute all that follows it (Pangu's surface level
 // `output[:, :, 0]`, FengWu's per-variable decoders `x[:, i]`). So a result of at least 3 dims (a field or a
 // token sequence per sample) is scattered from the owner along its neighbour of the selected dim instead: the inner
-// one (the next spatial dim of a channels-first field, the tokens after a variables dim), else the outer one; one
-// that another mesh dim shards, or with fewer rows than ranks, does not take it. A result of 1 or 2 dims (a class
-// token `x[:, 0]`, a per-sample vector or row) is small and feeds heads that want it whole: it stays replicated.
-// Decided from the shapes and the layout alone, so every rank picks the same dim.
+// one (the next spatial dim of a channels-first field, the tokens after a variables dim), else the outer one unless
+// that is dim 1 (the channels of a channels-first field: a conv or norm over channels split across ranks costs more
+// than it divides); one that another mesh dim shards, or with fewer rows than ranks, does not take it either. The
+// shapes cannot tell a channels-last field (B, H, W, C) from a channels-first one, so selecting its last spatial
+// dim lands on C. A result of 1 or 2 dims (a class token `x[:, 0]`, a per-sample vector or row) is small and feeds
+// heads that want it whole: it stays replicated. Decided from the shapes and the layout alone, so every rank picks
+// the same dim.
 int64_t select_landing_dim(const ShardSpec& spec, int64_t dim, int64_t ranks) {
   const auto ndim = static_cast<int64_t>(spec.global_shape.size());
   if (ndim - 1 < 3) return -1;
-  for (auto d : {dim + 1, dim - 1}) {
-    if (d < 0 || d >= ndim) continue;
-    if (spec.mesh_dim_of(d) >= 0 || spec.global_shape[d] < ranks) continue;
-    return d;
-  }
+  auto takes = [&](int64_t d) {
+    return d >= 0 && d < ndim && spec.mesh_dim_of(d) < 0 && spec.global_shape[d] >= ranks;
+  };
+  if (takes(dim + 1)) return dim + 1;
+  if (dim - 1 != 1 && takes(dim - 1)) return dim - 1;
   return -1;
 }
 

@@ -84,16 +84,19 @@ def test_variables_select_stays_divided(world, v_ext):
 
 def case_small_results_replicate():
     """A result of 1 or 2 dims (a class token `x[:, 0]` of (B, N, C)) stays replicated, as does one whose
-    neighbours of the selected dim have fewer rows than ranks."""
+    neighbours of the selected dim have fewer rows than ranks or whose outer neighbour is the channel dim 1."""
     m = mesh()
     k = m.size()
     x = randn(2, 7, 4, seed=31)
     lay = ([st.Shard(1)], {0: [1] + [6 // (k - 1) + (1 if i < 6 % (k - 1) else 0) for i in range(k - 1)]})
     check_op(lambda t: t[:, 0], [x], [lay], m, what="cls token", expect_placements=[st.Replicate()])
-    y = randn(2, 3, 5, 1, seed=32)   # (B, C, L, 1): the inner neighbour has 1 row, the outer one (C) 3
-    lay_y = ([st.Shard(2)], None)
-    check_op(lambda t: t[:, :, 1], [y], [lay_y], m, what="outer neighbour",
-             expect_placements=[st.Shard(1)] if k <= 3 else [st.Replicate()])
+    y = randn(2, 3, 3, 5, 1, seed=32)   # (B, C, D, L, 1): the inner neighbour has 1 row, the outer one (D) 3
+    lay_y = ([st.Shard(3)], None)
+    check_op(lambda t: t[:, :, :, 1], [y], [lay_y], m, what="outer neighbour",
+             expect_placements=[st.Shard(2)] if k <= 3 else [st.Replicate()])
+    # The outer neighbour at dim 1 (the channels of (B, C, L, 1)) does not take it.
+    check_op(lambda t: t[:, :, 1], [y[:, :, 0]], [([st.Shard(2)], None)], m, what="outer neighbour is C",
+             expect_placements=[st.Replicate()])
     return True
 
 
@@ -104,7 +107,7 @@ def test_small_results_replicate(world):
 
 def case_select_2d_mesh():
     """2-D mesh: levels on mesh dim 0, W on mesh dim 1. `x[:, :, i]` lands on H (free); with H taken by mesh dim 1
-    it lands on the outer neighbour instead."""
+    and the outer neighbour the channels, it is replicated along mesh dim 0 (H stays sharded by mesh dim 1)."""
     m = mesh((2, 2))
     x = randn(2, 3, 5, 6, 4, seed=41)
     w2 = randn(3, 2, 2, 2, seed=42)
@@ -114,7 +117,7 @@ def case_select_2d_mesh():
     check_op(lambda t: t[:, :, 0], [x], [lay], m, what="2-D mesh select", expect_placements=[st.Shard(2), st.Shard(3)])
     lay_h = ([st.Shard(2), st.Shard(3)], {0: [0, 5], 1: [5, 1]})
     check_op(lambda t: t[:, :, 3].cos(), [x], [lay_h], m, what="2-D mesh, H taken",
-             expect_placements=[st.Shard(1), st.Shard(2)])
+             expect_placements=[st.Replicate(), st.Shard(2)])
     return True
 
 
