@@ -270,6 +270,21 @@ def render(rows, command, start, end, steps, rounds):
             lines.append(f"| {r['workload']} | {k} | {v['per_step']:.0f} | {v['alone']:.2f} | "
                          f"{v['exposed_min']:.2f} ({v['exposed_max']:.2f}) | {v['transfer']:.2f} | {pct(v['hidden'])} |")
     lines += ["", "Workloads:", ""] + sorted({f"- {r['workload']}: {r['what']}" for r in rows})
+    lines += ["", "Reading:", "",
+              "- Where the library waits: the forward's halo is posted before the interior convolution and waited "
+              "after it (comm/halo_borders.h); the backward's gradient-row exchange is posted before the main "
+              "`convolution_backward` (input, weight and bias gradients) and waited after it (ops/conv.cpp "
+              "border_backward); windows that cannot split (HaloPlan::gather: some strided or transposed layouts) and "
+              "the blocking collectives (GroupNorm statistics, re-layouts, all-gathers) wait at once, by construction. "
+              "The conv stack's weight gradients (37 KB) fill one bucket, issued and waited at the end of the "
+              "backward: the first layer's weight gradient is the backward's last computation, so at least one "
+              "all-reduce is exposed whatever the bucket policy (smaller or per-layer buckets add collectives but "
+              "leave the last one's latency exposed).",
+              "- On this oversubscribed host a transfer progresses only when Gloo's transport threads get a core: a "
+              "wait after long interior compute still finds the transfer unfinished, and the replayed collectives "
+              "(the main thread asleep, its core free) run faster than the same ones during the step. The shares "
+              "here are therefore a floor for this host, not a property of the placement; on a GPU the copies run "
+              "on their own engines and NCCL beside the compute."]
     return lines
 
 
