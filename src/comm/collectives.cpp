@@ -575,6 +575,40 @@ at::Tensor mirror_ranks(const at::Tensor& local, at::IntArrayRef partner_shape, 
 
 namespace {
 constexpr const char* kRingPass = "ring send/recv";
+
+// What the point-to-point posts of one exchange (a ring pass, a peer exchange) share: the works to wait, the buffers
+// to keep alive until then, and the messages for the replay of comm/comm_timing.h (null while it is off).
+struct PairPosts {
+  c10d::ProcessGroup& pg;
+  const char* kind;
+  std::vector<c10::intrusive_ptr<c10d::Work>>& works;
+  std::vector<at::Tensor>& keep_alive;
+  std::vector<IssuedCollective::Message>* replay;
+};
+
+// Posts this rank's side of one pair under `tag`: `out` to `to`, and a receive into `in` from `from`. `out` and `in`
+// are wire tensors (contiguous, host-staged, real views); an undefined one posts nothing that way, unless
+// `placeholder` (NCCL's coalesced groups: every rank posts every pair, collectives.h) sends or receives a
+// one-element stand-in of `placeholder_opts` instead. Returns the buffer sent (undefined when nothing was).
+at::Tensor post_pair(PairPosts& p, const at::Tensor& out, int to, const at::Tensor& in, int from, int tag,
+                     bool placeholder, const at::TensorOptions& placeholder_opts) {
+  at::Tensor buf;
+  if (out.defined() || placeholder) {
+    buf = out.defined() ? out : at::zeros({1}, placeholder_opts);
+    p.keep_alive.push_back(buf);
+    std::vector<at::Tensor> ts{buf};
+    if (p.replay) p.replay->push_back({true, to, buf.numel(), tag, buf.scalar_type()});
+    p.works.push_back(timed_issue(p.kind, [&] { return p.pg.send(ts, to, tag); }));
+  }
+  if (in.defined() || placeholder) {
+    auto target = in.defined() ? in : at::empty({1}, placeholder_opts);
+    p.keep_alive.push_back(target);
+    std::vector<at::Tensor> tr{target};
+    if (p.replay) p.replay->push_back({false, from, target.numel(), tag, target.scalar_type()});
+    p.works.push_back(timed_issue(p.kind, [&] { return p.pg.recv(tr, from, tag); }));
+  }
+  return buf;
+}
 } // namespace
 
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
@@ -625,27 +659,17 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   const bool timed = comm_timing_on();
   IssuedCollective replay;
   if (timed) replay.posted_s = steady_seconds();
+  PairPosts posts{pg, kRingPass, ex.works_, ex.keep_alive_, timed ? &replay.messages : nullptr};
   for (size_t i = 0; i < send.size(); ++i) {
     auto opts = send[i].options().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
     ex.recv_.push_back(at::empty(recv_shapes[i], opts));
     const int tag = tag_base + static_cast<int>(i);
-    if (send[i].numel() > 0 || coalesce) {
-      auto buf = send[i].numel() == 0 ? at::zeros({1}, opts)
-                 : ex.staged_        ? send[i].cpu().contiguous()
-                                     : send[i].contiguous();
-      ex.keep_alive_.push_back(buf);
-      std::vector<at::Tensor> ts{buf};
+    const auto out = send[i].numel() == 0 ? at::Tensor() : ex.staged_ ? send[i].cpu().contiguous() : send[i].contiguous();
+    const auto in = ex.recv_.back().numel() > 0 ? ex.recv_.back() : at::Tensor();
+    auto buf = post_pair(posts, out, next, in, prev, tag, coalesce, opts);
+    if (buf.defined()) {
       bytes += send[i].numel() * buf.element_size();
       ++messages;
-      if (timed) replay.messages.push_back({true, next, buf.numel(), tag, buf.scalar_type()});
-      ex.works_.push_back(timed_issue(kRingPass, [&] { return pg.send(ts, next, tag); }));
-    }
-    if (ex.recv_.back().numel() > 0 || coalesce) {
-      auto target = ex.recv_.back().numel() > 0 ? ex.recv_.back() : at::empty({1}, opts);
-      ex.keep_alive_.push_back(target);
-      std::vector<at::Tensor> tr{target};
-      if (timed) replay.messages.push_back({false, prev, target.numel(), tag, target.scalar_type()});
-      ex.works_.push_back(timed_issue(kRingPass, [&] { return pg.recv(tr, prev, tag); }));
     }
   }
   if (coalesce) {
@@ -736,6 +760,7 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
   const bool timed = comm_timing_on();
   std::vector<IssuedCollective::Message> replay;
   const double posted = timed ? steady_seconds() : 0;
+  PairPosts posts{pg, kind, ex.works_, ex.keep_alive_, timed ? &replay : nullptr};
   for (int64_t j = 0; j < n; ++j) {
     if (numel(recv_shapes[j]) == 0) {
       auto same = std::find_if(nothing.begin(), nothing.end(),
@@ -749,23 +774,14 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
     // See collectives.h: on NCCL a ring neighbour gets a placeholder when there is nothing for it.
     const bool joins = coalesce && (j == next || j == prev);
     const auto peer = static_cast<int>(j);
-    if (send[j].numel() > 0 || joins) {
-      auto buf = send[j].numel() == 0 ? at::zeros({1}, placeholder_opts)
-                 : ex.staged_        ? wire(send[j].cpu().contiguous())
-                                     : wire(send[j].contiguous());
-      ex.keep_alive_.push_back(buf);
-      std::vector<at::Tensor> ts{buf};
+    const auto out = send[j].numel() == 0 ? at::Tensor()
+                     : ex.staged_        ? wire(send[j].cpu().contiguous())
+                                         : wire(send[j].contiguous());
+    const auto in = ex.recv_.back().numel() > 0 ? wire(ex.recv_.back()) : at::Tensor();
+    auto buf = post_pair(posts, out, peer, in, peer, kPeerExchangeTag, joins, placeholder_opts);
+    if (buf.defined()) {
       bytes += buf.numel() * buf.element_size();
       ++messages;
-      if (timed) replay.push_back({true, peer, buf.numel(), kPeerExchangeTag, buf.scalar_type()});
-      ex.works_.push_back(timed_issue(kind, [&] { return pg.send(ts, peer, kPeerExchangeTag); }));
-    }
-    if (ex.recv_.back().numel() > 0 || joins) {
-      auto target = ex.recv_.back().numel() > 0 ? wire(ex.recv_.back()) : at::empty({1}, placeholder_opts);
-      ex.keep_alive_.push_back(target);
-      std::vector<at::Tensor> tr{target};
-      if (timed) replay.push_back({false, peer, target.numel(), kPeerExchangeTag, target.scalar_type()});
-      ex.works_.push_back(timed_issue(kind, [&] { return pg.recv(tr, peer, kPeerExchangeTag); }));
     }
   }
   if (coalesce) {
