@@ -10,6 +10,7 @@
 #include <shardtensor/shard_tensor.h>
 #include <shardtensor/simulation.h>
 
+#include "comm/comm_timing.h"
 #include "comm/functional.h"
 #include "comm/halo_plan.h"
 #include "comm/wait.h"
@@ -230,6 +231,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("wait_grad_reductions", &dispatch::wait_grad_reductions, py::call_guard<py::gil_scoped_release>());
   m.def("grad_reduction_stats", &dispatch::grad_reduction_stats);
   m.def("reset_grad_reduction_stats", &dispatch::reset_grad_reduction_stats);
+  // Communication hidden per step (comm/comm_timing.h): exposed time per kind, and the recorded collectives replayed
+  // alone.
+  m.def("set_comm_timing", &comm::set_comm_timing, py::arg("on"));
+  m.def("reset_comm_timing", &comm::reset_comm_timing);
+  m.def("comm_timing_stats", []() {
+    std::map<std::string, std::map<std::string, double>> out;
+    for (const auto& [kind, t] : comm::comm_timing_stats())
+      out[kind] = {{"waits", static_cast<double>(t.waits)}, {"issued", static_cast<double>(t.issued)},
+                   {"exposed_s", t.exposed_s}};
+    return out;
+  });
+  m.def("comm_timing_records", []() {
+    py::list out;
+    for (const auto& r : comm::comm_timing_records()) out.append(py::make_tuple(r.kind, r.posted_s, r.waits));
+    return out;
+  });
+  m.def("replay_recorded_collectives", &comm::replay_recorded_collectives, py::arg("reps") = 3,
+        py::call_guard<py::gil_scoped_release>());
   // The halo plan cache (tests: a backward builds no plan of its own).
   m.def("_halo_plan_stats", []() {
     auto s = comm::plan_cache_stats();

@@ -4,6 +4,7 @@
 #include <shardtensor/simulation.h>
 
 #include "comm/comm_stats.h"
+#include "comm/comm_timing.h"
 #include "comm/functional.h"
 #include "comm/wait.h"
 
@@ -107,6 +108,27 @@ at::Tensor reduce_terms(const at::Tensor& terms, ReduceOp op) {
   return terms.sum(0);
 }
 
+// A record of a collective about to be issued, for the replay of comm/comm_timing.h (built only while it is on).
+IssuedCollective issued(IssuedCollective::Op op, const char* kind, const Mesh& mesh, int64_t mesh_dim,
+                        const at::TensorOptions& options, int64_t numel = 0) {
+  IssuedCollective c;
+  c.op = op;
+  c.kind = kind;
+  c.group = mesh.group(mesh_dim);
+  c.options = options;
+  c.numel = numel;
+  return c;
+}
+
+// Issues a collective through `issue` (a transport call returning its work), timed as exposed, and ties the work to
+// its record `rec` (comm/comm_timing.h; -1: none).
+template <class F>
+c10::intrusive_ptr<c10d::Work> issue_bound(const char* kind, int64_t rec, F&& issue) {
+  auto work = timed_issue(kind, std::forward<F>(issue));
+  bind_work(work, rec);
+  return work;
+}
+
 // Post one flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
 // elements from rank j. The pending object keeps the buffers alive until finish_all_to_all.
 // Counted as one `kind` of the bytes that leave this rank (the piece addressed to itself stays: c10d copies it
@@ -164,7 +186,14 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
     pending.out = functional::all_to_all_single_start(wire_in, recv_splits, send_splits, mesh, mesh_dim, nullptr);
     return pending;
   }
-  pending.work = pg.alltoall_base(wire_out, wire_in, recv_splits, send_splits);
+  int64_t rec = -1;
+  if (comm_timing_on()) {
+    auto c = issued(IssuedCollective::Op::AllToAll, "all_to_all", mesh, mesh_dim, wire_in.options());
+    c.send_splits = send_splits;
+    c.recv_splits = recv_splits;
+    rec = record_issued(std::move(c));
+  }
+  pending.work = issue_bound("all_to_all", rec, [&] { return pg.alltoall_base(wire_out, wire_in, recv_splits, send_splits); });
   return pending;
 }
 
@@ -254,7 +283,10 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
   std::vector<std::vector<at::Tensor>> out_lists{outputs};
   std::vector<at::Tensor> in_list{input};
   record_collective("all_gather", input.numel() * input.element_size() * n);
-  wait_work(pg.allgather(out_lists, in_list), "all_gather", &mesh, mesh_dim);
+  int64_t rec = -1;
+  if (comm_timing_on())
+    rec = record_issued(issued(IssuedCollective::Op::AllGather, "all_gather", mesh, mesh_dim, input.options(), input.numel()));
+  wait_work(issue_bound("all_gather", rec, [&] { return pg.allgather(out_lists, in_list); }), "all_gather", &mesh, mesh_dim);
   std::vector<at::Tensor> pieces;
   for (int64_t i = 0; i < n; ++i) {
     auto piece = out_lists[0][i];
@@ -290,10 +322,20 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   record_collective("all_reduce", t.numel() * t.element_size());
-  wait_work(pg.allreduce(ts, opts), "all_reduce", &mesh, mesh_dim);
+  int64_t rec = -1;
+  if (comm_timing_on()) {
+    auto c = issued(IssuedCollective::Op::AllReduce, "all_reduce", mesh, mesh_dim, t.options(), t.numel());
+    c.reduce = opts.reduceOp;
+    rec = record_issued(std::move(c));
+  }
+  wait_work(issue_bound("all_reduce", rec, [&] { return pg.allreduce(ts, opts); }), "all_reduce", &mesh, mesh_dim);
   t = finish_avg(t, op, n);
   return stage ? t.to(local.device()) : t;
 }
+
+namespace {
+constexpr const char* kGradientBucket = "all_reduce (gradient bucket)";
+} // namespace
 
 PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t mesh_dim) {
   PendingAllReduce pending;
@@ -310,12 +352,16 @@ PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t 
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   record_collective("all_reduce", pending.buf.numel() * pending.buf.element_size());
-  pending.work = pg.allreduce(ts, opts);
+  int64_t rec = -1;
+  if (comm_timing_on())
+    rec = record_issued(issued(IssuedCollective::Op::AllReduce, kGradientBucket, mesh, mesh_dim, pending.buf.options(),
+                         pending.buf.numel()));
+  pending.work = issue_bound(kGradientBucket, rec, [&] { return pg.allreduce(ts, opts); });
   return pending;
 }
 
 at::Tensor finish_all_reduce_sum(PendingAllReduce& pending, const Mesh& mesh, int64_t mesh_dim) {
-  if (pending.work) wait_work(pending.work, "all_reduce (gradient bucket)", &mesh, mesh_dim);
+  if (pending.work) wait_work(pending.work, kGradientBucket, &mesh, mesh_dim);
   pending.work.reset();
   auto out = pending.staged ? pending.buf.to(pending.device) : pending.buf;
   pending.buf = at::Tensor();
@@ -418,7 +464,13 @@ at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, i
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   record_collective("broadcast", t.numel() * t.element_size());
-  wait_work(pg.broadcast(ts, opts), "broadcast", &mesh, mesh_dim);
+  int64_t rec = -1;
+  if (comm_timing_on()) {
+    auto c = issued(IssuedCollective::Op::Broadcast, "broadcast", mesh, mesh_dim, t.options(), t.numel());
+    c.root = root;
+    rec = record_issued(std::move(c));
+  }
+  wait_work(issue_bound("broadcast", rec, [&] { return pg.broadcast(ts, opts); }), "broadcast", &mesh, mesh_dim);
   return stage ? t.to(tensor.device()) : t;
 }
 
@@ -494,7 +546,13 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   c10d::ScatterOptions so;
   so.rootRank = root;
   record_collective("scatter", me == root ? out.numel() * out.element_size() * n : 0);
-  wait_work(pg.scatter(outputs, inputs, so), "scatter", &mesh, mesh_dim);
+  int64_t rec = -1;
+  if (comm_timing_on()) {
+    auto c = issued(IssuedCollective::Op::Scatter, "scatter", mesh, mesh_dim, out.options(), out.numel());
+    c.root = root;
+    rec = record_issued(std::move(c));
+  }
+  wait_work(issue_bound("scatter", rec, [&] { return pg.scatter(outputs, inputs, so); }), "scatter", &mesh, mesh_dim);
   auto mine = out.narrow(dim, 0, extents[me]).clone();
   return stage ? mine.to(opts.device()) : mine;
 }
@@ -514,6 +572,44 @@ at::Tensor mirror_ranks(const at::Tensor& local, at::IntArrayRef partner_shape, 
   auto chunks = flat_all_to_all(send, recv, local.options(), mesh, mesh_dim);
   return chunks[partner].view(partner_shape).clone();
 }
+
+namespace {
+constexpr const char* kRingPass = "ring send/recv";
+
+// What the point-to-point posts of one exchange (a ring pass, a peer exchange) share: the works to wait, the buffers
+// to keep alive until then, and the messages for the replay of comm/comm_timing.h (null while it is off).
+struct PairPosts {
+  c10d::ProcessGroup& pg;
+  const char* kind;
+  std::vector<c10::intrusive_ptr<c10d::Work>>& works;
+  std::vector<at::Tensor>& keep_alive;
+  std::vector<IssuedCollective::Message>* replay;
+};
+
+// Posts this rank's side of one pair under `tag`: `out` to `to`, and a receive into `in` from `from`. `out` and `in`
+// are wire tensors (contiguous, host-staged, real views); an undefined one posts nothing that way, unless
+// `placeholder` (NCCL's coalesced groups: every rank posts every pair, collectives.h) sends or receives a
+// one-element stand-in of `placeholder_opts` instead. Returns the buffer sent (undefined when nothing was).
+at::Tensor post_pair(PairPosts& p, const at::Tensor& out, int to, const at::Tensor& in, int from, int tag,
+                     bool placeholder, const at::TensorOptions& placeholder_opts) {
+  at::Tensor buf;
+  if (out.defined() || placeholder) {
+    buf = out.defined() ? out : at::zeros({1}, placeholder_opts);
+    p.keep_alive.push_back(buf);
+    std::vector<at::Tensor> ts{buf};
+    if (p.replay) p.replay->push_back({true, to, buf.numel(), tag, buf.scalar_type()});
+    p.works.push_back(timed_issue(p.kind, [&] { return p.pg.send(ts, to, tag); }));
+  }
+  if (in.defined() || placeholder) {
+    auto target = in.defined() ? in : at::empty({1}, placeholder_opts);
+    p.keep_alive.push_back(target);
+    std::vector<at::Tensor> tr{target};
+    if (p.replay) p.replay->push_back({false, from, target.numel(), tag, target.scalar_type()});
+    p.works.push_back(timed_issue(p.kind, [&] { return p.pg.recv(tr, from, tag); }));
+  }
+  return buf;
+}
+} // namespace
 
 RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
                              const Mesh& mesh, int64_t mesh_dim, int tag_base, bool backward) {
@@ -560,31 +656,35 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   // creates the communicator, collectively), and a pair's placeholder matches on both sides because every rank
   // knows every extent. Gloo skips empty blocks on both sides alike.
   int64_t bytes = 0, messages = 0;
+  const bool timed = comm_timing_on();
+  IssuedCollective replay;
+  if (timed) replay.posted_s = steady_seconds();
+  PairPosts posts{pg, kRingPass, ex.works_, ex.keep_alive_, timed ? &replay.messages : nullptr};
   for (size_t i = 0; i < send.size(); ++i) {
     auto opts = send[i].options().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
     ex.recv_.push_back(at::empty(recv_shapes[i], opts));
     const int tag = tag_base + static_cast<int>(i);
-    if (send[i].numel() > 0 || coalesce) {
-      auto buf = send[i].numel() == 0 ? at::zeros({1}, opts)
-                 : ex.staged_        ? send[i].cpu().contiguous()
-                                     : send[i].contiguous();
-      ex.keep_alive_.push_back(buf);
-      std::vector<at::Tensor> ts{buf};
+    const auto out = send[i].numel() == 0 ? at::Tensor() : ex.staged_ ? send[i].cpu().contiguous() : send[i].contiguous();
+    const auto in = ex.recv_.back().numel() > 0 ? ex.recv_.back() : at::Tensor();
+    auto buf = post_pair(posts, out, next, in, prev, tag, coalesce, opts);
+    if (buf.defined()) {
       bytes += send[i].numel() * buf.element_size();
       ++messages;
-      ex.works_.push_back(pg.send(ts, next, tag));
-    }
-    if (ex.recv_.back().numel() > 0 || coalesce) {
-      auto target = ex.recv_.back().numel() > 0 ? ex.recv_.back() : at::empty({1}, opts);
-      ex.keep_alive_.push_back(target);
-      std::vector<at::Tensor> tr{target};
-      ex.works_.push_back(pg.recv(tr, prev, tag));
     }
   }
   if (coalesce) {
     auto w = pg.endCoalescing(c10::DeviceType::CUDA);
     ex.works_.clear();
     if (w) ex.works_.push_back(w);
+  }
+  if (timed) {
+    auto c = issued(IssuedCollective::Op::PointToPoint, kRingPass, mesh, mesh_dim,
+                    at::TensorOptions().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_));
+    c.messages = std::move(replay.messages);
+    c.coalesced = coalesce;
+    c.posted_s = replay.posted_s;
+    const auto rec = record_issued(std::move(c));
+    for (const auto& w : ex.works_) bind_work(w, rec);
   }
   record_collective("ring_pass", bytes, messages);
   return ex;
@@ -601,7 +701,7 @@ std::vector<at::Tensor> RingExchange::wait() {
     functional_ = false;
     return out;
   }
-  for (auto& w : works_) wait_work(w, "ring send/recv");
+  for (auto& w : works_) wait_work(w, kRingPass);
   works_.clear();
   keep_alive_.clear();
   if (!done_.empty()) return std::move(done_);
@@ -657,6 +757,10 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
   // tensor op per peer would make a simulated rank's host work grow with P. (Shapes differ when a rank holds no
   // elements along another dim; the callers copy such pieces, so each keeps its shape.)
   std::vector<at::Tensor> nothing;
+  const bool timed = comm_timing_on();
+  std::vector<IssuedCollective::Message> replay;
+  const double posted = timed ? steady_seconds() : 0;
+  PairPosts posts{pg, kind, ex.works_, ex.keep_alive_, timed ? &replay : nullptr};
   for (int64_t j = 0; j < n; ++j) {
     if (numel(recv_shapes[j]) == 0) {
       auto same = std::find_if(nothing.begin(), nothing.end(),
@@ -670,27 +774,28 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
     // See collectives.h: on NCCL a ring neighbour gets a placeholder when there is nothing for it.
     const bool joins = coalesce && (j == next || j == prev);
     const auto peer = static_cast<int>(j);
-    if (send[j].numel() > 0 || joins) {
-      auto buf = send[j].numel() == 0 ? at::zeros({1}, placeholder_opts)
-                 : ex.staged_        ? wire(send[j].cpu().contiguous())
-                                     : wire(send[j].contiguous());
-      ex.keep_alive_.push_back(buf);
-      std::vector<at::Tensor> ts{buf};
+    const auto out = send[j].numel() == 0 ? at::Tensor()
+                     : ex.staged_        ? wire(send[j].cpu().contiguous())
+                                         : wire(send[j].contiguous());
+    const auto in = ex.recv_.back().numel() > 0 ? wire(ex.recv_.back()) : at::Tensor();
+    auto buf = post_pair(posts, out, peer, in, peer, kPeerExchangeTag, joins, placeholder_opts);
+    if (buf.defined()) {
       bytes += buf.numel() * buf.element_size();
       ++messages;
-      ex.works_.push_back(pg.send(ts, peer, kPeerExchangeTag));
-    }
-    if (ex.recv_.back().numel() > 0 || joins) {
-      auto target = ex.recv_.back().numel() > 0 ? wire(ex.recv_.back()) : at::empty({1}, placeholder_opts);
-      ex.keep_alive_.push_back(target);
-      std::vector<at::Tensor> tr{target};
-      ex.works_.push_back(pg.recv(tr, peer, kPeerExchangeTag));
     }
   }
   if (coalesce) {
     auto w = pg.endCoalescing(c10::DeviceType::CUDA);
     ex.works_.clear();
     if (w) ex.works_.push_back(w);
+  }
+  if (timed) {
+    auto c = issued(IssuedCollective::Op::PointToPoint, kind, mesh, mesh_dim, placeholder_opts);
+    c.messages = std::move(replay);
+    c.coalesced = coalesce;
+    c.posted_s = posted;
+    const auto rec = record_issued(std::move(c));
+    for (const auto& w : ex.works_) bind_work(w, rec);
   }
   record_collective(kind, bytes, messages);
   ex.kind_ = kind;
@@ -749,7 +854,15 @@ std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, con
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::MIN;
     record_collective("all_reduce", ts[0].numel() * ts[0].element_size());
-    wait_work(pg.allreduce(ts, opts), "all_reduce (agreement check)", &mesh, m);
+    int64_t rec = -1;
+    if (comm_timing_on()) {
+      auto c = issued(IssuedCollective::Op::AllReduce, "all_reduce (agreement check)", mesh, m, ts[0].options(),
+                      ts[0].numel());
+      c.reduce = opts.reduceOp;
+      rec = record_issued(std::move(c));
+    }
+    wait_work(issue_bound("all_reduce (agreement check)", rec, [&] { return pg.allreduce(ts, opts); }),
+              "all_reduce (agreement check)", &mesh, m);
     auto c = ts[0].cpu();
     out.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
   }
@@ -775,7 +888,12 @@ std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& va
   std::vector<std::vector<at::Tensor>> out_lists{outs};
   std::vector<at::Tensor> in_list{in};
   record_collective("all_gather", in.numel() * in.element_size() * n);
-  wait_work(pg.allgather(out_lists, in_list), "all_gather (metadata)", &mesh, mesh_dim);
+  int64_t rec = -1;
+  if (comm_timing_on())
+    rec = record_issued(issued(IssuedCollective::Op::AllGather, "all_gather (metadata)", mesh, mesh_dim, in.options(),
+                         in.numel()));
+  wait_work(issue_bound("all_gather (metadata)", rec, [&] { return pg.allgather(out_lists, in_list); }),
+            "all_gather (metadata)", &mesh, mesh_dim);
   std::vector<std::vector<int64_t>> result;
   for (auto& t : out_lists[0]) {
     auto c = t.cpu();

@@ -1,5 +1,7 @@
 #include "comm/wait.h"
 
+#include "comm/comm_timing.h"
+
 #include <shardtensor/mesh.h>
 #include <shardtensor/simulation.h>
 
@@ -63,12 +65,17 @@ void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* kind, con
   if (mesh && C10_UNLIKELY(mesh->simulation() != 0)) check_simulation_alive(*mesh, kind);
   std::string failure;
   {
-    GilReleased no_gil;
-    try {
-      work->wait();
-    } catch (const std::exception& e) {
-      failure = e.what();
+    ExposedTime blocked(kind, /*is_wait=*/true);  // comm/comm_timing.h
+    const double start = comm_timing_on() ? steady_seconds() : 0;
+    {
+      GilReleased no_gil;
+      try {
+        work->wait();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
     }
+    if (start != 0) note_wait(work.get(), start, steady_seconds());
   }
   if (failure.empty()) return;
   std::ostringstream os;
