@@ -15,6 +15,13 @@
 // computed by that neighbour, to which the gradient rows of the border outputs travel (as many rows as the halo) —
 // one exchange instead of the input's halo and then its gradient.
 //
+// One executor runs the pattern for every family (border_forward / border_backward): the op supplies the split and a
+// kernel that computes a call (the main call, or a border's outputs from its window); the executor posts the halo
+// (several inputs in one message per peer), overlaps it with the main call, assembles the outputs in the main call's
+// buffers and, backward, sends the border windows' halo gradients home while the main call runs. Convolution and
+// pooling use border_split (symmetric padding); neighbourhood attention (the main call's geometry takes the rank's
+// rows as the whole extent) and interpolation (taps relative to the own rows) plan their own splits.
+//
 // The split is a pure function of the layout and the window (cached with the op's plan). It applies when the main
 // call's outputs are exactly this rank's outputs (P = the distance from the window start to the rank's first row,
 // and the output count matches: stride-1 windows always, strided ones at stride-aligned offsets; ceil mode counted
