@@ -1,6 +1,8 @@
 """Memory traffic beyond the local op's, per layer and per pass: a stack of L x (Conv(C->C, k3, padding 1) + ReLU)
 split on the first spatial dim over N Gloo ranks, profiled once sharded and once as the same layers on each rank's
-own rows without communication (local-only); the difference is what domain parallelism adds.
+own rows without communication (local-only); the difference is what domain parallelism adds. `--layer na`: the
+layers are 2-D neighbourhood attention (q = k = v = the input laid out [B, H, W, heads, C/heads], kernel 7) + ReLU;
+`--layer interp`: interpolation (`--mode`, scale 2 then 0.5, alternating) + ReLU.
 
 Traffic of a kernel (the profiler's list of aten ops that do the work, not their composite callers) is counted as the
 bytes it writes: what it allocates for its results (the profiler's memory accounting) and, for an in-place kernel
@@ -12,6 +14,7 @@ The goal (issue 28): the extra traffic of a layer is the halo rows -- per pass, 
 not a pass over the rank's whole block. Reported per rank 0 (rank 1 is its mirror image).
 
     .venv/bin/python benchmarks/halo_conv/traffic.py [--ranks 2] [--size 256] [--dims 2] [--channels 16] [--layers 4]
+        [--layer conv|na|interp] [--kernel 7] [--mode bilinear]
 """
 from __future__ import annotations
 
@@ -36,18 +39,46 @@ from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 ELEMENT_BYTES = 4   # the profiler records shapes, not dtypes; everything here is float32 (index tensors are tiny)
 
 
-def stack(dims: int, channels: int, layers: int) -> nn.Module:
+class NeighborhoodAttention(nn.Module):
+    """q = k = v = the input ([B, spatial..., heads, head_dim]): the op alone, no projections."""
+    def __init__(self, dims: int, kernel: int):
+        super().__init__()
+        self.dims, self.kernel = dims, kernel
+
+    def forward(self, x):
+        from shardtensor.ops import neighborhood_attention
+        return neighborhood_attention(x, x, x, [self.kernel] * self.dims)
+
+
+class Interpolate(nn.Module):
+    def __init__(self, scale: float, mode: str):
+        super().__init__()
+        self.scale, self.mode = scale, mode
+
+    def forward(self, x):
+        kw = {} if self.mode in ("nearest", "nearest-exact") else dict(align_corners=False)
+        return nn.functional.interpolate(x, scale_factor=self.scale, mode=self.mode, **kw)
+
+
+def stack(dims: int, channels: int, layers: int, layer: str = "conv", kernel: int = 7,
+          mode: str = "bilinear") -> nn.Module:
     conv = nn.Conv2d if dims == 2 else nn.Conv3d
     mods = []
-    for _ in range(layers):
-        mods += [conv(channels, channels, 3, padding=1), nn.ReLU()]
+    for i in range(layers):
+        if layer == "conv":
+            op = conv(channels, channels, 3, padding=1)
+        elif layer == "na":
+            op = NeighborhoodAttention(dims, kernel)
+        else:
+            op = Interpolate(2.0 if i % 2 == 0 else 0.5, mode)
+        mods += [op, nn.ReLU()]
     return nn.Sequential(*mods)
 
 
 def label_layers(net: nn.Module):
-    """Forward and backward ranges named `layer i fwd` / `layer i bwd` around every convolution (with its ReLU)."""
+    """Forward and backward ranges named `layer i fwd` / `layer i bwd` around every layer's op (with its ReLU)."""
     open_ranges = {}
-    convs = [m for m in net if isinstance(m, (nn.Conv2d, nn.Conv3d))]
+    convs = [m for m in net if not isinstance(m, nn.ReLU)]
     relus = [m for m in net if isinstance(m, nn.ReLU)]
     for i, (c, r) in enumerate(zip(convs, relus)):
         def fwd_pre(_m, _a, i=i):
@@ -120,10 +151,16 @@ def run_rank(rank, world, port, out_path, args):
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
     torch.manual_seed(0)
-    net = stack(args.dims, args.channels, args.layers)
+    net = stack(args.dims, args.channels, args.layers, args.layer, args.kernel, args.mode)
     label_layers(net)
-    x = torch.randn((1, args.channels) + (args.size,) * args.dims)
-    sharded = st.distribute_tensor(x, mesh, [st.Shard(2)])
+    if args.layer == "na":   # [B, spatial..., heads, head_dim]: the first spatial dim is dim 1
+        heads = max(1, args.channels // 8)
+        x = torch.randn((1,) + (args.size,) * args.dims + (heads, args.channels // heads))
+        split = 1
+    else:
+        x = torch.randn((1, args.channels) + (args.size,) * args.dims)
+        split = 2
+    sharded = st.distribute_tensor(x, mesh, [st.Shard(split)])
     inputs = {"sharded": sharded, "local": st.to_local(sharded).clone()}
     result = {}
     for name, inp in inputs.items():
@@ -137,7 +174,7 @@ def run_rank(rank, world, port, out_path, args):
                                     profile_memory=True) as prof:
             net(leaf).square().mean().backward()
         result[name] = traffic_by_layer(prof)
-        result[name + "_rows"] = st.to_local(inp).shape[2] if name == "sharded" else inp.shape[2]
+        result[name + "_rows"] = st.to_local(inp).shape[split] if name == "sharded" else inp.shape[split]
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
@@ -149,8 +186,11 @@ def run_rank(rank, world, port, out_path, args):
 def render(ranks_data, meta) -> str:
     r0 = ranks_data[0]
     row_bytes = meta["channels"] * meta["size"] ** (meta["dims"] - 1) * 4   # one row of one sample, float32
+    layer = {"conv": "Conv(C→C, k3, padding 1)",
+             "na": f"neighbourhood attention (q = k = v, kernel {meta.get('kernel')}, C = heads × head_dim)",
+             "interp": f"interpolate ({meta.get('mode')}, scale 2 then 0.5)"}[meta.get("layer", "conv")]
     lines = [f"# Memory traffic beyond the local op's, per layer and pass ({meta['ranks']} Gloo CPU ranks)", "",
-             f"{meta['layers']} × (Conv(C→C, k3, padding 1) + ReLU), C = {meta['channels']}, {meta['dims']}-D "
+             f"{meta['layers']} × ({layer} + ReLU), C = {meta['channels']}, {meta['dims']}-D "
              f"{meta['size']}^{meta['dims']}, split on the first spatial dim; rank 0 "
              f"({r0['sharded_rows']} own rows; one row = {row_bytes / 1024:.0f} KiB). torch {meta['torch']}, commit "
              f"{meta['commit']}, {meta['date']}, load {meta['load']}. Command: `{meta['command']}`.", "",
@@ -180,13 +220,19 @@ def main():
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--channels", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp"))
+    ap.add_argument("--kernel", type=int, default=7, help="neighbourhood attention's kernel size")
+    ap.add_argument("--mode", default="bilinear", help="interpolation mode")
     add_out_argument(ap)
     args = ap.parse_args()
     prepare(args.out)
     name = f"halo_conv_traffic_{args.dims}d_{args.size}"
+    if args.layer != "conv":
+        name = f"halo_{args.layer}{'_' + args.mode if args.layer == 'interp' else ''}_traffic_{args.dims}d_{args.size}"
     load = loadavg()
     data = spawn_rank0_rows(run_rank, args.ranks, os.path.join(args.out, f".{name}.json"), args)
     meta = dict(ranks=args.ranks, dims=args.dims, size=args.size, channels=args.channels, layers=args.layers,
+                layer=args.layer, kernel=args.kernel, mode=args.mode,
                 torch=torch.__version__, commit=git("rev-parse", "--short", "HEAD"),
                 date=datetime.date.today().isoformat(), load=load,
                 command="python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]))

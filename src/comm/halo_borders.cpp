@@ -106,19 +106,154 @@ BorderTerms border_terms(const std::vector<int64_t>& in_extents, const std::vect
 
 std::vector<at::Tensor> border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local,
                                        const Mesh& mesh, const WindowKernel& kernel, bool overlap) {
-  TORCH_INTERNAL_ASSERT(split.direct && plan.size() == 1 && plan.runs(0), "border_forward: not a direct split");
-  const auto dim = plan.dim(0).dim;
-  auto exchange = plan.post(0, local, mesh);
-  std::vector<at::Tensor> received;
-  if (!overlap) received = exchange.wait();
-  auto out = kernel(local, split.padding, split.padding);
-  if (overlap) received = exchange.wait();
-  for (const auto& b : split.borders) {
-    auto window = plan.window_slice(0, local, received, b.win_begin, b.win_len);
-    auto part = kernel(window, 0, b.win_begin);
-    for (size_t k = 0; k < out.size(); ++k) out[k].narrow(dim, b.out_begin, b.out_len).copy_(part[k]);
-  }
+  auto run = [&](const std::vector<at::Tensor>& in, const BorderCall& c) {
+    return kernel(in[0], c.padding, c.main ? c.padding : c.first);
+  };
+  return border_forward(plan, split, std::vector<at::Tensor>{local}, mesh, run, overlap).outputs;
+}
+
+namespace {
+std::vector<int64_t> last_dims(const std::vector<at::Tensor>& ts) {
+  std::vector<int64_t> out;
+  for (const auto& t : ts) out.push_back(t.size(-1));
   return out;
+}
+
+std::vector<at::Tensor> border_windows(const HaloPlan& plan, const std::vector<at::Tensor>& locals,
+                                       const std::vector<std::vector<at::Tensor>>& received,
+                                       const BorderSplit::Border& b) {
+  std::vector<at::Tensor> windows;
+  for (size_t k = 0; k < locals.size(); ++k)
+    windows.push_back(plan.window_slice(0, locals[k], received[k], b.win_begin, b.win_len));
+  return windows;
+}
+
+BorderCall call_of(const BorderSplit::Border& b) {
+  BorderCall c;
+  c.first = b.win_begin;
+  c.out_begin = b.out_begin;
+  c.out_len = b.out_len;
+  return c;
+}
+} // namespace
+
+BorderForward border_forward(const HaloPlan& plan, const BorderSplit& split, const std::vector<at::Tensor>& locals,
+                             const Mesh& mesh, const BorderKernel& kernel, bool overlap) {
+  TORCH_INTERNAL_ASSERT(split.direct && plan.size() == 1 && plan.runs(0), "border_forward: not a direct split");
+  TORCH_INTERNAL_ASSERT(split.main || split.borders.size() == 1, "border_forward: no main call and ",
+                        split.borders.size(), " borders");
+  const auto dim = plan.dim(0).dim;
+  auto exchange = plan.post(0, locals, mesh);
+  BorderForward r;
+  auto arrive = [&] { r.received = HaloPlan::split_parts(exchange.wait(), last_dims(locals)); };
+  if (!overlap || !split.main) arrive();
+  if (!split.main) {
+    r.outputs = kernel(border_windows(plan, locals, r.received, split.borders[0]), call_of(split.borders[0]));
+    return r;
+  }
+  BorderCall main;
+  main.main = true;
+  main.padding = split.padding;
+  main.out_len = -1;  // every output
+  r.outputs = kernel(locals, main);
+  if (overlap) arrive();
+  for (const auto& b : split.borders) {
+    auto part = kernel(border_windows(plan, locals, r.received, b), call_of(b));
+    for (size_t k = 0; k < r.outputs.size(); ++k) r.outputs[k].narrow(dim, b.out_begin, b.out_len).copy_(part[k]);
+  }
+  return r;
+}
+
+namespace {
+// border_backward's body: `windows(b)` gives border b's input windows (none for a linear op), `shapes` the local
+// inputs' shapes (their gradients').
+std::vector<at::Tensor> backward_of(const HaloPlan& plan, const BorderSplit& split,
+                                    const std::vector<std::vector<int64_t>>& shapes, const at::TensorOptions& options,
+                                    const std::function<std::vector<at::Tensor>(const BorderSplit::Border&)>& windows,
+                                    const std::function<std::vector<at::Tensor>()>& own, size_t row_outputs,
+                                    const Mesh& mesh, const BorderKernel& kernel) {
+  TORCH_INTERNAL_ASSERT(split.direct && plan.size() == 1 && plan.runs(0), "border_backward: not a direct split");
+  const auto dim = plan.dim(0).dim;
+  const auto n_in = shapes.size();
+  // The border calls first: their halo rows' gradients travel while the main call runs.
+  std::vector<std::vector<at::Tensor>> parts;
+  std::vector<std::pair<int64_t, at::Tensor>> slices;
+  for (const auto& b : split.borders) {
+    parts.push_back(kernel(windows(b), call_of(b)));
+    const auto& p = parts.back();
+    TORCH_INTERNAL_ASSERT(p.size() == row_outputs + n_in, "border_backward: the kernel gave ", p.size(), " tensors");
+    std::vector<at::Tensor> grads(p.begin() + row_outputs, p.end());
+    slices.emplace_back(b.win_begin, n_in == 1 ? grads[0] : at::cat(grads, -1));
+  }
+  auto packed_shape = shapes[0];
+  std::vector<int64_t> last;
+  packed_shape.back() = 0;
+  for (const auto& s : shapes) {
+    packed_shape.back() += s.back();
+    last.push_back(s.back());
+  }
+  auto back = plan.post_returns(0, slices, packed_shape, at::empty({0}, options), mesh);
+  const auto [own_pos, own_row, own_len] = plan.own_run(0);
+  std::vector<at::Tensor> out;
+  if (split.main) {
+    BorderCall main;
+    main.main = true;
+    main.padding = split.padding;
+    main.out_len = -1;  // every output
+    out = kernel(own(), main);
+    TORCH_INTERNAL_ASSERT(out.size() == row_outputs + n_in, "border_backward: the kernel gave ", out.size(),
+                          " tensors");
+    for (size_t j = 0; j < split.borders.size(); ++j) {
+      const auto& b = split.borders[j];
+      for (size_t k = 0; k < row_outputs; ++k)
+        out[k].narrow(dim, b.out_begin, b.out_len).copy_(parts[j][k]);
+      // The border window's own rows: their gradient adds to the main call's.
+      const auto lo = std::max(b.win_begin, own_pos), hi = std::min(b.win_begin + b.win_len, own_pos + own_len);
+      if (hi <= lo) continue;
+      for (size_t k = 0; k < n_in; ++k)
+        out[row_outputs + k]
+            .narrow(dim, own_row + lo - own_pos, hi - lo)
+            .add_(parts[j][row_outputs + k].narrow(dim, lo - b.win_begin, hi - lo));
+    }
+  } else {
+    // One border covers every output: the gradient over the own rows is that window's part (a few rows).
+    TORCH_INTERNAL_ASSERT(split.borders.size() == 1, "border_backward: no main call and ", split.borders.size(),
+                          " borders");
+    const auto& b = split.borders[0];
+    out.assign(parts[0].begin(), parts[0].begin() + row_outputs);
+    for (size_t k = 0; k < n_in; ++k) {
+      auto g = at::zeros(shapes[k], parts[0][row_outputs + k].options());
+      const auto lo = std::max(b.win_begin, own_pos), hi = std::min(b.win_begin + b.win_len, own_pos + own_len);
+      if (hi > lo)
+        g.narrow(dim, own_row + lo - own_pos, hi - lo)
+            .copy_(parts[0][row_outputs + k].narrow(dim, lo - b.win_begin, hi - lo));
+      out.push_back(g);
+    }
+  }
+  auto pieces = HaloPlan::split_parts(back.wait(), last);
+  for (size_t k = 0; k < n_in; ++k) plan.add_returns(0, out[row_outputs + k], pieces[k]);
+  return out;
+}
+} // namespace
+
+std::vector<at::Tensor> border_backward(const HaloPlan& plan, const BorderSplit& split,
+                                        const std::vector<at::Tensor>& locals,
+                                        const std::vector<std::vector<at::Tensor>>& received, size_t row_outputs,
+                                        const Mesh& mesh, const BorderKernel& kernel) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& t : locals) shapes.push_back(t.sizes().vec());
+  return backward_of(
+      plan, split, shapes, locals[0].options(),
+      [&](const BorderSplit::Border& b) { return border_windows(plan, locals, received, b); },
+      [&] { return locals; }, row_outputs, mesh, kernel);
+}
+
+std::vector<at::Tensor> border_backward(const HaloPlan& plan, const BorderSplit& split, at::IntArrayRef shape,
+                                        const at::TensorOptions& options, size_t row_outputs, const Mesh& mesh,
+                                        const BorderKernel& kernel) {
+  return backward_of(
+      plan, split, {shape.vec()}, options, [](const BorderSplit::Border&) { return std::vector<at::Tensor>{}; },
+      [] { return std::vector<at::Tensor>{}; }, row_outputs, mesh, kernel);
 }
 
 } // namespace shardtensor::comm

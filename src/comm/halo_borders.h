@@ -15,6 +15,13 @@
 // computed by that neighbour, to which the gradient rows of the border outputs travel (as many rows as the halo) —
 // one exchange instead of the input's halo and then its gradient.
 //
+// One executor runs the pattern for every family (border_forward / border_backward): the op supplies the split and a
+// kernel that computes a call (the main call, or a border's outputs from its window); the executor posts the halo
+// (several inputs in one message per peer), overlaps it with the main call, assembles the outputs in the main call's
+// buffers and, backward, sends the border windows' halo gradients home while the main call runs. Convolution and
+// pooling use border_split (symmetric padding); neighbourhood attention (the main call's geometry takes the rank's
+// rows as the whole extent) and interpolation (taps relative to the own rows) plan their own splits.
+//
 // The split is a pure function of the layout and the window (cached with the op's plan). It applies when the main
 // call's outputs are exactly this rank's outputs (P = the distance from the window start to the rank's first row,
 // and the output count matches: stride-1 windows always, strided ones at stride-aligned offsets; ceil mode counted
@@ -34,7 +41,8 @@ struct BorderSplit {
     int64_t out_begin = 0, out_len = 0;
     int64_t win_begin = 0, win_len = 0;
   };
-  bool direct = false;           // the main call applies (else: build the window)
+  bool direct = false;           // the border execution applies (else: the caller builds the window)
+  bool main = true;              // a main call on the own rows gives the outputs (else one border covers them all)
   int64_t padding = 0;           // the main call's symmetric padding on the dim
   std::vector<Border> borders;   // at most two, in order, disjoint
 };
@@ -71,5 +79,45 @@ using WindowKernel =
 // travel when `overlap`), then each border's call, written into the main call's outputs, which are returned.
 std::vector<at::Tensor> border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local,
                                        const Mesh& mesh, const WindowKernel& kernel, bool overlap = true);
+
+// The general form, for kernels whose main call is not a padding of the border calls (neighbourhood attention's
+// windows shift inward at the edges, so its main call runs the rank's rows as a whole tensor of their own) and for
+// several windowed inputs travelling together (key and value: one message per peer). A call names what it
+// computes: `main` (the own rows of every input, every output; out_len -1) or a border (windows
+// starting at window position `first`, computing outputs [out_begin, out_begin + out_len)). With split.main false
+// the only border covers every output and its call's outputs are returned as they are (ranks whose rows are too
+// few for a main call: their window is a few rows anyway).
+struct BorderCall {
+  bool main = false;
+  int64_t padding = 0, first = 0;
+  int64_t out_begin = 0, out_len = 0;
+};
+using BorderKernel = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs,
+                                                           const BorderCall& call)>;
+struct BorderForward {
+  std::vector<at::Tensor> outputs;
+  std::vector<std::vector<at::Tensor>> received;  // [input][peer]: the halo rows, for the backward's border windows
+};
+BorderForward border_forward(const HaloPlan& plan, const BorderSplit& split, const std::vector<at::Tensor>& locals,
+                             const Mesh& mesh, const BorderKernel& kernel, bool overlap = true);
+
+// The backward of a split run by border_forward, for kernels that take a window and give gradients over it
+// (the adjoint of border_forward; a linear op needs no window: BorderTerms). The kernel's call returns
+// {row outputs..., window gradients...}: `row_outputs` tensors over the call's outputs (the gradients of inputs
+// that are not windowed, such as the queries; border calls' rows are written over the main call's) and then one
+// gradient per windowed input over the call's input rows (the own rows for the main call, which must leave out the
+// border outputs' terms; the border window otherwise). The border windows' own rows are summed into the main
+// call's gradients and their halo rows go home (one message per peer, posted before the main call so they travel
+// while it runs). `received`: the forward's halo rows (border_forward's), so no row travels twice. Returns
+// {row outputs..., input gradients over the own rows...}.
+std::vector<at::Tensor> border_backward(const HaloPlan& plan, const BorderSplit& split,
+                                        const std::vector<at::Tensor>& locals,
+                                        const std::vector<std::vector<at::Tensor>>& received, size_t row_outputs,
+                                        const Mesh& mesh, const BorderKernel& kernel);
+// The same for a linear op, whose gradient needs no input rows (interpolation): the kernel's calls get no inputs;
+// `shape` is the local input's (its gradient's) and `options` the gradient's dtype and device.
+std::vector<at::Tensor> border_backward(const HaloPlan& plan, const BorderSplit& split, at::IntArrayRef shape,
+                                        const at::TensorOptions& options, size_t row_outputs, const Mesh& mesh,
+                                        const BorderKernel& kernel);
 
 } // namespace shardtensor::comm

@@ -322,6 +322,86 @@ PeerExchange HaloPlan::post(size_t i, const at::Tensor& local, const Mesh& mesh)
   return peer_exchange_start(sends(i, local), recv_shapes(i, local.sizes()), local, mesh, s.geometry.mesh_dim);
 }
 
+PeerExchange HaloPlan::post(size_t i, const std::vector<at::Tensor>& parts, const Mesh& mesh) const {
+  TORCH_INTERNAL_ASSERT(!parts.empty(), "halo plan: post of no tensors");
+  if (parts.size() == 1) return post(i, parts[0], mesh);
+  const auto& s = steps_.at(i);
+  TORCH_INTERNAL_ASSERT(s.geometry.dim != parts[0].dim() - 1, "halo plan: tensors packed on the split dim");
+  if (!s.exchange) return {};
+  std::vector<std::vector<at::Tensor>> by_part;
+  int64_t last = 0;
+  for (const auto& p : parts) {
+    by_part.push_back(sends(i, p));
+    last += p.size(-1);
+  }
+  std::vector<at::Tensor> packed;
+  for (size_t r = 0; r < s.to.size(); ++r) {
+    if (s.to[r].size() == 0) {
+      packed.push_back(by_part[0][r]);
+      continue;
+    }
+    std::vector<at::Tensor> rows;
+    for (auto& b : by_part) rows.push_back(b[r]);
+    packed.push_back(at::cat(rows, -1));
+  }
+  auto shape = parts[0].sizes().vec();
+  shape.back() = last;
+  return peer_exchange_start(packed, recv_shapes(i, shape), parts[0], mesh, s.geometry.mesh_dim);
+}
+
+std::vector<std::vector<at::Tensor>> HaloPlan::split_parts(const std::vector<at::Tensor>& pieces,
+                                                           const std::vector<int64_t>& last_dims) {
+  if (last_dims.size() == 1) return {pieces};  // nothing packed (the split dim may be the last one)
+  std::vector<std::vector<at::Tensor>> out(last_dims.size());
+  for (const auto& p : pieces) {
+    int64_t at = 0;
+    for (size_t k = 0; k < last_dims.size(); ++k) {
+      out[k].push_back(p.defined() && p.numel() > 0 ? p.narrow(-1, at, last_dims[k]) : p);
+      at += last_dims[k];
+    }
+  }
+  return out;
+}
+
+PeerExchange HaloPlan::post_returns(size_t i, const std::vector<std::pair<int64_t, at::Tensor>>& slices,
+                                    at::IntArrayRef shape, const at::Tensor& like, const Mesh& mesh) const {
+  const auto& s = steps_.at(i);
+  if (!s.exchange) return {};
+  TORCH_INTERNAL_ASSERT(s.runs, "halo plan: returns from window slices need runs");
+  const auto dim = s.geometry.dim;
+  std::vector<at::Tensor> back;
+  at::Tensor none;
+  for (const auto& f : s.from) {
+    const auto n = f.size();
+    if (n == 0) {
+      if (!none.defined()) none = at::empty(shape_with(shape, dim, 0), like.options());
+      back.push_back(none);
+      continue;
+    }
+    const auto p = f.pos[0];
+    // Usually one slice holds the peer's whole run: its rows go as they are.
+    at::Tensor piece;
+    for (const auto& [b, t] : slices)
+      if (b <= p && p + n <= b + t.size(dim)) piece = t.narrow(dim, p - b, n);
+    if (!piece.defined()) {
+      piece = at::zeros(shape_with(shape, dim, n), like.options());
+      for (const auto& [b, t] : slices) {
+        const auto lo = std::max(p, b), hi = std::min(p + n, b + t.size(dim));
+        if (hi > lo) piece.narrow(dim, lo - p, hi - lo).copy_(t.narrow(dim, lo - b, hi - lo));
+      }
+    }
+    back.push_back(piece);
+  }
+  return peer_exchange_start(back, return_shapes(i, shape), like, mesh, s.geometry.mesh_dim);
+}
+
+std::tuple<int64_t, int64_t, int64_t> HaloPlan::own_run(size_t i) const {
+  const auto& o = steps_.at(i).own;
+  TORCH_INTERNAL_ASSERT(o.run, "halo plan: the own rows are not one run");
+  if (o.size() == 0) return {0, 0, 0};
+  return {o.pos[0], o.rows[0], o.size()};
+}
+
 at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received,
                                   int64_t begin, int64_t len) const {
   const auto& s = steps_.at(i);

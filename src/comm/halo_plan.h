@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <tuple>
 #include <typeindex>
 #include <vector>
 
@@ -150,6 +151,22 @@ class HaloPlan {
   // (wait() gives them by peer: the `received` of window_slice). The same messages as gather's exchange of dim i, so
   // a rank running this path and one building its window match.
   PeerExchange post(size_t i, const at::Tensor& local, const Mesh& mesh) const;
+  // post for several tensors whose rows travel together (the same sizes except the last dim; key and value): one
+  // message per peer with their rows concatenated on the last dim (a copy of the halo rows only); split_parts gives
+  // the received pieces back by tensor, then by peer.
+  PeerExchange post(size_t i, const std::vector<at::Tensor>& parts, const Mesh& mesh) const;
+  static std::vector<std::vector<at::Tensor>> split_parts(const std::vector<at::Tensor>& pieces,
+                                                          const std::vector<int64_t>& last_dims);
+  // The adjoint of post, from gradient rows over a few window slices rather than a window: `slices` are (first
+  // window position, gradient rows over the positions that follow; disjoint), the halo positions among them go
+  // to their owners (positions no slice covers: zero). wait() gives, by peer, the gradient rows of this rank's
+  // rows that the peer's window named: add_returns sums them into the local gradient. `shape`: the local tensor's
+  // (any extent along dim i); `like`: its dtype and device.
+  PeerExchange post_returns(size_t i, const std::vector<std::pair<int64_t, at::Tensor>>& slices,
+                            at::IntArrayRef shape, const at::Tensor& like, const Mesh& mesh) const;
+  // Where this rank's own rows sit in dim i's window when they form one run: (first window position, first local
+  // row, count).
+  std::tuple<int64_t, int64_t, int64_t> own_run(size_t i) const;
   // Whether every row map of dim i is one consecutive run and its padding rows are runs (the windows of sliding
   // windows over zero-padded dims): what window_slice needs.
   bool runs(size_t i) const { return steps_.at(i).runs; }

@@ -3,7 +3,9 @@
 //
 // im2col over a sharded H is a convolution's window read: a rank owns the block rows centred in its image rows (the
 // halo planner's sliding-window rule with the kernel, stride, padding and dilation along H), receives the halo rows
-// they read and runs the local im2col on that window (H padding done by the plan's zero rows). The blocks dim
+// they read and runs the local im2col on that window (H padding done by the plan's zero rows) -- without building
+// it where the border split applies (comm/halo_borders.h: im2col of the own rows with a symmetric H padding, the
+// border block rows redone from border windows once the halo has arrived). The blocks dim
 // L = oh * ow is sharded in whole block rows (extents b * ow). A sharded W is moved onto H first (one all-to-all),
 // or gathered when another mesh dim already shards H: the blocks dim can carry one mesh dim. Batch and channel
 // shards stay local (the channels are the outer factor of C * kh * kw). Under autograd im2col has its own backward
@@ -13,6 +15,7 @@
 // (their boundaries at the centre rows of the first block of each rank) when such extents exist, else the default
 // split with the columns redistributed to its block rows; each rank sums its blocks into the window of rows they
 // cover (local col2im) and the halo rows go home (scatter_add).
+#include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
@@ -66,6 +69,7 @@ Blocks blocks_of(at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayR
 struct Im2colPlan {
   comm::HaloPlan halo;
   std::vector<int64_t> block_rows; // per coordinate along m
+  comm::BorderSplit split;         // direct: the forward builds no window (comm/halo_borders.h)
 };
 
 std::shared_ptr<const Im2colPlan> im2col_plan(const ShardSpec& img, const Blocks& b, c10::Device device) {
@@ -79,6 +83,8 @@ std::shared_ptr<const Im2colPlan> im2col_plan(const ShardSpec& img, const Blocks
     plan.block_rows = part.out_extents;
     plan.halo = comm::HaloPlan({comm::HaloDim{2, m, img.extents[m], std::move(part.want)}}, img.mesh->coordinates(),
                                device, 0.0);
+    if (plan.halo.runs(0))
+      plan.split = comm::border_split(img.extents[m], plan.block_rows, img.mesh->coordinate(m), H, b.along_h());
     return plan;
   });
 }
@@ -144,8 +150,19 @@ at::Tensor im2col_local(const at::Tensor& x, const ShardSpec& img, const Blocks&
     return at::im2col(x, b.kernel, b.dilation, b.padding, b.stride);
   }
   auto plan = im2col_plan(img, b, x.device());
-  auto window = plan->halo.gather(x, *img.mesh);
   const auto mine = plan->block_rows[img.mesh->coordinate(img.mesh_dim_of(2))];
+  if (plan->split.direct && !empty) {
+    // Without the window: im2col of the own rows with the split's padding on H gives every block row of this
+    // rank; the border block rows are redone from border windows and written over theirs (a view of the columns
+    // as [N, C*k, block rows, ow] puts them on dim 2, the split dim).
+    auto kernel = [&](const at::Tensor& in, int64_t pad, int64_t) -> std::vector<at::Tensor> {
+      auto cols = at::im2col(in, b.kernel, b.dilation, {pad, b.padding[1]}, b.stride);
+      return {cols.view({cols.size(0), cols.size(1), -1, ow})};
+    };
+    auto cols = comm::border_forward(plan->halo, plan->split, x, *img.mesh, kernel)[0];
+    return cols.view({x.size(0), x.size(1) * b.k(), mine * ow});
+  }
+  auto window = plan->halo.gather(x, *img.mesh);
   if (mine == 0 || empty) return at::empty({x.size(0), x.size(1) * b.k(), mine * ow}, x.options());
   return at::im2col(window, b.kernel, b.dilation, local_padding(b, true), b.stride);
 }

@@ -7,7 +7,11 @@
 // scales in float). Each dim is resampled in turn, as an index_select + weighted sum. Along a sharded dim the
 // output position o belongs to the rank owning its primary source row (nearest: its row; linear/cubic: the
 // floor of its source coordinate), so outputs follow their data and zero-extent ranks get no outputs; each rank
-// gathers exactly the source rows its outputs read (any distance) and the backward sends the gradient rows home.
+// receives exactly the source rows its outputs read (any distance) and the backward sends the gradient rows home.
+// No window is built (comm/halo_borders.h): the interior outputs are resampled from the own rows, the few outputs
+// that read another rank's rows from border windows, written over their rows; the backward likewise (only the
+// halo rows' gradient travels). A rank whose every output reads another's rows (shards of a row or two) resamples
+// its window, which is then a few rows.
 // The plan (comm/halo_plan: partition, exchange, taps and weights on the device) is cached per layout, sizes and
 // mode, for both directions, so the backward reuses the forward's.
 //
@@ -22,6 +26,7 @@
 // - linear: output == input along a dim is the identity whatever the scale (forward and backward).
 // - bicubic: the backward is the identity when output == input in both dims; the forward never special-cases.
 #include "comm/functional.h"
+#include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "comm/host_metadata.h"
 #include "comm/spec_holder.h"
@@ -166,6 +171,13 @@ struct DimPlan {
   int64_t window_rows = 0;  // this rank's window (unsharded: the whole dim)
   comm::HaloPlan halo;      // sharded: gathers the rows this rank's outputs read
   at::Tensor idx, w;        // [K, n]: window-relative taps and weights of this rank's outputs, on the device
+  // Sharded, direct split: no window (comm/halo_borders.h). The main call resamples the own rows with taps
+  // relative to them (border outputs' taps clamped into them: those outputs are recomputed); each border's
+  // outputs come from a border window with taps relative to it. [top, bottom): the interior outputs.
+  comm::BorderSplit split;
+  int64_t own_rows = 0, top = 0, bottom = 0;
+  at::Tensor main_idx, main_w;
+  std::vector<std::pair<at::Tensor, at::Tensor>> border_taps;
 };
 
 // Interpolation's plan: a pure function of the input layout, the sizes and the mode, cached; it holds both
@@ -205,16 +217,63 @@ DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_e
     p.halo = comm::HaloPlan({comm::HaloDim{dim, mesh_dim, in_extents, std::move(part.want)}}, coordinates,
                             opts.device());
   }
-  std::vector<int64_t> idx(K * n);
-  std::vector<double> w(K * n);
-  for (int64_t q = 0; q < n; ++q)
-    for (int64_t k = 0; k < K; ++k) {
-      idx[k * n + q] = taps.idx[(b + q) * K + k] - win_lo;
-      w[k * n + q] = taps.w[(b + q) * K + k];
+  // Taps of outputs [from, from + len) relative to row `base`, clamped to [0, rows).
+  auto taps_of = [&](int64_t from, int64_t len, int64_t base, int64_t rows) {
+    std::vector<int64_t> idx(K * len);
+    std::vector<double> w(K * len);
+    for (int64_t q = 0; q < len; ++q)
+      for (int64_t k = 0; k < K; ++k) {
+        idx[k * len + q] = std::clamp<int64_t>(taps.idx[(b + from + q) * K + k] - base, 0, std::max<int64_t>(rows - 1, 0));
+        w[k * len + q] = taps.w[(b + from + q) * K + k];
+      }
+    comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
+    return std::make_pair(at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, len}).to(opts.device()),
+                          at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, len}).to(opts));
+  };
+  std::tie(p.idx, p.w) = taps_of(0, n, win_lo, p.window_rows);
+  if (mesh_dim >= 0 && p.halo.runs(0)) {
+    // The border split: outputs reading a row of another rank sit at the ends (taps follow the output position).
+    const auto c = coordinates.at(mesh_dim);
+    int64_t a = 0;
+    for (int64_t r = 0; r < c; ++r) a += in_extents[r];
+    const auto e = in_extents[c];
+    auto reads = [&](int64_t q, bool below) {
+      for (int64_t k = 0; k < K; ++k) {
+        const auto t = taps.idx[(b + q) * K + k];
+        if (below ? t < a : t >= a + e) return true;
+      }
+      return false;
+    };
+    int64_t top = 0, bottom = n;
+    for (int64_t q = 0; q < n; ++q)
+      if (reads(q, true)) top = q + 1;
+    for (int64_t q = n; q-- > 0;)
+      if (reads(q, false)) bottom = q;
+    p.own_rows = e;
+    p.split.direct = true;
+    auto window_of = [&](int64_t from, int64_t len) {
+      int64_t lo = win_lo + p.window_rows, hi = win_lo;
+      for (int64_t q = from; q < from + len; ++q)
+        for (int64_t k = 0; k < K; ++k) {
+          lo = std::min(lo, taps.idx[(b + q) * K + k]);
+          hi = std::max(hi, taps.idx[(b + q) * K + k] + 1);
+        }
+      p.split.borders.push_back({from, len, lo - win_lo, hi - lo});
+      p.border_taps.push_back(taps_of(from, len, lo, hi - lo));
+    };
+    if (top < bottom && e > 0) {
+      p.top = top;
+      p.bottom = bottom;
+      std::tie(p.main_idx, p.main_w) = taps_of(0, n, a, e);
+      if (top > 0) window_of(0, top);
+      if (bottom < n) window_of(bottom, n - bottom);
+    } else {
+      // No interior: the outputs come from the window (a few rows: every output reads another rank's).
+      p.split.main = false;
+      p.split.borders.push_back({0, n, 0, p.window_rows});
+      p.border_taps.emplace_back(p.idx, p.w);
     }
-  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
-  p.idx = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, n}).to(opts.device());
-  p.w = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, n}).to(opts);
+  }
   return p;
 }
 
@@ -224,32 +283,80 @@ at::Tensor weight_view(const at::Tensor& w, int64_t dim, int64_t ndim) {
   return w.view(shape);
 }
 
+// Resample `src` along `dim` with taps `idx_t`/`w_t` ([K, n], relative to src's rows).
+at::Tensor resample_with(const at::Tensor& src, int64_t dim, int64_t K, const at::Tensor& idx_t,
+                         const at::Tensor& w_t) {
+  at::Tensor out;
+  const auto idx = comm::plan_constant(idx_t, src);
+  const auto w = K == 1 ? at::Tensor() : comm::plan_constant(w_t, src);
+  for (int64_t k = 0; k < K; ++k) {
+    auto rows = src.index_select(dim, idx[k]);
+    if (K == 1) return rows; // nearest and identity taps have weight 1
+    auto term = rows * weight_view(w[k], dim, src.dim());
+    out = out.defined() ? out + term : term;
+  }
+  return out;
+}
+
 // Resample the window along p.dim to this rank's outputs.
 at::Tensor resample(const at::Tensor& window, const DimPlan& p) {
-  at::Tensor out;
-  const auto idx = comm::plan_constant(p.idx, window);
-  const auto w = p.K == 1 ? at::Tensor() : comm::plan_constant(p.w, window);
-  for (int64_t k = 0; k < p.K; ++k) {
-    auto rows = window.index_select(p.dim, idx[k]);
-    if (p.K == 1) return rows; // nearest and identity taps have weight 1
-    auto term = rows * weight_view(w[k], p.dim, window.dim());
-    out = out.defined() ? out + term : term;
+  return resample_with(window, p.dim, p.K, p.idx, p.w);
+}
+
+// Adjoint of resample_with for outputs [from, from + len) of g, whose taps are columns [tap_from, tap_from + len)
+// of idx_t/w_t: the gradient of `rows` source rows.
+at::Tensor resample_backward_with(const at::Tensor& g, int64_t dim, int64_t K, const at::Tensor& idx_t,
+                                  const at::Tensor& w_t, int64_t rows, int64_t from, int64_t len, int64_t tap_from) {
+  auto shape = g.sizes().vec();
+  shape[dim] = rows;
+  auto out = at::zeros(shape, g.options());
+  if (len == 0) return out;
+  const auto idx = comm::plan_constant(idx_t, g).narrow(1, tap_from, len);
+  const auto w = K == 1 ? at::Tensor() : comm::plan_constant(w_t, g).narrow(1, tap_from, len);
+  const auto gs = g.narrow(dim, from, len);
+  for (int64_t k = 0; k < K; ++k) {
+    auto term = K == 1 ? gs : gs * weight_view(w[k], dim, g.dim());
+    out.index_add_(dim, idx[k], term);
   }
   return out;
 }
 
 // Adjoint of resample: the gradient of the window from the gradient of this rank's outputs.
 at::Tensor resample_backward(const at::Tensor& g, const DimPlan& p) {
+  return resample_backward_with(g, p.dim, p.K, p.idx, p.w, p.window_rows, 0, g.size(p.dim), 0);
+}
+
+// One sharded dim without the window (comm/halo_borders.h): the main call resamples the own rows while the halo
+// travels; the border outputs are recomputed from border windows and written over their rows.
+at::Tensor resample_sharded(const at::Tensor& local, const DimPlan& p, const Mesh& mesh) {
+  if (!p.split.direct) return resample(p.halo.gather(local, mesh), p);
+  auto kernel = [&](const std::vector<at::Tensor>& in, const comm::BorderCall& c) -> std::vector<at::Tensor> {
+    if (c.main) return {resample_with(in[0], p.dim, p.K, p.main_idx, p.main_w)};
+    size_t j = 0;
+    while (p.split.borders[j].out_begin != c.out_begin) ++j;
+    return {resample_with(in[0], p.dim, p.K, p.border_taps[j].first, p.border_taps[j].second)};
+  };
+  return comm::border_forward(p.halo, p.split, {local}, mesh, kernel).outputs[0];
+}
+
+// Its adjoint: the own rows' gradient from the interior outputs, the border outputs' from their windows (their own
+// rows added, their halo rows sent home), and the rows peers send home added.
+at::Tensor resample_sharded_backward(const at::Tensor& g, const DimPlan& p, const Mesh& mesh) {
+  if (!p.split.direct) return p.halo.scatter_add(resample_backward(g, p), mesh, /*consume=*/true);
   auto shape = g.sizes().vec();
-  shape[p.dim] = p.window_rows;
-  auto out = at::zeros(shape, g.options());
-  const auto idx = comm::plan_constant(p.idx, g);
-  const auto w = p.K == 1 ? at::Tensor() : comm::plan_constant(p.w, g);
-  for (int64_t k = 0; k < p.K; ++k) {
-    auto term = p.K == 1 ? g : g * weight_view(w[k], p.dim, g.dim());
-    out.index_add_(p.dim, idx[k], term);
-  }
-  return out;
+  shape[p.dim] = p.own_rows;
+  auto kernel = [&](const std::vector<at::Tensor>&, const comm::BorderCall& c) -> std::vector<at::Tensor> {
+    if (c.main)
+      return {resample_backward_with(g, p.dim, p.K, p.main_idx, p.main_w, p.own_rows, p.top, p.bottom - p.top,
+                                     p.top)};
+    size_t j = 0;
+    while (p.split.borders[j].out_begin != c.out_begin) ++j;
+    const auto& b = p.split.borders[j];
+    // A border's taps are its own outputs' (all outputs' when no main call: then out_begin is 0).
+    return {resample_backward_with(g, p.dim, p.K, p.border_taps[j].first, p.border_taps[j].second, b.win_len,
+                                   b.out_begin, b.out_len, 0)};
+  };
+  return comm::border_backward(p.halo, p.split, shape, g.options(), 0, mesh, kernel)[0];
 }
 
 bool fwd_shortcut(Mode mode, int64_t nd) {
@@ -319,10 +426,7 @@ at::Tensor interp_forward(const at::Tensor& self_in, const OpInfo& info, const s
   const auto dtype = self.scalar_type();
   auto plan = interp_plan(*spec, info, osize, ac, scales, dtype, self.device());
   auto t = shard_impl(self)->local().to(math_type(dtype));
-  for (const auto& p : plan->fwd) {
-    if (p.mesh_dim >= 0) t = p.halo.gather(t, *spec->mesh);
-    t = resample(t, p);
-  }
+  for (const auto& p : plan->fwd) t = p.mesh_dim >= 0 ? resample_sharded(t, p, *spec->mesh) : resample(t, p);
   return wrap(t.to(dtype).contiguous(), spec->mesh, spec->placements, plan->out_shape, plan->out_ext);
 }
 
@@ -335,10 +439,8 @@ at::Tensor interp_backward(const at::Tensor& grad, const SpecPtr& in_spec, const
   auto g = local_aligned(resolve_partial(dispatch::as_shard(grad, mesh)), mesh, plan->out_shape, in_spec->placements,
                          plan->out_ext)
                .to(math_type(dtype));
-  for (auto it = plan->bwd.rbegin(); it != plan->bwd.rend(); ++it) {
-    g = resample_backward(g, *it);
-    if (it->mesh_dim >= 0) g = it->halo.scatter_add(g, *mesh);
-  }
+  for (auto it = plan->bwd.rbegin(); it != plan->bwd.rend(); ++it)
+    g = it->mesh_dim >= 0 ? resample_sharded_backward(g, *it, *mesh) : resample_backward(g, *it);
   return make_shard_tensor(g.to(dtype).contiguous(), in_spec);
 }
 

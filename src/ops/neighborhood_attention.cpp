@@ -12,14 +12,19 @@
 //
 // ShardTensors (bound at both shard keys, above autograd): q, k, v share q's layout (k/v are redistributed,
 // differentiably, when they differ). Batch and heads shards are local. Each sharded spatial dim (any number of
-// mesh dims, one mesh dim per spatial dim) gathers, from specs alone, the global key rows the local queries'
+// mesh dims, one mesh dim per spatial dim) reads, from specs alone, the global key rows the local queries'
 // windows cover -- one contiguous range: K/2 rows each side, more next to the global borders where windows are
 // clamped inward, from several ranks away when shards are narrower than that, and with dilation the other
-// groups' rows in between -- with a comm::HaloPlan (cached per layout and window; the backward reuses it), dim by
-// dim (so corners of 2-D meshes come along). With one sharded dim the interior queries run while the exchange is
-// in flight. k and v travel together (concatenated on the feature dim): one exchange per sharded dim. Backward:
-// the local kernel gives dq and the window's dk/dv, which go home with the plan's scatter_add (the adjoint), in
-// reverse dim order. Zero-extent ranks take part in every collective.
+// groups' rows in between -- moved by a comm::HaloPlan (cached per layout and window; the backward reuses it).
+// k and v travel together: one message per peer. Zero-extent ranks take part in every collective.
+//
+// One sharded spatial dim: no window is built (comm/halo_borders.h, na_border_forward below). The main call runs
+// every local query against the rank's own keys while the halo travels; the border queries run again against
+// small border windows and are written over their rows. The backward is the adjoint: the main call's dk/dv are
+// the own rows' (the border queries' terms masked out), the border calls add theirs, and only the halo rows'
+// dk/dv go home. Several sharded spatial dims: the key window is gathered dim by dim (corners come along) and its
+// dk/dv go home with the plan's scatter_add.
+#include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
@@ -29,6 +34,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -285,10 +291,53 @@ std::string describe(const at::Tensor& t) {
 
 // The key windows of q's layout: for each sharded spatial dim (mesh-dim order) the global key rows every
 // coordinate's queries read, and this rank's local geometry. Specs only, cached, shared by forward and backward.
+// With one sharded spatial dim, also the border split of this rank's queries (na_split).
 struct NaPlan {
   comm::HaloPlan halo;
-  na::Geometry geometry;
+  na::Geometry geometry;       // the rank's queries against its key window (k_offset: the window's first row)
+  na::Geometry main_geometry;  // the main call: the rank's rows as a tensor of their own along the split dim
+  comm::BorderSplit split;     // direct: the copy-free execution applies
 };
+
+// Border queries read a key row of another rank, or get another window when the rank's rows are taken as a whole
+// tensor (the main call's geometry clamps windows inward at the rank's edges, the true one at the tensor's). The
+// others (the interior) get their true window from the main call. The window start is monotone in the query
+// within a dilation group, so the interior is one range; it is checked query by query all the same, and a rank
+// whose interior is not one range, or whose rows are too few for a window (e < K * dilation, the main call's
+// geometry would be invalid), computes every query from its window, which is then a few rows.
+comm::BorderSplit na_split(const na::Geometry& g, const na::Geometry& main, int64_t i, int64_t e,
+                           int64_t window_rows) {
+  comm::BorderSplit split;
+  split.direct = true;
+  const auto K = g.kernel[i], dil = g.dilation[i], L = g.extent[i], a = g.q_offset[i], k0 = g.k_offset[i];
+  auto all_border = [&] {
+    split.main = false;
+    split.borders = {{0, e, 0, window_rows}};
+    return split;
+  };
+  if (e < K * dil) return all_border();
+  auto interior = [&](int64_t j) {
+    const auto ws = na::window_start(a + j, K, L, dil);
+    return ws >= a && ws + (K - 1) * dil < a + e &&
+        na::window_start(j, K, main.extent[i], dil) + a == ws;
+  };
+  int64_t first = -1, last = -1;
+  for (int64_t j = 0; j < e; ++j)
+    if (interior(j)) {
+      if (first < 0) first = j;
+      last = j;
+    }
+  if (first < 0) return all_border();
+  for (auto j = first; j <= last; ++j)
+    if (!interior(j)) return all_border();
+  auto border = [&](int64_t begin, int64_t n) {
+    const auto [lo, hi] = na::window_union(a + begin, n, K, L, dil);
+    split.borders.push_back({begin, n, lo - k0, hi - lo});
+  };
+  if (first > 0) border(0, first);
+  if (last + 1 < e) border(last + 1, e - last - 1);
+  return split;
+}
 
 NaPlan make_na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation,
                     c10::Device device) {
@@ -317,7 +366,16 @@ NaPlan make_na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel, c
     g.k_offset[i] = mine.empty() ? 0 : mine.front();
     dims.push_back(std::move(hd));
   }
-  return {comm::HaloPlan(dims, spec.mesh->coordinates(), device), g};
+  NaPlan plan{comm::HaloPlan(dims, spec.mesh->coordinates(), device), g, g, {}};
+  if (plan.halo.size() == 1 && plan.halo.runs(0)) {
+    const auto i = plan.halo.dim(0).dim - 1;
+    const auto e = spec.local_shape[1 + i];
+    plan.main_geometry.q_offset[i] = 0;
+    plan.main_geometry.k_offset[i] = 0;
+    plan.main_geometry.extent[i] = e;
+    plan.split = na_split(g, plan.main_geometry, i, e, plan.halo.window_rows(0));
+  }
+  return plan;
 }
 
 std::shared_ptr<const NaPlan> na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel,
@@ -327,6 +385,7 @@ std::shared_ptr<const NaPlan> na_plan(const ShardSpec& spec, const std::vector<i
   return comm::cached_plan<NaPlan>(key, [&] { return make_na_plan(spec, kernel, dilation, device); });
 }
 
+// SHARDTENSOR_HALO_OVERLAP=0 completes the exchange before the main call (to measure what the overlap gains).
 bool overlap_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("SHARDTENSOR_HALO_OVERLAP");
@@ -335,51 +394,83 @@ bool overlap_enabled() {
   return enabled;
 }
 
-// Forward with the halo exchange in flight: the queries whose windows lie in this rank's own rows run first,
-// against the local keys; the border queries run once the window has arrived. One sharded spatial dim with
-// dilation 1 (contiguous interior). Returns {} when there is nothing to overlap with; the caller then gathers
-// and runs everything at once. `kv` is the local k|v concatenation; the gathered window is returned in `window`.
-std::optional<std::pair<at::Tensor, at::Tensor>> overlapped_forward(const at::Tensor& ql, const at::Tensor& kv,
-                                                                    int64_t dim, const NaPlan& plan,
-                                                                    const ShardSpec& qspec, double scale,
-                                                                    at::Tensor& window) {
-  const auto& d = plan.halo.dim(0);
-  const auto& g = plan.geometry;
-  const auto i = d.dim - 1;
-  if (!overlap_enabled() || g.dilation[i] != 1 || ql.numel() == 0) return std::nullopt;
-  const auto& mesh = *qspec.mesh;
-  const auto me = mesh.coordinate(d.mesh_dim);
-  const auto a = qspec.offset_of(d.mesh_dim, me), e = d.extents[me];
-  const auto K = g.kernel[i], L = g.extent[i];
-  int64_t i0 = a, i1 = a + e;
-  while (i0 < a + e && na::window_start(i0, K, L) < a) ++i0;
-  while (i1 > i0 && na::window_start(i1 - 1, K, L) + K > a + e) --i1;
-  if (i1 <= i0) return std::nullopt;
-  auto pending = plan.halo.start(kv, mesh);
-  const auto dim_v = kv.size(-1) - dim;
-  auto run = [&](int64_t from, int64_t to, const at::Tensor& keys, int64_t key_offset) {
-    auto gp = g;
-    gp.q_offset[i] = from;
-    gp.k_offset[i] = key_offset;
-    return local_forward(ql.narrow(d.dim, from - a, to - from), keys.narrow(-1, 0, dim), keys.narrow(-1, dim, dim_v),
-                       gp, scale);
+std::vector<at::Tensor> as_list(std::tuple<at::Tensor, at::Tensor> t) {
+  return {std::get<0>(t), std::get<1>(t)};
+}
+
+std::vector<at::Tensor> as_list(std::tuple<at::Tensor, at::Tensor, at::Tensor> t) {
+  return {std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+}
+
+// Saved halo pieces: peers that sent nothing hold an empty tensor (a list of tensors holds no undefined one).
+std::vector<at::Tensor> defined_pieces(std::vector<at::Tensor> pieces) {
+  for (auto& p : pieces)
+    if (!p.defined()) p = at::empty({0});
+  return pieces;
+}
+
+// The border execution (comm/halo_borders.h) along the one sharded spatial dim: the main call runs every local
+// query against the rank's own keys as a tensor of their own (right for the interior queries), while the halo
+// rows travel; the border queries run against border windows (the halo rows and the few own rows they read) and
+// are written over the main call's rows. Their log-sum-exps are kept aside for the backward and the main call's
+// rows of them set to +inf, so that the backward's main call gives the border queries zero probabilities: no
+// term of theirs (the border calls add those). Memory traffic beyond the single-device op: border rows only.
+struct BorderForwardResult {
+  at::Tensor out, lse;                       // lse: border rows +inf when there is a main call
+  std::vector<at::Tensor> border_lse;        // by border
+  std::vector<std::vector<at::Tensor>> received;
+};
+
+BorderForwardResult na_border_forward(const NaPlan& plan, const at::Tensor& ql, const at::Tensor& kl,
+                                      const at::Tensor& vl, const Mesh& mesh, double scale) {
+  const auto dim = plan.halo.dim(0).dim, i = dim - 1;
+  auto kernel = [&](const std::vector<at::Tensor>& kv, const comm::BorderCall& c) {
+    if (c.main) return as_list(local_forward(ql, kv[0], kv[1], plan.main_geometry, scale));
+    auto g = plan.geometry;
+    g.q_offset[i] += c.out_begin;
+    g.k_offset[i] += c.first;
+    return as_list(local_forward(ql.narrow(dim, c.out_begin, c.out_len), kv[0], kv[1], g, scale));
   };
-  auto interior = run(i0, i1, kv, a);
-  window = plan.halo.finish(pending, mesh);
-  std::vector<at::Tensor> outs, lses;
-  if (i0 > a) {
-    auto [o, l] = run(a, i0, window, g.k_offset[i]);
-    outs.push_back(o);
-    lses.push_back(l);
+  auto fw = comm::border_forward(plan.halo, plan.split, {kl, vl}, mesh, kernel, overlap_enabled());
+  BorderForwardResult r{fw.outputs[0], fw.outputs[1], {}, {}};
+  for (auto& pieces : fw.received) r.received.push_back(defined_pieces(std::move(pieces)));
+  if (!plan.split.main) {
+    r.border_lse.push_back(r.lse);
+    return r;
   }
-  outs.push_back(std::get<0>(interior));
-  lses.push_back(std::get<1>(interior));
-  if (a + e > i1) {
-    auto [o, l] = run(i1, a + e, window, g.k_offset[i]);
-    outs.push_back(o);
-    lses.push_back(l);
+  for (const auto& b : plan.split.borders) {
+    auto rows = r.lse.narrow(dim, b.out_begin, b.out_len);
+    r.border_lse.push_back(rows.clone());
+    rows.fill_(std::numeric_limits<double>::infinity());
   }
-  return std::make_pair(at::cat(outs, d.dim), at::cat(lses, d.dim));
+  return r;
+}
+
+std::vector<at::Tensor> na_border_backward(const NaPlan& plan, const at::Tensor& go, const at::Tensor& ql,
+                                           const at::Tensor& kl, const at::Tensor& vl, const at::Tensor& out,
+                                           const at::Tensor& lse, const std::vector<at::Tensor>& border_lse,
+                                           const std::vector<std::vector<at::Tensor>>& received, const Mesh& mesh,
+                                           double scale) {
+  const auto dim = plan.halo.dim(0).dim, i = dim - 1;
+  auto kernel = [&](const std::vector<at::Tensor>& kv, const comm::BorderCall& c) {
+    if (c.main) return as_list(local_backward(go, ql, kv[0], kv[1], out, lse, plan.main_geometry, scale));
+    size_t j = 0;
+    while (plan.split.borders[j].out_begin != c.out_begin) ++j;
+    auto g = plan.geometry;
+    g.q_offset[i] += c.out_begin;
+    g.k_offset[i] += c.first;
+    auto rows = [&](const at::Tensor& t) { return t.narrow(dim, c.out_begin, c.out_len); };
+    return as_list(local_backward(rows(go), rows(ql), kv[0], kv[1], rows(out), border_lse[j], g, scale));
+  };
+  return comm::border_backward(plan.halo, plan.split, {kl, vl}, received, 1, mesh, kernel);
+}
+
+// The general path (several sharded spatial dims): this rank's key window, gathered dim by dim (corners come
+// along), k and v together (concatenated on the feature dim: one exchange per sharded dim).
+std::pair<at::Tensor, at::Tensor> gather_kv(const NaPlan& plan, const at::Tensor& kl, const at::Tensor& vl,
+                                            const Mesh& mesh) {
+  auto kv = plan.halo.gather(at::cat({kl, vl}, -1), mesh);
+  return {kv.narrow(-1, 0, kl.size(-1)), kv.narrow(-1, kl.size(-1), vl.size(-1))};
 }
 
 struct ShardFn : torch::autograd::Function<ShardFn> {
@@ -389,33 +480,33 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     at::NoGradGuard no_grad;
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = *qspec->mesh;
-    const auto& ql = shard_impl(q)->local();
+    const auto &ql = shard_impl(q)->local(), &kl = shard_impl(k)->local(), &vl = shard_impl(v)->local();
     auto planp = na_plan(*qspec, kernel, dilation, ql.device());
     const auto& plan = *planp;
-    const auto dim = k.size(-1), dim_v = v.size(-1);
-    // k and v share the layout: one exchange per sharded dim carries both.
-    auto kv = at::cat({shard_impl(k)->local(), shard_impl(v)->local()}, -1);
-    at::Tensor out, lse, window;
-    auto overlapped = plan.halo.size() == 1 ? overlapped_forward(ql, kv, dim, plan, *qspec, scale, window)
-                                            : std::nullopt;
-    if (overlapped) {
-      std::tie(out, lse) = *overlapped;
-      kv = window;
+    at::Tensor out, lse;
+    if (plan.halo.empty()) {
+      std::tie(out, lse) = local_forward(ql, kl, vl, plan.geometry, scale);
+    } else if (plan.split.direct) {
+      auto r = na_border_forward(plan, ql, kl, vl, mesh, scale);
+      out = r.out;
+      lse = r.lse;
+      ctx->saved_data["border_lse"] = r.border_lse;
+      ctx->saved_data["k_halo"] = r.received[0];
+      ctx->saved_data["v_halo"] = r.received[1];
     } else {
-      kv = plan.halo.gather(kv, mesh);
-      std::tie(out, lse) = local_forward(ql, kv.narrow(-1, 0, dim), kv.narrow(-1, dim, dim_v), plan.geometry, scale);
+      auto [kw, vw] = gather_kv(plan, kl, vl, mesh);
+      std::tie(out, lse) = local_forward(ql, kw, vw, plan.geometry, scale);
+      ctx->saved_data["kw"] = kw;
+      ctx->saved_data["vw"] = vw;
     }
-    auto kw = kv.narrow(-1, 0, dim), vw = kv.narrow(-1, dim, dim_v);
     ctx->save_for_backward({q, k, v});
-    ctx->saved_data["kw"] = kw;
-    ctx->saved_data["vw"] = vw;
     ctx->saved_data["out"] = out;
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["kernel"] = kernel;
     ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["scale"] = scale;
     auto out_shape = q.sizes().vec();
-    out_shape.back() = dim_v;
+    out_shape.back() = v.size(-1);
     return make_shard_tensor(out, ShardSpec::make_with_dim_extents(qspec->mesh, qspec->placements, out_shape,
                                                                    qspec->dim_extents()));
   }
@@ -428,28 +519,41 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
     const auto qspec = shard_impl(q)->spec();
     const auto& mesh = qspec->mesh;
+    const auto &ql = shard_impl(q)->local(), &kl = shard_impl(k)->local(), &vl = shard_impl(v)->local();
     // The forward's plan (cached): nothing is planned again.
     auto planp = na_plan(*qspec, ctx->saved_data["kernel"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
-                         shard_impl(q)->local().device());
+                         ql.device());
     const auto& plan = *planp;
+    const auto scale = ctx->saved_data["scale"].toDouble();
     auto out = ctx->saved_data["out"].toTensor();
+    auto lse = ctx->saved_data["lse"].toTensor();
     auto out_shape = q.sizes().vec();
     out_shape.back() = v.size(-1);
     auto go = local_aligned(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, out_shape, qspec->placements,
                             qspec->dim_extents());
-    auto [dq, dkw, dvw] = local_backward(go, shard_impl(q)->local(), ctx->saved_data["kw"].toTensor(),
-                                       ctx->saved_data["vw"].toTensor(), out, ctx->saved_data["lse"].toTensor(),
-                                       plan.geometry, ctx->saved_data["scale"].toDouble());
-    if (ctx->needs_input_grad(0)) res[0] = make_shard_tensor(dq, qspec);
-    if (ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
+    at::Tensor dq, dk, dv;
+    if (plan.halo.empty()) {
+      std::tie(dq, dk, dv) = local_backward(go, ql, kl, vl, out, lse, plan.geometry, scale);
+    } else if (plan.split.direct) {
+      auto g = na_border_backward(plan, go, ql, kl, vl, out, lse, ctx->saved_data["border_lse"].toTensorVector(),
+                                  {ctx->saved_data["k_halo"].toTensorVector(),
+                                   ctx->saved_data["v_halo"].toTensorVector()},
+                                  *mesh, scale);
+      dq = g[0];
+      dk = g[1];
+      dv = g[2];
+    } else {
+      at::Tensor dkw, dvw;
+      std::tie(dq, dkw, dvw) = local_backward(go, ql, ctx->saved_data["kw"].toTensor(),
+                                              ctx->saved_data["vw"].toTensor(), out, lse, plan.geometry, scale);
       // Window rows go home (summed where windows overlap), in reverse order of the gathers.
-      auto dkv = plan.halo.scatter_add(at::cat({dkw, dvw}, -1), *mesh);
-      const auto dim = k.size(-1);
-      if (ctx->needs_input_grad(1))
-        res[1] = make_shard_tensor(dkv.narrow(-1, 0, dim).contiguous(), shard_impl(k)->spec());
-      if (ctx->needs_input_grad(2))
-        res[2] = make_shard_tensor(dkv.narrow(-1, dim, v.size(-1)).contiguous(), shard_impl(v)->spec());
+      auto dkv = plan.halo.scatter_add(at::cat({dkw, dvw}, -1), *mesh, /*consume=*/true);
+      dk = dkv.narrow(-1, 0, k.size(-1)).contiguous();
+      dv = dkv.narrow(-1, k.size(-1), v.size(-1)).contiguous();
     }
+    if (ctx->needs_input_grad(0)) res[0] = make_shard_tensor(dq, qspec);
+    if (ctx->needs_input_grad(1)) res[1] = make_shard_tensor(dk, shard_impl(k)->spec());
+    if (ctx->needs_input_grad(2)) res[2] = make_shard_tensor(dv, shard_impl(v)->spec());
     return res;
   }
 };

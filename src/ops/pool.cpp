@@ -10,7 +10,9 @@
 //    into the window at the window-local index and sends halo rows home.
 //  - avg: the local kernel sums (divisor_override=1) and the sum is divided by the global divisor, which is a
 //    product of per-dim factors computed from the spec (PyTorch's clip rules), so every count_include_pad /
-//    ceil_mode / divisor_override combination is exact.
+//    ceil_mode / divisor_override combination is exact. When one divisor serves every output (divisor_override,
+//    count_include_pad without overhanging windows, no padding) the kernels divide by it themselves, as on one
+//    device: no pass over the output after them.
 // Adaptive pools: output cell i reads rows [floor(i*L/n), ceil((i+1)*L/n)); a cell belongs to the rank that owns its
 // first row; each rank gathers the rows of its cells and computes them with per-dim index ranges. An adaptive avg
 // pool to size 1 along a sharded dim gives a Partial(sum) of local sums (no halo).
@@ -72,6 +74,8 @@ struct PoolPlan {
   bool no_outputs = false;
   std::vector<int64_t> local_out_shape, window_shape;
   at::Tensor divisor;                      // avg without divisor_override: this rank's global divisors (double)
+  int64_t kernel_divisor = 1;              // avg: the divisor the local kernels apply (the divisor, when one for all)
+  bool divides = false;                    // avg: the kernels' divisor is the global one (no division after them)
   std::vector<at::Tensor> avg_matrices;    // adaptive avg: per dim (n, W), double
   std::vector<at::Tensor> cell_rows, cell_valid;  // adaptive max: per dim (n, K) window rows and validity
   std::vector<int64_t> cell_k;
@@ -314,7 +318,22 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
   // What the kernels need besides the window, built once and kept on the device: host-side tensors that stay real
   // even while tracing (comm/host_metadata.h; the kernels take them through comm::plan_constant).
   comm::HostMetadataGuard host;
-  if (a.kind == PoolKind::Avg && !a.divisor_override && !plan.no_outputs) plan.divisor = avg_divisor(plan, a, nd).to(device);
+  if (a.kind == PoolKind::Avg && a.divisor_override) {
+    plan.kernel_divisor = *a.divisor_override;
+    plan.divides = true;
+  }
+  if (a.kind == PoolKind::Avg && !a.divisor_override && !plan.no_outputs) {
+    auto div = avg_divisor(plan, a, nd);
+    // One divisor for every output (count_include_pad without overhanging ceil windows, or no padding): the local
+    // kernels divide, as the single-device kernel does, instead of a pass over the output after them.
+    const auto lo = div.min().item<double>(), hi = div.max().item<double>();
+    if (lo == hi && lo >= 1 && lo == static_cast<double>(static_cast<int64_t>(lo))) {
+      plan.kernel_divisor = static_cast<int64_t>(lo);
+      plan.divides = true;
+    } else {
+      plan.divisor = div.to(device);
+    }
+  }
   if (a.kind == PoolKind::AdaptiveAvg && !plan.no_outputs)
     for (const auto& d : plan.sp) plan.avg_matrices.push_back(avg_matrix(d).to(device));
   if (a.kind == PoolKind::AdaptiveMax && !plan.no_outputs) {
@@ -563,10 +582,15 @@ PoolArgs avg_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, a
   return a;
 }
 
-// The global divisor of this rank's outputs (broadcastable to the local output).
+// The global divisor of this rank's outputs (broadcastable to the local output), when the kernels do not divide.
 at::Tensor divisor_of(const PoolPlan& plan, const PoolArgs& a, const at::Tensor& like) {
-  if (a.divisor_override) return at::scalar_tensor(static_cast<double>(*a.divisor_override), like.options());
+  TORCH_INTERNAL_ASSERT(!plan.divides, "avg_pool: the kernels divide already");
   return comm::plan_constant(plan.divisor, like).to(like.options());
+}
+
+// The kernels' sum, divided by the global divisor (by the kernels themselves when it is one for all outputs).
+at::Tensor averaged(const PoolPlan& plan, const PoolArgs& a, const at::Tensor& sum) {
+  return plan.divides ? sum : sum.div(divisor_of(plan, a, sum));
 }
 
 bool low_precision(const at::Tensor& t) {
@@ -583,11 +607,11 @@ at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
       auto w = low_precision(in) ? in.to(at::kFloat) : in;
       auto lp = local_padding(plan, a.p);
       lp[plan.split_sp] = pad;
-      return {nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1)
-                       : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1)};
+      return {nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
+                       : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)};
     };
     auto sum = comm::border_forward(plan.halo, plan.split, local, mesh, kernel)[0];
-    return wrap_out(plan, shard_impl(x)->spec()->mesh, sum.div(divisor_of(plan, a, sum)).to(local.scalar_type()));
+    return wrap_out(plan, shard_impl(x)->spec()->mesh, averaged(plan, a, sum).to(local.scalar_type()));
   }
   auto window = gather_window(plan, x);
   at::Tensor out;
@@ -596,8 +620,9 @@ at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
   } else {
     auto w = low_precision(window) ? window.to(at::kFloat) : window;
     auto lp = local_padding(plan, a.p);
-    auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, 1) : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, 1);
-    out = sum.div(divisor_of(plan, a, sum)).to(window.scalar_type());
+    auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
+                        : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor);
+    out = averaged(plan, a, sum).to(window.scalar_type());
   }
   return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
 }
@@ -612,11 +637,11 @@ at::Tensor avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Te
     gi = at::zeros(plan.window_shape, g.options());
   } else {
     auto gf = low_precision(g) ? g.to(at::kFloat) : g;
-    gf = gf.div(divisor_of(plan, a, gf));
+    gf = averaged(plan, a, gf);
     auto like = at::empty(plan.window_shape, gf.options());
     auto lp = local_padding(plan, a.p);
-    gi = nsp == 2 ? at::avg_pool2d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1)
-                  : at::avg_pool3d_backward(gf, like, a.k, a.s, lp, a.ceil, true, 1);
+    gi = nsp == 2 ? at::avg_pool2d_backward(gf, like, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
+                  : at::avg_pool3d_backward(gf, like, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor);
     gi = gi.to(g.scalar_type());
   }
   return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh, /*consume=*/true), spec);  // gi: our temporary

@@ -125,6 +125,53 @@ def case_interp_module_and_layout(seed):
     return True
 
 
+def border_extents(n, w):
+    """Wide shards (interior outputs from the own rows) beside a zero-extent and a one-row shard."""
+    if w == 2:
+        return [n - 8, 8]
+    if w == 3:
+        return [1, n - 9, 8]
+    return [8, 0, 1, n - 9]
+
+
+def case_interp_border_split(seed):
+    """Shards wide enough for interior outputs: the main call resamples the own rows, the border outputs come from
+    border windows (no window built), forward and input gradient against one device; every mode, align_corners both
+    ways, up- and down-sampling, sizes and scale factors, 1-D and 3-D, and a 2-D mesh with both spatial dims sharded
+    (each dim's pass runs its own split)."""
+    m = mesh()
+    w = m.size()
+    x = randn(1, 2, 20, 4, seed=seed)
+    for ext in (border_extents(20, w), uneven_extents(20, w, seed + 7)):
+        lay = ([st.Shard(2)], {0: ext})
+        for mode, acs in (("nearest", [None]), ("nearest-exact", [None]), ("bilinear", [False, True]),
+                          ("bicubic", [False, True])):
+            for ac in acs:
+                for kw in (dict(size=(47, 5)), dict(size=(9, 4)), dict(scale_factor=2.0),
+                           dict(scale_factor=(1.3, 1.0), recompute_scale_factor=False)):
+                    tol = CUBIC_TOL if mode == "bicubic" else TOL
+                    check_op(_fn(mode, ac, kw), [x], [lay], m, **tol, what=f"border {mode} ac={ac} {kw} ext={ext}")
+    x1 = randn(2, 2, 24, seed=seed + 1)
+    for ac in (False, True):
+        check_op(_fn("linear", ac, dict(scale_factor=1.7, recompute_scale_factor=False)), [x1],
+                 [([st.Shard(2)], {0: border_extents(24, w)})], m, **TOL, what=f"border 1d linear ac={ac}")
+    x3 = randn(1, 1, 3, 18, 2, seed=seed + 2)
+    check_op(_fn("trilinear", False, dict(size=(4, 31, 3))), [x3], [([st.Shard(3)], {0: border_extents(18, w)})], m,
+             **TOL, what="border 3d trilinear")
+    return True
+
+
+def case_interp_border_split_2d_mesh(seed):
+    m = mesh((2, 2))
+    x = randn(1, 2, 14, 12, seed=seed)
+    for eh, ew in (([10, 4], [1, 11]), ([0, 14], [8, 4])):
+        lay = ([st.Shard(2), st.Shard(3)], {0: eh, 1: ew})
+        for mode, ac in (("nearest", None), ("bilinear", False), ("bicubic", True)):
+            tol = CUBIC_TOL if mode == "bicubic" else TOL
+            check_op(_fn(mode, ac, dict(size=(29, 17))), [x], [lay], m, **tol, what=f"2-D mesh border {mode} {eh} {ew}")
+    return True
+
+
 def case_interp_double(seed):
     m = mesh()
     x = randn(1, 2, 7, 5, seed=seed, dtype=torch.float64)
@@ -179,6 +226,15 @@ def test_interp_2d_mesh(seed):
 @pytest.mark.parametrize("world", [2, 4])
 def test_interp_module_and_layout(world):
     harness.run(world, case_interp_module_and_layout, world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_interp_border_split(world):
+    harness.run(world, case_interp_border_split, world, timeout=300)
+
+
+def test_interp_border_split_2d_mesh():
+    harness.run(4, case_interp_border_split_2d_mesh, 0, timeout=300)
 
 
 def test_interp_double():

@@ -364,6 +364,51 @@ def case_partial_grads(seed):
     return True
 
 
+def border_extents(L, w):
+    """Wide shards (an interior: the main call runs) next to a zero-extent and a 1-row one (windows reach past them)."""
+    if w == 1:
+        return [L]
+    if w == 2:
+        return [L - 9, 9]
+    if w == 3:
+        return [1, L - 10, 9]
+    return [9, 0, 1, L - 10]
+
+
+def case_border_split(seed):
+    """Shards wide enough for an interior: the main call on the own keys, border queries from border windows (no key
+    window built), forward and q/k/v gradients against one device; every rank's split differs (interior, zero, one
+    row), dilation, kernels near the shard width, 1-D and 2-D meshes with one sharded spatial dim."""
+    m = mesh()
+    w = m.size()
+    L = 26
+    q, k, v = qkv((2, L, 5, 2, 3), 4, seed=seed)
+    for kernel, dil in (((3, 3), (1, 1)), ((5, 3), (1, 1)), ((3, 1), (3, 1)), ((5, 3), (2, 1)), ((9, 5), (1, 1))):
+        for ext in (border_extents(L, w), uneven_extents(L, w, seed + 3), [L // w + (r < L % w) for r in range(w)]):
+            lay = ([st.Shard(1)], {0: ext})
+            check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, kernel, dilation=dil), [q, k, v], [lay] * 3, m,
+                     rtol=1e-5, atol=1e-5, what=f"border split K={kernel} d={dil} ext={ext}")
+    # 1-D, the sharded dim last among the spatial ones, and a 3-D case.
+    q1, k1, v1 = qkv((1, L, 2, 3), 2, seed=seed + 1)
+    check_op(lambda a, b, c: neighborhood_attention1d(a, b, c, 7, dilation=2), [q1, k1, v1],
+             [([st.Shard(1)], {0: border_extents(L, w)})] * 3, m, rtol=1e-5, atol=1e-5, what="1d K=7 d=2")
+    q3, k3, v3 = qkv((1, 3, 4, 20, 1, 2), 2, seed=seed + 2)
+    check_op(lambda a, b, c: neighborhood_attention3d(a, b, c, (3, 3, 5)), [q3, k3, v3],
+             [([st.Shard(3)], {0: [20 // w + (r < 20 % w) for r in range(w)]})] * 3, m, rtol=1e-5, atol=1e-5,
+             what="3d width-sharded")
+    return True
+
+
+def case_border_split_2d_mesh(seed):
+    """2x2 mesh, one sharded spatial dim and a batch shard: the border execution along the spatial mesh dim."""
+    m = mesh((2, 2))
+    q, k, v = qkv((2, 18, 4, 2, 3), 3, seed=seed)
+    for ext in ([10, 8], [17, 1], [0, 18]):
+        check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, (5, 3), dilation=(2, 1)), [q, k, v],
+                 [([st.Shard(0), st.Shard(1)], {1: ext})] * 3, m, rtol=1e-5, atol=1e-5, what=f"batch + height {ext}")
+    return True
+
+
 def case_head_dim_sharded(seed):
     m = mesh()
     q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
@@ -415,6 +460,15 @@ def test_large_kernel(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_partial_grads(world):
     harness.run(world, case_partial_grads, world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_border_split(world):
+    harness.run(world, case_border_split, world, timeout=300)
+
+
+def test_border_split_2d_mesh():
+    harness.run(4, case_border_split_2d_mesh, 1, timeout=300)
 
 
 def test_low_precision_and_inference():
