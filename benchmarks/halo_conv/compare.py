@@ -107,8 +107,9 @@ def run_rank(rank, world, port, out_path, args):
                 for k in order:
                     dist.barrier()
                     t0 = time.perf_counter()
-                    fns[k]()
-                    samples[k].append(time.perf_counter() - t0)
+                    for _ in range(args.calls):
+                        fns[k]()
+                    samples[k].append((time.perf_counter() - t0) / args.calls)
             row[mode] = samples
         rows.append(row)
         if rank == 0:
@@ -144,7 +145,7 @@ def render(rows, meta) -> str:
              f"{meta['torch']}, commit {meta['commit']}, {meta['date']}, {meta['cpu_count']} CPUs; 1-minute load "
              f"average {meta['load_avg_start'][0] if meta['load_avg_start'] else '?'} at start, "
              f"{meta['load_avg_end'][0] if meta['load_avg_end'] else '?'} at end (per case below); glibc heap: "
-             f"{meta.get('malloc', 'default')} (see --malloc). "
+             f"{meta.get('malloc', 'default')} (see --malloc); {meta.get('calls', 1)} consecutive call(s) per sample (--calls). "
              f"Command: `{meta['command']}`.", "",
              "Ratios: the median over samples of (variant / local-only) in the same sample, in brackets their range; "
              "local-only = the same layers on the rank's own rows, no communication. Times: medians in ms.", ""]
@@ -178,6 +179,9 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=1,
+                    help="consecutive calls per sample (its time: their mean): > 1 times a rank's sustained step, the "
+                         "ranks' skew at the sample's barrier spread over the calls")
     ap.add_argument("--malloc", choices=("retain", "default"), default="retain",
                     help="retain: glibc keeps freed memory mapped (bench_util.retain_freed_memory), so no variant "
                          "re-faults its activations every step by chance of heap layout; default: glibc's settings")
@@ -202,7 +206,7 @@ def main():
                 "samples": args.samples, "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "cpu_count": os.cpu_count(), "load_avg_start": load_start, "load_avg_end": loadavg(),
-                "malloc": args.malloc}
+                "malloc": args.malloc, "calls": args.calls}
         data = {"meta": meta, "rows": rows}
         with open(json_path, "w") as f:
             json.dump(data, f, indent=1)
