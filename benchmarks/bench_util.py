@@ -78,7 +78,9 @@ def retain_freed_memory() -> bool:
     faulted in again, zero-filled, the next step) depends on where small live allocations happen to sit, so it
     differs between processes and between variants timed in one process by up to tens of ms per step at 256². Call
     at the start of every rank, before timing, so all variants run on a heap that stays mapped (the effect
-    jemalloc/tcmalloc have). False where mallopt is unavailable (not glibc)."""
+    jemalloc/tcmalloc have). glibc caps the mmap threshold at 32 MiB: larger tensors (a 1024² rank's activation of
+    16 channels is 32 MiB) are still mapped and unmapped per allocation, in every variant alike. False where mallopt
+    is unavailable (not glibc)."""
     import ctypes
     import ctypes.util
     try:
