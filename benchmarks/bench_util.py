@@ -69,3 +69,25 @@ def write_report(out: str, name: str, payload: dict, lines: list) -> None:
     with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def retain_freed_memory() -> bool:
+    """Keep memory freed by this process in glibc's heap instead of returning it to the OS (mallopt: no trimming of
+    the heap top, a fixed mmap threshold of 32 MiB, 64 MiB of top padding). PyTorch's CPU allocator does not cache:
+    with glibc's defaults, whether a step's freed activations are trimmed from the heap (and every page of them
+    faulted in again, zero-filled, the next step) depends on where small live allocations happen to sit, so it
+    differs between processes and between variants timed in one process by up to tens of ms per step at 256². Call
+    at the start of every rank, before timing, so all variants run on a heap that stays mapped (the effect
+    jemalloc/tcmalloc have). glibc caps the mmap threshold at 32 MiB: larger tensors (a 1024² rank's activation of
+    16 channels is 32 MiB) are still mapped and unmapped per allocation, in every variant alike. False where mallopt
+    is unavailable (not glibc)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1
+        ok = libc.mallopt(m_trim_threshold, 1 << 30) == 1 and ok
+        return libc.mallopt(m_top_pad, 64 << 20) == 1 and ok
+    except (OSError, AttributeError):
+        return False

@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import spawn_rank0_rows  # noqa: E402
+from bench_util import retain_freed_memory, spawn_rank0_rows  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 
 
@@ -57,6 +57,8 @@ def physicsnemo_module():
 
 def run_rank(rank, world, port, out_path, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if args.malloc == "retain":
+        retain_freed_memory()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
@@ -105,8 +107,9 @@ def run_rank(rank, world, port, out_path, args):
                 for k in order:
                     dist.barrier()
                     t0 = time.perf_counter()
-                    fns[k]()
-                    samples[k].append(time.perf_counter() - t0)
+                    for _ in range(args.calls):
+                        fns[k]()
+                    samples[k].append((time.perf_counter() - t0) / args.calls)
             row[mode] = samples
         rows.append(row)
         if rank == 0:
@@ -141,7 +144,8 @@ def render(rows, meta) -> str:
              "variant (each started by a barrier, a sample's time the slowest rank's). torch "
              f"{meta['torch']}, commit {meta['commit']}, {meta['date']}, {meta['cpu_count']} CPUs; 1-minute load "
              f"average {meta['load_avg_start'][0] if meta['load_avg_start'] else '?'} at start, "
-             f"{meta['load_avg_end'][0] if meta['load_avg_end'] else '?'} at end (per case below). "
+             f"{meta['load_avg_end'][0] if meta['load_avg_end'] else '?'} at end (per case below); glibc heap: "
+             f"{meta.get('malloc', 'default')} (see --malloc); {meta.get('calls', 1)} consecutive call(s) per sample (--calls). "
              f"Command: `{meta['command']}`.", "",
              "Ratios: the median over samples of (variant / local-only) in the same sample, in brackets their range; "
              "local-only = the same layers on the rank's own rows, no communication. Times: medians in ms.", ""]
@@ -175,6 +179,12 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=1,
+                    help="consecutive calls per sample (its time: their mean): > 1 times a rank's sustained step, the "
+                         "ranks' skew at the sample's barrier spread over the calls")
+    ap.add_argument("--malloc", choices=("retain", "default"), default="retain",
+                    help="retain: glibc keeps freed memory mapped (bench_util.retain_freed_memory), so no variant "
+                         "re-faults its activations every step by chance of heap layout; default: glibc's settings")
     ap.add_argument("--no-physicsnemo", action="store_true", help="leave PhysicsNeMo out even when importable")
     ap.add_argument("--plot-only", action="store_true", help="re-render the table from the JSON in --out")
     ap.add_argument("--tag", default="", help="suffix of the result files (halo_conv_compare_TAG.*), for runs kept side by side")
@@ -195,7 +205,8 @@ def main():
         meta = {"command": cmd.strip(), "ranks": args.ranks, "channels": args.channels, "layers": args.layers,
                 "samples": args.samples, "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "cpu_count": os.cpu_count(), "load_avg_start": load_start, "load_avg_end": loadavg()}
+                "cpu_count": os.cpu_count(), "load_avg_start": load_start, "load_avg_end": loadavg(),
+                "malloc": args.malloc, "calls": args.calls}
         data = {"meta": meta, "rows": rows}
         with open(json_path, "w") as f:
             json.dump(data, f, indent=1)

@@ -9,6 +9,7 @@
 #include "comm/wait.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <optional>
 #include <utility>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -742,6 +743,8 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
     return ex;
   }
   auto& pg = *mesh.group(mesh_dim);
+  RECORD_FUNCTION_WITH_SCOPE(at::RecordScope::USER_SCOPE, std::string("shardtensor::post ") + kind,
+                             c10::ArrayRef<const c10::IValue>{});
   GilReleased no_gil; // see comm/wait.h
   ex.staged_ = needs_host_staging(pg, probe);
   const auto wire_opts = opts.device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);

@@ -5,6 +5,7 @@
 #include <shardtensor/mesh.h>
 #include <shardtensor/simulation.h>
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -67,6 +68,9 @@ void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* kind, con
   {
     ExposedTime blocked(kind, /*is_wait=*/true);  // comm/comm_timing.h
     const double start = comm_timing_on() ? steady_seconds() : 0;
+    // A profiler range per wait: the wall a rank is blocked in a collective, next to the ops it waits between.
+    RECORD_FUNCTION_WITH_SCOPE(at::RecordScope::USER_SCOPE, std::string("shardtensor::wait ") + kind,
+                               c10::ArrayRef<const c10::IValue>{});
     {
       GilReleased no_gil;
       try {
