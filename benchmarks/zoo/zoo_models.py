@@ -842,19 +842,25 @@ def even_extents(n: int, k: int, align: int = 1) -> list:
 
 
 class _ActivationShare:
-    """Forward hooks on every leaf module: local and global element counts of their tensor outputs (a plain
-    output counts whole: every rank computed all of it)."""
+    """Forward hooks on every leaf module: local and global element counts of their ShardTensor outputs. A plain
+    output is computed from parameters and constants only (every op on a ShardTensor returns one): the single
+    device computes it too and no spatial split could divide it (Swin-V2's continuous position-bias MLP over its
+    relative-coordinate table), so it is counted apart (``plain``), not as undivided activation."""
 
     def __init__(self, module):
         import shardtensor as st
         self.local = self.total = 0
         self.largest_whole = 0      # the largest module output every rank holds entirely (global elements)
         self.largest = 0
+        self.plain = 0              # elements of plain (input-independent) outputs
 
         def hook(_m, _inp, out):
             for t in _flat_tensors(out):
                 n = t.numel()
-                loc = st.to_local(t).numel() if st.is_shard_tensor(t) else n
+                if not st.is_shard_tensor(t):
+                    self.plain += n
+                    continue
+                loc = st.to_local(t).numel()
                 self.local += loc
                 self.total += n
                 self.largest = max(self.largest, n)
@@ -963,6 +969,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         res["calls_step"] = fwd.total_calls + bwd.total_calls
         res["share"] = round(share.share, 3)
         res["largest_whole"] = round(share.largest_whole / max(share.largest, 1), 3)
+        res["plain_share"] = round(share.plain / max(share.plain + share.total, 1), 3)
         res["out_placements"] = [str(st.placements(o)) if st.is_shard_tensor(o) else "plain" for o in out]
 
         stage = "compare"
