@@ -349,6 +349,24 @@ PeerExchange HaloPlan::post(size_t i, const std::vector<at::Tensor>& parts, cons
   return peer_exchange_start(packed, recv_shapes(i, shape), parts[0], mesh, s.geometry.mesh_dim);
 }
 
+PeerExchange HaloPlan::post_rows(size_t i, const std::function<at::Tensor(int64_t, int64_t)>& rows,
+                                 at::IntArrayRef shape, const at::Tensor& like, const Mesh& mesh) const {
+  const auto& s = steps_.at(i);
+  TORCH_INTERNAL_ASSERT(s.runs, "halo plan: post_rows needs runs");
+  if (!s.exchange) return {};
+  std::vector<at::Tensor> send;
+  at::Tensor none;
+  for (const auto& m : s.to) {
+    if (m.size() == 0) {
+      if (!none.defined()) none = at::empty(shape_with(shape, s.geometry.dim, 0), like.options());
+      send.push_back(none);
+    } else {
+      send.push_back(rows(m.rows[0], m.size()));
+    }
+  }
+  return peer_exchange_start(send, recv_shapes(i, shape), like, mesh, s.geometry.mesh_dim);
+}
+
 std::vector<std::vector<at::Tensor>> HaloPlan::split_parts(const std::vector<at::Tensor>& pieces,
                                                            const std::vector<int64_t>& last_dims) {
   if (last_dims.size() == 1) return {pieces};  // nothing packed (the split dim may be the last one)
@@ -403,7 +421,7 @@ std::tuple<int64_t, int64_t, int64_t> HaloPlan::own_run(size_t i) const {
 }
 
 at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received,
-                                  int64_t begin, int64_t len) const {
+                                  int64_t begin, int64_t len, int64_t local_first) const {
   const auto& s = steps_.at(i);
   const auto dim = s.geometry.dim;
   TORCH_INTERNAL_ASSERT(s.runs && begin >= 0 && len >= 0 && begin + len <= s.window_rows,
@@ -421,7 +439,7 @@ at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::
   };
   for (const auto& [p, n] : s.fill_runs) place(p, n, nullptr, 0, fill_);
   const auto& o = s.own;
-  if (o.size() > 0) place(o.pos[0], o.size(), &local, o.rows[0], 0.0);
+  if (o.size() > 0) place(o.pos[0], o.size(), &local, o.rows[0] - local_first, 0.0);
   for (size_t r = 0; r < s.from.size(); ++r) {
     const auto& f = s.from[r];
     if (f.size() > 0) place(f.pos[0], f.size(), received.empty() ? nullptr : &received.at(r), 0, 0.0);

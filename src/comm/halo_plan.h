@@ -155,6 +155,11 @@ class HaloPlan {
   // message per peer with their rows concatenated on the last dim (a copy of the halo rows only); split_parts gives
   // the received pieces back by tensor, then by peer.
   PeerExchange post(size_t i, const std::vector<at::Tensor>& parts, const Mesh& mesh) const;
+  // post of a tensor that is never built whole (a window along earlier dims, which a second-hop exchange sends):
+  // `rows(first, count)` gives its rows [first, first + count) along dim i, `shape` is its shape. Only the sent
+  // rows are built. Needs runs(i).
+  PeerExchange post_rows(size_t i, const std::function<at::Tensor(int64_t first, int64_t count)>& rows,
+                         at::IntArrayRef shape, const at::Tensor& like, const Mesh& mesh) const;
   static std::vector<std::vector<at::Tensor>> split_parts(const std::vector<at::Tensor>& pieces,
                                                           const std::vector<int64_t>& last_dims);
   // The adjoint of post, from gradient rows over a few window slices rather than a window: `slices` are (first
@@ -172,8 +177,9 @@ class HaloPlan {
   bool runs(size_t i) const { return steps_.at(i).runs; }
   // Window positions [begin, begin + len) of dim i, assembled from the padding value, `local`'s rows and the rows
   // received from peers (none: zeros in their place): a few rows, not the window.
+  // `local_first`: the local row `local`'s first row is (a caller passes only the own rows the slice reads).
   at::Tensor window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received, int64_t begin,
-                          int64_t len) const;
+                          int64_t len, int64_t local_first = 0) const;
 
   // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
   // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.
