@@ -567,7 +567,76 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
   return window;
 }
 
+at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received,
+                              size_t steps, int64_t rows_first, int64_t rows_count) const {
+  // Along dims of steps < `steps`: window positions; the dim of step `steps` (when it exists): local rows
+  // [rows_first, rows_first + rows_count); the other dims: local rows.
+  const bool restrict = steps < steps_.size();
+  auto base = restrict ? local.narrow(steps_[steps].geometry.dim, rows_first, rows_count) : local;
+  auto shape = base.sizes().vec();
+  for (size_t j = 0; j < steps; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+  auto out = at::empty(shape, local.options());
+  // The block of `out` at dim j's positions [p, p + n), the own positions along dims j+1 .. steps-1 and everything
+  // along earlier dims (whose windows the pieces of step j already hold).
+  auto block = [&](size_t j, int64_t p, int64_t n) {
+    auto t = out.narrow(steps_[j].geometry.dim, p, n);
+    for (size_t i = j + 1; i < steps; ++i) {
+      const auto& o = steps_[i].own;
+      t = t.narrow(steps_[i].geometry.dim, o.size() > 0 ? o.pos[0] : 0, o.size());
+    }
+    return t;
+  };
+  // A received piece of step j, cut like `block` along the later dims (it holds the sender's local rows there,
+  // which are this rank's: the peer differs only along j's mesh dim).
+  auto cut = [&](size_t j, at::Tensor t) {
+    for (size_t i = j + 1; i < steps; ++i) {
+      const auto& o = steps_[i].own;
+      t = t.narrow(steps_[i].geometry.dim, o.size() > 0 ? o.rows[0] : 0, o.size());
+    }
+    if (restrict) t = t.narrow(steps_[steps].geometry.dim, rows_first, rows_count);
+    return t;
+  };
+  for (size_t j = 0; j < steps; ++j) {
+    const auto& s = steps_[j];
+    for (const auto& [p, n] : s.fill_runs) block(j, p, n).fill_(fill_);
+    for (size_t r = 0; r < s.from.size(); ++r) {
+      const auto& f = s.from[r];
+      if (f.size() > 0) block(j, f.pos[0], f.size()).copy_(cut(j, received.at(j).at(r)));
+    }
+  }
+  // The own rows: once, wherever they sit in every dim's window.
+  auto dst = out;
+  auto src = base;
+  for (size_t i = 0; i < steps; ++i) {
+    const auto& o = steps_[i].own;
+    if (o.size() == 0) return out;
+    dst = dst.narrow(steps_[i].geometry.dim, o.pos[0], o.size());
+    src = src.narrow(steps_[i].geometry.dim, o.rows[0], o.size());
+  }
+  dst.copy_(src);
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> HaloPlan::exchange_all(const at::Tensor& local, const Mesh& mesh) const {
+  std::vector<std::vector<at::Tensor>> received(steps_.size());
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    auto shape = local.sizes().vec();
+    for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+    received[k] = post_rows(
+        k, [&](int64_t first, int64_t count) { return assemble(local, received, k, first, count); }, shape, local,
+        mesh).wait();
+  }
+  return received;
+}
+
 at::Tensor HaloPlan::gather(const at::Tensor& local, const Mesh& mesh) const {
+  bool all_runs = steps_.size() >= 2;
+  for (const auto& s : steps_) all_runs = all_runs && s.runs;
+  if (all_runs) {
+    // Several dims: the same messages as dim-by-dim windows (each later dim's rows carry the earlier dims'
+    // halo, so the corners come along), but the window is written once, not once per dim.
+    return assemble(local, exchange_all(local, mesh), steps_.size(), 0, 0);
+  }
   auto x = local;
   for (size_t i = 0; i < steps_.size(); ++i) x = gather_step(i, x, mesh);
   return x;

@@ -136,6 +136,13 @@ class HaloPlan {
 
   // This rank's window of `local` (a fresh tensor; `local` itself for an empty plan).
   at::Tensor gather(const at::Tensor& local, const Mesh& mesh) const;
+  // Every dim's exchange in order, without a window: step k sends the rows its peers name of `local` extended by
+  // the windows of dims < k (only those rows are built); [step][peer]: the pieces received. Needs runs.
+  std::vector<std::vector<at::Tensor>> exchange_all(const at::Tensor& local, const Mesh& mesh) const;
+  // `local` extended by the windows of the first `steps` dims from `received` (exchange_all's), each element
+  // written once; when `steps` < size(), only local rows [rows_first, rows_first + rows_count) of that step's dim.
+  at::Tensor assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received, size_t steps,
+                      int64_t rows_first, int64_t rows_count) const;
   // gather in two steps: start places the own rows and posts the first dim's exchange; finish completes it and
   // gathers the remaining dims. Every rank must call both (start's post is in the collective order).
   PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;
