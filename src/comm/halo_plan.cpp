@@ -617,22 +617,23 @@ at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::ve
   return out;
 }
 
-std::vector<std::vector<at::Tensor>> HaloPlan::exchange_all(const at::Tensor& local, const Mesh& mesh) const {
+std::vector<std::vector<at::Tensor>> HaloPlan::exchange_all(const at::Tensor& local, const Mesh& mesh,
+                                                       const std::function<void()>& while_first) const {
   std::vector<std::vector<at::Tensor>> received(steps_.size());
   for (size_t k = 0; k < steps_.size(); ++k) {
     auto shape = local.sizes().vec();
     for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
-    received[k] = post_rows(
+    auto posted = post_rows(
         k, [&](int64_t first, int64_t count) { return assemble(local, received, k, first, count); }, shape, local,
-        mesh).wait();
+        mesh);
+    if (k == 0 && while_first) while_first();
+    received[k] = posted.wait();
   }
   return received;
 }
 
 at::Tensor HaloPlan::gather(const at::Tensor& local, const Mesh& mesh) const {
-  bool all_runs = steps_.size() >= 2;
-  for (const auto& s : steps_) all_runs = all_runs && s.runs;
-  if (all_runs) {
+  if (steps_.size() >= 2 && all_runs()) {
     // Several dims: the same messages as dim-by-dim windows (each later dim's rows carry the earlier dims'
     // halo, so the corners come along), but the window is written once, not once per dim.
     return assemble(local, exchange_all(local, mesh), steps_.size(), 0, 0);

@@ -138,7 +138,15 @@ class HaloPlan {
   at::Tensor gather(const at::Tensor& local, const Mesh& mesh) const;
   // Every dim's exchange in order, without a window: step k sends the rows its peers name of `local` extended by
   // the windows of dims < k (only those rows are built); [step][peer]: the pieces received. Needs runs.
-  std::vector<std::vector<at::Tensor>> exchange_all(const at::Tensor& local, const Mesh& mesh) const;
+  // `while_first`: work that runs while the first dim's rows travel (it must issue no collective).
+  std::vector<std::vector<at::Tensor>> exchange_all(const at::Tensor& local, const Mesh& mesh,
+                                                    const std::function<void()>& while_first = {}) const;
+  // Whether every dim's maps are runs (what exchange_all and assemble need).
+  bool all_runs() const {
+    for (const auto& s : steps_)
+      if (!s.runs) return false;
+    return true;
+  }
   // `local` extended by the windows of the first `steps` dims from `received` (exchange_all's), each element
   // written once; when `steps` < size(), only local rows [rows_first, rows_first + rows_count) of that step's dim.
   at::Tensor assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received, size_t steps,

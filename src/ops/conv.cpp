@@ -573,6 +573,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   // their main backward differently but exchange alike.
   if (plan.border_terms) {
     std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
+  } else if (!plan.transposed && plan.dims.size() >= 2 && plan.halo.all_runs() && mask[1] && !plan.no_outputs) {
+    // Several sharded dims: the input and bias gradients read no input values, so they run while the input's
+    // halo travels; the window (written once) then serves the weight gradient alone.
+    auto received = plan.halo.exchange_all(x, *mesh, [&] {
+      if (mask[0] || mask[2])
+        std::tie(gi, std::ignore, gb) = at::convolution_backward(
+            g, at::empty(window_shape(plan, x), x.options()), w, bs, stride, plan.local_padding, dilation, false,
+            plan.local_output_padding, local_groups, {mask[0], false, mask[2]});
+    });
+    {
+      auto window = plan.halo.assemble(x, received, plan.halo.size(), 0, 0);
+      gw = std::get<1>(at::convolution_backward(g, window, w, std::nullopt, stride, plan.local_padding, dilation,
+                                                false, plan.local_output_padding, local_groups, {false, true, false}));
+    }
+    if (mask[0]) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);
   } else {
     if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
     // The input gradient reads no input values: without a weight gradient the window is only a shape.

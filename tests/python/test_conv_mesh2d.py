@@ -5,7 +5,8 @@ dilation, padding, groups, Conv2d and Conv3d; forward, input, weight and bias gr
 import harness
 import shardtensor as st
 import torch.nn.functional as F
-from cases_util import check_op, mesh, randn
+import torch
+from cases_util import check_op, close, full, mesh, randn
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -66,6 +67,39 @@ def case_conv3d_mesh_2x2(seed):
                  [x, randn(4, 1, 3, 3, 3, seed=1)], [lay, None], m, **TOL,
                  what=f"conv3d dilated groups dims {dims} {e0} {e1}")
     return True
+
+
+def case_conv2d_mesh_gradient_subsets(seed):
+    """Only the input gradient (frozen weights) or only the parameter gradients on a 2x2 mesh, including a rank
+    whose rows start off the stride grid (it builds its window while its neighbours do not)."""
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 3, 11, 9, seed=seed)
+    for e0, e1 in (([3, 8], [4, 5]), ([0, 11], [1, 8]), ([6, 5], [9, 0])):
+        for stride, kernel, pad, dil in ((2, 3, 1, 1), (1, 3, 1, 1), (1, 4, 2, 1)):
+            w = randn(4, 3, kernel, 3, seed=seed + 1)
+            b = randn(4, seed=seed + 2)
+            for x_grad, w_grad in ((True, False), (False, True)):
+                what = f"H {e0} W {e1} k={kernel} s={stride} p={pad} d={dil} input grad {x_grad} weight grad {w_grad}"
+                xs = st.distribute_tensor(x, m, [st.Shard(2), st.Shard(3)], {0: e0, 1: e1}).requires_grad_(x_grad)
+                xr = x.clone().requires_grad_(x_grad)
+                ws, wr = w.clone().requires_grad_(w_grad), w.clone().requires_grad_(w_grad)
+                bs, br = b.clone().requires_grad_(w_grad), b.clone().requires_grad_(w_grad)
+                kw = dict(stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1))
+                y, yr = F.conv2d(xs, ws, bs, **kw), F.conv2d(xr, wr, br, **kw)
+                close(full(y), yr, **TOL, what=what + " output")
+                g = randn(*yr.shape, seed=seed + 3)
+                torch.autograd.backward(y, g)
+                torch.autograd.backward(yr, g)
+                if x_grad:
+                    close(full(xs.grad), xr.grad, **TOL, what=what + " input gradient")
+                if w_grad:
+                    close(full(ws.grad), wr.grad, **TOL, what=what + " weight gradient")
+                    close(full(bs.grad), br.grad, **TOL, what=what + " bias gradient")
+    return True
+
+
+def test_conv2d_mesh_gradient_subsets():
+    harness.run(4, case_conv2d_mesh_gradient_subsets, 1)
 
 
 def test_conv2d_mesh_2x2():
