@@ -568,14 +568,16 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
 }
 
 at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received,
-                              size_t steps, int64_t rows_first, int64_t rows_count) const {
+                              size_t steps, int64_t rows_first, int64_t rows_count, const at::Tensor& into) const {
   // Along dims of steps < `steps`: window positions; the dim of step `steps` (when it exists): local rows
   // [rows_first, rows_first + rows_count); the other dims: local rows.
   const bool restrict = steps < steps_.size();
   auto base = restrict ? local.narrow(steps_[steps].geometry.dim, rows_first, rows_count) : local;
   auto shape = base.sizes().vec();
   for (size_t j = 0; j < steps; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
-  auto out = at::empty(shape, local.options());
+  TORCH_INTERNAL_ASSERT(!into.defined() || into.sizes() == at::IntArrayRef(shape), "halo plan: assemble into ",
+                        into.sizes(), ", the window is ", at::IntArrayRef(shape));
+  auto out = into.defined() ? into : at::empty(shape, local.options());
   // The block of `out` at dim j's positions [p, p + n), the own positions along dims j+1 .. steps-1 and everything
   // along earlier dims (whose windows the pieces of step j already hold).
   auto block = [&](size_t j, int64_t p, int64_t n) {

@@ -149,8 +149,9 @@ class HaloPlan {
   }
   // `local` extended by the windows of the first `steps` dims from `received` (exchange_all's), each element
   // written once; when `steps` < size(), only local rows [rows_first, rows_first + rows_count) of that step's dim.
+  // `into`: the tensor to write (of the result's shape; a fresh one when undefined).
   at::Tensor assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received, size_t steps,
-                      int64_t rows_first, int64_t rows_count) const;
+                      int64_t rows_first, int64_t rows_count, const at::Tensor& into = {}) const;
   // gather in two steps: start places the own rows and posts the first dim's exchange; finish completes it and
   // gathers the remaining dims. Every rank must call both (start's post is in the collective order).
   PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;

@@ -575,17 +575,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else if (!plan.transposed && plan.dims.size() >= 2 && plan.halo.all_runs() && mask[1] && !plan.no_outputs) {
     // Several sharded dims: the input and bias gradients read no input values, so they run while the input's
-    // halo travels; the window (written once) then serves the weight gradient alone.
+    // halo travels, on the window's buffer before it is written; the window (written once) then serves the weight
+    // gradient alone.
+    auto window = at::empty(window_shape(plan, x), x.options());
     auto received = plan.halo.exchange_all(x, *mesh, [&] {
       if (mask[0] || mask[2])
-        std::tie(gi, std::ignore, gb) = at::convolution_backward(
-            g, at::empty(window_shape(plan, x), x.options()), w, bs, stride, plan.local_padding, dilation, false,
-            plan.local_output_padding, local_groups, {mask[0], false, mask[2]});
+        std::tie(gi, std::ignore, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation,
+                                                                 false, plan.local_output_padding, local_groups,
+                                                                 {mask[0], false, mask[2]});
     });
     {
-      auto window = plan.halo.assemble(x, received, plan.halo.size(), 0, 0);
+      plan.halo.assemble(x, received, plan.halo.size(), 0, 0, window);
       gw = std::get<1>(at::convolution_backward(g, window, w, std::nullopt, stride, plan.local_padding, dilation,
                                                 false, plan.local_output_padding, local_groups, {false, true, false}));
+      window = at::Tensor();
     }
     if (mask[0]) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);
   } else {
