@@ -5,9 +5,11 @@
 // tensor), and in backward sends the halo gradients home. With one sharded spatial dim the convolution runs
 // without building the window where the layout allows (comm/halo_borders.h): the single-device call on the rank's
 // own rows, and the halo rows' terms added to the border rows (forward; in the backward the border rows' gradients
-// travel and the neighbours add their terms); otherwise (several sharded dims,
-// transposed, offsets off the stride grid) the rank gathers its window and runs the local convolution with zero
-// padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
+// travel and the neighbours add their terms). Several sharded spatial dims: the forward runs the same way on the own
+// block (multi_direct_forward: border slabs from region windows, corners through the later dims' exchanges) and the
+// backward on the window, written once, its input gradient computed while the halo travels. Otherwise (transposed,
+// offsets off the stride grid) the rank gathers its window and runs the local convolution with zero padding on
+// sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
 // input is completed once, in the forward.
 #include "comm/halo_borders.h"
