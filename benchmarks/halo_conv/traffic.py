@@ -14,7 +14,7 @@ The goal (issue 28): the extra traffic of a layer is the halo rows -- per pass, 
 not a pass over the rank's whole block. Reported per rank 0 (rank 1 is its mirror image).
 
     .venv/bin/python benchmarks/halo_conv/traffic.py [--ranks 2] [--size 256] [--dims 2] [--channels 16] [--layers 4]
-        [--layer conv|na|interp] [--kernel 7] [--mode bilinear]
+        [--layer conv|na|interp] [--kernel 7] [--mode bilinear] [--mesh 2x2]
 """
 from __future__ import annotations
 
@@ -145,11 +145,16 @@ def traffic_by_layer(prof) -> dict:
     return {k: {"bytes": v["bytes"], "ops": dict(v["ops"])} for k, v in out.items()}
 
 
+def mesh_shape(args):
+    return tuple(int(e) for e in args.mesh.split("x")) if args.mesh else (args.ranks,)
+
+
 def run_rank(rank, world, port, out_path, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    shape = mesh_shape(args)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(f"d{i}" for i in range(len(shape))))
     torch.manual_seed(0)
     net = stack(args.dims, args.channels, args.layers, args.layer, args.kernel, args.mode)
     label_layers(net)
@@ -160,7 +165,7 @@ def run_rank(rank, world, port, out_path, args):
     else:
         x = torch.randn((1, args.channels) + (args.size,) * args.dims)
         split = 2
-    sharded = st.distribute_tensor(x, mesh, [st.Shard(split)])
+    sharded = st.distribute_tensor(x, mesh, [st.Shard(split + i) for i in range(len(shape))])
     inputs = {"sharded": sharded, "local": st.to_local(sharded).clone()}
     result = {}
     for name, inp in inputs.items():
@@ -175,6 +180,7 @@ def run_rank(rank, world, port, out_path, args):
             net(leaf).square().mean().backward()
         result[name] = traffic_by_layer(prof)
         result[name + "_rows"] = st.to_local(inp).shape[split] if name == "sharded" else inp.shape[split]
+        result[name + "_block"] = list((st.to_local(inp) if name == "sharded" else inp).shape)
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
@@ -185,14 +191,24 @@ def run_rank(rank, world, port, out_path, args):
 
 def render(ranks_data, meta) -> str:
     r0 = ranks_data[0]
-    row_bytes = meta["channels"] * meta["size"] ** (meta["dims"] - 1) * 4   # one row of one sample, float32
+    mesh = meta.get("mesh") or [meta["ranks"]]
+    # One row of the rank's block along the first split dim (one sample, float32): C x its local extents.
+    row_bytes = meta["channels"] * meta["size"] ** (meta["dims"] - 1) * 4
+    if len(mesh) > 1 and "sharded_block" in r0:
+        row_bytes = 4
+        for e in r0["sharded_block"][1:]:
+            row_bytes *= e
+        row_bytes //= r0["sharded_block"][2]
+    split_text = ("split on the first spatial dim" if len(mesh) == 1 else
+                  f"mesh {'x'.join(map(str, mesh))} splitting the first {len(mesh)} spatial dims "
+                  f"(rank 0's block {r0.get('sharded_block')})")
     layer = {"conv": "Conv(C→C, k3, padding 1)",
              "na": f"neighbourhood attention (q = k = v, kernel {meta.get('kernel')}, C = heads × head_dim)",
              "interp": f"interpolate ({meta.get('mode')}, scale 2 then 0.5)"}[meta.get("layer", "conv")]
     lines = [f"# Memory traffic beyond the local op's, per layer and pass ({meta['ranks']} Gloo CPU ranks)", "",
              f"{meta['layers']} × ({layer} + ReLU), C = {meta['channels']}, {meta['dims']}-D "
-             f"{meta['size']}^{meta['dims']}, split on the first spatial dim; rank 0 "
-             f"({r0['sharded_rows']} own rows; one row = {row_bytes / 1024:.0f} KiB). torch {meta['torch']}, commit "
+             f"{meta['size']}^{meta['dims']}, {split_text}; rank 0 "
+             f"({r0['sharded_rows']} own rows; one row = {row_bytes / 1024:.1f} KiB). torch {meta['torch']}, commit "
              f"{meta['commit']}, {meta['date']}, load {meta['load']}. Command: `{meta['command']}`.", "",
              "Traffic: bytes every leaf aten op writes (its allocations, and the tensor an in-place op writes); "
              "*extra* = sharded − local-only on the same rows, in rows of C × W (a halo row exchanged is written a "
@@ -220,18 +236,26 @@ def main():
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--channels", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--mesh", default="", help="a mesh shape such as 2x2: its dims split the first spatial dims "
+                    "(conv only; overrides --ranks)")
     ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp"))
     ap.add_argument("--kernel", type=int, default=7, help="neighbourhood attention's kernel size")
     ap.add_argument("--mode", default="bilinear", help="interpolation mode")
     add_out_argument(ap)
     args = ap.parse_args()
     prepare(args.out)
-    name = f"halo_conv_traffic_{args.dims}d_{args.size}"
+    if args.mesh:
+        if args.layer != "conv":
+            ap.error("--mesh: conv layers only")
+        args.ranks = 1
+        for e in mesh_shape(args):
+            args.ranks *= e
+    name = f"halo_conv_traffic_{args.dims}d_{args.size}" + (f"_mesh{args.mesh}" if args.mesh else "")
     if args.layer != "conv":
         name = f"halo_{args.layer}{'_' + args.mode if args.layer == 'interp' else ''}_traffic_{args.dims}d_{args.size}"
     load = loadavg()
     data = spawn_rank0_rows(run_rank, args.ranks, os.path.join(args.out, f".{name}.json"), args)
-    meta = dict(ranks=args.ranks, dims=args.dims, size=args.size, channels=args.channels, layers=args.layers,
+    meta = dict(ranks=args.ranks, mesh=list(mesh_shape(args)), dims=args.dims, size=args.size, channels=args.channels, layers=args.layers,
                 layer=args.layer, kernel=args.kernel, mode=args.mode,
                 torch=torch.__version__, commit=git("rev-parse", "--short", "HEAD"),
                 date=datetime.date.today().isoformat(), load=load,

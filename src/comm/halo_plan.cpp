@@ -349,6 +349,24 @@ PeerExchange HaloPlan::post(size_t i, const std::vector<at::Tensor>& parts, cons
   return peer_exchange_start(packed, recv_shapes(i, shape), parts[0], mesh, s.geometry.mesh_dim);
 }
 
+PeerExchange HaloPlan::post_rows(size_t i, const std::function<at::Tensor(int64_t, int64_t)>& rows,
+                                 at::IntArrayRef shape, const at::Tensor& like, const Mesh& mesh) const {
+  const auto& s = steps_.at(i);
+  TORCH_INTERNAL_ASSERT(s.runs, "halo plan: post_rows needs runs");
+  if (!s.exchange) return {};
+  std::vector<at::Tensor> send;
+  at::Tensor none;
+  for (const auto& m : s.to) {
+    if (m.size() == 0) {
+      if (!none.defined()) none = at::empty(shape_with(shape, s.geometry.dim, 0), like.options());
+      send.push_back(none);
+    } else {
+      send.push_back(rows(m.rows[0], m.size()));
+    }
+  }
+  return peer_exchange_start(send, recv_shapes(i, shape), like, mesh, s.geometry.mesh_dim);
+}
+
 std::vector<std::vector<at::Tensor>> HaloPlan::split_parts(const std::vector<at::Tensor>& pieces,
                                                            const std::vector<int64_t>& last_dims) {
   if (last_dims.size() == 1) return {pieces};  // nothing packed (the split dim may be the last one)
@@ -403,7 +421,7 @@ std::tuple<int64_t, int64_t, int64_t> HaloPlan::own_run(size_t i) const {
 }
 
 at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received,
-                                  int64_t begin, int64_t len) const {
+                                  int64_t begin, int64_t len, int64_t local_first) const {
   const auto& s = steps_.at(i);
   const auto dim = s.geometry.dim;
   TORCH_INTERNAL_ASSERT(s.runs && begin >= 0 && len >= 0 && begin + len <= s.window_rows,
@@ -421,7 +439,7 @@ at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::
   };
   for (const auto& [p, n] : s.fill_runs) place(p, n, nullptr, 0, fill_);
   const auto& o = s.own;
-  if (o.size() > 0) place(o.pos[0], o.size(), &local, o.rows[0], 0.0);
+  if (o.size() > 0) place(o.pos[0], o.size(), &local, o.rows[0] - local_first, 0.0);
   for (size_t r = 0; r < s.from.size(); ++r) {
     const auto& f = s.from[r];
     if (f.size() > 0) place(f.pos[0], f.size(), received.empty() ? nullptr : &received.at(r), 0, 0.0);
@@ -549,7 +567,79 @@ at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& 
   return window;
 }
 
+at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received,
+                              size_t steps, int64_t rows_first, int64_t rows_count, const at::Tensor& into) const {
+  // Along dims of steps < `steps`: window positions; the dim of step `steps` (when it exists): local rows
+  // [rows_first, rows_first + rows_count); the other dims: local rows.
+  const bool restrict = steps < steps_.size();
+  auto base = restrict ? local.narrow(steps_[steps].geometry.dim, rows_first, rows_count) : local;
+  auto shape = base.sizes().vec();
+  for (size_t j = 0; j < steps; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+  TORCH_INTERNAL_ASSERT(!into.defined() || into.sizes() == at::IntArrayRef(shape), "halo plan: assemble into ",
+                        into.sizes(), ", the window is ", at::IntArrayRef(shape));
+  auto out = into.defined() ? into : at::empty(shape, local.options());
+  // The block of `out` at dim j's positions [p, p + n), the own positions along dims j+1 .. steps-1 and everything
+  // along earlier dims (whose windows the pieces of step j already hold).
+  auto block = [&](size_t j, int64_t p, int64_t n) {
+    auto t = out.narrow(steps_[j].geometry.dim, p, n);
+    for (size_t i = j + 1; i < steps; ++i) {
+      const auto& o = steps_[i].own;
+      t = t.narrow(steps_[i].geometry.dim, o.size() > 0 ? o.pos[0] : 0, o.size());
+    }
+    return t;
+  };
+  // A received piece of step j, cut like `block` along the later dims (it holds the sender's local rows there,
+  // which are this rank's: the peer differs only along j's mesh dim).
+  auto cut = [&](size_t j, at::Tensor t) {
+    for (size_t i = j + 1; i < steps; ++i) {
+      const auto& o = steps_[i].own;
+      t = t.narrow(steps_[i].geometry.dim, o.size() > 0 ? o.rows[0] : 0, o.size());
+    }
+    if (restrict) t = t.narrow(steps_[steps].geometry.dim, rows_first, rows_count);
+    return t;
+  };
+  for (size_t j = 0; j < steps; ++j) {
+    const auto& s = steps_[j];
+    for (const auto& [p, n] : s.fill_runs) block(j, p, n).fill_(fill_);
+    for (size_t r = 0; r < s.from.size(); ++r) {
+      const auto& f = s.from[r];
+      if (f.size() > 0) block(j, f.pos[0], f.size()).copy_(cut(j, received.at(j).at(r)));
+    }
+  }
+  // The own rows: once, wherever they sit in every dim's window.
+  auto dst = out;
+  auto src = base;
+  for (size_t i = 0; i < steps; ++i) {
+    const auto& o = steps_[i].own;
+    if (o.size() == 0) return out;
+    dst = dst.narrow(steps_[i].geometry.dim, o.pos[0], o.size());
+    src = src.narrow(steps_[i].geometry.dim, o.rows[0], o.size());
+  }
+  dst.copy_(src);
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> HaloPlan::exchange_all(const at::Tensor& local, const Mesh& mesh,
+                                                       const std::function<void()>& while_first) const {
+  std::vector<std::vector<at::Tensor>> received(steps_.size());
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    auto shape = local.sizes().vec();
+    for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+    auto posted = post_rows(
+        k, [&](int64_t first, int64_t count) { return assemble(local, received, k, first, count); }, shape, local,
+        mesh);
+    if (k == 0 && while_first) while_first();
+    received[k] = posted.wait();
+  }
+  return received;
+}
+
 at::Tensor HaloPlan::gather(const at::Tensor& local, const Mesh& mesh) const {
+  if (steps_.size() >= 2 && all_runs()) {
+    // Several dims: the same messages as dim-by-dim windows (each later dim's rows carry the earlier dims'
+    // halo, so the corners come along), but the window is written once, not once per dim.
+    return assemble(local, exchange_all(local, mesh), steps_.size(), 0, 0);
+  }
   auto x = local;
   for (size_t i = 0; i < steps_.size(); ++i) x = gather_step(i, x, mesh);
   return x;

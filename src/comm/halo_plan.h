@@ -136,6 +136,22 @@ class HaloPlan {
 
   // This rank's window of `local` (a fresh tensor; `local` itself for an empty plan).
   at::Tensor gather(const at::Tensor& local, const Mesh& mesh) const;
+  // Every dim's exchange in order, without a window: step k sends the rows its peers name of `local` extended by
+  // the windows of dims < k (only those rows are built); [step][peer]: the pieces received. Needs runs.
+  // `while_first`: work that runs while the first dim's rows travel (it must issue no collective).
+  std::vector<std::vector<at::Tensor>> exchange_all(const at::Tensor& local, const Mesh& mesh,
+                                                    const std::function<void()>& while_first = {}) const;
+  // Whether every dim's maps are runs (what exchange_all and assemble need).
+  bool all_runs() const {
+    for (const auto& s : steps_)
+      if (!s.runs) return false;
+    return true;
+  }
+  // `local` extended by the windows of the first `steps` dims from `received` (exchange_all's), each element
+  // written once; when `steps` < size(), only local rows [rows_first, rows_first + rows_count) of that step's dim.
+  // `into`: the tensor to write (of the result's shape; a fresh one when undefined).
+  at::Tensor assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received, size_t steps,
+                      int64_t rows_first, int64_t rows_count, const at::Tensor& into = {}) const;
   // gather in two steps: start places the own rows and posts the first dim's exchange; finish completes it and
   // gathers the remaining dims. Every rank must call both (start's post is in the collective order).
   PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;
@@ -155,6 +171,11 @@ class HaloPlan {
   // message per peer with their rows concatenated on the last dim (a copy of the halo rows only); split_parts gives
   // the received pieces back by tensor, then by peer.
   PeerExchange post(size_t i, const std::vector<at::Tensor>& parts, const Mesh& mesh) const;
+  // post of a tensor that is never built whole (a window along earlier dims, which a second-hop exchange sends):
+  // `rows(first, count)` gives its rows [first, first + count) along dim i, `shape` is its shape. Only the sent
+  // rows are built. Needs runs(i).
+  PeerExchange post_rows(size_t i, const std::function<at::Tensor(int64_t first, int64_t count)>& rows,
+                         at::IntArrayRef shape, const at::Tensor& like, const Mesh& mesh) const;
   static std::vector<std::vector<at::Tensor>> split_parts(const std::vector<at::Tensor>& pieces,
                                                           const std::vector<int64_t>& last_dims);
   // The adjoint of post, from gradient rows over a few window slices rather than a window: `slices` are (first
@@ -172,8 +193,9 @@ class HaloPlan {
   bool runs(size_t i) const { return steps_.at(i).runs; }
   // Window positions [begin, begin + len) of dim i, assembled from the padding value, `local`'s rows and the rows
   // received from peers (none: zeros in their place): a few rows, not the window.
+  // `local_first`: the local row `local`'s first row is (a caller passes only the own rows the slice reads).
   at::Tensor window_slice(size_t i, const at::Tensor& local, const std::vector<at::Tensor>& received, int64_t begin,
-                          int64_t len) const;
+                          int64_t len, int64_t local_first = 0) const;
 
   // One dim's local parts around its collective (gather/scatter_add put the all-to-all between them; the tests
   // route the pieces between coordinates themselves). Pieces are indexed by peer coordinate.

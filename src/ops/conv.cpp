@@ -5,9 +5,11 @@
 // tensor), and in backward sends the halo gradients home. With one sharded spatial dim the convolution runs
 // without building the window where the layout allows (comm/halo_borders.h): the single-device call on the rank's
 // own rows, and the halo rows' terms added to the border rows (forward; in the backward the border rows' gradients
-// travel and the neighbours add their terms); otherwise (several sharded dims,
-// transposed, offsets off the stride grid) the rank gathers its window and runs the local convolution with zero
-// padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
+// travel and the neighbours add their terms). Several sharded spatial dims: the forward runs the same way on the own
+// block (multi_direct_forward: border slabs from region windows, corners through the later dims' exchanges) and the
+// backward on the window, written once, its input gradient computed while the halo travels. Otherwise (transposed,
+// offsets off the stride grid) the rank gathers its window and runs the local convolution with zero padding on
+// sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
 // input is completed once, in the forward.
 #include "comm/halo_borders.h"
@@ -52,6 +54,10 @@ struct ConvPlan {
   std::vector<HaloTap> halo_taps;
   std::vector<int64_t> row_stride, row_padding, row_dilation, row_output_padding;
   bool row_unsqueeze = false;
+  // Several sharded spatial dims, not transposed: the split of each (`dims` order); `multi_direct` when every one is
+  // direct and a main call gives this rank's outputs (multi_direct_forward).
+  std::vector<comm::BorderSplit> splits;
+  bool multi_direct = false;
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
@@ -181,6 +187,16 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
           }
     }
   }
+  if (!transposed && plan.dims.size() >= 2) {
+    plan.multi_direct = true;
+    for (size_t k = 0; k < plan.dims.size(); ++k) {
+      const auto& d = plan.dims[k];
+      plan.splits.push_back(comm::border_split(d.in_extents, d.out_extents, spec.mesh->coordinate(d.mesh_dim),
+                                               in_shape[d.dim], d.window));
+      const auto& sp = plan.splits.back();
+      plan.multi_direct = plan.multi_direct && plan.halo.runs(k) && sp.direct && sp.main;
+    }
+  }
   plan.local_out_shape = plan.out_shape;
   for (size_t m = 0; m < plan.out_placements.size(); ++m)
     if (plan.out_placements[m].is_shard()) {
@@ -288,6 +304,109 @@ at::Tensor direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::T
   return out;
 }
 
+// A region of the window over every sharded dim, built from this rank's rows and the rows each exchange step
+// received, without the window: dims before `stop` are window positions [begin, begin + len) (assembled through
+// window_slice, dim by dim in exchange order: step k's pieces hold the earlier dims' window, so the corners come
+// along), dims from `stop` on are local rows [begin, begin + len) (rows of a tensor a later step sends).
+struct Region {
+  std::vector<std::pair<int64_t, int64_t>> range;  // per plan dim
+  size_t stop = 0;
+};
+
+at::Tensor build_region(const ConvPlan& plan, const at::Tensor& x, const std::vector<std::vector<at::Tensor>>& received,
+                        const Region& region) {
+  const auto n = plan.dims.size();
+  // Per dim: the local rows the region holds before that dim's step (its own part), and the local row they start at.
+  std::vector<std::pair<int64_t, int64_t>> own(n);
+  for (size_t d = 0; d < n; ++d) {
+    const auto [b, l] = region.range[d];
+    if (d >= region.stop) {
+      own[d] = {b, l};
+      continue;
+    }
+    const auto [p, r0, cnt] = plan.halo.own_run(d);
+    const auto lo = std::max(b, p), hi = std::min(b + l, p + cnt);
+    own[d] = hi > lo ? std::make_pair(r0 + lo - p, hi - lo) : std::make_pair<int64_t, int64_t>(0, 0);
+  }
+  auto t = x;
+  for (size_t d = 0; d < n; ++d) t = t.narrow(plan.dims[d].dim, own[d].first, own[d].second);
+  for (size_t k = 0; k < region.stop; ++k) {
+    const auto dim = plan.dims[k].dim;
+    std::vector<at::Tensor> pieces;
+    for (const auto& piece : received[k]) {
+      if (!piece.defined() || piece.dim() == 0 || piece.size(dim) == 0) {
+        pieces.push_back(piece);
+        continue;
+      }
+      auto q = piece;
+      for (size_t d = 0; d < n; ++d) {
+        if (d == k) continue;
+        const auto [f, c] = d < k ? region.range[d] : own[d];
+        q = q.narrow(plan.dims[d].dim, f, c);
+      }
+      pieces.push_back(q);
+    }
+    t = plan.halo.window_slice(k, t, pieces, region.range[k].first, region.range[k].second, own[k].first);
+  }
+  return t;
+}
+
+// The forward over several sharded dims without the window: the single-device call on the rank's own block with
+// each dim's symmetric split padding (every output of this rank, the halo read as zeros), while the first dim's
+// halo travels; then each further dim's exchange sends the earlier dims' windows of its halo rows (the corners
+// travel as a second hop, one message per neighbour and step as the window path sends, in the same order), and
+// the border slabs of each dim (its border outputs over every output of the other dims) are computed from region
+// windows (halo-sized along the dim, the full window along the others) and written over the main call's.
+at::Tensor multi_direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
+                                const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
+                                int64_t groups, const Mesh& mesh) {
+  const auto n = plan.dims.size();
+  const bool overlap = overlap_enabled();
+  std::vector<std::vector<at::Tensor>> received(n);
+  auto post = [&](size_t k) {
+    // Step k sends rows of the window along dims < k with the local rows of dims > k.
+    auto shape = x.sizes().vec();
+    for (size_t d = 0; d < k; ++d) shape[plan.dims[d].dim] = plan.halo.window_rows(d);
+    return plan.halo.post_rows(
+        k,
+        [&](int64_t first, int64_t count) {
+          Region r;
+          r.stop = k;
+          for (size_t d = 0; d < n; ++d)
+            r.range.emplace_back(d < k ? std::make_pair<int64_t, int64_t>(0, plan.halo.window_rows(d))
+                                 : d == k ? std::make_pair(first, count)
+                                          : std::make_pair<int64_t, int64_t>(0, x.size(plan.dims[d].dim)));
+          return build_region(plan, x, received, r);
+        },
+        shape, x, mesh);
+  };
+  auto first = post(0);
+  if (!overlap) received[0] = first.wait();
+  auto padding = plan.local_padding;
+  for (size_t k = 0; k < n; ++k) padding[plan.dims[k].dim - 2] = plan.splits[k].padding;
+  auto out = at::convolution(x, w, b, stride, padding, dilation, false, plan.local_output_padding, groups);
+  if (overlap) received[0] = first.wait();
+  for (size_t k = 1; k < n; ++k) received[k] = post(k).wait();
+  for (size_t k = 0; k < n; ++k) {
+    const auto dim = plan.dims[k].dim;
+    for (const auto& border : plan.splits[k].borders) {
+      if (border.out_len == 0) continue;
+      Region r;
+      r.stop = n;
+      for (size_t d = 0; d < n; ++d)
+        r.range.emplace_back(d == k ? std::make_pair(border.win_begin, border.win_len)
+                                    : std::make_pair<int64_t, int64_t>(0, plan.halo.window_rows(d)));
+      auto slab = at::convolution(build_region(plan, x, received, r), w, b, stride, plan.local_padding, dilation,
+                                  false, plan.local_output_padding, groups);
+      auto dst = out.narrow(dim, border.out_begin, border.out_len);
+      TORCH_INTERNAL_ASSERT(slab.sizes() == dst.sizes(), "convolution border slab ", slab.sizes(), " for ",
+                            dst.sizes());
+      dst.copy_(slab);
+    }
+  }
+  return out;
+}
+
 bool requires_grad(const std::optional<at::Tensor>& t) {
   return t && t->defined() && t->requires_grad();
 }
@@ -325,6 +444,8 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
     if (b) {
       out = out + channel_view(*b, out.dim());
     }
+  } else if (plan.multi_direct && !plan.no_outputs) {
+    out = multi_direct_forward(plan, x, w, b, stride, dilation, local_groups, *mesh);
   } else if (runs_direct(plan)) {
     out = direct_forward(plan, x, w, b, stride, dilation, local_groups, *mesh);
   } else {
@@ -454,6 +575,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   // their main backward differently but exchange alike.
   if (plan.border_terms) {
     std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
+  } else if (!plan.transposed && plan.dims.size() >= 2 && plan.halo.all_runs() && mask[1] && !plan.no_outputs) {
+    // Several sharded dims: the input and bias gradients read no input values, so they run while the input's
+    // halo travels, on the window's buffer before it is written; the window (written once) then serves the weight
+    // gradient alone.
+    auto window = at::empty(window_shape(plan, x), x.options());
+    auto received = plan.halo.exchange_all(x, *mesh, [&] {
+      if (mask[0] || mask[2])
+        std::tie(gi, std::ignore, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation,
+                                                                 false, plan.local_output_padding, local_groups,
+                                                                 {mask[0], false, mask[2]});
+    });
+    {
+      plan.halo.assemble(x, received, plan.halo.size(), 0, 0, window);
+      gw = std::get<1>(at::convolution_backward(g, window, w, std::nullopt, stride, plan.local_padding, dilation,
+                                                false, plan.local_output_padding, local_groups, {false, true, false}));
+      window = at::Tensor();
+    }
+    if (mask[0]) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);
   } else {
     if (plan.transposed && !plan.dims.empty()) g = plan.halo.gather(g, *mesh);
     // The input gradient reads no input values: without a weight gradient the window is only a shape.
