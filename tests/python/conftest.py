@@ -58,6 +58,7 @@ QUICK = {
     "test_optim_sharded.py": ["test_optimizer"],
     "test_pad_negative.py": ["test_issue_example"],
     "test_comm_timing.py": ["test_records"],
+    "test_conv_mesh2d.py": ["test_conv2d_mesh_2x1_1x2"],
     "test_patches.py": ["test_namespace_is_the_api", "test_torch_version_checks"],
     "test_physicsnemo_examples.py": ["test_example"],
     "test_point_search.py": ["test_sharded_batched"],
