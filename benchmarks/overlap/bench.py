@@ -230,9 +230,9 @@ def render(rows, command, start, end, steps, rounds):
         "# Communication hidden per training step, per kind of collective",
         "",
         f"2 Gloo CPU ranks (1 thread each), {rounds} interleaved rounds of {steps} steps (1024^2: {max(1, steps // 3)}) "
-        f"per setting; medians. {load_caveat(start, end)} The machine is shared with 3 other agents building and "
-        f"testing (2 cores): the two ranks and Gloo's transport threads compete with them for the CPU, so compare "
-        f"ratios within one run. {datetime.date.today()}; `{command}`.",
+        f"per setting; medians. {load_caveat(start, end)} The host has 2 cores: the two ranks' compute threads fill "
+        f"them and Gloo's transport threads (and any other load) compete with them for the CPU, so compare ratios "
+        f"within one run. {datetime.date.today()}; `{command}`.",
         "",
         "- **Alone**: the step's collectives (every one the library issued, recorded as issued: group, message sizes, "
         "peers, tags) replayed back to back on fresh buffers without compute, each waited before the next "
@@ -280,7 +280,7 @@ def render(rows, command, start, end, steps, rounds):
               "backward: the first layer's weight gradient is the backward's last computation, so at least one "
               "all-reduce is exposed whatever the bucket policy (smaller or per-layer buckets add collectives but "
               "leave the last one's latency exposed).",
-              "- On this oversubscribed host a transfer progresses only when Gloo's transport threads get a core: a "
+              "- On this host (2 cores, both computing) a transfer progresses only when Gloo's transport threads get a core: a "
               "wait after long interior compute still finds the transfer unfinished, and the replayed collectives "
               "(the main thread asleep, its core free) run faster than the same ones during the step. The shares "
               "here are therefore a floor for this host, not a property of the placement; on a GPU the copies run "
