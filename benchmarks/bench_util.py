@@ -42,6 +42,14 @@ def format_collectives(calls: dict, nbytes: dict) -> str:
     return ", ".join(f"{k} ×{v} ({nbytes[k] / 1024:.1f} KiB)" for k, v in sorted(calls.items()))
 
 
+def reduce_over_ranks(value: float, op=None) -> float:
+    """`value` reduced over the default process group (`op`: a torch.distributed.ReduceOp, MAX by default)."""
+    import torch.distributed as dist
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op is None else op)
+    return t.item()
+
+
 def spawn_rank0_rows(run, world: int, scratch: str, *args):
     """Spawn ``world`` Gloo ranks running ``run(rank, world, port, scratch, *args)`` on a free port; ``run`` writes rank
     0's rows as JSON to ``scratch``, which is read, removed and returned."""

@@ -31,15 +31,23 @@ def uneven(size: int, world: int, unit: int = 1) -> list:
     return [e * unit for e in ext]
 
 
-def conv_stack(channels: int, layers: int, norm: bool) -> nn.Module:
+def conv_stack(channels: int, layers: int, norm: bool, act=nn.GELU) -> nn.Module:
     torch.manual_seed(0)
     mods = []
     for _ in range(layers):
         mods.append(nn.Conv2d(channels, channels, 3, padding=1))
         if norm:
             mods.append(nn.GroupNorm(2, channels))
-        mods.append(nn.GELU())
+        mods.append(act())
     return nn.Sequential(*mods)
+
+
+def relu_conv_spec(size: int) -> tuple:
+    """The halo benchmarks' stack, 4 x (Conv2d 16->16 3x3 + ReLU) on a (1, 16, size, size) input, as a spec like
+    ``specs``' entries (benchmarks/grad_buckets and benchmarks/overlap time its training step)."""
+    return (f"4 x (Conv2d 16->16 3x3 + ReLU), input (1, 16, {size}, {size}) split on H, loss mean(y^2)",
+            lambda: conv_stack(16, 4, False, nn.ReLU), (1, 16, size, size), uneven(size, 2), lambda: None,
+            square_mean)
 
 
 def square_mean(out, target):

@@ -36,22 +36,11 @@ import shardtensor as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import reduce_over_ranks, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
-from workloads import specs, uneven  # noqa: E402
+from workloads import make_input, relu_conv_spec, specs  # noqa: E402
 
 SETTINGS = [0, 1, 64 << 10, 1 << 20]
-
-
-def conv_stack(size):
-    def factory():
-        torch.manual_seed(0)
-        mods = []
-        for _ in range(4):
-            mods += [torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU()]
-        return torch.nn.Sequential(*mods)
-    return (f"4 x (Conv2d 16->16 3x3 + ReLU), input (1, 16, {size}, {size}), loss mean(y^2)", factory,
-            (1, 16, size, size), uneven(size, 2), lambda: None, lambda out, target: out.square().mean())
 
 
 def param_messages(model):
@@ -77,18 +66,11 @@ def collectives_alone(sizes, reps):
     return (time.perf_counter() - t0) / reps
 
 
-def max_over_ranks(value, op=dist.ReduceOp.MAX):
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=op)
-    return t.item()
-
-
 def measure(name, spec, mesh, steps, rounds):
     desc, factory, shape, extents, target_fn, loss_fn = spec
     model = factory()
     st.sync_module(model, mesh)
-    full = torch.randn(shape, generator=torch.Generator().manual_seed(2))
-    x = st.distribute_tensor(full, mesh, [st.Shard(2)], {0: extents})
+    x = make_input(shape, extents, mesh)
     target = target_fn()
 
     def step():
@@ -113,9 +95,9 @@ def measure(name, spec, mesh, steps, rounds):
                 step()
             elapsed = (time.perf_counter() - t0) / steps
             stats = st._C.grad_reduction_stats()
-            times[s].append(max_over_ranks(elapsed))
-            exposed[s].append(max_over_ranks((stats["wait_s"] + stats["issue_s"]) / steps))
-            exposed_min[s].append(max_over_ranks((stats["wait_s"] + stats["issue_s"]) / steps, dist.ReduceOp.MIN))
+            times[s].append(reduce_over_ranks(elapsed))
+            exposed[s].append(reduce_over_ranks((stats["wait_s"] + stats["issue_s"]) / steps))
+            exposed_min[s].append(reduce_over_ranks((stats["wait_s"] + stats["issue_s"]) / steps, dist.ReduceOp.MIN))
             buckets[s] = (stats["buckets"] / steps, stats["bytes"] / steps)
     st.set_grad_bucket_bytes(1 << 20)
     sync_sizes = param_messages(model)
@@ -127,7 +109,7 @@ def measure(name, spec, mesh, steps, rounds):
             n, nbytes = buckets[s]
             n = max(1, round(n))
             sizes = [int(nbytes / n)] * n
-        alone = statistics.median(max_over_ranks(collectives_alone(sizes, 5)) for _ in range(rounds))
+        alone = statistics.median(reduce_over_ranks(collectives_alone(sizes, 5)) for _ in range(rounds))
         # The last rank to finish its backward waits only for the communication; the others also wait for it (rank
         # skew, which the blocking per-layer reductions absorb elsewhere): min and max over the ranks.
         exp = alone if s == 0 else statistics.median(exposed_min[s])
@@ -145,7 +127,7 @@ def run(rank, world, port, scratch, size, steps, rounds):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
-    workloads = {"conv": conv_stack(size), "vit": specs(quick=False)["vit"]}
+    workloads = {"conv": relu_conv_spec(size), "vit": specs(quick=False)["vit"]}
     rows = [r for name, spec in workloads.items() for r in measure(name, spec, mesh, steps, rounds)]
     if rank == 0:
         import json

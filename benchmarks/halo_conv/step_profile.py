@@ -19,7 +19,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
@@ -27,14 +26,7 @@ import shardtensor as st
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_util import retain_freed_memory, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
-
-
-def stack(dims: int, channels: int, layers: int) -> nn.Module:
-    conv = nn.Conv2d if dims == 2 else nn.Conv3d
-    mods = []
-    for _ in range(layers):
-        mods += [conv(channels, channels, 3, padding=1), nn.ReLU()]
-    return nn.Sequential(*mods)
+from compare import stack  # noqa: E402  (the same layers as the side-by-side run)
 
 
 def step_fn(net, x, mode):

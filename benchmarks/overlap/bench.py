@@ -31,8 +31,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
@@ -40,22 +38,11 @@ import shardtensor as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import reduce_over_ranks, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
-from workloads import specs, uneven  # noqa: E402
+from workloads import make_input, relu_conv_spec, specs, uneven  # noqa: E402
 
 SETTINGS = {"bucket 1 MiB": 1 << 20, "bucket 0": 0}
-
-
-def conv_stack(size):
-    def factory():
-        torch.manual_seed(0)
-        mods = []
-        for _ in range(4):
-            mods += [nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()]
-        return nn.Sequential(*mods)
-    return (f"4 x (Conv2d 16->16 3x3 + ReLU), input (1, 16, {size}, {size}) split on H, loss mean(y^2)", factory,
-            (1, 16, size, size), uneven(size, 2), lambda: None, lambda out, target: out.square().mean())
 
 
 def unet3d(size):
@@ -76,13 +63,7 @@ def unet3d(size):
 
 def workloads():
     vit = specs(quick=False)["vit"]
-    return {"conv256": conv_stack(256), "conv1024": conv_stack(1024), "vit": vit, "unet3d": unet3d(32)}
-
-
-def reduce_over_ranks(value, op):
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=op)
-    return t.item()
+    return {"conv256": relu_conv_spec(256), "conv1024": relu_conv_spec(1024), "vit": vit, "unet3d": unet3d(32)}
 
 
 def kind_group(kind):
@@ -121,8 +102,7 @@ def measure(name, spec, mesh, steps, rounds, reps):
     desc, factory, shape, extents, target_fn, loss_fn = spec
     model = factory()
     st.sync_module(model, mesh)
-    full = torch.randn(shape, generator=torch.Generator().manual_seed(2))
-    x = st.distribute_tensor(full, mesh, [st.Shard(2)], {0: extents})
+    x = make_input(shape, extents, mesh)
     target = target_fn()
 
     def step():
