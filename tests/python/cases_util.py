@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -103,6 +104,26 @@ def _tensors(out):
         return [t for t in out if isinstance(t, torch.Tensor)]
     return []
 
+
+
+def check_conv2d_gradient_subset(shard, x, w, b, kw, x_grad, w_grad, seed, tol, what):
+    """`F.conv2d(x, w, b, **kw)` with `x` sharded by `shard(x)` against one device, with gradients for the input only
+    (`x_grad`, frozen weights) or the parameters only (`w_grad`, an input that needs none): the output and the
+    gradients that exist equal one device's."""
+    xs = shard(x).requires_grad_(x_grad)
+    xr = x.clone().requires_grad_(x_grad)
+    ws, wr = w.clone().requires_grad_(w_grad), w.clone().requires_grad_(w_grad)
+    bs, br = b.clone().requires_grad_(w_grad), b.clone().requires_grad_(w_grad)
+    y, yr = F.conv2d(xs, ws, bs, **kw), F.conv2d(xr, wr, br, **kw)
+    close(full(y), yr, **tol, what=what + " output")
+    g = randn(*yr.shape, seed=seed)
+    torch.autograd.backward(y, g)
+    torch.autograd.backward(yr, g)
+    if x_grad:
+        close(full(xs.grad), xr.grad, **tol, what=what + " input gradient")
+    if w_grad:
+        close(full(ws.grad), wr.grad, **tol, what=what + " weight gradient")
+        close(full(bs.grad), br.grad, **tol, what=what + " bias gradient")
 
 def check_grad_layout(leaf, what=""):
     """A sharded leaf's gradient has exactly the leaf's layout: placements (Partial read as Replicate), extents

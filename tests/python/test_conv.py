@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, uneven_extents
+from cases_util import check_conv2d_gradient_subset, check_op, mesh, randn, uneven_extents
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -153,21 +153,9 @@ def case_conv_gradient_subsets(seed):
             b = randn(4, seed=seed + 2)
             for x_grad, w_grad in ((True, False), (False, True)):
                 what = f"extents {ext} k={kernel} s={stride} p={pad} d={dil} input grad {x_grad} weight grad {w_grad}"
-                xs = st.distribute_tensor(x, m, [st.Shard(2)], {0: ext}).requires_grad_(x_grad)
-                xr = x.clone().requires_grad_(x_grad)
-                ws, wr = w.clone().requires_grad_(w_grad), w.clone().requires_grad_(w_grad)
-                bs, br = b.clone().requires_grad_(w_grad), b.clone().requires_grad_(w_grad)
-                y = F.conv2d(xs, ws, bs, stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1))
-                yr = F.conv2d(xr, wr, br, stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1))
-                close(full(y), yr, **TOL, what=what + " output")
-                g = randn(*yr.shape, seed=seed + 3)
-                torch.autograd.backward(y, g)
-                torch.autograd.backward(yr, g)
-                if x_grad:
-                    close(full(xs.grad), xr.grad, **TOL, what=what + " input gradient")
-                if w_grad:
-                    close(full(ws.grad), wr.grad, **TOL, what=what + " weight gradient")
-                    close(full(bs.grad), br.grad, **TOL, what=what + " bias gradient")
+                check_conv2d_gradient_subset(lambda t: st.distribute_tensor(t, m, [st.Shard(2)], {0: ext}), x, w, b,
+                                             dict(stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1)),
+                                             x_grad, w_grad, seed + 3, TOL, what)
     return True
 
 

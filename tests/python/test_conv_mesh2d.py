@@ -6,7 +6,7 @@ import harness
 import shardtensor as st
 import torch.nn.functional as F
 import torch
-from cases_util import check_op, close, full, mesh, randn
+from cases_util import check_conv2d_gradient_subset, check_op, mesh, randn
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -80,21 +80,9 @@ def case_conv2d_mesh_gradient_subsets(seed):
             b = randn(4, seed=seed + 2)
             for x_grad, w_grad in ((True, False), (False, True)):
                 what = f"H {e0} W {e1} k={kernel} s={stride} p={pad} d={dil} input grad {x_grad} weight grad {w_grad}"
-                xs = st.distribute_tensor(x, m, [st.Shard(2), st.Shard(3)], {0: e0, 1: e1}).requires_grad_(x_grad)
-                xr = x.clone().requires_grad_(x_grad)
-                ws, wr = w.clone().requires_grad_(w_grad), w.clone().requires_grad_(w_grad)
-                bs, br = b.clone().requires_grad_(w_grad), b.clone().requires_grad_(w_grad)
-                kw = dict(stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1))
-                y, yr = F.conv2d(xs, ws, bs, **kw), F.conv2d(xr, wr, br, **kw)
-                close(full(y), yr, **TOL, what=what + " output")
-                g = randn(*yr.shape, seed=seed + 3)
-                torch.autograd.backward(y, g)
-                torch.autograd.backward(yr, g)
-                if x_grad:
-                    close(full(xs.grad), xr.grad, **TOL, what=what + " input gradient")
-                if w_grad:
-                    close(full(ws.grad), wr.grad, **TOL, what=what + " weight gradient")
-                    close(full(bs.grad), br.grad, **TOL, what=what + " bias gradient")
+                check_conv2d_gradient_subset(
+                    lambda t: st.distribute_tensor(t, m, [st.Shard(2), st.Shard(3)], {0: e0, 1: e1}), x, w, b,
+                    dict(stride=(stride, 1), padding=(pad, 1), dilation=(dil, 1)), x_grad, w_grad, seed + 3, TOL, what)
     return True
 
 
