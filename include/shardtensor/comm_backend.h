@@ -6,6 +6,8 @@
 // in the environment selects it at start-up.
 #pragma once
 
+#include <cstdint>
+
 namespace shardtensor {
 
 enum class CommBackend { process_group, functional };
@@ -13,5 +15,13 @@ enum class CommBackend { process_group, functional };
 // Returns the previous setting.
 CommBackend set_comm_backend(CommBackend backend);
 CommBackend comm_backend();
+
+// Neighbour exchanges (halos, ring passes) of CPU tensors between ranks of one host travel through shared-memory
+// rings instead of the process group's send/recv (docs/halo-exchange.md, "Transport"): `bytes` per ring, one ring
+// per ordered pair of ranks, for process groups whose first exchange comes after the call; 0 turns it off for them.
+// Default 1 MiB, or `SHARDTENSOR_SHM_BYTES` at start-up. Messages larger than a ring use the process group. Ranks
+// may differ (a group uses the smallest value, off if any rank has it off). Returns the previous value.
+int64_t set_shm_capacity(int64_t bytes);
+int64_t shm_capacity();
 
 } // namespace shardtensor

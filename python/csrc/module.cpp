@@ -13,6 +13,7 @@
 #include "comm/comm_timing.h"
 #include "comm/functional.h"
 #include "comm/halo_plan.h"
+#include "comm/shm_transport.h"
 #include "comm/wait.h"
 #include "dispatch/consistency.h"
 #include "dispatch/grad_buckets.h"
@@ -249,6 +250,15 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("replay_recorded_collectives", &comm::replay_recorded_collectives, py::arg("reps") = 3,
         py::call_guard<py::gil_scoped_release>());
+  // Shared-memory rings for neighbour exchanges on one host (comm/shm_transport.h).
+  m.def("set_shm_capacity", &set_shm_capacity, py::arg("bytes"));
+  m.def("shm_capacity", &shm_capacity);
+  m.def("shm_stats", []() {
+    auto s = comm::shm::shm_stats();
+    return std::map<std::string, int64_t>{
+        {"sent", s.sent}, {"deferred", s.deferred}, {"received", s.received}, {"groups", s.groups},
+        {"released", s.released}};
+  });
   // The halo plan cache (tests: a backward builds no plan of its own).
   m.def("_halo_plan_stats", []() {
     auto s = comm::plan_cache_stats();

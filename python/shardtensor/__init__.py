@@ -33,7 +33,7 @@ __all__ = [
     "set_strict", "strict", "use_strict", "set_replication_threshold", "replication_threshold", "set_fallback_budget",
     "fallback_budget", "set_grad_bucket_bytes", "grad_bucket_bytes", "wait_grad_reductions", "localize_parameters",
     "set_comm_backend", "comm_backend",
-    "use_comm_backend", "register_function", "function_handler", "unregister_function", "ring_pass",
+    "use_comm_backend", "set_shm_capacity", "shm_capacity", "register_function", "function_handler", "unregister_function", "ring_pass",
     "simulate", "simulating", "SimulationWarning", "SimulationError", "RankStats", "DEFAULT_TIMEOUT",
 ]
 
@@ -429,6 +429,20 @@ class use_comm_backend(_SettingBlock):
     """``with st.use_comm_backend("functional"): ...`` — a collective backend for a block."""
 
     _setter = staticmethod(set_comm_backend)
+
+
+def set_shm_capacity(nbytes: int) -> int:
+    """Bytes of each shared-memory ring (one per ordered pair of ranks) that neighbour exchanges, ring passes and small
+    all-reduces of CPU tensors use between ranks of one host, for process groups whose first exchange comes later
+    (docs/halo-exchange.md, "Transport"); ``0`` keeps such groups on the process group's send/recv. Default 1 MiB, or
+    ``SHARDTENSOR_SHM_BYTES`` at start-up. A group takes the smallest value of its ranks (off if any rank has it
+    off). Returns the previous value."""
+    return _C.set_shm_capacity(int(nbytes))
+
+
+def shm_capacity() -> int:
+    """The ring size for groups set up from now on (see ``set_shm_capacity``)."""
+    return _C.shm_capacity()
 
 
 def reset_comm_stats() -> None:

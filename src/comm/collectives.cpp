@@ -6,6 +6,7 @@
 #include "comm/comm_stats.h"
 #include "comm/comm_timing.h"
 #include "comm/functional.h"
+#include "comm/shm_transport.h"
 #include "comm/wait.h"
 
 #include <ATen/ATen.h>
@@ -128,6 +129,28 @@ c10::intrusive_ptr<c10d::Work> issue_bound(const char* kind, int64_t rec, F&& is
   auto work = timed_issue(kind, std::forward<F>(issue));
   bind_work(work, rec);
   return work;
+}
+
+// The shared-memory rings of an exchange's group, when its messages travel on the host (not coalesced on a device)
+// and the group is real (a simulation's fake group has no peers to share memory with). Sets them up on the group's
+// first exchange: the callers are collectives, so every rank of the group asks at the same point.
+shm::Channels* host_channels(c10d::ProcessGroup& pg, const Mesh& mesh, bool on_host) {
+  if (!on_host || mesh.simulation() != 0) return nullptr;
+  return shm::channels(pg);
+}
+
+// An all-reduce of `t` (contiguous, this rank's term; reduced in place) issued on the group's rings when it has them
+// and they take it (comm/shm_transport.h), else on the process group.
+c10::intrusive_ptr<c10d::Work> issue_all_reduce(c10d::ProcessGroup& pg, const Mesh& mesh, const at::Tensor& t,
+                                                const c10d::AllreduceOptions& opts, const char* kind, int64_t rec) {
+  auto* ring = host_channels(pg, mesh, t.is_cpu());
+  const bool shm = ring && shm::reduces(*ring, t, opts.reduceOp);
+  if (rec >= 0) set_issued_on_shm(rec, shm);
+  return issue_bound(kind, rec, [&] {
+    if (shm) return shm::all_reduce_start(*ring, t, opts.reduceOp);
+    std::vector<at::Tensor> ts{t};
+    return pg.allreduce(ts, opts);
+  });
 }
 
 // Post one flat all-to-all: rank i sends send_pieces[j] (flattened) to rank j and receives recv_numels[j]
@@ -319,7 +342,6 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
   const bool stage = needs_host_staging(pg, local);
   auto t = stage ? local.cpu() : local.clone(at::MemoryFormat::Contiguous);
   if (stage) t = t.contiguous();
-  std::vector<at::Tensor> ts{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   record_collective("all_reduce", t.numel() * t.element_size());
@@ -329,7 +351,7 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
     c.reduce = opts.reduceOp;
     rec = record_issued(std::move(c));
   }
-  wait_work(issue_bound("all_reduce", rec, [&] { return pg.allreduce(ts, opts); }), "all_reduce", &mesh, mesh_dim);
+  wait_work(issue_all_reduce(pg, mesh, t, opts, "all_reduce", rec), "all_reduce", &mesh, mesh_dim);
   t = finish_avg(t, op, n);
   return stage ? t.to(local.device()) : t;
 }
@@ -349,7 +371,6 @@ PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t 
   GilReleased no_gil;  // see comm/wait.h
   pending.staged = needs_host_staging(pg, pending.buf);
   if (pending.staged) pending.buf = pending.buf.cpu();
-  std::vector<at::Tensor> ts{pending.buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   record_collective("all_reduce", pending.buf.numel() * pending.buf.element_size());
@@ -357,7 +378,7 @@ PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t 
   if (comm_timing_on())
     rec = record_issued(issued(IssuedCollective::Op::AllReduce, kGradientBucket, mesh, mesh_dim, pending.buf.options(),
                          pending.buf.numel()));
-  pending.work = issue_bound(kGradientBucket, rec, [&] { return pg.allreduce(ts, opts); });
+  pending.work = issue_all_reduce(pg, mesh, pending.buf, opts, kGradientBucket, rec);
   return pending;
 }
 
@@ -585,7 +606,9 @@ struct PairPosts {
   std::vector<c10::intrusive_ptr<c10d::Work>>& works;
   std::vector<at::Tensor>& keep_alive;
   std::vector<IssuedCollective::Message>* replay;
+  shm::Channels* shm = nullptr;  // this group's shared-memory rings (comm/shm_transport.h), when it has them
 };
+
 
 // Posts this rank's side of one pair under `tag`: `out` to `to`, and a receive into `in` from `from`. `out` and `in`
 // are wire tensors (contiguous, host-staged, real views); an undefined one posts nothing that way, unless
@@ -598,15 +621,17 @@ at::Tensor post_pair(PairPosts& p, const at::Tensor& out, int to, const at::Tens
     buf = out.defined() ? out : at::zeros({1}, placeholder_opts);
     p.keep_alive.push_back(buf);
     std::vector<at::Tensor> ts{buf};
-    if (p.replay) p.replay->push_back({true, to, buf.numel(), tag, buf.scalar_type()});
-    p.works.push_back(timed_issue(p.kind, [&] { return p.pg.send(ts, to, tag); }));
+    const bool ring = p.shm && shm::fits(*p.shm, static_cast<int64_t>(buf.nbytes()));
+    if (p.replay) p.replay->push_back({true, to, buf.numel(), tag, buf.scalar_type(), ring});
+    p.works.push_back(timed_issue(p.kind, [&] { return ring ? shm::send(*p.shm, buf, to) : p.pg.send(ts, to, tag); }));
   }
   if (in.defined() || placeholder) {
     auto target = in.defined() ? in : at::empty({1}, placeholder_opts);
     p.keep_alive.push_back(target);
     std::vector<at::Tensor> tr{target};
-    if (p.replay) p.replay->push_back({false, from, target.numel(), tag, target.scalar_type()});
-    p.works.push_back(timed_issue(p.kind, [&] { return p.pg.recv(tr, from, tag); }));
+    const bool ring = p.shm && shm::fits(*p.shm, static_cast<int64_t>(target.nbytes()));
+    if (p.replay) p.replay->push_back({false, from, target.numel(), tag, target.scalar_type(), ring});
+    p.works.push_back(timed_issue(p.kind, [&] { return ring ? shm::recv(*p.shm, target, from) : p.pg.recv(tr, from, tag); }));
   }
   return buf;
 }
@@ -660,7 +685,8 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
   const bool timed = comm_timing_on();
   IssuedCollective replay;
   if (timed) replay.posted_s = steady_seconds();
-  PairPosts posts{pg, kRingPass, ex.works_, ex.keep_alive_, timed ? &replay.messages : nullptr};
+  PairPosts posts{pg, kRingPass, ex.works_, ex.keep_alive_, timed ? &replay.messages : nullptr,
+                  send.empty() ? nullptr : host_channels(pg, mesh, !coalesce && (ex.staged_ || ex.device_.is_cpu()))};
   for (size_t i = 0; i < send.size(); ++i) {
     auto opts = send[i].options().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_);
     ex.recv_.push_back(at::empty(recv_shapes[i], opts));
@@ -763,7 +789,8 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
   const bool timed = comm_timing_on();
   std::vector<IssuedCollective::Message> replay;
   const double posted = timed ? steady_seconds() : 0;
-  PairPosts posts{pg, kind, ex.works_, ex.keep_alive_, timed ? &replay : nullptr};
+  PairPosts posts{pg, kind, ex.works_, ex.keep_alive_, timed ? &replay : nullptr,
+                  host_channels(pg, mesh, !coalesce && wire_opts.device().is_cpu())};
   for (int64_t j = 0; j < n; ++j) {
     if (numel(recv_shapes[j]) == 0) {
       auto same = std::find_if(nothing.begin(), nothing.end(),
@@ -864,7 +891,7 @@ std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, con
       c.reduce = opts.reduceOp;
       rec = record_issued(std::move(c));
     }
-    wait_work(issue_bound("all_reduce (agreement check)", rec, [&] { return pg.allreduce(ts, opts); }),
+    wait_work(issue_all_reduce(pg, mesh, ts[0], opts, "all_reduce (agreement check)", rec),
               "all_reduce (agreement check)", &mesh, m);
     auto c = ts[0].cpu();
     out.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());

@@ -1,4 +1,5 @@
 #include "comm/comm_timing.h"
+#include "comm/shm_transport.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
@@ -60,7 +61,8 @@ std::vector<c10::intrusive_ptr<c10d::Work>> reissue(const IssuedCollective& c) {
       std::vector<at::Tensor> ts{at::zeros({c.numel}, opts)};
       c10d::AllreduceOptions o;
       o.reduceOp = c.reduce;
-      works.push_back(pg.allreduce(ts, o));
+      auto* ring = c.shm ? shm::channels(pg) : nullptr;  // set up already, by the recorded all-reduce
+      works.push_back(ring ? shm::all_reduce_start(*ring, ts[0], o.reduceOp) : pg.allreduce(ts, o));
       break;
     }
     case Op::AllGather: {
@@ -103,7 +105,9 @@ std::vector<c10::intrusive_ptr<c10d::Work>> reissue(const IssuedCollective& c) {
       for (const auto& m : c.messages) {
         const auto o = opts.dtype(m.dtype);
         std::vector<at::Tensor> ts{m.send ? at::zeros({m.numel}, o) : at::empty({m.numel}, o)};
-        works.push_back(m.send ? pg.send(ts, m.peer, m.tag) : pg.recv(ts, m.peer, m.tag));
+        auto* ring = m.shm ? shm::channels(pg) : nullptr;  // set up already, by the recorded exchange
+        works.push_back(ring ? (m.send ? shm::send(*ring, ts[0], m.peer) : shm::recv(*ring, ts[0], m.peer))
+                             : m.send ? pg.send(ts, m.peer, m.tag) : pg.recv(ts, m.peer, m.tag));
       }
       if (c.coalesced) {
         works.clear();
@@ -149,6 +153,11 @@ int64_t record_issued(IssuedCollective c) {
   state().kinds[key].issued += 1;
   state().recording.push_back({std::move(key), std::move(c), {}});
   return static_cast<int64_t>(state().recording.size()) - 1;
+}
+
+void set_issued_on_shm(int64_t index, bool shm) {
+  std::lock_guard<std::mutex> lock(mu());
+  state().recording.at(static_cast<size_t>(index)).collective.shm = shm;
 }
 
 void bind_work(const c10::intrusive_ptr<c10d::Work>& work, int64_t index) {

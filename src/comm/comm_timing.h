@@ -69,6 +69,7 @@ struct IssuedCollective {
     int64_t numel = 0;
     int tag = 0;
     at::ScalarType dtype = at::kFloat;  // on the wire (complex data travels as its real view)
+    bool shm = false;                   // through the group's shared-memory rings (comm/shm_transport.h)
   };
   const char* kind = "";
   Op op = Op::AllReduce;
@@ -80,11 +81,14 @@ struct IssuedCollective {
   std::vector<int64_t> send_splits, recv_splits;  // all_to_all
   std::vector<Message> messages;       // point to point, in issue order
   bool coalesced = false;              // point to point on NCCL: posted between start/endCoalescing
+  bool shm = false;                    // all_reduce through the group's shared-memory rings
   double posted_s = 0;                 // steady_clock seconds when this rank began posting it (0: at the record)
 };
 // Appends `c` to the recording when the accounting is on (callers test comm_timing_on() before building it);
 // returns its index in the recording, for bind_work (-1 when off).
 int64_t record_issued(IssuedCollective c);
+// Marks recorded collective `index` as issued through the group's shared-memory rings (the replay issues it alike).
+void set_issued_on_shm(int64_t index, bool shm);
 // Ties `work` to recorded collective `index`: its waits are kept with it (comm_timing_records).
 void bind_work(const c10::intrusive_ptr<c10d::Work>& work, int64_t index);
 // Called by wait_work when the accounting is on: the wall interval this thread was blocked on `work`.

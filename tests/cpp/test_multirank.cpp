@@ -1,48 +1,19 @@
-// Multi-rank tests of the C++ core over real Gloo process groups: ranks are threads of this process sharing
-// a c10d HashStore (the in-tree c10d tests do the same). Skipped when the build could not include gloo's
-// headers (then the Python suite covers multi-rank behaviour over Python-created groups).
+// Multi-rank tests of the C++ core over real Gloo process groups (ranks are threads: run_ranks.h). Skipped when the
+// build could not include gloo's headers (then the Python suite covers multi-rank behaviour over Python-created
+// groups).
 #include <shardtensor/distributed.h>
 #include <shardtensor/ring.h>
 #include <shardtensor/shard_tensor.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include <atomic>
-#include <functional>
-#include <thread>
+#include "run_ranks.h"
 
 using namespace shardtensor;
+using shardtensor::testing::run_ranks;
 
 namespace {
-
-std::atomic<int> job_id{0};
-
-// Run `body(rank, world)` on `n` threads, each a rank of a fresh Gloo world; rethrows the first failure.
-void run_ranks(int n, const std::function<void(const World&)>& body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto prefix = "job" + std::to_string(job_id++);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        World w;
-        w.store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-        w.rank = r;
-        w.size = n;
-        w.group = make_process_group(w.store, r, n, c10::DeviceType::CPU, std::chrono::seconds(30));
-        body(w);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
 
 at::Tensor global_tensor(std::vector<int64_t> shape) {
   int64_t n = 1;

@@ -70,6 +70,7 @@ QUICK = {
     "test_roll.py": ["test_roll_sharded_dim[3]"],
     "test_sim_agreement.py": ["test_within_and_outside_noise"],
     "test_select_divided.py": ["test_levels_select_stays_divided[2-l_ext1-0]"],
+    "test_shm_transport.py": ["test_conv_step_through_rings[2]", "test_all_reduce_through_rings[3]"],
     "test_simulate.py": ["test_simulated_rank_equals_real_rank"],
     "test_smoke.py": ["test_roundtrip"],
     "test_strided_inputs.py": ["test_halo_ops_strided"],
