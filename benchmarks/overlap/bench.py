@@ -205,14 +205,22 @@ def pct(v):
     return f"{100 * v:.0f} %" if v is not None else "-"
 
 
-def render(rows, command, start, end, steps, rounds):
+def transport_note(shm_bytes):
+    if shm_bytes == 0:
+        return ("Transport: Gloo for every collective (`SHARDTENSOR_SHM_BYTES=0`: the shared-memory rings off).")
+    return (f"Transport: the shared-memory rings of src/comm/shm_transport.h ({shm_bytes // 1024} KiB per ring) for "
+            "the neighbour exchanges and the all-reduces that fit a ring; Gloo for all-gathers, all-to-alls and larger "
+            "messages.")
+
+
+def render(rows, command, start, end, steps, rounds, shm_bytes):
     lines = [
         "# Communication hidden per training step, per kind of collective",
         "",
         f"2 Gloo CPU ranks (1 thread each), {rounds} interleaved rounds of {steps} steps (1024^2: {max(1, steps // 3)}) "
         f"per setting; medians. {load_caveat(start, end)} The host has 2 cores: the two ranks' compute threads fill "
         f"them and Gloo's transport threads (and any other load) compete with them for the CPU, so compare ratios "
-        f"within one run. {datetime.date.today()}; `{command}`.",
+        f"within one run. {datetime.date.today()}; `{command}`. {transport_note(shm_bytes)}",
         "",
         "- **Alone**: the step's collectives (every one the library issued, recorded as issued: group, message sizes, "
         "peers, tags) replayed back to back on fresh buffers without compute, each waited before the next "
@@ -225,20 +233,24 @@ def render(rows, command, start, end, steps, rounds):
         "(`st._C.comm_timing_records()`: posting and wait times on the host's monotonic clock; max over the ranks): "
         "communication that compute did not hide.",
         "- **Hidden** = 1 - transfer exposed / alone (the headline); *hidden (blocked)* = 1 - blocked (min) / alone "
-        "counts imbalance as exposed too.",
+        "counts imbalance as exposed too. **Exposed / step** = transfer exposed / step time: what communication "
+        "costs the step. When the collectives alone take tens of µs (the rings), a single wake-up of a receiver "
+        "that went to sleep exceeds them, so the ratio goes negative while the step loses a fraction of a percent: "
+        "read the last column then.",
         "",
         "Settings: `bucket 1 MiB` = the default gradient buckets; `bucket 0` = each layer's weight gradient summed at "
         "once by a blocking all-reduce (the behaviour before buckets).",
         "",
         "| workload | setting | step (ms) | comm alone (ms) | blocked (ms) | transfer exposed (ms) | hidden | "
-        "hidden (blocked) |",
-        "|---|---|---|---|---|---|---|---|",
+        "hidden (blocked) | exposed / step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        share = f"{100 * r['transfer_ms'] / r['step_ms']:.2f} %" if r["step_ms"] > 0 else "-"
         lines.append(f"| {r['workload']} | {r['setting']} | {r['step_ms']:.1f} ({r['step_spread_ms'][0]:.1f}-"
                      f"{r['step_spread_ms'][1]:.1f}) | {r['alone_ms']:.2f} | {r['exposed_min_ms']:.2f} "
                      f"({r['exposed_max_ms']:.2f}) | {r['transfer_ms']:.2f} | {pct(r['hidden'])} | "
-                     f"{pct(r['hidden_wait_min'])} |")
+                     f"{pct(r['hidden_wait_min'])} | {share} |")
     lines += ["", "Per kind (default setting `bucket 1 MiB`): collectives per step, alone, blocked (min, max over "
               "ranks), transfer exposed, hidden.", "",
               "| workload | kind | per step | alone (ms) | blocked (ms) | transfer exposed (ms) | hidden |",
@@ -260,11 +272,13 @@ def render(rows, command, start, end, steps, rounds):
               "backward: the first layer's weight gradient is the backward's last computation, so at least one "
               "all-reduce is exposed whatever the bucket policy (smaller or per-layer buckets add collectives but "
               "leave the last one's latency exposed).",
-              "- On this host (2 cores, both computing) a transfer progresses only when Gloo's transport threads get a core: a "
-              "wait after long interior compute still finds the transfer unfinished, and the replayed collectives "
-              "(the main thread asleep, its core free) run faster than the same ones during the step. The shares "
-              "here are therefore a floor for this host, not a property of the placement; on a GPU the copies run "
-              "on their own engines and NCCL beside the compute."]
+              "- Over Gloo (`SHARDTENSOR_SHM_BYTES=0`) on this host (2 cores, both computing) a transfer progresses only "
+              "when Gloo's transport threads get a core: a wait after long interior compute still finds the transfer "
+              "unfinished, and the replayed collectives (the main thread asleep, its core free) run faster than the "
+              "same ones during the step. Over the rings a message is in the receiver's ring when its sender's post "
+              "returns, so what a wait exposes is the receiver's own copy and, when it had to sleep, one futex "
+              "wake-up; the blocked time beyond that is imbalance between the ranks. On a GPU the copies run on "
+              "their own engines and NCCL beside the compute."]
     return lines
 
 
@@ -275,6 +289,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3, help="replay passes averaged for the alone time")
     parser.add_argument("--only", default="", help="comma-separated workloads (conv256, conv1024, vit, unet3d)")
     parser.add_argument("--rows", help="re-render the report from rank 0's recorded rows (JSON) instead of measuring")
+    parser.add_argument("--name", default="overlap", help="report name (NAME.md, NAME.json in --out)")
     add_out_argument(parser)
     args = parser.parse_args()
     out = prepare(args.out, measuring=not args.rows)
@@ -284,16 +299,22 @@ def main():
         with open(args.rows) as f:
             payload = json.load(f)
         rows, start, end = payload["rows"], payload["load_start"], payload["load_end"]
+        shm_bytes = payload.get("shm_bytes", 0)
     else:
         start = loadavg()
-        rows = spawn_rank0_rows(run, 2, os.path.join(out, "overlap.scratch.json"), only, args.steps, args.rounds,
+        shm_bytes = st.shm_capacity()  # the ranks inherit SHARDTENSOR_SHM_BYTES
+        rows = spawn_rank0_rows(run, 2, os.path.join(out, f"{args.name}.scratch.json"), only, args.steps, args.rounds,
                                 args.reps)
         end = loadavg()
     command = (f"benchmarks/overlap/bench.py --steps {args.steps} --rounds {args.rounds} --reps {args.reps}"
                + (f" --only {args.only}" if args.only else ""))
-    lines = render(rows, command, start, end, args.steps, args.rounds)
-    write_report(out, "overlap", {"rows": rows, "steps": args.steps, "rounds": args.rounds, "load_start": start,
-                                  "load_end": end, "command": command}, lines)
+    if shm_bytes == 0:
+        command = "SHARDTENSOR_SHM_BYTES=0 " + command
+    if args.name != "overlap":
+        command += f" --name {args.name}"
+    lines = render(rows, command, start, end, args.steps, args.rounds, shm_bytes)
+    write_report(out, args.name, {"rows": rows, "steps": args.steps, "rounds": args.rounds, "load_start": start,
+                                  "load_end": end, "command": command, "shm_bytes": shm_bytes}, lines)
 
 
 if __name__ == "__main__":
