@@ -210,12 +210,23 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
     pending.out = functional::all_to_all_single_start(wire_in, recv_splits, send_splits, mesh, mesh_dim, nullptr);
     return pending;
   }
+  // On one host: paired messages through the rings (the large ones through the process group's send/recv).
+  auto* ring = host_channels(pg, mesh, wire_in.is_cpu());
   int64_t rec = -1;
   if (comm_timing_on()) {
     auto c = issued(IssuedCollective::Op::AllToAll, "all_to_all", mesh, mesh_dim, wire_in.options());
     c.send_splits = send_splits;
     c.recv_splits = recv_splits;
+    c.shm = ring != nullptr;
     rec = record_issued(std::move(c));
+  }
+  if (ring) {
+    pending.pair_works = timed_issue("all_to_all", [&] {
+      return shm::all_to_all_start(*ring, pg, wire_in, wire_out, send_splits, recv_splits, kAllToAllTag);
+    });
+    for (const auto& w : pending.pair_works) bind_work(w, rec);
+    pending.in = wire_in;
+    return pending;
   }
   pending.work = issue_bound("all_to_all", rec, [&] { return pg.alltoall_base(wire_out, wire_in, recv_splits, send_splits); });
   return pending;
@@ -233,6 +244,8 @@ std::vector<at::Tensor> flat_all_to_all(const std::vector<at::Tensor>& send_piec
 std::vector<at::Tensor> finish_all_to_all(PendingAllToAll& pending) {
   if (pending.work) wait_work(pending.work, "all_to_all");
   pending.work.reset();
+  for (auto& w : pending.pair_works) wait_work(w, "all_to_all");
+  pending.pair_works.clear();
   if (pending.functional) {
     pending.out = functional::wait(pending.out);
     if (pending.complex) pending.out = at::view_as_complex(pending.out.view({-1, 2}));

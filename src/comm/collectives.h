@@ -57,6 +57,7 @@ at::Tensor mirror_ranks(const at::Tensor& local, at::IntArrayRef partner_shape, 
 // An all-to-all in flight: wait with finish_all_to_all (buffers stay alive until then).
 struct PendingAllToAll {
   c10::intrusive_ptr<c10d::Work> work;
+  std::vector<c10::intrusive_ptr<c10d::Work>> pair_works;  // as paired messages (comm/shm_transport.h)
   at::Tensor in, out;
   std::vector<int64_t> recv_numels;
   bool staged = false;
@@ -107,6 +108,8 @@ class PeerExchange {
 };
 // The tag of peer exchanges on Gloo (ring passes use small tags of their own).
 constexpr int kPeerExchangeTag = 0x4a10;
+// The tag of an all-to-all's messages too large for the shared-memory rings (comm/shm_transport.h), on Gloo.
+constexpr int kAllToAllTag = 0x4a11;
 PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
                                  const std::vector<std::vector<int64_t>>& recv_shapes, const at::Tensor& like,
                                  const Mesh& mesh, int64_t mesh_dim, const char* kind = "halo");

@@ -1,4 +1,5 @@
 #include "comm/comm_timing.h"
+#include "comm/collectives.h"
 #include "comm/shm_transport.h"
 
 #include <ATen/ATen.h>
@@ -78,7 +79,11 @@ std::vector<c10::intrusive_ptr<c10d::Work>> reissue(const IssuedCollective& c) {
       for (auto v : c.recv_splits) nr += v;
       auto in = at::zeros({ns}, opts), out = at::empty({nr}, opts);
       auto send = c.send_splits, recv = c.recv_splits;
-      works.push_back(pg.alltoall_base(out, in, recv, send));
+      if (auto* ring = c.shm ? shm::channels(pg) : nullptr) {  // set up already, by the recorded all-to-all
+        for (auto& w : shm::all_to_all_start(*ring, pg, in, out, send, recv, kAllToAllTag)) works.push_back(w);
+      } else {
+        works.push_back(pg.alltoall_base(out, in, recv, send));
+      }
       break;
     }
     case Op::Broadcast: {

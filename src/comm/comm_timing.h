@@ -81,7 +81,7 @@ struct IssuedCollective {
   std::vector<int64_t> send_splits, recv_splits;  // all_to_all
   std::vector<Message> messages;       // point to point, in issue order
   bool coalesced = false;              // point to point on NCCL: posted between start/endCoalescing
-  bool shm = false;                    // all_reduce through the group's shared-memory rings
+  bool shm = false;                    // all_reduce, all_to_all: through the group's shared-memory rings
   double posted_s = 0;                 // steady_clock seconds when this rank began posting it (0: at the record)
 };
 // Appends `c` to the recording when the accounting is on (callers test comm_timing_on() before building it);

@@ -639,6 +639,47 @@ c10::intrusive_ptr<c10d::Work> all_reduce_start(Channels& ch, const at::Tensor& 
   return w;
 }
 
+std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& in,
+                                                             const at::Tensor& out,
+                                                             const std::vector<int64_t>& send_splits,
+                                                             const std::vector<int64_t>& recv_splits, int tag) {
+  const int n = ch.size(), me = ch.rank();
+  TORCH_INTERNAL_ASSERT(static_cast<int>(send_splits.size()) == n && static_cast<int>(recv_splits.size()) == n,
+                        "all_to_all_start: one split per coordinate");
+  std::vector<int64_t> send_off(n + 1, 0), recv_off(n + 1, 0);
+  for (int j = 0; j < n; ++j) {
+    send_off[j + 1] = send_off[j] + send_splits[j];
+    recv_off[j + 1] = recv_off[j] + recv_splits[j];
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (send_splits[me] > 0) out.narrow(0, recv_off[me], recv_splits[me]).copy_(in.narrow(0, send_off[me], send_splits[me]));
+  const auto elem = static_cast<int64_t>(in.element_size());
+  // To the coordinates after this one first, from those before it first: each rank's first receive is then the
+  // piece its predecessor posted first (the order does not matter for matching, only for how early data flows).
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    if (send_splits[to] > 0) {
+      auto piece = in.narrow(0, send_off[to], send_splits[to]);
+      if (fits(ch, send_splits[to] * elem)) {
+        works.push_back(ch.send(piece, to));
+      } else {
+        std::vector<at::Tensor> ts{piece};
+        works.push_back(pg.send(ts, to, tag));
+      }
+    }
+    if (recv_splits[from] > 0) {
+      auto piece = out.narrow(0, recv_off[from], recv_splits[from]);
+      if (fits(ch, recv_splits[from] * elem)) {
+        works.push_back(ch.recv(piece, from));
+      } else {
+        std::vector<at::Tensor> ts{piece};
+        works.push_back(pg.recv(ts, from, tag));
+      }
+    }
+  }
+  return works;
+}
+
 ShmStats shm_stats() {
   return ShmStats{g_sent.load(), g_deferred.load(), g_received.load(), g_groups.load(), g_released.load()};
 }

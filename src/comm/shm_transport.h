@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdint>
+#include <vector>
 
 namespace shardtensor::comm::shm {
 
@@ -56,6 +57,15 @@ c10::intrusive_ptr<c10d::Work> recv(Channels& ch, const at::Tensor& t, int peer)
 // `reduces`: whether an all-reduce of `buf` with `op` can go this way (the same answer on every rank of the group).
 bool reduces(const Channels& ch, const at::Tensor& buf, c10d::ReduceOp op);
 c10::intrusive_ptr<c10d::Work> all_reduce_start(Channels& ch, const at::Tensor& buf, c10d::ReduceOp op);
+
+// An all-to-all as paired messages: piece j of `in` (flat, `send_splits[j]` elements, in coordinate order) to
+// coordinate j, piece j of `out` from it; each message through the rings when it fits one, else the process group's
+// send/recv under `tag` (both sides know its size, so both choose alike); this rank's own piece is copied. Empty pieces
+// are skipped on both sides. Returns the works to wait (they keep no buffers: the caller keeps `in` and `out`).
+std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& in,
+                                                             const at::Tensor& out,
+                                                             const std::vector<int64_t>& send_splits,
+                                                             const std::vector<int64_t>& recv_splits, int tag);
 
 // Counters since the process started (tests and benchmarks): messages sent through rings, of those the ones a ring
 // could not take at once (written later by its helper thread), messages received, groups set up with channels, and

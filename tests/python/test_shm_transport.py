@@ -82,6 +82,39 @@ def test_all_reduce_through_rings(world):
         assert set(d.values()) == {world - 1}, d  # this rank's term to each other rank
 
 
+def case_all_to_all_through_rings(cap):
+    """Re-layouts (a flat all-to-all) of several dtypes, uneven; with 64 KiB rings some pieces are larger than a ring
+    and go through the process group's send/recv beside the others."""
+    previous = st.set_shm_capacity(cap)  # read when the group's first exchange sets up its rings
+    try:
+        m = _own_mesh()
+        n = dist.get_world_size()
+        out = {}
+        for dtype, shape in [(torch.float32, (13, 6)), (torch.complex64, (7, 5)), (torch.int16, (9, 4)),
+                             (torch.float32, (600, 300))]:
+            full = (torch.randn(*shape, generator=torch.Generator().manual_seed(5)) * 50).to(dtype)
+            big = shape == (600, 300)  # even: every piece 200 x 100 floats, 80 KB, more than a ring holds
+            x = st.distribute_tensor(full, m, [st.Shard(0)], None if big else {0: uneven_extents(shape[0], n, 3)})
+            before = st._C.shm_stats()
+            y = x.redistribute(m, [st.Shard(1)])
+            after = st._C.shm_stats()
+            assert torch.equal(y.full_tensor(), full), (dtype, shape)
+            out[f"{dtype}-{shape}"] = after["sent"] - before["sent"]
+    finally:
+        st.set_shm_capacity(previous)
+    return out
+
+
+def test_all_to_all_through_rings():
+    results = harness.run(3, case_all_to_all_through_rings, 64 * 1024)
+    for key in results[0]:
+        total = sum(d[key] for d in results)
+        if "(600, 300)" in key:
+            assert total == 0, results  # every piece through the process group's send/recv
+        else:
+            assert total > 0, results  # small pieces through the rings (a rank without rows sends nothing)
+
+
 def case_oversized_between_ring_messages(cap):
     r, n = rank(), dist.get_world_size()
     # Messages of 16 KiB and one of 100 KiB, larger than a 64 KiB ring: that one goes through the process group.
@@ -107,7 +140,9 @@ def case_oversized_between_ring_messages(cap):
 def test_oversized_message_between_ring_messages():
     for d in harness.run(2, case_oversized_between_ring_messages, 64 * 1024):
         assert d["groups"] == 1, d
-        assert d["sent"] == 7 and d["received"] == 7, d  # 8 messages, the 100 KiB one not in a ring
+        # 8 messages each way, the 100 KiB one not in a ring. (Sends the ring could not take at once are written by
+        # its helper, maybe after this rank's pass returned: `sent` may still lag; `received` may not.)
+        assert d["received"] == 7 and d["sent"] <= 7 <= d["sent"] + d["deferred"], d
 
 
 def case_off_on_one_rank():
