@@ -145,8 +145,11 @@ def render(rows, meta) -> str:
              f"{meta['torch']}, commit {meta['commit']}, {meta['date']}, {meta['cpu_count']} CPUs; 1-minute load "
              f"average {meta['load_avg_start'][0] if meta['load_avg_start'] else '?'} at start, "
              f"{meta['load_avg_end'][0] if meta['load_avg_end'] else '?'} at end (per case below); glibc heap: "
-             f"{meta.get('malloc', 'default')} (see --malloc); {meta.get('calls', 1)} consecutive call(s) per sample (--calls). "
-             f"Command: `{meta['command']}`.", "",
+             f"{meta.get('malloc', 'default')} (see --malloc); {meta.get('calls', 1)} consecutive call(s) per sample (--calls); "
+             + (f"this library's exchanges through the shared-memory rings ({meta['shm_bytes'] // 1024} KiB, "
+                "src/comm/shm_transport), PhysicsNeMo's through Gloo. " if meta.get("shm_bytes")
+                else "every exchange through Gloo (SHARDTENSOR_SHM_BYTES=0). " if "shm_bytes" in meta else "")
+             + f"Command: `{meta['command']}`.", "",
              "Ratios: the median over samples of (variant / local-only) in the same sample, in brackets their range; "
              "local-only = the same layers on the rank's own rows, no communication. Times: medians in ms.", ""]
     head = "| input | load | fwd: this library | " + ("fwd: PhysicsNeMo | " if has_pn else "") + \
@@ -206,6 +209,7 @@ def main():
                 "samples": args.samples, "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "cpu_count": os.cpu_count(), "load_avg_start": load_start, "load_avg_end": loadavg(),
+                "shm_bytes": st.shm_capacity(),
                 "malloc": args.malloc, "calls": args.calls}
         data = {"meta": meta, "rows": rows}
         with open(json_path, "w") as f:

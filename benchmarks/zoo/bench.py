@@ -213,7 +213,9 @@ def write(out, rows, command, commit, layout, dtype, minutes, world, mesh, quiet
     md = [f"# Model zoo: unmodified models, input sharded, against one process\n",
           f"Command: `{command}`\n",
           f"Commit {commit}, {platform.machine()}, torch {__import__('torch').__version__}, {layout}, "
-          f"{dtype}, uneven extents (multiples of a model's patch size where it has one), Gloo on CPU; "
+          f"{dtype}, uneven extents (multiples of a model's patch size where it has one), Gloo process groups on CPU "
+          f"(neighbour exchanges, small all-reduces and all-to-alls through the shared-memory rings of "
+          f"src/comm/shm_transport); "
           f"{len(rows)} models in {minutes:.1f} min.\n",
           f"**{summary(rows)}.**\n",
           "Each model: seeded random init, one training step (forward, a fixed random weighting of every output as "
