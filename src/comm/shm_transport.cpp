@@ -171,11 +171,16 @@ class Channels {
   }
 
   int64_t cap() const { return cap_; }
-  // Unmaps the rings unless a helper thread was started (then they stay, and so does this object); true if unmapped.
+  // Unmaps the rings unless a helper thread was started or a receive is still posted (then they stay, and so does this
+  // object: the thread or the receive's work may still use them); true if unmapped.
   bool release() {
     for (auto& o : out_) {
       std::lock_guard<std::mutex> lock(o->mu);
       if (o->helper) return false;
+    }
+    for (auto& i : in_) {
+      std::lock_guard<std::mutex> lock(i->mu);
+      if (!i->posted.empty()) return false;
     }
     munmap(base_, size_);
     base_ = nullptr;
@@ -509,7 +514,7 @@ int64_t shm_get_capacity() {
 namespace {
 
 // Unmaps the rings of groups that no longer exist (tests and programs that make many groups would otherwise keep every
-// segment's reserved pages until they exit). Channels with a helper thread stay: the thread may still use them.
+// segment's reserved pages until they exit); see Channels::release for the ones that stay.
 void release_dead_groups(Registry& reg) {
   std::lock_guard<std::mutex> lock(reg.mu);
   for (auto it = reg.groups.begin(); it != reg.groups.end();) {
