@@ -110,16 +110,24 @@ at::Tensor reduce_terms(const at::Tensor& terms, ReduceOp op) {
   return terms.sum(0);
 }
 
-// A record of a collective about to be issued, for the replay of comm/comm_timing.h (built only while it is on).
-IssuedCollective issued(IssuedCollective::Op op, const char* kind, const Mesh& mesh, int64_t mesh_dim,
-                        const at::TensorOptions& options, int64_t numel = 0) {
+// Records a collective about to be issued, for the replay of comm/comm_timing.h, when the accounting is on; `fill`
+// sets the fields particular to its op. Returns its record index (-1: off), for issue_bound.
+template <class Fill>
+int64_t record_if_timed(IssuedCollective::Op op, const char* kind, const Mesh& mesh, int64_t mesh_dim,
+                        const at::TensorOptions& options, int64_t numel, Fill&& fill) {
+  if (!comm_timing_on()) return -1;
   IssuedCollective c;
   c.op = op;
   c.kind = kind;
   c.group = mesh.group(mesh_dim);
   c.options = options;
   c.numel = numel;
-  return c;
+  fill(c);
+  return record_issued(std::move(c));
+}
+int64_t record_if_timed(IssuedCollective::Op op, const char* kind, const Mesh& mesh, int64_t mesh_dim,
+                        const at::TensorOptions& options, int64_t numel = 0) {
+  return record_if_timed(op, kind, mesh, mesh_dim, options, numel, [](IssuedCollective&) {});
 }
 
 // Issues a collective through `issue` (a transport call returning its work), timed as exposed, and ties the work to
@@ -212,14 +220,12 @@ PendingAllToAll start_flat_all_to_all(const std::vector<at::Tensor>& send_pieces
   }
   // On one host: paired messages through the rings (the large ones through the process group's send/recv).
   auto* ring = host_channels(pg, mesh, wire_in.is_cpu());
-  int64_t rec = -1;
-  if (comm_timing_on()) {
-    auto c = issued(IssuedCollective::Op::AllToAll, "all_to_all", mesh, mesh_dim, wire_in.options());
-    c.send_splits = send_splits;
-    c.recv_splits = recv_splits;
-    c.shm = ring != nullptr;
-    rec = record_issued(std::move(c));
-  }
+  const auto rec = record_if_timed(IssuedCollective::Op::AllToAll, "all_to_all", mesh, mesh_dim, wire_in.options(), 0,
+                                   [&](IssuedCollective& c) {
+                                     c.send_splits = send_splits;
+                                     c.recv_splits = recv_splits;
+                                     c.shm = ring != nullptr;
+                                   });
   if (ring) {
     pending.pair_works = timed_issue("all_to_all", [&] {
       return shm::all_to_all_start(*ring, pg, wire_in, wire_out, send_splits, recv_splits, kAllToAllTag);
@@ -320,9 +326,8 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
   std::vector<std::vector<at::Tensor>> out_lists{outputs};
   std::vector<at::Tensor> in_list{input};
   record_collective("all_gather", input.numel() * input.element_size() * n);
-  int64_t rec = -1;
-  if (comm_timing_on())
-    rec = record_issued(issued(IssuedCollective::Op::AllGather, "all_gather", mesh, mesh_dim, input.options(), input.numel()));
+  const auto rec =
+      record_if_timed(IssuedCollective::Op::AllGather, "all_gather", mesh, mesh_dim, input.options(), input.numel());
   wait_work(issue_bound("all_gather", rec, [&] { return pg.allgather(out_lists, in_list); }), "all_gather", &mesh, mesh_dim);
   std::vector<at::Tensor> pieces;
   for (int64_t i = 0; i < n; ++i) {
@@ -358,12 +363,8 @@ at::Tensor all_reduce(const at::Tensor& local, ReduceOp op, const Mesh& mesh, in
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   record_collective("all_reduce", t.numel() * t.element_size());
-  int64_t rec = -1;
-  if (comm_timing_on()) {
-    auto c = issued(IssuedCollective::Op::AllReduce, "all_reduce", mesh, mesh_dim, t.options(), t.numel());
-    c.reduce = opts.reduceOp;
-    rec = record_issued(std::move(c));
-  }
+  const auto rec = record_if_timed(IssuedCollective::Op::AllReduce, "all_reduce", mesh, mesh_dim, t.options(),
+                                   t.numel(), [&](IssuedCollective& c) { c.reduce = opts.reduceOp; });
   wait_work(issue_all_reduce(pg, mesh, t, opts, "all_reduce", rec), "all_reduce", &mesh, mesh_dim);
   t = finish_avg(t, op, n);
   return stage ? t.to(local.device()) : t;
@@ -387,10 +388,8 @@ PendingAllReduce all_reduce_sum_start(at::Tensor buf, const Mesh& mesh, int64_t 
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   record_collective("all_reduce", pending.buf.numel() * pending.buf.element_size());
-  int64_t rec = -1;
-  if (comm_timing_on())
-    rec = record_issued(issued(IssuedCollective::Op::AllReduce, kGradientBucket, mesh, mesh_dim, pending.buf.options(),
-                         pending.buf.numel()));
+  const auto rec = record_if_timed(IssuedCollective::Op::AllReduce, kGradientBucket, mesh, mesh_dim,
+                                   pending.buf.options(), pending.buf.numel());
   pending.work = issue_all_reduce(pg, mesh, pending.buf, opts, kGradientBucket, rec);
   return pending;
 }
@@ -499,12 +498,8 @@ at::Tensor broadcast(const at::Tensor& tensor, int64_t root, const Mesh& mesh, i
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   record_collective("broadcast", t.numel() * t.element_size());
-  int64_t rec = -1;
-  if (comm_timing_on()) {
-    auto c = issued(IssuedCollective::Op::Broadcast, "broadcast", mesh, mesh_dim, t.options(), t.numel());
-    c.root = root;
-    rec = record_issued(std::move(c));
-  }
+  const auto rec = record_if_timed(IssuedCollective::Op::Broadcast, "broadcast", mesh, mesh_dim, t.options(), t.numel(),
+                                   [&](IssuedCollective& c) { c.root = root; });
   wait_work(issue_bound("broadcast", rec, [&] { return pg.broadcast(ts, opts); }), "broadcast", &mesh, mesh_dim);
   return stage ? t.to(tensor.device()) : t;
 }
@@ -581,12 +576,8 @@ at::Tensor scatter_v(const at::Tensor& full, int64_t root, int64_t dim, const st
   c10d::ScatterOptions so;
   so.rootRank = root;
   record_collective("scatter", me == root ? out.numel() * out.element_size() * n : 0);
-  int64_t rec = -1;
-  if (comm_timing_on()) {
-    auto c = issued(IssuedCollective::Op::Scatter, "scatter", mesh, mesh_dim, out.options(), out.numel());
-    c.root = root;
-    rec = record_issued(std::move(c));
-  }
+  const auto rec = record_if_timed(IssuedCollective::Op::Scatter, "scatter", mesh, mesh_dim, out.options(), out.numel(),
+                                   [&](IssuedCollective& c) { c.root = root; });
   wait_work(issue_bound("scatter", rec, [&] { return pg.scatter(outputs, inputs, so); }), "scatter", &mesh, mesh_dim);
   auto mine = out.narrow(dim, 0, extents[me]).clone();
   return stage ? mine.to(opts.device()) : mine;
@@ -718,12 +709,13 @@ RingExchange ring_pass_start(const std::vector<at::Tensor>& send, const std::vec
     if (w) ex.works_.push_back(w);
   }
   if (timed) {
-    auto c = issued(IssuedCollective::Op::PointToPoint, kRingPass, mesh, mesh_dim,
-                    at::TensorOptions().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_));
-    c.messages = std::move(replay.messages);
-    c.coalesced = coalesce;
-    c.posted_s = replay.posted_s;
-    const auto rec = record_issued(std::move(c));
+    const auto rec = record_if_timed(IssuedCollective::Op::PointToPoint, kRingPass, mesh, mesh_dim,
+                                     at::TensorOptions().device(ex.staged_ ? c10::Device(c10::kCPU) : ex.device_), 0,
+                                     [&](IssuedCollective& c) {
+                                       c.messages = std::move(replay.messages);
+                                       c.coalesced = coalesce;
+                                       c.posted_s = replay.posted_s;
+                                     });
     for (const auto& w : ex.works_) bind_work(w, rec);
   }
   record_collective("ring_pass", bytes, messages);
@@ -833,11 +825,12 @@ PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
     if (w) ex.works_.push_back(w);
   }
   if (timed) {
-    auto c = issued(IssuedCollective::Op::PointToPoint, kind, mesh, mesh_dim, placeholder_opts);
-    c.messages = std::move(replay);
-    c.coalesced = coalesce;
-    c.posted_s = posted;
-    const auto rec = record_issued(std::move(c));
+    const auto rec = record_if_timed(IssuedCollective::Op::PointToPoint, kind, mesh, mesh_dim, placeholder_opts, 0,
+                                     [&](IssuedCollective& c) {
+                                       c.messages = std::move(replay);
+                                       c.coalesced = coalesce;
+                                       c.posted_s = posted;
+                                     });
     for (const auto& w : ex.works_) bind_work(w, rec);
   }
   record_collective(kind, bytes, messages);
@@ -897,13 +890,8 @@ std::vector<int64_t> all_reduce_min_ints(const std::vector<int64_t>& values, con
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::MIN;
     record_collective("all_reduce", ts[0].numel() * ts[0].element_size());
-    int64_t rec = -1;
-    if (comm_timing_on()) {
-      auto c = issued(IssuedCollective::Op::AllReduce, "all_reduce (agreement check)", mesh, m, ts[0].options(),
-                      ts[0].numel());
-      c.reduce = opts.reduceOp;
-      rec = record_issued(std::move(c));
-    }
+    const auto rec = record_if_timed(IssuedCollective::Op::AllReduce, "all_reduce (agreement check)", mesh, m,
+                                     ts[0].options(), ts[0].numel(), [&](IssuedCollective& c) { c.reduce = opts.reduceOp; });
     wait_work(issue_all_reduce(pg, mesh, ts[0], opts, "all_reduce (agreement check)", rec),
               "all_reduce (agreement check)", &mesh, m);
     auto c = ts[0].cpu();
@@ -931,10 +919,8 @@ std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& va
   std::vector<std::vector<at::Tensor>> out_lists{outs};
   std::vector<at::Tensor> in_list{in};
   record_collective("all_gather", in.numel() * in.element_size() * n);
-  int64_t rec = -1;
-  if (comm_timing_on())
-    rec = record_issued(issued(IssuedCollective::Op::AllGather, "all_gather (metadata)", mesh, mesh_dim, in.options(),
-                         in.numel()));
+  const auto rec = record_if_timed(IssuedCollective::Op::AllGather, "all_gather (metadata)", mesh, mesh_dim,
+                                   in.options(), in.numel());
   wait_work(issue_bound("all_gather (metadata)", rec, [&] { return pg.allgather(out_lists, in_list); }),
             "all_gather (metadata)", &mesh, mesh_dim);
   std::vector<std::vector<int64_t>> result;
