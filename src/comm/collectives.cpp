@@ -311,9 +311,36 @@ at::Tensor all_gather_v(const at::Tensor& local, int64_t dim, const std::vector<
     max_extent = std::max(max_extent, e);
     even = even && e == extents[0];
   }
-  // Gloo's allgather needs equal sizes: pad along `dim` to the largest extent, trim after.
   auto padded_shape = local.sizes().vec();
   padded_shape[dim] = max_extent;
+  int64_t padded_numel = 1;
+  for (auto v : padded_shape) padded_numel *= v;
+  // On one host: paired messages of the exact pieces through the rings (comm/shm_transport.h); no padding.
+  if (auto* ring = host_channels(pg, mesh, local.is_cpu())) {
+    const auto me = mesh.coordinate(mesh_dim);
+    auto exact = local.contiguous();
+    std::vector<at::Tensor> pieces;
+    std::vector<int64_t> numels;
+    for (int64_t j = 0; j < n; ++j) {
+      auto shape = local.sizes().vec();
+      shape[dim] = extents[j];
+      pieces.push_back(j == me ? exact : at::empty(shape, exact.options()));
+      numels.push_back(pieces.back().numel());
+    }
+    // Counted as the padded all-gather would be: the bytes a rank's collectives carry do not depend on the transport
+    // (a simulation, whose group has no rings, counts the same).
+    record_collective("all_gather", padded_numel * exact.element_size() * n);
+    const auto rec = record_if_timed(IssuedCollective::Op::AllGather, "all_gather", mesh, mesh_dim, exact.options(),
+                                     exact.numel(), [&](IssuedCollective& c) {
+                                       c.recv_splits = numels;
+                                       c.shm = true;
+                                     });
+    const auto works = timed_issue("all_gather", [&] { return shm::all_gather_start(*ring, pg, exact, pieces, kAllToAllTag); });
+    for (const auto& w : works) bind_work(w, rec);
+    for (const auto& w : works) wait_work(w, "all_gather", &mesh, mesh_dim);
+    return at::cat(pieces, dim);
+  }
+  // Gloo's allgather needs equal sizes: pad along `dim` to the largest extent, trim after.
   at::Tensor input = local.contiguous();
   if (!even && local.size(dim) != max_extent) {
     input = at::zeros(padded_shape, local.options());

@@ -108,7 +108,8 @@ class PeerExchange {
 };
 // The tag of peer exchanges on Gloo (ring passes use small tags of their own).
 constexpr int kPeerExchangeTag = 0x4a10;
-// The tag of an all-to-all's messages too large for the shared-memory rings (comm/shm_transport.h), on Gloo.
+// The tag of an all-to-all's or all-gather's messages too large for the shared-memory rings (comm/shm_transport.h),
+// on Gloo.
 constexpr int kAllToAllTag = 0x4a11;
 PeerExchange peer_exchange_start(const std::vector<at::Tensor>& send,
                                  const std::vector<std::vector<int64_t>>& recv_shapes, const at::Tensor& like,

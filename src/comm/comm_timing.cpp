@@ -67,6 +67,12 @@ std::vector<c10::intrusive_ptr<c10d::Work>> reissue(const IssuedCollective& c) {
       break;
     }
     case Op::AllGather: {
+      if (auto* ring = c.shm ? shm::channels(pg) : nullptr) {  // exact pieces, paired (set up already)
+        std::vector<at::Tensor> outs;
+        for (auto k : c.recv_splits) outs.push_back(at::empty({k}, opts));
+        for (auto& w : shm::all_gather_start(*ring, pg, at::zeros({c.numel}, opts), outs, kAllToAllTag)) works.push_back(w);
+        break;
+      }
       std::vector<at::Tensor> in{at::zeros({c.numel}, opts)};
       std::vector<std::vector<at::Tensor>> out(1);
       for (int i = 0; i < pg.getSize(); ++i) out[0].push_back(at::empty({c.numel}, opts));

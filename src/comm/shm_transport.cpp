@@ -644,6 +644,16 @@ c10::intrusive_ptr<c10d::Work> all_reduce_start(Channels& ch, const at::Tensor& 
   return w;
 }
 
+namespace {
+// One message of a paired collective: through the ring when it fits, else the process group's send/recv.
+c10::intrusive_ptr<c10d::Work> post_message(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& t, int peer, bool send,
+                                            int tag) {
+  if (fits(ch, static_cast<int64_t>(t.nbytes()))) return send ? ch.send(t, peer) : ch.recv(t, peer);
+  std::vector<at::Tensor> ts{t};
+  return send ? pg.send(ts, peer, tag) : pg.recv(ts, peer, tag);
+}
+} // namespace
+
 std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& in,
                                                              const at::Tensor& out,
                                                              const std::vector<int64_t>& send_splits,
@@ -658,29 +668,28 @@ std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d:
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   if (send_splits[me] > 0) out.narrow(0, recv_off[me], recv_splits[me]).copy_(in.narrow(0, send_off[me], send_splits[me]));
-  const auto elem = static_cast<int64_t>(in.element_size());
   // To the coordinates after this one first, from those before it first: each rank's first receive is then the
   // piece its predecessor posted first (the order does not matter for matching, only for how early data flows).
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n, from = (me - k + n) % n;
-    if (send_splits[to] > 0) {
-      auto piece = in.narrow(0, send_off[to], send_splits[to]);
-      if (fits(ch, send_splits[to] * elem)) {
-        works.push_back(ch.send(piece, to));
-      } else {
-        std::vector<at::Tensor> ts{piece};
-        works.push_back(pg.send(ts, to, tag));
-      }
-    }
-    if (recv_splits[from] > 0) {
-      auto piece = out.narrow(0, recv_off[from], recv_splits[from]);
-      if (fits(ch, recv_splits[from] * elem)) {
-        works.push_back(ch.recv(piece, from));
-      } else {
-        std::vector<at::Tensor> ts{piece};
-        works.push_back(pg.recv(ts, from, tag));
-      }
-    }
+    if (send_splits[to] > 0)
+      works.push_back(post_message(ch, pg, in.narrow(0, send_off[to], send_splits[to]), to, /*send=*/true, tag));
+    if (recv_splits[from] > 0)
+      works.push_back(post_message(ch, pg, out.narrow(0, recv_off[from], recv_splits[from]), from, /*send=*/false, tag));
+  }
+  return works;
+}
+
+
+std::vector<c10::intrusive_ptr<c10d::Work>> all_gather_start(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& in,
+                                                             const std::vector<at::Tensor>& outs, int tag) {
+  const int n = ch.size(), me = ch.rank();
+  TORCH_INTERNAL_ASSERT(static_cast<int>(outs.size()) == n, "all_gather_start: one output per coordinate");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    if (in.numel() > 0) works.push_back(post_message(ch, pg, in, to, /*send=*/true, tag));
+    if (outs[from].numel() > 0) works.push_back(post_message(ch, pg, outs[from], from, /*send=*/false, tag));
   }
   return works;
 }

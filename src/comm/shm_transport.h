@@ -67,6 +67,12 @@ std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d:
                                                              const std::vector<int64_t>& send_splits,
                                                              const std::vector<int64_t>& recv_splits, int tag);
 
+// An all-gather as paired messages: `in` to every other coordinate, `outs[j]` (contiguous, its size known to both
+// sides) from coordinate j; each message through the rings when it fits one, else the process group's send/recv under
+// `tag`. `outs[me]` is not touched; empty pieces are skipped on both sides. Returns the works to wait.
+std::vector<c10::intrusive_ptr<c10d::Work>> all_gather_start(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& in,
+                                                             const std::vector<at::Tensor>& outs, int tag);
+
 // Counters since the process started (tests and benchmarks): messages sent through rings, of those the ones a ring
 // could not take at once (written later by its helper thread), messages received, groups set up with channels, and
 // of those the ones released.

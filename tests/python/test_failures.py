@@ -30,7 +30,10 @@ def case_peer_skips_collective(kind):
         return None                       # as if rank 0 had raised before reaching the collective
     try:
         if kind == "op":
-            x[4]                          # select along the sharded dim: an all-gather rank 0 never joins
+            # Select along the sharded dim: an all-gather rank 0 never joins. Row 1 is rank 0's, so the others wait
+            # for it (over the shared-memory rings a rank waits only for the pieces it receives: selecting a row of
+            # its own, it would send its piece and go on).
+            x[1]
         elif kind == "item":
             x.sum().item()                # .item() on some ranks only: the sum's all-reduce rank 0 never joins
         else:

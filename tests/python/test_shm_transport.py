@@ -105,6 +105,38 @@ def case_all_to_all_through_rings(cap):
     return out
 
 
+def case_all_gather_through_rings(cap):
+    """full_tensor (an all-gather of exact, uneven pieces, no padding over the rings) of several dtypes; with 64 KiB
+    rings the large one's pieces go through the process group's send/recv."""
+    previous = st.set_shm_capacity(cap)
+    try:
+        m = _own_mesh()
+        n = dist.get_world_size()
+        out = {}
+        for dtype, shape in [(torch.float32, (11, 3)), (torch.complex128, (5, 2)), (torch.int16, (8, 5)),
+                             (torch.float64, (90, 100))]:
+            full = (torch.randn(*shape, generator=torch.Generator().manual_seed(6)) * 50).to(dtype)
+            big = shape == (90, 100)  # even split; widened so that every piece (96 KB) is larger than a ring
+            if big:
+                full = full.repeat(1, 4)  # 30 x 400 float64: 96 KB per piece
+            x = st.distribute_tensor(full, m, [st.Shard(0)], None if big else {0: uneven_extents(full.shape[0], n, 4)})
+            before = st._C.shm_stats()
+            y = x.full_tensor()
+            after = st._C.shm_stats()
+            assert torch.equal(y, full), (dtype, shape)
+            out[str(dtype)] = after["sent"] - before["sent"]
+    finally:
+        st.set_shm_capacity(previous)
+    return out
+
+
+def test_all_gather_through_rings():
+    results = harness.run(3, case_all_gather_through_rings, 64 * 1024)
+    for key in results[0]:
+        total = sum(d[key] for d in results)
+        assert total == 0 if key == "torch.float64" else total > 0, (key, results)
+
+
 def test_all_to_all_through_rings():
     results = harness.run(3, case_all_to_all_through_rings, 64 * 1024)
     for key in results[0]:
