@@ -16,8 +16,8 @@ enum class CommBackend { process_group, functional };
 CommBackend set_comm_backend(CommBackend backend);
 CommBackend comm_backend();
 
-// Neighbour exchanges (halos, ring passes) of CPU tensors between ranks of one host travel through shared-memory
-// rings instead of the process group's send/recv (docs/halo-exchange.md, "Transport"): `bytes` per ring, one ring
+// Neighbour exchanges (halos, ring passes), all-reduces, all-to-alls and all-gathers of CPU tensors between ranks of
+// one host travel through shared-memory rings instead of the process group's collectives (docs/halo-exchange.md, "Transport"): `bytes` per ring, one ring
 // per ordered pair of ranks, for process groups whose first exchange comes after the call; 0 turns it off for them.
 // Default 1 MiB, or `SHARDTENSOR_SHM_BYTES` at start-up. Messages larger than a ring use the process group. Ranks
 // may differ (a group uses the smallest value, off if any rank has it off). Returns the previous value.

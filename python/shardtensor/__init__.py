@@ -432,8 +432,8 @@ class use_comm_backend(_SettingBlock):
 
 
 def set_shm_capacity(nbytes: int) -> int:
-    """Bytes of each shared-memory ring (one per ordered pair of ranks) that neighbour exchanges, ring passes and small
-    all-reduces of CPU tensors use between ranks of one host, for process groups whose first exchange comes later
+    """Bytes of each shared-memory ring (one per ordered pair of ranks) that neighbour exchanges, ring passes,
+    all-reduces, all-to-alls and all-gathers of CPU tensors use between ranks of one host, for process groups whose first exchange comes later
     (docs/halo-exchange.md, "Transport"); ``0`` keeps such groups on the process group's send/recv. Default 1 MiB, or
     ``SHARDTENSOR_SHM_BYTES`` at start-up. A group takes the smallest value of its ranks (off if any rank has it
     off). Returns the previous value."""
