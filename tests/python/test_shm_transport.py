@@ -82,69 +82,61 @@ def test_all_reduce_through_rings(world):
         assert set(d.values()) == {world - 1}, d  # this rank's term to each other rank
 
 
-def case_all_to_all_through_rings(cap):
-    """Re-layouts (a flat all-to-all) of several dtypes, uneven; with 64 KiB rings some pieces are larger than a ring
-    and go through the process group's send/recv beside the others."""
+def _sent_through_rings(cap, seed, cases, collective):
+    """For each (dtype, shape, sharding_shapes) of `cases`, a seeded tensor of that dtype distributed on a group of its
+    own with rings of `cap` bytes; `collective(x, mesh)` must give back the full tensor. Returns, per case, the
+    messages this rank sent through rings during the collective."""
     previous = st.set_shm_capacity(cap)  # read when the group's first exchange sets up its rings
     try:
         m = _own_mesh()
-        n = dist.get_world_size()
         out = {}
-        for dtype, shape in [(torch.float32, (13, 6)), (torch.complex64, (7, 5)), (torch.int16, (9, 4)),
-                             (torch.float32, (600, 300))]:
-            full = (torch.randn(*shape, generator=torch.Generator().manual_seed(5)) * 50).to(dtype)
-            big = shape == (600, 300)  # even: every piece 200 x 100 floats, 80 KB, more than a ring holds
-            x = st.distribute_tensor(full, m, [st.Shard(0)], None if big else {0: uneven_extents(shape[0], n, 3)})
+        for dtype, shape, extents in cases:
+            full = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 50).to(dtype)
+            x = st.distribute_tensor(full, m, [st.Shard(0)], extents)
             before = st._C.shm_stats()
-            y = x.redistribute(m, [st.Shard(1)])
+            y = collective(x, m)
             after = st._C.shm_stats()
-            assert torch.equal(y.full_tensor(), full), (dtype, shape)
-            out[f"{dtype}-{shape}"] = after["sent"] - before["sent"]
+            assert torch.equal(y, full), (dtype, shape)
+            out[f"{dtype}-{tuple(shape)}"] = after["sent"] - before["sent"]
     finally:
         st.set_shm_capacity(previous)
     return out
+
+
+def case_all_to_all_through_rings(cap):
+    """Re-layouts (a flat all-to-all) of several dtypes, uneven; with 64 KiB rings the large one's pieces (200 x 100
+    floats, 80 KB, an even split) are larger than a ring and go through the process group's send/recv."""
+    n = dist.get_world_size()
+    cases = [(dtype, shape, {0: uneven_extents(shape[0], n, 3)})
+             for dtype, shape in [(torch.float32, (13, 6)), (torch.complex64, (7, 5)), (torch.int16, (9, 4))]]
+    cases.append((torch.float32, (600, 300), None))
+    return _sent_through_rings(cap, 5, cases, lambda x, m: x.redistribute(m, [st.Shard(1)]).full_tensor())
 
 
 def case_all_gather_through_rings(cap):
     """full_tensor (an all-gather of exact, uneven pieces, no padding over the rings) of several dtypes; with 64 KiB
-    rings the large one's pieces go through the process group's send/recv."""
-    previous = st.set_shm_capacity(cap)
-    try:
-        m = _own_mesh()
-        n = dist.get_world_size()
-        out = {}
-        for dtype, shape in [(torch.float32, (11, 3)), (torch.complex128, (5, 2)), (torch.int16, (8, 5)),
-                             (torch.float64, (90, 100))]:
-            full = (torch.randn(*shape, generator=torch.Generator().manual_seed(6)) * 50).to(dtype)
-            big = shape == (90, 100)  # even split; widened so that every piece (96 KB) is larger than a ring
-            if big:
-                full = full.repeat(1, 4)  # 30 x 400 float64: 96 KB per piece
-            x = st.distribute_tensor(full, m, [st.Shard(0)], None if big else {0: uneven_extents(full.shape[0], n, 4)})
-            before = st._C.shm_stats()
-            y = x.full_tensor()
-            after = st._C.shm_stats()
-            assert torch.equal(y, full), (dtype, shape)
-            out[str(dtype)] = after["sent"] - before["sent"]
-    finally:
-        st.set_shm_capacity(previous)
-    return out
+    rings the large one's pieces (30 x 400 float64, 96 KB, an even split) go through the process group's send/recv."""
+    n = dist.get_world_size()
+    cases = [(dtype, shape, {0: uneven_extents(shape[0], n, 4)})
+             for dtype, shape in [(torch.float32, (11, 3)), (torch.complex128, (5, 2)), (torch.int16, (8, 5))]]
+    cases.append((torch.float64, (90, 400), None))
+    return _sent_through_rings(cap, 6, cases, lambda x, m: x.full_tensor())
+
+
+def _check_ring_messages(results, too_large):
+    """Summed over ranks, the `too_large` case sent nothing through rings (every piece went through the process
+    group's send/recv) and every other case sent something (a rank without rows sends nothing, hence the sum)."""
+    for key in results[0]:
+        total = sum(d[key] for d in results)
+        assert total == 0 if key == too_large else total > 0, (key, results)
 
 
 def test_all_gather_through_rings():
-    results = harness.run(3, case_all_gather_through_rings, 64 * 1024)
-    for key in results[0]:
-        total = sum(d[key] for d in results)
-        assert total == 0 if key == "torch.float64" else total > 0, (key, results)
+    _check_ring_messages(harness.run(3, case_all_gather_through_rings, 64 * 1024), "torch.float64-(90, 400)")
 
 
 def test_all_to_all_through_rings():
-    results = harness.run(3, case_all_to_all_through_rings, 64 * 1024)
-    for key in results[0]:
-        total = sum(d[key] for d in results)
-        if "(600, 300)" in key:
-            assert total == 0, results  # every piece through the process group's send/recv
-        else:
-            assert total > 0, results  # small pieces through the rings (a rank without rows sends nothing)
+    _check_ring_messages(harness.run(3, case_all_to_all_through_rings, 64 * 1024), "torch.float32-(600, 300)")
 
 
 def case_oversized_between_ring_messages(cap):
