@@ -50,6 +50,22 @@ def reduce_over_ranks(value: float, op=None) -> float:
     return t.item()
 
 
+def init_cpu_rank(rank: int, world: int, port: int, retain_heap: bool = False):
+    """A spawned benchmark rank's start: the Gloo default group on 127.0.0.1:``port``, one intra-op thread (the ranks
+    share the host's cores), freed memory kept mapped when ``retain_heap`` (``retain_freed_memory``); returns the 1-D
+    CPU mesh over every rank, its dim named "domain"."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if retain_heap:
+        retain_freed_memory()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    return init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+
+
 def spawn_rank0_rows(run, world: int, scratch: str, *args):
     """Spawn ``world`` Gloo ranks running ``run(rank, world, port, scratch, *args)`` on a free port; ``run`` writes rank
     0's rows as JSON to ``scratch``, which is read, removed and returned."""

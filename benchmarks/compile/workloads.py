@@ -87,6 +87,22 @@ def make_input(shape, extents, mesh) -> torch.Tensor:
     return st.distribute_tensor(full, mesh, [st.Shard(2)], {0: extents})
 
 
+def training_step(spec, mesh):
+    """A spec's model (synced over ``mesh``) and its training step on the spec's sharded input: ``(model, step)``,
+    ``step()`` = zero the gradients, forward, loss, backward (benchmarks/grad_buckets and benchmarks/overlap)."""
+    _, factory, shape, extents, target_fn, loss_fn = spec
+    model = factory()
+    st.sync_module(model, mesh)
+    x = make_input(shape, extents, mesh)
+    target = target_fn()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(x), target).backward()
+
+    return model, step
+
+
 class CountingBackend:
     """Backend ``name`` ("aot_eager" or "inductor") with its graphs counted: ``dynamo`` (graphs Dynamo hands the
     backend: one per graph break + 1, plus recompiles), ``fw`` and ``bw`` (the AOTAutograd forward and backward graphs

@@ -20,14 +20,13 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, loadavg, prepare, spread  # noqa: E402
 from workloads import make_input, specs  # noqa: E402
 
@@ -76,10 +75,7 @@ def measure(name, spec, mesh, steps, rounds):
 
 
 def run(rank, world, port, scratch, steps, rounds):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port)
     rows = [measure(name, spec, mesh, steps, rounds) for name, spec in specs(quick=False).items() if name != "conv"]
     if rank == 0:
         import json

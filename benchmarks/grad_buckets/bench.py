@@ -29,16 +29,15 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import reduce_over_ranks, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
-from workloads import make_input, relu_conv_spec, specs  # noqa: E402
+from workloads import relu_conv_spec, specs, training_step  # noqa: E402
 
 SETTINGS = [0, 1, 64 << 10, 1 << 20]
 
@@ -67,16 +66,8 @@ def collectives_alone(sizes, reps):
 
 
 def measure(name, spec, mesh, steps, rounds):
-    desc, factory, shape, extents, target_fn, loss_fn = spec
-    model = factory()
-    st.sync_module(model, mesh)
-    x = make_input(shape, extents, mesh)
-    target = target_fn()
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        loss_fn(model(x), target).backward()
-
+    desc = spec[0]
+    model, step = training_step(spec, mesh)
     times = {s: [] for s in SETTINGS}
     exposed = {s: [] for s in SETTINGS}
     exposed_min = {s: [] for s in SETTINGS}
@@ -123,10 +114,7 @@ def measure(name, spec, mesh, steps, rounds):
 
 
 def run(rank, world, port, scratch, size, steps, rounds):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port)
     workloads = {"conv": relu_conv_spec(size), "vit": specs(quick=False)["vit"]}
     rows = [r for name, spec in workloads.items() for r in measure(name, spec, mesh, steps, rounds)]
     if rank == 0:

@@ -18,21 +18,16 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import retain_freed_memory  # noqa: E402
+from bench_util import init_cpu_rank  # noqa: E402
 from results_dir import loadavg  # noqa: E402
 
 
 def run_rank(rank, world, port, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    retain_freed_memory()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port, retain_heap=True)
     conv = nn.Conv2d(args.channels, args.channels, 3, padding=1)
     xs = st.distribute_tensor(torch.randn(1, args.channels, args.size, args.size), mesh, [st.Shard(2)])
     xl = st.to_local(xs).clone()

@@ -19,12 +19,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import retain_freed_memory, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 from compare import stack  # noqa: E402  (the same layers as the side-by-side run)
 
@@ -71,12 +70,7 @@ def self_times(prof, steps):
 
 
 def run_rank(rank, world, port, out_path, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if args.malloc == "retain":
-        retain_freed_memory()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port, retain_heap=args.malloc == "retain")
     torch.manual_seed(0)
     net = stack(2, args.channels, args.layers)
     x = torch.randn((1, args.channels, args.size, args.size))
