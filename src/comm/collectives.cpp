@@ -651,18 +651,14 @@ at::Tensor post_pair(PairPosts& p, const at::Tensor& out, int to, const at::Tens
   if (out.defined() || placeholder) {
     buf = out.defined() ? out : at::zeros({1}, placeholder_opts);
     p.keep_alive.push_back(buf);
-    std::vector<at::Tensor> ts{buf};
-    const bool ring = p.shm && shm::fits(*p.shm, static_cast<int64_t>(buf.nbytes()));
-    if (p.replay) p.replay->push_back({true, to, buf.numel(), tag, buf.scalar_type(), ring});
-    p.works.push_back(timed_issue(p.kind, [&] { return ring ? shm::send(*p.shm, buf, to) : p.pg.send(ts, to, tag); }));
+    if (p.replay) p.replay->push_back({true, to, buf.numel(), tag, buf.scalar_type(), p.shm != nullptr});
+    p.works.push_back(timed_issue(p.kind, [&] { return shm::post(p.shm, p.pg, buf, to, /*send=*/true, tag); }));
   }
   if (in.defined() || placeholder) {
     auto target = in.defined() ? in : at::empty({1}, placeholder_opts);
     p.keep_alive.push_back(target);
-    std::vector<at::Tensor> tr{target};
-    const bool ring = p.shm && shm::fits(*p.shm, static_cast<int64_t>(target.nbytes()));
-    if (p.replay) p.replay->push_back({false, from, target.numel(), tag, target.scalar_type(), ring});
-    p.works.push_back(timed_issue(p.kind, [&] { return ring ? shm::recv(*p.shm, target, from) : p.pg.recv(tr, from, tag); }));
+    if (p.replay) p.replay->push_back({false, from, target.numel(), tag, target.scalar_type(), p.shm != nullptr});
+    p.works.push_back(timed_issue(p.kind, [&] { return shm::post(p.shm, p.pg, target, from, /*send=*/false, tag); }));
   }
   return buf;
 }

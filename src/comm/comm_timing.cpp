@@ -115,10 +115,9 @@ std::vector<c10::intrusive_ptr<c10d::Work>> reissue(const IssuedCollective& c) {
       if (c.coalesced) pg.startCoalescing(opts.device().type());
       for (const auto& m : c.messages) {
         const auto o = opts.dtype(m.dtype);
-        std::vector<at::Tensor> ts{m.send ? at::zeros({m.numel}, o) : at::empty({m.numel}, o)};
         auto* ring = m.shm ? shm::channels(pg) : nullptr;  // set up already, by the recorded exchange
-        works.push_back(ring ? (m.send ? shm::send(*ring, ts[0], m.peer) : shm::recv(*ring, ts[0], m.peer))
-                             : m.send ? pg.send(ts, m.peer, m.tag) : pg.recv(ts, m.peer, m.tag));
+        works.push_back(shm::post(ring, pg, m.send ? at::zeros({m.numel}, o) : at::empty({m.numel}, o), m.peer, m.send,
+                                  m.tag));
       }
       if (c.coalesced) {
         works.clear();

@@ -69,7 +69,7 @@ struct IssuedCollective {
     int64_t numel = 0;
     int tag = 0;
     at::ScalarType dtype = at::kFloat;  // on the wire (complex data travels as its real view)
-    bool shm = false;                   // through the group's shared-memory rings (comm/shm_transport.h)
+    bool shm = false;                   // the group's shared-memory rings were in use (comm/shm_transport.h)
   };
   const char* kind = "";
   Op op = Op::AllReduce;

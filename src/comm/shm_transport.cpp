@@ -644,15 +644,12 @@ c10::intrusive_ptr<c10d::Work> all_reduce_start(Channels& ch, const at::Tensor& 
   return w;
 }
 
-namespace {
-// One message of a paired collective: through the ring when it fits, else the process group's send/recv.
-c10::intrusive_ptr<c10d::Work> post_message(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& t, int peer, bool send,
-                                            int tag) {
-  if (fits(ch, static_cast<int64_t>(t.nbytes()))) return send ? ch.send(t, peer) : ch.recv(t, peer);
+c10::intrusive_ptr<c10d::Work> post(Channels* ch, c10d::ProcessGroup& pg, const at::Tensor& t, int peer, bool send,
+                                    int tag) {
+  if (ch && fits(*ch, static_cast<int64_t>(t.nbytes()))) return send ? ch->send(t, peer) : ch->recv(t, peer);
   std::vector<at::Tensor> ts{t};
   return send ? pg.send(ts, peer, tag) : pg.recv(ts, peer, tag);
 }
-} // namespace
 
 std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d::ProcessGroup& pg, const at::Tensor& in,
                                                              const at::Tensor& out,
@@ -673,9 +670,9 @@ std::vector<c10::intrusive_ptr<c10d::Work>> all_to_all_start(Channels& ch, c10d:
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n, from = (me - k + n) % n;
     if (send_splits[to] > 0)
-      works.push_back(post_message(ch, pg, in.narrow(0, send_off[to], send_splits[to]), to, /*send=*/true, tag));
+      works.push_back(post(&ch, pg, in.narrow(0, send_off[to], send_splits[to]), to, /*send=*/true, tag));
     if (recv_splits[from] > 0)
-      works.push_back(post_message(ch, pg, out.narrow(0, recv_off[from], recv_splits[from]), from, /*send=*/false, tag));
+      works.push_back(post(&ch, pg, out.narrow(0, recv_off[from], recv_splits[from]), from, /*send=*/false, tag));
   }
   return works;
 }
@@ -688,8 +685,8 @@ std::vector<c10::intrusive_ptr<c10d::Work>> all_gather_start(Channels& ch, c10d:
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n, from = (me - k + n) % n;
-    if (in.numel() > 0) works.push_back(post_message(ch, pg, in, to, /*send=*/true, tag));
-    if (outs[from].numel() > 0) works.push_back(post_message(ch, pg, outs[from], from, /*send=*/false, tag));
+    if (in.numel() > 0) works.push_back(post(&ch, pg, in, to, /*send=*/true, tag));
+    if (outs[from].numel() > 0) works.push_back(post(&ch, pg, outs[from], from, /*send=*/false, tag));
   }
   return works;
 }

@@ -46,6 +46,11 @@ Channels* channels(c10d::ProcessGroup& pg);
 // every rank of the group.
 bool fits(const Channels& ch, int64_t nbytes);
 
+// One message of `t` (contiguous) to or from `peer`: through the rings when `ch` is set and the message fits them,
+// else the process group's send/recv under `tag` (both sides know its size, so both choose alike).
+c10::intrusive_ptr<c10d::Work> post(Channels* ch, c10d::ProcessGroup& pg, const at::Tensor& t, int peer, bool send,
+                                    int tag);
+
 // `t`: a contiguous CPU tensor of `fits` size. The send's work is complete when it returns (the bytes are copied);
 // the receive's completes when the message has been copied into `t` (which it keeps alive until then).
 c10::intrusive_ptr<c10d::Work> send(Channels& ch, const at::Tensor& t, int peer);
