@@ -664,6 +664,99 @@ at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, boo
   return g;
 }
 
+std::vector<std::vector<at::Tensor>> HaloPlan::zero_pieces(const at::Tensor& local) const {
+  TORCH_INTERNAL_ASSERT(all_runs(), "halo plan: gradient pieces need runs");
+  std::vector<std::vector<at::Tensor>> out(steps_.size());
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    auto shape = local.sizes().vec();
+    for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+    at::Tensor none;
+    for (const auto& s : recv_shapes(k, shape)) {
+      if (s[steps_[k].geometry.dim] > 0) out[k].push_back(at::zeros(s, local.options()));
+      else out[k].push_back(none.defined() ? none : (none = at::empty(s, local.options())));
+    }
+  }
+  return out;
+}
+
+void HaloPlan::add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, size_t steps,
+                          const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad,
+                          bool skip_own) const {
+  TORCH_INTERNAL_ASSERT(ranges.size() == steps_.size() && steps <= steps_.size() && halo.size() == steps_.size(),
+                        "halo plan: a region needs one range per step");
+  // Per step before `steps`: the parts of the range's window positions that rows hold — this rank's own (source -1,
+  // `row` a local row) or a peer's (source r, `row` a row of its piece) — at offset `at` of the region.
+  struct Segment {
+    int64_t source, at, row, count;
+  };
+  std::vector<std::vector<Segment>> segments(steps);
+  for (size_t j = 0; j < steps; ++j) {
+    const auto& s = steps_[j];
+    TORCH_INTERNAL_ASSERT(s.runs, "halo plan: gradient pieces need runs");
+    const auto [b, l] = ranges[j];
+    auto part = [&](int64_t source, int64_t p, int64_t n, int64_t row) {
+      const auto lo = std::max(p, b), hi = std::min(p + n, b + l);
+      if (hi > lo) segments[j].push_back({source, lo - b, row + lo - p, hi - lo});
+    };
+    if (s.own.size() > 0) part(-1, s.own.pos[0], s.own.size(), s.own.rows[0]);
+    for (size_t r = 0; r < s.from.size(); ++r)
+      if (s.from[r].size() > 0) part(static_cast<int64_t>(r), s.from[r].pos[0], s.from[r].size(), 0);
+    if (segments[j].empty()) return;  // only padding
+  }
+  // Every combination of one segment per step: the element belongs to the piece of the last step whose segment is
+  // a peer's (the own rows if none); along earlier steps that piece holds window positions, along later ones local
+  // rows (the combination's segments there are own ones).
+  std::vector<size_t> pick(steps, 0);
+  while (true) {
+    int64_t last = -1;
+    for (size_t j = 0; j < steps; ++j)
+      if (segments[j][pick[j]].source >= 0) last = static_cast<int64_t>(j);
+    if (last >= 0 || !skip_own) {
+      auto dst = last < 0 ? own : halo[last][segments[last][pick[last]].source];
+      auto src = grad;
+      for (size_t j = 0; j < steps_.size(); ++j) {
+        const auto dim = steps_[j].geometry.dim;
+        if (j >= steps) {
+          dst = dst.narrow(dim, ranges[j].first, ranges[j].second);
+          continue;
+        }
+        const auto& sg = segments[j][pick[j]];
+        src = src.narrow(dim, sg.at, sg.count);
+        dst = dst.narrow(dim, static_cast<int64_t>(j) < last ? ranges[j].first + sg.at : sg.row, sg.count);
+      }
+      dst.add_(src);
+    }
+    size_t j = 0;
+    for (; j < steps; ++j) {
+      if (++pick[j] < segments[j].size()) break;
+      pick[j] = 0;
+    }
+    if (j == steps) break;
+  }
+}
+
+void HaloPlan::scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const {
+  TORCH_INTERNAL_ASSERT(all_runs() && halo.size() == steps_.size(), "halo plan: gradient pieces need runs");
+  for (size_t k = steps_.size(); k-- > 0;) {
+    const auto& s = steps_[k];
+    if (!s.exchange) continue;
+    auto shape = own.sizes().vec();
+    for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+    auto back = peer_exchange_start(halo[k], return_shapes(k, shape), own, mesh, s.geometry.mesh_dim).wait();
+    for (size_t r = 0; r < s.to.size(); ++r) {
+      const auto& t = s.to[r];
+      if (t.size() == 0) continue;
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (size_t j = 0; j < steps_.size(); ++j) {
+        if (j < k) ranges.emplace_back(0, steps_[j].window_rows);
+        else if (j == k) ranges.emplace_back(t.rows[0], t.size());
+        else ranges.emplace_back(0, own.size(steps_[j].geometry.dim));
+      }
+      add_region(own, halo, k, ranges, back[r], false);
+    }
+  }
+}
+
 // ---- plan caching -----------------------------------------------------------------------------------------------
 
 PlanKey& PlanKey::add_ints(at::IntArrayRef v) {

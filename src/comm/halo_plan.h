@@ -162,6 +162,21 @@ class HaloPlan {
   // instead of a fresh local tensor next to the window (one activation less at a backward's peak).
   at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh, bool consume = false) const;
 
+  // A window's gradient held as pieces instead of a window (the backward of a border execution over several dims,
+  // ops/conv.cpp): `own`, the local tensor's gradient, and `halo[k][r]`, the gradient of the piece exchange_all
+  // received from peer r at step k (its shape: window positions along the dims of earlier steps, the peer's rows
+  // along step k's dim, local rows along later ones). zero_pieces makes them (zeros; zero-row pieces for peers
+  // without rows). add_region adds `grad`, the gradient of a region of the window — one range per step: window
+  // positions for steps < `steps`, local rows for the others (dims outside the plan whole) — into them: each element
+  // into the piece that holds it, padding positions dropped, the own rows dropped too when `skip_own`.
+  // scatter_pieces is scatter_add on such pieces: the steps in reverse, step k's pieces go home (scatter_add's
+  // messages, so ranks on either path match) and what returns is added into `own` and the earlier steps' pieces
+  // (a corner's gradient travels back its two hops). Need all_runs.
+  std::vector<std::vector<at::Tensor>> zero_pieces(const at::Tensor& local) const;
+  void add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, size_t steps,
+                  const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad, bool skip_own) const;
+  void scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const;
+
   // Dim i's halo rows alone, without a window (the border execution of comm/halo_borders.h): `post` sends this
   // rank's rows to the peers whose windows name them and receives the rows of its own window that peers hold
   // (wait() gives them by peer: the `received` of window_slice). The same messages as gather's exchange of dim i, so

@@ -6,8 +6,9 @@
 // without building the window where the layout allows (comm/halo_borders.h): the single-device call on the rank's
 // own rows, and the halo rows' terms added to the border rows (forward; in the backward the border rows' gradients
 // travel and the neighbours add their terms). Several sharded spatial dims: the forward runs the same way on the own
-// block (multi_direct_forward: border slabs from region windows, corners through the later dims' exchanges) and the
-// backward on the window, written once, its input gradient computed while the halo travels. Otherwise (transposed,
+// block (multi_direct_forward: border slabs from region windows, corners through the later dims' exchanges) and so
+// does the backward (multi_direct_backward: the own block's backward while the halo travels, the halo's terms from
+// non-overlapping border slabs, their halo gradients home through the steps in reverse). Otherwise (transposed,
 // offsets off the stride grid) the rank gathers its window and runs the local convolution with zero padding on
 // sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
@@ -308,13 +309,14 @@ at::Tensor direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::T
 // received, without the window: dims before `stop` are window positions [begin, begin + len) (assembled through
 // window_slice, dim by dim in exchange order: step k's pieces hold the earlier dims' window, so the corners come
 // along), dims from `stop` on are local rows [begin, begin + len) (rows of a tensor a later step sends).
+// `zero_own`: this rank's own rows read as zeros (the halo's terms alone).
 struct Region {
   std::vector<std::pair<int64_t, int64_t>> range;  // per plan dim
   size_t stop = 0;
 };
 
 at::Tensor build_region(const ConvPlan& plan, const at::Tensor& x, const std::vector<std::vector<at::Tensor>>& received,
-                        const Region& region) {
+                        const Region& region, bool zero_own = false) {
   const auto n = plan.dims.size();
   // Per dim: the local rows the region holds before that dim's step (its own part), and the local row they start at.
   std::vector<std::pair<int64_t, int64_t>> own(n);
@@ -330,6 +332,7 @@ at::Tensor build_region(const ConvPlan& plan, const at::Tensor& x, const std::ve
   }
   auto t = x;
   for (size_t d = 0; d < n; ++d) t = t.narrow(plan.dims[d].dim, own[d].first, own[d].second);
+  if (zero_own) t = at::zeros(t.sizes(), t.options());  // the halo alone (a few rows: the region's own part)
   for (size_t k = 0; k < region.stop; ++k) {
     const auto dim = plan.dims[k].dim;
     std::vector<at::Tensor> pieces;
@@ -405,6 +408,96 @@ at::Tensor multi_direct_forward(const ConvPlan& plan, const at::Tensor& x, const
     }
   }
   return out;
+}
+
+// The window positions of outputs [first, first + count) along plan dim k: from the first one's first tap to the
+// last one's last (window position 0 is output 0's first tap).
+std::pair<int64_t, int64_t> window_of_outputs(const ConvPlan& plan, size_t k, int64_t first, int64_t count) {
+  const auto& w = plan.dims[k].window;
+  return {first * w.stride, (count - 1) * w.stride + w.span()};
+}
+
+// The backward over several sharded dims without the window, the adjoint of multi_direct_forward. The
+// single-device backward on the rank's own block with each dim's split padding (the halo read as zeros) runs while
+// the input's halo travels: it gives the exact bias gradient, every term of this rank's outputs on its own rows
+// (input gradient) and the terms of its outputs with its own rows (weight gradient). What it leaves out reads the
+// halo: terms of outputs whose windows leave the own block, each taken once, from border slabs that do not
+// overlap (dim k's borders over the outputs interior along dims before k and all along the later ones). A slab's
+// backward on its region window with the own rows zeroed gives its weight-gradient terms through the halo, and its
+// input gradient over the region, whose halo positions are gradient pieces that go home through the exchange's
+// steps in reverse (HaloPlan::scatter_pieces: the messages of the window path's scatter_add). Nothing block-sized
+// beyond the single-device backward's own tensors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvPlan& plan, const at::Tensor& g,
+                                                                     const at::Tensor& x, const at::Tensor& w,
+                                                                     at::OptionalIntArrayRef bias_sizes,
+                                                                     at::IntArrayRef stride, at::IntArrayRef dilation,
+                                                                     int64_t groups, std::array<bool, 3> mask,
+                                                                     const Mesh& mesh) {
+  const auto n = plan.dims.size();
+  auto padding = plan.local_padding;
+  for (size_t k = 0; k < n; ++k) padding[plan.dims[k].dim - 2] = plan.splits[k].padding;
+  at::Tensor gi, gw, gb;
+  auto main_call = [&] {
+    std::tie(gi, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, false,
+                                                    plan.local_output_padding, groups, mask);
+  };
+  // The input gradient reads no input values: without a weight gradient the halo does not travel (as on the window
+  // path, whose window is then only a shape).
+  std::vector<std::vector<at::Tensor>> received;
+  if (mask[1]) received = plan.halo.exchange_all(x, mesh, main_call);
+  else main_call();
+  std::vector<std::vector<at::Tensor>> halo_grad;
+  if (mask[0]) halo_grad = plan.halo.zero_pieces(x);
+  // Per dim: the outputs no border of it holds (a main call exists on this path, so the borders sit at the ends).
+  std::vector<std::pair<int64_t, int64_t>> interior;
+  for (size_t k = 0; k < n; ++k) {
+    const auto out_len = g.size(plan.dims[k].dim);
+    int64_t lo = 0, hi = out_len;
+    for (const auto& b : plan.splits[k].borders) {
+      if (b.out_len == 0) continue;
+      if (b.out_begin == lo) lo = b.out_begin + b.out_len;
+      else hi = std::min(hi, b.out_begin);
+    }
+    interior.emplace_back(lo, std::max(lo, hi));
+  }
+  for (size_t k = 0; k < n; ++k)
+    for (const auto& border : plan.splits[k].borders) {
+      if (border.out_len == 0) continue;
+      auto slab = g;
+      Region r;
+      r.stop = n;
+      bool empty = false;
+      for (size_t d = 0; d < n; ++d) {
+        const auto dim = plan.dims[d].dim;
+        std::pair<int64_t, int64_t> outs = d == k   ? std::make_pair(border.out_begin, border.out_len)
+                                           : d < k ? std::make_pair(interior[d].first,
+                                                                     interior[d].second - interior[d].first)
+                                                   : std::make_pair<int64_t, int64_t>(0, g.size(dim));
+        empty = empty || outs.second == 0;
+        slab = slab.narrow(dim, outs.first, outs.second);
+        r.range.push_back(outs.second > 0 ? window_of_outputs(plan, d, outs.first, outs.second)
+                                          : std::make_pair<int64_t, int64_t>(0, 0));
+      }
+      if (empty) continue;
+      TORCH_INTERNAL_ASSERT(r.range[k] == std::make_pair(border.win_begin, border.win_len),
+                            "convolution border window [", r.range[k].first, ", +", r.range[k].second, ") for [",
+                            border.win_begin, ", +", border.win_len, ")");
+      at::Tensor halo_only;
+      if (mask[1]) {
+        halo_only = build_region(plan, x, received, r, /*zero_own=*/true);
+      } else {
+        auto shape = x.sizes().vec();
+        for (size_t d = 0; d < n; ++d) shape[plan.dims[d].dim] = r.range[d].second;
+        halo_only = at::empty(shape, x.options());
+      }
+      auto [gri, grw, unused] =
+          at::convolution_backward(slab, halo_only, w, std::nullopt, stride, plan.local_padding, dilation, false,
+                                   plan.local_output_padding, groups, {mask[0], mask[1], false});
+      if (mask[1]) gw.add_(grw);
+      if (mask[0]) plan.halo.add_region(gi, halo_grad, n, r.range, gri, /*skip_own=*/true);
+    }
+  if (mask[0]) plan.halo.scatter_pieces(gi, halo_grad, mesh);
+  return {gi, gw, gb};
 }
 
 bool requires_grad(const std::optional<at::Tensor>& t) {
@@ -575,6 +668,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   // their main backward differently but exchange alike.
   if (plan.border_terms) {
     std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
+  } else if (plan.multi_direct && !plan.no_outputs && (mask[0] || mask[1])) {
+    std::tie(gi, gw, gb) = multi_direct_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else if (!plan.transposed && plan.dims.size() >= 2 && plan.halo.all_runs() && mask[1] && !plan.no_outputs) {
     // Several sharded dims: the input and bias gradients read no input values, so they run while the input's
     // halo travels, on the window's buffer before it is written; the window (written once) then serves the weight
