@@ -8,9 +8,10 @@
 // travel and the neighbours add their terms). Several sharded spatial dims: the forward runs the same way on the own
 // block (multi_direct_forward: border slabs from region windows, corners through the later dims' exchanges) and so
 // does the backward (multi_direct_backward: the own block's backward while the halo travels, the halo's terms from
-// non-overlapping border slabs, their halo gradients home through the steps in reverse). Otherwise (transposed,
-// offsets off the stride grid) the rank gathers its window and runs the local convolution with zero padding on
-// sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
+// non-overlapping border slabs, their halo gradients home through the steps in reverse). Transposed over one
+// sharded dim: the main call writes the rank's own output rows (a crop of its window), border calls the rows its
+// neighbours own (transposed_direct_forward). Otherwise (offsets off the stride grid, transposed over several dims)
+// the rank gathers its window and runs the local convolution with zero padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
 // input is completed once, in the forward.
 #include "comm/halo_borders.h"
@@ -62,6 +63,13 @@ struct ConvPlan {
   std::vector<int64_t> local_padding;
   std::vector<int64_t> local_output_padding;
   bool transposed = false;
+  // Transposed over one sharded dim, when this rank's kernel on its own inputs produces every output row it owns
+  // (its window: produced rows [a*s - p, ...), `crop_left` of them before its own, `crop_right` after): the main
+  // call crops them with padding crop_left and output padding crop_left - crop_right (within torch's bound), writing
+  // exactly its own rows, bias included; the cropped rows that neighbours own come from border calls on the first
+  // `left_inputs` / the inputs from `right_first` on (transposed_direct_forward).
+  bool transposed_direct = false;
+  int64_t crop_left = 0, crop_right = 0, left_inputs = 0, right_first = 0;
   // Channel dim sharded (mesh dim `channel_mesh_dim`): groups == 1 contracts over the local channels (a Partial
   // sum); grouped convolutions whose shards align with whole groups run their local groups.
   int64_t channel_mesh_dim = -1;
@@ -188,6 +196,26 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
           }
     }
   }
+  if (transposed && plan.dims.size() == 1 && plan.halo.runs(0)) {
+    const auto& d = plan.dims[0];
+    const auto coord = spec.mesh->coordinate(d.mesh_dim);
+    const auto e = d.in_extents[coord];
+    const auto [first_pos, first_row, count] = plan.halo.own_run(0);
+    const auto W = plan.halo.window_rows(0);
+    const auto& w = d.window;
+    plan.crop_left = first_pos;
+    plan.crop_right = W - first_pos - count;
+    const auto extra = plan.crop_left - plan.crop_right;  // the main call's output padding
+    plan.transposed_direct = e > 0 && count > 0 && count == d.out_extents[coord] && first_row == 0 && extra >= 0 &&
+                             extra < std::max(w.stride, w.dilation) && w.span() >= w.stride;
+    if (plan.transposed_direct) {
+      // Produced row u (window position) of input j: u = j*s + tap*d, so rows before crop_left come from inputs
+      // j <= (crop_left - 1) / s, rows from W - crop_right on from inputs j with j*s + span - 1 >= W - crop_right.
+      if (plan.crop_left > 0) plan.left_inputs = std::min(e, (plan.crop_left - 1) / w.stride + 1);
+      if (plan.crop_right > 0)
+        plan.right_first = std::max<int64_t>(0, (W - plan.crop_right - w.span() + 1 + w.stride - 1) / w.stride);
+    }
+  }
   if (!transposed && plan.dims.size() >= 2) {
     plan.multi_direct = true;
     for (size_t k = 0; k < plan.dims.size(); ++k) {
@@ -303,6 +331,95 @@ at::Tensor direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::T
     out.select(dim, h.out).add_(as_row(plan, term));
   }
   return out;
+}
+
+// The transposed forward over one sharded dim without the output window (ConvPlan::transposed_direct): the rows
+// this rank's inputs add to its neighbours' outputs are computed first, from the few inputs that reach them, and
+// sent home (the messages of the window path's scatter_add); the main call writes this rank's own output rows,
+// bias included, while they travel; the neighbours' terms are then added to its border rows.
+at::Tensor transposed_direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
+                                     const std::optional<at::Tensor>& b, at::IntArrayRef stride,
+                                     at::IntArrayRef dilation, int64_t groups, const Mesh& mesh) {
+  const auto dim = plan.dims[0].dim;
+  const auto e = x.size(dim), W = plan.halo.window_rows(0);
+  const bool exchange = plan.halo.exchanges(0);
+  comm::PeerExchange back;
+  if (exchange) {
+    auto border = [&](int64_t first, int64_t inputs) {
+      return at::convolution(x.narrow(dim, first, inputs), w, std::nullopt, stride, plan.local_padding, dilation, true,
+                             plan.local_output_padding, groups);
+    };
+    std::vector<std::pair<int64_t, at::Tensor>> slices;
+    if (plan.crop_left > 0) slices.emplace_back(0, border(0, plan.left_inputs).narrow(dim, 0, plan.crop_left));
+    if (plan.crop_right > 0) {
+      auto t = border(plan.right_first, e - plan.right_first);
+      slices.emplace_back(W - plan.crop_right, t.narrow(dim, t.size(dim) - plan.crop_right, plan.crop_right));
+    }
+    back = plan.halo.post_returns(0, slices, plan.local_out_shape, x, mesh);
+  }
+  auto padding = plan.local_padding;
+  auto output_padding = plan.local_output_padding;
+  padding[dim - 2] = plan.crop_left;
+  output_padding[dim - 2] = plan.crop_left - plan.crop_right;
+  auto out = at::convolution(x, w, b, stride, padding, dilation, true, output_padding, groups);
+  TORCH_INTERNAL_ASSERT(out.size(dim) == plan.local_out_shape[dim], "transposed convolution main call: ",
+                        out.size(dim), " rows for ", plan.local_out_shape[dim]);
+  if (exchange) {
+    auto pieces = back.wait();
+    plan.halo.add_returns(0, out, pieces);
+  }
+  return out;
+}
+
+// Its backward: the main call's backward on this rank's own output rows while the gradient's halo travels (the
+// window path's gather messages), then the terms through the cropped rows its neighbours own, from the border
+// calls' inputs (their gradient rows zero-extended over the rows the main call covers). The bias gradient is the
+// caller's (the sum over the own output rows).
+std::pair<at::Tensor, at::Tensor> transposed_direct_backward(const ConvPlan& plan, const at::Tensor& g,
+                                                             const at::Tensor& x, const at::Tensor& w,
+                                                             at::IntArrayRef stride, at::IntArrayRef dilation,
+                                                             int64_t groups, bool want_input, bool want_weight,
+                                                             const Mesh& mesh) {
+  const auto dim = plan.dims[0].dim;
+  const auto e = x.size(dim), W = plan.halo.window_rows(0);
+  const bool exchange = plan.halo.exchanges(0);
+  comm::PeerExchange rows;
+  if (exchange) rows = plan.halo.post(0, g, mesh);
+  auto padding = plan.local_padding;
+  auto output_padding = plan.local_output_padding;
+  padding[dim - 2] = plan.crop_left;
+  output_padding[dim - 2] = plan.crop_left - plan.crop_right;
+  at::Tensor gi, gw;
+  if (want_input || want_weight)
+    std::tie(gi, gw, std::ignore) = at::convolution_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
+                                                             output_padding, groups, {want_input, want_weight, false});
+  if (!exchange) return {gi, gw};
+  auto received = rows.wait();
+  if (!want_input && !want_weight) return {gi, gw};
+  // The gradient of a border call's rows: window positions [begin, begin + len) (halo rows and padding), zero over
+  // the `before` / `after` rows of the call that the main call covers.
+  auto border = [&](int64_t first, int64_t inputs, int64_t begin, int64_t len, int64_t before, int64_t after) {
+    auto gt = plan.halo.window_slice(0, g, received, begin, len);
+    std::vector<int64_t> pad(2 * (g.dim() - dim), 0);
+    pad[2 * (g.dim() - 1 - dim)] = before;
+    pad[2 * (g.dim() - 1 - dim) + 1] = after;
+    gt = at::constant_pad_nd(gt, pad, 0);
+    auto [bi, bw, unused2] = at::convolution_backward(gt, x.narrow(dim, first, inputs), w, std::nullopt, stride,
+                                                      plan.local_padding, dilation, true, plan.local_output_padding,
+                                                      groups, {want_input, want_weight, false});
+    if (want_input) gi.narrow(dim, first, inputs).add_(bi);
+    if (want_weight) gw.add_(bw);
+  };
+  const auto& win = plan.dims[0].window;
+  if (plan.crop_left > 0) {
+    const auto produced = (plan.left_inputs - 1) * win.stride + win.span();
+    border(0, plan.left_inputs, 0, plan.crop_left, 0, produced - plan.crop_left);
+  }
+  if (plan.crop_right > 0) {
+    const auto produced = W - plan.right_first * win.stride;
+    border(plan.right_first, e - plan.right_first, W - plan.crop_right, plan.crop_right, produced - plan.crop_right, 0);
+  }
+  return {gi, gw};
 }
 
 // A region of the window over every sharded dim, built from this rank's rows and the rows each exchange step
@@ -527,7 +644,9 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   // Every rank takes part in the halo exchange; a rank without outputs (zero extent) skips the local kernel.
   at::Tensor out;
-  if (plan.transposed && !plan.dims.empty()) {
+  if (plan.transposed_direct && !plan.no_outputs) {
+    out = transposed_direct_forward(plan, x, w, b, stride, dilation, groups, *mesh);
+  } else if (plan.transposed && !plan.dims.empty()) {
     // Each rank's kernel runs on its own inputs; the output windows are summed into their owners. Bias is added
     // after the scatter (once per output position).
     auto y = plan.no_outputs ? at::zeros(plan.local_kernel_shape, x.options())
@@ -666,7 +785,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   at::Tensor gi, gw, gb;
   // Which of the two paths below runs is the same on every rank (the plan's dims); within the first, ranks may run
   // their main backward differently but exchange alike.
-  if (plan.border_terms) {
+  if (plan.transposed_direct && !plan.no_outputs) {
+    // The gradient's halo travels whatever the mask (as the window path gathers it).
+    std::tie(gi, gw) = transposed_direct_backward(plan, g, x, w, stride, dilation, groups, mask[0], mask[1], *mesh);
+  } else if (plan.border_terms) {
     std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else if (plan.multi_direct && !plan.no_outputs && (mask[0] || mask[1])) {
     std::tie(gi, gw, gb) = multi_direct_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);

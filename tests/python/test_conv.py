@@ -207,6 +207,29 @@ def case_conv_transpose(seed):
     return True
 
 
+def case_conv_transpose_even(seed):
+    """Shards whose kernels produce every output row they own (even extents): the main call writes the own rows,
+    bias included, and the neighbours' rows travel from border calls (ops/conv.cpp transposed_direct); one uneven
+    layout beside it puts ranks on both paths in one exchange."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 12, 5, seed=seed)
+    layouts = [([st.Shard(2)], {0: [12 // w] * w})]
+    if w > 1:
+        layouts.append(([st.Shard(2)], {0: [12 // w + 1] + [12 // w] * (w - 2) + [12 // w - 1]}))
+    for lay in layouts:
+        for k, stride, pad, opad, dil in [(2, 2, 0, 0, 1), (4, 2, 1, 0, 1), (3, 2, 1, 1, 1), (3, 1, 1, 0, 1),
+                                          (5, 2, 2, 1, 1), (3, 2, 2, 1, 2), (1, 1, 0, 0, 1)]:
+            check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=stride, padding=pad, output_padding=opad,
+                                                         dilation=dil),
+                     [x, randn(3, 4, k, k, seed=k), randn(4, seed=2)], [lay, None, None], m, **TOL,
+                     what=f"conv_transpose2d {lay[1]} k={k} s={stride} p={pad} op={opad} d={dil}")
+    x1 = randn(1, 2, 12, seed=seed)
+    check_op(lambda x, wt: F.conv_transpose1d(x, wt, stride=2, padding=1), [x1, randn(2, 3, 4, seed=1)],
+             [layouts[0], None], m, **TOL, what="conv_transpose1d even")
+    return True
+
+
 def case_conv_transpose_2d_mesh(seed):
     m = mesh((2, 2), ("a", "b"))
     x = randn(1, 2, 6, 5, seed=seed)
@@ -219,6 +242,11 @@ def case_conv_transpose_2d_mesh(seed):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_conv_transpose(world):
     harness.run(world, case_conv_transpose, world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_conv_transpose_even(world):
+    harness.run(world, case_conv_transpose_even, world)
 
 
 def test_conv_transpose_2d_mesh():
