@@ -690,9 +690,32 @@ PoolArgs adaptive_args(PoolKind kind, at::IntArrayRef out_size) {
   return a;
 }
 
-// Apply `mat` (rows x cols) along tensor dim `dim` (size cols -> rows).
+// Apply `mat` (rows x cols) along tensor dim `dim` (size cols -> rows): `t` viewed as [before, cols, after] (a view
+// for a contiguous tensor and for rows of one, which the window-free pools pass), one matrix product per leading
+// index, the result laid out as `t` is. No transposed copy of `t`.
 at::Tensor apply_along(const at::Tensor& t, int64_t dim, const at::Tensor& mat) {
-  return at::matmul(t.movedim(dim, -1), mat.t()).movedim(-1, dim);
+  auto sizes = t.sizes().vec();
+  int64_t before = 1, after = 1;
+  for (int64_t i = 0; i < dim; ++i) before *= sizes[i];
+  for (int64_t i = dim + 1; i < t.dim(); ++i) after *= sizes[i];
+  auto t3 = t.reshape({before, sizes[dim], after});
+  auto out = at::bmm(mat.unsqueeze(0).expand({before, mat.size(0), mat.size(1)}), t3);
+  sizes[dim] = mat.size(0);
+  return out.view(sizes);
+}
+
+// Adaptive avg pooling is linear along the gathered dim: the averaging matrix's columns over the rank's own rows
+// apply to those rows where they lie, its columns over the halo to the received rows, and the terms add up — no
+// window (one sharded spatial dim, the halo's rows runs).
+bool adaptive_avg_direct(const PoolPlan& plan) {
+  return plan.halo.size() == 1 && plan.halo.runs(0) && !plan.no_outputs;
+}
+
+// The spatial dim the halo gathers.
+size_t halo_sp(const PoolPlan& plan) {
+  for (size_t i = 0; i < plan.sp.size(); ++i)
+    if (plan.sp[i].dim == plan.halo.dim(0).dim) return i;
+  TORCH_INTERNAL_ASSERT(false, "adaptive pooling: the halo's dim is not spatial");
 }
 
 at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
@@ -701,6 +724,29 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
   auto a = adaptive_args(PoolKind::AdaptiveAvg, C10_AS_INTARRAYREF_SLOW(output_size));
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
+  if (adaptive_avg_direct(plan)) {
+    // The own rows' terms while the halo travels, then the halo's; the other dims' matrices on the small result.
+    const auto& local = shard_impl(x)->local();
+    const auto& mesh = *shard_impl(x)->spec()->mesh;
+    const auto k = halo_sp(plan);
+    const auto dim = plan.sp[k].dim;
+    auto rows = plan.halo.post(0, local, mesh);
+    const auto [p, r0, c] = plan.halo.own_run(0);
+    const auto W = plan.halo.window_rows(0);
+    auto xa = acc_type(local);
+    auto A = comm::plan_constant(plan.avg_matrices[k], xa).to(xa.options());
+    at::Tensor y;
+    if (c > 0) y = apply_along(xa.narrow(dim, r0, c), dim, A.narrow(1, p, c));
+    auto received = rows.wait();
+    for (const auto& [b, len] : {std::make_pair(int64_t{0}, p), std::make_pair(p + c, W - p - c)}) {
+      if (len == 0) continue;
+      auto term = apply_along(acc_type(plan.halo.window_slice(0, local, received, b, len)), dim, A.narrow(1, b, len));
+      y = y.defined() ? y.add_(term) : term;
+    }
+    for (size_t i = 0; i < plan.sp.size(); ++i)
+      if (i != k) y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()));
+    return wrap_out(plan, shard_impl(x)->spec()->mesh, y.to(local.scalar_type()));
+  }
   auto window = gather_window(plan, x);
   at::Tensor out;
   if (plan.no_outputs) {
@@ -725,6 +771,32 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
   auto [spec, planp] = backward_plan(op_name, {grad_output, self}, self, nsp, a);
   const auto& plan = *planp;
   auto g = grad_local(plan, grad_output, spec->mesh);
+  if (adaptive_avg_direct(plan)) {
+    // The transposed matrices: the halo rows' gradients first, sent home (scatter_add's messages) while the own
+    // rows' gradient is computed into the local gradient, to which the returns are added.
+    const auto k = halo_sp(plan);
+    const auto dim = plan.sp[k].dim;
+    auto y = acc_type(g);
+    for (size_t i = 0; i < plan.sp.size(); ++i)
+      if (i != k) y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()).t());
+    auto A = comm::plan_constant(plan.avg_matrices[k], y).to(y.options());
+    const auto [p, r0, c] = plan.halo.own_run(0);
+    const auto W = plan.halo.window_rows(0);
+    std::vector<std::pair<int64_t, at::Tensor>> halo_rows;
+    for (const auto& [b, len] : {std::make_pair(int64_t{0}, p), std::make_pair(p + c, W - p - c)})
+      if (len > 0) halo_rows.emplace_back(b, apply_along(y, dim, A.narrow(1, b, len).t()).to(g.scalar_type()));
+    auto back = plan.halo.post_returns(0, halo_rows, spec->local_shape, g, *spec->mesh);
+    at::Tensor gi;
+    if (c == spec->local_shape[dim] && r0 == 0) {
+      gi = apply_along(y, dim, A.narrow(1, p, c).t()).to(g.scalar_type());
+    } else {
+      gi = at::zeros(spec->local_shape, g.options());
+      if (c > 0) gi.narrow(dim, r0, c).add_(apply_along(y, dim, A.narrow(1, p, c).t()));
+    }
+    auto pieces = back.wait();
+    plan.halo.add_returns(0, gi, pieces);
+    return make_shard_tensor(gi, spec);
+  }
   at::Tensor gi;
   if (plan.no_outputs) {
     gi = at::zeros(plan.window_shape, g.options());
