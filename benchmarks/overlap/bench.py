@@ -254,7 +254,7 @@ def render(rows, command, start, end, steps, rounds, shm_bytes):
               "- Where the library waits: the forward's halo is posted before the interior convolution and waited "
               "after it (comm/halo_borders.h); the backward's gradient-row exchange is posted before the main "
               "`convolution_backward` (input, weight and bias gradients) and waited after it (ops/conv.cpp "
-              "border_backward); windows that cannot split (HaloPlan::gather: some strided or transposed layouts) and "
+              "border_backward); windows that cannot split (HaloPlan::gather: rows off the stride grid, transposed convolutions over several dims) and "
               "the blocking collectives (GroupNorm statistics, re-layouts, all-gathers) wait at once, by construction. "
               "The conv stack's weight gradients (37 KB) fill one bucket, issued and waited at the end of the "
               "backward: the first layer's weight gradient is the backward's last computation, so at least one "
