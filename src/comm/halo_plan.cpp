@@ -743,17 +743,24 @@ void HaloPlan::scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tenso
     auto shape = own.sizes().vec();
     for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
     auto back = peer_exchange_start(halo[k], return_shapes(k, shape), own, mesh, s.geometry.mesh_dim).wait();
-    for (size_t r = 0; r < s.to.size(); ++r) {
-      const auto& t = s.to[r];
-      if (t.size() == 0) continue;
-      std::vector<std::pair<int64_t, int64_t>> ranges;
-      for (size_t j = 0; j < steps_.size(); ++j) {
-        if (j < k) ranges.emplace_back(0, steps_[j].window_rows);
-        else if (j == k) ranges.emplace_back(t.rows[0], t.size());
-        else ranges.emplace_back(0, own.size(steps_[j].geometry.dim));
-      }
-      add_region(own, halo, k, ranges, back[r], false);
+    add_piece_returns(k, own, halo, back);
+  }
+}
+
+void HaloPlan::add_piece_returns(size_t k, at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo,
+                                 const std::vector<at::Tensor>& back) const {
+  const auto& s = steps_.at(k);
+  for (size_t r = 0; r < s.to.size(); ++r) {
+    const auto& t = s.to[r];
+    if (t.size() == 0) continue;
+    // Peer r's gradient of the rows this rank sent it at step k: window positions along the earlier steps' dims.
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (size_t j = 0; j < steps_.size(); ++j) {
+      if (j < k) ranges.emplace_back(0, steps_[j].window_rows);
+      else if (j == k) ranges.emplace_back(t.rows[0], t.size());
+      else ranges.emplace_back(0, own.size(steps_[j].geometry.dim));
     }
+    add_region(own, halo, k, ranges, back.at(r), false);
   }
 }
 

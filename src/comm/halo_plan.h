@@ -176,6 +176,10 @@ class HaloPlan {
   void add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, size_t steps,
                   const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad, bool skip_own) const;
   void scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const;
+  // One step of it after its exchange: `back[r]`, what peer r returned (its halo[k] piece of this rank), added into
+  // `own` and the earlier steps' pieces.
+  void add_piece_returns(size_t k, at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo,
+                         const std::vector<at::Tensor>& back) const;
 
   // Dim i's halo rows alone, without a window (the border execution of comm/halo_borders.h): `post` sends this
   // rank's rows to the peers whose windows name them and receives the rows of its own window that peers hold

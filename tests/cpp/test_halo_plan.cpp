@@ -402,6 +402,53 @@ TEST(HaloPlan, TwoDimMeshWithCornersAndLocalDim) {
   check_exchange(dims, {2, 3}, {2, 4, 7, 7}, 0.0, "2x3 mesh");
 }
 
+// A window gradient held as pieces (the multi-dim border backward of ops/conv.cpp): add_region splits a whole
+// window's gradient into the own rows and the pieces of every step, and the steps in reverse (add_piece_returns,
+// the pieces routed as scatter_pieces' exchanges route them) give scatter_add's result on every coordinate:
+// narrow and empty shards, halos from two ranks away, corners through the second dim.
+TEST(HaloPlan, GradientPiecesMatchScatterAdd) {
+  for (const auto& [eh, ew] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{3, 4}, {2, 0, 5}}, {{1, 6}, {1, 1, 5}}, {{0, 7}, {4, 2, 1}}}) {
+    SlidingWindow w3{3, 1, 1, 1}, w5{5, 1, 2, 1};
+    auto ph = sliding_window_partition(eh, 7, conv_output_size(7, w3), w3, PadMode::Zeros);
+    auto pw = sliding_window_partition(ew, 7, conv_output_size(7, w5), w5, PadMode::Zeros);
+    std::vector<HaloDim> dims{{2, 0, eh, ph.want}, {3, 1, ew, pw.want}};
+    const std::vector<int64_t> mesh_shape{2, 3}, shape{2, 3, 7, 7};
+    const auto coords = all_coordinates(mesh_shape);
+    std::map<std::vector<int64_t>, HaloPlan> plans;
+    PerCoord windows, own;
+    std::map<std::vector<int64_t>, std::vector<std::vector<at::Tensor>>> halo;
+    auto global = at::zeros(shape, at::kDouble);
+    for (const auto& c : coords) {
+      const auto& plan = plans.emplace(c, HaloPlan(dims, c, at::kCPU)).first->second;
+      auto local = local_of(global, dims, c);
+      auto g = at::randn({2, 3, plan.window_rows(0), plan.window_rows(1)}, at::kDouble);
+      windows[c] = g;
+      own[c] = at::zeros(local.sizes(), at::kDouble);
+      halo[c] = plan.all_runs() ? plan.zero_pieces(local) : std::vector<std::vector<at::Tensor>>{};
+      ASSERT_TRUE(plan.all_runs());
+      plan.add_region(own[c], halo[c], 2, {{0, plan.window_rows(0)}, {0, plan.window_rows(1)}}, g, false);
+    }
+    auto expect = simulate(dims, mesh_shape, windows, 0.0, true);
+    for (size_t k = dims.size(); k-- > 0;) {
+      const auto m = dims[k].mesh_dim;
+      for (const auto& c : coords) {
+        if (!plans.at(c).exchanges(k)) continue;
+        std::vector<at::Tensor> back;
+        for (int64_t r = 0; r < mesh_shape[m]; ++r) {
+          auto peer = c;
+          peer[m] = r;
+          back.push_back(halo.at(peer)[k][c[m]]);
+        }
+        plans.at(c).add_piece_returns(k, own[c], halo[c], back);
+      }
+    }
+    for (const auto& c : coords)
+      ASSERT_TRUE(at::allclose(own.at(c), expect.at(c), 1e-12, 1e-12))
+          << "H " << str(eh) << " W " << str(ew) << ": pieces at coordinate " << str(c);
+  }
+}
+
 // start / finish give what gather gives, over every dim (here two locally padded dims: no collective).
 TEST(HaloPlan, StartFinishMatchesGather) {
   std::vector<int64_t> r1, r2;
