@@ -11,7 +11,9 @@
 // No window is built (comm/halo_borders.h): the interior outputs are resampled from the own rows, the few outputs
 // that read another rank's rows from border windows, written over their rows; the backward likewise (only the
 // halo rows' gradient travels). A rank whose every output reads another's rows (shards of a row or two) resamples
-// its window, which is then a few rows.
+// its window, which is then a few rows. With one sharded spatial dim, where a rank's outputs line up with its rows
+// (native_row: scale 2 up, and down at even offsets), the main call is PyTorch's fused kernel on the own rows — the
+// single-device op, every dim in one pass — and only the border outputs are resampled tap by tap.
 // The plan (comm/halo_plan: partition, exchange, taps and weights on the device) is cached per layout, sizes and
 // mode, for both directions, so the backward reuses the forward's.
 //
@@ -128,7 +130,10 @@ Taps make_taps(Mode mode, int64_t L, int64_t O, bool ac, double scale, bool shor
       }
       t.idx.insert(t.idx.end(), {i0, i1});
       t.w.insert(t.w.end(), {static_cast<double>(l0), static_cast<double>(l1)});
-      t.primary[o] = i0;
+      // The owner: the row nearest the source coordinate (the heavier tap), so a scale-2 upsampling's outputs
+      // 2a, 2a + 1 follow row a and a rank's first output maps onto its first row (the single-device kernel then
+      // serves the main call, native_row).
+      t.primary[o] = l1 > static_cast<T>(0.5) ? i1 : i0;
     }
     return t;
   }
@@ -153,7 +158,7 @@ Taps make_taps(Mode mode, int64_t L, int64_t O, bool ac, double scale, bool shor
       t.idx.push_back(std::clamp<int64_t>(i0 - 1 + k, 0, L - 1));
       t.w.push_back(static_cast<double>(c[k]));
     }
-    t.primary[o] = std::clamp<int64_t>(i0, 0, L - 1);
+    t.primary[o] = std::clamp<int64_t>(x > static_cast<T>(0.5) ? i0 + 1 : i0, 0, L - 1);
   }
   return t;
 }
@@ -178,6 +183,16 @@ struct DimPlan {
   int64_t own_rows = 0, top = 0, bottom = 0;
   at::Tensor main_idx, main_w;
   std::vector<std::pair<at::Tensor, at::Tensor>> border_taps;
+  // This rank's first output and first own row (global), its output count.
+  int64_t first_out = 0, first_row = 0, outputs = 0;
+  // The main call through the single-device kernel (every spatial dim at once, one pass), when that kernel's own
+  // index arithmetic on the own rows from `native_row` on, given `native_scale` for this dim, reproduces the taps of
+  // every interior output (plan_native checks it; the weights may differ in the last bits). The border outputs it
+  // computes with clamped taps are recomputed; `native_border_taps` (per border, relative to its first row) are its
+  // taps for them, whose terms the backward takes out of the main call's gradient. -1: resample tap by tap.
+  int64_t native_row = -1;
+  double native_scale = 0;
+  std::vector<std::pair<at::Tensor, at::Tensor>> native_border_taps;
 };
 
 // Interpolation's plan: a pure function of the input layout, the sizes and the mode, cached; it holds both
@@ -237,6 +252,9 @@ DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_e
     int64_t a = 0;
     for (int64_t r = 0; r < c; ++r) a += in_extents[r];
     const auto e = in_extents[c];
+    p.first_out = b;
+    p.first_row = a;
+    p.outputs = n;
     auto reads = [&](int64_t q, bool below) {
       for (int64_t k = 0; k < K; ++k) {
         const auto t = taps.idx[(b + q) * K + k];
@@ -275,6 +293,52 @@ DimPlan plan_dim(int64_t dim, int64_t mesh_dim, const std::vector<int64_t>& in_e
     }
   }
   return p;
+}
+
+// Whether the single-device kernel can run the main call of sharded dim plan `p` (see DimPlan::native_row): it
+// computes source coordinates from its own output index, so a rank's outputs line up with its rows when its first
+// output's coordinate falls on one of them (scale 2 up: output 2a on row a; scale 2 down: output a/2 on row a for
+// even a). The kernel's taps on those rows, emulated by make_taps with the scale it is given, must name the same rows
+// as `taps` for every interior output; align_corners (whose kernels ignore a given scale) never qualifies.
+template <typename T>
+void plan_native(DimPlan& p, const Taps& taps, Mode mode, int64_t L, int64_t O, bool ac, double scale, bool shortcut,
+                 const at::TensorOptions& opts) {
+  if (p.mesh_dim < 0 || !p.split.direct || !p.split.main || p.own_rows == 0 || p.top >= p.bottom) return;
+  const bool nearest = mode == Mode::Nearest || mode == Mode::NearestExact;
+  if (ac && !nearest) return;
+  const auto b = p.first_out, a = p.first_row, e = p.own_rows, n = p.outputs;
+  const double sigma = nearest ? static_cast<double>(scales_value<float>(scale, L, O))
+                               : static_cast<double>(area_scale<T>(L, O, false, scale));
+  const auto r0 = static_cast<int64_t>(std::llround(sigma * static_cast<double>(b)));
+  if (r0 < a || r0 >= a + e) return;
+  const double s_native = scale > 0. ? scale : static_cast<double>(O) / static_cast<double>(L);
+  // Cubic's shortcut is the backward's identity when output == input in every dim: on the main call's rows the
+  // kernel takes it only when they equal its outputs (the other dims are equal when the op's are).
+  const bool local_shortcut = mode == Mode::Cubic ? shortcut && n == a + e - r0 : shortcut;
+  const auto local = make_taps<T>(mode, a + e - r0, n, false, s_native, local_shortcut);
+  const auto K = taps.K;
+  if (local.K != K) return;
+  for (int64_t q = p.top; q < p.bottom; ++q)
+    for (int64_t k = 0; k < K; ++k) {
+      const auto i = q * K + k, g = (b + q) * K + k;
+      if (local.idx[i] + r0 != taps.idx[g]) return;
+      if (std::abs(local.w[i] - taps.w[g]) > 1e-5 * (1.0 + std::abs(taps.w[g]))) return;
+    }
+  p.native_row = r0 - a;
+  p.native_scale = s_native;
+  comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
+  for (const auto& border : p.split.borders) {
+    std::vector<int64_t> idx(K * border.out_len);
+    std::vector<double> w(K * border.out_len);
+    for (int64_t q = 0; q < border.out_len; ++q)
+      for (int64_t k = 0; k < K; ++k) {
+        idx[k * border.out_len + q] = local.idx[(border.out_begin + q) * K + k];
+        w[k * border.out_len + q] = local.w[(border.out_begin + q) * K + k];
+      }
+    p.native_border_taps.emplace_back(
+        at::tensor(idx, at::TensorOptions().dtype(at::kLong)).view({K, border.out_len}).to(opts.device()),
+        at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view({K, border.out_len}).to(opts));
+  }
 }
 
 at::Tensor weight_view(const at::Tensor& w, int64_t dim, int64_t ndim) {
@@ -359,6 +423,134 @@ at::Tensor resample_sharded_backward(const at::Tensor& g, const DimPlan& p, cons
   return comm::border_backward(p.halo, p.split, shape, g.options(), 0, mesh, kernel)[0];
 }
 
+// The single-device kernel of a mode and rank: every spatial dim at once, `sizes` the output's spatial sizes,
+// `scales` per dim (nullopt: the kernel's own size ratio).
+using Scales = std::vector<std::optional<double>>;
+
+at::Tensor native_forward(const OpInfo& info, const at::Tensor& x, at::IntArrayRef sizes, bool ac, const Scales& sc) {
+  switch (info.mode) {
+    case Mode::Nearest:
+      if (info.nd == 1) return at::upsample_nearest1d(x, sizes, sc[0]);
+      if (info.nd == 2) return at::upsample_nearest2d(x, sizes, sc[0], sc[1]);
+      return at::upsample_nearest3d(x, sizes, sc[0], sc[1], sc[2]);
+    case Mode::NearestExact:
+      if (info.nd == 1) return at::_upsample_nearest_exact1d(x, sizes, sc[0]);
+      if (info.nd == 2) return at::_upsample_nearest_exact2d(x, sizes, sc[0], sc[1]);
+      return at::_upsample_nearest_exact3d(x, sizes, sc[0], sc[1], sc[2]);
+    case Mode::Linear:
+      if (info.nd == 1) return at::upsample_linear1d(x, sizes, ac, sc[0]);
+      if (info.nd == 2) return at::upsample_bilinear2d(x, sizes, ac, sc[0], sc[1]);
+      return at::upsample_trilinear3d(x, sizes, ac, sc[0], sc[1], sc[2]);
+    case Mode::Cubic:
+      return at::upsample_bicubic2d(x, sizes, ac, sc[0], sc[1]);
+  }
+  TORCH_INTERNAL_ASSERT(false, "interpolate: unknown mode");
+}
+
+// Its backward: the gradient of an input of `in_sizes` (all dims) from `g`.
+at::Tensor native_backward(const OpInfo& info, const at::Tensor& g, at::IntArrayRef in_sizes, bool ac,
+                           const Scales& sc) {
+  const auto out = g.sizes().slice(2);
+  switch (info.mode) {
+    case Mode::Nearest:
+      if (info.nd == 1) return at::upsample_nearest1d_backward(g, out, in_sizes, sc[0]);
+      if (info.nd == 2) return at::upsample_nearest2d_backward(g, out, in_sizes, sc[0], sc[1]);
+      return at::upsample_nearest3d_backward(g, out, in_sizes, sc[0], sc[1], sc[2]);
+    case Mode::NearestExact:
+      if (info.nd == 1) return at::_upsample_nearest_exact1d_backward(g, out, in_sizes, sc[0]);
+      if (info.nd == 2) return at::_upsample_nearest_exact2d_backward(g, out, in_sizes, sc[0], sc[1]);
+      return at::_upsample_nearest_exact3d_backward(g, out, in_sizes, sc[0], sc[1], sc[2]);
+    case Mode::Linear:
+      if (info.nd == 1) return at::upsample_linear1d_backward(g, out, in_sizes, ac, sc[0]);
+      if (info.nd == 2) return at::upsample_bilinear2d_backward(g, out, in_sizes, ac, sc[0], sc[1]);
+      return at::upsample_trilinear3d_backward(g, out, in_sizes, ac, sc[0], sc[1], sc[2]);
+    case Mode::Cubic:
+      return at::upsample_bicubic2d_backward(g, out, in_sizes, ac, sc[0], sc[1]);
+  }
+  TORCH_INTERNAL_ASSERT(false, "interpolate: unknown mode");
+}
+
+// The one sharded spatial dim's plan when the single-device kernel serves its main call (else null).
+const DimPlan* native_dim(const std::vector<DimPlan>& dims) {
+  const DimPlan* found = nullptr;
+  for (const auto& p : dims) {
+    if (p.mesh_dim < 0) continue;
+    if (found) return nullptr;
+    found = &p;
+  }
+  return found && found->native_row >= 0 ? found : nullptr;
+}
+
+// The scales the main call's kernel is given: the sharded dim's native_scale, the op's own elsewhere.
+Scales native_scales(const std::vector<DimPlan>& dims, const DimPlan& sharded, const std::vector<double>& scales) {
+  Scales sc;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (&dims[i] == &sharded) sc.emplace_back(sharded.native_scale);
+    else sc.push_back(scales[i] > 0. ? std::optional<double>(scales[i]) : std::nullopt);
+  }
+  return sc;
+}
+
+// The forward through the single-device kernel (DimPlan::native_row): its main call on the own rows writes every
+// output of this rank in one pass while the halo travels; the border outputs are resampled from their border
+// windows along the sharded dim, then along the others, and written over their rows.
+at::Tensor native_sharded_forward(const at::Tensor& t, const InterpPlan& plan, const DimPlan& p, const OpInfo& info,
+                                  bool ac, const std::vector<double>& scales, const Mesh& mesh) {
+  std::vector<int64_t> sizes(plan.out_shape.end() - info.nd, plan.out_shape.end());
+  sizes[p.dim - 2] = p.outputs;
+  const auto sc = native_scales(plan.fwd, p, scales);
+  auto kernel = [&](const std::vector<at::Tensor>& in, const comm::BorderCall& c) -> std::vector<at::Tensor> {
+    if (c.main)
+      return {native_forward(info, in[0].narrow(p.dim, p.native_row, p.own_rows - p.native_row), sizes, ac, sc)};
+    size_t j = 0;
+    while (p.split.borders[j].out_begin != c.out_begin) ++j;
+    auto r = resample_with(in[0], p.dim, p.K, p.border_taps[j].first, p.border_taps[j].second);
+    for (const auto& q : plan.fwd)
+      if (q.mesh_dim < 0) r = resample(r, q);
+    return {r};
+  };
+  return comm::border_forward(p.halo, p.split, {t}, mesh, kernel).outputs[0];
+}
+
+// Its backward: the main call's single-device backward on the whole local gradient, less the border outputs' terms
+// through its (clamped) taps; each border's gradient resampled back along the other dims, then onto its window.
+at::Tensor native_sharded_backward(const at::Tensor& g, const InterpPlan& plan, const DimPlan& p,
+                                   const std::vector<int64_t>& in_shape, const OpInfo& info, bool ac,
+                                   const std::vector<double>& scales, const Mesh& mesh) {
+  const auto sc = native_scales(plan.bwd, p, scales);
+  // A border slab's gradient back along the unsharded dims (their full input sizes).
+  auto other_dims_back = [&](at::Tensor r) {
+    for (auto it = plan.bwd.rbegin(); it != plan.bwd.rend(); ++it)
+      if (it->mesh_dim < 0) r = resample_backward(r, *it);
+    return r;
+  };
+  auto kernel = [&](const std::vector<at::Tensor>&, const comm::BorderCall& c) -> std::vector<at::Tensor> {
+    if (c.main) {
+      auto main_shape = in_shape;
+      main_shape[p.dim] = p.own_rows - p.native_row;
+      auto gi = native_backward(info, g, main_shape, ac, sc);
+      for (size_t j = 0; j < p.split.borders.size(); ++j) {
+        const auto& b = p.split.borders[j];
+        if (b.out_len == 0) continue;
+        auto slab = other_dims_back(g.narrow(p.dim, b.out_begin, b.out_len));
+        gi.sub_(resample_backward_with(slab, p.dim, p.K, p.native_border_taps[j].first,
+                                       p.native_border_taps[j].second, main_shape[p.dim], 0, b.out_len, 0));
+      }
+      if (p.native_row == 0) return {gi};
+      auto full = at::zeros(in_shape, g.options());
+      full.narrow(p.dim, p.native_row, main_shape[p.dim]).copy_(gi);
+      return {full};
+    }
+    size_t j = 0;
+    while (p.split.borders[j].out_begin != c.out_begin) ++j;
+    const auto& b = p.split.borders[j];
+    auto slab = other_dims_back(g.narrow(p.dim, b.out_begin, b.out_len));
+    return {resample_backward_with(slab, p.dim, p.K, p.border_taps[j].first, p.border_taps[j].second, b.win_len, 0,
+                                   b.out_len, 0)};
+  };
+  return comm::border_backward(p.halo, p.split, in_shape, g.options(), 0, mesh, kernel)[0];
+}
+
 bool fwd_shortcut(Mode mode, int64_t nd) {
   return (mode == Mode::Nearest && nd == 2) || mode == Mode::Linear;
 }
@@ -391,7 +583,23 @@ InterpPlan make_plan(const ShardSpec& spec, const OpInfo& info, const std::vecto
     std::vector<int64_t> out_extents;
     plan.fwd.push_back(plan_dim(d, m, in_ext, L, O, fwd, fwd, coordinates, opts, out_extents));
     plan.bwd.push_back(plan_dim(d, m, in_ext, L, O, fwd, bwd, coordinates, opts, out_extents));
+    if (dtype == at::kDouble) {
+      plan_native<double>(plan.fwd.back(), fwd, info.mode, L, O, ac, scales[i], fwd_shortcut(info.mode, info.nd), opts);
+      plan_native<double>(plan.bwd.back(), bwd, info.mode, L, O, ac, scales[i], bsc, opts);
+    } else {
+      plan_native<float>(plan.fwd.back(), fwd, info.mode, L, O, ac, scales[i], fwd_shortcut(info.mode, info.nd), opts);
+      plan_native<float>(plan.bwd.back(), bwd, info.mode, L, O, ac, scales[i], bsc, opts);
+    }
     if (m >= 0) plan.out_ext[d] = out_extents;
+  }
+  // The single-device main call exchanges the input's halo rows as they are; a rank resampling dim by dim exchanges
+  // them resampled along the earlier dims (forward) or with the earlier dims still at the output's sizes (backward).
+  // Both send the same messages only when no earlier dim changes size, a fact of the op's sizes (the same on every
+  // rank, whichever path each takes); otherwise no rank takes the single-device main call.
+  for (int64_t i = 0; i < info.nd; ++i) {
+    if (plan.fwd[i].mesh_dim < 0) continue;
+    for (int64_t j = 0; j < i; ++j)
+      if (osize[j] != spec.global_shape[ndim - info.nd + j]) plan.fwd[i].native_row = plan.bwd[i].native_row = -1;
   }
   return plan;
 }
@@ -426,7 +634,11 @@ at::Tensor interp_forward(const at::Tensor& self_in, const OpInfo& info, const s
   const auto dtype = self.scalar_type();
   auto plan = interp_plan(*spec, info, osize, ac, scales, dtype, self.device());
   auto t = shard_impl(self)->local().to(math_type(dtype));
-  for (const auto& p : plan->fwd) t = p.mesh_dim >= 0 ? resample_sharded(t, p, *spec->mesh) : resample(t, p);
+  if (const auto* p = native_dim(plan->fwd)) {
+    t = native_sharded_forward(t, *plan, *p, info, ac, scales, *spec->mesh);
+  } else {
+    for (const auto& p : plan->fwd) t = p.mesh_dim >= 0 ? resample_sharded(t, p, *spec->mesh) : resample(t, p);
+  }
   return wrap(t.to(dtype).contiguous(), spec->mesh, spec->placements, plan->out_shape, plan->out_ext);
 }
 
@@ -439,8 +651,12 @@ at::Tensor interp_backward(const at::Tensor& grad, const SpecPtr& in_spec, const
   auto g = local_aligned(resolve_partial(dispatch::as_shard(grad, mesh)), mesh, plan->out_shape, in_spec->placements,
                          plan->out_ext)
                .to(math_type(dtype));
-  for (auto it = plan->bwd.rbegin(); it != plan->bwd.rend(); ++it)
-    g = it->mesh_dim >= 0 ? resample_sharded_backward(g, *it, *mesh) : resample_backward(g, *it);
+  if (const auto* p = native_dim(plan->bwd)) {
+    g = native_sharded_backward(g, *plan, *p, in_spec->local_shape, info, ac, scales, *mesh);
+  } else {
+    for (auto it = plan->bwd.rbegin(); it != plan->bwd.rend(); ++it)
+      g = it->mesh_dim >= 0 ? resample_sharded_backward(g, *it, *mesh) : resample_backward(g, *it);
+  }
   return make_shard_tensor(g.to(dtype).contiguous(), in_spec);
 }
 

@@ -208,6 +208,42 @@ def case_antialias_sharded_raises(seed):
         F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)
 
 
+def case_interp_native_main(seed):
+    """Layouts where the single-device kernel runs the main call (a rank's first output falls on its first row:
+    scale 2 up, scale 2 down at even offsets, 1-D and 3-D), with an odd-offset layout beside them whose ranks mix
+    that path and the tap-by-tap one in one exchange; forward and input gradient."""
+    m = mesh()
+    w = m.size()
+    even = [24 // w] * w
+    odd = [24 // w + 1] + [24 // w] * (w - 2) + [24 // w - 1]
+    x = randn(2, 3, 24, 7, seed=seed)
+    for ext in (even, odd):
+        lay = ([st.Shard(2)], {0: ext})
+        for mode, kw in (("bilinear", dict(scale_factor=2.0)), ("bilinear", dict(scale_factor=0.5)),
+                         ("bilinear", dict(size=(48, 14))), ("bicubic", dict(scale_factor=2.0)),
+                         ("bicubic", dict(scale_factor=0.5)), ("nearest", dict(scale_factor=2.0)),
+                         ("nearest", dict(scale_factor=0.5)), ("nearest-exact", dict(scale_factor=2.0)),
+                         ("bilinear", dict(scale_factor=(2.0, 1.0)))):
+            ac = dict(align_corners=False) if mode in ("bilinear", "bicubic") else {}
+            tol = CUBIC_TOL if mode == "bicubic" else TOL
+            check_op(lambda t: F.interpolate(t, mode=mode, **ac, **kw), [x], [lay], m, **tol,
+                     what=f"{mode} {kw} ext={ext}")
+    x1 = randn(2, 3, 24, seed=seed)
+    check_op(lambda t: F.interpolate(t, scale_factor=2.0, mode="linear", align_corners=False), [x1],
+             [([st.Shard(2)], {0: even})], m, **TOL, what="linear 1-D x2")
+    x3 = randn(1, 2, 4, 24, 3, seed=seed)
+    check_op(lambda t: F.interpolate(t, scale_factor=2.0, mode="trilinear", align_corners=False), [x3],
+             [([st.Shard(3)], {0: even})], m, **TOL, what="trilinear x2, the second spatial dim sharded")
+    check_op(lambda t: F.interpolate(t, scale_factor=(1.0, 2.0, 2.0), mode="trilinear", align_corners=False), [x3],
+             [([st.Shard(3)], {0: even})], m, **TOL, what="trilinear, the dim before the sharded one unchanged")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_interp_native_main(world):
+    harness.run(world, case_interp_native_main, world)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_interp_2d_sweep(world):
     harness.run(world, case_interp_2d_sweep, world, timeout=300)
