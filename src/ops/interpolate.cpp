@@ -37,6 +37,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 namespace shardtensor::ops {
@@ -193,6 +194,7 @@ struct DimPlan {
   int64_t native_row = -1;
   double native_scale = 0;
   std::vector<std::pair<at::Tensor, at::Tensor>> native_border_taps;
+  std::vector<std::pair<int64_t, int64_t>> native_border_rows;  // per border: (first row, rows) its taps name
 };
 
 // Interpolation's plan: a pure function of the input layout, the sizes and the mode, cached; it holds both
@@ -328,11 +330,20 @@ void plan_native(DimPlan& p, const Taps& taps, Mode mode, int64_t L, int64_t O, 
   p.native_scale = s_native;
   comm::HostMetadataGuard host; // host-side index/weight tensors stay real (comm/host_metadata.h)
   for (const auto& border : p.split.borders) {
+    // Relative to the first row they name: the backward takes their terms out of those rows alone.
+    int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+    for (int64_t q = 0; q < border.out_len; ++q)
+      for (int64_t k = 0; k < K; ++k) {
+        lo = std::min(lo, local.idx[(border.out_begin + q) * K + k]);
+        hi = std::max(hi, local.idx[(border.out_begin + q) * K + k] + 1);
+      }
+    if (border.out_len == 0) lo = hi = 0;
+    p.native_border_rows.emplace_back(lo, hi - lo);
     std::vector<int64_t> idx(K * border.out_len);
     std::vector<double> w(K * border.out_len);
     for (int64_t q = 0; q < border.out_len; ++q)
       for (int64_t k = 0; k < K; ++k) {
-        idx[k * border.out_len + q] = local.idx[(border.out_begin + q) * K + k];
+        idx[k * border.out_len + q] = local.idx[(border.out_begin + q) * K + k] - lo;
         w[k * border.out_len + q] = local.w[(border.out_begin + q) * K + k];
       }
     p.native_border_taps.emplace_back(
@@ -533,11 +544,15 @@ at::Tensor native_sharded_backward(const at::Tensor& g, const InterpPlan& plan, 
         const auto& b = p.split.borders[j];
         if (b.out_len == 0) continue;
         auto slab = other_dims_back(g.narrow(p.dim, b.out_begin, b.out_len));
-        gi.sub_(resample_backward_with(slab, p.dim, p.K, p.native_border_taps[j].first,
-                                       p.native_border_taps[j].second, main_shape[p.dim], 0, b.out_len, 0));
+        const auto [lo, rows] = p.native_border_rows[j];
+        gi.narrow(p.dim, lo, rows)
+            .sub_(resample_backward_with(slab, p.dim, p.K, p.native_border_taps[j].first,
+                                         p.native_border_taps[j].second, rows, 0, b.out_len, 0));
       }
       if (p.native_row == 0) return {gi};
-      auto full = at::zeros(in_shape, g.options());
+      // Rows before the main call's first (an odd offset of a downsampling) get only border terms: zero here.
+      auto full = at::empty(in_shape, g.options());
+      full.narrow(p.dim, 0, p.native_row).zero_();
       full.narrow(p.dim, p.native_row, main_shape[p.dim]).copy_(gi);
       return {full};
     }
