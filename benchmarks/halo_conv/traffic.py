@@ -2,7 +2,8 @@
 split on the first spatial dim over N Gloo ranks, profiled once sharded and once as the same layers on each rank's
 own rows without communication (local-only); the difference is what domain parallelism adds. `--layer na`: the
 layers are 2-D neighbourhood attention (q = k = v = the input laid out [B, H, W, heads, C/heads], kernel 7) + ReLU;
-`--layer interp`: interpolation (`--mode`, scale 2 then 0.5, alternating) + ReLU.
+`--layer interp`: interpolation (`--mode`, scale 2 then 0.5, alternating) + ReLU; `--layer tconv`: a transposed
+convolution (k4, stride 2: up) then a strided one (k4, stride 2: down), alternating, + ReLU.
 
 Traffic of a kernel (the profiler's list of aten ops that do the work, not their composite callers) is counted as the
 bytes it writes: what it allocates for its results (the profiler's memory accounting) and, for an in-place kernel
@@ -14,7 +15,7 @@ The goal (issue 28): the extra traffic of a layer is the halo rows -- per pass, 
 not a pass over the rank's whole block. Reported per rank 0 (rank 1 is its mirror image).
 
     .venv/bin/python benchmarks/halo_conv/traffic.py [--ranks 2] [--size 256] [--dims 2] [--channels 16] [--layers 4]
-        [--layer conv|na|interp] [--kernel 7] [--mode bilinear] [--mesh 2x2]
+        [--layer conv|na|interp|tconv] [--kernel 7] [--mode bilinear] [--mesh 2x2]
 """
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def stack(dims: int, channels: int, layers: int, layer: str = "conv", kernel: in
             op = conv(channels, channels, 3, padding=1)
         elif layer == "na":
             op = NeighborhoodAttention(dims, kernel)
+        elif layer == "tconv":   # up by a transposed convolution, then down by a strided one
+            up = (nn.ConvTranspose2d if dims == 2 else nn.ConvTranspose3d)
+            op = (up(channels, channels, 4, stride=2, padding=1) if i % 2 == 0
+                  else conv(channels, channels, 4, stride=2, padding=1))
         else:
             op = Interpolate(2.0 if i % 2 == 0 else 0.5, mode)
         mods += [op, nn.ReLU()]
@@ -204,7 +209,9 @@ def render(ranks_data, meta) -> str:
                   f"(rank 0's block {r0.get('sharded_block')})")
     layer = {"conv": "Conv(C→C, k3, padding 1)",
              "na": f"neighbourhood attention (q = k = v, kernel {meta.get('kernel')}, C = heads × head_dim)",
-             "interp": f"interpolate ({meta.get('mode')}, scale 2 then 0.5)"}[meta.get("layer", "conv")]
+             "interp": f"interpolate ({meta.get('mode')}, scale 2 then 0.5)",
+             "tconv": "ConvTranspose(C→C, k4, stride 2, padding 1) then Conv(C→C, k4, stride 2, padding 1)",
+             }[meta.get("layer", "conv")]
     lines = [f"# Memory traffic beyond the local op's, per layer and pass ({meta['ranks']} Gloo CPU ranks)", "",
              f"{meta['layers']} × ({layer} + ReLU), C = {meta['channels']}, {meta['dims']}-D "
              f"{meta['size']}^{meta['dims']}, {split_text}; rank 0 "
@@ -238,7 +245,7 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--mesh", default="", help="a mesh shape such as 2x2: its dims split the first spatial dims "
                     "(conv only; overrides --ranks)")
-    ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp"))
+    ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp", "tconv"))
     ap.add_argument("--kernel", type=int, default=7, help="neighbourhood attention's kernel size")
     ap.add_argument("--mode", default="bilinear", help="interpolation mode")
     add_out_argument(ap)
