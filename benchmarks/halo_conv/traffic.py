@@ -57,8 +57,9 @@ class Interpolate(nn.Module):
         self.scale, self.mode = scale, mode
 
     def forward(self, x):
-        kw = {} if self.mode in ("nearest", "nearest-exact") else dict(align_corners=False)
-        return nn.functional.interpolate(x, scale_factor=self.scale, mode=self.mode, **kw)
+        mode, ac = (self.mode[:-3], True) if self.mode.endswith("-ac") else (self.mode, False)
+        kw = {} if mode in ("nearest", "nearest-exact") else dict(align_corners=ac)
+        return nn.functional.interpolate(x, scale_factor=self.scale, mode=mode, **kw)
 
 
 def stack(dims: int, channels: int, layers: int, layer: str = "conv", kernel: int = 7,
@@ -247,7 +248,7 @@ def main():
                     "(conv only; overrides --ranks)")
     ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp", "tconv"))
     ap.add_argument("--kernel", type=int, default=7, help="neighbourhood attention's kernel size")
-    ap.add_argument("--mode", default="bilinear", help="interpolation mode")
+    ap.add_argument("--mode", default="bilinear", help="interpolation mode (a suffix -ac: align_corners=True)")
     add_out_argument(ap)
     args = ap.parse_args()
     prepare(args.out)
