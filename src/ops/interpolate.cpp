@@ -566,6 +566,28 @@ at::Tensor native_sharded_backward(const at::Tensor& g, const InterpPlan& plan, 
   return comm::border_backward(p.halo, p.split, in_shape, g.options(), 0, mesh, kernel)[0];
 }
 
+// An unsharded dim resampled by the single-device kernel, every other spatial dim kept (their output size is their
+// input size, which every kernel maps to the identity: weight 1 on the row itself and 0 elsewhere): one pass
+// instead of K gathers, products and sums. `i`: the spatial dim's index.
+at::Tensor native_along(const OpInfo& info, const at::Tensor& t, size_t i, int64_t size, bool ac,
+                        const std::vector<double>& scales) {
+  std::vector<int64_t> sizes(t.sizes().end() - info.nd, t.sizes().end());
+  sizes[i] = size;
+  Scales sc(info.nd, std::nullopt);
+  if (scales[i] > 0.) sc[i] = scales[i];
+  return native_forward(info, t, sizes, ac, sc);
+}
+
+// Its backward: the gradient of `t`'s dim i back to `size` rows.
+at::Tensor native_along_backward(const OpInfo& info, const at::Tensor& g, size_t i, int64_t size, bool ac,
+                                 const std::vector<double>& scales) {
+  auto in_sizes = g.sizes().vec();
+  in_sizes[2 + i] = size;
+  Scales sc(info.nd, std::nullopt);
+  if (scales[i] > 0.) sc[i] = scales[i];
+  return native_backward(info, g, in_sizes, ac, sc);
+}
+
 bool fwd_shortcut(Mode mode, int64_t nd) {
   return (mode == Mode::Nearest && nd == 2) || mode == Mode::Linear;
 }
@@ -652,7 +674,13 @@ at::Tensor interp_forward(const at::Tensor& self_in, const OpInfo& info, const s
   if (const auto* p = native_dim(plan->fwd)) {
     t = native_sharded_forward(t, *plan, *p, info, ac, scales, *spec->mesh);
   } else {
-    for (const auto& p : plan->fwd) t = p.mesh_dim >= 0 ? resample_sharded(t, p, *spec->mesh) : resample(t, p);
+    for (size_t i = 0; i < plan->fwd.size(); ++i) {
+      const auto& p = plan->fwd[i];
+      // (The kernels refuse empty inputs: a rank without rows or outputs along a sharded dim resamples by taps.)
+      t = p.mesh_dim >= 0 ? resample_sharded(t, p, *spec->mesh)
+          : t.numel() == 0 ? resample(t, p)
+                           : native_along(info, t, i, plan->out_shape[p.dim], ac, scales);
+    }
   }
   return wrap(t.to(dtype).contiguous(), spec->mesh, spec->placements, plan->out_shape, plan->out_ext);
 }
@@ -669,8 +697,12 @@ at::Tensor interp_backward(const at::Tensor& grad, const SpecPtr& in_spec, const
   if (const auto* p = native_dim(plan->bwd)) {
     g = native_sharded_backward(g, *plan, *p, in_spec->local_shape, info, ac, scales, *mesh);
   } else {
-    for (auto it = plan->bwd.rbegin(); it != plan->bwd.rend(); ++it)
-      g = it->mesh_dim >= 0 ? resample_sharded_backward(g, *it, *mesh) : resample_backward(g, *it);
+    for (size_t i = plan->bwd.size(); i-- > 0;) {
+      const auto& p = plan->bwd[i];
+      g = p.mesh_dim >= 0 ? resample_sharded_backward(g, p, *mesh)
+          : g.numel() == 0 ? resample_backward(g, p)
+                           : native_along_backward(info, g, i, in_spec->global_shape[p.dim], ac, scales);
+    }
   }
   return make_shard_tensor(g.to(dtype).contiguous(), in_spec);
 }
