@@ -720,7 +720,28 @@ size_t halo_sp(const PoolPlan& plan) {
 
 at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
 
+// An adaptive pooling whose every spatial size is a multiple of its output size is a plain pooling with kernel =
+// stride = L / O (the same cells, the same indices): the windowed pools run it without a window, through the
+// single-device kernel (an averaging matrix would cost O times the FLOPs, a cell table several passes). Not when a
+// sharded dim pools to one cell: that is a reduction (a Partial sum, a combined max), a few bytes on the wire.
+// Decided from global sizes: forward and backward, and every rank, route alike.
+std::optional<std::vector<int64_t>> uniform_cells(const at::Tensor& self, int64_t nsp, at::IntArrayRef out_size) {
+  if (self.dim() < nsp || static_cast<int64_t>(out_size.size()) != nsp) return std::nullopt;
+  const auto* impl = shard_impl(self);
+  std::vector<int64_t> k;
+  for (int64_t i = 0; i < nsp; ++i) {
+    const auto d = self.dim() - nsp + i;
+    const auto L = self.size(d), O = out_size[i];
+    if (O <= 0 || L <= 0 || L % O != 0) return std::nullopt;
+    if (O == 1 && impl && impl->spec()->mesh_dim_of(d) >= 0) return std::nullopt;
+    k.push_back(L / O);
+  }
+  return k;
+}
+
 at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArrayRef output_size) {
+  if (auto k = uniform_cells(self, nsp, C10_AS_INTARRAYREF_SLOW(output_size)))
+    return avg_pool(nsp, self, avg_args(nsp, *k, *k, {0}, false, true, std::nullopt));
   auto a = adaptive_args(PoolKind::AdaptiveAvg, C10_AS_INTARRAYREF_SLOW(output_size));
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
@@ -767,7 +788,10 @@ std::vector<int64_t> adaptive_out_size(const at::Tensor& grad_output, int64_t ns
 
 at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
                                       const at::Tensor& self) {
-  auto a = adaptive_args(PoolKind::AdaptiveAvg, adaptive_out_size(grad_output, nsp));
+  const auto out_size = adaptive_out_size(grad_output, nsp);
+  if (auto k = uniform_cells(self, nsp, out_size))
+    return avg_pool_backward(op_name, nsp, grad_output, self, avg_args(nsp, *k, *k, {0}, false, true, std::nullopt));
+  auto a = adaptive_args(PoolKind::AdaptiveAvg, out_size);
   auto [spec, planp] = backward_plan(op_name, {grad_output, self}, self, nsp, a);
   const auto& plan = *planp;
   auto g = grad_local(plan, grad_output, spec->mesh);
@@ -811,6 +835,7 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
 
 // Adaptive max pooling: (values, global indices).
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tensor& self, at::IntArrayRef output_size) {
+  if (auto k = uniform_cells(self, nsp, output_size)) return max_pool(nsp, self, max_args(nsp, *k, *k, {0}, {1}, false));
   auto a = adaptive_args(PoolKind::AdaptiveMax, output_size);
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
@@ -898,7 +923,10 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
 
 at::Tensor adaptive_max_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
                                       const at::Tensor& self, const at::Tensor& indices) {
-  auto a = adaptive_args(PoolKind::AdaptiveMax, adaptive_out_size(grad_output, nsp));
+  const auto out_size = adaptive_out_size(grad_output, nsp);
+  if (auto k = uniform_cells(self, nsp, out_size))
+    return max_pool_backward(op_name, nsp, grad_output, self, max_args(nsp, *k, *k, {0}, {1}, false), indices);
+  auto a = adaptive_args(PoolKind::AdaptiveMax, out_size);
   auto [spec, planp] = backward_plan(op_name, {grad_output, self, indices}, self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = spec->mesh;

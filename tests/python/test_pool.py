@@ -114,7 +114,8 @@ def case_pool_2d_mesh(seed):
         lay = ([st.Shard(2), st.Shard(3)], ext)
         _max_sweep(x, lay, m, 2, f"2-D mesh {ext}", [(3, 2, 1, 1, True), (3, 1, 1, 2, False), ((2, 4), (2, 3), (1, 2), 1, True)])
         _avg_sweep(x, lay, m, 2, f"2-D mesh {ext}", [(3, 2, 1, True, False, None), (3, 2, 1, True, True, None), (2, 1, 1, False, True, 3)])
-        for size in ((3, 2), (4, 5), (1, 3), (1, 1), (9, 8)):
+        # (3, 4) and (9, 2) divide the sizes: plain poolings with kernel = stride (ops/pool.cpp uniform_cells).
+        for size in ((3, 2), (4, 5), (1, 3), (1, 1), (9, 8), (3, 4), (9, 2)):
             check_op(lambda t: F.adaptive_avg_pool2d(t, size), [x], [lay], m, **TOL, what=f"2-D mesh adaptive avg {size}")
             check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [x], [lay], m, **TOL,
                      what=f"2-D mesh adaptive max {size}")
@@ -138,7 +139,7 @@ def case_adaptive(seed):
             check_op(lambda t: F.adaptive_max_pool1d(t, n, return_indices=True), [x1], [lay], m, **TOL,
                      what=f"adaptive max1d {n} {ext}")
     lay = ([st.Shard(2)], {0: uneven_extents(10, w, seed)})
-    for size in ((3, 4), (1, 1), (1, 7), (4, 1), (10, 3), (7, None)):
+    for size in ((3, 4), (1, 1), (1, 7), (4, 1), (10, 3), (7, None), (5, 7), (2, 1)):
         check_op(lambda t: F.adaptive_avg_pool2d(t, size), [x2], [lay], m, **TOL, what=f"adaptive avg2d {size}")
         check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [x2], [lay], m, **TOL,
                  what=f"adaptive max2d {size}")
