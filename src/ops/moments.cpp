@@ -21,8 +21,10 @@ Moments global_moments(const at::Tensor& x, const std::vector<int64_t>& dims, co
     mean = at::zeros(shape, x.options());
     m2 = at::zeros(shape, x.options());
   } else {
-    mean = x.mean(dims, true);
-    m2 = (x - mean).square().sum(dims, true);
+    // One fused pass (Welford), no centred or squared copy of x.
+    auto [var, m] = at::var_mean(x, dims, /*correction=*/0, /*keepdim=*/true);
+    mean = m;
+    m2 = var * count;
   }
   for (const auto& s : sharded) {
     const auto n = mesh.size(s.mesh_dim);

@@ -273,8 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   if (weight && weight->defined()) scale = scale * plain(weight).view({1, C});
   auto shift = -per_channel(mean, n_local, G, C) * scale;
   if (bias && bias->defined()) shift = shift + plain(bias).view({1, C});
-  auto out = x.to(acc) * against(scale, x.dim());
-  out.add_(against(shift, x.dim()));
+  auto out = at::addcmul(against(shift, x.dim()), x.to(acc), against(scale, x.dim()));  // one pass, one buffer
   return {make_shard_tensor(out.to(x.scalar_type()), l.spec),
           wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G),
           wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G)};
