@@ -96,12 +96,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_rule(const at::Tensor&
     for (auto m : l.norm_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim, l.spec->extents[m]});
     auto mom = global_moments(xf, l.norm_dims, sharded, *mesh);
     mean = mom.mean;
-    auto centered = xf - mean;
     auto var = mom.m2 / mom.count;
     rstd = (var + eps).rsqrt();
-    out = centered * rstd;
-    if (w.defined()) out = out * w;
-    if (b.defined()) out = out + b;
+    out = xf - mean;  // the one activation-sized buffer; the rest in place
+    out.mul_(rstd);
+    if (w.defined()) out.mul_(w);
+    if (b.defined()) out.add_(b);
     out = out.to(x.scalar_type());
   }
   return {make_shard_tensor(out, l.spec), wrap_stats(mean, l, input), wrap_stats(rstd, l, input)};
