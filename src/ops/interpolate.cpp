@@ -367,8 +367,9 @@ at::Tensor resample_with(const at::Tensor& src, int64_t dim, int64_t K, const at
   for (int64_t k = 0; k < K; ++k) {
     auto rows = src.index_select(dim, idx[k]);
     if (K == 1) return rows; // nearest and identity taps have weight 1
-    auto term = rows * weight_view(w[k], dim, src.dim());
-    out = out.defined() ? out + term : term;
+    // The first tap's rows become the result, scaled in place; the others are added in place.
+    if (!out.defined()) out = rows.mul_(weight_view(w[k], dim, src.dim()));
+    else out.addcmul_(rows, weight_view(w[k], dim, src.dim()));
   }
   return out;
 }
