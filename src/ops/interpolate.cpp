@@ -390,8 +390,14 @@ at::Tensor resample_backward_with(const at::Tensor& g, int64_t dim, int64_t K, c
   const auto idx = comm::plan_constant(idx_t, g).narrow(1, tap_from, len);
   const auto w = K == 1 ? at::Tensor() : comm::plan_constant(w_t, g).narrow(1, tap_from, len);
   const auto gs = g.narrow(dim, from, len);
+  at::Tensor term;  // one buffer for every tap's weighted gradient
   for (int64_t k = 0; k < K; ++k) {
-    auto term = K == 1 ? gs : gs * weight_view(w[k], dim, g.dim());
+    if (K == 1) {
+      out.index_add_(dim, idx[k], gs);
+      break;
+    }
+    term = term.defined() ? at::mul_out(term, gs, weight_view(w[k], dim, g.dim()))
+                          : gs * weight_view(w[k], dim, g.dim());
     out.index_add_(dim, idx[k], term);
   }
   return out;
