@@ -66,6 +66,22 @@ def case_halo(seed, device):
         check_op(lambda t: F.max_pool2d(t, 3, stride=2, padding=1), [img], [ilay], m, what=f"max_pool {ext}")
         check_op(lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"), [img], [ilay], m, rtol=1e-4, atol=1e-5,
                  what=f"bilinear {ext}")
+    # Even layouts: the window-free transposed convolution (border calls' rows sent home), the fused
+    # interpolation kernel as the main call, adaptive average pooling over the halo without a window, and as a
+    # plain pooling where the sizes divide.
+    even = randn(2, 3, 12, 9, seed=seed + 5).to(device)
+    elay = ([st.Shard(2)], {0: [12 // w] * w})
+    tweight = randn(3, 4, 4, 4, seed=5).to(device)
+    check_op(lambda t, k: F.conv_transpose2d(t, k, stride=2, padding=1), [even, tweight], [elay, None], m, rtol=1e-4,
+             atol=1e-4, what="transposed conv, own rows written by the main call")
+    for mode in ("bilinear", "bicubic", "nearest"):
+        kw = {} if mode == "nearest" else dict(align_corners=False)
+        check_op(lambda t: F.interpolate(t, scale_factor=2, mode=mode, **kw), [even], [elay], m, rtol=1e-4,
+                 atol=1e-4, what=f"{mode} x2, fused main call")
+    check_op(lambda t: F.adaptive_avg_pool2d(t, (5, 4)), [even], [elay], m, rtol=1e-4, atol=1e-5,
+             what="adaptive avg over the halo")
+    check_op(lambda t: F.adaptive_max_pool2d(t, (4, 3), return_indices=True), [even], [elay], m,
+             what="adaptive max as a plain pooling")
     # 8-byte rows: packed and added back in double.
     lay = ([st.Shard(2)], {0: uneven_extents(11, w, seed + 3)})
     check_op(lambda t, k: F.conv2d(t, k, padding=1), [img.double(), weight.double()], [lay, None], m, rtol=1e-10,
@@ -165,6 +181,9 @@ def case_two_d_mesh(device):
     lay = ([st.Shard(2), st.Shard(3)], {0: [2, 7], 1: [10, 0]})
     check_op(lambda t, k: F.conv2d(t, k, padding=1), [img, weight], [lay, None], m, rtol=1e-4, atol=1e-4,
              what="2-D mesh conv halo")
+    # Every rank window-free, forward and backward (gradient pieces home through the steps in reverse).
+    check_op(lambda t, k: F.conv2d(t, k, padding=1), [img, weight], [([st.Shard(2), st.Shard(3)], None), None], m,
+             rtol=1e-4, atol=1e-4, what="2-D mesh conv, window-free backward")
     check_op(lambda t: F.layer_norm(t, (10,)).sum((2, 3)), [img], [lay], m, rtol=1e-4, atol=1e-5,
              what="2-D mesh layer_norm + sum")
     return True
