@@ -652,10 +652,15 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
     auto y = plan.no_outputs ? at::zeros(plan.local_kernel_shape, x.options())
                              : at::convolution(x, w, std::nullopt, stride, plan.local_padding, dilation, true,
                                                plan.local_output_padding, groups);
-    out = plan.halo.scatter_add(y, *mesh);
-    if (b) {
-      out = out + channel_view(*b, out.dim());
+    // When every dim's window is exactly this rank's rows (kernel = stride, no padding: a U-Net's k2 s2), the
+    // windows are the result (scatter_add hands back `y` itself, its exchanges empty); otherwise a fresh sum.
+    bool whole = !plan.no_outputs;
+    for (size_t k = 0; k < plan.halo.size() && whole; ++k) {
+      const auto [pos, row, count] = plan.halo.own_run(k);
+      whole = pos == 0 && row == 0 && count == plan.halo.window_rows(k) && !plan.halo.exchanges(k);
     }
+    out = plan.halo.scatter_add(y, *mesh, /*consume=*/whole);
+    if (b) out.add_(channel_view(*b, out.dim()));  // our own tensor either way
   } else if (plan.multi_direct && !plan.no_outputs) {
     out = multi_direct_forward(plan, x, w, b, stride, dilation, local_groups, *mesh);
   } else if (runs_direct(plan)) {

@@ -236,6 +236,12 @@ def case_conv_transpose_2d_mesh(seed):
     lay = ([st.Shard(2), st.Shard(3)], {0: uneven_extents(6, 2, seed), 1: uneven_extents(5, 2, seed + 1)})
     check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, padding=1, output_padding=1),
              [x, randn(2, 3, 3, 3, seed=1), randn(3, seed=2)], [lay, None, None], m, **TOL, what="2-D mesh conv_transpose")
+    # Kernel = stride, no padding (a U-Net's upsampling): every window is the rank's own output rows, no exchange.
+    x4 = randn(1, 2, 6, 4, seed=seed + 1)
+    for ext in ({0: [3, 3], 1: [2, 2]}, {0: uneven_extents(6, 2, seed), 1: [1, 3]}):
+        check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2),
+                 [x4, randn(2, 3, 2, 2, seed=3), randn(3, seed=4)], [([st.Shard(2), st.Shard(3)], ext), None, None],
+                 m, **TOL, what=f"2-D mesh conv_transpose k2 s2 {ext}")
     return True
 
 
