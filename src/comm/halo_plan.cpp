@@ -738,13 +738,19 @@ void HaloPlan::add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>&
 void HaloPlan::scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const {
   TORCH_INTERNAL_ASSERT(all_runs() && halo.size() == steps_.size(), "halo plan: gradient pieces need runs");
   for (size_t k = steps_.size(); k-- > 0;) {
-    const auto& s = steps_[k];
-    if (!s.exchange) continue;
-    auto shape = own.sizes().vec();
-    for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
-    auto back = peer_exchange_start(halo[k], return_shapes(k, shape), own, mesh, s.geometry.mesh_dim).wait();
+    if (!steps_[k].exchange) continue;
+    auto back = post_pieces(k, own, halo, mesh).wait();
     add_piece_returns(k, own, halo, back);
   }
+}
+
+PeerExchange HaloPlan::post_pieces(size_t k, const at::Tensor& own, const std::vector<std::vector<at::Tensor>>& halo,
+                                   const Mesh& mesh) const {
+  const auto& s = steps_.at(k);
+  if (!s.exchange) return {};
+  auto shape = own.sizes().vec();
+  for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
+  return peer_exchange_start(halo.at(k), return_shapes(k, shape), own, mesh, s.geometry.mesh_dim);
 }
 
 void HaloPlan::add_piece_returns(size_t k, at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo,

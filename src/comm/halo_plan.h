@@ -176,8 +176,12 @@ class HaloPlan {
   void add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, size_t steps,
                   const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad, bool skip_own) const;
   void scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const;
-  // One step of it after its exchange: `back[r]`, what peer r returned (its halo[k] piece of this rank), added into
-  // `own` and the earlier steps' pieces.
+  // One step of it, split around its exchange so the caller can compute meanwhile: post_pieces sends step k's
+  // pieces home (nothing when the step exchanges nothing); `back[r]`, what peer r returned (its halo[k] piece of this
+  // rank), is added into `own` and the earlier steps' pieces by add_piece_returns. Steps in reverse, each added
+  // before the next is posted.
+  PeerExchange post_pieces(size_t k, const at::Tensor& own, const std::vector<std::vector<at::Tensor>>& halo,
+                           const Mesh& mesh) const;
   void add_piece_returns(size_t k, at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo,
                          const std::vector<at::Tensor>& back) const;
 

@@ -598,7 +598,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
   if (mask[0]) halo_grad = plan.halo.zero_pieces(x);
   std::vector<std::pair<int64_t, int64_t>> interior;
   for (size_t k = 0; k < n; ++k) interior.push_back(interior_of(plan, k, g.size(plan.dims[k].dim)));
-  for (size_t k = 0; k < n; ++k)
+  // Dim k's slabs: its border outputs across every output of the earlier dims and the interior ones of the later
+  // dims (as in the forward), so their input gradients reach the halo of steps <= k only.
+  auto slabs_of = [&](size_t k) {
     for (const auto& border : plan.splits[k].borders) {
       if (border.out_len == 0) continue;
       auto slab = g;
@@ -608,7 +610,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
       for (size_t d = 0; d < n; ++d) {
         const auto dim = plan.dims[d].dim;
         std::pair<int64_t, int64_t> outs = d == k   ? std::make_pair(border.out_begin, border.out_len)
-                                           : d < k ? std::make_pair(interior[d].first,
+                                           : d > k ? std::make_pair(interior[d].first,
                                                                      interior[d].second - interior[d].first)
                                                    : std::make_pair<int64_t, int64_t>(0, g.size(dim));
         empty = empty || outs.second == 0;
@@ -634,7 +636,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
       if (mask[1]) gw.add_(grw);
       if (mask[0]) plan.halo.add_region(gi, halo_grad, n, r.range, gri, /*skip_own=*/true);
     }
-  if (mask[0]) plan.halo.scatter_pieces(gi, halo_grad, mesh);
+  };
+  // The last dim's slabs first: then the last step's pieces are complete and go home (scatter_add's messages, in its
+  // order) while the earlier dims' slabs are computed; each step's returns are added before the next step is posted.
+  comm::PeerExchange returning;
+  std::optional<size_t> in_flight;  // the step whose pieces travel
+  auto finish = [&] {
+    if (!in_flight) return;
+    plan.halo.add_piece_returns(*in_flight, gi, halo_grad, returning.wait());
+    in_flight.reset();
+  };
+  for (size_t k = n; k-- > 0;) {
+    slabs_of(k);
+    if (!mask[0]) continue;
+    finish();
+    if (!plan.halo.exchanges(k)) continue;
+    returning = plan.halo.post_pieces(k, gi, halo_grad, mesh);
+    in_flight = k;
+    if (!overlap_enabled()) finish();
+  }
+  finish();
   return {gi, gw, gb};
 }
 
