@@ -50,10 +50,10 @@ def reduce_over_ranks(value: float, op=None) -> float:
     return t.item()
 
 
-def init_cpu_rank(rank: int, world: int, port: int, retain_heap: bool = False):
+def init_cpu_rank(rank: int, world: int, port: int, retain_heap: bool = False, mesh_shape=None, mesh_dim_names=None):
     """A spawned benchmark rank's start: the Gloo default group on 127.0.0.1:``port``, one intra-op thread (the ranks
     share the host's cores), freed memory kept mapped when ``retain_heap`` (``retain_freed_memory``); returns the 1-D
-    CPU mesh over every rank, its dim named "domain"."""
+    CPU mesh over every rank, its dim named "domain" (or the mesh of ``mesh_shape`` and ``mesh_dim_names``)."""
     import os
 
     import torch.distributed as dist
@@ -63,6 +63,8 @@ def init_cpu_rank(rank: int, world: int, port: int, retain_heap: bool = False):
         retain_freed_memory()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    if mesh_shape is not None:
+        return init_device_mesh("cpu", tuple(mesh_shape), mesh_dim_names=tuple(mesh_dim_names))
     return init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
 
 

@@ -29,12 +29,11 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, spawn_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 
 ELEMENT_BYTES = 4   # the profiler records shapes, not dtypes; everything here is float32 (index tensors are tiny)
@@ -156,11 +155,8 @@ def mesh_shape(args):
 
 
 def run_rank(rank, world, port, out_path, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
     shape = mesh_shape(args)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(f"d{i}" for i in range(len(shape))))
+    mesh = init_cpu_rank(rank, world, port, mesh_shape=shape, mesh_dim_names=[f"d{i}" for i in range(len(shape))])
     torch.manual_seed(0)
     net = stack(args.dims, args.channels, args.layers, args.layer, args.kernel, args.mode)
     label_layers(net)
