@@ -23,12 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import peak_bytes, timed  # noqa: E402
+from bench_util import init_cpu_rank, peak_bytes, timed  # noqa: E402
 from results_dir import add_caveat, add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
 
 
@@ -55,14 +54,11 @@ def cases(quick: bool):
 
 
 def run_rank(rank, world, port, args, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # Ranks may share a GPU (collectives then stage through host memory over Gloo).
     device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port)
     rows = []
     for dims, channels, size in cases(args.quick):
         torch.manual_seed(0)

@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import socket
+import sys
 import statistics
 import time
 
@@ -27,9 +28,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_util import init_cpu_rank  # noqa: E402
 
 
 class UNetBlock(nn.Module):
@@ -108,10 +111,7 @@ def _median_max(fn, iters, warmup):
 
 
 def run_rank(rank, world, port, args, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port)
     rows = []
     for name, module, shape, placements in workloads(args.quick):
         torch.manual_seed(0)
