@@ -665,15 +665,20 @@ at::Tensor HaloPlan::scatter_add(const at::Tensor& window, const Mesh& mesh, boo
 }
 
 std::vector<std::vector<at::Tensor>> HaloPlan::zero_pieces(const at::Tensor& local) const {
+  return zero_pieces(local.sizes(), local.options());
+}
+
+std::vector<std::vector<at::Tensor>> HaloPlan::zero_pieces(at::IntArrayRef local_shape,
+                                                           const at::TensorOptions& options) const {
   TORCH_INTERNAL_ASSERT(all_runs(), "halo plan: gradient pieces need runs");
   std::vector<std::vector<at::Tensor>> out(steps_.size());
   for (size_t k = 0; k < steps_.size(); ++k) {
-    auto shape = local.sizes().vec();
+    auto shape = local_shape.vec();
     for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
     at::Tensor none;
     for (const auto& s : recv_shapes(k, shape)) {
-      if (s[steps_[k].geometry.dim] > 0) out[k].push_back(at::zeros(s, local.options()));
-      else out[k].push_back(none.defined() ? none : (none = at::empty(s, local.options())));
+      if (s[steps_[k].geometry.dim] > 0) out[k].push_back(at::zeros(s, options));
+      else out[k].push_back(none.defined() ? none : (none = at::empty(s, options)));
     }
   }
   return out;
@@ -746,11 +751,16 @@ void HaloPlan::scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tenso
 
 PeerExchange HaloPlan::post_pieces(size_t k, const at::Tensor& own, const std::vector<std::vector<at::Tensor>>& halo,
                                    const Mesh& mesh) const {
+  return post_pieces(k, own.sizes(), own, halo, mesh);
+}
+
+PeerExchange HaloPlan::post_pieces(size_t k, at::IntArrayRef own_shape, const at::Tensor& like,
+                                   const std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const {
   const auto& s = steps_.at(k);
   if (!s.exchange) return {};
-  auto shape = own.sizes().vec();
+  auto shape = own_shape.vec();
   for (size_t j = 0; j < k; ++j) shape[steps_[j].geometry.dim] = steps_[j].window_rows;
-  return peer_exchange_start(halo.at(k), return_shapes(k, shape), own, mesh, s.geometry.mesh_dim);
+  return peer_exchange_start(halo.at(k), return_shapes(k, shape), like, mesh, s.geometry.mesh_dim);
 }
 
 void HaloPlan::add_piece_returns(size_t k, at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo,

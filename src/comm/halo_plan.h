@@ -182,6 +182,10 @@ class HaloPlan {
   // before the next is posted.
   PeerExchange post_pieces(size_t k, const at::Tensor& own, const std::vector<std::vector<at::Tensor>>& halo,
                            const Mesh& mesh) const;
+  // The same before the own tensor exists: its shape, and a tensor of its dtype and device.
+  PeerExchange post_pieces(size_t k, at::IntArrayRef own_shape, const at::Tensor& like,
+                           const std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const;
+  std::vector<std::vector<at::Tensor>> zero_pieces(at::IntArrayRef local_shape, const at::TensorOptions& options) const;
   void add_piece_returns(size_t k, at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo,
                          const std::vector<at::Tensor>& back) const;
 

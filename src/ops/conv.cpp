@@ -10,7 +10,8 @@
 // does the backward (multi_direct_backward: the own block's backward while the halo travels, the halo's terms from
 // non-overlapping border slabs, their halo gradients home through the steps in reverse). Transposed over one
 // sharded dim: the main call writes the rank's own output rows (a crop of its window), border calls the rows its
-// neighbours own (transposed_direct_forward). Otherwise (offsets off the stride grid, transposed over several dims)
+// neighbours own (transposed_direct_forward), over several dims too (transposed_multi_forward: the neighbours'
+// rows as pieces home through the steps in reverse). Otherwise (offsets off the stride grid, crops that do not fit)
 // the rank gathers its window and runs the local convolution with zero padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
 // input is completed once, in the forward.
@@ -70,6 +71,12 @@ struct ConvPlan {
   // `left_inputs` / the inputs from `right_first` on (transposed_direct_forward).
   bool transposed_direct = false;
   int64_t crop_left = 0, crop_right = 0, left_inputs = 0, right_first = 0;
+  // The same over several sharded dims (transposed_multi_forward): per plan dim, when every dim's crop fits.
+  struct Crop {
+    int64_t left = 0, right = 0, left_inputs = 0, right_first = 0;
+  };
+  std::vector<Crop> crops;
+  bool transposed_multi = false;
   // Channel dim sharded (mesh dim `channel_mesh_dim`): groups == 1 contracts over the local channels (a Partial
   // sum); grouped convolutions whose shards align with whole groups run their local groups.
   int64_t channel_mesh_dim = -1;
@@ -214,6 +221,27 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
       if (plan.crop_left > 0) plan.left_inputs = std::min(e, (plan.crop_left - 1) / w.stride + 1);
       if (plan.crop_right > 0)
         plan.right_first = std::max<int64_t>(0, (W - plan.crop_right - w.span() + 1 + w.stride - 1) / w.stride);
+    }
+  }
+  if (transposed && plan.dims.size() >= 2 && plan.halo.all_runs()) {
+    plan.transposed_multi = true;
+    for (size_t k = 0; k < plan.dims.size(); ++k) {
+      const auto& d = plan.dims[k];
+      const auto coord = spec.mesh->coordinate(d.mesh_dim);
+      const auto e = d.in_extents[coord];
+      const auto [first_pos, first_row, count] = plan.halo.own_run(k);
+      const auto W = plan.halo.window_rows(k);
+      const auto& w = d.window;
+      ConvPlan::Crop c;
+      c.left = first_pos;
+      c.right = W - first_pos - count;
+      const auto extra = c.left - c.right;
+      plan.transposed_multi = plan.transposed_multi && e > 0 && count > 0 && count == d.out_extents[coord] &&
+                              first_row == 0 && extra >= 0 && extra < std::max(w.stride, w.dilation) &&
+                              w.span() >= w.stride;
+      if (c.left > 0) c.left_inputs = std::min(e, (c.left - 1) / w.stride + 1);
+      if (c.right > 0) c.right_first = std::max<int64_t>(0, (W - c.right - w.span() + 1 + w.stride - 1) / w.stride);
+      plan.crops.push_back(c);
     }
   }
   if (!transposed && plan.dims.size() >= 2) {
@@ -422,6 +450,94 @@ std::pair<at::Tensor, at::Tensor> transposed_direct_backward(const ConvPlan& pla
   return {gi, gw};
 }
 
+// Transposed over several sharded dims without the output window (ConvPlan::transposed_multi). The rows a rank's
+// kernel produces split into its own output block (the main call, cropped along every dim) and, per dim k, region
+// R_k: the rows cropped along k, own along the earlier dims, any along the later ones — disjoint, together every row
+// its neighbours own. R_k's side along k comes from the few inputs that reach it, cropped along the earlier dims;
+// its rows are gradient pieces (HaloPlan::add_region) that go home through the steps in reverse (scatter_add's
+// messages), the last step while the main call runs. One side's call: its inputs and arguments.
+struct TransposedRegion {
+  size_t k = 0;
+  bool left = true;
+  int64_t first_input = 0, inputs = 0;   // along dim k
+  std::vector<int64_t> padding, output_padding;
+  std::vector<std::pair<int64_t, int64_t>> range;  // window positions per plan dim
+  int64_t produced = 0;                            // rows the call produces along dim k
+};
+
+std::vector<TransposedRegion> transposed_regions(const ConvPlan& plan) {
+  std::vector<TransposedRegion> out;
+  const auto n = plan.dims.size();
+  for (size_t k = 0; k < n; ++k) {
+    const auto& c = plan.crops[k];
+    const auto& win = plan.dims[k].window;
+    const auto W = plan.halo.window_rows(k);
+    for (bool left : {true, false}) {
+      if ((left ? c.left : c.right) == 0) continue;
+      TransposedRegion r;
+      r.k = k;
+      r.left = left;
+      const auto e = (W - win.span()) / win.stride + 1;  // this rank's input rows along k: W = (e - 1) s + span
+      r.first_input = left ? 0 : c.right_first;
+      r.inputs = left ? c.left_inputs : e - c.right_first;
+      r.produced = (r.inputs - 1) * win.stride + win.span();
+      r.padding = plan.local_padding;
+      r.output_padding = plan.local_output_padding;
+      for (size_t j = 0; j < n; ++j) {
+        const auto [pj, rj, cj] = plan.halo.own_run(j);
+        if (j < k) {
+          r.padding[plan.dims[j].dim - 2] = plan.crops[j].left;
+          r.output_padding[plan.dims[j].dim - 2] = plan.crops[j].left - plan.crops[j].right;
+          r.range.emplace_back(pj, cj);
+        } else if (j == k) {
+          r.range.emplace_back(left ? 0 : W - c.right, left ? c.left : c.right);
+        } else {
+          r.range.emplace_back(0, plan.halo.window_rows(j));
+        }
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> main_crop(const ConvPlan& plan) {
+  auto padding = plan.local_padding;
+  auto output_padding = plan.local_output_padding;
+  for (size_t j = 0; j < plan.dims.size(); ++j) {
+    padding[plan.dims[j].dim - 2] = plan.crops[j].left;
+    output_padding[plan.dims[j].dim - 2] = plan.crops[j].left - plan.crops[j].right;
+  }
+  return {padding, output_padding};
+}
+
+at::Tensor transposed_multi_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
+                                    const std::optional<at::Tensor>& b, at::IntArrayRef stride,
+                                    at::IntArrayRef dilation, int64_t groups, const Mesh& mesh) {
+  const auto n = plan.dims.size();
+  auto pieces = plan.halo.zero_pieces(plan.local_out_shape, x.options());
+  at::Tensor none;
+  for (const auto& r : transposed_regions(plan)) {
+    const auto dim = plan.dims[r.k].dim;
+    auto y = at::convolution(x.narrow(dim, r.first_input, r.inputs), w, std::nullopt, stride, r.padding, dilation, true,
+                             r.output_padding, groups);
+    const auto len = r.range[r.k].second;
+    y = r.left ? y.narrow(dim, 0, len) : y.narrow(dim, y.size(dim) - len, len);
+    plan.halo.add_region(none, pieces, n, r.range, y, /*skip_own=*/true);
+  }
+  // The last step's pieces travel while the main call runs; each step's returns are added before the next one.
+  auto returning = plan.halo.post_pieces(n - 1, plan.local_out_shape, x, pieces, mesh);
+  const auto [padding, output_padding] = main_crop(plan);
+  auto out = at::convolution(x, w, b, stride, padding, dilation, true, output_padding, groups);
+  TORCH_INTERNAL_ASSERT(out.sizes() == at::IntArrayRef(plan.local_out_shape), "transposed convolution main call ",
+                        out.sizes(), " for ", at::IntArrayRef(plan.local_out_shape));
+  for (size_t k = n; k-- > 0;) {
+    if (k + 1 < n) returning = plan.halo.post_pieces(k, out, pieces, mesh);
+    if (plan.halo.exchanges(k)) plan.halo.add_piece_returns(k, out, pieces, returning.wait());
+  }
+  return out;
+}
+
 // A region of the window over every sharded dim, built from this rank's rows and the rows each exchange step
 // received, without the window: dims before `stop` are window positions [begin, begin + len) (assembled through
 // window_slice, dim by dim in exchange order: step k's pieces hold the earlier dims' window, so the corners come
@@ -469,6 +585,42 @@ at::Tensor build_region(const ConvPlan& plan, const at::Tensor& x, const std::ve
     t = plan.halo.window_slice(k, t, pieces, region.range[k].first, region.range[k].second, own[k].first);
   }
   return t;
+}
+
+// Its backward: the gradient's halo (the window path's gather messages) travels while the main call's backward runs
+// on the own output block; each region's call then takes its gradient rows, assembled from the received pieces and
+// zero-extended along k over the rows its call produces that the main call covers.
+std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan, const at::Tensor& g,
+                                                           const at::Tensor& x, const at::Tensor& w,
+                                                           at::IntArrayRef stride, at::IntArrayRef dilation,
+                                                           int64_t groups, bool want_input, bool want_weight,
+                                                           const Mesh& mesh) {
+  const auto n = plan.dims.size();
+  const auto [padding, output_padding] = main_crop(plan);
+  at::Tensor gi, gw;
+  auto received = plan.halo.exchange_all(g, mesh, [&] {
+    if (want_input || want_weight)
+      std::tie(gi, gw, std::ignore) = at::convolution_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
+                                                               output_padding, groups, {want_input, want_weight, false});
+  });
+  if (!want_input && !want_weight) return {gi, gw};
+  for (const auto& r : transposed_regions(plan)) {
+    const auto dim = plan.dims[r.k].dim;
+    Region region;
+    region.stop = n;
+    region.range = r.range;
+    auto gr = build_region(plan, g, received, region);
+    const auto len = r.range[r.k].second;
+    std::vector<int64_t> pad(2 * (g.dim() - dim), 0);
+    pad[2 * (g.dim() - 1 - dim) + (r.left ? 1 : 0)] = r.produced - len;
+    gr = at::constant_pad_nd(gr, pad, 0);
+    auto [bi, bw, unused] = at::convolution_backward(gr, x.narrow(dim, r.first_input, r.inputs), w, std::nullopt, stride,
+                                                     r.padding, dilation, true, r.output_padding, groups,
+                                                     {want_input, want_weight, false});
+    if (want_input) gi.narrow(dim, r.first_input, r.inputs).add_(bi);
+    if (want_weight) gw.add_(bw);
+  }
+  return {gi, gw};
 }
 
 // The window positions of outputs [first, first + count) along plan dim k: from the first one's first tap to the
@@ -640,11 +792,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
   // The last dim's slabs first: then the last step's pieces are complete and go home (scatter_add's messages, in its
   // order) while the earlier dims' slabs are computed; each step's returns are added before the next step is posted.
   comm::PeerExchange returning;
-  std::optional<size_t> in_flight;  // the step whose pieces travel
+  int64_t in_flight = -1;  // the step whose pieces travel
   auto finish = [&] {
-    if (!in_flight) return;
-    plan.halo.add_piece_returns(*in_flight, gi, halo_grad, returning.wait());
-    in_flight.reset();
+    if (in_flight < 0) return;
+    plan.halo.add_piece_returns(static_cast<size_t>(in_flight), gi, halo_grad, returning.wait());
+    in_flight = -1;
   };
   for (size_t k = n; k-- > 0;) {
     slabs_of(k);
@@ -652,7 +804,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
     finish();
     if (!plan.halo.exchanges(k)) continue;
     returning = plan.halo.post_pieces(k, gi, halo_grad, mesh);
-    in_flight = k;
+    in_flight = static_cast<int64_t>(k);
     if (!overlap_enabled()) finish();
   }
   finish();
@@ -688,6 +840,8 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
   at::Tensor out;
   if (plan.transposed_direct && !plan.no_outputs) {
     out = transposed_direct_forward(plan, x, w, b, stride, dilation, groups, *mesh);
+  } else if (plan.transposed_multi && !plan.no_outputs) {
+    out = transposed_multi_forward(plan, x, w, b, stride, dilation, groups, *mesh);
   } else if (plan.transposed && !plan.dims.empty()) {
     // Each rank's kernel runs on its own inputs; the output windows are summed into their owners. Bias is added
     // after the scatter (once per output position).
@@ -835,6 +989,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   if (plan.transposed_direct && !plan.no_outputs) {
     // The gradient's halo travels whatever the mask (as the window path gathers it).
     std::tie(gi, gw) = transposed_direct_backward(plan, g, x, w, stride, dilation, groups, mask[0], mask[1], *mesh);
+  } else if (plan.transposed_multi && !plan.no_outputs) {
+    std::tie(gi, gw) = transposed_multi_backward(plan, g, x, w, stride, dilation, groups, mask[0], mask[1], *mesh);
   } else if (plan.border_terms) {
     std::tie(gi, gw, gb) = border_backward(plan, g, x, w, bs, stride, dilation, local_groups, mask, *mesh);
   } else if (plan.multi_direct && !plan.no_outputs && (mask[0] || mask[1])) {

@@ -237,6 +237,19 @@ def case_conv_transpose_2d_mesh(seed):
     check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, padding=1, output_padding=1),
              [x, randn(2, 3, 3, 3, seed=1), randn(3, seed=2)], [lay, None, None], m, **TOL, what="2-D mesh conv_transpose")
     # Kernel = stride, no padding (a U-Net's upsampling): every window is the rank's own output rows, no exchange.
+    # Overlapping kernels on even (and one mixed) layouts: every rank's own block from the main call, the rows its
+    # neighbours own (corners included) home through the steps in reverse (ops/conv.cpp transposed_multi_forward).
+    x8 = randn(2, 2, 8, 6, seed=seed + 2)
+    for ext in ({0: [4, 4], 1: [3, 3]}, {0: [5, 3], 1: [3, 3]}):
+        for k, stride, pad, opad, dil in [(4, 2, 1, 0, 1), (3, 2, 1, 1, 1), (3, 1, 1, 0, 1), (3, 2, 2, 1, 2)]:
+            check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=stride, padding=pad, output_padding=opad,
+                                                         dilation=dil),
+                     [x8, randn(2, 3, k, k, seed=k), randn(3, seed=5)], [([st.Shard(2), st.Shard(3)], ext), None, None],
+                     m, **TOL, what=f"2-D mesh conv_transpose {ext} k={k} s={stride} p={pad} op={opad} d={dil}")
+    x3 = randn(1, 2, 4, 6, 3, seed=seed + 3)
+    check_op(lambda x, wt: F.conv_transpose3d(x, wt, stride=2, padding=1), [x3, randn(2, 2, 4, 4, 4, seed=6)],
+             [([st.Shard(2), st.Shard(3)], {0: [2, 2], 1: [3, 3]}), None], m, **TOL,
+             what="2-D mesh conv_transpose3d k4 s2 p1")
     x4 = randn(1, 2, 6, 4, seed=seed + 1)
     for ext in ({0: [3, 3], 1: [2, 2]}, {0: uneven_extents(6, 2, seed), 1: [1, 3]}):
         check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2),
