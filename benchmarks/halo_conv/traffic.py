@@ -241,7 +241,7 @@ def main():
     ap.add_argument("--channels", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--mesh", default="", help="a mesh shape such as 2x2: its dims split the first spatial dims "
-                    "(conv only; overrides --ranks)")
+                    "(conv and tconv; overrides --ranks)")
     ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp", "tconv"))
     ap.add_argument("--kernel", type=int, default=7, help="neighbourhood attention's kernel size")
     ap.add_argument("--mode", default="bilinear", help="interpolation mode (a suffix -ac: align_corners=True)")
@@ -249,14 +249,15 @@ def main():
     args = ap.parse_args()
     prepare(args.out)
     if args.mesh:
-        if args.layer != "conv":
-            ap.error("--mesh: conv layers only")
+        if args.layer not in ("conv", "tconv"):
+            ap.error("--mesh: conv and tconv layers only")
         args.ranks = 1
         for e in mesh_shape(args):
             args.ranks *= e
     name = f"halo_conv_traffic_{args.dims}d_{args.size}" + (f"_mesh{args.mesh}" if args.mesh else "")
     if args.layer != "conv":
         name = f"halo_{args.layer}{'_' + args.mode if args.layer == 'interp' else ''}_traffic_{args.dims}d_{args.size}"
+        name += f"_mesh{args.mesh}" if args.mesh else ""
     load = loadavg()
     data = spawn_rank0_rows(run_rank, args.ranks, os.path.join(args.out, f".{name}.json"), args)
     meta = dict(ranks=args.ranks, mesh=list(mesh_shape(args)), dims=args.dims, size=args.size, channels=args.channels, layers=args.layers,
