@@ -145,7 +145,11 @@ def _halo_step(world, rank):
     with st.simulate(rank, world, device="meta", warn=False) as sim:
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.ReLU(),
-                                  torch.nn.Conv2d(3, 2, 5, padding=2), torch.nn.AvgPool2d(3, stride=1, padding=1))
+                                  torch.nn.Conv2d(3, 2, 5, padding=2), torch.nn.AvgPool2d(3, stride=1, padding=1),
+                                  # the window-free transposed convolution and the fused interpolation main call
+                                  torch.nn.ConvTranspose2d(2, 2, 4, stride=2, padding=1),
+                                  torch.nn.Upsample(scale_factor=0.5, mode="bilinear"),
+                                  torch.nn.Upsample(scale_factor=2.0, mode="bilinear"))
         x = sim.shard((1, 2, 4 * world, 6), [st.Shard(2)], requires_grad=True)
         with st.CommCounter() as c:
             y = F.pad(net(x), (1, 1, 1, 1), mode="replicate")
