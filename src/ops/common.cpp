@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "comm/collectives.h"
+#include "comm/stat_reduce.h"
 #include "dispatch/promote.h"
 
 namespace shardtensor::ops {
@@ -141,34 +142,21 @@ at::Tensor local_aligned(const at::Tensor& t, const MeshPtr& mesh, at::IntArrayR
 
 namespace shardtensor::ops {
 at::Tensor sum_over_mesh_dims(at::Tensor t, const std::vector<int64_t>& mesh_dims, const Mesh& mesh) {
-  for (auto m : mesh_dims) t = comm::all_reduce(t, ReduceOp::Sum, mesh, m);
-  return t;
+  if (mesh_dims.empty()) return t;
+  comm::StatReduce r;
+  const auto i = r.sum(t);
+  r.run(mesh, mesh_dims);
+  return r.result(i)[0];
 }
 
 std::vector<at::Tensor> fused_sum(const std::vector<at::Tensor>& terms, const std::vector<int64_t>& mesh_dims,
                                   const Mesh& mesh) {
-  std::vector<at::Tensor> flat;
-  at::ScalarType dtype = at::kFloat;
-  bool first = true;
-  for (const auto& t : terms) {
-    if (!t.defined()) continue;
-    dtype = first ? t.scalar_type() : at::promote_types(dtype, t.scalar_type());
-    first = false;
-  }
-  for (const auto& t : terms)
-    if (t.defined()) flat.push_back(t.reshape({-1}).to(dtype));
-  if (flat.empty() || mesh_dims.empty()) return terms;
-  auto all = sum_over_mesh_dims(at::cat(flat), mesh_dims, mesh);
+  if (mesh_dims.empty()) return terms;
+  comm::StatReduce r;
+  for (const auto& t : terms) r.sum(t);
+  r.run(mesh, mesh_dims);
   std::vector<at::Tensor> out;
-  int64_t off = 0;
-  for (const auto& t : terms) {
-    if (!t.defined()) {
-      out.emplace_back();
-      continue;
-    }
-    out.push_back(all.narrow(0, off, t.numel()).view(t.sizes()).to(t.scalar_type()));
-    off += t.numel();
-  }
+  for (size_t i = 0; i < terms.size(); ++i) out.push_back(r.result(i)[0]);
   return out;
 }
 

@@ -160,9 +160,10 @@ at::Tensor plain_of(const at::Tensor& t) {
 // Reduce a per-rank term of a weight gradient over every mesh dim that shards the tokens, then hand it back in
 // the parameter's own kind (plain, or Replicate ShardTensor).
 at::Tensor reduce_param_grad(at::Tensor term, const ShardSpec& x_spec, const at::Tensor& param) {
+  std::vector<int64_t> dims;
   for (size_t m = 0; m < x_spec.placements.size(); ++m)
-    if (x_spec.placements[m].is_shard())
-      term = comm::all_reduce(term, ReduceOp::Sum, *x_spec.mesh, static_cast<int64_t>(m));
+    if (x_spec.placements[m].is_shard()) dims.push_back(static_cast<int64_t>(m));
+  term = sum_over_mesh_dims(std::move(term), dims, *x_spec.mesh);
   if (param.defined() && shard_impl(param)) return make_shard_tensor(term, shard_impl(param)->spec());
   return term;
 }

@@ -4,6 +4,7 @@
 // logsumexp: global max, then global sum. cumsum: local scan plus the totals of lower ranks. flip along a
 // sharded dim mirrors the ranks.
 #include "comm/collectives.h"
+#include "comm/stat_reduce.h"
 #include "ops/common.h"
 
 namespace shardtensor::ops {
@@ -151,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> nll_forward(NllKernel kernel, const MeshPtr& 
                                     at::zeros({}, w.options()))
                         : valid.to(l.self.scalar_type());
   auto both = at::stack({local_sum.to(l.self.scalar_type()), tw.sum().to(l.self.scalar_type())});
-  for (auto m : l.mesh_dims) both = comm::all_reduce(both, ReduceOp::Sum, *mesh, m);
+  both = sum_over_mesh_dims(both, l.mesh_dims, *mesh);
   total = both[1];
   out = reduction == kMean ? both[0] / total : both[0];
   return {make_shard_tensor(out, dispatch::replicate_spec(mesh, {})),
@@ -244,8 +245,10 @@ at::Tensor cumsum_rule(const at::Tensor& self_arg, int64_t dim_arg, std::optiona
   if (m >= 0) {
     // Add the totals of every lower coordinate along the mesh dim.
     auto total = x.size(dim) > 0 ? out.narrow(dim, x.size(dim) - 1, 1) : at::zeros_like(out.narrow(dim, 0, 0)).sum(dim, true);
-    const auto n = spec->mesh->size(m);
-    auto all = comm::all_gather_v(total.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *spec->mesh, m);
+    comm::StatReduce r;
+    const auto i = r.gathered(total);
+    r.run(*spec->mesh, {m});
+    const auto& all = r.result(i)[0];
     const auto me = spec->mesh->coordinate(m);
     if (me > 0) out = out + all.narrow(0, 0, me).sum(0);
   }

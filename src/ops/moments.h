@@ -1,5 +1,5 @@
 // Mean and variance over dims that may be sharded: local (count, mean, M2) combined with Chan's parallel
-// formula — one all-gather of the stacked (mean, M2) per mesh dim — never E[x^2] - E[x]^2.
+// formula (the statistics executor, comm/stat_reduce.h: one collective per mesh dim) — never E[x^2] - E[x]^2.
 #pragma once
 
 #include <shardtensor/mesh.h>

@@ -2,6 +2,7 @@
 // give Partial(max/min); max/min/argmax/argmin with indices, prod, all/any, norms and var/std combine small
 // per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
 #include "comm/collectives.h"
+#include "comm/stat_reduce.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -232,9 +233,10 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
       }
       case Kind::Prod: {
         // No Partial(prod): gather the per-rank products and multiply them.
-        auto n = mesh->size(m);
-        auto g = comm::all_gather_v(out.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
-        out = at::prod(g, 0);
+        comm::StatReduce r;
+        const auto i = r.gathered(out);
+        r.run(*mesh, {m});
+        out = at::prod(r.result(i)[0], 0);
         break;
       }
     }
@@ -304,13 +306,12 @@ std::tuple<at::Tensor, at::Tensor> extreme_with_index(bool is_max, const at::Ten
   }
   if (m >= 0) {
     indices = indices + tspec.local_offset(dim);
-    const auto n = mesh->size(m);
-    auto all_v = comm::all_gather_v(values.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
-    auto all_i = comm::all_gather_v(indices.unsqueeze(0), 0, std::vector<int64_t>(n, 1), *mesh, m);
-    // First rank holding the extreme value: the smallest global index, as on one device.
-    auto pick = is_max ? at::argmax(all_v, 0, true) : at::argmin(all_v, 0, true);
-    values = all_v.gather(0, pick).squeeze(0);
-    indices = all_i.gather(0, pick).squeeze(0);
+    // Values and indices in one collective; the first coordinate holding the extreme: the smallest global index.
+    comm::StatReduce r;
+    const auto i = is_max ? r.arg_max(values, indices) : r.arg_min(values, indices);
+    r.run(*mesh, {m});
+    values = r.result(i)[0];
+    indices = r.result(i)[1];
   }
   auto layout = reduce_layout(tspec, {dim}, true);
   if (!kd) {

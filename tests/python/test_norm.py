@@ -481,3 +481,68 @@ def test_batch_norm_replicated_buffers():
     harness.run(3, case_batch_norm_replicated_buffers, [0, 1, 6])
     harness.expect_error(2, batch_norm_sharded_buffers, match="redistribute them to Replicate",
                          kinds=("NotImplementedError",))
+
+
+def case_statistics_in_one_collective(seed):
+    """The statistics executor (comm/stat_reduce.h): softmax over a sharded dim sends its (max, sum of exp) pairs in
+    one collective (so does _safe_softmax, scaled_dot_product_attention's math form), max with indices its values and
+    indices in one, layer_norm over a sharded dim its moments in one;
+    results equal one device's with a zero-extent rank, -inf rows on a rank and ties across ranks."""
+    m = mesh()
+    w = m.size()
+    x = randn(3, 9, 4, seed=seed)
+    x[0, :3] = float("-inf")                  # rank 0's rows of sample 0 (extents below start with 3) are all -inf
+    x[1, :, 1] = 2.5                          # every row ties: the first index wins
+    ext = [3, 0] + uneven_extents(6, w - 2, seed) if w > 2 else uneven_extents(9, w, seed)
+    if w > 2:
+        assert sum(ext) == 9
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], {0: ext})
+    y = randn(3, 9, 4, seed=seed + 1) * 3 + 2     # finite: layer_norm of -inf rows is nan on one device too
+    ys = st.distribute_tensor(y, m, [st.Shard(1)], {0: ext})
+    z = x.clone()
+    z[2, :, 3] = float("-inf")                # a fully masked row: _safe_softmax gives zeros there
+    zs = st.distribute_tensor(z, m, [st.Shard(1)], {0: ext})
+
+    def calls():
+        return sum(st.comm_stats()["calls"].values())
+
+    for name, fn, cmp, inp in [("softmax", lambda t: torch.softmax(t, 1), None, (x, xs)),
+                               ("log_softmax", lambda t: torch.log_softmax(t, 1), None, (x, xs)),
+                               ("max", lambda t: t.max(1), "tuple", (x, xs)),
+                               ("_safe_softmax", lambda t: torch._safe_softmax(t, 1), None, (z, zs)),
+                               ("layer_norm", lambda t: F.layer_norm(t.transpose(1, 2), (9,)), None, (y, ys))]:
+        before = calls()
+        out = fn(inp[1])
+        assert calls() - before == 1, f"{name}: {calls() - before} collectives"
+        ref = fn(inp[0])
+        if cmp == "tuple":
+            close(full(out.values), ref.values, what=f"{name} values")
+            assert torch.equal(full(out.indices), ref.indices), name
+        else:
+            close(full(out), ref, rtol=1e-5, atol=1e-6, what=name)
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_statistics_in_one_collective(world):
+    harness.run(world, case_statistics_in_one_collective, world)
+
+
+def case_safe_softmax_grad(seed):
+    """_safe_softmax (scaled_dot_product_attention's math form) over sharded and unsharded dims, forward and input
+    gradient against one device, with a fully masked row and a dtype conversion."""
+    m = mesh()
+    x = randn(2, 7, 5, seed=seed)
+    x[1, :, 2] = float("-inf")
+    lay = ([st.Shard(1)], {0: uneven_extents(7, m.size(), seed)})
+    for dim in (1, 2):
+        check_op(lambda t: torch._safe_softmax(t, dim), [x], [lay], m, rtol=1e-5, atol=1e-6,
+                 what=f"_safe_softmax dim {dim}")
+    check_op(lambda t: torch._safe_softmax(t, 1, torch.float64), [x], [lay], m, rtol=1e-5, atol=1e-6,
+             what="_safe_softmax to float64")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_safe_softmax_grad(world):
+    harness.run(world, case_safe_softmax_grad, world)
