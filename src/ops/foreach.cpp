@@ -14,6 +14,7 @@
 // Replicate. AMP's found_inf is a max over every rank holding a shard: each rank checks only its own shards, and
 // ranks that disagree on skipping a step would diverge.
 #include "comm/collectives.h"
+#include "comm/stat_reduce.h"
 #include "ops/common.h"
 #include "ops/schema_util.h"
 
@@ -176,8 +177,15 @@ void amp_unscale_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (spec)
       for (int64_t m = 0; m < mesh->ndim(); ++m) sharded[m] = sharded[m] || spec->placements[m].is_shard();
   op.callBoxed(stack);
+  std::vector<int64_t> mesh_dims;
   for (int64_t m = 0; m < mesh->ndim(); ++m)
-    if (sharded[m]) found_inf.copy_(comm::all_reduce(found_inf, ReduceOp::Max, *mesh, m));
+    if (sharded[m]) mesh_dims.push_back(m);
+  if (!mesh_dims.empty()) {
+    comm::StatReduce r;
+    const auto i = r.max(found_inf);
+    r.run(*mesh, mesh_dims);
+    found_inf.copy_(r.result(i)[0]);
+  }
 }
 
 // Per-tensor reductions: which one, and how its local terms combine.
@@ -250,7 +258,7 @@ void reduction_handler(ListReduction kind, const c10::OperatorHandle& op, torch:
     for (size_t j = 0; j < plain_idx.size(); ++j) result[plain_idx[j]] = out[j];
   }
 
-  // Sharded indices: local terms grouped by (mesh dims to combine over, dtype); one all-reduce per group and dim.
+  // Sharded indices: local terms grouped by (mesh dims to combine over, dtype).
   struct Group {
     std::vector<size_t> indices;
     std::vector<at::Tensor> terms;
@@ -268,11 +276,22 @@ void reduction_handler(ListReduction kind, const c10::OperatorHandle& op, torch:
     g.indices.push_back(k);
     g.terms.push_back(local_term(kind, local, ord, term_dtype, c));
   }
+  // The statistics executor sends every dtype's terms of one set of mesh dims in one collective per mesh dim.
+  std::map<std::vector<bool>, comm::StatReduce> by_dims;
+  std::map<std::pair<std::vector<bool>, at::ScalarType>, size_t> term_of;
   for (auto& [key, g] : groups) {
-    auto combined = at::stack(g.terms);
+    auto& r = by_dims[key.first];
+    auto stacked = at::stack(g.terms);
+    term_of[key] = c.op == ReduceOp::Sum ? r.sum(stacked) : c.op == ReduceOp::Max ? r.max(stacked) : r.min(stacked);
+  }
+  for (auto& [dims, r] : by_dims) {
+    std::vector<int64_t> mesh_dims;
     for (int64_t m = 0; m < mesh->ndim(); ++m)
-      if (key.first[m]) combined = comm::all_reduce(combined, c.op, *mesh, m);
-    combined = finish_term(kind, combined, ord, c);
+      if (dims[m]) mesh_dims.push_back(m);
+    r.run(*mesh, mesh_dims);
+  }
+  for (auto& [key, g] : groups) {
+    auto combined = finish_term(kind, by_dims[key.first].result(term_of[key])[0], ord, c);
     for (size_t j = 0; j < g.indices.size(); ++j)
       result[g.indices[j]] = make_shard_tensor(combined[static_cast<int64_t>(j)].clone(),
                                                dispatch::replicate_spec(mesh, {}));
