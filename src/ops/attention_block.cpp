@@ -199,7 +199,7 @@ void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis
   }
 }
 
-void merge(at::Tensor& acc, at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse) {
+void merge(const at::Tensor& acc, const at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse) {
 #ifdef SHARDTENSOR_HAVE_CUDA
   if (acc.is_cuda() && acc.scalar_type() == at::kFloat && acc.is_contiguous() && acc_lse.is_contiguous()) {
     c10::cuda::CUDAGuard guard(acc.device());
@@ -209,11 +209,13 @@ void merge(at::Tensor& acc, at::Tensor& acc_lse, const at::Tensor& o, const at::
     return;
   }
 #endif
+  // Written through the caller's views (the query rows of a block: no copy of the accumulator); the weights are a
+  // row each, the output rows are read and written once.
   auto m = at::logaddexp(acc_lse, lse);
   auto wa = at::nan_to_num((acc_lse - m).exp(), 0.0);
   auto wb = at::nan_to_num((lse - m).exp(), 0.0);
-  acc = acc * wa.unsqueeze(-1) + o * wb.unsqueeze(-1);
-  acc_lse = m;
+  acc.mul_(wa.unsqueeze(-1)).addcmul_(o, wb.unsqueeze(-1));
+  acc_lse.copy_(m);
 }
 
 } // namespace shardtensor::ops::attention

@@ -58,7 +58,8 @@ struct BlockGradInputs {
 void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis, const BlockRange& r,
                     at::Tensor dq, at::Tensor dk, at::Tensor dv);
 
-// acc/acc_lse <- the log-sum-exp merge of (acc, acc_lse) and (o, lse), in place.
-void merge(at::Tensor& acc, at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse);
+// acc/acc_lse <- the log-sum-exp merge of (acc, acc_lse) and (o, lse), in place (views of the accumulators: the rows
+// a block's queries own).
+void merge(const at::Tensor& acc, const at::Tensor& acc_lse, const at::Tensor& o, const at::Tensor& lse);
 
 } // namespace shardtensor::ops::attention

@@ -109,12 +109,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
           const BlockRange r{qg.start, qg.len, kg.global, kg.len};
           auto [o, lse] = block_forward(ql.narrow(nd - 2, qg.start, qg.len), kb.narrow(nd - 2, kg.start, kg.len),
                                         vb.narrow(nd - 2, kg.start, kg.len), s.c, vis, r);
-          auto a = acc.narrow(nd - 2, qg.start, qg.len);
-          auto al = acc_lse.narrow(nd - 2, qg.start, qg.len);
-          auto a2 = a.clone(), al2 = al.clone();
-          merge(a2, al2, o, lse);
-          a.copy_(a2);
-          al.copy_(al2);
+          merge(acc.narrow(nd - 2, qg.start, qg.len), acc_lse.narrow(nd - 2, qg.start, qg.len), o, lse);
         }
       if (t < s.n - 1) {
         auto r = ex.wait();
