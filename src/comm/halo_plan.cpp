@@ -536,12 +536,13 @@ PendingHalo HaloPlan::start(const at::Tensor& local, const Mesh& mesh) const {
     return p;
   }
   const auto& s = steps_[0];
+  // Own rows never travel: only halo rows are exchanged, with the peers that hold or need them, posted first so
+  // they travel while the own rows are copied into the window.
+  if (s.exchange) {
+    p.exchange = post(0, local, mesh);
+    p.posted = true;
+  }
   p.window = own_window(0, local);
-  if (!s.exchange) return p;
-  // Own rows never travel: they are in the window already; only halo rows are exchanged, with the peers that hold
-  // or need them.
-  p.exchange = peer_exchange_start(sends(0, local), recv_shapes(0, p.window.sizes()), local, mesh, s.geometry.mesh_dim);
-  p.posted = true;
   return p;
 }
 
@@ -559,16 +560,17 @@ at::Tensor HaloPlan::finish(PendingHalo& p, const Mesh& mesh) const {
 
 at::Tensor HaloPlan::gather_step(size_t i, const at::Tensor& local, const Mesh& mesh) const {
   const auto& s = steps_[i];
+  // The halo travels while the own rows are copied into the window.
+  auto posted = post(i, local, mesh);
   auto window = own_window(i, local);
   if (!s.exchange) return window;
-  auto pieces =
-      peer_exchange_start(sends(i, local), recv_shapes(i, window.sizes()), local, mesh, s.geometry.mesh_dim).wait();
-  receive(i, window, pieces);
+  receive(i, window, posted.wait());
   return window;
 }
 
 at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received,
-                              size_t steps, int64_t rows_first, int64_t rows_count, const at::Tensor& into) const {
+                              size_t steps, int64_t rows_first, int64_t rows_count, const at::Tensor& into,
+                              bool own_written) const {
   // Along dims of steps < `steps`: window positions; the dim of step `steps` (when it exists): local rows
   // [rows_first, rows_first + rows_count); the other dims: local rows.
   const bool restrict = steps < steps_.size();
@@ -606,17 +608,21 @@ at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::ve
       if (f.size() > 0) block(j, f.pos[0], f.size()).copy_(cut(j, received.at(j).at(r)));
     }
   }
+  if (!own_written) write_own_rows(out, base, steps);
+  return out;
+}
+
+void HaloPlan::write_own_rows(const at::Tensor& out, const at::Tensor& base, size_t steps) const {
   // The own rows: once, wherever they sit in every dim's window.
   auto dst = out;
   auto src = base;
   for (size_t i = 0; i < steps; ++i) {
     const auto& o = steps_[i].own;
-    if (o.size() == 0) return out;
+    if (o.size() == 0) return;
     dst = dst.narrow(steps_[i].geometry.dim, o.pos[0], o.size());
     src = src.narrow(steps_[i].geometry.dim, o.rows[0], o.size());
   }
   dst.copy_(src);
-  return out;
 }
 
 std::vector<std::vector<at::Tensor>> HaloPlan::exchange_all(const at::Tensor& local, const Mesh& mesh,
@@ -638,7 +644,12 @@ at::Tensor HaloPlan::gather(const at::Tensor& local, const Mesh& mesh) const {
   if (steps_.size() >= 2 && all_runs()) {
     // Several dims: the same messages as dim-by-dim windows (each later dim's rows carry the earlier dims'
     // halo, so the corners come along), but the window is written once, not once per dim.
-    return assemble(local, exchange_all(local, mesh), steps_.size(), 0, 0);
+    // The own rows are written while the first dim's halo travels.
+    auto shape = local.sizes().vec();
+    for (const auto& s : steps_) shape[s.geometry.dim] = s.window_rows;
+    auto window = at::empty(shape, local.options());
+    auto received = exchange_all(local, mesh, [&] { write_own_rows(window, local, steps_.size()); });
+    return assemble(local, received, steps_.size(), 0, 0, window, /*own_written=*/true);
   }
   auto x = local;
   for (size_t i = 0; i < steps_.size(); ++i) x = gather_step(i, x, mesh);

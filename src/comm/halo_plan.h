@@ -149,10 +149,15 @@ class HaloPlan {
   }
   // `local` extended by the windows of the first `steps` dims from `received` (exchange_all's), each element
   // written once; when `steps` < size(), only local rows [rows_first, rows_first + rows_count) of that step's dim.
-  // `into`: the tensor to write (of the result's shape; a fresh one when undefined).
+  // `into`: the tensor to write (of the result's shape; a fresh one when undefined); `own_written`: its own rows are
+  // there already (write_own_rows, while the exchange travelled).
   at::Tensor assemble(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received, size_t steps,
-                      int64_t rows_first, int64_t rows_count, const at::Tensor& into = {}) const;
-  // gather in two steps: start places the own rows and posts the first dim's exchange; finish completes it and
+                      int64_t rows_first, int64_t rows_count, const at::Tensor& into = {},
+                      bool own_written = false) const;
+  // The rows of `base` (the local tensor, cut as assemble cuts it) into their place in `out`, a window over the
+  // first `steps` dims.
+  void write_own_rows(const at::Tensor& out, const at::Tensor& base, size_t steps) const;
+  // gather in two steps: start posts the first dim's exchange and places the own rows; finish completes it and
   // gathers the remaining dims. Every rank must call both (start's post is in the collective order).
   PendingHalo start(const at::Tensor& local, const Mesh& mesh) const;
   at::Tensor finish(PendingHalo& pending, const Mesh& mesh) const;
