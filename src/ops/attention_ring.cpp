@@ -168,18 +168,12 @@ struct RingFn : torch::autograd::Function<RingFn> {
     auto lse_safe = at::where(at::isinf(lse), at::zeros_like(lse), lse).unsqueeze(-1);
     auto qf = ql.to(acc_type);
     auto dq = at::zeros_like(qf);
-    // The key/value gradients of a block travel with it, accumulating every rank's terms. This rank's terms of the
-    // block it holds go into a fresh buffer while the accumulated gradients of that block (the previous coordinate
-    // held it one step earlier) are on their way, then are added to them and passed on: the transfer hides behind
-    // the block's compute instead of following it. After the last step each block's sum reaches its owner.
-    at::Tensor dkb, dvb;
-    comm::RingExchange accumulated;  // the previous coordinate's sums of the block this rank holds next
+    at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(acc_type));
+    at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(acc_type));
     for (int64_t t = 0; t < s.n; ++t) {
       const int64_t owner = (s.me - t + s.n) % s.n;
       comm::RingExchange ex;
       if (t < s.n - 1) ex = pass_on(s, {kb, vb}, owner, 0);
-      dkb = at::zeros(kb.sizes(), kb.options().dtype(acc_type));
-      dvb = at::zeros(vb.sizes(), vb.options().dtype(acc_type));
       for (const auto& qg : s.qseg)
         for (const auto& kg : s.sl.segments[owner]) {
           s.c.qo = qg.global;
@@ -192,22 +186,17 @@ struct RingFn : torch::autograd::Function<RingFn> {
           block_backward(in, s.c, vis, BlockRange{qg.start, qg.len, kg.global, kg.len}, rows(dq), cols(dkb),
                          cols(dvb));
         }
-      if (t > 0) {  // at step 0 the block is this rank's own, which nobody has visited yet
-        auto r = accumulated.wait();
-        dkb.add_(r[0]);
-        dvb.add_(r[1]);
+      if (s.n > 1) {
+        // The accumulated gradients travel with their block; after the last step they reach its owner.
+        auto r = pass_on(s, {dkb, dvb}, owner, 2).wait();
+        dkb = r[0];
+        dvb = r[1];
       }
-      if (s.n > 1) accumulated = pass_on(s, {dkb, dvb}, owner, 2);
       if (t < s.n - 1) {
         auto r = ex.wait();
         kb = r[0];
         vb = r[1];
       }
-    }
-    if (s.n > 1) {  // the sums of this rank's own block, from the coordinate that held it last
-      auto r = accumulated.wait();
-      dkb = r[0];
-      dvb = r[1];
     }
     if (s.zigzag) {
       auto c3 = to_contiguous({dq, dkb, dvb}, s.sl, s.l);
