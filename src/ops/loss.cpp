@@ -1,9 +1,11 @@
-// Losses and scans over sharded dims. Pointwise losses (mse, smooth_l1, huber) are composed from sharded ops,
+// Losses and scans over sharded dims. Pointwise losses (mse, smooth_l1, huber, binary cross-entropy with and without
+// logits) are composed from sharded ops,
 // so `mean`/`sum` reductions give Partial sums. nll_loss (and cross_entropy through it) over sharded batch or
 // spatial dims: per-rank sums of the picked log-probabilities and of the class weights, all-reduced together.
 // logsumexp: global max, then global sum. cumsum: local scan plus the totals of lower ranks. flip along a
 // sharded dim mirrors the ranks.
 #include "comm/collectives.h"
+#include "comm/functional.h"
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
 
@@ -87,6 +89,58 @@ at::Tensor huber_loss_backward_rule(const at::Tensor& grad_output, const at::Ten
   auto d = at::sub(self, target);
   auto local_grad = huber_term_grad(d, at::abs(d), delta);
   return reduce_grad(grad_output, self, reduction) * local_grad;
+}
+
+// binary_cross_entropy_with_logits(Tensor self, Tensor target, Tensor? weight=None, Tensor? pos_weight=None,
+//                                   int reduction=Mean): torch's stable form, -w [p t log σ(x) + (1 - t) log(1 - σ(x))]
+// = w [(1 - t) x - (1 + (p - 1) t) log σ(x)], composed from sharded ops; its gradients are autograd's formulas
+// (pointwise).
+at::Tensor bce_with_logits_rule(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& pos_weight, int64_t reduction) {
+  auto log_sig = at::log_sigmoid(self);
+  if (pos_weight && pos_weight->defined()) log_sig = log_sig * at::add(at::sub(*pos_weight, 1) * target, 1);
+  auto loss = at::rsub(target, 1) * self - log_sig;
+  if (weight && weight->defined()) loss = loss * *weight;
+  return reduce_loss(loss, reduction);
+}
+
+// binary_cross_entropy's check that every input is a probability, agreed by every rank (one small collective) so
+// that all raise alike; not under simulation or tracing, where values are not known.
+void check_probabilities(const at::Tensor& self) {
+  auto* impl = shard_impl(self);
+  if (!impl) return;
+  const auto& x = impl->local();
+  if (x.is_meta() || comm::tracing(x)) return;
+  const auto& spec = *impl->spec();
+  std::vector<int64_t> dims;
+  for (int64_t m = 0; m < static_cast<int64_t>(spec.placements.size()); ++m)
+    if (spec.placements[m].is_shard()) dims.push_back(m);
+  auto bad = at::logical_not(at::logical_and(x >= 0, x <= 1)).any().to(at::kFloat).reshape({1});
+  comm::StatReduce r;
+  const auto i = r.max(bad);
+  r.run(*spec.mesh, dims);
+  TORCH_CHECK(r.result(i)[0].item<float>() == 0, "all elements of input should be between 0 and 1");
+}
+
+// binary_cross_entropy(Tensor self, Tensor target, Tensor? weight=None, int reduction=Mean): torch's form with the
+// logarithms clamped at -100.
+at::Tensor bce_rule(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                    int64_t reduction) {
+  check_probabilities(self);
+  auto loss = at::sub(target, 1) * at::clamp_min(at::log1p(at::neg(self)), -100) -
+              target * at::clamp_min(at::log(self), -100);
+  if (weight && weight->defined()) loss = loss * *weight;
+  return reduce_loss(loss, reduction);
+}
+
+// binary_cross_entropy_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight=None,
+//                               int reduction=Mean): grad (x - t) / max(x (1 - x), 1e-12), times the weight.
+at::Tensor bce_backward_rule(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                             const std::optional<at::Tensor>& weight, int64_t reduction) {
+  auto g = reduce_grad(grad_output, self, reduction) * at::sub(self, target) /
+           at::clamp_min(at::rsub(self, 1) * self, 1e-12);
+  if (weight && weight->defined()) g = g * *weight;
+  return g;
 }
 
 // Layout shared by nll_loss's input (N, C, d1...) and target (N, d1...): the class dim must be whole.
@@ -287,6 +341,9 @@ SHARDTENSOR_RULE_FAMILY(loss) {
   set_handler("aten::smooth_l1_loss_backward", typed_handler(&smooth_l1_loss_backward_rule));
   set_handler("aten::huber_loss", typed_handler(&huber_loss_rule));
   set_handler("aten::huber_loss_backward", typed_handler(&huber_loss_backward_rule));
+  set_handler("aten::binary_cross_entropy_with_logits", typed_handler(&bce_with_logits_rule));
+  set_handler("aten::binary_cross_entropy", typed_handler(&bce_rule));
+  set_handler("aten::binary_cross_entropy_backward", typed_handler(&bce_backward_rule));
   set_handler("aten::nll_loss_forward", typed_handler(&nll_loss_forward_rule));
   set_handler("aten::nll_loss2d_forward", typed_handler(&nll_loss2d_forward_rule));
   set_handler("aten::nll_loss_backward", typed_handler(&nll_loss_backward_rule));

@@ -310,6 +310,8 @@ SHARDTENSOR_RULE_FAMILY(pointwise) {
       // Elementwise without the tag: rsub (other - alpha * self), complex(real, imag), polar(abs, angle), fill (the
       // functional fill: every element the value).
       "aten::rsub",              "aten::complex",             "aten::polar",               "aten::fill",
+      // floor_divide (Tensor and Scalar): elementwise, untagged.
+      "aten::floor_divide",
   };
   auto& d = c10::Dispatcher::singleton();
   auto bindable = [&](const c10::OperatorName& name) -> std::optional<c10::OperatorHandle> {

@@ -70,3 +70,45 @@ def test_cross_entropy(world):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_scans(world):
     harness.run(world, case_scans, world)
+
+
+def case_binary_cross_entropy(seed):
+    """Segmentation-style BCE over sharded spatial dims (uneven), with and without logits, every reduction, per-pixel
+    weights, a per-channel pos_weight (plain), and the targets sharded or plain; gradients of input and target."""
+    m = mesh()
+    x = randn(2, 3, 7, 5, seed=seed) * 3
+    p = torch.sigmoid(randn(2, 3, 7, 5, seed=seed + 2))
+    t = torch.rand(2, 3, 7, 5, generator=torch.Generator().manual_seed(seed + 1))
+    w = randn(2, 3, 7, 5, seed=seed + 3).abs()
+    pw = torch.tensor([0.5, 2.0, 3.0]).view(3, 1, 1)
+    lay = ([st.Shard(2)], {0: uneven_extents(7, m.size(), seed)})
+    ws = st.distribute_tensor(w, m, *lay)   # weights take no gradient: sharded for the sharded call
+
+    def weight_for(a):
+        return ws if isinstance(a, st.ShardTensor) else w
+
+    for red in ("none", "mean", "sum"):
+        check_op(lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction=red), [x, t], [lay, lay], m,
+                 what=f"bce logits {red}")
+        check_op(lambda a, b: F.binary_cross_entropy_with_logits(a, b, weight=weight_for(a), pos_weight=pw,
+                                                                 reduction=red),
+                 [x, t], [lay, None], m, what=f"bce logits weighted {red}")
+        check_op(lambda a, b: F.binary_cross_entropy(a, b, reduction=red), [p, t], [lay, lay], m, what=f"bce {red}")
+        check_op(lambda a, b: F.binary_cross_entropy(a, b, weight=w, reduction=red), [p, t], [lay, lay], m,
+                 what=f"bce weighted {red}")
+    # A value outside [0, 1] on one rank only: every rank raises torch's error (no rank left in a collective).
+    bad = p.clone()
+    bad[0, 0, -1, 0] = 1.5
+    with st.use_strict():
+        try:
+            F.binary_cross_entropy(st.distribute_tensor(bad, m, lay[0], lay[1]), t)
+        except RuntimeError as e:
+            assert "between 0 and 1" in str(e), e
+        else:
+            raise AssertionError("no error for an input outside [0, 1]")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_binary_cross_entropy(world):
+    harness.run(world, case_binary_cross_entropy, world)
