@@ -118,7 +118,7 @@ at::Scalar highest(at::ScalarType t) {
   return limit(t, /*low=*/false);
 }
 
-enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm };
+enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm, NanSum, CountNonzero };
 
 // A reduction of an empty global tensor raises exactly as on one device: `run_on` runs the op on an empty tensor of
 // the global shape (no memory). The decision reads global shapes only, so every rank raises alike; when one device
@@ -129,7 +129,7 @@ void raise_like_torch_if_empty(const at::Tensor& self, RunOn run_on) {
   run_on(at::empty(self.sizes(), dispatch::local_or_self(self).options()));
 }
 
-// sum, mean, amax, amin, all, any, prod, linalg_vector_norm: fifteen overloads whose arguments differ in position
+// sum, mean, amax, amin, all, any, prod, linalg_vector_norm, nansum, count_nonzero: eighteen overloads whose arguments differ in position
 // (sum(self, dtype?) vs sum.dim_IntList(self, dim, keepdim, dtype?); all.dim's dim is an int): one boxed rule reads
 // them by name, and the empty-input probe re-calls the op itself.
 void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -188,6 +188,8 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
         out = kind == Kind::Amax ? at::amax(local, dims, keepdim) : at::amin(local, dims, keepdim);
       }
       break;
+    case Kind::NanSum: out = at::nansum(local, dims, keepdim, dtype); break;
+    case Kind::CountNonzero: out = at::count_nonzero(local, dims); break;
     case Kind::All: out = at::all(local, dims, keepdim); break;
     case Kind::Any: out = at::any(local, dims, keepdim); break;
     case Kind::Prod: {
@@ -219,7 +221,9 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
   for (auto m : layout.reduced_mesh_dims) {
     switch (kind) {
       case Kind::Sum:
-      case Kind::Mean: placements[m] = Placement::partial(ReduceOp::Sum); break;
+      case Kind::Mean:
+      case Kind::NanSum:
+      case Kind::CountNonzero: placements[m] = Placement::partial(ReduceOp::Sum); break;
       case Kind::Amax: placements[m] = Placement::partial(ReduceOp::Max); break;
       case Kind::Amin: placements[m] = Placement::partial(ReduceOp::Min); break;
       case Kind::All: placements[m] = Placement::partial(ReduceOp::Min); need_resolve = true; break;
@@ -476,6 +480,9 @@ SHARDTENSOR_RULE_FAMILY(reduction) {
   set_handler("aten::any", decomposable<Kind::Any>);
   set_handler("aten::any.dim", decomposable<Kind::Any>);
   set_handler("aten::any.dims", decomposable<Kind::Any>);
+  set_handler("aten::nansum", decomposable<Kind::NanSum>);
+  set_handler("aten::count_nonzero", decomposable<Kind::CountNonzero>);
+  set_handler("aten::count_nonzero.dim_IntList", decomposable<Kind::CountNonzero>);
   set_handler("aten::prod", decomposable<Kind::Prod>);
   set_handler("aten::prod.dim_int", decomposable<Kind::Prod>);
   set_handler("aten::linalg_vector_norm", decomposable<Kind::Norm>);

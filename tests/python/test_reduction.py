@@ -40,6 +40,18 @@ def case_reductions(dim_sharded, seed):
                      ("argmin", lambda t: t.argmin()), ("all", lambda t: (t > -3).all(1)),
                      ("any", lambda t: (t > 1.5).any())]:
         check_op(fn, [x], [lay], m, grad=name.startswith("max") or name.startswith("min"), what=name)
+    # NaN-ignoring sums and non-zero counts (strict: rules, a Partial sum over the sharded dims).
+    xn = x.clone()
+    xn[0, 1, 0] = xn[4, 6, 2] = xn[2, 3, 1] = float("nan")
+    xz = x.clone()
+    xz[x.abs() < 0.5] = 0
+    with st.use_strict():
+        for name, fn, inp, grad in [("nansum", lambda t: t.nansum(), xn, True),
+                                    ("nansum dim", lambda t: torch.nansum(t, 1), xn, True),
+                                    ("nanmean dims", lambda t: t.nanmean((0, 2)), xn, True),
+                                    ("count_nonzero", lambda t: torch.count_nonzero(t), xz, False),
+                                    ("count_nonzero dims", lambda t: torch.count_nonzero(t, (0, 1)), xz, False)]:
+            check_op(fn, [inp], [lay], m, grad=grad, rtol=1e-5, atol=1e-5, what=name)
     return True
 
 
