@@ -2,12 +2,15 @@
 // logits) are composed from sharded ops,
 // so `mean`/`sum` reductions give Partial sums. nll_loss (and cross_entropy through it) over sharded batch or
 // spatial dims: per-rank sums of the picked log-probabilities and of the class weights, all-reduced together.
-// logsumexp: global max, then global sum. cumsum: local scan plus the totals of lower ranks. flip along a
+// logsumexp: global max, then global sum. cumsum, cumprod, logcumsumexp: local scan combined with the totals of
+// lower ranks. flip along a
 // sharded dim mirrors the ranks.
 #include "comm/collectives.h"
 #include "comm/functional.h"
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
+
+#include <limits>
 
 namespace shardtensor::ops {
 
@@ -309,6 +312,48 @@ at::Tensor cumsum_rule(const at::Tensor& self_arg, int64_t dim_arg, std::optiona
   return make_shard_tensor(out, spec);
 }
 
+// A scan along a sharded dim (cumprod, logcumsumexp): the local scan, then every row combined with the totals of the
+// lower coordinates along the mesh dim (their last rows, gathered in one collective) by `combine(local, prefix)`;
+// `empty_total` is the total of a rank without rows (the scan's identity), `fold(all, count)` reduces the first
+// `count` gathered totals.
+template <typename Scan, typename Fold, typename Combine>
+at::Tensor sharded_scan(const at::Tensor& self_arg, int64_t dim_arg, double empty_total, Scan scan, Fold fold,
+                        Combine combine) {
+  auto self = resolve_partial(self_arg);
+  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
+  auto spec = shard_impl(self)->spec();
+  const auto& x = shard_impl(self)->local();
+  auto out = scan(x, dim);
+  const auto m = spec->mesh_dim_of(dim);
+  if (m >= 0) {
+    auto total = x.size(dim) > 0 ? out.narrow(dim, x.size(dim) - 1, 1)
+                                 : at::full(out.narrow(dim, 0, 0).sum(dim, true).sizes(), empty_total, out.options());
+    comm::StatReduce r;
+    const auto i = r.gathered(total);
+    r.run(*spec->mesh, {m});
+    const auto me = spec->mesh->coordinate(m);
+    if (me > 0) out = combine(out, fold(r.result(i)[0].narrow(0, 0, me)));
+  }
+  return make_shard_tensor(out, spec);
+}
+
+// cumprod(Tensor self, int dim, *, ScalarType? dtype=None)
+at::Tensor cumprod_rule(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return sharded_scan(
+      self, dim, 1.0, [&](const at::Tensor& x, int64_t d) { return at::cumprod(x, d, dtype); },
+      [](const at::Tensor& lower) { return at::prod(lower, 0); },
+      [](const at::Tensor& out, const at::Tensor& prefix) { return out * prefix; });
+}
+
+// logcumsumexp(Tensor self, int dim)
+at::Tensor logcumsumexp_rule(const at::Tensor& self, int64_t dim) {
+  return sharded_scan(
+      self, dim, -std::numeric_limits<double>::infinity(),
+      [](const at::Tensor& x, int64_t d) { return at::logcumsumexp(x, d); },
+      [](const at::Tensor& lower) { return at::logsumexp(lower, 0); },
+      [](const at::Tensor& out, const at::Tensor& prefix) { return at::logaddexp(out, prefix); });
+}
+
 // flip(Tensor self, int[] dims): along a sharded dim, rank c's flipped data belongs to coordinate n-1-c.
 at::Tensor flip_rule(const at::Tensor& self_arg, at::IntArrayRef dims_arg) {
   auto self = resolve_partial(self_arg);
@@ -350,6 +395,8 @@ SHARDTENSOR_RULE_FAMILY(loss) {
   set_handler("aten::nll_loss2d_backward", typed_handler(&nll_loss2d_backward_rule));
   set_handler("aten::logsumexp", typed_handler(&logsumexp_rule));
   set_handler("aten::cumsum", typed_handler(&cumsum_rule));
+  set_handler("aten::cumprod", typed_handler(&cumprod_rule));
+  set_handler("aten::logcumsumexp", typed_handler(&logcumsumexp_rule));
   set_handler("aten::flip", typed_handler(&flip_rule));
 }
 

@@ -359,6 +359,18 @@ at::Tensor argmin_rule(const at::Tensor& self, std::optional<int64_t> dim, bool 
   return std::get<1>(extreme_with_index(false, self, dim, keepdim));
 }
 
+// aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max): amin and amax, each
+// Partial(min) / Partial(max) over the sharded reduced dims (completed where used, as amax's own result).
+std::tuple<at::Tensor, at::Tensor> aminmax_rule(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  raise_like_torch_if_empty(self, [&](const at::Tensor& e) { at::aminmax(e, dim, keepdim); });
+  std::vector<int64_t> dims;
+  if (dim) dims.push_back(*dim);
+  if (!dim && keepdim) {  // every dim reduced and kept
+    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
+  }
+  return {at::amin(self, dims, keepdim), at::amax(self, dims, keepdim)};
+}
+
 // Variance (or standard deviation) and mean over `dim_arg` with Chan's parallel formula across sharded dims.
 std::tuple<at::Tensor, at::Tensor> moments(bool is_std, const at::Tensor& self_in, at::OptionalIntArrayRef dim_arg,
                                            const std::optional<at::Scalar>& correction_arg, bool keepdim) {
@@ -492,6 +504,7 @@ SHARDTENSOR_RULE_FAMILY(reduction) {
   set_handler("aten::min", typed_handler(&min_rule));
   set_handler("aten::argmax", typed_handler(&argmax_rule));
   set_handler("aten::argmin", typed_handler(&argmin_rule));
+  set_handler("aten::aminmax", typed_handler(&aminmax_rule));
   set_handler("aten::var.correction", typed_handler(&var_rule));
   set_handler("aten::std.correction", typed_handler(&std_rule));
   set_handler("aten::var_mean.correction", typed_handler(&var_mean_rule));

@@ -1,5 +1,5 @@
-// Ops that work along given dims: sort, topk, the scans other than cumsum (cumprod, cummax, cummin,
-// logcumsumexp) and view_as_real / view_as_complex. Along dims that are not sharded they run on the local shards and
+// Ops that work along given dims: sort, topk, cummax / cummin (cumsum, cumprod and logcumsumexp scan sharded dims:
+// loss.cpp) and view_as_real / view_as_complex. Along dims that are not sharded they run on the local shards and
 // every output keeps the input's layout; along a sharded dim they raise with the remedy (each needs the whole dim: a
 // distributed sort is not implemented). The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
 #include "ops/common.h"
@@ -68,8 +68,7 @@ SHARDTENSOR_RULE_FAMILY(sort_fft) {
     return [along](const c10::OperatorHandle& op, torch::jit::Stack* stack) { along_dims_handler(along, op, stack); };
   };
   // Along `dim` (sort, sort.stable, topk, the scans).
-  for (const char* name : {"aten::sort", "aten::sort.stable", "aten::topk", "aten::cumprod", "aten::cummax",
-                           "aten::cummin", "aten::logcumsumexp"})
+  for (const char* name : {"aten::sort", "aten::sort.stable", "aten::topk", "aten::cummax", "aten::cummin"})
     dispatch::set_handler(name, rule(Along::dim_arg));
   // Complex <-> real pairs: view_as_real appends a dim of 2, view_as_complex consumes the last dim.
   dispatch::set_handler("aten::view_as_real", rule(Along::none));

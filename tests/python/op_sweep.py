@@ -75,7 +75,14 @@ def _flat(value):
     return pytree.tree_leaves(value)
 
 
-def _compare(out, ref, values=True):
+# Gradients whose float32 formula is ill-conditioned, so that one device is itself far from the exact value and a
+# sharded computation (the same math, rounded in another order) differs from it by as much: logcumsumexp's backward
+# is a difference of two exponentials of reverse log-cumulative sums (measured on its first OpInfo sample, dim 0
+# sharded on 2 ranks: one device 2.4e-3 and the sharded scan 3.0e-3 from the float64 gradient, max |grad| 5.0).
+GRAD_TOLERANCE = {"logcumsumexp": (5e-3, 5e-3)}
+
+
+def _compare(out, ref, values=True, rtol=1e-4, atol=1e-5):
     """True when `out` (ShardTensors gathered) equals `ref` leaf by leaf (NaNs equal, fp32 tolerances); with
     `values=False` only shapes and dtypes (an uninitialized result)."""
     import torch
@@ -95,7 +102,7 @@ def _compare(out, ref, values=True):
             if not values:
                 continue
             if y.is_floating_point() or y.is_complex():
-                if not torch.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True):
+                if not torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
                     return False
             elif not torch.equal(x, y):
                 return False
@@ -176,7 +183,7 @@ def _run(info, sample, pattern, m, strict):
         for a, b in zip(sh_grads, ref_grads):
             if (a is None) != (b is None):
                 return "wrong"
-            if b is not None and not _compare(a, b):
+            if b is not None and not _compare(a, b, True, *GRAD_TOLERANCE.get(info.name, (1e-4, 1e-5))):
                 return "wrong"
     return "ok"
 

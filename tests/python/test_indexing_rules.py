@@ -219,3 +219,46 @@ def test_indexing_sharded_dim_refused(which):
     errors = harness.expect_error(3, case_refusals, which, kinds=("NotImplementedError",))
     for kind, msg, _ in errors.values():
         assert "Replicate()" in msg and "Shard(" in msg, msg
+
+
+def case_bucketize_searchsorted(seed):
+    """bucketize / searchsorted of a sharded tensor into a whole sorted sequence (plain or replicated): local lookups
+    laid out like the input, no collective; a sharded or N-D sequence is declined and served by the fallback."""
+    m = mesh()
+    x = randn(3, 7, 4, seed=seed)
+    lay = ([st.Shard(1)], {0: uneven_extents(7, m.size(), seed)})
+    edges = torch.tensor([-1.0, -0.2, 0.0, 0.5, 1.5])
+    sorter_seq = torch.tensor([0.5, -1.0, 1.5, 0.0, -0.2])
+    sorter = torch.argsort(sorter_seq)
+    xs = st.distribute_tensor(x, m, *lay)
+    er = st.distribute_tensor(edges, m, [st.Replicate()])
+    with st.use_strict():
+        before = sum(st.comm_stats()["calls"].values())
+        outs = [torch.bucketize(xs, edges), torch.bucketize(xs, edges, right=True, out_int32=True),
+                torch.searchsorted(edges, xs), torch.searchsorted(edges, xs, side="right"),
+                torch.searchsorted(sorter_seq, xs, sorter=sorter),
+                torch.bucketize(xs, er)]
+        assert sum(st.comm_stats()["calls"].values()) == before, "a lookup communicated"
+    refs = [torch.bucketize(x, edges), torch.bucketize(x, edges, right=True, out_int32=True),
+            torch.searchsorted(edges, x), torch.searchsorted(edges, x, side="right"),
+            torch.searchsorted(sorter_seq, x, sorter=sorter), torch.bucketize(x, edges)]
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert st.placements(o) == (st.Shard(1),), i
+        assert o.dtype == r.dtype and torch.equal(full(o), r), i
+    if m.size() > 1:
+        # A sharded sequence: declined; the fallback gives one device's answer.
+        es = st.distribute_tensor(edges, m, [st.Shard(0)])
+        with st.use_strict():
+            try:
+                torch.bucketize(xs, es)
+            except NotImplementedError as e:
+                assert "Replicate()" in str(e), e
+            else:
+                raise AssertionError("sharded boundaries accepted")
+        assert torch.equal(full(torch.bucketize(xs, es)), torch.bucketize(x, edges))
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_bucketize_searchsorted(world):
+    harness.run(world, case_bucketize_searchsorted, world)

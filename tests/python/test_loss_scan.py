@@ -54,6 +54,17 @@ def case_scans(seed):
     check_op(lambda t: torch.cumsum(t, 1), [x], [lay], m, rtol=1e-5, atol=1e-5, what="cumsum sharded")
     check_op(lambda t: torch.cumsum(t, 0), [x], [lay], m, what="cumsum unsharded")
     check_op(lambda t: torch.flip(t, (1, 2)), [x], [lay], m, what="flip")
+    # Scans along the sharded dim (strict: rules), including a rank without rows when there are three.
+    zlay = ([st.Shard(1)], {0: [3, 0, 5]}) if m.size() == 3 else lay
+    y = 0.8 + 0.4 * torch.rand(3, 8, 5, generator=torch.Generator().manual_seed(seed))  # products stay moderate
+    with st.use_strict():
+        for lay_ in (lay, zlay):
+            check_op(lambda t: torch.cumprod(t, 1), [y], [lay_], m, rtol=1e-5, atol=1e-6, what="cumprod sharded")
+            check_op(lambda t: torch.cumprod(t, 1, dtype=torch.float64), [y], [lay_], m, rtol=1e-5, atol=1e-6,
+                     what="cumprod float64")
+            check_op(lambda t: torch.logcumsumexp(t, 1), [x], [lay_], m, rtol=1e-5, atol=1e-5,
+                     what="logcumsumexp sharded")
+        check_op(lambda t: torch.cumprod(t, 2), [y], [lay], m, what="cumprod unsharded")
     return True
 
 

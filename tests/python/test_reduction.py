@@ -50,7 +50,11 @@ def case_reductions(dim_sharded, seed):
                                     ("nansum dim", lambda t: torch.nansum(t, 1), xn, True),
                                     ("nanmean dims", lambda t: t.nanmean((0, 2)), xn, True),
                                     ("count_nonzero", lambda t: torch.count_nonzero(t), xz, False),
-                                    ("count_nonzero dims", lambda t: torch.count_nonzero(t, (0, 1)), xz, False)]:
+                                    ("count_nonzero dims", lambda t: torch.count_nonzero(t, (0, 1)), xz, False),
+                                    ("aminmax", lambda t: torch.aminmax(t), x, False),
+                                    ("aminmax dim keepdim", lambda t: torch.aminmax(t, dim=dim_sharded, keepdim=True),
+                                     x, False),
+                                    ("aminmax other dim", lambda t: torch.aminmax(t, dim=2 - dim_sharded), x, False)]:
             check_op(fn, [inp], [lay], m, grad=grad, rtol=1e-5, atol=1e-5, what=name)
     return True
 
