@@ -68,6 +68,7 @@ QUICK = {
     "test_reduction.py": ["test_reductions[0-3]"],
     "test_projection.py": ["test_least_share_over_workloads"],
     "test_roll.py": ["test_roll_sharded_dim[3]"],
+    "test_pixel_ops.py": ["test_pixel_ops[3]"],
     "test_sim_agreement.py": ["test_within_and_outside_noise"],
     "test_select_divided.py": ["test_levels_select_stays_divided[2-l_ext1-0]"],
     "test_shm_transport.py": ["test_conv_step_through_rings[2]", "test_all_reduce_through_rings[3]",
