@@ -2,7 +2,7 @@
 // logits) are composed from sharded ops,
 // so `mean`/`sum` reductions give Partial sums. nll_loss (and cross_entropy through it) over sharded batch or
 // spatial dims: per-rank sums of the picked log-probabilities and of the class weights, all-reduced together.
-// logsumexp: global max, then global sum. cumsum, cumprod, logcumsumexp: local scan combined with the totals of
+// cumsum, cumprod, logcumsumexp: local scan combined with the totals of
 // lower ranks. flip along a
 // sharded dim mirrors the ranks.
 #include "comm/collectives.h"
@@ -271,26 +271,6 @@ at::Tensor nll_loss2d_backward_rule(const at::Tensor& grad_output, const at::Ten
                       total_weight);
 }
 
-// logsumexp(Tensor self, int[1] dim, bool keepdim=False)
-at::Tensor logsumexp_rule(const at::Tensor& self_arg, at::IntArrayRef dim, bool keepdim) {
-  auto self = resolve_partial(self_arg);
-  std::vector<int64_t> dims;
-  for (auto d : dim) dims.push_back(wrap_dim(d, std::max<int64_t>(self.dim(), 1)));
-  if (dims.empty())
-    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
-  auto mx = at::amax(self, dims, true);                // Partial(max) over sharded reduced dims
-  auto mxr = resolve_partial(mx);
-  auto safe = at::where(at::isinf(mxr), at::zeros_like(mxr), mxr);
-  auto s = at::sum(at::exp(self - safe), dims, true);  // Partial(sum)
-  auto out = at::log(resolve_partial(s)) + safe;
-  if (!keepdim) {
-    std::vector<int64_t> sq(dims.begin(), dims.end());
-    std::sort(sq.rbegin(), sq.rend());
-    for (auto d : sq) out = at::squeeze(out, d);
-  }
-  return out;
-}
-
 // cumsum(Tensor self, int dim, *, ScalarType? dtype=None)
 at::Tensor cumsum_rule(const at::Tensor& self_arg, int64_t dim_arg, std::optional<at::ScalarType> dtype) {
   auto self = resolve_partial(self_arg);
@@ -393,7 +373,6 @@ SHARDTENSOR_RULE_FAMILY(loss) {
   set_handler("aten::nll_loss2d_forward", typed_handler(&nll_loss2d_forward_rule));
   set_handler("aten::nll_loss_backward", typed_handler(&nll_loss_backward_rule));
   set_handler("aten::nll_loss2d_backward", typed_handler(&nll_loss2d_backward_rule));
-  set_handler("aten::logsumexp", typed_handler(&logsumexp_rule));
   set_handler("aten::cumsum", typed_handler(&cumsum_rule));
   set_handler("aten::cumprod", typed_handler(&cumprod_rule));
   set_handler("aten::logcumsumexp", typed_handler(&logcumsumexp_rule));

@@ -359,6 +359,39 @@ at::Tensor argmin_rule(const at::Tensor& self, std::optional<int64_t> dim, bool 
   return std::get<1>(extreme_with_index(false, self, dim, keepdim));
 }
 
+// logsumexp(Tensor self, int[1] dim, bool keepdim=False): every rank's (max, Σ exp(x − max)) over its part of the
+// reduced dims, combined in one collective (comm/stat_reduce.h); Replicate over the reduced mesh dims. As on one
+// device: an all -inf slice gives -inf, a +inf gives +inf, integral inputs give the default float dtype.
+at::Tensor logsumexp_rule(const at::Tensor& self_arg, at::IntArrayRef dim, bool keepdim) {
+  if (self_arg.is_complex()) dispatch::not_implemented("logsumexp of a complex tensor");
+  auto self = resolve_partial(self_arg);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& local = shard_impl(self)->local();
+  const auto x = at::isIntegralType(local.scalar_type(), /*includeBool=*/true)
+                     ? local.to(c10::typeMetaToScalarType(at::get_default_dtype()))
+                     : local;
+  const auto dims = reduced_dims(at::OptionalIntArrayRef(dim), self.dim());
+  const auto layout = reduce_layout(spec, dims, keepdim);
+  at::Tensor out;
+  if (layout.reduced_mesh_dims.empty()) {
+    out = at::logsumexp(x, dims, keepdim);
+  } else {
+    constexpr auto inf = std::numeric_limits<double>::infinity();
+    auto zero = at::zeros({}, x.options());
+    auto local_max = empty_reduction(x, dims) ? at::full(local_reduced_shape(x, dims, true), -inf, x.options())
+                                              : at::amax(x, dims, true);
+    auto base = at::where(at::isinf(local_max), zero, local_max);
+    comm::StatReduce r;
+    const auto lse = r.log_sum_exp(local_max, at::sum(at::exp(x - base), dims, true));
+    r.run(*spec.mesh, layout.reduced_mesh_dims);
+    const auto& top = r.result(lse)[0];
+    out = at::where(top == inf, top, at::log(r.result(lse)[1]) + at::where(at::isinf(top), zero, top));
+    if (!keepdim)
+      for (auto it = dims.rbegin(); it != dims.rend(); ++it) out = out.squeeze(*it);
+  }
+  return wrap(out, spec.mesh, layout.placements, layout.out_shape, layout.ext);
+}
+
 // aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max): amin and amax, each
 // Partial(min) / Partial(max) over the sharded reduced dims (completed where used, as amax's own result).
 std::tuple<at::Tensor, at::Tensor> aminmax_rule(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
@@ -505,6 +538,7 @@ SHARDTENSOR_RULE_FAMILY(reduction) {
   set_handler("aten::argmax", typed_handler(&argmax_rule));
   set_handler("aten::argmin", typed_handler(&argmin_rule));
   set_handler("aten::aminmax", typed_handler(&aminmax_rule));
+  set_handler("aten::logsumexp", typed_handler(&logsumexp_rule));
   set_handler("aten::var.correction", typed_handler(&var_rule));
   set_handler("aten::std.correction", typed_handler(&std_rule));
   set_handler("aten::var_mean.correction", typed_handler(&var_mean_rule));

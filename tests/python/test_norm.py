@@ -485,7 +485,7 @@ def test_batch_norm_replicated_buffers():
 
 def case_statistics_in_one_collective(seed):
     """The statistics executor (comm/stat_reduce.h): softmax over a sharded dim sends its (max, sum of exp) pairs in
-    one collective (so does _safe_softmax, scaled_dot_product_attention's math form), max with indices its values and
+    one collective (so do _safe_softmax, scaled_dot_product_attention's math form, and logsumexp), max with indices its values and
     indices in one, layer_norm over a sharded dim its moments in one;
     results equal one device's with a zero-extent rank, -inf rows on a rank and ties across ranks."""
     m = mesh()
@@ -510,6 +510,8 @@ def case_statistics_in_one_collective(seed):
                                ("log_softmax", lambda t: torch.log_softmax(t, 1), None, (x, xs)),
                                ("max", lambda t: t.max(1), "tuple", (x, xs)),
                                ("_safe_softmax", lambda t: torch._safe_softmax(t, 1), None, (z, zs)),
+                               ("logsumexp", lambda t: torch.logsumexp(t, 1), None, (z, zs)),
+                               ("logsumexp keepdim", lambda t: torch.logsumexp(t, (0, 1), keepdim=True), None, (x, xs)),
                                ("layer_norm", lambda t: F.layer_norm(t.transpose(1, 2), (9,)), None, (y, ys))]:
         before = calls()
         out = fn(inp[1])
