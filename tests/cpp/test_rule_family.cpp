@@ -24,6 +24,7 @@ const std::map<std::string, std::string>& owned_ops() {
   static const std::map<std::string, std::string> ops = {
       {"attention", "aten::scaled_dot_product_attention"},
       {"batch_norm", "aten::batch_norm"},
+      {"bucketize", "aten::bucketize.Tensor"},
       {"conv", "aten::convolution"},
       {"diagonal", "aten::trace"},
       {"embedding", "aten::embedding"},
@@ -39,6 +40,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"neighborhood_attention", "shardtensor::neighborhood_attention"},
       {"norm", "aten::native_layer_norm"},
       {"pad", "aten::constant_pad_nd"},
+      {"pixel_shuffle", "aten::pixel_shuffle"},
       {"pointwise", "aten::add.Tensor"},
       {"pool", "aten::max_pool2d_with_indices"},
       {"position_writes", "aten::masked_scatter"},
