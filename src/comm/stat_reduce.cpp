@@ -28,6 +28,19 @@ size_t StatReduce::moments(const at::Tensor& count, const at::Tensor& mean, cons
   return add(Kind::Moments, {count.to(mean.scalar_type()).expand(mean.sizes()), mean, m2});
 }
 
+size_t StatReduce::log_sum_exp_over(const at::Tensor& x, const std::vector<int64_t>& dims) {
+  constexpr auto inf = std::numeric_limits<double>::infinity();
+  auto shape = x.sizes().vec();
+  bool empty = false;
+  for (auto d : dims) {
+    empty = empty || shape[d] == 0;
+    shape[d] = 1;
+  }
+  auto local_max = empty ? at::full(shape, -inf, x.options()) : at::amax(x, dims, /*keepdim=*/true);
+  auto base = at::where(at::isinf(local_max), at::zeros({}, x.options()), local_max);
+  return log_sum_exp(local_max, at::sum(at::exp(x - base), dims, /*keepdim=*/true));
+}
+
 void StatReduce::run(const Mesh& mesh, const std::vector<int64_t>& mesh_dims) {
   for (const auto& t : terms_)
     TORCH_INTERNAL_ASSERT(t.kind != Kind::Gathered || mesh_dims.size() <= 1,

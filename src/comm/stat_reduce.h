@@ -4,7 +4,7 @@
 // collective per mesh dim, whatever their kinds and dtypes.
 //
 //   comm::StatReduce r;
-//   const auto lse = r.log_sum_exp(local_max, local_sum_exp);   // softmax over a sharded dim
+//   const auto lse = r.log_sum_exp_over(x, {dim});   // softmax over a sharded dim: this rank's (max, sum exp)
 //   r.run(mesh, {mesh_dim});
 //   auto global_max = r.result(lse)[0], global_sum = r.result(lse)[1];
 //
@@ -46,6 +46,9 @@ class StatReduce {
   // A rank's max (-inf where it has no element) and Σ exp(x − max) -> result {max, Σ exp(x − max)} of every rank's
   // elements together.
   size_t log_sum_exp(const at::Tensor& max, const at::Tensor& sum_exp) { return add(Kind::LogSumExp, {max, sum_exp}); }
+  // The same from the rank's elements of `x` over `dims` (kept as size 1): its max and Σ exp(x − max), with a
+  // non-finite max read as 0 in the exponent (a rank without elements, or all -inf, adds nothing).
+  size_t log_sum_exp_over(const at::Tensor& x, const std::vector<int64_t>& dims);
 
   // A rank's extreme values and their (global) indices -> result {value, index} of the first coordinate holding the
   // extreme (max / min's indices, as on one device).

@@ -271,28 +271,7 @@ at::Tensor nll_loss2d_backward_rule(const at::Tensor& grad_output, const at::Ten
                       total_weight);
 }
 
-// cumsum(Tensor self, int dim, *, ScalarType? dtype=None)
-at::Tensor cumsum_rule(const at::Tensor& self_arg, int64_t dim_arg, std::optional<at::ScalarType> dtype) {
-  auto self = resolve_partial(self_arg);
-  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
-  auto spec = shard_impl(self)->spec();
-  const auto& x = shard_impl(self)->local();
-  auto out = at::cumsum(x, dim, dtype);
-  const auto m = spec->mesh_dim_of(dim);
-  if (m >= 0) {
-    // Add the totals of every lower coordinate along the mesh dim.
-    auto total = x.size(dim) > 0 ? out.narrow(dim, x.size(dim) - 1, 1) : at::zeros_like(out.narrow(dim, 0, 0)).sum(dim, true);
-    comm::StatReduce r;
-    const auto i = r.gathered(total);
-    r.run(*spec->mesh, {m});
-    const auto& all = r.result(i)[0];
-    const auto me = spec->mesh->coordinate(m);
-    if (me > 0) out = out + all.narrow(0, 0, me).sum(0);
-  }
-  return make_shard_tensor(out, spec);
-}
-
-// A scan along a sharded dim (cumprod, logcumsumexp): the local scan, then every row combined with the totals of the
+// A scan along a sharded dim (cumsum, cumprod, logcumsumexp): the local scan, then every row combined with the totals of the
 // lower coordinates along the mesh dim (their last rows, gathered in one collective) by `combine(local, prefix)`;
 // `empty_total` is the total of a rank without rows (the scan's identity), `fold(all, count)` reduces the first
 // `count` gathered totals.
@@ -315,6 +294,14 @@ at::Tensor sharded_scan(const at::Tensor& self_arg, int64_t dim_arg, double empt
     if (me > 0) out = combine(out, fold(r.result(i)[0].narrow(0, 0, me)));
   }
   return make_shard_tensor(out, spec);
+}
+
+// cumsum(Tensor self, int dim, *, ScalarType? dtype=None)
+at::Tensor cumsum_rule(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return sharded_scan(
+      self, dim, 0.0, [&](const at::Tensor& x, int64_t d) { return at::cumsum(x, d, dtype); },
+      [](const at::Tensor& lower) { return at::sum(lower, 0); },
+      [](const at::Tensor& out, const at::Tensor& prefix) { return out + prefix; });
 }
 
 // cumprod(Tensor self, int dim, *, ScalarType? dtype=None)

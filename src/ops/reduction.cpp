@@ -378,11 +378,8 @@ at::Tensor logsumexp_rule(const at::Tensor& self_arg, at::IntArrayRef dim, bool 
   } else {
     constexpr auto inf = std::numeric_limits<double>::infinity();
     auto zero = at::zeros({}, x.options());
-    auto local_max = empty_reduction(x, dims) ? at::full(local_reduced_shape(x, dims, true), -inf, x.options())
-                                              : at::amax(x, dims, true);
-    auto base = at::where(at::isinf(local_max), zero, local_max);
     comm::StatReduce r;
-    const auto lse = r.log_sum_exp(local_max, at::sum(at::exp(x - base), dims, true));
+    const auto lse = r.log_sum_exp_over(x, dims);
     r.run(*spec.mesh, layout.reduced_mesh_dims);
     const auto& top = r.result(lse)[0];
     out = at::where(top == inf, top, at::log(r.result(lse)[1]) + at::where(at::isinf(top), zero, top));

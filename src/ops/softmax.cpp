@@ -39,14 +39,8 @@ at::Tensor softmax_along(const at::Tensor& self_arg, int64_t dim_arg, bool half_
     auto xf = half_to_float ? x.to(at::kFloat) : x;
     // Each rank's (max, sum of exp relative to it) over its rows, combined in one collective (comm/stat_reduce.h);
     // a rank without rows, or whose rows are all -inf, adds nothing.
-    auto shape = xf.sizes().vec();
-    shape[dim] = 1;
-    auto local_max = x.size(dim) == 0 ? at::full(shape, -std::numeric_limits<double>::infinity(), xf.options())
-                                      : xf.amax(dim, true);
-    auto base = at::where(local_max == -std::numeric_limits<double>::infinity(), at::zeros({}, xf.options()),
-                          local_max);
     comm::StatReduce r;
-    const auto lse = r.log_sum_exp(local_max, (xf - base).exp().sum(dim, true));
+    const auto lse = r.log_sum_exp_over(xf, {dim});
     r.run(*spec->mesh, {spec->mesh_dim_of(dim)});
     auto shifted = xf - r.result(lse)[0];
     const auto& gsum = r.result(lse)[1];
