@@ -11,6 +11,12 @@
 
 namespace shardtensor::ops {
 
+// A meta tensor of `t`'s global shape and dtype: run torch's own op on such tensors (under comm::HostMetadataGuard)
+// to raise its own argument errors from the global shapes, on every rank alike, before any collective.
+inline at::Tensor meta_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options().device(at::kMeta));
+}
+
 // aten::convolution's arguments (torch's check_shape_forward and parameter checks).
 void check_convolution_args(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,

@@ -1,8 +1,10 @@
-// Contractions. mm/bmm/addmm/baddbmm pick the output layout per mesh dim from the operands' shards:
-// batch or row or column shards stay shards, a sharded contracted dim gives Partial(sum).
+// Contractions. mm/bmm/addmm/baddbmm and the vector products (dot, vdot, mv, addmv, addr) pick the output layout
+// per mesh dim from the operands' shards: batch or row or column shards stay shards, a sharded contracted dim gives
+// Partial(sum).
 // `linear` and `matmul` are bound above autograd so token-sharded (..., S, K) inputs are never flattened
 // across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
 #include "comm/collectives.h"
+#include "comm/host_metadata.h"
 #include "comm/redistribute.h"
 #include "dispatch/grad_buckets.h"
 #include "dispatch/grad_layout.h"
@@ -86,30 +88,97 @@ bool owns_bias(const ContractPlan& plan, const Mesh& mesh) {
   return true;
 }
 
-// A matrix product `a @ b` (batched: bmm), plus `beta * bias` when a bias is given (addmm, baddbmm).
-at::Tensor contraction(const char* op_name, bool batched, const at::Tensor& a, const at::Tensor& b,
-                       const at::Tensor* bias, at::Scalar beta, const at::Scalar& alpha) {
+// The local kernel of a labelled contraction: the operands' local parts and, with a bias, its local part and the
+// beta this rank applies (0 on ranks that do not own the bias of a pending sum).
+using LocalContraction =
+    std::function<at::Tensor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, const at::Scalar& beta)>;
+
+// A contraction described by dim labels ('b' batch, 'm' rows, 'k' contracted, 'n' columns): `la`/`lb` label the
+// operands' dims and `lo` the output's (of `out_shape`). Batch, row and column shards stay shards of the output, a
+// sharded contracted dim leaves Partial(sum); `bias` (when given) is aligned to the output's layout.
+at::Tensor labelled_contraction(const char* op_name, const at::Tensor& a, const std::string& la, const at::Tensor& b,
+                                const std::string& lb, const std::string& lo, const std::vector<int64_t>& out_shape,
+                                const at::Tensor* bias, at::Scalar beta, const LocalContraction& kernel) {
   auto mesh = bias ? dispatch::common_mesh(op_name, {*bias, a, b}) : dispatch::common_mesh(op_name, {a, b});
-  check_contraction_args(op_name, batched, a, b, bias);
-  const std::string la = batched ? "bmk" : "mk", lb = batched ? "bkn" : "kn", lo = batched ? "bmn" : "mn";
   auto plan = plan_contraction(a, la, b, lb, lo, mesh);
   auto a_local = local_as(a, mesh, plan.pa, plan.ea);
   auto b_local = local_as(b, mesh, plan.pb, plan.eb);
-  std::vector<int64_t> out_shape = batched ? std::vector<int64_t>{a.size(0), a.size(1), b.size(2)}
-                                           : std::vector<int64_t>{a.size(0), b.size(1)};
-  at::Tensor out;
+  at::Tensor bias_local;
   if (bias) {
     Placements bias_target = plan.po;
     for (auto& p : bias_target)
       if (p.is_partial()) p = Placement::replicate();
-    auto bias_local = local_aligned(resolve_partial(*bias), mesh, out_shape, bias_target, plan.eo);
+    bias_local = local_aligned(resolve_partial(*bias), mesh, out_shape, bias_target, plan.eo);
     if (!owns_bias(plan, *mesh)) beta = 0;
-    out = batched ? at::baddbmm(bias_local, a_local, b_local, beta, alpha)
-                  : at::addmm(bias_local, a_local, b_local, beta, alpha);
-  } else {
-    out = batched ? at::bmm(a_local, b_local) : at::mm(a_local, b_local);
   }
-  return wrap(out, mesh, plan.po, out_shape, plan.eo);
+  return wrap(kernel(a_local, b_local, bias_local, beta), mesh, plan.po, out_shape, plan.eo);
+}
+
+// A matrix product `a @ b` (batched: bmm), plus `beta * bias` when a bias is given (addmm, baddbmm).
+at::Tensor contraction(const char* op_name, bool batched, const at::Tensor& a, const at::Tensor& b,
+                       const at::Tensor* bias, at::Scalar beta, const at::Scalar& alpha) {
+  check_contraction_args(op_name, batched, a, b, bias);
+  std::vector<int64_t> out_shape = batched ? std::vector<int64_t>{a.size(0), a.size(1), b.size(2)}
+                                           : std::vector<int64_t>{a.size(0), b.size(1)};
+  return labelled_contraction(
+      op_name, a, batched ? "bmk" : "mk", b, batched ? "bkn" : "kn", batched ? "bmn" : "mn", out_shape, bias, beta,
+      [&](const at::Tensor& al, const at::Tensor& bl, const at::Tensor& bias_local, const at::Scalar& beta_here) {
+        if (!bias) return batched ? at::bmm(al, bl) : at::mm(al, bl);
+        return batched ? at::baddbmm(bias_local, al, bl, beta_here, alpha) : at::addmm(bias_local, al, bl, beta_here, alpha);
+      });
+}
+
+// ---- vector products: dot, vdot, mv, addmv, addr ----
+// torch's own argument checks, on meta tensors of the global shapes (every rank raises alike, before any collective).
+template <typename Op>
+void check_on_meta(Op op) {
+  comm::HostMetadataGuard host;
+  op();
+}
+
+// dot(Tensor self, Tensor tensor) / vdot(Tensor self, Tensor other): a sharded vector gives Partial(sum).
+at::Tensor dot_rule(const at::Tensor& self, const at::Tensor& tensor) {
+  check_on_meta([&] { at::dot(meta_like(self), meta_like(tensor)); });
+  return labelled_contraction("aten::dot", self, "k", tensor, "k", "", {}, nullptr, 0,
+                              [](const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Scalar&) {
+                                return at::dot(a, b);
+                              });
+}
+at::Tensor vdot_rule(const at::Tensor& self, const at::Tensor& other) {
+  check_on_meta([&] { at::vdot(meta_like(self), meta_like(other)); });
+  return labelled_contraction("aten::vdot", self, "k", other, "k", "", {}, nullptr, 0,
+                              [](const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Scalar&) {
+                                return at::vdot(a, b);
+                              });
+}
+// mv(Tensor self, Tensor vec): row shards stay shards, column shards give Partial(sum).
+at::Tensor mv_rule(const at::Tensor& self, const at::Tensor& vec) {
+  check_on_meta([&] { at::mv(meta_like(self), meta_like(vec)); });
+  return labelled_contraction("aten::mv", self, "mk", vec, "k", "m", {self.size(0)}, nullptr, 0,
+                              [](const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Scalar&) {
+                                return at::mv(a, b);
+                              });
+}
+// addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1)
+at::Tensor addmv_rule(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec, const at::Scalar& beta,
+                      const at::Scalar& alpha) {
+  check_on_meta([&] { at::addmv(meta_like(self), meta_like(mat), meta_like(vec), beta, alpha); });
+  return labelled_contraction(
+      "aten::addmv", mat, "mk", vec, "k", "m", {mat.size(0)}, &self, beta,
+      [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, const at::Scalar& beta_here) {
+        return at::addmv(bias, a, b, beta_here, alpha);
+      });
+}
+// addr(Tensor self, Tensor vec1, Tensor vec2, *, Scalar beta=1, Scalar alpha=1): an outer product, every shard
+// stays a shard.
+at::Tensor addr_rule(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
+                     const at::Scalar& alpha) {
+  check_on_meta([&] { at::addr(meta_like(self), meta_like(vec1), meta_like(vec2), beta, alpha); });
+  return labelled_contraction(
+      "aten::addr", vec1, "m", vec2, "n", "mn", {vec1.size(0), vec2.size(0)}, &self, beta,
+      [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, const at::Scalar& beta_here) {
+        return at::addr(bias, a, b, beta_here, alpha);
+      });
 }
 
 // mm(Tensor self, Tensor mat2)
@@ -318,6 +387,11 @@ SHARDTENSOR_RULE_FAMILY(linear) {
   dispatch::set_handler("aten::bmm", typed_handler(&bmm_rule));
   dispatch::set_handler("aten::addmm", typed_handler(&addmm_rule));
   dispatch::set_handler("aten::baddbmm", typed_handler(&baddbmm_rule));
+  dispatch::set_handler("aten::dot", typed_handler(&dot_rule));
+  dispatch::set_handler("aten::vdot", typed_handler(&vdot_rule));
+  dispatch::set_handler("aten::mv", typed_handler(&mv_rule));
+  dispatch::set_handler("aten::addmv", typed_handler(&addmv_rule));
+  dispatch::set_handler("aten::addr", typed_handler(&addr_rule));
   // Composite-implicit: their decomposition would flatten a token-sharded input (see docs/architecture.md).
   dispatch::set_handler("aten::linear", typed_handler(&linear_autograd), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::matmul", typed_handler(&matmul_autograd), dispatch::RuleLevel::above_autograd);

@@ -2,7 +2,9 @@
 // give Partial(max/min); max/min/argmax/argmin with indices, prod, all/any, norms and var/std combine small
 // per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
 #include "comm/collectives.h"
+#include "comm/host_metadata.h"
 #include "comm/stat_reduce.h"
+#include "ops/arg_checks.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -503,6 +505,35 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
   return wrap(out, mesh, out_p, sizes.vec(), out_ext);
 }
 
+// The legacy torch.norm overloads are linalg_vector_norm with p's default (2) spelled out; its rule (and, through
+// the derivative formula, norm_backward's pointwise ops) runs on the ShardTensor.
+// norm.Scalar(Tensor self, Scalar p=2)
+at::Tensor norm_scalar_rule(const at::Tensor& self, const at::Scalar& p) {
+  return at::linalg_vector_norm(self, p);
+}
+// norm.ScalarOpt_dtype(Tensor self, Scalar? p, *, ScalarType dtype)
+at::Tensor norm_dtype_rule(const at::Tensor& self, const std::optional<at::Scalar>& p, at::ScalarType dtype) {
+  return at::linalg_vector_norm(self, p.value_or(2), std::nullopt, false, dtype);
+}
+// norm.ScalarOpt_dim(Tensor self, Scalar? p, int[1] dim, bool keepdim=False)
+at::Tensor norm_dim_rule(const at::Tensor& self, const std::optional<at::Scalar>& p, at::IntArrayRef dim,
+                         bool keepdim) {
+  return at::linalg_vector_norm(self, p.value_or(2), dim, keepdim);
+}
+// norm.ScalarOpt_dim_dtype(Tensor self, Scalar? p, int[1] dim, bool keepdim, *, ScalarType dtype)
+at::Tensor norm_dim_dtype_rule(const at::Tensor& self, const std::optional<at::Scalar>& p, at::IntArrayRef dim,
+                               bool keepdim, at::ScalarType dtype) {
+  return at::linalg_vector_norm(self, p.value_or(2), dim, keepdim, dtype);
+}
+// dist(Tensor self, Tensor other, Scalar p=2): the p-norm of the difference (broadcast), as aten computes it.
+at::Tensor dist_rule(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p) {
+  {
+    comm::HostMetadataGuard host;
+    at::dist(meta_like(self), meta_like(other), p);
+  }
+  return at::linalg_vector_norm(at::sub(self, other), p);
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(reduction) {
@@ -528,6 +559,11 @@ SHARDTENSOR_RULE_FAMILY(reduction) {
   set_handler("aten::prod", decomposable<Kind::Prod>);
   set_handler("aten::prod.dim_int", decomposable<Kind::Prod>);
   set_handler("aten::linalg_vector_norm", decomposable<Kind::Norm>);
+  set_handler("aten::norm.Scalar", typed_handler(&norm_scalar_rule));
+  set_handler("aten::norm.ScalarOpt_dtype", typed_handler(&norm_dtype_rule));
+  set_handler("aten::norm.ScalarOpt_dim", typed_handler(&norm_dim_rule));
+  set_handler("aten::norm.ScalarOpt_dim_dtype", typed_handler(&norm_dim_dtype_rule));
+  set_handler("aten::dist", typed_handler(&dist_rule));
   set_handler("aten::max.dim", typed_handler(&max_dim_rule));
   set_handler("aten::min.dim", typed_handler(&min_dim_rule));
   set_handler("aten::max", typed_handler(&max_rule));

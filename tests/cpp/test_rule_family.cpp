@@ -26,6 +26,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"batch_norm", "aten::batch_norm"},
       {"bucketize", "aten::bucketize.Tensor"},
       {"conv", "aten::convolution"},
+      {"cross", "aten::linalg_cross"},
       {"diagonal", "aten::trace"},
       {"embedding", "aten::embedding"},
       {"factory", "aten::_to_copy"},
@@ -52,6 +53,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"transformer_fastpath", "aten::_native_multi_head_attention"},
       {"unfold", "aten::unfold"},
       {"view", "aten::view"},
+      {"view_copy", "aten::transpose_copy.int"},
       {"view_inplace", "aten::squeeze_"},
   };
   return ops;

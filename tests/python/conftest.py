@@ -79,6 +79,7 @@ QUICK = {
     "test_transformer.py": ["test_encoder_layer"],
     "test_unet.py": ["test_unet_training_1d_mesh"],
     "test_unfold.py": ["test_unfold_sharded_dim[2-uneven]"],
+    "test_vector_ops.py": ["test_vector_products[2]"],
     "test_view.py": ["test_views"],
     "test_windows.py": ["test_swin_block"],
     "test_write_through.py": ["test_select_writes_through"],
