@@ -108,6 +108,57 @@ void check_contraction_args(const char* op, bool batched, const at::Tensor& a, c
   }
 }
 
+void check_vector_product_args(const char* op, VectorProduct kind, const at::Tensor& a, const at::Tensor& b,
+                               const at::Tensor* bias) {
+  const bool mv = kind == VectorProduct::mv;
+  const auto all = shapes({{"self", bias}, {mv ? "mat" : "vec1", &a}, {mv ? "vec" : "vec2", &b}});
+  TORCH_CHECK_VALUE(a.dim() == (mv ? 2 : 1) && b.dim() == 1, op, ": expected ", mv ? "a matrix and a vector" :
+                    "two 1-D vectors", ", got ", all);
+  if (kind == VectorProduct::dot) {
+    TORCH_CHECK_VALUE(a.size(0) == b.size(0), op, ": inconsistent tensor size, expected tensors of the same number "
+                      "of elements, got ", all);
+    TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), op, ": expected both vectors to have same dtype, but found ",
+                      a.scalar_type(), " and ", b.scalar_type());
+  }
+  if (mv)
+    TORCH_CHECK_VALUE(a.size(1) == b.size(0), op, ": size mismatch (", a.size(1), " columns against a vector of ",
+                      b.size(0), "); got ", all);
+  if (bias && bias->defined()) {
+    std::vector<int64_t> out = mv ? std::vector<int64_t>{a.size(0)} : std::vector<int64_t>{a.size(0), b.size(0)};
+    TORCH_CHECK_VALUE(at::is_expandable_to(bias->sizes(), out), op, ": self does not broadcast to the product's "
+                      "shape ", c10::IntArrayRef(out), "; got ", all);
+  }
+}
+
+void check_cross_args(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
+  const auto all = shapes({{"input", &a}, {"other", &b}});
+  TORCH_CHECK_VALUE(a.dim() == b.dim(), "linalg.cross: inputs must have the same number of dimensions; got ", all);
+  const auto out = at::infer_size(a.sizes(), b.sizes()); // raises torch's own broadcast error
+  const auto d = at::maybe_wrap_dim(dim, static_cast<int64_t>(out.size()));
+  TORCH_CHECK_VALUE(a.size(d) == 3 && b.size(d) == 3, "linalg.cross: inputs dimension ", dim, " must have length 3; "
+                    "got ", all);
+}
+
+void check_dist_args(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "dist(): expected both inputs to have same dtype, but self "
+                    "has ", a.scalar_type(), " and other has ", b.scalar_type());
+  at::infer_size(a.sizes(), b.sizes());
+}
+
+void check_cdist_args(const at::Tensor& x1, const at::Tensor& x2, double p) {
+  const auto all = shapes({{"x1", &x1}, {"x2", &x2}});
+  TORCH_CHECK_VALUE(x1.dim() >= 2 && x2.dim() >= 2, "cdist only supports at least 2D tensors; got ", all);
+  TORCH_CHECK_VALUE(x1.size(-1) == x2.size(-1), "X1 and X2 must have the same number of columns. X1: ", x1.size(-1),
+                    " X2: ", x2.size(-1));
+  TORCH_CHECK_VALUE(p >= 0, "cdist only supports non-negative p values");
+  at::infer_size(x1.sizes().slice(0, x1.dim() - 2), x2.sizes().slice(0, x2.dim() - 2));
+}
+
+void check_topk_args(const at::Tensor& self, int64_t k, int64_t dim) {
+  const auto n = self.dim() == 0 ? 1 : self.size(dim);
+  TORCH_CHECK_VALUE(k >= 0 && k <= n, "selected index k out of range (k = ", k, ", the dim's size ", n, ")");
+}
+
 void check_linear_args(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   const at::Tensor* bp = defined(b) ? &*b : nullptr;
   const auto all = shapes({{"input", &x}, {"weight", &w}, {"bias", bp}});

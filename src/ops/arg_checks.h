@@ -11,12 +11,6 @@
 
 namespace shardtensor::ops {
 
-// A meta tensor of `t`'s global shape and dtype: run torch's own op on such tensors (under comm::HostMetadataGuard)
-// to raise its own argument errors from the global shapes, on every rank alike, before any collective.
-inline at::Tensor meta_like(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options().device(at::kMeta));
-}
-
 // aten::convolution's arguments (torch's check_shape_forward and parameter checks).
 void check_convolution_args(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
@@ -25,6 +19,20 @@ void check_convolution_args(const at::Tensor& input, const at::Tensor& weight, c
 // mm / bmm (batched) and, with `bias`, addmm / baddbmm: the operand shapes multiply and the bias broadcasts.
 void check_contraction_args(const char* op, bool batched, const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor* bias);
+
+// The vector products: dot / vdot (`a`, `b` 1-D of one size and dtype), mv / addmv (`a` a matrix, `b` a vector of
+// its columns; addmv's `bias` broadcasts to the rows), addr (`a`, `b` vectors; `bias` broadcasts to their outer
+// product).
+enum class VectorProduct { dot, mv, outer };
+void check_vector_product_args(const char* op, VectorProduct kind, const at::Tensor& a, const at::Tensor& b,
+                               const at::Tensor* bias);
+
+// linalg_cross: operands of one rank that broadcast, 3 components along `dim`. dist: operands that broadcast, one
+// dtype. _cdist_forward: two operands of rank >= 2 with one feature count, p >= 0. topk: 0 <= k <= the dim's size.
+void check_cross_args(const at::Tensor& a, const at::Tensor& b, int64_t dim);
+void check_dist_args(const at::Tensor& a, const at::Tensor& b);
+void check_cdist_args(const at::Tensor& x1, const at::Tensor& x2, double p);
+void check_topk_args(const at::Tensor& self, int64_t k, int64_t dim);
 
 // linear(x, w, b) and matmul(a, b): the contracted sizes agree (and the bias broadcasts to the output).
 void check_linear_args(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);

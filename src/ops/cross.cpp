@@ -2,7 +2,6 @@
 // over the others. Sharded batch dims stay sharded and each rank crosses its own vectors, no communication; a
 // sharded vector dim (its 3 components on different ranks) is declined: the fallback, or NotImplementedError in
 // strict mode.
-#include "comm/host_metadata.h"
 #include "ops/arg_checks.h"
 #include "ops/common.h"
 
@@ -14,10 +13,7 @@ namespace {
 
 // linalg_cross(Tensor self, Tensor other, *, int dim=-1)
 at::Tensor linalg_cross_rule(const at::Tensor& self_in, const at::Tensor& other_in, int64_t dim) {
-  {
-    comm::HostMetadataGuard host;
-    at::linalg_cross(meta_like(self_in), meta_like(other_in), dim);
-  }
+  check_cross_args(self_in, other_in, dim);
   auto mesh = dispatch::common_mesh("aten::linalg_cross", {self_in, other_in});
   const auto out_shape = at::infer_size(self_in.sizes(), other_in.sizes());
   const auto nd = static_cast<int64_t>(out_shape.size());

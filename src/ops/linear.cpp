@@ -4,7 +4,6 @@
 // `linear` and `matmul` are bound above autograd so token-sharded (..., S, K) inputs are never flattened
 // across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
 #include "comm/collectives.h"
-#include "comm/host_metadata.h"
 #include "comm/redistribute.h"
 #include "dispatch/grad_buckets.h"
 #include "dispatch/grad_layout.h"
@@ -129,23 +128,16 @@ at::Tensor contraction(const char* op_name, bool batched, const at::Tensor& a, c
 }
 
 // ---- vector products: dot, vdot, mv, addmv, addr ----
-// torch's own argument checks, on meta tensors of the global shapes (every rank raises alike, before any collective).
-template <typename Op>
-void check_on_meta(Op op) {
-  comm::HostMetadataGuard host;
-  op();
-}
-
 // dot(Tensor self, Tensor tensor) / vdot(Tensor self, Tensor other): a sharded vector gives Partial(sum).
 at::Tensor dot_rule(const at::Tensor& self, const at::Tensor& tensor) {
-  check_on_meta([&] { at::dot(meta_like(self), meta_like(tensor)); });
+  check_vector_product_args("aten::dot", VectorProduct::dot, self, tensor, nullptr);
   return labelled_contraction("aten::dot", self, "k", tensor, "k", "", {}, nullptr, 0,
                               [](const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Scalar&) {
                                 return at::dot(a, b);
                               });
 }
 at::Tensor vdot_rule(const at::Tensor& self, const at::Tensor& other) {
-  check_on_meta([&] { at::vdot(meta_like(self), meta_like(other)); });
+  check_vector_product_args("aten::vdot", VectorProduct::dot, self, other, nullptr);
   return labelled_contraction("aten::vdot", self, "k", other, "k", "", {}, nullptr, 0,
                               [](const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Scalar&) {
                                 return at::vdot(a, b);
@@ -153,7 +145,7 @@ at::Tensor vdot_rule(const at::Tensor& self, const at::Tensor& other) {
 }
 // mv(Tensor self, Tensor vec): row shards stay shards, column shards give Partial(sum).
 at::Tensor mv_rule(const at::Tensor& self, const at::Tensor& vec) {
-  check_on_meta([&] { at::mv(meta_like(self), meta_like(vec)); });
+  check_vector_product_args("aten::mv", VectorProduct::mv, self, vec, nullptr);
   return labelled_contraction("aten::mv", self, "mk", vec, "k", "m", {self.size(0)}, nullptr, 0,
                               [](const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Scalar&) {
                                 return at::mv(a, b);
@@ -162,7 +154,7 @@ at::Tensor mv_rule(const at::Tensor& self, const at::Tensor& vec) {
 // addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1)
 at::Tensor addmv_rule(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec, const at::Scalar& beta,
                       const at::Scalar& alpha) {
-  check_on_meta([&] { at::addmv(meta_like(self), meta_like(mat), meta_like(vec), beta, alpha); });
+  check_vector_product_args("aten::addmv", VectorProduct::mv, mat, vec, &self);
   return labelled_contraction(
       "aten::addmv", mat, "mk", vec, "k", "m", {mat.size(0)}, &self, beta,
       [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, const at::Scalar& beta_here) {
@@ -173,7 +165,7 @@ at::Tensor addmv_rule(const at::Tensor& self, const at::Tensor& mat, const at::T
 // stays a shard.
 at::Tensor addr_rule(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
                      const at::Scalar& alpha) {
-  check_on_meta([&] { at::addr(meta_like(self), meta_like(vec1), meta_like(vec2), beta, alpha); });
+  check_vector_product_args("aten::addr", VectorProduct::outer, vec1, vec2, &self);
   return labelled_contraction(
       "aten::addr", vec1, "m", vec2, "n", "mn", {vec1.size(0), vec2.size(0)}, &self, beta,
       [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, const at::Scalar& beta_here) {

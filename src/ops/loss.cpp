@@ -44,6 +44,19 @@ at::Tensor mse_loss_backward_rule(const at::Tensor& grad_output, const at::Tenso
   return reduce_grad(grad_output, self, reduction) * d * 2.0;
 }
 
+// soft_margin_loss(Tensor self, Tensor target, int reduction=Mean): log(1 + exp(-target * self)), elementwise
+// (target broadcast to self's layout by the pointwise rules), then reduced.
+at::Tensor soft_margin_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  return reduce_loss(at::log1p(at::exp(at::neg(target) * self)), reduction);
+}
+
+// soft_margin_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction)
+at::Tensor soft_margin_loss_backward_rule(const at::Tensor& grad_output, const at::Tensor& self,
+                                          const at::Tensor& target, int64_t reduction) {
+  auto z = at::exp(at::neg(target) * self);
+  return reduce_grad(grad_output, self, reduction) * at::neg(target) * z / (z + 1.0);
+}
+
 // Elementwise smooth L1 of d = self - target (|d| = a): quadratic below beta, linear above; |d| when beta is 0.
 at::Tensor smooth_l1_terms(const at::Tensor& d, const at::Tensor& a, double beta) {
   if (beta == 0) return a;
@@ -351,6 +364,8 @@ SHARDTENSOR_RULE_FAMILY(loss) {
   set_handler("aten::mse_loss_backward", typed_handler(&mse_loss_backward_rule));
   set_handler("aten::smooth_l1_loss", typed_handler(&smooth_l1_loss_rule));
   set_handler("aten::smooth_l1_loss_backward", typed_handler(&smooth_l1_loss_backward_rule));
+  set_handler("aten::soft_margin_loss", typed_handler(&soft_margin_loss_rule));
+  set_handler("aten::soft_margin_loss_backward", typed_handler(&soft_margin_loss_backward_rule));
   set_handler("aten::huber_loss", typed_handler(&huber_loss_rule));
   set_handler("aten::huber_loss_backward", typed_handler(&huber_loss_backward_rule));
   set_handler("aten::binary_cross_entropy_with_logits", typed_handler(&bce_with_logits_rule));

@@ -2,7 +2,6 @@
 // give Partial(max/min); max/min/argmax/argmin with indices, prod, all/any, norms and var/std combine small
 // per-rank results (var/std with Chan's parallel formula, never E[x^2]-E[x]^2) into a Replicate result.
 #include "comm/collectives.h"
-#include "comm/host_metadata.h"
 #include "comm/stat_reduce.h"
 #include "ops/arg_checks.h"
 #include "ops/common.h"
@@ -527,10 +526,7 @@ at::Tensor norm_dim_dtype_rule(const at::Tensor& self, const std::optional<at::S
 }
 // dist(Tensor self, Tensor other, Scalar p=2): the p-norm of the difference (broadcast), as aten computes it.
 at::Tensor dist_rule(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p) {
-  {
-    comm::HostMetadataGuard host;
-    at::dist(meta_like(self), meta_like(other), p);
-  }
+  check_dist_args(self, other);
   return at::linalg_vector_norm(at::sub(self, other), p);
 }
 

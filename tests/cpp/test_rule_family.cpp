@@ -25,6 +25,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"attention", "aten::scaled_dot_product_attention"},
       {"batch_norm", "aten::batch_norm"},
       {"bucketize", "aten::bucketize.Tensor"},
+      {"cdist", "aten::_cdist_forward"},
       {"conv", "aten::convolution"},
       {"cross", "aten::linalg_cross"},
       {"diagonal", "aten::trace"},

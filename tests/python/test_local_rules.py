@@ -221,10 +221,55 @@ def case_sharded_dim_refused(op):
 
 
 def _sharded_dim_op(op, x, pairs, signal):
-    {"sort": lambda: x.sort(1), "topk": lambda: x.topk(2, dim=-1), "argsort": lambda: x.argsort(),
+    {"sort": lambda: x.sort(1), "msort": lambda: x.t().msort(), "argsort": lambda: x.argsort(),
      "fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
      "fftn": lambda: torch.fft.fftn(signal),
      "cummax": lambda: x.cummax(1), "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
+
+
+def case_topk_sharded_dim(seed):
+    """topk along the sharded dim: each rank's own top k merged in one collective (k candidates per rank), the
+    result whole along the dim; the gradient scatters into each rank's own rows."""
+    m = mesh()
+    w = m.size()
+    x = randn(3, 11, 4, seed=seed)
+    for ext in (uneven_extents(11, w, seed), tiny_extents(11, w)):
+        lay = ([st.Shard(1)], {0: ext})
+        for k, largest in ((1, True), (4, True), (5, False), (11, True)):
+            xs = st.distribute_tensor(x, m, *lay)
+            st.reset_comm_stats()
+            with st.use_strict():
+                v, i = torch.topk(xs, k, dim=1, largest=largest)
+            calls = sum(st.comm_stats()["calls"].values())
+            assert calls == (1 if w > 1 else 0), f"topk k={k}: {st.comm_stats()['calls']}"
+            assert st.placements(v) == (st.Replicate(),), st.placements(v)
+            ref_v, ref_i = torch.topk(x, k, dim=1, largest=largest)
+            close(full(v), ref_v, what=f"topk k={k} values")
+            assert torch.equal(full(i), ref_i), f"topk k={k} indices"
+            with st.use_strict():
+                check_op(lambda t: torch.topk(t, k, dim=1, largest=largest).values, [x], [lay], m,
+                         what=f"topk k={k} largest={largest} ext={ext}")
+    # Other dims sharded beside it, and the gradient's layout: the input's.
+    if w >= 2:
+        m2 = mesh((2, w // 2), ("a", "b")) if w % 2 == 0 and w > 2 else None
+        if m2 is not None:
+            lay2 = ([st.Shard(1), st.Shard(0)], {0: uneven_extents(11, 2, seed), 1: uneven_extents(3, w // 2, seed)})
+            with st.use_strict():
+                check_op(lambda t: torch.topk(t, 3, dim=1).values.square(), [x], [lay2], m2, what="topk 2-D mesh")
+    # k larger than the dim: torch's own error on every rank.
+    xs = st.distribute_tensor(x, m, [st.Shard(1)])
+    try:
+        torch.topk(xs, 12, dim=1)
+    except ValueError as e:
+        assert "out of range" in str(e), e
+    else:
+        raise AssertionError("topk with k > size did not raise")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_topk_sharded_dim(world):
+    harness.run(world, case_topk_sharded_dim, world)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -253,7 +298,7 @@ def test_fft(world):
     harness.run(world, case_fft, world, world == 4)
 
 
-@pytest.mark.parametrize("op", ["sort", "topk", "argsort", "fft", "rfft", "fftn", "cummax", "view_as_complex"])
+@pytest.mark.parametrize("op", ["sort", "msort", "argsort", "fft", "rfft", "fftn", "cummax", "view_as_complex"])
 def test_sort_fft_sharded_dim_refused(op):
     errors = harness.expect_error(2, case_sharded_dim_refused, op, kinds=("NotImplementedError",))
     for _, msg, _ in errors.values():

@@ -1,5 +1,5 @@
-"""Vector products (dot, vdot, mv, addmv, addr, 1-D matmul, linalg.vecdot, inner), cross products, distances and
-the legacy torch.norm, and the `_copy` variants of view ops, on sharded inputs (uneven, a zero-extent rank, 2-D
+"""Vector products (dot, vdot, mv, addmv, addr, 1-D matmul, linalg.vecdot, inner), cross products, distances
+(dist, pairwise_distance, cdist) and the legacy torch.norm, and the `_copy` variants of view ops, on sharded inputs (uneven, a zero-extent rank, 2-D
 meshes): rules in strict mode (no fallback), forward and gradients equal to one device, the layouts and collectives
 they promise, and the refusals that must decline."""
 import pytest
@@ -56,7 +56,7 @@ def case_vector_products(seed):
         check_op(lambda s, x, y: torch.addr(s, x, y), [A, u, b], [None, lay_n, lay_k], m, what="addr sharded vectors")
         del out
     # torch's own argument errors, from the global shapes, on every rank.
-    with pytest.raises(RuntimeError, match="same number of elements|inconsistent tensor size"):
+    with pytest.raises(ValueError, match="inconsistent tensor size"):
         torch.dot(st.distribute_tensor(a, m, *lay_k), randn(k + 1, seed=1))
     return True
 
@@ -176,3 +176,64 @@ def case_view_copies(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_view_copies(world):
     harness.run(world, case_view_copies, world)
+
+
+def case_cdist(seed):
+    """torch.cdist with point rows sharded: each rank its own block of the distance matrix, no communication."""
+    m = mesh()
+    w = m.size()
+    B, P, R, M = 2, 30, 9, 3  # P > 25: p = 2 takes the matrix-product form (_euclidean_dist)
+    x1, x2 = randn(B, P, M, seed=seed), randn(B, R, M, seed=seed + 1)
+    rows1 = ([st.Shard(1)], {0: uneven_extents(P, w, seed)})
+    rows2 = ([st.Shard(1)], {0: uneven_extents(R, w, seed + 1)})
+    batch = ([st.Shard(0)], {0: uneven_extents(B, w, seed)})
+    with st.use_strict():
+        s1 = st.distribute_tensor(x1, m, *rows1)
+        before = calls()
+        d = torch.cdist(s1, x2)
+        assert calls() == before, "cdist with x1's rows sharded communicated"
+        assert st.placements(d) == (st.Shard(1),), st.placements(d)
+        for p in (2.0, 1.0, 3.0, float("inf")):
+            check_op(lambda a, b: torch.cdist(a, b, p=p), [x1, x2], [rows1, None], m, rtol=1e-4, atol=1e-5,
+                     what=f"cdist x1 rows p={p}")
+        check_op(lambda a, b: torch.cdist(a, b, p=0), [x1, x2], [rows1, None], m, grad=False, what="cdist p=0")
+        # Few rows (the direct kernel for p = 2), x2's rows sharded: the output's columns.
+        check_op(lambda a, b: torch.cdist(a, b), [x1[:, :7], x2], [None, rows2], m, rtol=1e-4, atol=1e-5,
+                 what="cdist x2 rows", expect_placements=[st.Shard(2)])
+        check_op(lambda a, b: torch.cdist(a, b), [x1, x2], [batch, batch], m, rtol=1e-4, atol=1e-5,
+                 what="cdist batch", expect_placements=[st.Shard(0)])
+        check_op(lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"), [x1, x2], [rows1, rows2], m,
+                 rtol=1e-4, atol=1e-5, what="cdist both sharded (x2 gathered)", expect_placements=[st.Shard(1)])
+        # A Chamfer distance (point-cloud losses): the nearest neighbour both ways.
+        def chamfer(a, b):
+            dd = torch.cdist(a, b)
+            return dd.min(dim=2).values.mean() + dd.min(dim=1).values.mean()
+        check_op(chamfer, [x1, x2], [rows1, None], m, rtol=1e-4, atol=1e-5, what="chamfer")
+    if w > 1:
+        feat = ([st.Shard(2)], {0: uneven_extents(M, w, seed)})
+        with st.use_strict(), pytest.raises(NotImplementedError, match="feature dim"):
+            torch.cdist(st.distribute_tensor(x1, m, *feat), x2)
+    with pytest.raises((ValueError, RuntimeError), match="same number of columns"):  # cdist checks first
+        torch.cdist(st.distribute_tensor(x1, m, *rows1), randn(B, R, M + 1, seed=2))
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_cdist(world):
+    harness.run(world, case_cdist, world)
+
+
+def case_cdist_mesh2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x1, x2 = randn(3, 28, 4, seed=seed), randn(3, 6, 4, seed=seed + 1)
+    lay = ([st.Shard(1), st.Shard(0)], {0: [20, 8], 1: [1, 2]})
+    with st.use_strict():
+        check_op(lambda a, b: torch.cdist(a, b), [x1, x2], [lay, None], m, rtol=1e-4, atol=1e-5, what="cdist 2x2",
+                 expect_placements=[st.Shard(1), st.Shard(0)])
+        check_op(lambda a, b: torch.cdist(a, b, p=1.0), [x1, x2], [lay, ([st.Replicate(), st.Shard(0)], {1: [1, 2]})],
+                 m, rtol=1e-4, atol=1e-5, what="cdist 2x2, x2 batch-sharded")
+    return True
+
+
+def test_cdist_mesh2d():
+    harness.run(4, case_cdist_mesh2d, 4)

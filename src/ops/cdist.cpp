@@ -1,0 +1,171 @@
+// Pairwise distances (torch.cdist: `_cdist_forward`, `_cdist_backward`, and `_euclidean_dist`, its matrix-product
+// form for p = 2 on more than 25 rows): x1 [..., P, M] against x2 [..., R, M] gives [..., P, R]. Every pair reads
+// one row of each, so a shard of x1's rows gives the output's rows, a shard of x2's rows its columns, and batch
+// shards stay batch shards: each rank computes its own block, no communication (the other operand is read whole on
+// that mesh dim; a point cloud sharded on both is gathered on the x2 side, the smaller of the two reads). The
+// backward of x1 (`_cdist_backward`) follows the gradient's rows; the transposed call that gives x2's gradient sums
+// over the sharded rows of x1: Partial(sum). A sharded feature dim M is declined (a distance is not a sum of
+// per-rank terms for every p): the fallback, or NotImplementedError in strict mode.
+#include "ops/arg_checks.h"
+#include "ops/common.h"
+
+namespace shardtensor::ops {
+
+namespace {
+
+struct PairPlan {
+  Placements p1, p2, po;
+  DimExtents e1, e2, eo;
+};
+
+// The layout of a pairwise op over rows of `a` ([..., P, M]) and `b` ([..., R, M]) into [..., P, R] (out_shape).
+PairPlan plan_pairs(const char* op, const at::Tensor& a, const at::Tensor& b, const std::vector<int64_t>& out_shape,
+                    const MeshPtr& mesh) {
+  PairPlan plan;
+  const auto nm = static_cast<size_t>(mesh->ndim());
+  plan.p1.assign(nm, Placement::replicate());
+  plan.p2.assign(nm, Placement::replicate());
+  plan.po.assign(nm, Placement::replicate());
+  const auto na = a.dim(), nb = b.dim(), no = static_cast<int64_t>(out_shape.size());
+  auto pa = placements_of(a, mesh), pb = placements_of(b, mesh);
+  for (size_t m = 0; m < nm; ++m) {
+    const auto& sa = pa[m];
+    const auto& sb = pb[m];
+    if ((sa.is_shard() && sa.dim == na - 1) || (sb.is_shard() && sb.dim == nb - 1))
+      dispatch::not_implemented(std::string(op) + ": the feature dim (the last) is sharded; a distance needs every "
+                                "feature of a pair on one rank: redistribute it to Replicate() first");
+    const auto& ea = sa.is_shard() ? shard_impl(a)->spec()->extents[m] : std::vector<int64_t>{};
+    const auto& eb = sb.is_shard() ? shard_impl(b)->spec()->extents[m] : std::vector<int64_t>{};
+    if (sa.is_shard() && sa.dim == na - 2) { // a's rows -> the output's rows
+      plan.p1[m] = sa;
+      plan.e1[sa.dim] = ea;
+      plan.po[m] = Placement::shard(no - 2);
+      plan.eo[no - 2] = ea;
+    } else if (sb.is_shard() && sb.dim == nb - 2) { // b's rows -> the output's columns
+      plan.p2[m] = sb;
+      plan.e2[sb.dim] = eb;
+      plan.po[m] = Placement::shard(no - 1);
+      plan.eo[no - 1] = eb;
+    } else if (sa.is_shard() || sb.is_shard()) { // a batch dim, aligned from the right
+      const bool from_a = sa.is_shard();
+      const auto d_out = (from_a ? sa.dim : sb.dim) + no - (from_a ? na : nb);
+      const auto& ext = from_a ? ea : eb;
+      if ((from_a ? a : b).size(from_a ? sa.dim : sb.dim) != out_shape[d_out])
+        dispatch::not_implemented(std::string(op) + ": a sharded batch dim that broadcasts; redistribute it to "
+                                  "Replicate() first");
+      plan.po[m] = Placement::shard(d_out);
+      plan.eo[d_out] = ext;
+      for (auto [t, p, e, n] : {std::tuple{&a, &plan.p1, &plan.e1, na}, std::tuple{&b, &plan.p2, &plan.e2, nb}}) {
+        const auto d = d_out - (no - n);
+        if (d >= 0 && t->size(d) == out_shape[d_out]) {
+          (*p)[m] = Placement::shard(d);
+          (*e)[d] = ext;
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+std::vector<int64_t> pair_shape(const at::Tensor& x1, const at::Tensor& x2) {
+  auto batch = at::infer_size(x1.sizes().slice(0, x1.dim() - 2), x2.sizes().slice(0, x2.dim() - 2));
+  batch.push_back(x1.size(-2));
+  batch.push_back(x2.size(-2));
+  return batch;
+}
+
+// _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode)
+at::Tensor cdist_forward_rule(const at::Tensor& x1_in, const at::Tensor& x2_in, double p,
+                              std::optional<int64_t> compute_mode) {
+  check_cdist_args(x1_in, x2_in, p);
+  auto mesh = dispatch::common_mesh("aten::_cdist_forward", {x1_in, x2_in});
+  const auto shape = pair_shape(x1_in, x2_in);
+  auto plan = plan_pairs("aten::_cdist_forward", x1_in, x2_in, shape, mesh);
+  // The matrix-product form (p = 2, mode 0) is chosen from the rows' counts: decide it from the global ones, so each
+  // rank computes its block as one device would.
+  auto mode = compute_mode;
+  if (p == 2.0 && mode.value_or(0) == 0) mode = (x1_in.size(-2) > 25 || x2_in.size(-2) > 25) ? 1 : 2;
+  auto a = local_as(resolve_partial(x1_in), mesh, plan.p1, plan.e1);
+  auto b = local_as(resolve_partial(x2_in), mesh, plan.p2, plan.e2);
+  return wrap(at::_cdist_forward(a, b, p, mode), mesh, plan.po, shape, plan.eo);
+}
+
+// _euclidean_dist(Tensor x1, Tensor x2): the same layout; its derivative formula runs on the rules of its parts.
+at::Tensor euclidean_dist_rule(const at::Tensor& x1_in, const at::Tensor& x2_in) {
+  auto mesh = dispatch::common_mesh("aten::_euclidean_dist", {x1_in, x2_in});
+  const auto shape = pair_shape(x1_in, x2_in);
+  auto plan = plan_pairs("aten::_euclidean_dist", x1_in, x2_in, shape, mesh);
+  auto a = local_as(resolve_partial(x1_in), mesh, plan.p1, plan.e1);
+  auto b = local_as(resolve_partial(x2_in), mesh, plan.p2, plan.e2);
+  return wrap(at::_euclidean_dist(a, b), mesh, plan.po, shape, plan.eo);
+}
+
+// _cdist_backward(Tensor grad, Tensor x1, Tensor x2, float p, Tensor cdist) -> x1's gradient [..., P, M]. The
+// gradient of row i of x1 reads row i of grad and cdist and every row of x2: rows and batch shards stay shards; a
+// shard of x2's rows (the grad's columns) leaves a pending sum over them.
+at::Tensor cdist_backward_rule(const at::Tensor& grad_in, const at::Tensor& x1_in, const at::Tensor& x2_in, double p,
+                               const at::Tensor& cdist_in) {
+  auto mesh = dispatch::common_mesh("aten::_cdist_backward", {grad_in, x1_in, x2_in, cdist_in});
+  auto grad = resolve_partial(dispatch::as_shard(grad_in, mesh));
+  // The layout: the gradient's (the forward output's) rows, columns and batch dims; else x1's or x2's rows.
+  const auto no = grad.dim();
+  const auto& gp = shard_impl(grad)->spec()->placements;
+  auto p1 = placements_of(x1_in, mesh), p2 = placements_of(x2_in, mesh);
+  const auto nm = static_cast<size_t>(mesh->ndim());
+  Placements pg(nm, Placement::replicate()), pa(nm, Placement::replicate()), pb(nm, Placement::replicate()),
+      po(nm, Placement::replicate());
+  DimExtents eg, ea, eb, eo;
+  const auto n1 = x1_in.dim(), n2 = x2_in.dim();
+  for (size_t m = 0; m < nm; ++m) {
+    if ((p1[m].is_shard() && p1[m].dim == n1 - 1) || (p2[m].is_shard() && p2[m].dim == n2 - 1))
+      dispatch::not_implemented("aten::_cdist_backward: the feature dim (the last) is sharded; redistribute it to "
+                                "Replicate() first");
+    int64_t d = -1; // the grad's dim that mesh dim m shards
+    std::vector<int64_t> ext;
+    if (gp[m].is_shard()) {
+      d = gp[m].dim;
+      ext = shard_impl(grad)->spec()->extents[m];
+    } else if (p1[m].is_shard() && p1[m].dim + no - n1 >= 0) {
+      d = p1[m].dim + no - n1;
+      ext = shard_impl(x1_in)->spec()->extents[m];
+    } else if (p2[m].is_shard() && p2[m].dim == n2 - 2) {
+      d = no - 1;
+      ext = shard_impl(x2_in)->spec()->extents[m];
+    }
+    if (d < 0) continue;
+    pg[m] = Placement::shard(d);
+    eg[d] = ext;
+    if (d == no - 1) { // columns: x2's rows, summed over
+      pb[m] = Placement::shard(n2 - 2);
+      eb[n2 - 2] = ext;
+      po[m] = Placement::partial(ReduceOp::Sum);
+      continue;
+    }
+    // rows or a batch dim: x1 alike (its dims align to the grad's from the right), x2 on a batch dim it has whole
+    const auto d1 = d - (no - n1);
+    pa[m] = Placement::shard(d1);
+    ea[d1] = ext;
+    po[m] = Placement::shard(d1);
+    eo[d1] = ext;
+    const auto d2 = d - (no - n2);
+    if (d < no - 2 && d2 >= 0 && x2_in.size(d2) == grad.size(d)) {
+      pb[m] = Placement::shard(d2);
+      eb[d2] = ext;
+    }
+  }
+  auto g = local_as(grad, mesh, pg, eg).contiguous();
+  auto c = local_as(resolve_partial(dispatch::as_shard(cdist_in, mesh)), mesh, pg, eg).contiguous();
+  auto a = local_as(resolve_partial(x1_in), mesh, pa, ea).contiguous();
+  auto b = local_as(resolve_partial(x2_in), mesh, pb, eb).contiguous();
+  return wrap(at::_cdist_backward(g, a, b, p, c), mesh, po, x1_in.sizes().vec(), eo);
+}
+
+} // namespace
+
+SHARDTENSOR_RULE_FAMILY(cdist) {
+  dispatch::set_handler("aten::_cdist_forward", typed_handler(&cdist_forward_rule));
+  dispatch::set_handler("aten::_cdist_backward", typed_handler(&cdist_backward_rule));
+  dispatch::set_handler("aten::_euclidean_dist", typed_handler(&euclidean_dist_rule));
+}
+
+} // namespace shardtensor::ops
