@@ -1,9 +1,10 @@
 // Indexing by index tensors: index_select, gather, scatter (src, value, add, reduce) and index / index_put
 // (`x[idx]`, `x[idx] = v`). Along dims that are not sharded they run on the local shards and the output keeps
-// the input's layout. Along a sharded dim with global indices, index_select and gather let each rank pick the
-// indices it owns (zero elsewhere) and one all-reduce over that mesh dim completes the output (Replicate there;
-// the traffic is the output's size, never the input's). scatter and index_put along a sharded dim raise with the
-// remedy, except `x[mask] = value` with a mask laid out like x (local). Index values are checked by the local
+// the input's layout. Along a sharded dim with global indices, index_select, gather and index let each rank pick
+// the indices it owns (zero elsewhere) and one all-reduce over that mesh dim completes the output (Replicate there;
+// the traffic is the output's size, never the input's); index_put (and its accumulate form, index's backward)
+// writes on each rank the entries it owns. scatter along a sharded dim raises with the remedy; `x[mask] = value`
+// with a mask laid out like x is local. Index values are checked by the local
 // kernels: an out-of-range index raises on the ranks that hold it.
 #include "comm/collectives.h"
 #include "ops/common.h"
@@ -342,16 +343,26 @@ c10::List<std::optional<at::Tensor>> local_index_list(const AdvancedIndex& a) {
   return out;
 }
 
-// The result's layout: x's shards moved to their result dims. Raises when an indexed dim is sharded.
-std::pair<Placements, DimExtents> result_layout(const ShardSpec& spec, const AdvancedIndex& a) {
+// A sharded dim that is indexed: each rank reads the entries whose index falls in its rows, the others' are zero.
+struct OwnedDim {
+  int64_t mesh_dim, dim, offset, extent;
+};
+
+// The result's layout: x's shards of dims that are not indexed moved to their result dims; an indexed sharded dim
+// is Replicate in the result (its entries are summed from their owners over that mesh dim) and listed in `owned`.
+std::pair<Placements, DimExtents> result_layout(const ShardSpec& spec, const AdvancedIndex& a,
+                                                std::vector<OwnedDim>* owned) {
   Placements p = spec.placements;
   DimExtents ext;
   for (size_t m = 0; m < p.size(); ++m) {
     if (!p[m].is_shard()) continue;
     const auto d = p[m].dim;
     if (a.indexed[d]) {
-      dispatch::not_implemented("indexing sharded dim " + std::to_string(d) +
-                                " with a tensor; redistribute that dim to Replicate() first");
+      const auto mi = static_cast<int64_t>(m);
+      const auto coord = spec.mesh->coordinate(mi);
+      owned->push_back({mi, d, spec.offset_of(mi, coord), spec.extents[m][coord]});
+      p[m] = Placement::replicate();
+      continue;
     }
     p[m] = Placement::shard(a.dim_map[d]);
     ext[a.dim_map[d]] = spec.extents[m];
@@ -359,15 +370,82 @@ std::pair<Placements, DimExtents> result_layout(const ShardSpec& spec, const Adv
   return {p, ext};
 }
 
-// `x[idx]` along dims that are not sharded.
+// Where the broadcast index dims sit in the result: after the dims before the first indexed one when the indexed
+// dims are adjacent, else in front (numpy's rule, as advanced_index lays the result out).
+int64_t index_dims_position(const AdvancedIndex& a) {
+  int64_t first = -1, last = -1;
+  for (int64_t k = 0; k < static_cast<int64_t>(a.indexed.size()); ++k)
+    if (a.indexed[k]) {
+      if (first < 0) first = k;
+      last = k;
+    }
+  for (int64_t k = first; k <= last; ++k)
+    if (!a.indexed[k]) return 0;
+  return first;
+}
+
+// Turns the indices of the owned dims into this rank's local rows (negative ones wrapped, range-checked against
+// the global size) and returns where this rank owns the entry (the indices' broadcast shape), or an undefined
+// tensor when no indexed dim is sharded. `empty` is set when this rank holds no row of an owned dim.
+at::Tensor localize_owned(AdvancedIndex& a, const std::vector<OwnedDim>& owned, at::IntArrayRef sizes, bool& empty) {
+  empty = false;
+  if (owned.empty()) return {};
+  at::Tensor mine;
+  for (const auto& o : owned) {
+    auto idx = a.indices[o.dim].to(at::kLong);
+    idx = at::where(idx.lt(0), idx + sizes[o.dim], idx);
+    check_indices_in_range(idx, sizes[o.dim], "index");
+    auto own = idx.ge(o.offset).logical_and(idx.lt(o.offset + o.extent));
+    mine = mine.defined() ? mine.logical_and(own) : own;
+    empty = empty || o.extent == 0;
+    a.indices[o.dim] = (idx - o.offset).clamp(0, std::max<int64_t>(o.extent - 1, 0));
+  }
+  std::vector<int64_t> bshape;
+  for (size_t k = 0; k < a.indices.size(); ++k)
+    if (a.indexed[k]) bshape = at::infer_size(bshape, a.indices[k].sizes());
+  return mine.expand(bshape);
+}
+
+// This rank's shape of a tensor of global `shape` laid out as `p` / `ext`.
+std::vector<int64_t> local_shape_of(std::vector<int64_t> shape, const Placements& p, const DimExtents& ext,
+                                    const Mesh& mesh) {
+  for (size_t m = 0; m < p.size(); ++m)
+    if (p[m].is_shard()) shape[p[m].dim] = ext.at(p[m].dim)[mesh.coordinate(static_cast<int64_t>(m))];
+  return shape;
+}
+
+// `mine` (the broadcast index shape) viewed to broadcast over a result of `ndim` dims.
+at::Tensor mask_over_result(const at::Tensor& mine, const AdvancedIndex& a, int64_t ndim) {
+  std::vector<int64_t> shape(ndim, 1);
+  const auto pos = index_dims_position(a);
+  for (int64_t j = 0; j < mine.dim(); ++j) shape[pos + j] = mine.size(j);
+  return mine.reshape(shape);
+}
+
+// `x[idx]`. Along dims that are not sharded: local. An index into a sharded dim (global indices: a point cloud's
+// sampled points, a token selection): each rank reads the entries it owns (zero elsewhere) and one sum over that
+// mesh dim completes them (the result is Replicate there; the traffic is the result's size, never x's).
 // index.Tensor(Tensor self, Tensor?[] indices)
 at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<at::Tensor>>& indices) {
   const auto mesh = dispatch::common_mesh("aten::index.Tensor", index_args(self_arg, indices));
   auto self = resolve_partial(dispatch::as_shard(self_arg, mesh));
   const auto& spec = *shard_impl(self)->spec();
   auto a = advanced_index(self, indices);
-  auto [p, ext] = result_layout(spec, a);
-  auto out = at::index(shard_impl(self)->local(), local_index_list(a));
+  std::vector<OwnedDim> owned;
+  auto [p, ext] = result_layout(spec, a, &owned);
+  bool empty = false;
+  auto mine = localize_owned(a, owned, self.sizes(), empty);
+  const auto& local = shard_impl(self)->local();
+  at::Tensor out;
+  if (empty) {
+    out = at::zeros(local_shape_of(a.result_shape, p, ext, *mesh), local.options());
+  } else {
+    out = at::index(local, local_index_list(a));
+  }
+  if (mine.defined()) {
+    out = at::where(mask_over_result(mine, a, out.dim()), out, at::zeros({}, out.options()));
+    for (const auto& o : owned) out = sum_picks(out, *mesh, o.mesh_dim);
+  }
   return wrap(out, spec.mesh, p, a.result_shape, ext);
 }
 
@@ -415,23 +493,41 @@ at::Tensor index_put_impl(const char* op_name, const at::Tensor& written,
   at::Tensor local_values, local_mask;
   c10::List<std::optional<at::Tensor>> local_list;
   int64_t mask_pos = -1;
+  bool nothing = false; // this rank holds none of the written entries
   if (local_mask_put(self, list, values, local_mask, mask_pos)) {
     for (int64_t k = 0; k < mask_pos; ++k) local_list.push_back(std::nullopt);
     local_list.push_back(local_mask);
     local_values = whole_local(values);
   } else {
     auto a = advanced_index(self, list);
-    auto [p, ext] = result_layout(spec, a);
-    local_list = local_index_list(a);
+    std::vector<OwnedDim> owned;
+    auto [p, ext] = result_layout(spec, a, &owned);
+    bool empty = false;
+    auto mine = localize_owned(a, owned, self.sizes(), empty);
     local_values = local_aligned(values, mesh, a.result_shape, p, ext);
+    if (mine.defined()) {
+      // Indices into sharded dims: each rank writes the entries it owns. The broadcast index dims are flattened
+      // into one and only the owned entries kept (with their values), so an assignment never writes elsewhere.
+      nothing = empty;
+      const auto keep = mine.reshape({-1}).nonzero().squeeze(1);
+      const auto pos = index_dims_position(a);
+      auto lshape = local_shape_of(a.result_shape, p, ext, *mesh);
+      std::vector<int64_t> flat(lshape.begin(), lshape.begin() + pos);
+      flat.push_back(mine.numel());
+      flat.insert(flat.end(), lshape.begin() + pos + mine.dim(), lshape.end());
+      local_values = local_values.expand(lshape).reshape(flat).index_select(pos, keep);
+      for (size_t k = 0; k < a.indices.size(); ++k)
+        if (a.indexed[k]) a.indices[k] = a.indices[k].expand(mine.sizes()).reshape({-1}).index_select(0, keep);
+    }
+    local_list = local_index_list(a);
   }
   const auto& local = shard_impl(self)->local();
   if (in_place) {
-    at::_index_put_impl_(const_cast<at::Tensor&>(local), local_list, local_values, accumulate, false);
+    if (!nothing) at::_index_put_impl_(const_cast<at::Tensor&>(local), local_list, local_values, accumulate, false);
+    return written;
   }
-  return in_place ? written
-                  : wrap(at::index_put(local, local_list, local_values, accumulate), mesh, spec.placements,
-                         self.sizes().vec(), spec.dim_extents());
+  return wrap(nothing ? local.clone() : at::index_put(local, local_list, local_values, accumulate), mesh,
+              spec.placements, self.sizes().vec(), spec.dim_extents());
 }
 
 // index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)

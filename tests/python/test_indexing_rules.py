@@ -177,12 +177,81 @@ def _refused_op(which, m, x, index):
         x.scatter(1, index, 1.0)
     elif which == "scatter_add":
         x.scatter_add(1, index, randn(5, 2, 3))
-    elif which == "index_put":
-        x[:, torch.tensor([0, 1])] = 1.0
-    elif which == "index":
-        x[:, torch.tensor([0, 1])]
     elif which == "gather_smaller":
         st.distribute_tensor(randn(5, 7, 3), m, [st.Shard(0)]).gather(1, index[:3])
+
+
+def case_index_sharded_dim(seed, tiny):
+    """`x[..., idx]` and `x[..., idx] = v` with an index into a sharded dim: owners read (one sum over the mesh dim,
+    the result Replicate there) and write their own entries; PointNet++'s index_points, negative indices, a bool mask,
+    accumulate, and the gradient (index's backward is an accumulating index_put into the sharded input)."""
+    m = mesh()
+    w = m.size()
+    B, N, C, S = 2, 11, 3, 6
+    pts = randn(B, N, C, seed=seed)
+    lay = _lay(pts.shape, 1, w, seed, tiny)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, N, (B, S), generator=g)
+    batch = torch.arange(B).view(B, 1).expand(B, S)
+    with st.use_strict():
+        xs = st.distribute_tensor(pts, m, *lay)
+        st.reset_comm_stats()
+        out = xs[batch, idx, :]
+        assert st.comm_stats()["calls"].get("all_reduce", 0) <= 1, st.comm_stats()
+        assert st.placements(out) == (st.Replicate(),), st.placements(out)
+        check_op(lambda t: t[batch, idx, :], [pts], [lay], m, what="index_points")
+        check_op(lambda t: t[:, idx[0]], [pts], [lay], m, what="x[:, idx]")
+        check_op(lambda t: t[:, torch.tensor([-1, 0, -N])], [pts], [lay], m, what="negative indices")
+        mask = torch.zeros(N, dtype=torch.bool)
+        mask[[1, 4, 9]] = True
+        check_op(lambda t: t[:, mask], [pts], [lay], m, what="bool mask over the sharded dim")
+        check_op(lambda t: t[:, idx[0], 1:], [pts], [lay], m, what="index then slice")
+        # Writes: assignment (each rank writes what it owns) and accumulation (duplicates add).
+        v = randn(B, S, C, seed=seed + 1)
+        uniq = torch.randperm(N, generator=g)[:S]
+
+        def assign(t, vv):
+            t = t.clone()
+            t[:, uniq] = vv
+            return t
+        check_op(assign, [pts, v], [lay, None], m, what="x[:, idx] = v")
+
+        def accumulate(t, vv):
+            return t.index_put((batch, idx), vv, accumulate=True)
+        check_op(accumulate, [pts, v], [lay, None], m, what="index_put accumulate (duplicates)")
+
+        def fill(t):
+            t = t.clone()
+            t[:, idx[1]] = 0.5
+            return t
+        check_op(fill, [pts], [lay], m, what="x[:, idx] = scalar")
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True)])
+def test_index_sharded_dim(world, tiny):
+    harness.run(world, case_index_sharded_dim, world, tiny)
+
+
+def case_index_sharded_dim_mesh2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(7, 6, 3, seed=seed)
+    lay = ([st.Shard(0), st.Shard(1)], {0: [4, 3], 1: [0, 6]})
+    i = torch.tensor([6, 0, 3, 3])
+    j = torch.tensor([1, 5, 0, 2])
+    with st.use_strict():
+        check_op(lambda t: t[i, j], [x], [lay], m, what="x[i, j] over two mesh dims")
+        check_op(lambda t: t[:, j], [x], [lay], m, what="x[:, j] (dim 0 stays sharded)",
+                 expect_placements=[st.Shard(0), st.Replicate()])
+
+        def put(t):
+            return t.index_put((i, j), torch.ones(3), accumulate=True)
+        check_op(put, [x], [lay], m, what="accumulate over two mesh dims")
+    return True
+
+
+def test_index_sharded_dim_mesh2d():
+    harness.run(4, case_index_sharded_dim_mesh2d, 4)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -214,7 +283,7 @@ def test_indexing_2d_mesh():
     harness.run(4, case_2d_mesh, 5)
 
 
-@pytest.mark.parametrize("which", ["scatter", "scatter_add", "index_put", "index", "gather_smaller"])
+@pytest.mark.parametrize("which", ["scatter", "scatter_add", "gather_smaller"])
 def test_indexing_sharded_dim_refused(which):
     errors = harness.expect_error(3, case_refusals, which, kinds=("NotImplementedError",))
     for kind, msg, _ in errors.values():
