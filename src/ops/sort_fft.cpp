@@ -3,14 +3,12 @@
 // every output keeps the input's layout. topk along a sharded dim merges every rank's own top k (one gathered
 // collective of k candidates per rank); the others raise with the remedy along a sharded dim (each needs the whole
 // dim: a distributed sort is not implemented). The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
-#include "comm/spec_holder.h"
 #include "comm/stat_reduce.h"
 #include "ops/arg_checks.h"
 #include "ops/common.h"
 #include "ops/empty_shard.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
 
 namespace shardtensor::ops {
 
@@ -70,7 +68,7 @@ void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::
 // Every rank takes the top min(k, extent) of its own rows (global indices), the candidates of the mesh dim's ranks
 // are gathered in one collective (k per rank: P·k values and indices, never the dim itself), and every rank merges
 // them alike, in coordinate order. The result is whole along `dim` (its k entries) and keeps the input's other
-// shards. Its gradient scatters into each rank's own rows only (TopkFn below): no rank builds the whole dim.
+// shards. Its gradient scatters into each rank's own rows only (selection_grad.cpp): no rank builds the whole dim.
 std::tuple<at::Tensor, at::Tensor> topk_sharded(const at::Tensor& self_in, int64_t k, int64_t dim, bool largest) {
   auto self = resolve_partial(self_in);
   const auto& spec = *shard_impl(self)->spec();
@@ -123,59 +121,6 @@ void topk_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, std::move(v), std::move(i));
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-struct TopkFn : torch::autograd::Function<TopkFn> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& self, int64_t k, int64_t dim, bool largest) {
-    auto [v, i] = topk_sharded(self, k, dim, largest);
-    ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
-    ctx->saved_data["dim"] = dim;
-    ctx->save_for_backward({i});
-    ctx->mark_non_differentiable({i});
-    return {v, i};
-  }
-
-  // Each rank scatters the gradients of the entries that came from its own rows into a gradient of its shard.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto& g_in = grads[0];
-    if (!g_in.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    at::NoGradGuard no_grad;
-    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
-    const auto dim = ctx->saved_data["dim"].toInt();
-    const auto idx_st = ctx->get_saved_variables()[0];
-    const auto m = spec->mesh_dim_of(dim);
-    const auto& mesh = spec->mesh;
-    const auto& ispec = *shard_impl(idx_st)->spec();
-    auto g = local_as(resolve_partial(dispatch::as_shard(g_in, mesh)), mesh, ispec.placements, ispec.dim_extents());
-    const auto coord = mesh->coordinate(m);
-    const auto off = spec->offset_of(m, coord), n = spec->extents[m][coord];
-    auto idx = shard_impl(idx_st)->local() - off;
-    auto local_grad = at::zeros(spec->local_shape, g.options());
-    if (n > 0) {
-      // Entries from other ranks' rows add 0 at a clamped position (where(), not a product: an inf stays out).
-      auto mine = idx.ge(0).logical_and(idx.lt(n));
-      local_grad.scatter_add_(dim, idx.clamp(0, n - 1), at::where(mine, g, at::zeros({}, g.options())));
-    }
-    return {make_shard_tensor(local_grad, spec), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-bool topk_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  dispatch::NamedArgs args(op, stack);
-  const auto self = args.tensor("self");
-  if (!shard_impl(self) || !self.requires_grad() || self.dim() == 0) return false;
-  const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
-  if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return false;
-  const auto k = args["k"].toSymInt().expect_int();
-  const bool largest = args["largest"].toBool();
-  check_topk_args(self, k, dim);
-  auto out = TopkFn::apply(self, k, dim, largest);
-  torch::jit::drop(*stack, args.all().size());
-  torch::jit::push(*stack, std::move(out[0]), std::move(out[1]));
-  return true;
-}
-
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(sort_fft) {
@@ -186,8 +131,7 @@ SHARDTENSOR_RULE_FAMILY(sort_fft) {
   for (const char* name : {"aten::sort", "aten::sort.stable", "aten::cummax", "aten::cummin"})
     dispatch::set_handler(name, rule(Along::dim_arg));
   // topk along a sharded dim merges the ranks' candidates; its gradient stays in each rank's rows.
-  dispatch::set_handler("aten::topk", topk_handler);
-  dispatch::set_autograd_handler("aten::topk", topk_autograd);
+  dispatch::set_handler("aten::topk", topk_handler);  // its autograd rule: selection_grad.cpp
   // Complex <-> real pairs: view_as_real appends a dim of 2, view_as_complex consumes the last dim.
   dispatch::set_handler("aten::view_as_real", rule(Along::none));
   dispatch::set_handler("aten::view_as_complex", rule(Along::last));

@@ -19,7 +19,7 @@ std::string label(const std::string& family) {
 }
 
 // Family -> an op whose rule it owns. The file of group_norm is norm.cpp, of point_search point_search_shard.cpp;
-// reduction_grad owns autograd rules only (checked below).
+// reduction_grad and selection_grad own autograd rules only (checked below).
 const std::map<std::string, std::string>& owned_ops() {
   static const std::map<std::string, std::string> ops = {
       {"attention", "aten::scaled_dot_product_attention"},
@@ -92,11 +92,12 @@ TEST(RuleFamily, EveryFamilyInstalledAtLoad) {
     EXPECT_TRUE(has_handler(op)) << op;
   }
   for (const char* family : {"group_norm (src/ops/norm.cpp)", "point_search (src/ops/point_search_shard.cpp)",
-                             "reduction_grad (src/ops/reduction_grad.cpp)"})
+                             "reduction_grad (src/ops/reduction_grad.cpp)",
+                             "selection_grad (src/ops/selection_grad.cpp)"})
     EXPECT_TRUE(contains(installed, family)) << family << " is not installed";
   EXPECT_EQ(dispatch::rule_family_of("aten::native_group_norm"), "group_norm (src/ops/norm.cpp)");
   EXPECT_EQ(dispatch::rule_family_of("shardtensor::knn"), "point_search (src/ops/point_search_shard.cpp)");
-  EXPECT_EQ(installed.size(), owned_ops().size() + 3);
+  EXPECT_EQ(installed.size(), owned_ops().size() + 4);
   EXPECT_GT(registered_handlers().size(), 1000u);
 }
 

@@ -123,3 +123,47 @@ def case_sum_of_partial_max(seed):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sum_of_partial_max(world):
     harness.run(world, case_sum_of_partial_max, world)
+
+
+def case_selection_grad_divided(seed):
+    """The gradient of max / min with indices and topk over a sharded dim (PointNet's global max pool over the
+    points) scatters into each rank's own rows: right values, and no rank allocates a tensor whole along the dim."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestPlain(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and not st.is_shard_tensor(t):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    m = mesh()
+    w = m.size()
+    x = randn(2, 5, 12, seed=seed)
+    lay = ([st.Shard(2)], {0: uneven_extents(12, w, seed)})
+    fns = {
+        "max": lambda t: t.max(dim=2).values,
+        "max keepdim": lambda t: torch.max(t, 2, keepdim=True)[0],
+        "min": lambda t: t.min(dim=-1).values,
+        "topk": lambda t: t.topk(3, dim=2).values,
+    }
+    for name, fn in fns.items():
+        check_op(fn, [x], [lay], m, what=name)
+        xs = st.distribute_tensor(x, m, *lay).requires_grad_()
+        y = fn(xs)
+        with LargestPlain() as watch:
+            y.sum().backward()
+        largest_shard = 2 * 5 * max(lay[1][0])
+        if w > 1:
+            assert watch.numel <= largest_shard, f"{name}: the backward allocated {watch.numel} elements"
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_selection_grad_divided(world):
+    harness.run(world, case_selection_grad_divided, world)
