@@ -83,7 +83,8 @@ struct ConvPlan {
   bool channel_partial = false;          // groups == 1
   int64_t channel_offset = 0, channel_extent = 0;
   int64_t local_groups = 1;
-  int64_t weight_row_offset = 0, weight_rows = 0; // grouped: the local groups' output channels
+  int64_t weight_row_offset = 0, weight_rows = 0; // grouped: the local groups' rows of the weight's dim 0
+  int64_t out_channel_offset = 0, out_channels = 0; // grouped: the local groups' output channels (bias entries)
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
@@ -129,9 +130,9 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
       continue;
     }
     if (pl.dim == 1) {
-      if (transposed) dispatch::not_implemented("transposed convolution with the channel dim sharded");
       plan.param_grad_mesh_dims.pop_back();
-      const auto cin_g = in_shape[1] / groups, cout_g = wsize[0] / groups;
+      // Transposed weights are [in, out / groups, k...]: a group's input channels are rows of dim 0 there.
+      const auto cin_g = in_shape[1] / groups, cout_g = transposed ? wsize[1] : wsize[0] / groups;
       const auto coord = spec.mesh->coordinate(m);
       plan.channel_mesh_dim = m;
       plan.channel_offset = spec.offset_of(m, coord);
@@ -152,8 +153,10 @@ ConvPlan make_conv_plan(const ShardSpec& spec, at::IntArrayRef wsize, at::IntArr
           if (spec.offset_of(m, c) % cin_g != 0)
             dispatch::not_implemented("grouped convolution whose channel shards split a group");
         plan.local_groups = plan.channel_extent / cin_g;
-        plan.weight_row_offset = plan.channel_offset / cin_g * cout_g;
-        plan.weight_rows = plan.local_groups * cout_g;
+        plan.out_channel_offset = plan.channel_offset / cin_g * cout_g;
+        plan.out_channels = plan.local_groups * cout_g;
+        plan.weight_row_offset = transposed ? plan.channel_offset : plan.out_channel_offset;
+        plan.weight_rows = transposed ? plan.channel_extent : plan.out_channels;
         plan.out_ext[1] = out_channels;
       }
       continue;
@@ -294,7 +297,7 @@ at::Tensor local_of_param(const at::Tensor& t, const MeshPtr& mesh) {
 // The weight and bias this rank's channels use.
 at::Tensor local_weight(const at::Tensor& w, const ConvPlan& plan) {
   if (plan.channel_mesh_dim < 0) return w;
-  if (plan.channel_partial) return w.narrow(1, plan.channel_offset, plan.channel_extent);
+  if (plan.channel_partial) return w.narrow(plan.transposed ? 0 : 1, plan.channel_offset, plan.channel_extent);
   return w.narrow(0, plan.weight_row_offset, plan.weight_rows);
 }
 
@@ -304,7 +307,7 @@ std::optional<at::Tensor> local_bias(const std::optional<at::Tensor>& b, const C
     // The pending sum must count the bias once: only the first coordinate adds it.
     return mesh.coordinate(plan.channel_mesh_dim) == 0 ? b : std::optional<at::Tensor>(at::zeros_like(*b));
   }
-  return b->narrow(0, plan.weight_row_offset, plan.weight_rows);
+  return b->narrow(0, plan.out_channel_offset, plan.out_channels);
 }
 
 // The halo exchange overlaps the main convolution (forward) and the main gradients (backward);
@@ -980,7 +983,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   const auto local_groups = plan.channel_mesh_dim >= 0 && !plan.channel_partial ? plan.local_groups : groups;
   const int64_t global_bias_numel = bias_sizes && !bias_sizes->empty() ? (*bias_sizes)[0] : 0;
   std::optional<std::vector<int64_t>> local_bias_sizes = bias_sizes;
-  if (bias_sizes && plan.channel_mesh_dim >= 0 && !plan.channel_partial) local_bias_sizes = std::vector<int64_t>{plan.weight_rows};
+  if (bias_sizes && plan.channel_mesh_dim >= 0 && !plan.channel_partial)
+    local_bias_sizes = std::vector<int64_t>{plan.out_channels};
   if (local_bias_sizes) bias_sizes = local_bias_sizes;
   at::OptionalIntArrayRef bs = bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef();
   at::Tensor gi, gw, gb;
@@ -1063,13 +1067,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   DimExtents ew, eb;
   if (plan.channel_mesh_dim >= 0) {
     const auto m = plan.channel_mesh_dim;
+    // The weight's dim that holds the input channels: 1, or 0 for a transposed weight ([in, out / groups, k...]).
+    const int64_t in_dim = plan.transposed ? 0 : 1;
     if (plan.channel_partial) {
-      pw[m] = Placement::shard(1);
-      ew[1] = spec->extents[m];
+      pw[m] = Placement::shard(in_dim);
+      ew[in_dim] = spec->extents[m];
       pb[m] = Placement::replicate();
     } else {
       pw[m] = Placement::shard(0);
-      ew[0] = plan.out_ext.at(1);
+      ew[0] = plan.transposed ? spec->extents[m] : plan.out_ext.at(1);
       pb[m] = Placement::shard(0);
       eb[0] = plan.out_ext.at(1);
     }

@@ -285,6 +285,17 @@ def case_conv_channel_sharded(seed):
              [([st.Shard(1)], {0: aligned}), None, None], m, **TOL, what="grouped conv channels sharded")
     check_op(lambda x, wt: F.conv2d(x, wt, padding=1, groups=6), [x, randn(12, 1, 3, 3, seed=5)], [ch, None], m, **TOL,
              what="depthwise conv channels sharded")
+    # Transposed (weights [in, out / groups, k...]): the input channels are the weight's rows.
+    with st.use_strict():
+        check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, padding=1, output_padding=1),
+                 [x, randn(6, 4, 3, 3, seed=6), randn(4, seed=7)], [ch, None, None], m, **TOL,
+                 what="conv_transpose2d channels sharded (Partial)")
+        check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, groups=3),
+                 [x, randn(6, 3, 2, 2, seed=8), randn(9, seed=9)], [([st.Shard(1)], {0: aligned}), None, None], m,
+                 **TOL, what="grouped conv_transpose2d channels sharded")
+        check_op(lambda x, wt: F.conv_transpose1d(x, wt, padding=1), [x[0, :, :, 0], randn(6, 3, 3, seed=10)],
+                 [([st.Shard(0)], {0: uneven_extents(6, w, seed)}), None], m, **TOL,
+                 what="unbatched conv_transpose1d channels sharded")
     return True
 
 
@@ -294,6 +305,10 @@ def case_conv_channels_and_height(seed):
     lay = ([st.Shard(1), st.Shard(2)], {0: uneven_extents(4, 2, seed), 1: uneven_extents(9, 2, seed + 1)})
     check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(3, 4, 3, 3, seed=1), randn(3, seed=2)],
              [lay, None, None], m, **TOL, what="channels and height sharded")
+    check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2), [x, randn(4, 3, 2, 2, seed=3), randn(3, seed=4)],
+             [lay, None, None], m, **TOL, what="transposed, channels and height sharded")
+    check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, padding=1), [x, randn(4, 3, 3, 3, seed=5), randn(3, seed=6)],
+             [lay, None, None], m, **TOL, what="transposed k3, channels and height sharded")
     return True
 
 
