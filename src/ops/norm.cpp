@@ -190,7 +190,9 @@ SHARDTENSOR_RULE_FAMILY(norm) {
 
 // ---------------------------------------------------------------------------------------------------------
 // group_norm: statistics per (sample, group) over the group's channels and all spatial positions. Spatial and
-// batch dims may be sharded (uneven); channels may not (a group would span ranks).
+// batch dims may be sharded (uneven); the channel dim too when every shard holds whole groups (each rank normalizes
+// its own groups: no communication for them; the statistics and parameter gradients are sharded with the groups).
+// A shard that splits a group is declined.
 namespace shardtensor::ops {
 namespace {
 
@@ -199,22 +201,40 @@ struct GroupNormLayout {
   SpecPtr spec;
   std::vector<int64_t> spatial_mesh_dims; // mesh dims sharding a spatial dim (statistics are all-reduced)
   std::vector<int64_t> batch_mesh_dims;   // mesh dims sharding dim 0
+  int64_t channel_mesh_dim = -1;          // the mesh dim sharding the channels (whole groups per rank), or -1
+  int64_t channel_offset = 0, channels = 0, groups = 0; // this rank's channels and groups
 };
 
-GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh) {
+GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh, int64_t C, int64_t G) {
   GroupNormLayout l;
   l.x = resolve_partial(dispatch::as_shard(input, mesh));
   l.spec = shard_impl(l.x)->spec();
+  l.channels = C;
+  l.groups = G;
   for (size_t m = 0; m < l.spec->placements.size(); ++m) {
     const auto& p = l.spec->placements[m];
     if (!p.is_shard()) continue;
-    if (p.dim == 1) dispatch::not_implemented("group_norm with the channel dim sharded; shard a spatial or the batch dim");
+    if (p.dim == 1) {
+      const auto per_group = C / G;
+      for (auto e : l.spec->extents[m])
+        if (e % per_group != 0)
+          dispatch::not_implemented("group_norm with channel shards that split a group (extents must be multiples of "
+                                    "C / groups = " + std::to_string(per_group) + "); align them or shard a spatial "
+                                    "or the batch dim");
+      const auto mi = static_cast<int64_t>(m);
+      const auto coord = l.spec->mesh->coordinate(mi);
+      l.channel_mesh_dim = mi;
+      l.channel_offset = l.spec->offset_of(mi, coord);
+      l.channels = l.spec->extents[m][coord];
+      l.groups = l.channels / per_group;
+      continue;
+    }
     (p.dim == 0 ? l.batch_mesh_dims : l.spatial_mesh_dims).push_back(static_cast<int64_t>(m));
   }
   return l;
 }
 
-// [N, G] statistics: batch shards kept.
+// [N, G] statistics: batch shards kept, channel shards as shards of the groups.
 at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, int64_t n, int64_t g) {
   Placements p(l.spec->mesh->ndim(), Placement::replicate());
   DimExtents ext;
@@ -222,12 +242,23 @@ at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, i
     p[m] = Placement::shard(0);
     ext[0] = l.spec->extents[m];
   }
+  if (l.channel_mesh_dim >= 0) {
+    p[l.channel_mesh_dim] = Placement::shard(1);
+    for (auto e : l.spec->extents[l.channel_mesh_dim]) ext[1].push_back(e / (l.spec->global_shape[1] / g));
+  }
   return wrap(local, l.spec->mesh, p, {n, g}, ext);
 }
 
-// Per (sample, channel) values of a per-(sample, group) [n, G, 1] tensor, as [n, C].
+// This rank's channels of a per-channel parameter (plain or replicated), in `dtype`.
+at::Tensor local_channels(const at::Tensor& t, const GroupNormLayout& l, const MeshPtr& mesh, at::ScalarType dtype) {
+  auto v = shard_impl(resolve_partial(dispatch::as_shard(t, mesh)))->local().to(dtype);
+  return l.channel_mesh_dim >= 0 ? v.narrow(0, l.channel_offset, l.channels) : v;
+}
+
+// Per (sample, channel) values of a per-(sample, group) [n, G, 1] tensor, as [n, C] (C = G * C / groups).
 at::Tensor per_channel(const at::Tensor& ng1, int64_t n, int64_t G, int64_t C) {
-  return ng1.expand({n, G, C / G}).reshape({n, C});
+  const auto per_group = G == 0 ? 0 : C / G;  // a rank holding no channel has no group
+  return ng1.expand({n, G, per_group}).reshape({n, C});
 }
 
 // [n, C] as [n, C, 1, ...] against an ndim-d activation.
@@ -250,13 +281,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
                                                                double eps) {
   auto mesh = dispatch::common_mesh("aten::native_group_norm",
                                     {input, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-  const auto N = N_arg.expect_int(), C = C_arg.expect_int();
-  auto l = group_norm_layout(input, mesh);
+  const auto N = N_arg.expect_int(), C_all = C_arg.expect_int(), G_all = G;
+  auto l = group_norm_layout(input, mesh, C_all, G_all);
+  const auto C = l.channels;  // this rank's channels and groups (all of them unless the channels are sharded)
+  G = l.groups;
   const auto& x = shard_impl(l.x)->local();
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
   // Moments over the group's channels and every spatial position: view as [n, G, C/G, spatial...].
-  auto shape = std::vector<int64_t>{n_local, G, C / G};
+  auto shape = std::vector<int64_t>{n_local, G, C_all / G_all};
   for (int64_t d = 2; d < x.dim(); ++d) shape.push_back(x.size(d));
   std::vector<int64_t> dims;
   for (int64_t d = 2; d < static_cast<int64_t>(shape.size()); ++d) dims.push_back(d);
@@ -266,17 +299,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   auto mean = mom.mean.reshape({n_local, G, 1});
   auto var = mom.m2.reshape({n_local, G, 1}) / mom.count;
   auto rstd = (var + eps).rsqrt();
-  auto plain = [&](const std::optional<at::Tensor>& t) {
-    return shard_impl(resolve_partial(dispatch::as_shard(*t, mesh)))->local().to(acc);
-  };
   auto scale = per_channel(rstd, n_local, G, C);
-  if (weight && weight->defined()) scale = scale * plain(weight).view({1, C});
+  if (weight && weight->defined()) scale = scale * local_channels(*weight, l, mesh, acc).view({1, C});
   auto shift = -per_channel(mean, n_local, G, C) * scale;
-  if (bias && bias->defined()) shift = shift + plain(bias).view({1, C});
+  if (bias && bias->defined()) shift = shift + local_channels(*bias, l, mesh, acc).view({1, C});
   auto out = at::addcmul(against(shift, x.dim()), x.to(acc), against(scale, x.dim()));  // one pass, one buffer
   return {make_shard_tensor(out.to(x.scalar_type()), l.spec),
-          wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G),
-          wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G)};
+          wrap_group_stats(mean.reshape({n_local, G}).to(x.scalar_type()), l, N, G_all),
+          wrap_group_stats(rstd.reshape({n_local, G}).to(x.scalar_type()), l, N, G_all)};
 }
 
 // native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N,
@@ -288,14 +318,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
     std::array<bool, 3> mask) {
   auto mesh = dispatch::common_mesh("aten::native_group_norm_backward",
                                     {grad_out, input, mean_arg, rstd_arg, weight.value_or(at::Tensor())});
-  const auto N = N_arg.expect_int(), C = C_arg.expect_int(), HxW = HxW_arg.expect_int();
-  auto l = group_norm_layout(input, mesh);
+  const auto N = N_arg.expect_int(), C_all = C_arg.expect_int(), HxW = HxW_arg.expect_int(), G_all = G;
+  auto l = group_norm_layout(input, mesh, C_all, G_all);
+  const auto C = l.channels;  // this rank's channels and groups
+  G = l.groups;
   const auto& x = shard_impl(l.x)->local();
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
   auto g = local_aligned(resolve_partial(grad_out), mesh, input.sizes(), l.spec->placements,
                          l.spec->dim_extents()).to(acc);
-  auto stats_layout = shard_impl(wrap_group_stats(at::zeros({n_local, G}), l, N, G))->spec();
+  auto stats_layout = shard_impl(wrap_group_stats(at::zeros({n_local, G}), l, N, G_all))->spec();
   auto mean = local_as(mean_arg, mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
   auto rstd = local_as(rstd_arg, mesh, stats_layout->placements, stats_layout->dim_extents()).to(acc).reshape({n_local, G, 1});
   auto xa = x.to(acc);
@@ -305,15 +337,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
   auto gs = g3.sum(2).reshape({n_local, C});
   auto gx = at::bmm(g3, xa.reshape({n_local * C, positions, 1})).reshape({n_local, C});
   at::Tensor w;
-  if (weight && weight->defined()) w = shard_impl(resolve_partial(dispatch::as_shard(*weight, mesh)))->local().to(acc).view({1, C});
+  if (weight && weight->defined()) w = local_channels(*weight, l, mesh, acc).view({1, C});
   auto mean_c = per_channel(mean, n_local, G, C), rstd_c = per_channel(rstd, n_local, G, C);
   at::Tensor gi, gw, gb;
   if (mask[0]) {
     // Per (sample, group): sum of grad*w and of grad*w*xhat, where xhat = (x - mean) * rstd; one fused all-reduce.
-    auto gws = (w.defined() ? gs * w : gs).reshape({n_local, G, C / G}).sum(2, true);
-    auto gwx = (w.defined() ? gx * w : gx).reshape({n_local, G, C / G}).sum(2, true);
+    auto gws = (w.defined() ? gs * w : gs).reshape({n_local, G, C_all / G_all}).sum(2, true);
+    auto gwx = (w.defined() ? gx * w : gx).reshape({n_local, G, C_all / G_all}).sum(2, true);
     auto sums = sum_over_mesh_dims(at::cat({gws, rstd * (gwx - mean * gws)}, 2), l.spatial_mesh_dims, *mesh);
-    const double count = static_cast<double>(C / G) * static_cast<double>(HxW);
+    const double count = static_cast<double>(C_all / G_all) * static_cast<double>(HxW);
     auto s1 = sums.narrow(2, 0, 1) / count, s2 = sums.narrow(2, 1, 1) / count;
     // grad_input = rstd * (grad*w - s1 - xhat*s2) = grad * a + x * b + c.
     auto a = w.defined() ? rstd_c * w : rstd_c;
@@ -331,13 +363,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
   // Or left pending for the gradient buckets (sum_param_grads); the bias is no argument here and follows the weight.
   std::vector<at::Tensor> sums{mask[1] && w.defined() ? (rstd_c * (gx - mean_c * gs)).sum(0) : at::Tensor(),
                                mask[2] ? gs.sum(0) : at::Tensor()};
-  const auto w_arg = mask[1] && weight ? *weight : at::Tensor();
+  const auto w_arg = mask[1] && weight && l.channel_mesh_dim < 0 ? *weight : at::Tensor();  // as convolutions do
   const bool pending = sum_param_grads(sums, {w_arg, w_arg}, reduce_dims, *mesh);
   Placements param_placements(mesh->ndim(), Placement::replicate());
   if (pending)
     for (auto m : reduce_dims) param_placements[m] = Placement::partial();
+  DimExtents param_ext;
+  if (l.channel_mesh_dim >= 0) {  // sharded with the channels
+    param_placements[l.channel_mesh_dim] = Placement::shard(0);
+    param_ext[0] = l.spec->extents[l.channel_mesh_dim];
+  }
   auto wrap_param = [&](const at::Tensor& local) {
-    return wrap(local.to(x.scalar_type()), mesh, param_placements, {C}, {});
+    return wrap(local.to(x.scalar_type()), mesh, param_placements, {C_all}, param_ext);
   };
   if (sums[0].defined()) gw = wrap_param(sums[0]);
   if (sums[1].defined()) gb = wrap_param(sums[1]);

@@ -94,9 +94,50 @@ def case_group_norm_2d(seed):
 
 
 def group_norm_channel_sharded():
-    x = st.distribute_tensor(torch.randn(2, 4, 3), mesh(), [st.Shard(1)])
+    # 4 channels in 2 groups split as [1, 3]: a group would span ranks.
+    x = st.distribute_tensor(torch.randn(2, 4, 3), mesh(), [st.Shard(1)], sharding_shapes={0: [1, 3]})
     with st.use_strict():   # else the refusal runs the gather-compute fallback (test_fallback.py)
         F.group_norm(x, 2)
+
+
+def case_group_norm_channels(seed):
+    """Channel shards of whole groups: each rank normalizes its own groups, no communication; the statistics and
+    the parameter gradients are sharded with the groups (with a spatial dim sharded too, on a 2-D mesh)."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 12, 5, 4, seed=seed) * 2 + 1
+    wt, b = randn(12, seed=seed + 1), randn(12, seed=seed + 2)
+    groups = [2 * e for e in uneven_extents(6, w, seed)]  # 6 groups of 2 channels, a zero extent for some seeds
+    lay = ([st.Shard(1)], {0: groups})
+    with st.use_strict():
+        xs = st.distribute_tensor(x, m, *lay)
+        st.reset_comm_stats()
+        F.group_norm(xs, 6, wt, b)
+        assert sum(st.comm_stats()["calls"].values()) == 0, st.comm_stats()
+        check_op(lambda x, w, b: F.group_norm(x, 6, w, b), [x, wt, b], [lay, None, None], m, rtol=1e-4, atol=1e-5,
+                 what="group_norm channels sharded")
+        check_op(lambda x: F.group_norm(x, 3), [x], [([st.Shard(1)], {0: [4 * e for e in uneven_extents(3, w, 1)]})],
+                 m, rtol=1e-4, atol=1e-5, what="group_norm channels sharded, no affine")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_group_norm_channels(world):
+    harness.run(world, case_group_norm_channels, world)
+
+
+def case_group_norm_channels_2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 8, 7, 3, seed=seed)
+    lay = ([st.Shard(1), st.Shard(2)], {0: [2, 6], 1: uneven_extents(7, 2, seed)})
+    with st.use_strict():
+        check_op(lambda x, w, b: F.group_norm(x, 4, w, b), [x, randn(8, seed=1), randn(8, seed=2)], [lay, None, None],
+                 m, rtol=1e-4, atol=1e-5, what="group_norm channels and height sharded")
+    return True
+
+
+def test_group_norm_channels_2d():
+    harness.run(4, case_group_norm_channels_2d, 3)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -109,7 +150,7 @@ def test_group_norm_2d():
 
 
 def test_group_norm_channel_sharded_raises():
-    harness.expect_error(2, group_norm_channel_sharded, match="channel dim sharded")
+    harness.expect_error(2, group_norm_channel_sharded, match="split a group")
 
 
 def case_batch_norm_module(dim_sharded, momentum, seed):
