@@ -449,6 +449,19 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   return wrap(out, spec.mesh, p, a.result_shape, ext);
 }
 
+// masked_select(Tensor self, Tensor mask): `x[mask]` over the broadcast shape (the index rule: owners read their
+// selected elements, in row-major order, and one all-reduce completes the 1-D result). Its backward,
+// masked_select_backward, is a masked_scatter into zeros laid out like the input (position_writes.cpp).
+at::Tensor masked_select_rule(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK_VALUE(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
+  const auto shape = at::infer_size(self.sizes(), mask.sizes());
+  auto x = self.sizes().equals(shape) ? self : self.expand(shape);
+  auto m = mask.sizes().equals(shape) ? mask : mask.expand(shape);
+  c10::List<std::optional<at::Tensor>> list;
+  list.push_back(std::optional<at::Tensor>(m));
+  return at::index(x, list);
+}
+
 // A single bool mask over dims [d, d + mask.dim()) laid out like x there (or plain), with one value: local.
 bool local_mask_put(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& list, const at::Tensor& values,
                     at::Tensor& local_mask, int64_t& mask_pos) {
@@ -566,6 +579,7 @@ SHARDTENSOR_RULE_FAMILY(indexing) {
                            "aten::scatter_add_", "aten::scatter_reduce.two", "aten::scatter_reduce_.two"})
     set_handler(name, scatter_handler);
   set_handler("aten::index.Tensor", typed_handler(&index_rule));
+  set_handler("aten::masked_select", typed_handler(&masked_select_rule));
   set_handler("aten::index_put_", typed_handler(&index_put_inplace_rule));
   set_handler("aten::index_put", typed_handler(&index_put_rule));
   set_handler("aten::_index_put_impl_", typed_handler(&index_put_impl_inplace_rule));

@@ -228,6 +228,27 @@ def case_index_sharded_dim(seed, tiny):
     return True
 
 
+def case_masked_select(seed):
+    """masked_select (and `x[mask]`) over sharded dims: owners read their selected elements (one all-reduce of the
+    result); its backward scatters into the input's layout."""
+    m = mesh()
+    w = m.size()
+    x = randn(4, 9, seed=seed)
+    lay = _lay(x.shape, 1, w, seed)
+    mask = x > 0.3
+    with st.use_strict():
+        check_op(lambda t: torch.masked_select(t, mask), [x], [lay], m, what="masked_select, plain mask")
+        check_op(lambda t: torch.masked_select(t, t > 0.3), [x], [lay], m, what="masked_select, sharded mask")
+        check_op(lambda t: torch.masked_select(t, mask[0]), [x], [lay], m, what="masked_select, broadcast mask")
+        check_op(lambda t: t[t > 0.3], [x], [lay], m, what="x[x > 0.3]")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_masked_select(world):
+    harness.run(world, case_masked_select, world)
+
+
 @pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True)])
 def test_index_sharded_dim(world, tiny):
     harness.run(world, case_index_sharded_dim, world, tiny)

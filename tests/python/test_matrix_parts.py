@@ -1,7 +1,7 @@
 """diagonal, tril/triu, the in-place views of torch's decompositions (squeeze_/unsqueeze_/transpose_/t_ on Partial,
 sharded and replicated tensors: matmul of a sharded 1-D vector, __rmatmul__, quantile), the position-addressed
 writes (masked_scatter, put, index_fill) and, through them, the backward of ops that run forward through the
-gather fallback (linalg.det, qr, eigh, svd, masked_select, take, trace, diag_embed) — against one device: forward,
+gather fallback (linalg.det, qr, eigh, svd, take, trace, diag_embed; masked_select has a rule now, its backward is still masked_scatter) — against one device: forward,
 input gradient, uneven and zero extents, 2-4 ranks, a 2-D mesh."""
 import pytest
 import torch
@@ -176,7 +176,7 @@ def case_position_writes(kind):
 
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
 def test_position_writes(world, kind):
-    harness.run(world, case_position_writes, kind)  # masked_select/take run forward through the fallback
+    harness.run(world, case_position_writes, kind)  # take runs forward through the fallback, masked_select by its rule
 
 
 def case_fallback_backward(kind):
