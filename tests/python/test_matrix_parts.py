@@ -1,8 +1,9 @@
 """diagonal, tril/triu, the in-place views of torch's decompositions (squeeze_/unsqueeze_/transpose_/t_ on Partial,
 sharded and replicated tensors: matmul of a sharded 1-D vector, __rmatmul__, quantile), the position-addressed
 writes (masked_scatter, put, index_fill) and, through them, the backward of ops that run forward through the
-gather fallback (linalg.det, qr, eigh, svd, take, trace, diag_embed; masked_select has a rule now, its backward is still masked_scatter) — against one device: forward,
-input gradient, uneven and zero extents, 2-4 ranks, a 2-D mesh."""
+gather fallback (linalg.det, qr, eigh, svd, take, trace, diag_embed) or their own rule (masked_select, whose
+backward is a masked_scatter) — against one device: forward, input gradient, uneven and zero extents, 2-4 ranks, a
+2-D mesh."""
 import pytest
 import torch
 
