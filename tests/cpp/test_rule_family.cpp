@@ -35,6 +35,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"foreach", "aten::_amp_foreach_non_finite_check_and_unscale_"},
       {"grid_sample", "aten::grid_sampler_2d"},
       {"im2col", "aten::im2col"},
+      {"histogram", "aten::histc"},
       {"indexing", "aten::index_select"},
       {"interpolate", "aten::upsample_nearest2d"},
       {"linear", "aten::linear"},

@@ -28,3 +28,17 @@ if __name__ == "__main__":
         for line in res[0]: print(line)
     finally:
         harness.close_all()
+
+
+def hprobe():
+    import torch, shardtensor as st
+    from cases_util import mesh, tiny_extents
+    m = mesh()
+    v = torch.randint(0, 9, (13,), generator=torch.Generator().manual_seed(3))
+    vs = st.distribute_tensor(v, m, [st.Shard(0)], {0: tiny_extents(13, 3)})
+    out = []
+    for name, fn in [("plain", lambda t: torch.bincount(t)),
+                     ("w", lambda t: torch.bincount(t, torch.linspace(0, 1, 13)))]:
+        r = fn(vs)
+        out.append((name, tuple(r.to_local().shape), str(r.to_local().dtype), st.sharding_shapes(vs)))
+    return out

@@ -1,0 +1,160 @@
+// Histograms of a sharded field: histc, histogram (bin count or edges, weights, density) and bincount. A histogram
+// is a sum of the ranks' histograms over the same bins, so each rank counts its own elements and the result is
+// Partial(sum) over the mesh dims that shard the input (completed when it is read). What the bins depend on is
+// agreed first in one small collective: the data's global min and max when no range is given (histc's min == max,
+// histogram's range=None), bincount's global max. density normalizes the completed counts.
+#include "comm/stat_reduce.h"
+#include "ops/common.h"
+
+#include <shardtensor/simulation.h>
+
+#include <limits>
+
+namespace shardtensor::ops {
+
+namespace {
+
+// The input with pending sums completed, and the mesh dims that shard it (where the counts are partial).
+struct Field {
+  at::Tensor local;
+  MeshPtr mesh;
+  std::vector<int64_t> sharded;
+};
+
+Field field_of(const at::Tensor& self) {
+  auto t = resolve_partial(self);
+  const auto& spec = *shard_impl(t)->spec();
+  Field f{shard_impl(t)->local(), spec.mesh, {}};
+  for (size_t m = 0; m < spec.placements.size(); ++m)
+    if (spec.placements[m].is_shard()) f.sharded.push_back(static_cast<int64_t>(m));
+  return f;
+}
+
+// The global (min, max) of the field, agreed in one collective (a rank without elements adds +inf / -inf).
+std::pair<double, double> global_range(const Field& f) {
+  const auto inf = std::numeric_limits<double>::infinity();
+  auto opts = f.local.options().dtype(at::kDouble);
+  auto lo = f.local.numel() ? f.local.min().to(at::kDouble).reshape({1}) : at::full({1}, inf, opts);
+  auto hi = f.local.numel() ? f.local.max().to(at::kDouble).reshape({1}) : at::full({1}, -inf, opts);
+  if (f.sharded.empty()) return {lo.item<double>(), hi.item<double>()};
+  comm::StatReduce r;
+  const auto i = r.min(lo), j = r.max(hi);
+  r.run(*f.mesh, f.sharded);
+  return {r.result(i)[0].item<double>(), r.result(j)[0].item<double>()};
+}
+
+// Counts of this rank, Partial(sum) over the sharded mesh dims.
+at::Tensor partial_counts(const at::Tensor& local, const Field& f) {
+  Placements p(f.mesh->ndim(), Placement::replicate());
+  for (auto m : f.sharded) p[m] = Placement::partial(ReduceOp::Sum);
+  return wrap(local, f.mesh, p, local.sizes().vec(), {});
+}
+
+// histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0)
+at::Tensor histc_rule(const at::Tensor& self, int64_t bins, const at::Scalar& min_s, const at::Scalar& max_s) {
+  TORCH_CHECK_VALUE(bins > 0, "torch.histc(): bins must be > 0, but got ", bins, " for dim 0");
+  auto f = field_of(self);
+  double lo = min_s.toDouble(), hi = max_s.toDouble();
+  if (lo == hi && self.numel() > 0) std::tie(lo, hi) = global_range(f);
+  // As torch does: an empty range widens by one on each side (so every rank bins alike, whatever its own data).
+  if (lo == hi) lo -= 1, hi += 1;
+  TORCH_CHECK_VALUE(std::isfinite(lo) && std::isfinite(hi), "torch.histc(): range of [", lo, ", ", hi,
+                    "] is not finite");
+  TORCH_CHECK_VALUE(lo < hi, "torch.histc(): max must be larger than min");
+  return partial_counts(at::histc(f.local, bins, lo, hi), f);
+}
+
+// Local histograms over the agreed edges; density from the completed counts.
+std::tuple<at::Tensor, at::Tensor> finish_histogram(at::Tensor hist, const at::Tensor& edges, const Field& f,
+                                                    bool density) {
+  auto counts = partial_counts(hist, f);
+  auto edges_st = wrap(edges, f.mesh, Placements(f.mesh->ndim(), Placement::replicate()), edges.sizes().vec(), {});
+  if (!density) return {counts, edges_st};
+  auto total = resolve_partial(counts);
+  const auto& c = shard_impl(total)->local();
+  auto widths = edges.narrow(0, 1, edges.size(0) - 1) - edges.narrow(0, 0, edges.size(0) - 1);
+  return {make_shard_tensor(c / (c.sum() * widths), shard_impl(total)->spec()), edges_st};
+}
+
+at::Tensor local_weight(const std::optional<at::Tensor>& weight, const at::Tensor& self) {
+  if (!weight || !weight->defined()) return {};
+  const auto& spec = *shard_impl(resolve_partial(self))->spec();
+  return local_as(resolve_partial(*weight), spec.mesh, spec.placements, spec.dim_extents());
+}
+
+// histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, bool density=False)
+std::tuple<at::Tensor, at::Tensor> histogram_bins_rule(const at::Tensor& self, int64_t bins,
+                                                       std::optional<at::ArrayRef<double>> range,
+                                                       const std::optional<at::Tensor>& weight, bool density) {
+  TORCH_CHECK_VALUE(bins > 0, "torch.histogram(): bins must be > 0, but got ", bins, " for dimension 0");
+  auto f = field_of(self);
+  double lo = 0, hi = 0;
+  if (range && !range->empty()) {
+    TORCH_CHECK_VALUE(range->size() == 2, "torch.histogram(): range should have 2 elements");
+    lo = (*range)[0], hi = (*range)[1];
+  } else if (self.numel() > 0) {
+    std::tie(lo, hi) = global_range(f);
+  }
+  if (lo == hi) lo -= 0.5, hi += 0.5;  // torch.histogram widens an empty range by half a unit on each side
+  TORCH_CHECK_VALUE(std::isfinite(lo) && std::isfinite(hi), "torch.histogram(): range of [", lo, ", ", hi,
+                    "] is not finite");
+  auto w = local_weight(weight, self);
+  auto [hist, edges] = at::histogram(f.local, bins, std::vector<double>{lo, hi},
+                                     w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
+  return finish_histogram(hist, edges, f, density);
+}
+
+// histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False)
+std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, const at::Tensor& bins,
+                                                        const std::optional<at::Tensor>& weight, bool density) {
+  auto f = field_of(self);
+  auto edges = shard_impl(bins) ? local_as(resolve_partial(bins), f.mesh,
+                                           Placements(f.mesh->ndim(), Placement::replicate()), {})
+                                : bins;
+  auto w = local_weight(weight, self);
+  auto [hist, e] = at::histogram(f.local, edges, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
+  return finish_histogram(hist, e, f, density);
+}
+
+// bincount(Tensor self, Tensor? weights=None, SymInt minlength=0): the length follows the global max.
+at::Tensor bincount_rule(const at::Tensor& self, const std::optional<at::Tensor>& weights, c10::SymInt minlength_s) {
+  const auto minlength = minlength_s.expect_int();
+  TORCH_CHECK_VALUE(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs.");
+  TORCH_CHECK_VALUE(minlength >= 0, "minlength should be >= 0");
+  // The result's length is the other ranks' max, which the fake process group of a simulation does not deliver.
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.bincount on a ShardTensor under simulation "
+                              "(shardtensor.simulate): its length depends on every rank's values");
+  auto f = field_of(self);
+  const auto longs = f.local.options().dtype(at::kLong);
+  auto top = f.local.numel() ? f.local.max().to(at::kLong).reshape({1}) : at::full({1}, -1, longs);
+  auto low = f.local.numel() ? f.local.min().to(at::kLong).reshape({1}) : at::zeros({1}, longs);
+  if (!f.sharded.empty()) {
+    comm::StatReduce r;
+    const auto i = r.max(top), j = r.min(low);
+    r.run(*f.mesh, f.sharded);
+    top = r.result(i)[0];
+    low = r.result(j)[0];
+  }
+  TORCH_CHECK_VALUE(low.item<int64_t>() >= 0, "bincount only supports 1-d non-negative integral inputs.");
+  const auto length = std::max(minlength, top.item<int64_t>() + 1);
+  auto w = local_weight(weights, self);
+  auto counts = at::bincount(f.local, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, length);
+  if (w.defined() && f.local.numel() == 0) {
+    // torch gives an empty input int64 counts even with weights: take the dtype a non-empty one gets, so every
+    // rank's part (and the pending sum) has one dtype.
+    const auto dtype = at::bincount(at::zeros({1}, f.local.options()), at::zeros({1}, w.options()), 1).scalar_type();
+    counts = counts.to(dtype);
+  }
+  return partial_counts(counts, f);
+}
+
+} // namespace
+
+SHARDTENSOR_RULE_FAMILY(histogram) {
+  dispatch::set_handler("aten::histc", typed_handler(&histc_rule));
+  dispatch::set_handler("aten::histogram.bin_ct", typed_handler(&histogram_bins_rule));
+  dispatch::set_handler("aten::histogram.bins_tensor", typed_handler(&histogram_edges_rule));
+  dispatch::set_handler("aten::bincount", typed_handler(&bincount_rule));
+}
+
+} // namespace shardtensor::ops
