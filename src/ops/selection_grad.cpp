@@ -1,10 +1,13 @@
-// The gradient of a selection along a sharded dim: topk, and max / min with indices (PointNet's global max pool over
-// the points, a top-k of scores over the tokens). Their derivative formula, value_selecting_reduction_backward,
-// knows the input's global sizes but not its layout, so it builds a tensor whole along the dim on every rank and
-// scatters the selected entries into it. These autograd rules keep the input's layout instead (saved in the
+// The gradient of a selection along a sharded dim: topk, max / min with indices (PointNet's global max pool over
+// the points, a top-k of scores over the tokens) and the running cummax / cummin. Their derivative formulas
+// (value_selecting_reduction_backward, cummaxmin_backward) know the input's global sizes but not its layout, so they
+// build a tensor whole along the dim on every rank and scatter the selected entries into it (a scan's into the
+// sharded input itself, which no rule can do for indices on other ranks). These autograd rules keep the input's layout instead (saved in the
 // forward): each rank scatters the entries whose global index falls in its own rows into a gradient of its shard,
-// no communication and nothing larger than the shard. The forward is the op's own rule (sort_fft.cpp, reduction.cpp).
+// no communication and nothing larger than the shard (a scan's outputs that took the lower ranks' carry send one
+// sum per slice to the carry's row, in one collective). The forward is the op's own rule (sort_fft.cpp, reduction.cpp).
 #include "comm/spec_holder.h"
+#include "comm/stat_reduce.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
 
@@ -17,7 +20,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-enum class Selection : int64_t { topk, max, min };
+enum class Selection : int64_t { topk, max, min, cummax, cummin };
 
 struct SelectionFn : torch::autograd::Function<SelectionFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& self, int64_t kind, int64_t dim, bool keepdim,
@@ -28,7 +31,10 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
       case Selection::topk: std::tie(values, indices) = at::topk(self, k, dim, largest, true); break;
       case Selection::max: std::tie(values, indices) = at::max(self, dim, keepdim); break;
       case Selection::min: std::tie(values, indices) = at::min(self, dim, keepdim); break;
+      case Selection::cummax: std::tie(values, indices) = at::cummax(self, dim); break;
+      case Selection::cummin: std::tie(values, indices) = at::cummin(self, dim); break;
     }
+    ctx->saved_data["scan"] = kind >= static_cast<int64_t>(Selection::cummax);
     ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["keepdim"] = keepdim;
@@ -59,10 +65,34 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
     }
     idx = idx - off;
     auto local_grad = at::zeros(spec->local_shape, g.options());
+    const auto zero = at::zeros({}, g.options());
     if (n > 0 && idx.numel() > 0) {
       // Entries from other ranks' rows add 0 at a clamped position (where(), not a product: an inf stays out).
       auto mine = idx.ge(0).logical_and(idx.lt(n));
-      local_grad.scatter_add_(dim, idx.clamp(0, n - 1), at::where(mine, g, at::zeros({}, g.options())));
+      local_grad.scatter_add_(dim, idx.clamp(0, n - 1), at::where(mine, g, zero));
+    }
+    if (ctx->saved_data["scan"].toBool()) {
+      // A scan's outputs that took the lower ranks' carry all point at one row per slice (the carry's): their
+      // gradients are summed here, and every rank's sums and carry rows travel in one collective to be added by
+      // the rank that owns the row.
+      auto carried = idx.lt(0);
+      auto shape = idx.sizes().vec();
+      shape[dim] = 1;
+      at::Tensor sums = at::zeros(shape, g.options()), rows = at::full(shape, -1, idx.options());
+      if (idx.size(dim) > 0) {
+        sums = at::where(carried, g, zero).sum(dim, true);
+        rows = at::where(carried, idx + off, at::full({}, -1, idx.options())).amax(dim, true);
+      }
+      comm::StatReduce r;
+      const auto si = r.gathered(sums), ri = r.gathered(rows);
+      r.run(*mesh, {m});
+      if (n > 0)
+        for (int64_t j = 0; j < static_cast<int64_t>(spec->extents[m].size()); ++j) {
+          if (j == coord) continue;
+          auto row = r.result(ri)[0].select(0, j) - off;
+          auto mine = row.ge(0).logical_and(row.lt(n));
+          local_grad.scatter_add_(dim, row.clamp(0, n - 1), at::where(mine, r.result(si)[0].select(0, j), zero));
+        }
     }
     none[0] = make_shard_tensor(local_grad, spec);
     return none;
@@ -77,7 +107,8 @@ bool selection_autograd(Selection kind, const c10::OperatorHandle& op, torch::ji
   if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() || self.dim() == 0) return false;
   const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
   if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return false;
-  const bool keepdim = kind == Selection::topk || args["keepdim"].toBool();
+  const bool scan = kind == Selection::cummax || kind == Selection::cummin;
+  const bool keepdim = kind == Selection::topk || scan || args["keepdim"].toBool();
   const int64_t k = kind == Selection::topk ? args["k"].toSymInt().expect_int() : 1;
   const bool largest = kind == Selection::topk ? args["largest"].toBool() : true;
   auto out = SelectionFn::apply(self, static_cast<int64_t>(kind), dim, keepdim, k, largest);
@@ -90,7 +121,8 @@ bool selection_autograd(Selection kind, const c10::OperatorHandle& op, torch::ji
 
 SHARDTENSOR_RULE_FAMILY(selection_grad) {
   for (auto [name, kind] : {std::pair{"aten::topk", Selection::topk}, std::pair{"aten::max.dim", Selection::max},
-                            std::pair{"aten::min.dim", Selection::min}})
+                            std::pair{"aten::min.dim", Selection::min}, std::pair{"aten::cummax", Selection::cummax},
+                            std::pair{"aten::cummin", Selection::cummin}})
     dispatch::set_autograd_handler(name, [kind](const c10::OperatorHandle& op, torch::jit::Stack* s) {
       return selection_autograd(kind, op, s);
     });

@@ -1,8 +1,9 @@
 // Ops that work along given dims: sort, topk, cummax / cummin (cumsum, cumprod and logcumsumexp scan sharded dims:
 // loss.cpp) and view_as_real / view_as_complex. Along dims that are not sharded they run on the local shards and
 // every output keeps the input's layout. topk along a sharded dim merges every rank's own top k (one gathered
-// collective of k candidates per rank); the others raise with the remedy along a sharded dim (each needs the whole
-// dim: a distributed sort is not implemented). The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
+// collective of k candidates per rank); cummax / cummin scan their own rows and take the lower ranks' carry (one
+// gathered collective of each rank's last values); sort raises with the remedy along a sharded dim (it needs the
+// whole dim: a distributed sort is not implemented). The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
 #include "comm/stat_reduce.h"
 #include "ops/arg_checks.h"
 #include "ops/common.h"
@@ -106,6 +107,73 @@ std::tuple<at::Tensor, at::Tensor> topk_sharded(const at::Tensor& self_in, int64
   return {wrap(v, spec.mesh, placements, out_shape, ext), wrap(idx, spec.mesh, placements, out_shape, ext)};
 }
 
+// ---- cummax / cummin along a sharded dim ----
+// Each rank scans its own rows, then takes the carry of the lower ranks: their last running values and indices,
+// gathered in one collective and combined in coordinate order as the single-device scan does (a later element
+// replaces the running one when it is NaN, or when neither is NaN and it is >= (max) / <= (min) — ties take the
+// later index). Where the carry still wins over the rank's own running value, it replaces it.
+at::Tensor later_wins(const at::Tensor& later, const at::Tensor& running, bool is_max) {
+  auto beats = is_max ? later.ge(running) : later.le(running);
+  return at::isnan(later).logical_or(at::isnan(running).logical_not().logical_and(beats));
+}
+
+std::tuple<at::Tensor, at::Tensor> cum_extreme_sharded(const at::Tensor& self_in, int64_t dim, bool is_max) {
+  auto self = resolve_partial(self_in);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& mesh = *spec.mesh;
+  const auto m = spec.mesh_dim_of(dim);
+  const auto coord = mesh.coordinate(m);
+  const auto& extents = spec.extents[m];
+  const auto n = extents[coord];
+  const auto& local = shard_impl(self)->local();
+  const auto longs = local.options().dtype(at::kLong);
+  at::Tensor v, i;
+  if (n > 0) {
+    std::tie(v, i) = is_max ? at::cummax(local, dim) : at::cummin(local, dim);
+    i = i + spec.offset_of(m, coord);
+  } else {
+    v = local.clone();
+    i = at::empty(local.sizes(), longs);
+  }
+  auto shape = local.sizes().vec();
+  shape[dim] = 1;
+  comm::StatReduce r;
+  const auto tv = r.gathered(n > 0 ? v.narrow(dim, n - 1, 1).contiguous() : at::zeros(shape, local.options()));
+  const auto ti = r.gathered(n > 0 ? i.narrow(dim, n - 1, 1).contiguous() : at::zeros(shape, longs));
+  r.run(mesh, {m});
+  at::Tensor cv, ci;  // the lower ranks' carry (undefined: none)
+  for (int64_t j = 0; j < coord; ++j) {
+    if (extents[j] == 0) continue;
+    auto xv = r.result(tv)[0].select(0, j), xi = r.result(ti)[0].select(0, j);
+    if (!cv.defined()) {
+      cv = xv, ci = xi;
+      continue;
+    }
+    auto later = later_wins(xv, cv, is_max);
+    cv = at::where(later, xv, cv);
+    ci = at::where(later, xi, ci);
+  }
+  if (cv.defined() && n > 0) {
+    auto own = later_wins(v, cv, is_max);
+    v = at::where(own, v, cv);
+    i = at::where(own, i, ci);
+  }
+  return {wrap(v, spec.mesh, spec.placements, self.sizes().vec(), spec.dim_extents()),
+          wrap(i, spec.mesh, spec.placements, self.sizes().vec(), spec.dim_extents())};
+}
+
+// cummax(Tensor self, int dim) / cummin(...) -> (Tensor values, Tensor indices)
+void cum_extreme_handler(bool is_max, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self");
+  if (self.dim() == 0) return along_dims_handler(Along::dim_arg, op, stack);
+  const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
+  if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return along_dims_handler(Along::dim_arg, op, stack);
+  auto [v, i] = cum_extreme_sharded(self, dim, is_max);
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(v), std::move(i));
+}
+
 // topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 void topk_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
@@ -128,8 +196,14 @@ SHARDTENSOR_RULE_FAMILY(sort_fft) {
     return [along](const c10::OperatorHandle& op, torch::jit::Stack* stack) { along_dims_handler(along, op, stack); };
   };
   // Along `dim` (sort, sort.stable, topk, the scans).
-  for (const char* name : {"aten::sort", "aten::sort.stable", "aten::cummax", "aten::cummin"})
-    dispatch::set_handler(name, rule(Along::dim_arg));
+  for (const char* name : {"aten::sort", "aten::sort.stable"}) dispatch::set_handler(name, rule(Along::dim_arg));
+  // cummax / cummin scan a sharded dim with the lower ranks' carry; their autograd rule: selection_grad.cpp.
+  dispatch::set_handler("aten::cummax", [](const c10::OperatorHandle& op, torch::jit::Stack* s) {
+    cum_extreme_handler(true, op, s);
+  });
+  dispatch::set_handler("aten::cummin", [](const c10::OperatorHandle& op, torch::jit::Stack* s) {
+    cum_extreme_handler(false, op, s);
+  });
   // topk along a sharded dim merges the ranks' candidates; its gradient stays in each rank's rows.
   dispatch::set_handler("aten::topk", topk_handler);  // its autograd rule: selection_grad.cpp
   // Complex <-> real pairs: view_as_real appends a dim of 2, view_as_complex consumes the last dim.

@@ -224,7 +224,7 @@ def _sharded_dim_op(op, x, pairs, signal):
     {"sort": lambda: x.sort(1), "msort": lambda: x.t().msort(), "argsort": lambda: x.argsort(),
      "fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
      "fftn": lambda: torch.fft.fftn(signal),
-     "cummax": lambda: x.cummax(1), "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
+     "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
 
 
 def case_topk_sharded_dim(seed):
@@ -267,6 +267,46 @@ def case_topk_sharded_dim(seed):
     return True
 
 
+def case_cum_extremes_sharded_dim(seed):
+    """cummax / cummin along the sharded dim: each rank's own scan with the lower ranks' carry (one collective),
+    ties taking the later index and NaN sticking as on one device; the gradient reaches the carry's row on its
+    owner (one collective of per-slice sums)."""
+    m = mesh()
+    w = m.size()
+    x = randn(3, 13, 2, seed=seed)
+    x[0, 5] = 4.0            # a running max that later elements tie
+    x[0, 9] = 4.0
+    x[1, 7:] = -5.0          # a long carried stretch for cummax (its gradient goes to one row)
+    x[2, 2] = float("nan")   # NaN sticks
+    x[2, 11] = float("nan")
+    for ext in (uneven_extents(13, w, seed), tiny_extents(13, w)):
+        lay = ([st.Shard(1)], {0: ext})
+        xs = st.distribute_tensor(x, m, *lay)
+        for name in ("cummax", "cummin"):
+            st.reset_comm_stats()
+            with st.use_strict():
+                v, i = getattr(torch, name)(xs, dim=1)
+            assert sum(st.comm_stats()["calls"].values()) == (1 if w > 1 else 0), st.comm_stats()["calls"]
+            rv, ri = getattr(torch, name)(x, dim=1)
+            close(full(v), rv, equal_nan=True, what=f"{name} values {ext}")
+            assert torch.equal(full(i), ri), f"{name} indices {ext}: {full(i)} vs {ri}"
+            finite = x.nan_to_num(0.0)  # gradients against one device without NaN (it would poison every check)
+            with st.use_strict():
+                check_op(lambda t: getattr(torch, name)(t, dim=1).values * 1.5, [finite], [lay], m,
+                         what=f"{name} grad {ext}")
+    if w >= 2 and w % 2 == 0:
+        m2 = mesh((2, w // 2), ("a", "b"))
+        lay2 = ([st.Shard(1), st.Shard(0)], {0: uneven_extents(13, 2, seed), 1: uneven_extents(3, w // 2, seed)})
+        with st.use_strict():
+            check_op(lambda t: torch.cummax(t, 1).values, [x.nan_to_num(0.0)], [lay2], m2, what="cummax 2-D mesh")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_cum_extremes_sharded_dim(world):
+    harness.run(world, case_cum_extremes_sharded_dim, world)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_topk_sharded_dim(world):
     harness.run(world, case_topk_sharded_dim, world)
@@ -298,7 +338,7 @@ def test_fft(world):
     harness.run(world, case_fft, world, world == 4)
 
 
-@pytest.mark.parametrize("op", ["sort", "msort", "argsort", "fft", "rfft", "fftn", "cummax", "view_as_complex"])
+@pytest.mark.parametrize("op", ["sort", "msort", "argsort", "fft", "rfft", "fftn", "view_as_complex"])
 def test_sort_fft_sharded_dim_refused(op):
     errors = harness.expect_error(2, case_sharded_dim_refused, op, kinds=("NotImplementedError",))
     for _, msg, _ in errors.values():
