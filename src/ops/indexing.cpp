@@ -7,10 +7,12 @@
 // with a mask laid out like x is local. Index values are checked by the local
 // kernels: an out-of-range index raises on the ranks that hold it.
 #include "comm/collectives.h"
+#include "comm/stat_reduce.h"
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
+#include <shardtensor/simulation.h>
 
 namespace shardtensor::ops {
 
@@ -449,11 +451,46 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   return wrap(out, spec.mesh, p, a.result_shape, ext);
 }
 
-// masked_select(Tensor self, Tensor mask): `x[mask]` over the broadcast shape (the index rule: owners read their
+// The selection of a field by a mask laid out like it, split on its leading dim (every dim before the sharded one of
+// size 1): each rank's selected elements are a block of the row-major result, in rank order, so the result stays
+// sharded (Shard(0), each rank's count its extent, agreed in one small collective) and nothing is gathered.
+std::optional<at::Tensor> masked_select_blocks(const at::Tensor& self, const at::Tensor& mask) {
+  auto* si = shard_impl(self);
+  auto* mi = shard_impl(mask);
+  if (!si || !mi || self.sizes() != mask.sizes() || !si->spec()->same_layout(*mi->spec())) return std::nullopt;
+  const auto& spec = *si->spec();
+  int64_t mesh_dim = -1;
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (p.is_partial() || (p.is_shard() && mesh_dim >= 0)) return std::nullopt;
+    if (!p.is_shard()) continue;
+    for (int64_t d = 0; d < p.dim; ++d)
+      if (self.size(d) != 1) return std::nullopt;
+    mesh_dim = static_cast<int64_t>(m);
+  }
+  if (mesh_dim < 0) return std::nullopt;
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "masked_select on a ShardTensor under simulation (shardtensor.simulate): "
+                              "the result's extents are every rank's counts");
+  auto local = at::masked_select(si->local(), mi->local());
+  comm::StatReduce r;
+  const auto c = r.gathered(at::full({1}, local.numel(), local.options().dtype(at::kLong)));
+  r.run(*spec.mesh, {mesh_dim});
+  auto counts_t = r.result(c)[0].reshape({-1}).cpu();
+  std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + counts_t.numel());
+  int64_t total = 0;
+  for (auto n : counts) total += n;
+  Placements p(spec.mesh->ndim(), Placement::replicate());
+  p[mesh_dim] = Placement::shard(0);
+  return wrap(local, spec.mesh, p, {total}, {{0, counts}});
+}
+
+// masked_select(Tensor self, Tensor mask): with a mask laid out like a field split on its leading dim, each rank
+// keeps its own selection (above); otherwise `x[mask]` over the broadcast shape (the index rule: owners read their
 // selected elements, in row-major order, and one all-reduce completes the 1-D result). Its backward,
 // masked_select_backward, is a masked_scatter into zeros laid out like the input (position_writes.cpp).
 at::Tensor masked_select_rule(const at::Tensor& self, const at::Tensor& mask) {
   TORCH_CHECK_VALUE(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
+  if (auto blocks = masked_select_blocks(self, mask)) return *blocks;
   const auto shape = at::infer_size(self.sizes(), mask.sizes());
   auto x = self.sizes().equals(shape) ? self : self.expand(shape);
   auto m = mask.sizes().equals(shape) ? mask : mask.expand(shape);

@@ -241,6 +241,20 @@ def case_masked_select(seed):
         check_op(lambda t: torch.masked_select(t, t > 0.3), [x], [lay], m, what="masked_select, sharded mask")
         check_op(lambda t: torch.masked_select(t, mask[0]), [x], [lay], m, what="masked_select, broadcast mask")
         check_op(lambda t: t[t > 0.3], [x], [lay], m, what="x[x > 0.3]")
+        # A field split on its leading dim, masked by itself: each rank keeps its own selection (Shard(0) with its
+        # count as extent), nothing gathered.
+        lead = _lay(x.shape, 0, w, seed)
+        xs = st.distribute_tensor(x, m, *lead)
+        sel = torch.masked_select(xs, xs > 0.3)
+        if w > 1:
+            assert st.placements(sel) == (st.Shard(0),), st.placements(sel)
+            counts = [int((x[a:a + e] > 0.3).sum()) for a, e in zip([0] + list(torch.tensor(lead[1][0]).cumsum(0)[:-1]),
+                                                                     lead[1][0])]
+            assert st.sharding_shapes(sel)[0] == counts, (st.sharding_shapes(sel), counts)
+        check_op(lambda t: torch.masked_select(t, t > 0.3), [x], [lead], m, what="masked_select, leading dim")
+        row = x[:1]
+        check_op(lambda t: torch.masked_select(t, t < 0), [row], [_lay(row.shape, 1, w, seed)], m,
+                 what="masked_select, [1, N] split on N")
     return True
 
 
