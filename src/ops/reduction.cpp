@@ -7,6 +7,7 @@
 #include "ops/common.h"
 #include "ops/moments.h"
 
+#include <ATen/AccumulateType.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 namespace shardtensor::ops {
@@ -530,6 +531,26 @@ at::Tensor dist_rule(const at::Tensor& self, const at::Tensor& other, const at::
   return at::linalg_vector_norm(at::sub(self, other), p);
 }
 
+// renorm(Tensor self, Scalar p, int dim, Scalar maxnorm): every slice along `dim` whose p-norm (over the other
+// dims) exceeds maxnorm is scaled down to it — aten's own composition (vector norm in the accumulate type, the
+// factor maxnorm / (norm + 1e-7), a product), here on the ShardTensor: the norms' rule reduces over sharded dims.
+at::Tensor renorm_rule(const at::Tensor& self, const at::Scalar& p, int64_t dim, const at::Scalar& maxnorm) {
+  TORCH_CHECK_VALUE(!p.isComplex() && p.toDouble() > 0, "renorm: non-positive-norm not supported");
+  TORCH_CHECK_VALUE(!maxnorm.isComplex() && maxnorm.toDouble() >= 0, "renorm: expected maxnorm to be >= 0 but got ",
+                    maxnorm.toDouble());
+  const auto ndim = self.dim();
+  TORCH_CHECK_VALUE(ndim > 1, "renorm: input needs at least 2 dimensions, got ", ndim, " dimensions");
+  dim = wrap_dim(dim, ndim);
+  std::vector<int64_t> reduce_dims;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (d != dim) reduce_dims.push_back(d);
+  const auto acc = at::toAccumulateType(self.scalar_type(), /*is_cuda=*/true);
+  auto norm = at::linalg_vector_norm(self, p, reduce_dims, /*keepdim=*/true, acc);
+  auto factor = at::where(at::gt(norm, maxnorm), at::div(at::full({}, maxnorm, norm.options()), norm + 1e-7),
+                          at::ones({}, norm.options()));
+  return at::mul(self, factor.to(c10::toRealValueType(self.scalar_type())));
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(reduction) {
@@ -560,6 +581,7 @@ SHARDTENSOR_RULE_FAMILY(reduction) {
   set_handler("aten::norm.ScalarOpt_dim", typed_handler(&norm_dim_rule));
   set_handler("aten::norm.ScalarOpt_dim_dtype", typed_handler(&norm_dim_dtype_rule));
   set_handler("aten::dist", typed_handler(&dist_rule));
+  set_handler("aten::renorm", typed_handler(&renorm_rule));
   set_handler("aten::max.dim", typed_handler(&max_dim_rule));
   set_handler("aten::min.dim", typed_handler(&min_dim_rule));
   set_handler("aten::max", typed_handler(&max_rule));

@@ -107,6 +107,10 @@ def case_cross_dist_norm(seed):
         check_op(lambda s: torch.norm(s, p=3, dim=(0, 2), keepdim=True), [x], [batch], m, what="norm p=3 dims")
         check_op(lambda s: torch.norm(s, dim=2, dtype=torch.float64), [x], [last], m, what="norm dtype")
         check_op(lambda s: torch.norm(s, p="fro"), [x], [last], m, what="norm fro")
+        for lay in (batch, last):
+            for d in (0, 2):  # along the sharded dim (local norms) and across it (norms reduced over ranks)
+                check_op(lambda s: torch.renorm(s, 2, d, 1.5), [x], [lay], m, what=f"renorm dim {d}")
+            check_op(lambda s: torch.renorm(s, 1, 1, 2.0), [x], [lay], m, what="renorm p=1")
         check_op(lambda s, o: F.pairwise_distance(s, o), [x[:, :, 0], y[:, :, 0]],
                  [batch, batch], m, what="pairwise_distance rows")
         check_op(lambda s, o: F.pairwise_distance(s, o), [x[0, 0], y[0, 0]], [([st.Shard(0)], last[1])] * 2, m,
