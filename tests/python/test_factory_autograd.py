@@ -78,20 +78,24 @@ def case_dropout(seed):
 def case_python_handler(seed):
     m = mesh()
 
-    def renorm_rows(x, p, dim, maxnorm):
-        # renorm over the sharded dim 0 rescales each row by its own norm: local. Run on the local tensor and rewrap
-        # with the same layout.
-        assert dim == 0 and st.placements(x) == (st.Shard(0),), "only rows of a row-sharded tensor in this test"
-        return st.from_local(torch.renorm(st.to_local(x), p, dim, maxnorm), st.device_mesh(x), st.placements(x),
-                             sharding_shapes=st.sharding_shapes(x))
+    def mode_along_last(x, dim, keepdim):
+        # torch.mode along the last dim of a row-sharded tensor: local per row. Run on the local tensor and rewrap
+        # both outputs with the rows' layout.
+        assert dim in (-1, 2) and not keepdim and st.placements(x) == (st.Shard(0),), "only this test's case"
+        values, indices = torch.mode(st.to_local(x), dim, keepdim)
+        return tuple(st.from_local(t, st.device_mesh(x), st.placements(x), sharding_shapes=st.sharding_shapes(x))
+                     for t in (values, indices))
 
-    # An op without a built-in rule (roll and rot90, the former examples here, have one now).
-    assert not st._C.has_handler("aten::renorm")
-    st.register_handler(torch.ops.aten.renorm.default, renorm_rows)
-    assert st._C.has_handler("aten::renorm")
-    x = randn(5, 4, 4, seed=seed)
+    # An op without a built-in rule (roll, rot90 and renorm, the former examples here, have one now).
+    assert not st._C.has_handler("aten::mode")
+    st.register_handler(torch.ops.aten.mode.default, mode_along_last)
+    assert st._C.has_handler("aten::mode")
+    x = torch.randint(0, 3, (5, 4, 6), generator=torch.Generator().manual_seed(seed)).float()
     xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
-    close(full(torch.renorm(xs, 2, 0, 1.5)), torch.renorm(x, 2, 0, 1.5), what="python handler")
+    values, indices = torch.mode(xs, -1)
+    ref = torch.mode(x, -1)
+    close(full(values), ref.values, what="python handler values")
+    close(full(indices), ref.indices, what="python handler indices")
     return True
 
 
