@@ -74,30 +74,34 @@ std::vector<int64_t> pair_shape(const at::Tensor& x1, const at::Tensor& x2) {
   return batch;
 }
 
-// _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode)
-at::Tensor cdist_forward_rule(const at::Tensor& x1_in, const at::Tensor& x2_in, double p,
-                              std::optional<int64_t> compute_mode) {
-  check_cdist_args(x1_in, x2_in, p);
-  auto mesh = dispatch::common_mesh("aten::_cdist_forward", {x1_in, x2_in});
+// The forward of a pairwise kernel (`_cdist_forward`, `_euclidean_dist`): the operands brought to plan_pairs's
+// layout, each rank's block of the distance matrix.
+template <typename Kernel>
+at::Tensor pairwise_forward(const char* op, const at::Tensor& x1_in, const at::Tensor& x2_in, Kernel kernel) {
+  auto mesh = dispatch::common_mesh(op, {x1_in, x2_in});
   const auto shape = pair_shape(x1_in, x2_in);
-  auto plan = plan_pairs("aten::_cdist_forward", x1_in, x2_in, shape, mesh);
+  auto plan = plan_pairs(op, x1_in, x2_in, shape, mesh);
+  auto a = local_as(resolve_partial(x1_in), mesh, plan.p1, plan.e1);
+  auto b = local_as(resolve_partial(x2_in), mesh, plan.p2, plan.e2);
+  return wrap(kernel(a, b), mesh, plan.po, shape, plan.eo);
+}
+
+// _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode)
+at::Tensor cdist_forward_rule(const at::Tensor& x1, const at::Tensor& x2, double p,
+                              std::optional<int64_t> compute_mode) {
+  check_cdist_args(x1, x2, p);
   // The matrix-product form (p = 2, mode 0) is chosen from the rows' counts: decide it from the global ones, so each
   // rank computes its block as one device would.
   auto mode = compute_mode;
-  if (p == 2.0 && mode.value_or(0) == 0) mode = (x1_in.size(-2) > 25 || x2_in.size(-2) > 25) ? 1 : 2;
-  auto a = local_as(resolve_partial(x1_in), mesh, plan.p1, plan.e1);
-  auto b = local_as(resolve_partial(x2_in), mesh, plan.p2, plan.e2);
-  return wrap(at::_cdist_forward(a, b, p, mode), mesh, plan.po, shape, plan.eo);
+  if (p == 2.0 && mode.value_or(0) == 0) mode = (x1.size(-2) > 25 || x2.size(-2) > 25) ? 1 : 2;
+  return pairwise_forward("aten::_cdist_forward", x1, x2,
+                          [&](const at::Tensor& a, const at::Tensor& b) { return at::_cdist_forward(a, b, p, mode); });
 }
 
 // _euclidean_dist(Tensor x1, Tensor x2): the same layout; its derivative formula runs on the rules of its parts.
-at::Tensor euclidean_dist_rule(const at::Tensor& x1_in, const at::Tensor& x2_in) {
-  auto mesh = dispatch::common_mesh("aten::_euclidean_dist", {x1_in, x2_in});
-  const auto shape = pair_shape(x1_in, x2_in);
-  auto plan = plan_pairs("aten::_euclidean_dist", x1_in, x2_in, shape, mesh);
-  auto a = local_as(resolve_partial(x1_in), mesh, plan.p1, plan.e1);
-  auto b = local_as(resolve_partial(x2_in), mesh, plan.p2, plan.e2);
-  return wrap(at::_euclidean_dist(a, b), mesh, plan.po, shape, plan.eo);
+at::Tensor euclidean_dist_rule(const at::Tensor& x1, const at::Tensor& x2) {
+  return pairwise_forward("aten::_euclidean_dist", x1, x2,
+                          [](const at::Tensor& a, const at::Tensor& b) { return at::_euclidean_dist(a, b); });
 }
 
 // _cdist_backward(Tensor grad, Tensor x1, Tensor x2, float p, Tensor cdist) -> x1's gradient [..., P, M]. The

@@ -14,8 +14,10 @@ namespace shardtensor::ops {
 
 namespace {
 
-// The input with pending sums completed, and the mesh dims that shard it (where the counts are partial).
+// The input with pending sums completed (its layout and local part), and the mesh dims that shard it (where the
+// counts are partial).
 struct Field {
+  SpecPtr spec;
   at::Tensor local;
   MeshPtr mesh;
   std::vector<int64_t> sharded;
@@ -23,10 +25,10 @@ struct Field {
 
 Field field_of(const at::Tensor& self) {
   auto t = resolve_partial(self);
-  const auto& spec = *shard_impl(t)->spec();
-  Field f{shard_impl(t)->local(), spec.mesh, {}};
-  for (size_t m = 0; m < spec.placements.size(); ++m)
-    if (spec.placements[m].is_shard()) f.sharded.push_back(static_cast<int64_t>(m));
+  const auto& spec = shard_impl(t)->spec();
+  Field f{spec, shard_impl(t)->local(), spec->mesh, {}};
+  for (size_t m = 0; m < spec->placements.size(); ++m)
+    if (spec->placements[m].is_shard()) f.sharded.push_back(static_cast<int64_t>(m));
   return f;
 }
 
@@ -76,10 +78,10 @@ std::tuple<at::Tensor, at::Tensor> finish_histogram(at::Tensor hist, const at::T
   return {make_shard_tensor(c / (c.sum() * widths), shard_impl(total)->spec()), edges_st};
 }
 
-at::Tensor local_weight(const std::optional<at::Tensor>& weight, const at::Tensor& self) {
+// The weights laid out like the field.
+at::Tensor local_weight(const std::optional<at::Tensor>& weight, const Field& f) {
   if (!weight || !weight->defined()) return {};
-  const auto& spec = *shard_impl(resolve_partial(self))->spec();
-  return local_as(resolve_partial(*weight), spec.mesh, spec.placements, spec.dim_extents());
+  return local_as(resolve_partial(*weight), f.mesh, f.spec->placements, f.spec->dim_extents());
 }
 
 // histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, bool density=False)
@@ -98,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_rule(const at::Tensor& self, i
   if (lo == hi) lo -= 0.5, hi += 0.5;  // torch.histogram widens an empty range by half a unit on each side
   TORCH_CHECK_VALUE(std::isfinite(lo) && std::isfinite(hi), "torch.histogram(): range of [", lo, ", ", hi,
                     "] is not finite");
-  auto w = local_weight(weight, self);
+  auto w = local_weight(weight, f);
   auto [hist, edges] = at::histogram(f.local, bins, std::vector<double>{lo, hi},
                                      w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
   return finish_histogram(hist, edges, f, density);
@@ -111,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, 
   auto edges = shard_impl(bins) ? local_as(resolve_partial(bins), f.mesh,
                                            Placements(f.mesh->ndim(), Placement::replicate()), {})
                                 : bins;
-  auto w = local_weight(weight, self);
+  auto w = local_weight(weight, f);
   auto [hist, e] = at::histogram(f.local, edges, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
   return finish_histogram(hist, e, f, density);
 }
@@ -125,19 +127,13 @@ at::Tensor bincount_rule(const at::Tensor& self, const std::optional<at::Tensor>
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.bincount on a ShardTensor under simulation "
                               "(shardtensor.simulate): its length depends on every rank's values");
   auto f = field_of(self);
-  const auto longs = f.local.options().dtype(at::kLong);
-  auto top = f.local.numel() ? f.local.max().to(at::kLong).reshape({1}) : at::full({1}, -1, longs);
-  auto low = f.local.numel() ? f.local.min().to(at::kLong).reshape({1}) : at::zeros({1}, longs);
-  if (!f.sharded.empty()) {
-    comm::StatReduce r;
-    const auto i = r.max(top), j = r.min(low);
-    r.run(*f.mesh, f.sharded);
-    top = r.result(i)[0];
-    low = r.result(j)[0];
+  int64_t length = minlength;
+  if (self.numel() > 0) {
+    const auto [lo, hi] = global_range(f);  // exact in double for every count a tensor can hold
+    TORCH_CHECK_VALUE(lo >= 0, "bincount only supports 1-d non-negative integral inputs.");
+    length = std::max(minlength, static_cast<int64_t>(hi) + 1);
   }
-  TORCH_CHECK_VALUE(low.item<int64_t>() >= 0, "bincount only supports 1-d non-negative integral inputs.");
-  const auto length = std::max(minlength, top.item<int64_t>() + 1);
-  auto w = local_weight(weights, self);
+  auto w = local_weight(weights, f);
   auto counts = at::bincount(f.local, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, length);
   if (w.defined() && f.local.numel() == 0) {
     // torch gives an empty input int64 counts even with weights: take the dtype a non-empty one gets, so every

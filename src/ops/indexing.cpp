@@ -408,14 +408,6 @@ at::Tensor localize_owned(AdvancedIndex& a, const std::vector<OwnedDim>& owned, 
   return mine.expand(bshape);
 }
 
-// This rank's shape of a tensor of global `shape` laid out as `p` / `ext`.
-std::vector<int64_t> local_shape_of(std::vector<int64_t> shape, const Placements& p, const DimExtents& ext,
-                                    const Mesh& mesh) {
-  for (size_t m = 0; m < p.size(); ++m)
-    if (p[m].is_shard()) shape[p[m].dim] = ext.at(p[m].dim)[mesh.coordinate(static_cast<int64_t>(m))];
-  return shape;
-}
-
 // `mine` (the broadcast index shape) viewed to broadcast over a result of `ndim` dims.
 at::Tensor mask_over_result(const at::Tensor& mine, const AdvancedIndex& a, int64_t ndim) {
   std::vector<int64_t> shape(ndim, 1);
@@ -440,7 +432,7 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   const auto& local = shard_impl(self)->local();
   at::Tensor out;
   if (empty) {
-    out = at::zeros(local_shape_of(a.result_shape, p, ext, *mesh), local.options());
+    out = at::zeros(ShardSpec::make_with_dim_extents(mesh, p, a.result_shape, ext)->local_shape, local.options());
   } else {
     out = at::index(local, local_index_list(a));
   }
@@ -561,7 +553,7 @@ at::Tensor index_put_impl(const char* op_name, const at::Tensor& written,
       nothing = empty;
       const auto keep = mine.reshape({-1}).nonzero().squeeze(1);
       const auto pos = index_dims_position(a);
-      auto lshape = local_shape_of(a.result_shape, p, ext, *mesh);
+      const auto lshape = ShardSpec::make_with_dim_extents(mesh, p, a.result_shape, ext)->local_shape;
       std::vector<int64_t> flat(lshape.begin(), lshape.begin() + pos);
       flat.push_back(mine.numel());
       flat.insert(flat.end(), lshape.begin() + pos + mine.dim(), lshape.end());

@@ -203,6 +203,7 @@ struct GroupNormLayout {
   std::vector<int64_t> batch_mesh_dims;   // mesh dims sharding dim 0
   int64_t channel_mesh_dim = -1;          // the mesh dim sharding the channels (whole groups per rank), or -1
   int64_t channel_offset = 0, channels = 0, groups = 0; // this rank's channels and groups
+  int64_t per_group = 0;                                // channels per group (C / groups)
 };
 
 GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh, int64_t C, int64_t G) {
@@ -211,11 +212,12 @@ GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh, 
   l.spec = shard_impl(l.x)->spec();
   l.channels = C;
   l.groups = G;
+  l.per_group = C / G;
+  const auto per_group = l.per_group;
   for (size_t m = 0; m < l.spec->placements.size(); ++m) {
     const auto& p = l.spec->placements[m];
     if (!p.is_shard()) continue;
     if (p.dim == 1) {
-      const auto per_group = C / G;
       for (auto e : l.spec->extents[m])
         if (e % per_group != 0)
           dispatch::not_implemented("group_norm with channel shards that split a group (extents must be multiples of "
@@ -244,7 +246,7 @@ at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, i
   }
   if (l.channel_mesh_dim >= 0) {
     p[l.channel_mesh_dim] = Placement::shard(1);
-    for (auto e : l.spec->extents[l.channel_mesh_dim]) ext[1].push_back(e / (l.spec->global_shape[1] / g));
+    for (auto e : l.spec->extents[l.channel_mesh_dim]) ext[1].push_back(e / l.per_group);
   }
   return wrap(local, l.spec->mesh, p, {n, g}, ext);
 }
@@ -255,10 +257,9 @@ at::Tensor local_channels(const at::Tensor& t, const GroupNormLayout& l, const M
   return l.channel_mesh_dim >= 0 ? v.narrow(0, l.channel_offset, l.channels) : v;
 }
 
-// Per (sample, channel) values of a per-(sample, group) [n, G, 1] tensor, as [n, C] (C = G * C / groups).
-at::Tensor per_channel(const at::Tensor& ng1, int64_t n, int64_t G, int64_t C) {
-  const auto per_group = G == 0 ? 0 : C / G;  // a rank holding no channel has no group
-  return ng1.expand({n, G, per_group}).reshape({n, C});
+// Per (sample, channel) values of a per-(sample, group) [n, G, 1] tensor, as [n, G * per_group].
+at::Tensor per_channel(const at::Tensor& ng1, int64_t n, int64_t G, int64_t per_group) {
+  return ng1.expand({n, G, per_group}).reshape({n, G * per_group});
 }
 
 // [n, C] as [n, C, 1, ...] against an ndim-d activation.
@@ -289,7 +290,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
   // Moments over the group's channels and every spatial position: view as [n, G, C/G, spatial...].
-  auto shape = std::vector<int64_t>{n_local, G, C_all / G_all};
+  auto shape = std::vector<int64_t>{n_local, G, l.per_group};
   for (int64_t d = 2; d < x.dim(); ++d) shape.push_back(x.size(d));
   std::vector<int64_t> dims;
   for (int64_t d = 2; d < static_cast<int64_t>(shape.size()); ++d) dims.push_back(d);
@@ -299,9 +300,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   auto mean = mom.mean.reshape({n_local, G, 1});
   auto var = mom.m2.reshape({n_local, G, 1}) / mom.count;
   auto rstd = (var + eps).rsqrt();
-  auto scale = per_channel(rstd, n_local, G, C);
+  auto scale = per_channel(rstd, n_local, G, l.per_group);
   if (weight && weight->defined()) scale = scale * local_channels(*weight, l, mesh, acc).view({1, C});
-  auto shift = -per_channel(mean, n_local, G, C) * scale;
+  auto shift = -per_channel(mean, n_local, G, l.per_group) * scale;
   if (bias && bias->defined()) shift = shift + local_channels(*bias, l, mesh, acc).view({1, C});
   auto out = at::addcmul(against(shift, x.dim()), x.to(acc), against(scale, x.dim()));  // one pass, one buffer
   return {make_shard_tensor(out.to(x.scalar_type()), l.spec),
@@ -338,19 +339,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
   auto gx = at::bmm(g3, xa.reshape({n_local * C, positions, 1})).reshape({n_local, C});
   at::Tensor w;
   if (weight && weight->defined()) w = local_channels(*weight, l, mesh, acc).view({1, C});
-  auto mean_c = per_channel(mean, n_local, G, C), rstd_c = per_channel(rstd, n_local, G, C);
+  auto mean_c = per_channel(mean, n_local, G, l.per_group), rstd_c = per_channel(rstd, n_local, G, l.per_group);
   at::Tensor gi, gw, gb;
   if (mask[0]) {
     // Per (sample, group): sum of grad*w and of grad*w*xhat, where xhat = (x - mean) * rstd; one fused all-reduce.
-    auto gws = (w.defined() ? gs * w : gs).reshape({n_local, G, C_all / G_all}).sum(2, true);
-    auto gwx = (w.defined() ? gx * w : gx).reshape({n_local, G, C_all / G_all}).sum(2, true);
+    auto gws = (w.defined() ? gs * w : gs).reshape({n_local, G, l.per_group}).sum(2, true);
+    auto gwx = (w.defined() ? gx * w : gx).reshape({n_local, G, l.per_group}).sum(2, true);
     auto sums = sum_over_mesh_dims(at::cat({gws, rstd * (gwx - mean * gws)}, 2), l.spatial_mesh_dims, *mesh);
-    const double count = static_cast<double>(C_all / G_all) * static_cast<double>(HxW);
+    const double count = static_cast<double>(l.per_group) * static_cast<double>(HxW);
     auto s1 = sums.narrow(2, 0, 1) / count, s2 = sums.narrow(2, 1, 1) / count;
     // grad_input = rstd * (grad*w - s1 - xhat*s2) = grad * a + x * b + c.
     auto a = w.defined() ? rstd_c * w : rstd_c;
-    auto b = per_channel(-rstd * rstd * s2, n_local, G, C);
-    auto c = per_channel(rstd * rstd * s2 * mean - rstd * s1, n_local, G, C);
+    auto b = per_channel(-rstd * rstd * s2, n_local, G, l.per_group);
+    auto c = per_channel(rstd * rstd * s2 * mean - rstd * s1, n_local, G, l.per_group);
     gi = g * against(a, x.dim());
     gi.addcmul_(xa, against(b, x.dim()));
     gi.add_(against(c, x.dim()));

@@ -2,10 +2,11 @@
 // the points, a top-k of scores over the tokens) and the running cummax / cummin. Their derivative formulas
 // (value_selecting_reduction_backward, cummaxmin_backward) know the input's global sizes but not its layout, so they
 // build a tensor whole along the dim on every rank and scatter the selected entries into it (a scan's into the
-// sharded input itself, which no rule can do for indices on other ranks). These autograd rules keep the input's layout instead (saved in the
-// forward): each rank scatters the entries whose global index falls in its own rows into a gradient of its shard,
-// no communication and nothing larger than the shard (a scan's outputs that took the lower ranks' carry send one
-// sum per slice to the carry's row, in one collective). The forward is the op's own rule (sort_fft.cpp, reduction.cpp).
+// sharded input itself, which no rule can do for indices on other ranks). These autograd rules keep the input's
+// layout instead (saved in the forward): each rank scatters the entries whose global index falls in its own rows
+// into a gradient of its shard, no communication and nothing larger than the shard (a scan's outputs that took the
+// lower ranks' carry send one sum per slice to the carry's row, in one collective). The forward is the op's own
+// rule (sort_fft.cpp, reduction.cpp).
 #include "comm/spec_holder.h"
 #include "comm/stat_reduce.h"
 #include "dispatch/args.h"
@@ -66,11 +67,14 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
     idx = idx - off;
     auto local_grad = at::zeros(spec->local_shape, g.options());
     const auto zero = at::zeros({}, g.options());
-    if (n > 0 && idx.numel() > 0) {
-      // Entries from other ranks' rows add 0 at a clamped position (where(), not a product: an inf stays out).
-      auto mine = idx.ge(0).logical_and(idx.lt(n));
-      local_grad.scatter_add_(dim, idx.clamp(0, n - 1), at::where(mine, g, zero));
-    }
+    // Adds `values` at local rows `rows` along `dim`; rows outside this rank's add 0 at a clamped position (where(),
+    // not a product: an inf stays out).
+    auto add_own_rows = [&](const at::Tensor& rows, const at::Tensor& values) {
+      if (n == 0 || rows.numel() == 0) return;
+      auto mine = rows.ge(0).logical_and(rows.lt(n));
+      local_grad.scatter_add_(dim, rows.clamp(0, n - 1), at::where(mine, values, zero));
+    };
+    add_own_rows(idx, g);
     if (ctx->saved_data["scan"].toBool()) {
       // A scan's outputs that took the lower ranks' carry all point at one row per slice (the carry's): their
       // gradients are summed here, and every rank's sums and carry rows travel in one collective to be added by
@@ -86,21 +90,16 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
       comm::StatReduce r;
       const auto si = r.gathered(sums), ri = r.gathered(rows);
       r.run(*mesh, {m});
-      if (n > 0)
-        for (int64_t j = 0; j < static_cast<int64_t>(spec->extents[m].size()); ++j) {
-          if (j == coord) continue;
-          auto row = r.result(ri)[0].select(0, j) - off;
-          auto mine = row.ge(0).logical_and(row.lt(n));
-          local_grad.scatter_add_(dim, row.clamp(0, n - 1), at::where(mine, r.result(si)[0].select(0, j), zero));
-        }
+      for (int64_t j = 0; j < static_cast<int64_t>(spec->extents[m].size()); ++j)
+        if (j != coord) add_own_rows(r.result(ri)[0].select(0, j) - off, r.result(si)[0].select(0, j));
     }
     none[0] = make_shard_tensor(local_grad, spec);
     return none;
   }
 };
 
-// The autograd rule of topk / max.dim / min.dim: only for a ShardTensor that requires grad, selected along a
-// sharded dim, with grad mode on; otherwise the op's own derivative formula (declining returns false).
+// The autograd rule of topk / max.dim / min.dim / cummax / cummin: only for a ShardTensor that requires grad,
+// selected along a sharded dim, with grad mode on; otherwise the op's own derivative formula (declining: false).
 bool selection_autograd(Selection kind, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
   const auto self = args.tensor("self");

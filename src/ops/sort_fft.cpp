@@ -180,7 +180,8 @@ void topk_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto self = args.tensor("self");
   const auto ndim = std::max<int64_t>(self.dim(), 1);
   const auto dim = wrap_dim(args["dim"].toInt(), ndim);
-  if (self.dim() == 0 || shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return along_dims_handler(Along::dim_arg, op, stack);
+  if (self.dim() == 0 || shard_impl(self)->spec()->mesh_dim_of(dim) < 0)
+    return along_dims_handler(Along::dim_arg, op, stack);
   const auto k = args["k"].toSymInt().expect_int();
   const bool largest = args["largest"].toBool();
   check_topk_args(self, k, dim);
