@@ -5,8 +5,8 @@
 // local block and dK/dV are all-reduced over the query shards.
 #include "ops/attention_ring.h"
 
-#include "comm/collectives.h"
 #include "comm/halo.h"
+#include "comm/ring_loop.h"
 #include "ops/attention_block.h"
 #include "ops/attention_seq.h"
 #include "ops/common.h"
@@ -49,13 +49,9 @@ RingSetup ring_setup(const at::Tensor& q, const at::Tensor& k, BlockCfg c, std::
   return s;
 }
 
-// Starts passing the travelling block tensors `ts` one step round the ring: their next extent is that of the
-// block the previous coordinate holds now.
-comm::RingExchange pass_on(const RingSetup& s, const std::vector<at::Tensor>& ts, int64_t owner, int tag) {
-  const auto ext = s.sl.ext[(owner - 1 + s.n) % s.n];
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& t : ts) shapes.push_back(with_dim(t.sizes(), s.l.nd - 2, ext));
-  return comm::ring_pass_start(ts, shapes, *s.l.mesh, s.sm, tag);
+// The ring the K/V blocks travel (one local block when k and v are whole).
+comm::Ring ring_of(const RingSetup& s) {
+  return s.n > 1 ? comm::Ring::along(*s.l.mesh, s.sm, s.l.nd - 2, s.sl.ext) : comm::Ring::local();
 }
 
 // The user mask aligned to the local queries as an additive bias (accumulate dtype) with q's number of dims.
@@ -97,26 +93,18 @@ struct RingFn : torch::autograd::Function<RingFn> {
     const auto acc_type = accumulate_type(ql);
     auto acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(acc_type));
     auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(acc_type)).squeeze(-1);
-    for (int64_t t = 0; t < s.n; ++t) {
-      const int64_t owner = (s.me - t + s.n) % s.n;
-      comm::RingExchange ex;
-      if (t < s.n - 1) ex = pass_on(s, {kb, vb}, owner, 0);
+    comm::ring_loop(ring_of(s), {kb, vb}, {}, [&](int64_t, int64_t owner, const auto& kv, auto&) {
       for (const auto& qg : s.qseg)
         for (const auto& kg : s.sl.segments[owner]) {
           s.c.qo = qg.global;
           auto vis = visibility(s.c, qg.len, kg.global, kg.len);
           if (vis == Visibility::None) continue;
           const BlockRange r{qg.start, qg.len, kg.global, kg.len};
-          auto [o, lse] = block_forward(ql.narrow(nd - 2, qg.start, qg.len), kb.narrow(nd - 2, kg.start, kg.len),
-                                        vb.narrow(nd - 2, kg.start, kg.len), s.c, vis, r);
+          auto [o, lse] = block_forward(ql.narrow(nd - 2, qg.start, qg.len), kv[0].narrow(nd - 2, kg.start, kg.len),
+                                        kv[1].narrow(nd - 2, kg.start, kg.len), s.c, vis, r);
           merge(acc.narrow(nd - 2, qg.start, qg.len), acc_lse.narrow(nd - 2, qg.start, qg.len), o, lse);
         }
-      if (t < s.n - 1) {
-        auto r = ex.wait();
-        kb = r[0];
-        vb = r[1];
-      }
-    }
+    });
     ctx->save_for_backward({q, k, v});
     ctx->saved_data["out"] = acc;  // in the computing layout (zigzag when used)
     ctx->saved_data["lse"] = acc_lse;
@@ -168,36 +156,25 @@ struct RingFn : torch::autograd::Function<RingFn> {
     auto lse_safe = at::where(at::isinf(lse), at::zeros_like(lse), lse).unsqueeze(-1);
     auto qf = ql.to(acc_type);
     auto dq = at::zeros_like(qf);
-    at::Tensor dkb = at::zeros(kb.sizes(), kb.options().dtype(acc_type));
-    at::Tensor dvb = at::zeros(vb.sizes(), vb.options().dtype(acc_type));
-    for (int64_t t = 0; t < s.n; ++t) {
-      const int64_t owner = (s.me - t + s.n) % s.n;
-      comm::RingExchange ex;
-      if (t < s.n - 1) ex = pass_on(s, {kb, vb}, owner, 0);
-      for (const auto& qg : s.qseg)
-        for (const auto& kg : s.sl.segments[owner]) {
-          s.c.qo = qg.global;
-          auto vis = visibility(s.c, qg.len, kg.global, kg.len);
-          if (vis == Visibility::None) continue;
-          auto rows = [&](const at::Tensor& x) { return x.narrow(nd - 2, qg.start, qg.len); };
-          auto cols = [&](const at::Tensor& x) { return x.narrow(nd - 2, kg.start, kg.len); };
-          BlockGradInputs in{rows(ql), cols(kb), cols(vb), rows(qf), rows(g), rows(out), rows(lse), rows(lse_safe),
-                             rows(dsum)};
-          block_backward(in, s.c, vis, BlockRange{qg.start, qg.len, kg.global, kg.len}, rows(dq), cols(dkb),
-                         cols(dvb));
-        }
-      if (s.n > 1) {
-        // The accumulated gradients travel with their block; after the last step they reach its owner.
-        auto r = pass_on(s, {dkb, dvb}, owner, 2).wait();
-        dkb = r[0];
-        dvb = r[1];
-      }
-      if (t < s.n - 1) {
-        auto r = ex.wait();
-        kb = r[0];
-        vb = r[1];
-      }
-    }
+    // The accumulated gradients travel with their block; after the last step they are at its owner.
+    auto dkv = comm::ring_loop(
+        ring_of(s), {kb, vb},
+        {at::zeros(kb.sizes(), kb.options().dtype(acc_type)), at::zeros(vb.sizes(), vb.options().dtype(acc_type))},
+        [&](int64_t, int64_t owner, const auto& kv, auto& dkv) {
+          for (const auto& qg : s.qseg)
+            for (const auto& kg : s.sl.segments[owner]) {
+              s.c.qo = qg.global;
+              auto vis = visibility(s.c, qg.len, kg.global, kg.len);
+              if (vis == Visibility::None) continue;
+              auto rows = [&](const at::Tensor& x) { return x.narrow(nd - 2, qg.start, qg.len); };
+              auto cols = [&](const at::Tensor& x) { return x.narrow(nd - 2, kg.start, kg.len); };
+              BlockGradInputs in{rows(ql), cols(kv[0]), cols(kv[1]), rows(qf),      rows(g),
+                                 rows(out), rows(lse),  rows(lse_safe), rows(dsum)};
+              block_backward(in, s.c, vis, BlockRange{qg.start, qg.len, kg.global, kg.len}, rows(dq), cols(dkv[0]),
+                             cols(dkv[1]));
+            }
+        });
+    auto dkb = dkv[0], dvb = dkv[1];
     if (s.zigzag) {
       auto c3 = to_contiguous({dq, dkb, dvb}, s.sl, s.l);
       dq = c3[0];

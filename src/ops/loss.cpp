@@ -1,7 +1,7 @@
 // Losses and scans over sharded dims. Pointwise losses (mse, smooth_l1, huber, binary cross-entropy with and without
 // logits) are composed from sharded ops,
-// so `mean`/`sum` reductions give Partial sums. nll_loss (and cross_entropy through it) over sharded batch or
-// spatial dims: per-rank sums of the picked log-probabilities and of the class weights, all-reduced together.
+// so `mean`/`sum` reductions give Partial sums. nll_loss (and cross_entropy through it) over sharded batch, spatial or
+// class dims: per-rank sums of the picked log-probabilities and of the class weights, all-reduced together.
 // cumsum, cumprod, logcumsumexp: local scan combined with the totals of
 // lower ranks. flip along a
 // sharded dim mirrors the ranks.
@@ -159,41 +159,65 @@ at::Tensor bce_backward_rule(const at::Tensor& grad_output, const at::Tensor& se
   return g;
 }
 
-// Layout shared by nll_loss's input (N, C, d1...) and target (N, d1...): the class dim must be whole.
+at::Tensor plain_weight(const std::optional<at::Tensor>& w, const MeshPtr& mesh) {
+  if (!w || !w->defined()) return at::Tensor();
+  return shard_impl(w.value()) ? shard_impl(resolve_partial(*w))->local() : *w;
+}
+
+// Layout shared by nll_loss's input (N, C, d1...) and target (N, d1...). Batch and spatial shards of the input are
+// the target's too. A shard of the class dim (vocab-parallel logits; a channel-sharded field) stays: each rank holds
+// the target whole along it and runs the local kernel on its own classes [c0, c0 + C_r), with the target shifted
+// by c0 and every target outside its classes (and the ignored ones) mapped to a local ignore index (-1, never a
+// local class), and the weight's own classes; its terms are those of the targets it owns, so the per-sample loss is
+// a pending sum over that mesh dim and the reduced loss and total weight sum over it too; the backward writes each
+// rank's own classes only.
 struct NllLayout {
-  at::Tensor self, target; // locals
-  SpecPtr self_spec, target_spec;
-  std::vector<int64_t> mesh_dims; // mesh dims sharding the batch/spatial dims
+  at::Tensor self, target, weight; // locals (target shifted, weight narrowed when the class dim is sharded)
+  SpecPtr self_spec, target_spec;  // target_spec: the per-sample loss's layout (Partial on the class mesh dim)
+  std::vector<int64_t> mesh_dims;  // mesh dims over which the reduced loss and total weight are summed
+  int64_t class_mesh_dim = -1;
+  int64_t ignore = -100;           // the ignore index the local kernel takes
 };
 
-NllLayout nll_layout(const at::Tensor& self, const at::Tensor& target, const MeshPtr& mesh) {
+NllLayout nll_layout(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                     int64_t ignore, const MeshPtr& mesh) {
   NllLayout l;
   auto s = resolve_partial(dispatch::as_shard(self, mesh));
   l.self_spec = shard_impl(s)->spec();
   const auto class_dim = self.dim() == 1 ? 0 : 1;
   for (size_t m = 0; m < l.self_spec->placements.size(); ++m) {
     const auto& p = l.self_spec->placements[m];
-    if (p.is_shard(class_dim)) dispatch::not_implemented("nll_loss with the class dim sharded");
+    if (p.is_shard(class_dim)) l.class_mesh_dim = static_cast<int64_t>(m);
     if (p.is_shard()) l.mesh_dims.push_back(static_cast<int64_t>(m));
   }
   l.self = shard_impl(s)->local();
-  // The target's layout: the input's with the class dim removed.
+  // The target's layout: the input's with the class dim removed (whole along the class mesh dim).
   Placements tp = l.self_spec->placements;
   DimExtents text;
-  for (size_t m = 0; m < tp.size(); ++m)
-    if (tp[m].is_shard()) {
-      auto d = tp[m].dim > class_dim ? tp[m].dim - 1 : tp[m].dim;
-      tp[m] = Placement::shard(d);
-      text[d] = l.self_spec->extents[m];
+  for (size_t m = 0; m < tp.size(); ++m) {
+    if (!tp[m].is_shard()) continue;
+    if (tp[m].dim == class_dim) {
+      tp[m] = Placement::replicate();
+      continue;
     }
+    auto d = tp[m].dim > class_dim ? tp[m].dim - 1 : tp[m].dim;
+    tp[m] = Placement::shard(d);
+    text[d] = l.self_spec->extents[m];
+  }
   l.target = local_as(dispatch::as_shard(target, mesh), mesh, tp, text);
+  l.weight = plain_weight(weight, mesh);
+  l.ignore = ignore;
+  if (l.class_mesh_dim >= 0) {
+    const auto c0 = l.self_spec->local_offset(class_dim), classes = l.self.size(class_dim);
+    const auto owned = at::logical_and(at::ne(l.target, ignore),
+                                       at::logical_and(l.target >= c0, l.target < c0 + classes));
+    l.ignore = -1;
+    l.target = at::where(owned, l.target - c0, at::full({}, l.ignore, l.target.options()));
+    if (l.weight.defined()) l.weight = l.weight.narrow(0, c0, classes);
+    tp[l.class_mesh_dim] = Placement::partial();
+  }
   l.target_spec = ShardSpec::make_with_dim_extents(mesh, tp, target.sizes().vec(), text);
   return l;
-}
-
-at::Tensor plain_weight(const std::optional<at::Tensor>& w, const MeshPtr& mesh) {
-  if (!w || !w->defined()) return at::Tensor();
-  return shard_impl(w.value()) ? shard_impl(resolve_partial(*w))->local() : *w;
 }
 
 // Which aten kernel runs on the local tensors: nll_loss (N, C) / (C) or nll_loss2d (N, C, H, W).
@@ -203,8 +227,9 @@ enum class NllKernel { plain, two_d };
 std::tuple<at::Tensor, at::Tensor> nll_forward(NllKernel kernel, const MeshPtr& mesh, const at::Tensor& self,
                                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                int64_t reduction, int64_t ignore) {
-  auto l = nll_layout(self, target, mesh);
-  auto w = plain_weight(weight, mesh);
+  auto l = nll_layout(self, target, weight, ignore, mesh);
+  const auto& w = l.weight;
+  ignore = l.ignore;
   std::optional<at::Tensor> wopt = w.defined() ? std::optional<at::Tensor>(w) : std::nullopt;
   auto local_nll = [&](int64_t r) {
     return kernel == NllKernel::two_d ? at::nll_loss2d_forward(l.self, l.target, wopt, r, ignore)
@@ -218,9 +243,11 @@ std::tuple<at::Tensor, at::Tensor> nll_forward(NllKernel kernel, const MeshPtr& 
   // Local sum and local total weight, reduced together in one all-reduce.
   auto local_sum = std::get<0>(local_nll(kSum));
   auto valid = at::ne(l.target, ignore);
-  auto tw = w.defined() ? at::where(valid, w.index_select(0, l.target.clamp_min(0).flatten()).view(l.target.sizes()),
-                                    at::zeros({}, w.options()))
-                        : valid.to(l.self.scalar_type());
+  // A rank without classes (an empty class shard) owns no target: its weight is empty and it adds nothing.
+  auto tw = !w.defined()     ? valid.to(l.self.scalar_type())
+            : w.numel() == 0 ? at::zeros(l.target.sizes(), w.options())
+                             : at::where(valid, w.index_select(0, l.target.clamp_min(0).flatten()).view(l.target.sizes()),
+                                         at::zeros({}, w.options()));
   auto both = at::stack({local_sum.to(l.self.scalar_type()), tw.sum().to(l.self.scalar_type())});
   both = sum_over_mesh_dims(both, l.mesh_dims, *mesh);
   total = both[1];
@@ -249,10 +276,13 @@ std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward_rule(const at::Tensor& sel
 at::Tensor nll_backward(NllKernel kernel, const MeshPtr& mesh, const at::Tensor& grad_output, const at::Tensor& self,
                         const at::Tensor& target, const std::optional<at::Tensor>& weight, int64_t reduction,
                         int64_t ignore, const at::Tensor& total_weight) {
-  auto l = nll_layout(self, target, mesh);
-  auto w = plain_weight(weight, mesh);
+  auto l = nll_layout(self, target, weight, ignore, mesh);
+  const auto& w = l.weight;
+  ignore = l.ignore;
+  auto target_layout = l.target_spec->placements;
+  if (l.class_mesh_dim >= 0) target_layout[l.class_mesh_dim] = Placement::replicate();  // the loss's gradient
   auto grad = reduction == kNone
-      ? local_as(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, l.target_spec->placements,
+      ? local_as(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, target_layout,
                  l.target_spec->dim_extents())
       : shard_impl(resolve_partial(dispatch::as_shard(grad_output, mesh)))->local();
   auto total = shard_impl(resolve_partial(dispatch::as_shard(total_weight, mesh)))->local();

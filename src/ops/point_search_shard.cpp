@@ -18,9 +18,9 @@
 // its block and reaches the owner after the last step (queries replicated over the ring: the owner computes its
 // block's dp alone at step 0). Where the queries are sharded but the points replicated, each rank holds a term of
 // dp: summed over that mesh dim.
-#include "comm/collectives.h"
 #include "comm/functional.h"
 #include "comm/redistribute.h"
+#include "comm/ring_loop.h"
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
@@ -69,9 +69,16 @@ std::vector<int64_t> with_last(at::IntArrayRef shape, int64_t v) {
   return s;
 }
 
-// Shape of the point block of coordinate `owner` along the ring (local batch, its extent, coordinates).
-std::vector<int64_t> block_shape(const at::Tensor& like, const ShardSpec& ps, int64_t ring, int64_t owner) {
-  return {like.size(0), ps.extents[ring][owner], like.size(2)};
+// The ring the point blocks travel: the mesh dim sharding the points' dim (nd - 2; dim 1 of the batched blocks).
+comm::Ring ring_of(const ShardSpec& ps, int64_t nd) {
+  const auto ring = ps.mesh_dim_of(nd - 2);
+  return ring >= 0 ? comm::Ring::along(*ps.mesh, ring, 1, ps.extents[ring]) : comm::Ring::local();
+}
+
+// The global index of the first point of coordinate `owner`'s block.
+int64_t offset_of(const ShardSpec& ps, int64_t nd, int64_t owner) {
+  const auto ring = ps.mesh_dim_of(nd - 2);
+  return ring >= 0 ? ps.offset_of(ring, owner) : 0;
 }
 
 struct ShardSearchFn : torch::autograd::Function<ShardSearchFn> {
@@ -81,27 +88,18 @@ struct ShardSearchFn : torch::autograd::Function<ShardSearchFn> {
     at::NoGradGuard no_grad;
     const auto& ps = *shard_impl(p)->spec();
     const auto& qs = *shard_impl(q)->spec();
-    const auto& mesh = *ps.mesh;
     const int64_t nd = p.dim();
-    const auto ring = ps.mesh_dim_of(nd - 2);
-    const int64_t n = ring >= 0 ? mesh.size(ring) : 1;
-    const int64_t me = ring >= 0 ? mesh.coordinate(ring) : 0;
     auto ql = batched(shard_impl(q)->local());
-    auto pb = batched(shard_impl(p)->local());
     auto idx = at::full({ql.size(0), ql.size(1), k}, -1, ql.options().dtype(at::kLong));
     auto dist = at::full({ql.size(0), ql.size(1), k}, std::numeric_limits<double>::infinity(), ql.options());
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t owner = (me - t + n) % n;
-      const int64_t offset = ring >= 0 ? ps.offset_of(ring, owner) : 0;
-      comm::RingExchange ex;
-      if (t < n - 1) ex = comm::ring_pass_start({pb}, {block_shape(pb, ps, ring, (owner - 1 + n) % n)}, mesh, ring, 0);
-      if (ql.size(1) > 0 && pb.size(1) > 0) {
-        auto [bi, bd] = points::search(pb, ql, std::min<int64_t>(k, pb.size(1)), radius);
-        bi = at::where(bi >= 0, bi + offset, bi);
-        std::tie(idx, dist) = points::merge(idx, dist, bi, bd, k);
-      }
-      if (t < n - 1) pb = ex.wait()[0];
-    }
+    comm::ring_loop(ring_of(ps, nd), {batched(shard_impl(p)->local())}, {},
+                    [&](int64_t, int64_t owner, const auto& blocks, auto&) {
+                      const auto& pb = blocks[0];
+                      if (ql.size(1) == 0 || pb.size(1) == 0) return;
+                      auto [bi, bd] = points::search(pb, ql, std::min<int64_t>(k, pb.size(1)), radius);
+                      bi = at::where(bi >= 0, bi + offset_of(ps, nd, owner), bi);
+                      std::tie(idx, dist) = points::merge(idx, dist, bi, bd, k);
+                    });
     ctx->save_for_backward({p, q});
     ctx->saved_data["idx"] = idx;
     ctx->saved_data["points_grad"] = p.requires_grad();
@@ -134,26 +132,20 @@ struct ShardSearchFn : torch::autograd::Function<ShardSearchFn> {
     auto dq = at::zeros_like(ql, at::MemoryFormat::Contiguous);
     auto dp = points_grad ? at::zeros_like(pb, at::MemoryFormat::Contiguous) : at::Tensor();
     const auto ring = ps.mesh_dim_of(nd - 2);
-    const int64_t n = ring >= 0 ? mesh.size(ring) : 1;
-    const int64_t me = ring >= 0 ? mesh.coordinate(ring) : 0;
     // Queries sharded along the ring: each rank adds its queries' term to the travelling dp buffer. Queries
     // replicated over the ring: every rank sees all queries, so the owner computes its block's whole dp at step 0
     // and nothing travels (adding on every rank would count each query n times).
     const bool q_on_ring = ring >= 0 && qs.placements[ring].is_shard(nd - 2);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t owner = (me - t + n) % n;
-      const int64_t offset = ring >= 0 ? ps.offset_of(ring, owner) : 0;
-      const int64_t next_owner = (owner - 1 + n) % n;
-      comm::RingExchange ex;
-      if (t < n - 1) ex = comm::ring_pass_start({pb}, {block_shape(pb, ps, ring, next_owner)}, mesh, ring, 0);
-      const bool add_dp = points_grad && (q_on_ring || t == 0);
-      points::distance_backward(g, idx, ql, pb, offset, dq, add_dp ? &dp : nullptr);
-      if (points_grad && q_on_ring && n > 1) {
-        // The block's gradient travels with it; after the last step it reaches the block's owner.
-        dp = comm::ring_pass_start({dp}, {block_shape(dp, ps, ring, next_owner)}, mesh, ring, 2).wait()[0];
-      }
-      if (t < n - 1) pb = ex.wait()[0];
-    }
+    // The block's gradient travels with it (queries on the ring); after the last step it is at the block's owner.
+    std::vector<at::Tensor> travelling;
+    if (points_grad && q_on_ring) travelling.push_back(dp);
+    travelling = comm::ring_loop(ring_of(ps, nd), {pb}, travelling,
+                                 [&](int64_t t, int64_t owner, const auto& blocks, auto& acc) {
+                                   const bool add_dp = points_grad && (q_on_ring || t == 0);
+                                   at::Tensor* into = !add_dp ? nullptr : q_on_ring ? &acc[0] : &dp;
+                                   points::distance_backward(g, idx, ql, blocks[0], offset_of(ps, nd, owner), dq, into);
+                                 });
+    if (points_grad && q_on_ring) dp = travelling[0];
     if (points_grad) {
       // Queries sharded where the points are whole: each rank's dp holds only its queries' term.
       std::vector<int64_t> sum_dims;

@@ -1,7 +1,8 @@
 // Ops along one dim: softmax / log_softmax and their backward ops. Over an unsharded dim they are local; over a
 // sharded dim they use the global max and sum of exponentials (one collective of (max, sum) pairs), and the
-// backward a global sum of grad*output. glu and its backward: local along an unsharded dim (each rank's rows hold both halves);
-// along a sharded dim the halves lie on different ranks, which the rule refuses (the fallback, or redistribute).
+// backward a global sum of grad*output. glu and its backward: local along an unsharded dim (each rank's rows hold both
+// halves); along a sharded dim each rank gathers the two row ranges its output rows read (glu_layout).
+#include "comm/halo.h"
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
 
@@ -103,40 +104,67 @@ at::Tensor log_softmax_backward_rule(const at::Tensor& grad_output, const at::Te
                                 /*log=*/true);
 }
 
-// The layout of glu's output: `self`'s, with `dim` halved (never sharded here).
-SpecPtr glu_output_spec(const ShardSpec& spec, int64_t dim) {
+// glu along `dim` pairs row j with row j + L/2. Along an unsharded dim that is local. Along a sharded dim the output
+// (L/2 rows) takes the default split, and each rank gathers the two input row ranges its output rows read (their
+// owners send them: a neighbour exchange of as many rows as the output block has, twice; comm::gather_rows), then
+// runs glu on them; the backward sends the window's gradient rows home (scatter_add_rows, the adjoint).
+struct GluLayout {
+  int64_t dim = 0, mesh_dim = -1;
+  SpecPtr out;
+  comm::RowRequests want;  // [coordinate]: the input rows its output rows read (first halves, then second)
+};
+
+GluLayout glu_layout(const char* op, const at::Tensor& self, const ShardSpec& spec, int64_t dim_arg) {
+  GluLayout g;
+  g.dim = wrap_dim(dim_arg, self.dim());
+  const auto L = self.size(g.dim);
+  TORCH_CHECK_VALUE(L % 2 == 0, op, ": halving dimension must be even, but dimension ", g.dim, " is size ", L);
   auto shape = spec.global_shape;
-  shape[dim] /= 2;
-  return ShardSpec::make(spec.mesh, spec.placements, shape, spec.sharding_shapes());
+  shape[g.dim] = L / 2;
+  auto ext = spec.dim_extents();
+  g.mesh_dim = spec.mesh_dim_of(g.dim);
+  if (g.mesh_dim >= 0) {
+    const auto n = spec.mesh->size(g.mesh_dim);
+    ext[g.dim] = default_split(L / 2, n);
+    int64_t first = 0;
+    for (int64_t c = 0; c < n; ++c) {
+      std::vector<int64_t> rows;
+      for (int64_t half : {int64_t{0}, L / 2})
+        for (int64_t j = first; j < first + ext[g.dim][c]; ++j) rows.push_back(half + j);
+      first += ext[g.dim][c];
+      g.want.push_back(std::move(rows));
+    }
+  }
+  g.out = ShardSpec::make_with_dim_extents(spec.mesh, spec.placements, shape, ext);
+  return g;
 }
 
-int64_t glu_dim(const char* op, const at::Tensor& self, const ShardSpec& spec, int64_t dim_arg) {
-  const auto dim = wrap_dim(dim_arg, self.dim());
-  if (spec.mesh_dim_of(dim) >= 0)
-    dispatch::not_implemented(std::string(op) + " along dim " + std::to_string(dim) + ", which is sharded (" +
-                              spec.str() + "): its two halves lie on different ranks; redistribute that dim to "
-                              "Replicate() first");
-  return dim;
+// The input rows this rank's glu output reads, along the layout's dim (the local rows when it is unsharded).
+at::Tensor glu_window(const GluLayout& g, const ShardSpec& spec, const at::Tensor& local) {
+  if (g.mesh_dim < 0) return local;
+  return comm::gather_rows(local, g.dim, spec.extents[g.mesh_dim], g.want, *spec.mesh, g.mesh_dim);
 }
 
 // glu(Tensor self, int dim=-1)
 at::Tensor glu_rule(const at::Tensor& self_arg, int64_t dim_arg) {
   auto self = resolve_partial(self_arg);
   const auto& spec = *shard_impl(self)->spec();
-  const auto dim = glu_dim("glu", self, spec, dim_arg);
-  return make_shard_tensor(at::glu(shard_impl(self)->local(), dim), glu_output_spec(spec, dim));
+  const auto g = glu_layout("glu", self, spec, dim_arg);
+  return make_shard_tensor(at::glu(glu_window(g, spec, shard_impl(self)->local()), g.dim), g.out);
 }
 
 // glu_backward(Tensor grad_output, Tensor self, int dim)
 at::Tensor glu_backward_rule(const at::Tensor& grad_output, const at::Tensor& self_arg, int64_t dim_arg) {
   auto self = resolve_partial(self_arg);
   auto spec = shard_impl(self)->spec();
-  const auto dim = glu_dim("glu_backward", self, *spec, dim_arg);
+  const auto g = glu_layout("glu_backward", self, *spec, dim_arg);
   auto mesh = dispatch::common_mesh("aten::glu_backward", {grad_output, self_arg});
-  auto out_spec = glu_output_spec(*spec, dim);
-  auto g = local_aligned(resolve_partial(grad_output), mesh, out_spec->global_shape, spec->placements,
-                         spec->dim_extents());
-  return make_shard_tensor(at::glu_backward(g, shard_impl(self)->local(), dim), spec);
+  auto go = local_aligned(resolve_partial(grad_output), mesh, g.out->global_shape, g.out->placements,
+                          g.out->dim_extents());
+  auto gw = at::glu_backward(go, glu_window(g, *spec, shard_impl(self)->local()), g.dim);
+  if (g.mesh_dim >= 0)
+    gw = comm::scatter_add_rows(gw, g.dim, spec->extents[g.mesh_dim], g.want, *spec->mesh, g.mesh_dim);
+  return make_shard_tensor(gw, spec);
 }
 
 } // namespace

@@ -3,6 +3,7 @@
 // views re-lay the input out first (window-aligned extents, the shard moved to the outer dim of a merge).
 // Slicing and selecting along a sharded dim use global indices; cat along a sharded dim keeps it sharded when the
 // other inputs are whole along it (they join the edge ranks), else gathers that dim.
+#include "comm/halo.h"
 #include "ops/common.h"
 
 #include "dispatch/write_back.h"
@@ -718,29 +719,46 @@ at::Tensor stack_rule(at::TensorList tensors, int64_t dim_arg) {
 }
 
 // repeat(Tensor self, SymInt[] repeats)
+// Unsharded dims repeat locally. A sharded dim repeated R times (output row j is input row j mod L) takes the
+// default split of its R·L output rows, and each rank gathers the input rows its output rows read from their owners
+// (comm::gather_rows: a neighbour exchange of as many rows as its output block, no more); a 2-D mesh does one dim
+// after the other. The backward (aten's formula: a view of the copies and a sum) runs on the same rules.
 at::Tensor repeat_rule(const at::Tensor& self, c10::SymIntArrayRef repeats) {
   const auto& spec = spec_of(self);
-  const auto reps = C10_AS_INTARRAYREF_SLOW(repeats);
+  auto reps = C10_AS_INTARRAYREF_SLOW(repeats).vec();
+  TORCH_CHECK_VALUE(static_cast<int64_t>(reps.size()) >= self.dim(),
+                    "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor");
   const auto shift = static_cast<int64_t>(reps.size()) - self.dim();
-  for (size_t m = 0; m < spec.placements.size(); ++m) {
-    const auto& p = spec.placements[m];
-    if (p.is_shard() && reps[p.dim + shift] != 1) {
-      dispatch::not_implemented("repeating a sharded dim interleaves shards; redistribute that dim to Replicate() "
-                                "first");
-    }
-  }
   Placements out_p = spec.placements;
   DimExtents out_ext;
   std::vector<int64_t> out_shape(reps.size());
   for (int64_t k = 0; k < static_cast<int64_t>(reps.size()); ++k)
     out_shape[k] = reps[k] * (k - shift >= 0 ? self.size(k - shift) : 1);
-  for (size_t m = 0; m < out_p.size(); ++m)
-    if (out_p[m].is_shard()) {
-      out_ext[out_p[m].dim + shift] = spec.extents[m];
-      out_p[m] = Placement::shard(out_p[m].dim + shift);
+  auto local = shard_impl(self)->local();
+  for (size_t m = 0; m < out_p.size(); ++m) {
+    if (!out_p[m].is_shard()) continue;
+    const auto d = out_p[m].dim;
+    const auto mesh_dim = static_cast<int64_t>(m);
+    out_p[m] = Placement::shard(d + shift);
+    if (reps[d + shift] == 1) {
+      out_ext[d + shift] = spec.extents[m];
+      continue;
     }
-  auto out = shard_impl(self)->local().repeat(reps);
-  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
+    const auto L = self.size(d);
+    const auto ext = default_split(out_shape[d + shift], spec.mesh->size(mesh_dim));
+    comm::RowRequests want;
+    int64_t first = 0;
+    for (auto e : ext) {
+      std::vector<int64_t> rows;
+      for (int64_t j = first; j < first + e; ++j) rows.push_back(j % L);
+      first += e;
+      want.push_back(std::move(rows));
+    }
+    local = comm::gather_rows(local, d, spec.extents[m], want, *spec.mesh, mesh_dim);
+    reps[d + shift] = 1;
+    out_ext[d + shift] = ext;
+  }
+  return wrap(local.repeat(reps), spec.mesh, out_p, out_shape, out_ext);
 }
 
 // slice_backward(grad, input_sizes, dim, start, end, step): zeros of the input's global shape with `grad`

@@ -4,6 +4,13 @@
 // variant's schema is its view op's with the aliasing annotations dropped. The view rules decide layouts and
 // communication from specs alone, so these do too. A view rule's refusal (a re-layout it cannot do) becomes this
 // functional op's decline: the gather fallback, or NotImplementedError in strict mode.
+//
+// The `_scatter` ops are the other direction (slice_scatter, select_scatter, diagonal_scatter: how
+// functionalization and torch.compile write `x[..., a:b] = y` and its kin): `self` cloned, the view's rule on the
+// clone, `src` copied into the view (copy_'s rule brings `src` to the view's layout). A slice of a sharded dim is a
+// view of each rank's own rows, so every rank writes only the part of the slice it holds and nothing travels but
+// what `src` needs to match. select_scatter writes through a one-wide slice (select along a sharded dim would move
+// the row to every rank first).
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -73,9 +80,57 @@ BoxedHandler variant_handler(const ViewVariant& variant) {
   };
 }
 
+// `self` cloned (a pending sum completed: the write replaces its values), `write(view of the clone)` run under the
+// view rules, `src` copied into it; a refusal of either becomes the op's decline.
+template <typename ViewOf>
+at::Tensor scatter_into_clone(const at::Tensor& self, const at::Tensor& src, const char* view_name, ViewOf view_of) {
+  if (!shard_impl(self))
+    dispatch::not_implemented("the written tensor is a plain tensor and the source a ShardTensor; distribute the "
+                              "written tensor too");
+  auto out = at::clone(resolve_partial(self));
+  try {
+    view_of(out).copy_(src);
+  } catch (const c10::NotImplementedError& e) {
+    dispatch::not_implemented(std::string(view_name) + " of the written tensor, or the copy of the source into it, "
+                              "refused: " + e.what_without_backtrace());
+  }
+  return out;
+}
+
+// slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1)
+at::Tensor slice_scatter_rule(const at::Tensor& self, const at::Tensor& src, int64_t dim,
+                              std::optional<c10::SymInt> start, std::optional<c10::SymInt> end, c10::SymInt step) {
+  return scatter_into_clone(self, src, "slice", [&](const at::Tensor& t) {
+    return at::slice_symint(t, dim, start, end, step);
+  });
+}
+
+// select_scatter(Tensor self, Tensor src, int dim, SymInt index)
+at::Tensor select_scatter_rule(const at::Tensor& self, const at::Tensor& src, int64_t dim_arg, c10::SymInt index_arg) {
+  const auto dim = c10::maybe_wrap_dim(dim_arg, self.dim());
+  auto index = index_arg.expect_int();
+  TORCH_CHECK_INDEX(index >= -self.size(dim) && index < self.size(dim), "select_scatter: index ", index,
+                    " out of range for dim ", dim, " of size ", self.size(dim));
+  if (index < 0) index += self.size(dim);
+  return scatter_into_clone(self, src.unsqueeze(dim), "select", [&](const at::Tensor& t) {
+    return t.slice(dim, index, index + 1);
+  });
+}
+
+// diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1)
+at::Tensor diagonal_scatter_rule(const at::Tensor& self, const at::Tensor& src, int64_t offset, int64_t dim1,
+                                 int64_t dim2) {
+  return scatter_into_clone(self, src, "diagonal", [&](const at::Tensor& t) {
+    return t.diagonal(offset, dim1, dim2);
+  });
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(view_copy) {
+  dispatch::set_handler("aten::slice_scatter", typed_handler(&slice_scatter_rule));
+  dispatch::set_handler("aten::select_scatter", typed_handler(&select_scatter_rule));
+  dispatch::set_handler("aten::diagonal_scatter", typed_handler(&diagonal_scatter_rule));
   for (const auto& v : kVariants) {
     auto h = c10::Dispatcher::singleton().findOp({v.variant, v.overload});
     TORCH_INTERNAL_ASSERT(h.has_value(), "view_copy family: ", v.variant, ".", v.overload, " is not an aten op");

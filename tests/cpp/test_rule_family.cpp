@@ -47,6 +47,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"pointwise", "aten::add.Tensor"},
       {"pool", "aten::max_pool2d_with_indices"},
       {"position_writes", "aten::masked_scatter"},
+      {"index_writes", "aten::index_add"},
       {"reduction", "aten::sum"},
       {"roll", "aten::roll"},
       {"rot90", "aten::rot90"},

@@ -1,4 +1,4 @@
-"""Indexing by tensors (index_select, gather, scatter*, index, index_put), against the single-device computation:
+"""Indexing by tensors (index_select, gather, scatter*, index, index_put, index_add/index_copy/index_reduce), against the single-device computation:
 forward, input gradients, uneven and zero-extent shards, 1-4 ranks, a 2-D mesh; along sharded dims the cheap
 rules (owner picks + one all-reduce) and the refusals (on every rank, no hang)."""
 import pytest
@@ -287,6 +287,58 @@ def case_index_sharded_dim_mesh2d(seed):
 
 def test_index_sharded_dim_mesh2d():
     harness.run(4, case_index_sharded_dim_mesh2d, 4)
+
+
+def case_index_writes(seed, tiny):
+    """index_add / index_copy / index_reduce along unsharded and sharded dims: a whole source gives each rank the rows
+    that land in its block (no collective); a source sharded on the same dim (a graph's edge messages summed into the
+    nodes a rank owns) moves only the rows another rank owns, in one all-to-all; forward and gradients."""
+    m = mesh()
+    w = m.size()
+    x = randn(7, 5, 3, seed=seed)
+    idx = _index(7, 11, seed)  # duplicates included
+    src = randn(11, 5, 3, seed=seed + 1)
+    lay_x = _lay(x.shape, 0, w, seed, tiny)
+    lay_src = ([st.Shard(0)], {0: uneven_extents(11, w, seed + 2)})
+    lay_other = _lay(x.shape, 1, w, seed, tiny)
+    with st.use_strict():
+        for name, fn in [
+            ("index_add", lambda t, s: t.index_add(0, idx, s, alpha=0.5)),
+            ("index_copy", lambda t, s: t.index_copy(0, idx.unique(), s[: idx.unique().numel()])),
+            ("index_reduce amax", lambda t, s: t.index_reduce(0, idx, s, "amax")),
+            ("index_reduce mean", lambda t, s: t.index_reduce(0, idx, s, "mean", include_self=False)),
+            ("index_reduce prod", lambda t, s: t.index_reduce(0, idx, s, "prod")),
+        ]:
+            grad = name in ("index_add", "index_copy")
+            check_op(fn, [x, src], [lay_x, None], m, what=f"{name}, whole source", grad=grad)
+            if name != "index_copy":
+                check_op(fn, [x, src], [lay_x, lay_src], m, what=f"{name}, source sharded on the dim", grad=grad)
+            check_op(fn, [x, src], [lay_other, _lay(src.shape, 1, w, seed, tiny)], m,
+                     what=f"{name}, another dim sharded", grad=grad, expect_placements=[st.Shard(1)])
+        check_op(lambda t, s: t.index_add(0, idx[:0], s[:0]), [x, src], [lay_x, None], m, what="empty index")
+        xs = st.distribute_tensor(x, m, *lay_x)
+        before = st.comm_stats()["calls"]
+        out = xs.index_add(0, idx, src)
+        assert st.comm_stats()["calls"] == before, "index_add with a whole source communicated"
+        assert st.placements(out) == (st.Shard(0),)
+        # In place, with a sharded source: exactly one all-to-all moves the rows.
+        ss = st.distribute_tensor(src, m, *lay_src)
+        before = dict(st.comm_stats()["calls"])
+        xs.index_add_(0, idx, ss)
+        after = st.comm_stats()["calls"]
+        moved = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        assert moved == ({"all_to_all": 1} if w > 1 else {}), moved
+        harness_close = torch.testing.assert_close
+        harness_close(full(xs), x.index_add(0, idx, src))
+    if w > 1:
+        with pytest.raises(IndexError, match="index out of range"):
+            st.distribute_tensor(x, m, *lay_x).index_add(0, torch.tensor([7]), src[:1])
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True)])
+def test_index_writes(world, tiny):
+    harness.run(world, case_index_writes, world, tiny)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

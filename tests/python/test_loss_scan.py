@@ -1,5 +1,5 @@
 """Losses, logsumexp, cumsum and flip over sharded dims against single-device results: every reduction,
-segmentation-style cross entropy with sharded spatial dims, class weights and ignore_index, uneven shards."""
+segmentation-style cross entropy with sharded spatial or class dims, class weights and ignore_index, uneven shards."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,52 @@ def case_cross_entropy(seed):
     return True
 
 
+def case_cross_entropy_class_sharded(seed):
+    """Cross entropy with the class dim sharded (vocab-parallel logits, a channel-sharded field): each rank picks the
+    targets in its own classes, the loss and total weight sum over the class mesh dim, the gradient stays on each
+    rank's classes; ignore_index, class weights, every reduction, a rank without classes; a 2-D mesh with the batch
+    sharded too."""
+    m = mesh()
+    w = m.size()
+    g = torch.Generator().manual_seed(seed)
+    logits = randn(6, 7, 3, seed=seed)
+    target = torch.randint(0, 7, (6, 3), generator=g)
+    target[0, 0] = -100
+    target[1, 2] = 3
+    cls_w = torch.rand(7, generator=g) + 0.5
+    target3 = target.clone()
+    target3[0, 0] = 3  # ignore_index=3 below: -100 would be out of range there, as on one device
+    lays = [([st.Shard(1)], {0: uneven_extents(7, w, seed)})]
+    if w == 3:
+        lays.append(([st.Shard(1)], {0: [3, 0, 4]}))
+    with st.use_strict():
+        for lay in lays:
+            for red in ("mean", "sum", "none"):
+                check_op(lambda a, t: F.cross_entropy(a, t, reduction=red), [logits, target], [lay, None], m,
+                         rtol=1e-5, atol=1e-5, what=f"cross_entropy classes sharded {red}")
+                check_op(lambda a, t: F.cross_entropy(a, t, weight=cls_w, reduction=red, ignore_index=3),
+                         [logits, target3], [lay, None], m, rtol=1e-5, atol=1e-5,
+                         what=f"weighted cross_entropy classes sharded, ignore 3, {red}")
+            check_op(lambda a, t: F.nll_loss(a, t), [logits[:, :, 0], target[:, 0]], [lay, None], m,
+                     rtol=1e-5, atol=1e-5, what="nll_loss (N, C)")
+            check_op(lambda a, t: F.nll_loss(a, t, reduction="sum"), [logits[0, :, 0], target[2, 0]],
+                     [([st.Shard(0)], lay[1]), None], m, rtol=1e-5, atol=1e-5, what="nll_loss (C)")
+    return True
+
+
+def case_cross_entropy_class_sharded_2d(seed):
+    m = mesh((2, 2), ("batch", "classes"))
+    g = torch.Generator().manual_seed(seed)
+    logits = randn(4, 6, 5, 3, seed=seed)
+    target = torch.randint(0, 6, (4, 5, 3), generator=g)
+    lay = ([st.Shard(0), st.Shard(1)], {0: [1, 3], 1: [4, 2]})
+    with st.use_strict():
+        for red in ("mean", "none"):
+            check_op(lambda a, t: F.cross_entropy(a, t, reduction=red), [logits, target], [lay, None], m,
+                     rtol=1e-5, atol=1e-5, what=f"cross_entropy batch and classes sharded {red}")
+    return True
+
+
 def case_scans(seed):
     m = mesh()
     x = randn(3, 8, 5, seed=seed)
@@ -76,6 +122,15 @@ def test_pointwise_losses(world):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_cross_entropy(world):
     harness.run(world, case_cross_entropy, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_cross_entropy_class_sharded(world):
+    harness.run(world, case_cross_entropy_class_sharded, world)
+
+
+def test_cross_entropy_class_sharded_2d():
+    harness.run(4, case_cross_entropy_class_sharded_2d, 4)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

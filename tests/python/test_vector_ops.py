@@ -1,5 +1,5 @@
 """Vector products (dot, vdot, mv, addmv, addr, 1-D matmul, linalg.vecdot, inner), cross products, distances
-(dist, pairwise_distance, cdist) and the legacy torch.norm, and the `_copy` variants of view ops, on sharded inputs (uneven, a zero-extent rank, 2-D
+(dist, pairwise_distance, cdist) and the legacy torch.norm, the `_copy` variants of view ops and the `_scatter` ops, on sharded inputs (uneven, a zero-extent rank, 2-D
 meshes): rules in strict mode (no fallback), forward and gradients equal to one device, the layouts and collectives
 they promise, and the refusals that must decline."""
 import pytest
@@ -180,6 +180,49 @@ def case_view_copies(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_view_copies(world):
     harness.run(world, case_view_copies, world)
+
+
+def case_view_scatters(seed):
+    """slice_scatter / select_scatter / diagonal_scatter (functionalization's and torch.compile's form of a write into
+    a view): each rank writes the part of the view it holds; with the source laid out like the view nothing travels."""
+    m = mesh()
+    w = m.size()
+    x = randn(5, 9, 4, seed=seed)
+    lay = ([st.Shard(1)], {0: uneven_extents(9, w, seed)})
+    other = ([st.Shard(0)], {0: uneven_extents(5, w, seed + 1)})
+    src_slice = randn(5, 3, 4, seed=seed + 2)  # x[:, 1:8:3]
+    src_row = randn(5, 4, seed=seed + 3)
+    src_col = randn(9, 4, seed=seed + 4)
+    src_diag = randn(4, 5, seed=seed + 5)  # diagonal of dims (0, 1): [4, 5]
+    with st.use_strict():
+        for lay_x in (lay, other):
+            tag = "sharded dim" if lay_x is lay else "other dim sharded"
+            check_op(lambda t, s: torch.slice_scatter(t, s, 1, 1, 8, 3), [x, src_slice], [lay_x, None], m,
+                     what=f"slice_scatter step 3, {tag}")
+            src_lay = lay_x if lay_x is other else ([st.Shard(1)], None)
+            check_op(lambda t, s: torch.slice_scatter(t, s, 1, 1, 8, 3), [x, src_slice], [lay_x, src_lay], m,
+                     what=f"slice_scatter, source sharded on the same dim, {tag}")
+            check_op(lambda t, s: torch.select_scatter(t, s, 1, -2), [x, src_row], [lay_x, None], m,
+                     what=f"select_scatter, {tag}")
+            check_op(lambda t, s: torch.select_scatter(t, s, 0, 3), [x, src_col], [lay_x, None], m,
+                     what=f"select_scatter dim 0, {tag}")
+            check_op(lambda t, s: torch.diagonal_scatter(t, s, 0, 0, 1), [x, src_diag], [lay_x, None], m,
+                     what=f"diagonal_scatter, {tag}")
+        xs = st.distribute_tensor(x, m, *lay)
+        # The written row is on one rank: the others keep theirs, and nothing travels for a plain source.
+        before = calls()
+        out = torch.select_scatter(xs, src_row, 1, 4)
+        assert calls() == before, "select_scatter with a plain source communicated"
+        assert st.placements(out) == (st.Shard(1),), st.placements(out)
+        assert out.to_local().shape == xs.to_local().shape
+        close(full(out), torch.select_scatter(x, src_row, 1, 4), what="select_scatter, no collective")
+        close(full(xs), x, what="input after select_scatter")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_view_scatters(world):
+    harness.run(world, case_view_scatters, world)
 
 
 def case_cdist(seed):

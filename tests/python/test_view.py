@@ -43,6 +43,8 @@ def case_views(seed):
         ("cat sharded", lambda t: torch.cat([t, t + 1], 0), s0),
         ("stack", lambda t: torch.stack([t, -t], 1), s0),
         ("repeat unsharded", lambda t: t.repeat(1, 2, 1), s0),
+        ("repeat sharded", lambda t: t.repeat(2, 1, 1), s0),
+        ("repeat sharded, new leading dims", lambda t: t.repeat(2, 3, 1, 2), s0),
         ("flatten inner sharded", lambda t: t.flatten(0, 1), s1),
         ("reshape inner sharded", lambda t: t.reshape(-1), s1),
         ("split rows across shard boundaries", lambda t: t.reshape(24, 5).view(3, 8, 5), s0),
@@ -84,10 +86,25 @@ def case_inner_merge():
     return True
 
 
-def bad_repeat():
-    x = st.distribute_tensor(torch.randn(4, 2), mesh(), [st.Shard(0)])
-    with st.use_strict():   # else the refusal runs the gather-compute fallback (test_fallback.py)
-        x.repeat(2, 1)
+def case_repeat_sharded(seed):
+    """Repeating a sharded dim: each rank holds a default-split block of the repeated rows and receives only the rows
+    it reads (one neighbour exchange, no gather of the dim); a 2-D mesh repeats both dims."""
+    m = mesh()
+    w = m.size()
+    x = randn(5, 3, seed=seed)
+    lay = ([st.Shard(0)], {0: uneven_extents(5, w, seed)})
+    with st.use_strict():
+        xs = st.distribute_tensor(x, m, *lay)
+        before = st.comm_stats()["calls"]
+        out = xs.repeat(3, 2)
+        after = st.comm_stats()["calls"]
+        kinds = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+        if w > 1:
+            assert set(kinds) == {"halo"} and kinds["halo"] == 1, kinds
+        assert st.placements(out) == (st.Shard(0),), st.placements(out)
+        assert out.to_local().shape[0] == [15 // w + (1 if i < 15 % w else 0) for i in range(w)][m.get_coordinate()[0]]
+        close(full(out), x.repeat(3, 2), what="repeat of the sharded dim")
+    return True
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -104,8 +121,9 @@ def test_inner_merge(world):
     harness.run(world, case_inner_merge)
 
 
-def test_repeat_sharded_raises():
-    harness.expect_error(2, bad_repeat, match="repeat")
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_repeat_sharded(world):
+    harness.run(world, case_repeat_sharded, world)
 
 
 def case_expand_partial():

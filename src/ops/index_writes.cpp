@@ -1,0 +1,236 @@
+// Row writes addressed by an index along one dim: index_add(_), index_copy(_), index_reduce(_) (in place and out of
+// place). `self` keeps its layout; the index is read whole (a sharded one is gathered: integers, what the
+// single-device op reads too); `source` (self's shape with `dim` of the index's length) keeps its shard of `dim`
+// when it has one and is aligned to self's layout on every other dim.
+//
+// Along an unsharded dim every rank runs the op on its own block. Along a sharded dim each source row goes to the
+// rank that owns its target row: with `source` whole along the dim every rank picks the rows that land in its block
+// (nothing travels); with `source` sharded along the dim (a graph's edges split across ranks, their messages
+// summed into the nodes a rank owns) every rank knows, from the whole index and the layouts, which of its rows each
+// rank needs and how many it receives, so one all-to-all moves exactly those rows (no counts negotiated, nothing
+// gathered) and each rank writes what it received into its own rows. index_reduce combines every row a target gets
+// in one call (its mean counts them together). A Partial written tensor raises (a pending sum cannot take a write).
+#include "comm/collectives.h"
+#include "comm/redistribute.h"
+#include "ops/common.h"
+
+#include <ATen/ATen.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+// The whole value of a (small, integral) index tensor.
+at::Tensor whole_index(const at::Tensor& index, const c10::Device& device) {
+  auto* impl = shard_impl(index);
+  auto t = impl ? shard_impl(redistribute_to(index, dispatch::replicate_spec(impl->spec()->mesh, index.sizes())))->local()
+                : index;
+  return t.reshape({-1}).to(device, at::kLong);
+}
+
+enum class Write { Add, Copy, Reduce };
+
+struct IndexWrite {
+  Write kind = Write::Add;
+  c10::Scalar alpha = 1;
+  c10::string_view reduce;
+  bool include_self = true;
+
+  // The op on local tensors, in place into `out`.
+  void apply(at::Tensor& out, int64_t dim, const at::Tensor& index, const at::Tensor& rows) const {
+    switch (kind) {
+      case Write::Add: out.index_add_(dim, index, rows, alpha); break;
+      case Write::Copy: out.index_copy_(dim, index, rows); break;
+      case Write::Reduce: out.index_reduce_(dim, index, rows, reduce, include_self); break;
+    }
+  }
+};
+
+// Rows of `t` along `dim` at `positions` (int64, t's device), moved to the front and flattened for a collective.
+at::Tensor rows_flat(const at::Tensor& t, int64_t dim, const at::Tensor& positions) {
+  return t.index_select(dim, positions).movedim(dim, 0).contiguous().reshape({-1});
+}
+
+// The rows that land in this rank's block, with their local target rows: [(local index, rows)], each from one rank.
+using Pieces = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+// Routes source rows to the owners of their targets along mesh dim `m` (self's dim `dim` sharded there).
+Pieces route(const ShardSpec& self_spec, int64_t dim, int64_t m, const at::Tensor& index, const at::Tensor& src_local,
+             const SpecPtr& src_spec, bool src_sharded) {
+  const auto& mesh = *self_spec.mesh;
+  const auto n = mesh.size(m), me = mesh.coordinate(m);
+  std::vector<int64_t> starts(n);
+  for (int64_t c = 0; c < n; ++c) starts[c] = self_spec.offset_of(m, c);
+  const auto dev = index.device();
+  auto starts_t = at::tensor(starts, at::TensorOptions().dtype(at::kLong)).to(dev);
+  // The owner of each target row (zero-extent ranks own nothing: the last rank starting at or before the row).
+  auto owner = at::searchsorted(starts_t, index, /*out_int32=*/false, /*right=*/true).sub_(1);
+  const auto my_start = starts[me];
+  if (!src_sharded) {
+    // Every rank holds every source row: take those that land here.
+    auto pos = at::nonzero(owner == me).reshape({-1});
+    return {{index.index_select(0, pos) - my_start, src_local.index_select(dim, pos)}};
+  }
+  // Source rows [s_c, s_c + k_c) live on coordinate c.
+  std::vector<int64_t> src_start(n), src_count(n);
+  for (int64_t c = 0; c < n; ++c) {
+    src_start[c] = src_spec->offset_of(m, c);
+    src_count[c] = src_spec->extents[m][c];
+  }
+  auto row_sizes = src_local.sizes().vec();
+  row_sizes.erase(row_sizes.begin() + dim);
+  const auto row_numel = c10::multiply_integers(row_sizes);
+  auto mine = owner.narrow(0, src_start[me], src_count[me]);
+  std::vector<at::Tensor> send(n), recv_positions(n);
+  std::vector<int64_t> recv_numels(n, 0);
+  for (int64_t d = 0; d < n; ++d) {
+    if (d != me) send[d] = rows_flat(src_local, dim, at::nonzero(mine == d).reshape({-1}));
+    // What coordinate d sends here: its rows whose targets this rank owns, in row order.
+    auto theirs = owner.narrow(0, src_start[d], src_count[d]);
+    recv_positions[d] = at::nonzero(theirs == me).reshape({-1}).add_(src_start[d]);
+    if (d != me) recv_numels[d] = recv_positions[d].numel() * row_numel;
+  }
+  send[me] = at::empty({0}, src_local.options());
+  auto received = comm::all_to_all_flat(send, recv_numels, src_local.options(), mesh, m);
+  auto row_shape = src_local.movedim(dim, 0).sizes().vec();
+  Pieces out;
+  for (int64_t d = 0; d < n; ++d) {
+    const auto count = recv_positions[d].numel();
+    if (count == 0) continue;
+    auto local_index = index.index_select(0, recv_positions[d]) - my_start;
+    at::Tensor rows;
+    if (d == me) {
+      rows = src_local.index_select(dim, recv_positions[d] - src_start[me]);
+    } else {
+      row_shape[0] = count;
+      rows = received[d].view(row_shape).movedim(0, dim);
+    }
+    out.emplace_back(std::move(local_index), std::move(rows));
+  }
+  return out;
+}
+
+// Writes `source` into `out` (this rank's block of a tensor laid out as `spec`) at `index` along `dim`.
+void write_rows(at::Tensor& out, const ShardSpec& spec, int64_t dim, const at::Tensor& index_arg,
+                const at::Tensor& source, const IndexWrite& w, const char* op) {
+  const auto& mesh = spec.mesh;
+  auto index = whole_index(index_arg, out.device());
+  // The single-device op raises for targets outside the dim; every rank reads the same whole index, so all raise.
+  if (index.numel() > 0) {
+    const auto lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
+    TORCH_CHECK_INDEX(lo >= 0 && hi < spec.global_shape[dim], op, "_(): index out of range in self (", lo, ", ", hi,
+                      " for a dim of size ", spec.global_shape[dim], ")");
+  }
+  // Source's layout: self's on every other dim; along `dim` its own shard on the same mesh dim, else whole.
+  const auto m = spec.mesh_dim_of(dim);
+  const auto* src_impl = shard_impl(source);
+  const bool src_sharded =
+      m >= 0 && src_impl && src_impl->spec()->placements[m].is_shard() && src_impl->spec()->placements[m].dim == dim;
+  Placements target = spec.placements;
+  DimExtents ext = spec.dim_extents();
+  if (m >= 0) {
+    ext.erase(dim);
+    if (src_sharded) ext[dim] = src_impl->spec()->extents[m];
+    else target[m] = Placement::replicate();
+  }
+  const std::vector<int64_t> src_shape = source.sizes().vec();
+  auto src_local = local_aligned(resolve_partial(source), mesh, src_shape, target, ext);
+  if (m < 0) {
+    w.apply(out, dim, index, src_local);
+    return;
+  }
+  auto src_spec = ShardSpec::make_with_dim_extents(mesh, target, src_shape, ext);
+  auto pieces = route(spec, dim, m, index, src_local, src_spec, src_sharded);
+  if (w.kind == Write::Reduce) {
+    // One call over every row a target gets (a mean counts them together; with none, include_self=False still
+    // leaves the untouched rows as they are).
+    std::vector<at::Tensor> idx{index.narrow(0, 0, 0)}, rows{src_local.narrow(dim, 0, 0)};
+    for (auto& [i, r] : pieces) {
+      idx.push_back(i);
+      rows.push_back(r);
+    }
+    w.apply(out, dim, at::cat(idx), at::cat(rows, dim));
+  } else {
+    for (auto& [i, r] : pieces) w.apply(out, dim, i, r);
+  }
+}
+
+const ShardSpec& written_spec(const at::Tensor& self, const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor ", op,
+                              ": the written tensor is a plain tensor and the source or index a ShardTensor; "
+                              "distribute the written tensor too");
+  const auto& spec = *shard_impl(self)->spec();
+  if (spec.has_partial())
+    dispatch::not_implemented(std::string(op) + " writes into a Partial (pending sum) tensor; complete it first "
+                              "(redistribute to Replicate())");
+  return spec;
+}
+
+int64_t checked_dim(const at::Tensor& self, int64_t dim, const at::Tensor& index, const char* op) {
+  if (self.dim() == 0)
+    dispatch::not_implemented(std::string(op) + " into a 0-dim ShardTensor (nothing to shard): use a plain tensor");
+  TORCH_CHECK_INDEX(index.dim() <= 1, op, "_(): Index is supposed to be a vector");
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, op,
+                    "_(): Expected dtype int32/int64 for index");
+  return at::maybe_wrap_dim(dim, self.dim());
+}
+
+at::Tensor write_functional(const at::Tensor& self, int64_t dim_arg, const at::Tensor& index,
+                            const at::Tensor& source, const IndexWrite& w, const char* op) {
+  const auto& spec = written_spec(self, op);
+  const auto dim = checked_dim(self, dim_arg, index, op);
+  auto out = shard_impl(self)->local().clone();
+  write_rows(out, spec, dim, index, source, w, op);
+  return make_shard_tensor(out, shard_impl(self)->spec());
+}
+
+at::Tensor& write_inplace(at::Tensor& self, int64_t dim_arg, const at::Tensor& index, const at::Tensor& source,
+                          const IndexWrite& w, const char* op) {
+  const auto& spec = written_spec(self, op);
+  const auto dim = checked_dim(self, dim_arg, index, op);
+  auto local = shard_impl(self)->local();
+  write_rows(local, spec, dim, index, source, w, op);
+  return self;
+}
+
+// index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1)
+at::Tensor index_add_rule(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                          const c10::Scalar& alpha) {
+  return write_functional(self, dim, index, source, IndexWrite{Write::Add, alpha}, "index_add");
+}
+at::Tensor& index_add_inplace_rule(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                                   const c10::Scalar& alpha) {
+  return write_inplace(self, dim, index, source, IndexWrite{Write::Add, alpha}, "index_add");
+}
+
+// index_copy(Tensor self, int dim, Tensor index, Tensor source)
+at::Tensor index_copy_rule(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source) {
+  return write_functional(self, dim, index, source, IndexWrite{Write::Copy}, "index_copy");
+}
+at::Tensor& index_copy_inplace_rule(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source) {
+  return write_inplace(self, dim, index, source, IndexWrite{Write::Copy}, "index_copy");
+}
+
+// index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True)
+at::Tensor index_reduce_rule(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                             c10::string_view reduce, bool include_self) {
+  return write_functional(self, dim, index, source, IndexWrite{Write::Reduce, 1, reduce, include_self},
+                          "index_reduce");
+}
+at::Tensor& index_reduce_inplace_rule(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                                      const at::Tensor& source, c10::string_view reduce, bool include_self) {
+  return write_inplace(self, dim, index, source, IndexWrite{Write::Reduce, 1, reduce, include_self}, "index_reduce");
+}
+
+} // namespace
+
+SHARDTENSOR_RULE_FAMILY(index_writes) {
+  dispatch::set_handler("aten::index_add", typed_handler(&index_add_rule));
+  dispatch::set_handler("aten::index_add_", typed_handler(&index_add_inplace_rule));
+  dispatch::set_handler("aten::index_copy", typed_handler(&index_copy_rule));
+  dispatch::set_handler("aten::index_copy_", typed_handler(&index_copy_inplace_rule));
+  dispatch::set_handler("aten::index_reduce", typed_handler(&index_reduce_rule));
+  dispatch::set_handler("aten::index_reduce_", typed_handler(&index_reduce_inplace_rule));
+}
+
+} // namespace shardtensor::ops
