@@ -3,12 +3,14 @@
 // the input's layout. Along a sharded dim with global indices, index_select, gather and index let each rank pick
 // the indices it owns (zero elsewhere) and one all-reduce over that mesh dim completes the output (Replicate there;
 // the traffic is the output's size, never the input's); index_put (and its accumulate form, index's backward)
-// writes on each rank the entries it owns. scatter along a sharded dim raises with the remedy; `x[mask] = value`
+// writes on each rank the entries it owns; scatter along a sharded dim sends each element to its target's owner
+// (scatter_sharded_dim). `x[mask] = value`
 // with a mask laid out like x is local. Index values are checked by the local
 // kernels: an out-of-range index raises on the ranks that hold it.
 #include "comm/collectives.h"
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
+#include "ops/element_routing.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
@@ -208,6 +210,99 @@ at::Tensor target_of_write(const at::Tensor& written, bool in_place, const MeshP
   return self;
 }
 
+// scatter / scatter_add / scatter_reduce along a sharded dim (a graph's edge messages summed into the nodes a rank
+// owns; a write addressed by global rows): each source element goes to the rank owning its target row. The index
+// (and the source, cut to the index's shape) keep a shard of `dim` on its mesh dim when they have one, else are read
+// whole; on every other dim they are aligned to self's layout (same size along its sharded dims, as along
+// unsharded dims). Whole, every rank takes the elements that land in its block (nothing travels); sharded, every
+// rank sends each element to its target's owner (the pair counts in one small all-gather, the values and the flat
+// target positions in one all-to-all each: ops/element_routing.h). Each rank then runs the op on its flattened block
+// with the flat positions, so every reduction (the mean's count, include_self) is the op's own, in one call.
+void scatter_sharded_dim(const c10::OperatorHandle& op, torch::jit::Stack* stack, const at::Tensor& written,
+                         const at::Tensor& self, int64_t dim, bool in_place) {
+  dispatch::NamedArgs args(op, stack);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& mesh = spec.mesh;
+  const auto m = spec.mesh_dim_of(dim);
+  auto index = args.tensor("index");
+  TORCH_CHECK_VALUE(index.dim() == self.dim(), op.schema().name(),
+                    ": index should have the same number of dimensions as self (", index.dim(), " vs ", self.dim(),
+                    ")");
+  for (const auto& p : spec.placements)
+    if (p.is_shard() && p.dim != dim && index.size(p.dim) != self.size(p.dim))
+      dispatch::not_implemented(op, stack, "the index is smaller than the input along sharded dim " +
+                                               std::to_string(p.dim) + "; redistribute that dim to Replicate() first");
+  const bool has_src = args.has("src") && args["src"].isTensor();
+  at::Tensor src;
+  if (has_src) {
+    src = args.tensor("src");
+    for (int64_t d = 0; d < src.dim(); ++d)
+      if (src.size(d) != index.size(d)) src = src.narrow(d, 0, index.size(d));
+  }
+  // Layout of the index and source: self's on the other dims; on `m` the index's shard of `dim`, or whole.
+  Placements target = spec.placements;
+  DimExtents ext = spec.dim_extents();
+  ext.erase(dim);
+  const auto* iimpl = shard_impl(index);
+  const bool routed = iimpl && iimpl->spec()->placements[m].is_shard(dim);
+  if (routed) ext[dim] = iimpl->spec()->extents[m];
+  else target[m] = Placement::replicate();
+  auto idx = local_as(dispatch::as_shard(index, mesh), mesh, target, ext).to(at::kLong);
+  at::Tensor vals;
+  if (has_src) vals = local_as(resolve_partial(dispatch::as_shard(src, mesh)), mesh, target, ext);
+  const auto n_rows = self.size(dim);
+  const bool invalid = idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= n_rows);
+  const auto error = c10::str(op.schema().name(), "(): index out of range for a dim of size ", n_rows);
+  // Whole, every rank reads the same index and raises alike; sharded, the ranks agree with the counts (below).
+  if (!routed) TORCH_CHECK_INDEX(!invalid, error);
+  if (invalid) idx = idx.clamp(0, n_rows - 1);
+  // Each element's owner and flat position in the owner's block (self's local shape with the owner's extent).
+  const auto local = shard_impl(self)->local();
+  const auto block = local.sizes().vec();
+  const auto opts = idx.options();
+  const auto l = dim_layout(spec, m, idx.device());
+  auto owner = owner_of(l, idx);
+  int64_t inner = 1;
+  for (int64_t d = dim + 1; d < self.dim(); ++d) inner *= block[d];
+  auto grid = [&](int64_t d) {
+    std::vector<int64_t> shape(idx.dim(), 1);
+    shape[d] = idx.size(d);
+    return at::arange(idx.size(d), opts).view(shape);
+  };
+  // The row-major position over the dims before `dim`, and within a row (the dims after it).
+  auto outer = at::zeros({}, opts), after = at::zeros({}, opts);
+  for (int64_t d = 0; d < dim; ++d) outer = outer * block[d] + grid(d);
+  for (int64_t d = self.dim() - 1, stride = 1; d > dim; stride *= block[d], --d) after = after + grid(d) * stride;
+  auto e_owner = l.extents_t.index_select(0, owner.flatten()).view_as(owner);
+  auto start_owner = l.starts_t.index_select(0, owner.flatten()).view_as(owner);
+  auto flat = (outer * e_owner + (idx - start_owner)) * inner + after;
+  at::Tensor pos, got;
+  if (routed) {
+    std::tie(got, pos) = route_elements(has_src ? vals.flatten() : at::Tensor(), flat.reshape({-1, 1}),
+                                        owner.flatten(), *mesh, m, "scatter along a sharded dim (element counts)",
+                                        invalid, error);
+    pos = pos.select(1, 0);
+  } else {
+    auto mine = at::nonzero(owner.flatten() == mesh->coordinate(m)).select(1, 0);
+    pos = flat.flatten().index_select(0, mine);
+    if (has_src) got = vals.flatten().index_select(0, mine);
+  }
+  // The op on the flattened block, at the flat positions.
+  auto work = local.is_contiguous() ? local : local.contiguous();
+  args.set("self", in_place ? work.view(-1) : work.reshape(-1).clone());
+  args.set("dim", int64_t{0});
+  args.set("index", pos);
+  if (has_src) args.set("src", got);
+  op.callBoxed(stack);
+  auto out = torch::jit::pop(*stack).toTensor().view(block);
+  if (in_place) {
+    if (!work.is_same(local)) local.copy_(out);
+    torch::jit::push(*stack, written);
+  } else {
+    torch::jit::push(*stack, wrap(out, mesh, spec.placements, self.sizes().vec(), spec.dim_extents()));
+  }
+}
+
 // scatter / scatter_add / scatter_reduce (out-of-place and in place; twelve overloads, with a tensor `src` or a
 // scalar `value`, with or without `reduce`): self's layout; the index and the source are aligned to it (same size
 // along every sharded dim required). A sharded `dim` raises. Boxed, reading arguments by name, since it re-calls
@@ -221,10 +316,7 @@ void scatter_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
   const auto dim = wrap_dim(args["dim"].toInt(), std::max<int64_t>(self.dim(), 1));
-  if (spec.mesh_dim_of(dim) >= 0) {
-    dispatch::not_implemented(op, stack, "scatter along sharded dim " + std::to_string(dim) +
-                                             "; redistribute that dim to Replicate() first");
-  }
+  if (spec.mesh_dim_of(dim) >= 0) return scatter_sharded_dim(op, stack, written, self, dim, in_place);
   // The tensor arguments aligned to self: the index, then the source where it is a tensor.
   std::vector<std::string_view> aligned;
   for (std::string_view name : {"index", "src"})

@@ -2,12 +2,13 @@
 // loss.cpp) and view_as_real / view_as_complex. Along dims that are not sharded they run on the local shards and
 // every output keeps the input's layout. topk along a sharded dim merges every rank's own top k (one gathered
 // collective of k candidates per rank); cummax / cummin scan their own rows and take the lower ranks' carry (one
-// gathered collective of each rank's last values); sort raises with the remedy along a sharded dim (it needs the
-// whole dim: a distributed sort is not implemented). The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
+// gathered collective of each rank's last values); sort along a sharded dim is a distributed sort (sort_sharded.cpp).
+// The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
 #include "comm/stat_reduce.h"
 #include "ops/arg_checks.h"
 #include "ops/common.h"
 #include "ops/empty_shard.h"
+#include "ops/sort_sharded.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -37,8 +38,16 @@ void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::
   const auto& spec = *shard_impl(self)->spec();
   const auto ndim = std::max<int64_t>(self.dim(), 1);
   const auto dims = dims_along(along, args, ndim);
+  const bool is_sort = op.schema().name() == "aten::sort";
   for (auto d : dims)
     if (spec.mesh_dim_of(d) >= 0) {
+      if (is_sort) {
+        // A distributed sort (sort_sharded.cpp): nothing whole along the dim on any rank.
+        auto [values, indices] = sort_sharded(self, d, args["descending"].toBool());
+        torch::jit::drop(*stack, args.all().size());
+        torch::jit::push(*stack, std::move(values), std::move(indices));
+        return;
+      }
       dispatch::not_implemented(op, stack, "it works along sharded dim " + std::to_string(d) +
                                                ", which needs the whole dim on one rank; redistribute that dim to "
                                                "Replicate() first");

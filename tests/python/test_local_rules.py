@@ -221,10 +221,69 @@ def case_sharded_dim_refused(op):
 
 
 def _sharded_dim_op(op, x, pairs, signal):
-    {"sort": lambda: x.sort(1), "msort": lambda: x.t().msort(), "argsort": lambda: x.argsort(),
-     "fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
+    {"fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
      "fftn": lambda: torch.fft.fftn(signal),
      "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
+
+
+def case_sort_sharded_dim(seed, tiny):
+    """sort / argsort / msort along the sharded dim: a distributed sort (the sorted blocks round the ring, then each
+    element to the owner of its position), the result laid out like the input; values, stable indices (ties, NaN,
+    -0.0 and 0.0, descending), integer and bool inputs, the gradient (the inverse permutation, routed home)."""
+    m = mesh()
+    w = m.size()
+    x = randn(3, 11, 2, seed=seed)
+    x[0, 3, 0] = float("nan")
+    x[0, 7, 1] = float("nan")
+    x[1, :5, 1] = 0.5  # ties across ranks
+    x[2, 5, 0], x[2, 6, 0], x[2, 1, 0] = -0.0, 0.0, float("-inf")
+    ext = tiny_extents(11, w) if tiny else uneven_extents(11, w, seed)
+    lay = ([st.Shard(1)], {0: ext})
+    ints = torch.randint(-3, 4, (3, 11), generator=torch.Generator().manual_seed(seed))
+    with st.use_strict():
+        for desc in (False, True):
+            xs = st.distribute_tensor(x, m, *lay)
+            before = dict(st.comm_stats()["calls"])
+            v, i = torch.sort(xs, dim=1, descending=desc, stable=True)
+            after = st.comm_stats()["calls"]
+            kinds = {k for k in after if after[k] != before.get(k, 0)}
+            assert kinds <= {"ring_pass", "all_gather", "all_to_all"}, kinds  # nothing gathers the dim
+            assert st.placements(v) == (st.Shard(1),) and st.sharding_shapes(v) == {0: ext}, st.sharding_shapes(v)
+            rv, ri = torch.sort(x, dim=1, descending=desc, stable=True)
+            assert torch.equal(full(i), ri), f"stable indices, descending={desc}"
+            torch.testing.assert_close(full(v), rv, equal_nan=True)
+            for t in (ints, ints > 0):
+                ts = st.distribute_tensor(t, m, [st.Shard(1)], sharding_shapes={0: ext})
+                tv, ti = torch.sort(ts, dim=1, descending=desc, stable=True)
+                rv, ri = torch.sort(t, dim=1, descending=desc, stable=True)
+                assert torch.equal(full(tv), rv) and torch.equal(full(ti), ri), (t.dtype, desc)
+        y = randn(3, 11, 2, seed=seed + 1)
+        check_op(lambda t: torch.sort(t, dim=1)[0], [y], [lay], m, what="sort values and gradient")
+        check_op(lambda t: torch.sort(t, dim=1, descending=True)[0] * 2, [y], [lay], m, what="descending gradient")
+        check_op(lambda t: torch.argsort(t, dim=1), [y], [lay], m, grad=False, what="argsort")
+        check_op(lambda t: torch.msort(t.transpose(0, 1)), [y], [lay], m, what="msort")
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True), (4, True)])
+def test_sort_sharded_dim(world, tiny):
+    harness.run(world, case_sort_sharded_dim, world, tiny)
+
+
+def case_sort_sharded_dim_2d(seed):
+    """The sorted dim on one mesh dim, another dim on the other: each row group sorts within its mesh dim."""
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(5, 9, 3, seed=seed)
+    lay = ([st.Shard(0), st.Shard(1)], {0: uneven_extents(5, 2, seed), 1: [0, 9]})
+    lay2 = ([st.Shard(1), st.Shard(2)], {0: [4, 5], 1: [2, 1]})
+    with st.use_strict():
+        check_op(lambda t: torch.sort(t, dim=1)[0], [x], [lay], m, what="2-D mesh, a coordinate without rows")
+        check_op(lambda t: torch.sort(t, dim=1, descending=True)[0], [x], [lay2], m, what="2-D mesh sort")
+    return True
+
+
+def test_sort_sharded_dim_2d():
+    harness.run(4, case_sort_sharded_dim_2d, 4)
 
 
 def case_topk_sharded_dim(seed):
@@ -338,7 +397,7 @@ def test_fft(world):
     harness.run(world, case_fft, world, world == 4)
 
 
-@pytest.mark.parametrize("op", ["sort", "msort", "argsort", "fft", "rfft", "fftn", "view_as_complex"])
+@pytest.mark.parametrize("op", ["fft", "rfft", "fftn", "view_as_complex"])
 def test_sort_fft_sharded_dim_refused(op):
     errors = harness.expect_error(2, case_sharded_dim_refused, op, kinds=("NotImplementedError",))
     for _, msg, _ in errors.values():

@@ -115,8 +115,8 @@ class _Gathers(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-class _Sorts(torch.nn.Module):
-    """Sorts along the sharded dim in strict mode (no distributed sort, no fallback: refused on every rank)."""
+class _Medians(torch.nn.Module):
+    """A median along the sharded dim in strict mode (no rule, no fallback: refused on every rank)."""
 
     def __init__(self):
         super().__init__()
@@ -124,17 +124,17 @@ class _Sorts(torch.nn.Module):
 
     def forward(self, x):
         with st.use_strict():
-            return self.conv(x).sort(dim=2).values
+            return self.conv(x).median(dim=2).values
 
 
-for _cls in (_LocalNormalise, _Gathers, _Sorts):
+for _cls in (_LocalNormalise, _Gathers, _Medians):
     model("torch", f"judge/{_cls.__name__[1:]}", (1, 2, 12, 6))(_cls)
 
 
 @pytest.mark.parametrize("name,verdict,detail", [
     ("judge/LocalNormalise", "wrong", "output 0"),
     ("judge/Gathers", "not-parallel", "not sharded"),
-    ("judge/Sorts", "raise", "NotImplementedError"),
+    ("judge/Medians", "raise", "NotImplementedError"),
 ])
 def test_zoo_judge_reports(name, verdict, detail):
     results = harness.run(2, case_zoo, name)

@@ -1,0 +1,176 @@
+// sort along a sharded dim (torch.sort, argsort and msort through it; Point Transformer V3's argsort of the points'
+// space-filling-curve codes with the points split across ranks), and its gradient.
+//
+// Nothing whole along the dim on any rank. Each rank sorts its own rows by a key that orders as torch does (floats
+// by their bits with NaN last and -0.0 = 0.0; a descending sort by the complemented key) and ties by original
+// position (a stable sort). The global position of an element is the number of elements before it: those of its
+// own block before it, plus, for every other block, those with a smaller key (and equal keys of lower ranks, whose
+// original positions come first). The sorted blocks travel round the ring (the ring executor, comm/ring_loop.h: one
+// block in flight at a time, never the whole dim) and each rank counts with a binary search into each block. The
+// output keeps the input's layout (rank c holds sorted positions [off_c, off_c + e_c)), so each element then goes
+// to the owner of its position: the counts of each pair of ranks in one small all-gather, the values and the
+// (position, original index) pairs in one all-to-all each. The gradient is the inverse permutation: each
+// gradient element goes home to the owner of its original index the same way.
+#include "ops/sort_sharded.h"
+
+#include "comm/ring_loop.h"
+#include "comm/spec_holder.h"
+#include "dispatch/args.h"
+#include "ops/common.h"
+#include "ops/element_routing.h"
+
+#include <torch/autograd.h>
+
+#include <limits>
+
+namespace shardtensor::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// int64 keys whose order is torch's sort order of `x` (ascending; complemented for a descending sort).
+at::Tensor sort_keys(const at::Tensor& x, bool descending) {
+  at::Tensor key;
+  const auto t = x.scalar_type();
+  if (at::isFloatingType(t)) {
+    // Every float type converts to double exactly. NaNs become one positive NaN (above +inf, as torch sorts every
+    // NaN), -0.0 becomes 0.0 (torch's sort ties them); then the bits of a negative double are flipped (but the sign)
+    // so that int64 order is float order.
+    auto d = x.to(at::kDouble);
+    d = at::where(at::isnan(d), at::full({}, std::numeric_limits<double>::quiet_NaN(), d.options()), d).add_(0.0);
+    auto bits = d.view(at::kLong);
+    key = at::where(bits.lt(0), bits.bitwise_xor(std::numeric_limits<int64_t>::max()), bits);
+  } else if (t == at::kBool || (at::isIntegralType(t, /*includeBool=*/false) && t != at::kUInt64)) {
+    key = x.to(at::kLong);
+  } else {
+    dispatch::not_implemented(std::string("sort along a sharded dim of a ") + c10::toString(t) +
+                              " tensor; redistribute that dim to Replicate() first");
+  }
+  return descending ? key.bitwise_not() : key;
+}
+
+// The owner of global positions `pos` along the dim and their flat position in its [B, e_owner] block (row b).
+std::pair<at::Tensor, at::Tensor> owner_and_slot(const DimLayout& l, const at::Tensor& pos) {
+  auto owner = owner_of(l, pos);
+  auto row = at::arange(pos.size(0), pos.options()).unsqueeze(1);
+  auto slot = row * l.extents_t.index_select(0, owner.flatten()).view_as(owner) + pos -
+              l.starts_t.index_select(0, owner.flatten()).view_as(owner);
+  return {owner, slot};
+}
+
+// `local` with `dim` moved last and the other dims flattened: [B, e].
+struct Rows {
+  at::Tensor x;
+  std::vector<int64_t> moved_shape;
+};
+
+Rows rows_of(const at::Tensor& local, int64_t dim) {
+  Rows r;
+  auto moved = local.movedim(dim, -1).contiguous();
+  r.moved_shape = moved.sizes().vec();
+  const auto e = r.moved_shape.back();
+  const auto B = c10::multiply_integers(r.moved_shape.begin(), r.moved_shape.end() - 1);
+  r.x = moved.reshape({B, e});
+  return r;
+}
+
+at::Tensor unrows(const at::Tensor& flat, const Rows& r, int64_t dim) {
+  return flat.reshape(r.moved_shape).movedim(-1, dim);
+}
+
+// The gradient of the sorted values: each element back at its original index (the inverse permutation).
+at::Tensor unsort(const at::Tensor& grad_local, const at::Tensor& indices_local, const ShardSpec& spec, int64_t dim) {
+  const auto& mesh = *spec.mesh;
+  const auto m = spec.mesh_dim_of(dim);
+  auto g = rows_of(grad_local, dim);
+  auto idx = rows_of(indices_local, dim).x;
+  const auto l = dim_layout(spec, m, idx.device());
+  auto [owner, slot] = owner_and_slot(l, idx);
+  auto [vals, ints] = route_elements(g.x.flatten(), slot.reshape({-1, 1}), owner.flatten(), mesh, m,
+                                           "the gradient of sort along a sharded dim (element counts)");
+  auto out = at::empty({g.x.numel()}, g.x.options());
+  out.index_copy_(0, ints.select(1, 0), vals);
+  return unrows(out, g, dim);
+}
+
+struct SortFn : torch::autograd::Function<SortFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& self, int64_t dim, bool descending) {
+    auto [values, indices] = sort_sharded(self, dim, descending);
+    ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
+    ctx->saved_data["dim"] = dim;
+    ctx->save_for_backward({indices});
+    ctx->mark_non_differentiable({indices});
+    return {values, indices};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(3);
+    if (!grads[0].defined()) return out;
+    at::NoGradGuard no_grad;
+    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
+    const auto dim = ctx->saved_data["dim"].toInt();
+    auto indices = ctx->get_saved_variables()[0];
+    const auto& mesh = spec->mesh;
+    auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, spec->placements,
+                      spec->dim_extents());
+    out[0] = make_shard_tensor(unsort(g, shard_impl(indices)->local(), *spec, dim), spec);
+    return out;
+  }
+};
+
+// The autograd rule of sort / sort.stable along a sharded dim (a ShardTensor that requires grad, grad mode on);
+// otherwise the op's own derivative formula, whose scatter into a tensor whole along the dim this replaces.
+bool sort_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self");
+  if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() || self.dim() == 0) return false;
+  const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
+  if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return false;
+  auto out = SortFn::apply(self, dim, args["descending"].toBool());
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out[0]), std::move(out[1]));
+  return true;
+}
+
+} // namespace
+
+std::tuple<at::Tensor, at::Tensor> sort_sharded(const at::Tensor& self_in, int64_t dim, bool descending) {
+  auto self = resolve_partial(self_in);
+  auto spec = shard_impl(self)->spec();
+  const auto& mesh = *spec->mesh;
+  const auto m = spec->mesh_dim_of(dim);
+  TORCH_INTERNAL_ASSERT(m >= 0, "sort_sharded along unsharded dim ", dim);
+  const auto me = mesh.coordinate(m);
+  const auto off = spec->offset_of(m, me);
+  auto r = rows_of(shard_impl(self)->local(), dim);
+  const auto B = r.x.size(0), e = r.x.size(1);
+  auto keys = sort_keys(r.x, descending);
+  auto [sorted_keys, perm] = keys.sort(/*stable=*/true, /*dim=*/1, /*descending=*/false);
+  // Global positions: own elements before each (its rank in the block), then each visiting block's count.
+  auto pos = at::arange(e, keys.options()).expand({B, e}).contiguous();
+  comm::ring_loop(comm::Ring::along(mesh, m, 1, spec->extents[m]), {sorted_keys}, {},
+                  [&](int64_t, int64_t owner, const std::vector<at::Tensor>& blocks, std::vector<at::Tensor>&) {
+                    if (owner == me || B == 0 || e == 0 || blocks[0].size(1) == 0) return;
+                    // Equal keys of lower ranks come first (their original positions are smaller).
+                    pos.add_(at::searchsorted(blocks[0], sorted_keys, /*out_int32=*/false, /*right=*/owner < me));
+                  });
+  const auto l = dim_layout(*spec, m, pos.device());
+  auto [owner, slot] = owner_and_slot(l, pos);
+  auto values = r.x.gather(1, perm);
+  auto ints = at::stack({slot.flatten(), perm.add(off).flatten()}, 1);
+  auto [got_v, got_i] = route_elements(values.flatten(), ints, owner.flatten(), mesh, m,
+                                           "sort along a sharded dim (element counts)");
+  auto out_v = at::empty({B * e}, r.x.options());
+  auto out_i = at::empty({B * e}, keys.options());
+  out_v.index_copy_(0, got_i.select(1, 0), got_v);
+  out_i.index_copy_(0, got_i.select(1, 0), got_i.select(1, 1));
+  return {make_shard_tensor(unrows(out_v, r, dim), spec), make_shard_tensor(unrows(out_i, r, dim), spec)};
+}
+
+SHARDTENSOR_RULE_FAMILY(sort_sharded) {
+  for (const char* name : {"aten::sort", "aten::sort.stable"}) dispatch::set_autograd_handler(name, &sort_autograd);
+}
+
+} // namespace shardtensor::ops
