@@ -36,6 +36,8 @@ std::pair<at::Tensor, at::Tensor> route_elements(const at::Tensor& values, const
   // Bool values travel as bytes (the transports move numbers).
   at::Tensor wire;
   if (with_values) wire = (values.scalar_type() == at::kBool ? values.to(at::kByte) : values).index_select(0, order);
+  auto row_shape = with_values ? values.sizes().vec() : std::vector<int64_t>{0};
+  const auto row_numel = c10::multiply_integers(row_shape.begin() + 1, row_shape.end());
   auto i = ints.index_select(0, order);
   const auto all = comm::all_gather_ints(counts, mesh, m, what);
   for (const auto& row : all) TORCH_CHECK_INDEX(row[n] == 0, error);
@@ -50,13 +52,13 @@ std::pair<at::Tensor, at::Tensor> route_elements(const at::Tensor& values, const
     if (d == me) {
       own_v = pv;
       own_i = pi;
-      if (with_values) send_v[d] = pv.narrow(0, 0, 0);
+      if (with_values) send_v[d] = pv.narrow(0, 0, 0).reshape({-1});
       send_i[d] = pi.narrow(0, 0, 0).reshape({-1});
       continue;
     }
-    if (with_values) send_v[d] = pv.contiguous();
+    if (with_values) send_v[d] = pv.contiguous().reshape({-1});
     send_i[d] = pi.contiguous().reshape({-1});
-    recv_v[d] = all[d][me];
+    recv_v[d] = all[d][me] * row_numel;
     recv_i[d] = all[d][me] * cols;
   }
   std::vector<at::Tensor> got_v;
@@ -64,7 +66,10 @@ std::pair<at::Tensor, at::Tensor> route_elements(const at::Tensor& values, const
   auto got_i = comm::all_to_all_flat(send_i, recv_i, ints.options(), mesh, m);
   std::vector<at::Tensor> out_v, out_i;
   for (int64_t s = 0; s < n; ++s) {
-    if (with_values) out_v.push_back(s == me ? own_v : got_v[s]);
+    if (with_values) {
+      row_shape[0] = all[s][me];
+      out_v.push_back(s == me ? own_v : got_v[s].view(row_shape));
+    }
     out_i.push_back(s == me ? own_i : got_i[s].view({-1, cols}));
   }
   at::Tensor rv;

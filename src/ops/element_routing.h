@@ -23,7 +23,8 @@ DimLayout dim_layout(const ShardSpec& spec, int64_t m, const c10::Device& device
 // The coordinate owning each global row in `rows` (zero-extent coordinates own nothing).
 at::Tensor owner_of(const DimLayout& l, const at::Tensor& rows);
 
-// Moves element i (its value, when `values` is defined, and its int64 columns `ints` [K, c]) to coordinate dest[i]
+// Moves element i (its value, when `values` [K, ...] is defined — a scalar or a row per element —, and its int64
+// columns `ints` [K, c]) to coordinate dest[i]
 // of mesh dim `m`: the counts of every pair of ranks in one small all-gather (a rank knows only what it sends), then
 // the values and the integer columns in one all-to-all each. Every rank of the mesh dim issues the same collectives.
 // Returns what this rank received, in coordinate order (values undefined when none were given). `what` names the

@@ -10,11 +10,16 @@
 // rank needs and how many it receives, so one all-to-all moves exactly those rows (no counts negotiated, nothing
 // gathered) and each rank writes what it received into its own rows. index_reduce combines every row a target gets
 // in one call (its mean counts them together). A Partial written tensor raises (a pending sum cannot take a write).
+// The family also holds the autograd rule of index_select over a sharded dim with a sharded index, whose gradient
+// is such an index_add.
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
+#include "comm/spec_holder.h"
+#include "dispatch/args.h"
 #include "ops/common.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 
 namespace shardtensor::ops {
 
@@ -222,6 +227,48 @@ at::Tensor& index_reduce_inplace_rule(at::Tensor& self, int64_t dim, const at::T
   return write_inplace(self, dim, index, source, IndexWrite{Write::Reduce, 1, reduce, include_self}, "index_reduce");
 }
 
+// index_select of rows a mesh dim shards with an index sharded on the same mesh dim (indexing.cpp fetches the rows
+// from their owners): its derivative formula would build the gradient whole along the dim on every rank; this
+// autograd rule sends each gradient row home instead — index_add into zeros laid out like the input, the rule above
+// with a source sharded on the dim (one all-to-all of the gradient rows).
+struct IndexSelectFn : torch::autograd::Function<IndexSelectFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t dim,
+                            const at::Tensor& index) {
+    ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
+    ctx->saved_data["dim"] = dim;
+    ctx->save_for_backward({index});
+    return at::index_select(self, dim, index);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out(3);
+    if (!grads[0].defined()) return out;
+    at::NoGradGuard no_grad;
+    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
+    auto zeros = make_shard_tensor(at::zeros(spec->local_shape, grads[0].options()), spec);
+    out[0] = zeros.index_add_(ctx->saved_data["dim"].toInt(), ctx->get_saved_variables()[0], grads[0]);
+    return out;
+  }
+};
+
+bool index_select_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self"), index = args.tensor("index");
+  if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() || self.dim() == 0 ||
+      !shard_impl(index) || index.dim() != 1 || index.requires_grad())
+    return false;
+  const auto dim = at::maybe_wrap_dim(args["dim"].toInt(), self.dim());
+  const auto m = shard_impl(self)->spec()->mesh_dim_of(dim);
+  if (m < 0 || !shard_impl(index)->spec()->placements[m].is_shard(0) ||
+      shard_impl(index)->spec()->mesh != shard_impl(self)->spec()->mesh)
+    return false;
+  auto out = IndexSelectFn::apply(self, dim, index);
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out));
+  return true;
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(index_writes) {
@@ -231,6 +278,7 @@ SHARDTENSOR_RULE_FAMILY(index_writes) {
   dispatch::set_handler("aten::index_copy_", typed_handler(&index_copy_inplace_rule));
   dispatch::set_handler("aten::index_reduce", typed_handler(&index_reduce_rule));
   dispatch::set_handler("aten::index_reduce_", typed_handler(&index_reduce_inplace_rule));
+  dispatch::set_autograd_handler("aten::index_select", &index_select_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -56,6 +56,35 @@ void check_indices_in_range(const at::Tensor& idx, int64_t n, const char* op) {
                     "(): index out of range for a dim of size ", n);
 }
 
+// The rows `rows` (global, along `dim`, which mesh dim `m` shards) of the tensor whose block is `local`, fetched
+// from their owners: the requests (row, where it goes) travel to the owners and the rows come back, each by element
+// routing (ops/element_routing.h: counts in one all-gather, one all-to-all each way). Traffic: the rows asked for,
+// never the dim. An index out of range on any rank raises IndexError on every rank.
+at::Tensor fetch_rows(const at::Tensor& local, const ShardSpec& spec, int64_t dim, int64_t m, const at::Tensor& rows) {
+  const auto& mesh = *spec.mesh;
+  const auto me = mesh.coordinate(m);
+  const auto n_rows = spec.global_shape[dim];
+  const bool invalid = rows.numel() > 0 && (rows.min().item<int64_t>() < 0 || rows.max().item<int64_t>() >= n_rows);
+  const auto error = c10::str("index_select(): index out of range for a dim of size ", n_rows);
+  auto safe = invalid ? rows.clamp(0, n_rows - 1) : rows;
+  const auto l = dim_layout(spec, m, rows.device());
+  auto owner = owner_of(l, safe);
+  const auto k = rows.numel();
+  auto requests = at::stack({safe, at::arange(k, safe.options()), at::full({k}, me, safe.options())}, 1);
+  auto [unused, asked] =
+      route_elements({}, requests, owner, mesh, m, "index_select of rows a mesh dim shards (requests)", invalid, error);
+  // The asked rows of this block, one per request, as [count, rest...] with `dim` first.
+  auto block = local.movedim(dim, 0);
+  auto found = block.index_select(0, asked.select(1, 0) - spec.offset_of(m, me));
+  auto [got, where] = route_elements(found, asked.select(1, 1).unsqueeze(1), asked.select(1, 2), mesh, m,
+                                     "index_select of rows a mesh dim shards (replies)");
+  auto out_shape = block.sizes().vec();
+  out_shape[0] = k;
+  auto out = at::empty(out_shape, local.options());
+  out.index_copy_(0, where.select(1, 0), got);
+  return out.movedim(0, dim);
+}
+
 // Per mesh dim, self Shard(d != dim) stays; self Shard(dim) picks owned indices (all-reduce, Replicate); self
 // Replicate with a sharded index gives Shard(dim) with the index's extents.
 // index_select(Tensor self, int dim, Tensor index)
@@ -83,10 +112,22 @@ at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const 
       idx_ext[0] = iext;
     }
   }
-  auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
-  const auto& local = shard_impl(self)->local();
   auto out_shape = self.sizes().vec();
   if (self.dim() > 0) out_shape[dim] = index.numel();
+  const auto& local = shard_impl(self)->local();
+  if (owner_m >= 0 && index.dim() == 1 && index_placements[owner_m].is_shard(0)) {
+    // The rows sharded and the index sharded on the same mesh dim (a graph's node features read at its edges, the
+    // edges split across ranks): each rank fetches the rows its part of the index names from their owners, and the
+    // output is sharded like the index.
+    idx_p[owner_m] = Placement::shard(0);
+    idx_ext[0] = shard_impl(index)->spec()->extents[owner_m];
+    out_p[owner_m] = Placement::shard(dim);
+    out_ext[dim] = idx_ext[0];
+    auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
+    return wrap(fetch_rows(local, spec, dim, owner_m, idx.reshape({-1}).to(at::kLong)), mesh, out_p, out_shape,
+                out_ext);
+  }
+  auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
   at::Tensor out;
   if (owner_m < 0) {
     out = at::index_select(local, dim, idx);

@@ -1,5 +1,5 @@
 // The gradient of a selection along a sharded dim: topk, max / min with indices (PointNet's global max pool over
-// the points, a top-k of scores over the tokens) and the running cummax / cummin. Their derivative formulas
+// the points, a top-k of scores over the tokens), kthvalue / median / nanmedian and the running cummax / cummin. Their derivative formulas
 // (value_selecting_reduction_backward, cummaxmin_backward) know the input's global sizes but not its layout, so they
 // build a tensor whole along the dim on every rank and scatter the selected entries into it (a scan's into the
 // sharded input itself, which no rule can do for indices on other ranks). These autograd rules keep the input's
@@ -21,7 +21,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-enum class Selection : int64_t { topk, max, min, cummax, cummin };
+enum class Selection : int64_t { topk, max, min, cummax, cummin, kthvalue, median, nanmedian };
 
 struct SelectionFn : torch::autograd::Function<SelectionFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& self, int64_t kind, int64_t dim, bool keepdim,
@@ -34,8 +34,12 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
       case Selection::min: std::tie(values, indices) = at::min(self, dim, keepdim); break;
       case Selection::cummax: std::tie(values, indices) = at::cummax(self, dim); break;
       case Selection::cummin: std::tie(values, indices) = at::cummin(self, dim); break;
+      case Selection::kthvalue: std::tie(values, indices) = at::kthvalue(self, k, dim, keepdim); break;
+      case Selection::median: std::tie(values, indices) = at::median(self, dim, keepdim); break;
+      case Selection::nanmedian: std::tie(values, indices) = at::nanmedian(self, dim, keepdim); break;
     }
-    ctx->saved_data["scan"] = kind >= static_cast<int64_t>(Selection::cummax);
+    ctx->saved_data["scan"] = kind == static_cast<int64_t>(Selection::cummax) ||
+                              kind == static_cast<int64_t>(Selection::cummin);
     ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["keepdim"] = keepdim;
@@ -108,7 +112,8 @@ bool selection_autograd(Selection kind, const c10::OperatorHandle& op, torch::ji
   if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return false;
   const bool scan = kind == Selection::cummax || kind == Selection::cummin;
   const bool keepdim = kind == Selection::topk || scan || args["keepdim"].toBool();
-  const int64_t k = kind == Selection::topk ? args["k"].toSymInt().expect_int() : 1;
+  const int64_t k =
+      kind == Selection::topk || kind == Selection::kthvalue ? args["k"].toSymInt().expect_int() : 1;
   const bool largest = kind == Selection::topk ? args["largest"].toBool() : true;
   auto out = SelectionFn::apply(self, static_cast<int64_t>(kind), dim, keepdim, k, largest);
   torch::jit::drop(*stack, args.all().size());
@@ -121,7 +126,10 @@ bool selection_autograd(Selection kind, const c10::OperatorHandle& op, torch::ji
 SHARDTENSOR_RULE_FAMILY(selection_grad) {
   for (auto [name, kind] : {std::pair{"aten::topk", Selection::topk}, std::pair{"aten::max.dim", Selection::max},
                             std::pair{"aten::min.dim", Selection::min}, std::pair{"aten::cummax", Selection::cummax},
-                            std::pair{"aten::cummin", Selection::cummin}})
+                            std::pair{"aten::cummin", Selection::cummin},
+                            std::pair{"aten::kthvalue", Selection::kthvalue},
+                            std::pair{"aten::median.dim", Selection::median},
+                            std::pair{"aten::nanmedian.dim", Selection::nanmedian}})
     dispatch::set_autograd_handler(name, [kind](const c10::OperatorHandle& op, torch::jit::Stack* s) {
       return selection_autograd(kind, op, s);
     });

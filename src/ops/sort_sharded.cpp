@@ -13,7 +13,9 @@
 // gradient element goes home to the owner of its original index the same way.
 #include "ops/sort_sharded.h"
 
+#include "comm/collectives.h"
 #include "comm/ring_loop.h"
+#include "comm/stat_reduce.h"
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
@@ -169,8 +171,136 @@ std::tuple<at::Tensor, at::Tensor> sort_sharded(const at::Tensor& self_in, int64
   return {make_shard_tensor(unrows(out_v, r, dim), spec), make_shard_tensor(unrows(out_i, r, dim), spec)};
 }
 
+namespace {
+
+// ---- order statistics along a dim: kthvalue, median.dim, nanmedian.dim ----
+// Along an unsharded dim: the local op on each rank's block. Along a sharded dim: the distributed sort above, then
+// the element at each slice's target position (kthvalue: k - 1; median: the lower median, or the first NaN when the
+// slice has one; nanmedian: the lower median of the non-NaN values, the first NaN when all are) is read by its owner
+// and every rank's picks travel in one gathered collective (the NaN counts in one all-reduce first); each rank
+// keeps its owner's. The result is whole along the mesh dim that sharded `dim`. Indices of NaNs and of tied values
+// may differ from one device's (torch's selection does not define them); the gradient is selection_grad.cpp's.
+enum class Order { kth, median, nanmedian };
+
+std::tuple<at::Tensor, at::Tensor> order_statistic(Order kind, const at::Tensor& self_in, int64_t k, int64_t dim_arg,
+                                                   bool keepdim) {
+  auto self = resolve_partial(self_in);
+  auto spec = shard_impl(self)->spec();
+  const auto& mesh = *spec->mesh;
+  const auto ndim = std::max<int64_t>(self.dim(), 1);
+  const auto dim = wrap_dim(dim_arg, ndim);
+  const auto L = self.dim() == 0 ? 1 : self.size(dim);
+  const char* name = kind == Order::kth ? "kthvalue" : kind == Order::median ? "median" : "nanmedian";
+  if (kind == Order::kth) {
+    TORCH_CHECK_INDEX(k >= 1 && k <= L, "kthvalue(): selected number k out of range for dimension ", dim);
+  } else {
+    TORCH_CHECK_INDEX(L > 0, name, "(): Expected reduction dim ", dim, " to have non-zero size.");
+  }
+  // The result's layout: the input's, `dim` dropped (or kept as size 1) and whole.
+  Placements out_p = spec->placements;
+  DimExtents out_ext;
+  for (size_t m = 0; m < out_p.size(); ++m) {
+    if (!out_p[m].is_shard()) continue;
+    const auto d = out_p[m].dim;
+    if (d == dim) {
+      out_p[m] = Placement::replicate();
+      continue;
+    }
+    const auto od = keepdim || d < dim ? d : d - 1;
+    out_p[m] = Placement::shard(od);
+    out_ext[od] = spec->extents[m];
+  }
+  auto out_shape = self.sizes().vec();
+  if (self.dim() > 0) {
+    if (keepdim) out_shape[dim] = 1;
+    else out_shape.erase(out_shape.begin() + dim);
+  }
+  const auto m = self.dim() == 0 ? -1 : spec->mesh_dim_of(dim);
+  const auto& local = shard_impl(self)->local();
+  if (m < 0) {
+    std::tuple<at::Tensor, at::Tensor> r;
+    switch (kind) {
+      case Order::kth: r = at::kthvalue(local, k, dim, keepdim); break;
+      case Order::median: r = at::median(local, dim, keepdim); break;
+      case Order::nanmedian: r = at::nanmedian(local, dim, keepdim); break;
+    }
+    return {wrap(std::get<0>(r), spec->mesh, out_p, out_shape, out_ext),
+            wrap(std::get<1>(r), spec->mesh, out_p, out_shape, out_ext)};
+  }
+  // Each slice's target position along the dim.
+  auto slice_shape = local.sizes().vec();
+  slice_shape[dim] = 1;
+  at::Tensor pos;
+  if (kind == Order::kth) {
+    pos = at::full(slice_shape, k - 1, local.options().dtype(at::kLong));
+  } else {
+    auto nans = at::isnan(local).sum(dim, /*keepdim=*/true).to(at::kLong);
+    nans = comm::all_reduce(nans, ReduceOp::Sum, mesh, m);
+    auto valid = L - nans;
+    pos = kind == Order::median ? at::where(nans > 0, valid, at::floor_divide(valid - 1, 2))
+                                : at::where(valid > 0, at::floor_divide(valid - 1, 2), at::zeros_like(valid));
+  }
+  auto [values, indices] = sort_sharded(self, dim, /*descending=*/false);
+  const auto me = mesh.coordinate(m), off = spec->offset_of(m, me), e = spec->extents[m][me];
+  auto at_pos = (pos - off).clamp(0, std::max<int64_t>(e - 1, 0));
+  at::Tensor pv, pi;
+  if (e > 0) {
+    pv = shard_impl(values)->local().gather(dim, at_pos);
+    pi = shard_impl(indices)->local().gather(dim, at_pos);
+  } else {
+    pv = at::zeros(slice_shape, local.options());
+    pi = at::zeros(slice_shape, local.options().dtype(at::kLong));
+  }
+  comm::StatReduce r;
+  const auto gv = r.gathered(pv), gi = r.gathered(pi);
+  r.run(mesh, {m});
+  // Each slice's owner: the coordinate whose range holds its position.
+  const auto l = dim_layout(*spec, m, pos.device());
+  auto owner = owner_of(l, pos).unsqueeze(0);
+  auto v = r.result(gv)[0].gather(0, owner).squeeze(0), i = r.result(gi)[0].gather(0, owner).squeeze(0);
+  if (!keepdim) {
+    v = v.squeeze(dim);
+    i = i.squeeze(dim);
+  }
+  return {wrap(v, spec->mesh, out_p, out_shape, out_ext), wrap(i, spec->mesh, out_p, out_shape, out_ext)};
+}
+
+// kthvalue(Tensor self, SymInt k, int dim=-1, bool keepdim=False)
+std::tuple<at::Tensor, at::Tensor> kthvalue_rule(const at::Tensor& self, c10::SymInt k, int64_t dim, bool keepdim) {
+  return order_statistic(Order::kth, self, k.expect_int(), dim, keepdim);
+}
+// median.dim(Tensor self, int dim, bool keepdim=False)
+std::tuple<at::Tensor, at::Tensor> median_dim_rule(const at::Tensor& self, int64_t dim, bool keepdim) {
+  return order_statistic(Order::median, self, 0, dim, keepdim);
+}
+// nanmedian.dim(Tensor self, int dim, bool keepdim=False)
+std::tuple<at::Tensor, at::Tensor> nanmedian_dim_rule(const at::Tensor& self, int64_t dim, bool keepdim) {
+  return order_statistic(Order::nanmedian, self, 0, dim, keepdim);
+}
+
+// median(Tensor self) / nanmedian(Tensor self): over every element, the dim form over the flattened tensor (the
+// view rules lay it out; an empty tensor, whose median is NaN, declines to the fallback).
+at::Tensor median_all(const at::Tensor& self, bool ignore_nan) {
+  if (self.numel() == 0) dispatch::not_implemented("the median of an empty tensor");
+  auto flat = at::reshape(self, {-1});
+  return std::get<0>(ignore_nan ? at::nanmedian(flat, 0) : at::median(flat, 0));
+}
+at::Tensor median_rule(const at::Tensor& self) {
+  return median_all(self, false);
+}
+at::Tensor nanmedian_rule(const at::Tensor& self) {
+  return median_all(self, true);
+}
+
+} // namespace
+
 SHARDTENSOR_RULE_FAMILY(sort_sharded) {
+  dispatch::set_handler("aten::median", typed_handler(&median_rule));
+  dispatch::set_handler("aten::nanmedian", typed_handler(&nanmedian_rule));
   for (const char* name : {"aten::sort", "aten::sort.stable"}) dispatch::set_autograd_handler(name, &sort_autograd);
+  dispatch::set_handler("aten::kthvalue", typed_handler(&kthvalue_rule));
+  dispatch::set_handler("aten::median.dim", typed_handler(&median_dim_rule));
+  dispatch::set_handler("aten::nanmedian.dim", typed_handler(&nanmedian_dim_rule));
 }
 
 } // namespace shardtensor::ops

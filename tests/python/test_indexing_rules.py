@@ -145,6 +145,52 @@ def case_scatter_sharded_dim(seed, tiny):
     return True
 
 
+def case_index_select_routed(seed, tiny):
+    """index_select of rows a mesh dim shards with an index sharded on the same mesh dim (a graph's node features
+    read at its edges, nodes and edges split across ranks): each rank fetches the rows its part of the index names
+    from their owners, the output is sharded like the index, and the gradient rows go home (index_add); no tensor
+    whole along either dim on any rank."""
+    m = mesh()
+    w = m.size()
+    nodes, edges, F_ = 7, 12, 3
+    x = randn(nodes, F_, seed=seed)
+    src = torch.randint(0, nodes, (edges,), generator=torch.Generator().manual_seed(seed))
+    lay_x = _lay(x.shape, 0, w, seed, tiny)
+    lay_e = ([st.Shard(0)], {0: uneven_extents(edges, w, seed + 2)})
+    with st.use_strict():
+        out = check_op(lambda t, i: t.index_select(0, i), [x, src], [lay_x, lay_e], m, what="routed index_select",
+                       expect_placements=[st.Shard(0)])
+        assert st.sharding_shapes(out) == {0: lay_e[1][0]}, st.sharding_shapes(out)
+        # A message-passing step: gather at the edges' sources, scatter-add into their destinations.
+        dst = torch.randint(0, nodes, (edges,), generator=torch.Generator().manual_seed(seed + 1))
+
+        def step(t, s, d):
+            msg = torch.tanh(t.index_select(0, s))
+            return torch.zeros_like(t).index_add(0, d, msg)
+        check_op(step, [x, src, dst], [lay_x, lay_e, lay_e], m, what="message passing")
+        xs = st.distribute_tensor(x, m, *lay_x).requires_grad_(True)
+        si = st.distribute_tensor(src, m, *lay_e)
+        st.reset_comm_stats()
+        y = xs.index_select(0, si)
+        (y * 2).sum().backward()
+        calls = st.comm_stats()["calls"]
+        # Forward: the requests (counts, then rows and positions) and the replies; backward: the gradient rows home
+        # (index_add, whose index is read whole: one all-gather of the integers).
+        assert calls == ({"all_gather": 3, "all_to_all": 4} if w > 1 else {}), calls
+        assert st.placements(xs.grad) == (st.Shard(0),)
+    if w > 1:
+        with pytest.raises(IndexError, match="index out of range"):
+            bad = src.clone()
+            bad[-1] = nodes
+            st.distribute_tensor(x, m, *lay_x).index_select(0, st.distribute_tensor(bad, m, *lay_e))
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True)])
+def test_index_select_routed(world, tiny):
+    harness.run(world, case_index_select_routed, world, tiny)
+
+
 @pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True)])
 def test_scatter_sharded_dim(world, tiny):
     harness.run(world, case_scatter_sharded_dim, world, tiny)

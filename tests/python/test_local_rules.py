@@ -270,6 +270,47 @@ def test_sort_sharded_dim(world, tiny):
     harness.run(world, case_sort_sharded_dim, world, tiny)
 
 
+def case_order_statistics(seed, tiny):
+    """kthvalue / median / nanmedian along the sharded dim (the distributed sort, then each slice's element from its
+    owner) and along unsharded dims (local); NaN rows, keepdim, values and gradients. Indices are compared where
+    torch defines them (no ties, no NaN)."""
+    m = mesh()
+    w = m.size()
+    ext = tiny_extents(11, w) if tiny else uneven_extents(11, w, seed)
+    lay = ([st.Shard(1)], {0: ext})
+    x = randn(3, 11, 2, seed=seed)
+    with st.use_strict():
+        for fn, what in [(lambda t: torch.kthvalue(t, 4, dim=1), "kthvalue 4"),
+                         (lambda t: torch.kthvalue(t, 11, dim=1, keepdim=True), "kthvalue 11 keepdim"),
+                         (lambda t: torch.median(t, dim=1), "median"),
+                         (lambda t: torch.nanmedian(t, dim=1, keepdim=True), "nanmedian"),
+                         (lambda t: torch.median(t, dim=2), "median along an unsharded dim"),
+                         (lambda t: torch.kthvalue(t, 2, dim=0), "kthvalue along an unsharded dim"),
+                         (lambda t: torch.median(t), "median of every element"),
+                         (lambda t: torch.nanmedian(t), "nanmedian of every element")]:
+            out = check_op(fn, [x], [lay], m, what=what)
+        out = check_op(lambda t: torch.kthvalue(t, 2, dim=0), [x], [lay], m, what="kthvalue dim 0")
+        assert st.placements(out[0]) == (st.Shard(0),), st.placements(out[0])  # dim 1 became dim 0
+        y = x.clone()
+        y[0, 2, 0] = y[1, :, 1] = y[2, 9, 1] = float("nan")
+        ys = st.distribute_tensor(y, m, *lay)
+        for name, fn in [("median", lambda t: torch.median(t, dim=1)), ("nanmedian", lambda t: torch.nanmedian(t, dim=1)),
+                         ("kthvalue", lambda t: torch.kthvalue(t, 6, dim=1))]:
+            got, ref = fn(ys), fn(y)
+            torch.testing.assert_close(full(got.values), ref.values, equal_nan=True, msg=name)
+            if name == "median":  # the first NaN, as torch's median reports
+                assert torch.equal(full(got.indices), ref.indices), (name, full(got.indices), ref.indices)
+            if name == "nanmedian":  # an all-NaN slice's index is torch's choice
+                some = ~torch.isnan(ref.values)
+                assert torch.equal(full(got.indices)[some], ref.indices[some]), (full(got.indices), ref.indices)
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, True)])
+def test_order_statistics(world, tiny):
+    harness.run(world, case_order_statistics, world, tiny)
+
+
 def case_sort_sharded_dim_2d(seed):
     """The sorted dim on one mesh dim, another dim on the other: each row group sorts within its mesh dim."""
     m = mesh((2, 2), ("a", "b"))

@@ -115,8 +115,8 @@ class _Gathers(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-class _Medians(torch.nn.Module):
-    """A median along the sharded dim in strict mode (no rule, no fallback: refused on every rank)."""
+class _NoRule(torch.nn.Module):
+    """An op without a rule (diag_embed) in strict mode (no fallback: refused on every rank)."""
 
     def __init__(self):
         super().__init__()
@@ -124,17 +124,17 @@ class _Medians(torch.nn.Module):
 
     def forward(self, x):
         with st.use_strict():
-            return self.conv(x).median(dim=2).values
+            return torch.diag_embed(self.conv(x))
 
 
-for _cls in (_LocalNormalise, _Gathers, _Medians):
+for _cls in (_LocalNormalise, _Gathers, _NoRule):
     model("torch", f"judge/{_cls.__name__[1:]}", (1, 2, 12, 6))(_cls)
 
 
 @pytest.mark.parametrize("name,verdict,detail", [
     ("judge/LocalNormalise", "wrong", "output 0"),
     ("judge/Gathers", "not-parallel", "not sharded"),
-    ("judge/Medians", "raise", "NotImplementedError"),
+    ("judge/NoRule", "raise", "NotImplementedError"),
 ])
 def test_zoo_judge_reports(name, verdict, detail):
     results = harness.run(2, case_zoo, name)
