@@ -17,6 +17,7 @@
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/element_routing.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -115,22 +116,48 @@ Pieces route(const ShardSpec& self_spec, int64_t dim, int64_t m, const at::Tenso
   return out;
 }
 
+// The rows of `src_local` (along `dim`) to the owners of their targets `idx` (this rank's part of an index sharded
+// like the source), by element routing (ops/element_routing.h: the pair counts in one all-gather, the rows and
+// targets in one all-to-all each); each rank writes what it received in one call. An index out of range on any
+// rank raises IndexError on every rank.
+void write_routed(at::Tensor& out, const ShardSpec& spec, int64_t dim, int64_t m, const at::Tensor& idx,
+                  const at::Tensor& src_local, const IndexWrite& w, const char* op) {
+  const auto n_rows = spec.global_shape[dim];
+  const bool invalid = idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= n_rows);
+  const auto error = c10::str(op, "_(): index out of range in self (a dim of size ", n_rows, ")");
+  auto safe = invalid ? idx.clamp(0, n_rows - 1) : idx;
+  const auto l = dim_layout(spec, m, idx.device());
+  auto [rows, targets] = route_elements(src_local.movedim(dim, 0), safe.unsqueeze(1), owner_of(l, safe), *spec.mesh,
+                                        m, "index_add with an index sharded like the source (counts)", invalid, error);
+  const auto my_start = spec.offset_of(m, spec.mesh->coordinate(m));
+  w.apply(out, dim, targets.select(1, 0) - my_start, rows.movedim(0, dim));
+}
+
 // Writes `source` into `out` (this rank's block of a tensor laid out as `spec`) at `index` along `dim`.
 void write_rows(at::Tensor& out, const ShardSpec& spec, int64_t dim, const at::Tensor& index_arg,
                 const at::Tensor& source, const IndexWrite& w, const char* op) {
   const auto& mesh = spec.mesh;
-  auto index = whole_index(index_arg, out.device());
-  // The single-device op raises for targets outside the dim; every rank reads the same whole index, so all raise.
-  if (index.numel() > 0) {
-    const auto lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
-    TORCH_CHECK_INDEX(lo >= 0 && hi < spec.global_shape[dim], op, "_(): index out of range in self (", lo, ", ", hi,
-                      " for a dim of size ", spec.global_shape[dim], ")");
-  }
   // Source's layout: self's on every other dim; along `dim` its own shard on the same mesh dim, else whole.
   const auto m = spec.mesh_dim_of(dim);
   const auto* src_impl = shard_impl(source);
   const bool src_sharded =
       m >= 0 && src_impl && src_impl->spec()->placements[m].is_shard() && src_impl->spec()->placements[m].dim == dim;
+  // An index sharded like the source (a graph's destination nodes split with its edges) is never read whole: each
+  // rank routes its own rows by its own part of the index (write_routed).
+  const auto* idx_impl = shard_impl(index_arg);
+  const bool index_with_source = src_sharded && idx_impl && index_arg.dim() == 1 &&
+                                 idx_impl->spec()->mesh == mesh && idx_impl->spec()->placements[m].is_shard(0) &&
+                                 idx_impl->spec()->extents[m] == src_impl->spec()->extents[m];
+  at::Tensor index;
+  if (!index_with_source) {
+    index = whole_index(index_arg, out.device());
+    // The single-device op raises for targets outside the dim; every rank reads the same whole index: all raise.
+    if (index.numel() > 0) {
+      const auto lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
+      TORCH_CHECK_INDEX(lo >= 0 && hi < spec.global_shape[dim], op, "_(): index out of range in self (", lo, ", ",
+                        hi, " for a dim of size ", spec.global_shape[dim], ")");
+    }
+  }
   Placements target = spec.placements;
   DimExtents ext = spec.dim_extents();
   if (m >= 0) {
@@ -142,6 +169,13 @@ void write_rows(at::Tensor& out, const ShardSpec& spec, int64_t dim, const at::T
   auto src_local = local_aligned(resolve_partial(source), mesh, src_shape, target, ext);
   if (m < 0) {
     w.apply(out, dim, index, src_local);
+    return;
+  }
+  if (index_with_source) {
+    Placements ip(spec.placements.size(), Placement::replicate());
+    ip[m] = Placement::shard(0);
+    auto idx = local_as(resolve_partial(index_arg), mesh, ip, {{0, ext.at(dim)}}).reshape({-1}).to(at::kLong);
+    write_routed(out, spec, dim, m, idx, src_local, w, op);
     return;
   }
   auto src_spec = ShardSpec::make_with_dim_extents(mesh, target, src_shape, ext);

@@ -175,8 +175,8 @@ def case_index_select_routed(seed, tiny):
         (y * 2).sum().backward()
         calls = st.comm_stats()["calls"]
         # Forward: the requests (counts, then rows and positions) and the replies; backward: the gradient rows home
-        # (index_add, whose index is read whole: one all-gather of the integers).
-        assert calls == ({"all_gather": 3, "all_to_all": 4} if w > 1 else {}), calls
+        # (index_add with the index sharded like them: counts, then rows and targets). Nothing gathers the index.
+        assert calls == ({"all_gather": 3, "all_to_all": 5} if w > 1 else {}), calls
         assert st.placements(xs.grad) == (st.Shard(0),)
     if w > 1:
         with pytest.raises(IndexError, match="index out of range"):
@@ -426,7 +426,17 @@ def case_index_writes(seed, tiny):
             check_op(fn, [x, src], [lay_other, _lay(src.shape, 1, w, seed, tiny)], m,
                      what=f"{name}, another dim sharded", grad=grad, expect_placements=[st.Shard(1)])
         check_op(lambda t, s: t.index_add(0, idx[:0], s[:0]), [x, src], [lay_x, None], m, what="empty index")
+        # The index sharded like the source: each rank routes its own rows by its own part of the index.
+        for name, fn in [("index_add", lambda t, i, s: t.index_add(0, i, s, alpha=-1.5)),
+                         ("index_reduce mean", lambda t, i, s: t.index_reduce(0, i, s, "mean"))]:
+            check_op(fn, [x, idx, src], [lay_x, lay_src, lay_src], m, what=f"{name}, index sharded like the source",
+                     grad=name == "index_add")
         xs = st.distribute_tensor(x, m, *lay_x)
+        i_s, s_s = st.distribute_tensor(idx, m, *lay_src), st.distribute_tensor(src, m, *lay_src)
+        st.reset_comm_stats()
+        xs.index_add(0, i_s, s_s)
+        calls = st.comm_stats()["calls"]
+        assert calls == ({"all_gather": 1, "all_to_all": 2} if w > 1 else {}), calls
         before = st.comm_stats()["calls"]
         out = xs.index_add(0, idx, src)
         assert st.comm_stats()["calls"] == before, "index_add with a whole source communicated"
