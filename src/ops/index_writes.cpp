@@ -29,9 +29,9 @@ namespace {
 // The whole value of a (small, integral) index tensor.
 at::Tensor whole_index(const at::Tensor& index, const c10::Device& device) {
   auto* impl = shard_impl(index);
-  auto t = impl ? shard_impl(redistribute_to(index, dispatch::replicate_spec(impl->spec()->mesh, index.sizes())))->local()
-                : index;
-  return t.reshape({-1}).to(device, at::kLong);
+  if (!impl) return index.reshape({-1}).to(device, at::kLong);
+  auto replicated = redistribute_to(index, dispatch::replicate_spec(impl->spec()->mesh, index.sizes()));
+  return shard_impl(replicated)->local().reshape({-1}).to(device, at::kLong);
 }
 
 enum class Write { Add, Copy, Reduce };
@@ -127,8 +127,9 @@ void write_routed(at::Tensor& out, const ShardSpec& spec, int64_t dim, int64_t m
   const auto error = c10::str(op, "_(): index out of range in self (a dim of size ", n_rows, ")");
   auto safe = invalid ? idx.clamp(0, n_rows - 1) : idx;
   const auto l = dim_layout(spec, m, idx.device());
-  auto [rows, targets] = route_elements(src_local.movedim(dim, 0), safe.unsqueeze(1), owner_of(l, safe), *spec.mesh,
-                                        m, "index_add with an index sharded like the source (counts)", invalid, error);
+  auto [rows, targets] = route_elements(src_local.movedim(dim, 0), safe.unsqueeze(1), owner_of(l, safe),
+                                        *spec.mesh, m, "index_add with an index sharded like the source (counts)",
+                                        invalid, error);
   const auto my_start = spec.offset_of(m, spec.mesh->coordinate(m));
   w.apply(out, dim, targets.select(1, 0) - my_start, rows.movedim(0, dim));
 }

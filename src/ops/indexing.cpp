@@ -72,12 +72,12 @@ at::Tensor fetch_rows(const at::Tensor& local, const ShardSpec& spec, int64_t di
   const auto k = rows.numel();
   auto requests = at::stack({safe, at::arange(k, safe.options()), at::full({k}, me, safe.options())}, 1);
   auto [unused, asked] =
-      route_elements({}, requests, owner, mesh, m, "index_select of rows a mesh dim shards (requests)", invalid, error);
+      route_elements({}, requests, owner, mesh, m, "index_select of sharded rows (requests)", invalid, error);
   // The asked rows of this block, one per request, as [count, rest...] with `dim` first.
   auto block = local.movedim(dim, 0);
   auto found = block.index_select(0, asked.select(1, 0) - spec.offset_of(m, me));
   auto [got, where] = route_elements(found, asked.select(1, 1).unsqueeze(1), asked.select(1, 2), mesh, m,
-                                     "index_select of rows a mesh dim shards (replies)");
+                                     "index_select of sharded rows (replies)");
   auto out_shape = block.sizes().vec();
   out_shape[0] = k;
   auto out = at::empty(out_shape, local.options());

@@ -246,7 +246,8 @@ std::tuple<at::Tensor, at::Tensor> nll_forward(NllKernel kernel, const MeshPtr& 
   // A rank without classes (an empty class shard) owns no target: its weight is empty and it adds nothing.
   auto tw = !w.defined()     ? valid.to(l.self.scalar_type())
             : w.numel() == 0 ? at::zeros(l.target.sizes(), w.options())
-                             : at::where(valid, w.index_select(0, l.target.clamp_min(0).flatten()).view(l.target.sizes()),
+                             : at::where(valid,
+                                         w.index_select(0, l.target.clamp_min(0).flatten()).view(l.target.sizes()),
                                          at::zeros({}, w.options()));
   auto both = at::stack({local_sum.to(l.self.scalar_type()), tw.sum().to(l.self.scalar_type())});
   both = sum_over_mesh_dims(both, l.mesh_dims, *mesh);

@@ -91,7 +91,7 @@ at::Tensor unsort(const at::Tensor& grad_local, const at::Tensor& indices_local,
   const auto l = dim_layout(spec, m, idx.device());
   auto [owner, slot] = owner_and_slot(l, idx);
   auto [vals, ints] = route_elements(g.x.flatten(), slot.reshape({-1, 1}), owner.flatten(), mesh, m,
-                                           "the gradient of sort along a sharded dim (element counts)");
+                                     "the gradient of sort along a sharded dim (element counts)");
   auto out = at::empty({g.x.numel()}, g.x.options());
   out.index_copy_(0, ints.select(1, 0), vals);
   return unrows(out, g, dim);
@@ -162,8 +162,8 @@ std::tuple<at::Tensor, at::Tensor> sort_sharded(const at::Tensor& self_in, int64
   auto [owner, slot] = owner_and_slot(l, pos);
   auto values = r.x.gather(1, perm);
   auto ints = at::stack({slot.flatten(), perm.add(off).flatten()}, 1);
-  auto [got_v, got_i] = route_elements(values.flatten(), ints, owner.flatten(), mesh, m,
-                                           "sort along a sharded dim (element counts)");
+  auto [got_v, got_i] =
+      route_elements(values.flatten(), ints, owner.flatten(), mesh, m, "sort along a sharded dim (element counts)");
   auto out_v = at::empty({B * e}, r.x.options());
   auto out_i = at::empty({B * e}, keys.options());
   out_v.index_copy_(0, got_i.select(1, 0), got_v);

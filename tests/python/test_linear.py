@@ -103,6 +103,28 @@ def case_embedding(seed):
     table = randn(10, 4, seed=seed)
     tok = ([st.Shard(1)], {0: uneven_extents(7, m.size(), seed)})
     check_op(lambda i, t: F.embedding(i, t), [idx, table], [tok, None], m, what="embedding")
+    w = m.size()
+    cols = ([st.Shard(1)], {0: uneven_extents(4, w, seed + 1)})
+    rows = ([st.Shard(0)], {0: uneven_extents(10, w, seed + 2)})
+    with st.use_strict():
+        # Column-parallel table: each rank its own columns, the output sharded on its last dim.
+        out = check_op(lambda i, t: F.embedding(i, t), [idx, table], [None, cols], m, what="column-sharded table",
+                       expect_placements=[st.Shard(2)])
+        check_op(lambda i, t: F.embedding(i, t, padding_idx=3), [idx, table], [tok, cols], m,
+                 what="column-sharded table, sharded indices, padding_idx")
+        # Row-parallel table: index_select of the rows (fetched from their owners when the indices are sharded on
+        # the same mesh dim), its gradient rows sent home.
+        check_op(lambda i, t: F.embedding(i, t), [idx, table], [None, rows], m, what="row-sharded table")
+        flat = idx.reshape(-1)
+        out = check_op(lambda i, t: F.embedding(i, t), [flat, table],
+                       [([st.Shard(0)], {0: uneven_extents(21, w, seed + 3)}), rows], m,
+                       what="row-sharded table, indices sharded on the same mesh dim", expect_placements=[st.Shard(0)])
+        t = st.distribute_tensor(table, m, *rows).requires_grad_(True)
+        F.embedding(st.distribute_tensor(flat, m, [st.Shard(0)]), t).sum().backward()
+        assert st.placements(t.grad) == (st.Shard(0),) and t.grad.to_local().shape[0] == rows[1][0][m.get_coordinate()[0]]
+    # padding_idx with a row-sharded table: its derivative formula (through the fallback where needed).
+    check_op(lambda i, t: F.embedding(i, t, padding_idx=2), [idx, table], [None, rows], m,
+             what="row-sharded table, padding_idx")
     return True
 
 
