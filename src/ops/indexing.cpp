@@ -576,37 +576,72 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   return wrap(out, spec.mesh, p, a.result_shape, ext);
 }
 
-// The selection of a field by a mask laid out like it, split on its leading dim (every dim before the sharded one of
-// size 1): each rank's selected elements are a block of the row-major result, in rank order, so the result stays
-// sharded (Shard(0), each rank's count its extent, agreed in one small collective) and nothing is gathered.
-std::optional<at::Tensor> masked_select_blocks(const at::Tensor& self, const at::Tensor& mask) {
-  auto* si = shard_impl(self);
-  auto* mi = shard_impl(mask);
-  if (!si || !mi || self.sizes() != mask.sizes() || !si->spec()->same_layout(*mi->spec())) return std::nullopt;
-  const auto& spec = *si->spec();
+// The mesh dim that splits `spec`'s tensor on its leading dim (every dim before the sharded one of size 1; one
+// sharded mesh dim, no pending sum), or -1. A row-major walk of such a tensor meets the ranks' blocks in rank order.
+int64_t leading_split(const ShardSpec& spec) {
   int64_t mesh_dim = -1;
   for (size_t m = 0; m < spec.placements.size(); ++m) {
     const auto& p = spec.placements[m];
-    if (p.is_partial() || (p.is_shard() && mesh_dim >= 0)) return std::nullopt;
+    if (p.is_partial() || (p.is_shard() && mesh_dim >= 0)) return -1;
     if (!p.is_shard()) continue;
     for (int64_t d = 0; d < p.dim; ++d)
-      if (self.size(d) != 1) return std::nullopt;
+      if (spec.global_shape[d] != 1) return -1;
     mesh_dim = static_cast<int64_t>(m);
   }
-  if (mesh_dim < 0) return std::nullopt;
-  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "masked_select on a ShardTensor under simulation (shardtensor.simulate): "
-                              "the result's extents are every rank's counts");
-  auto local = at::masked_select(si->local(), mi->local());
+  return mesh_dim;
+}
+
+// A result whose rows (dim 0) are each rank's own selection, in rank order: Shard(0) on `mesh_dim` with every rank's
+// count as its extent (agreed in one small gathered collective), nothing gathered. `what` names the op for the
+// simulation's refusal (the counts are data).
+at::Tensor rows_by_count(const at::Tensor& local, const MeshPtr& mesh, int64_t mesh_dim, const char* what) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), what, " on a ShardTensor under simulation (shardtensor.simulate): the "
+                              "result's extents are every rank's counts");
   comm::StatReduce r;
-  const auto c = r.gathered(at::full({1}, local.numel(), local.options().dtype(at::kLong)));
-  r.run(*spec.mesh, {mesh_dim});
+  const auto c = r.gathered(at::full({1}, local.size(0), local.options().dtype(at::kLong)));
+  r.run(*mesh, {mesh_dim});
   auto counts_t = r.result(c)[0].reshape({-1}).cpu();
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + counts_t.numel());
   int64_t total = 0;
   for (auto n : counts) total += n;
-  Placements p(spec.mesh->ndim(), Placement::replicate());
+  Placements p(mesh->ndim(), Placement::replicate());
   p[mesh_dim] = Placement::shard(0);
-  return wrap(local, spec.mesh, p, {total}, {{0, counts}});
+  auto shape = local.sizes().vec();
+  shape[0] = total;
+  return wrap(local, mesh, p, shape, {{0, counts}});
+}
+
+// The selection of a field by a mask laid out like it, split on its leading dim: each rank's selected elements are a
+// block of the row-major result, in rank order, so the result stays sharded and nothing is gathered.
+std::optional<at::Tensor> masked_select_blocks(const at::Tensor& self, const at::Tensor& mask) {
+  auto* si = shard_impl(self);
+  auto* mi = shard_impl(mask);
+  if (!si || !mi || self.sizes() != mask.sizes() || !si->spec()->same_layout(*mi->spec())) return std::nullopt;
+  const auto mesh_dim = leading_split(*si->spec());
+  if (mesh_dim < 0) return std::nullopt;
+  return rows_by_count(at::masked_select(si->local(), mi->local()), si->spec()->mesh, mesh_dim, "masked_select");
+}
+
+// nonzero(Tensor self) (argwhere, torch.where(cond) through it): the global coordinates of the nonzero elements in
+// row-major order. A tensor split on its leading dim: each rank's own coordinates (its offset added) are a block of
+// the result, in rank order (rows_by_count). Whole tensors: the local op. Other layouts interleave the ranks' rows
+// in row-major order and decline (the fallback).
+at::Tensor nonzero_rule(const at::Tensor& self_arg) {
+  auto self = resolve_partial(self_arg);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& local = shard_impl(self)->local();
+  if (!spec.has_shard()) {
+    auto out = at::nonzero(local);
+    return wrap(out, spec.mesh, Placements(spec.mesh->ndim(), Placement::replicate()), out.sizes().vec(), {});
+  }
+  const auto mesh_dim = leading_split(spec);
+  if (mesh_dim < 0)
+    dispatch::not_implemented("nonzero of a tensor not split on its leading dim (its rows would interleave the "
+                              "ranks in row-major order); redistribute to Shard() of the first dim larger than 1");
+  auto out = at::nonzero(local);
+  const auto d = spec.placements[mesh_dim].dim;
+  out.select(1, d).add_(spec.offset_of(mesh_dim, spec.mesh->coordinate(mesh_dim)));
+  return rows_by_count(out, spec.mesh, mesh_dim, "nonzero");
 }
 
 // masked_select(Tensor self, Tensor mask): with a mask laid out like a field split on its leading dim, each rank
@@ -742,6 +777,7 @@ SHARDTENSOR_RULE_FAMILY(indexing) {
     set_handler(name, scatter_handler);
   set_handler("aten::index.Tensor", typed_handler(&index_rule));
   set_handler("aten::masked_select", typed_handler(&masked_select_rule));
+  set_handler("aten::nonzero", typed_handler(&nonzero_rule));
   set_handler("aten::index_put_", typed_handler(&index_put_inplace_rule));
   set_handler("aten::index_put", typed_handler(&index_put_rule));
   set_handler("aten::_index_put_impl_", typed_handler(&index_put_impl_inplace_rule));

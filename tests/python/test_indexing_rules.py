@@ -338,6 +338,38 @@ def case_index_sharded_dim(seed, tiny):
     return True
 
 
+def case_nonzero(seed, tiny):
+    """nonzero / argwhere / torch.where(cond) of a tensor split on its leading dim: each rank's own coordinates (its
+    offset added) are its block of the result (Shard(0), each rank's count its extent; one small collective, nothing
+    gathered); other layouts decline to the fallback."""
+    m = mesh()
+    w = m.size()
+    x = randn(9, 4, seed=seed)
+    x[x.abs() < 0.5] = 0
+    lay = _lay(x.shape, 0, w, seed, tiny)
+    with st.use_strict():
+        xs = st.distribute_tensor(x, m, *lay)
+        st.reset_comm_stats()
+        out = torch.nonzero(xs)
+        assert set(st.comm_stats()["calls"]) <= {"all_gather"} and sum(st.comm_stats()["calls"].values()) <= 1
+        assert st.placements(out) == (st.Shard(0),), st.placements(out)
+        assert torch.equal(full(out), torch.nonzero(x))
+        assert torch.equal(full(torch.argwhere(xs)), torch.argwhere(x))
+        for got, ref in zip(torch.where(xs > 0), torch.where(x > 0)):
+            assert torch.equal(full(got), ref)
+        row = x[:1]  # [1, 4] split on its second dim: the leading dim has size 1
+        assert torch.equal(full(torch.nonzero(st.distribute_tensor(row, m, [st.Shard(1)]))), torch.nonzero(row))
+        assert torch.equal(full(torch.nonzero(st.distribute_tensor(x, m, [st.Replicate()]))), torch.nonzero(x))
+    # Split on an inner dim: the rows interleave; the fallback serves it.
+    assert torch.equal(full(torch.nonzero(st.distribute_tensor(x, m, [st.Shard(1)]))), torch.nonzero(x))
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, True)])
+def test_nonzero(world, tiny):
+    harness.run(world, case_nonzero, world, tiny)
+
+
 def case_masked_select(seed):
     """masked_select (and `x[mask]`) over sharded dims: owners read their selected elements (one all-reduce of the
     result); its backward scatters into the input's layout."""
