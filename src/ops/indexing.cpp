@@ -330,7 +330,7 @@ void scatter_sharded_dim(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
   // The op on the flattened block, at the flat positions.
   auto work = local.is_contiguous() ? local : local.contiguous();
-  args.set("self", in_place ? work.view(-1) : work.reshape(-1).clone());
+  args.set("self", work.view(-1));  // out of place, the op allocates its result; in place, it writes the block
   args.set("dim", int64_t{0});
   args.set("index", pos);
   if (has_src) args.set("src", got);
