@@ -48,6 +48,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"pool", "aten::max_pool2d_with_indices"},
       {"position_writes", "aten::masked_scatter"},
       {"index_writes", "aten::index_add"},
+      {"max_unpool", "aten::max_unpool2d"},
       {"reduction", "aten::sum"},
       {"roll", "aten::roll"},
       {"rot90", "aten::rot90"},

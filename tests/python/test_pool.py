@@ -298,10 +298,43 @@ def case_bad_divisor(seed):
 
 def case_unpool_unsupported(seed):
     m = mesh()
-    xs = st.distribute_tensor(randn(1, 2, 8, 8, seed=seed), m, [st.Shard(2)])
+    xs = st.distribute_tensor(randn(1, 2, 8, 8, seed=seed), m, [st.Shard(3)])
     out, idx = F.max_pool2d(xs, 2, return_indices=True)
     with st.use_strict():   # else max_unpool2d runs through the gather-compute fallback (test_fallback.py)
         F.max_unpool2d(out, idx, 2)
+
+
+def case_max_unpool(seed):
+    """max_unpool2d of a pooled tensor split along its height (SegNet's decoder): each value to the owner of its target
+    row (nothing but the counts travels when the output height is a multiple of the pooled one), the gradient read
+    back from the owners; overlapping windows and an output size that is not a multiple send values across ranks."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 12, 10, seed=seed)
+    lay = ([st.Shard(2)], {0: [2 * e for e in uneven_extents(6, w, seed)]})
+    with st.use_strict():
+        def segnet(t):
+            pooled, idx = F.max_pool2d(t, 2, return_indices=True)
+            return F.max_unpool2d(torch.tanh(pooled), idx, 2)
+        out = check_op(segnet, [x], [lay], m, what="pool then unpool")
+        assert st.placements(out) == (st.Shard(2),), st.placements(out)
+
+        def overlapping(t):
+            pooled, idx = F.max_pool2d(t, 3, 2, padding=1, return_indices=True)
+            return F.max_unpool2d(pooled * 2, idx, 3, 2, padding=1, output_size=(13, 10))
+        check_op(lambda t: overlapping(F.pad(t, (0, 0, 0, 1))), [x], [lay], m, what="overlapping windows, odd size")
+        xs = st.distribute_tensor(x, m, *lay)
+        pooled, idx = F.max_pool2d(xs, 2, return_indices=True)
+        st.reset_comm_stats()
+        F.max_unpool2d(pooled, idx, 2)
+        calls = st.comm_stats()["calls"]
+        assert calls == ({"all_gather": 1, "all_to_all": 2} if w > 1 else {}), calls
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_max_unpool(world):
+    harness.run(world, case_max_unpool, world)
 
 
 def case_low_precision(seed):
@@ -369,7 +402,7 @@ def test_low_precision():
 
 
 def test_errors():
-    harness.expect_error(3, case_unpool_unsupported, 0, match="max_unpool2d", kinds=("NotImplementedError",))
+    harness.expect_error(3, case_unpool_unsupported, 0, match="width sharded", kinds=("NotImplementedError",))
     harness.expect_error(2, case_bad_padding, 0, match="at most half")
     harness.expect_error(2, case_bad_avg_padding, 0, match="at most half")
     harness.expect_error(2, case_bad_divisor, 0, match="divisor")
