@@ -341,6 +341,36 @@ def _():
     return UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,), num_res_units=1)
 
 
+class _Registration(torch.nn.Module):
+    """A registration network on the moving and the fixed image stacked along the channels (so that both are
+    sharded alike); returns the moved image and the displacement field."""
+
+    def __init__(self, net, channels):
+        super().__init__()
+        self.net, self.channels = net, channels
+
+    def forward(self, x):
+        return self.net(x[:, :self.channels], x[:, self.channels:])
+
+
+@model("monai", "monai/VoxelMorph", (1, 2, 16, 16, 16), align=8,
+       note="3-D registration: U-Net to a velocity field, scaling and squaring (the field warps itself, "
+       "grid_sample with zeros padding) and the moving image warped (border padding) by the split field")
+def _():
+    from monai.networks.nets import VoxelMorph, VoxelMorphUNet
+    backbone = VoxelMorphUNet(spatial_dims=3, in_channels=2, unet_out_channels=4, channels=(4, 8, 8, 8),
+                              final_conv_channels=(4,))
+    return _Registration(VoxelMorph(backbone=backbone, integration_steps=3, spatial_dims=3), 1)
+
+
+@model("monai", "monai/VoxelMorph2d", (2, 2, 32, 32), align=8, note="2-D VoxelMorph (MONAI's half_res needs 3-D)")
+def _():
+    from monai.networks.nets import VoxelMorph, VoxelMorphUNet
+    backbone = VoxelMorphUNet(spatial_dims=2, in_channels=2, unet_out_channels=4, channels=(4, 8, 8, 8),
+                              final_conv_channels=(4,))
+    return _Registration(VoxelMorph(backbone=backbone, integration_steps=3, spatial_dims=2), 1)
+
+
 @model("monai", "monai/BasicUNet", (2, 1, 64, 64))
 def _():
     from monai.networks.nets import BasicUNet

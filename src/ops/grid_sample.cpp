@@ -1,62 +1,294 @@
-// grid_sample (grid_sampler_2d/3d and their backward) with the batch dim the only sharded dim (RAFT's flow
-// warping of a batch-sharded pair): every output point samples its own batch element's input, so the op is local.
-// A grid plain or replicated along the batch is sliced to the input's batch extents; an input replicated along
-// the batch follows a batch-sharded grid. Any spatial shard of the input or the grid declines: the op then runs
-// through the gather fallback (each rank gathers the whole input and grid; see docs/supported-ops.md).
+// grid_sample (grid_sampler_2d/3d, cuDNN's cudnn_grid_sampler, and their backward) with the input, the grid or both
+// split along any dims (RAFT's batch-sharded warps; VoxelMorph / spatial-transformer warps of a spatially split
+// volume by a deformation field split alike).
+//
+// The output is laid out like the grid's points: batch shards as the batch, a grid split along an output position
+// dim gives the output that split; a plain grid with a spatially split input is cut like the input (its extents when
+// the sizes match, else the default split), so the work stays divided. Channel shards of the input stay local.
+//
+// A spatial shard of the input is a data-dependent window: each rank's grid points read input rows near where they
+// point, so every rank finds the range of input rows its points' taps touch along each sharded input dim (a margin
+// of one row each side covers the kernel's own rounding of the coordinates), the ranges are all-gathered (one
+// small collective per sharded dim; a dim exchanged before another is widened to its group's union so the second
+// exchange can carry the first's rows, the corners of a 2-D mesh), and the rows travel as a halo exchange
+// (comm::HaloPlan: only between the ranks that hold them). The local kernel then runs on the window with the grid's
+// coordinates along those dims re-normalized to the window (p' = p - window start; a point outside the input stays
+// outside the window); the backward scales those components of the grid gradient by the window's d(y')/d(y) and
+// sends the input gradient's window rows home (the plan's adjoint). A warp whose displacements are small moves a few
+// rows; a grid that points anywhere moves what it reads, never more than the input.
+//
+// Padding `zeros` and `border` (its clamp is at the input's edge, which a window that needs an edge row contains)
+// run on windows; `reflection` mirrors about the input's edges, which a window does not have, so a spatially split
+// input with reflection padding declines (the fallback; strict mode: NotImplementedError).
+#include "comm/halo_plan.h"
 #include "ops/common.h"
+
+#include <limits>
 
 namespace shardtensor::ops {
 
 namespace {
 
-// The batch layout shared by input and grid: every placement Shard(0) or Replicate (Partial completed first);
-// nullopt when some other dim is sharded.
-struct BatchLayout {
-  MeshPtr mesh;
-  Placements placements;
-  DimExtents extents;
+constexpr int64_t kBilinear = 0, kNearest = 1, kBicubic = 2;
+constexpr int64_t kZeros = 0, kBorder = 1, kReflection = 2;
+
+// One sharded input dim and the grid component that addresses it.
+struct WindowDim {
+  int64_t dim = 0;        // input tensor dim (2 .. 2 + spatial - 1)
+  int64_t mesh_dim = 0;
+  int64_t component = 0;  // grid[..., component]: x addresses the last input dim
 };
 
-std::optional<BatchLayout> batch_layout(const at::Tensor& input, const at::Tensor& grid) {
-  auto mesh = dispatch::common_mesh("aten::grid_sampler", {input, grid});
-  BatchLayout l{mesh, Placements(mesh->ndim(), Placement::replicate()), {}};
-  for (const auto* t : {&input, &grid}) {
-    auto* impl = shard_impl(*t);
-    if (!impl) continue;
-    const auto& spec = *impl->spec();
-    for (size_t m = 0; m < spec.placements.size(); ++m) {
-      const auto& p = spec.placements[m];
-      if (!p.is_shard()) continue;
-      if (p.dim != 0) return std::nullopt;
-      if (l.placements[m].is_shard()) continue; // the first sharded argument sets the extents
-      l.placements[m] = p;
-      l.extents[0] = spec.extents[m];
+// The layouts of one call, decided from the specs alone.
+struct GridLayout {
+  MeshPtr mesh;
+  int64_t spatial = 2;
+  Placements in_pl, grid_pl, out_pl;
+  DimExtents in_ext, grid_ext, out_ext;
+  std::vector<WindowDim> windows;      // in input dim order
+  std::vector<int64_t> partial_dims;   // mesh dims where the input is whole and the grid split: grad_input Partial
+  std::vector<int64_t> channel_dims;   // mesh dims splitting the input's channels: grad_grid Partial (a sum over them)
+  std::vector<int64_t> out_shape;
+};
+
+std::string placements_str(const at::Tensor& t) {
+  auto* impl = shard_impl(t);
+  return impl ? impl->spec()->str() : std::string("plain");
+}
+
+[[noreturn]] void decline(const std::string& op, const at::Tensor& input, const at::Tensor& grid,
+                          const std::string& why) {
+  dispatch::not_implemented(c10::str(op, " with input ", placements_str(input), " and grid ", placements_str(grid),
+                                     ": ", why));
+}
+
+GridLayout grid_layout(const std::string& op, const at::Tensor& input, const at::Tensor& grid, int64_t padding_mode) {
+  GridLayout l;
+  l.mesh = dispatch::common_mesh(op.c_str(), {input, grid});
+  l.spatial = input.dim() - 2;
+  const auto nm = l.mesh->ndim();
+  const auto in_pl = placements_of(input, l.mesh), g_pl = placements_of(grid, l.mesh);
+  const auto in_ext = shard_impl(input) ? shard_impl(input)->spec()->dim_extents() : DimExtents{};
+  const auto g_ext = shard_impl(grid) ? shard_impl(grid)->spec()->dim_extents() : DimExtents{};
+  l.in_pl = l.grid_pl = l.out_pl = Placements(nm, Placement::replicate());
+  l.out_shape = {input.size(0), input.size(1)};
+  for (int64_t d = 1; d <= l.spatial; ++d) l.out_shape.push_back(grid.size(d));
+  for (int64_t m = 0; m < nm; ++m) {
+    const auto& ip = in_pl[m];
+    const auto& gp = g_pl[m];
+    if (gp.is_shard(grid.dim() - 1)) decline(op, input, grid, "the grid's coordinate dim is sharded (redistribute it to Replicate())");
+    if (ip.is_shard(0) || gp.is_shard(0)) {
+      if ((ip.is_shard() && !ip.is_shard(0)) || (gp.is_shard() && !gp.is_shard(0)))
+        decline(op, input, grid, "one mesh dim splits the batch of one and another dim of the other (shard both along the batch)");
+      l.in_pl[m] = l.grid_pl[m] = l.out_pl[m] = Placement::shard(0);
+      const auto& ext = ip.is_shard(0) ? in_ext.at(0) : g_ext.at(0);
+      l.in_ext[0] = l.grid_ext[0] = l.out_ext[0] = ext;
+      continue;
     }
+    if (ip.is_shard(1)) {
+      if (gp.is_shard()) decline(op, input, grid, "a mesh dim splits the input's channels and the grid (redistribute the grid to Replicate())");
+      l.in_pl[m] = l.out_pl[m] = Placement::shard(1);
+      l.in_ext[1] = l.out_ext[1] = in_ext.at(1);
+      l.channel_dims.push_back(m);
+      continue;
+    }
+    int64_t gd = gp.is_shard() ? gp.dim : -1;  // the grid's position dim on m
+    if (ip.is_shard()) {
+      if (padding_mode == kReflection)
+        decline(op, input, grid, "reflection padding mirrors about the input's edges, which a rank's window of a split input does not have (use padding_mode='zeros' or 'border', or redistribute the input)");
+      const auto s = ip.dim;
+      l.in_pl[m] = ip;
+      l.in_ext[s] = in_ext.at(s);
+      l.windows.push_back({s, m, l.spatial - 1 - (s - 2)});
+      if (gd < 0) {
+        // A grid whole on m: cut it like the input where the sizes match (a warp), else by the default split.
+        // Whole on m but split along that dim by another mesh dim, every rank of m would compute the same points
+        // and send the same input gradient home: declined.
+        gd = s - 1;
+        for (const auto& other : g_pl)
+          if (other.is_shard(gd))
+            decline(op, input, grid, "the input is split along a dim whose grid dim another mesh dim splits (shard the grid like the input)");
+        l.grid_ext[gd] = grid.size(gd) == input.size(s) ? in_ext.at(s) : default_split(grid.size(gd), l.mesh->size(m));
+      } else {
+        l.grid_ext[gd] = g_ext.at(gd);
+      }
+    } else if (gd >= 0) {
+      l.grid_ext[gd] = g_ext.at(gd);
+      l.partial_dims.push_back(m);
+    } else {
+      continue;
+    }
+    l.grid_pl[m] = Placement::shard(gd);
+    l.out_pl[m] = Placement::shard(gd + 1);
+    l.out_ext[gd + 1] = l.grid_ext[gd];
   }
+  std::sort(l.windows.begin(), l.windows.end(), [](const WindowDim& a, const WindowDim& b) { return a.dim < b.dim; });
   return l;
 }
 
-at::Tensor local_of(const at::Tensor& t, const BatchLayout& l) {
-  return local_as(resolve_partial(t), l.mesh, l.placements, l.extents);
+// Pixel coordinates of normalized grid coordinates along a dim of `size` rows, as the kernel unnormalizes them.
+at::Tensor unnormalize(const at::Tensor& y, int64_t size, bool align_corners) {
+  return align_corners ? (y + 1) / 2 * static_cast<double>(size - 1) : ((y + 1) * static_cast<double>(size) - 1) / 2;
 }
 
-// A local result as a ShardTensor of global batch size `batch`, laid out like the batch.
-at::Tensor wrap_batch(const at::Tensor& local, const BatchLayout& l, int64_t batch) {
-  if (!local.defined()) return local;
-  auto shape = local.sizes().vec();
-  shape[0] = batch;
-  return wrap(local, l.mesh, l.placements, shape, l.extents);
+// [lo, hi): the input rows this rank's points read along a dim of `size` rows (with a margin of one row each
+// side), at least min(2, size) rows so a window never has the degenerate one-row normalization; [0, min(2, size))
+// when no point reads any row.
+std::pair<int64_t, int64_t> rows_read(const at::Tensor& y, int64_t size, int64_t interpolation_mode,
+                                      int64_t padding_mode, bool align_corners) {
+  int64_t lo = 0, hi = 0;
+  if (y.numel() > 0) {
+    auto p = unnormalize(y.to(at::kDouble), size, align_corners);
+    if (padding_mode == kBorder) p = p.clamp(0, static_cast<double>(size - 1));
+    const auto below = interpolation_mode == kBicubic ? 2 : 1, above = interpolation_mode == kBicubic ? 3 : 2;
+    auto f = at::floor(p).clamp(-4.0 * static_cast<double>(size) - 8, 4.0 * static_cast<double>(size) + 8);
+    auto t_lo = f - below, t_hi = f + above;
+    auto valid = at::isfinite(p).logical_and_(t_hi >= 0).logical_and_(t_lo <= static_cast<double>(size - 1));
+    constexpr double big = 1e300;
+    auto ends = at::stack({at::where(valid, t_lo, big).min(), at::where(valid, t_hi, -big).max()}).cpu();
+    const auto a = ends[0].item<double>(), b = ends[1].item<double>();
+    if (a <= b) {
+      lo = std::max<int64_t>(0, static_cast<int64_t>(a));
+      hi = std::min<int64_t>(size - 1, static_cast<int64_t>(b)) + 1;
+    }
+  }
+  if (hi <= lo) return {0, std::min<int64_t>(2, size)};
+  if (hi - lo < 2 && size >= 2) {
+    if (hi < size) ++hi;
+    else --lo;
+  }
+  return {lo, hi};
+}
+
+// The windows of this rank along the sharded input dims: their halo plan and each window's start and length.
+struct Windows {
+  comm::HaloPlan plan;
+  std::vector<std::pair<int64_t, int64_t>> range;  // per GridLayout::windows entry: [lo, hi) of this rank
+};
+
+Windows plan_windows(const GridLayout& l, const at::Tensor& input, const at::Tensor& grid_local,
+                     int64_t interpolation_mode, int64_t padding_mode, bool align_corners) {
+  Windows w;
+  const auto& mesh = *l.mesh;
+  std::vector<comm::HaloDim> dims;
+  for (size_t k = 0; k < l.windows.size(); ++k) {
+    const auto& wd = l.windows[k];
+    const auto size = input.size(wd.dim);
+    auto [lo, hi] = rows_read(grid_local.select(-1, wd.component), size, interpolation_mode, padding_mode,
+                              align_corners);
+    // A later exchange moves this dim's window between the ranks of the later mesh dims: they must all hold the
+    // same rows along it, so it is widened to the union over them.
+    for (size_t j = k + 1; j < l.windows.size(); ++j) {
+      const auto all = comm::all_gather_ints({lo, hi}, mesh, l.windows[j].mesh_dim,
+                                             "grid_sample over a split input (window union)");
+      for (const auto& r : all) {
+        lo = std::min(lo, r[0]);
+        hi = std::max(hi, r[1]);
+      }
+    }
+    const auto all = comm::all_gather_ints({lo, hi}, mesh, wd.mesh_dim, "grid_sample over a split input (windows)");
+    comm::RowRequests want(all.size());
+    for (size_t c = 0; c < all.size(); ++c)
+      for (int64_t r = all[c][0]; r < all[c][1]; ++r) want[c].push_back(r);
+    dims.push_back({wd.dim, wd.mesh_dim, l.in_ext.at(wd.dim), std::move(want)});
+    w.range.emplace_back(lo, hi);
+  }
+  if (!dims.empty()) w.plan = comm::HaloPlan(dims, mesh.coordinates(), grid_local.device());
+  return w;
+}
+
+// The grid with the components of windowed dims re-normalized to the windows (the grid itself when every window is
+// the whole dim), and d(y')/d(y) of each component (1 elsewhere).
+std::pair<at::Tensor, std::vector<double>> window_grid(const GridLayout& l, const Windows& w, const at::Tensor& input,
+                                                       const at::Tensor& grid_local, bool align_corners) {
+  std::vector<double> scale(l.spatial, 1.0);
+  at::Tensor g = grid_local;
+  for (size_t k = 0; k < l.windows.size(); ++k) {
+    const auto size = input.size(l.windows[k].dim);
+    const auto [lo, hi] = w.range[k];
+    const auto h = hi - lo;
+    if (lo == 0 && h == size) continue;
+    if (g.is_same(grid_local)) g = grid_local.clone();  // the caller's grid is left as it is
+    const auto c = l.windows[k].component;
+    auto y = g.select(-1, c);
+    auto p = unnormalize(y.to(at::kDouble), size, align_corners) - static_cast<double>(lo);
+    auto yw = align_corners ? p * (2.0 / static_cast<double>(h - 1)) - 1 : (p * 2 + 1) / static_cast<double>(h) - 1;
+    y.copy_(yw);
+    scale[c] = align_corners ? static_cast<double>(size - 1) / static_cast<double>(h - 1)
+                             : static_cast<double>(size) / static_cast<double>(h);
+  }
+  return {g, scale};
+}
+
+// The local kernels of one op: the forward, and the backward as (grad_input, grad_grid).
+using ForwardKernel = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& g)>;
+using BackwardKernel =
+    std::function<std::tuple<at::Tensor, at::Tensor>(const at::Tensor& go, const at::Tensor& x, const at::Tensor& g)>;
+
+at::Tensor sampled(const std::string& op, const at::Tensor& input_in, const at::Tensor& grid_in,
+                   int64_t interpolation_mode, int64_t padding_mode, bool align_corners, const ForwardKernel& kernel) {
+  auto input = resolve_partial(input_in), grid = resolve_partial(grid_in);
+  const auto l = grid_layout(op, input, grid, padding_mode);
+  auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
+  auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
+  if (!l.windows.empty()) {
+    const auto w = plan_windows(l, input, g, interpolation_mode, padding_mode, align_corners);
+    x = w.plan.gather(x, *l.mesh);
+    g = window_grid(l, w, input, g, align_corners).first;
+  }
+  return wrap(kernel(x, g), l.mesh, l.out_pl, l.out_shape, l.out_ext);
+}
+
+std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const at::Tensor& grad_output,
+                                                    const at::Tensor& input_in, const at::Tensor& grid_in,
+                                                    int64_t interpolation_mode, int64_t padding_mode,
+                                                    bool align_corners, bool want_grid_grad,
+                                                    const BackwardKernel& kernel) {
+  auto input = resolve_partial(input_in), grid = resolve_partial(grid_in);
+  const auto l = grid_layout(op, input, grid, padding_mode);
+  auto go = local_as(dispatch::as_shard(grad_output, l.mesh), l.mesh, l.out_pl, l.out_ext);
+  auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
+  auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
+  Windows w;
+  std::vector<double> scale(l.spatial, 1.0);
+  if (!l.windows.empty()) {
+    w = plan_windows(l, input, g, interpolation_mode, padding_mode, align_corners);
+    if (want_grid_grad) {
+      x = w.plan.gather(x, *l.mesh);
+    } else {
+      // The input gradient reads only the grid: a window of the right shape, no rows moved.
+      auto shape = x.sizes().vec();
+      for (size_t k = 0; k < l.windows.size(); ++k) shape[l.windows[k].dim] = w.range[k].second - w.range[k].first;
+      x = at::zeros(shape, x.options());
+    }
+    std::tie(g, scale) = window_grid(l, w, input, g, align_corners);
+  }
+  auto [gi, gg] = kernel(go, x, g);
+  if (gg.defined()) {
+    for (int64_t c = 0; c < l.spatial; ++c)
+      if (scale[c] != 1.0) gg.select(-1, c).mul_(scale[c]);
+    auto pl = l.grid_pl;
+    for (auto m : l.channel_dims) pl[m] = Placement::partial();
+    gg = wrap(gg, l.mesh, pl, grid.sizes().vec(), l.grid_ext);
+  }
+  if (gi.defined()) {
+    if (!l.windows.empty()) gi = w.plan.scatter_add(gi, *l.mesh, /*consume=*/true);
+    auto pl = l.in_pl;
+    for (auto m : l.partial_dims) pl[m] = Placement::partial();
+    gi = wrap(gi, l.mesh, pl, input.sizes().vec(), l.in_ext);
+  }
+  return {gi, gg};
 }
 
 template <bool ThreeD>
 at::Tensor grid_sampler_rule(const at::Tensor& input, const at::Tensor& grid, int64_t interpolation_mode,
                              int64_t padding_mode, bool align_corners) {
-  auto l = batch_layout(input, grid);
-  if (!l) not_implemented("the input or the grid is sharded along a dim other than the batch");
-  auto x = local_of(input, *l), g = local_of(grid, *l);
-  auto out = ThreeD ? at::grid_sampler_3d(x, g, interpolation_mode, padding_mode, align_corners)
-                    : at::grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners);
-  return wrap_batch(out, *l, input.size(0));
+  const char* op = ThreeD ? "aten::grid_sampler_3d" : "aten::grid_sampler_2d";
+  return sampled(op, input, grid, interpolation_mode, padding_mode, align_corners,
+                 [&](const at::Tensor& x, const at::Tensor& g) {
+                   return ThreeD ? at::grid_sampler_3d(x, g, interpolation_mode, padding_mode, align_corners)
+                                 : at::grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners);
+                 });
 }
 
 template <bool ThreeD>
@@ -64,15 +296,30 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_backward_rule(const at::Tensor& 
                                                               const at::Tensor& grid, int64_t interpolation_mode,
                                                               int64_t padding_mode, bool align_corners,
                                                               std::array<bool, 2> output_mask) {
-  auto l = batch_layout(input, grid);
-  if (!l) not_implemented("the input or the grid is sharded along a dim other than the batch");
-  auto go = local_of(shard_impl(grad_output) ? grad_output : dispatch::as_shard(grad_output, l->mesh), *l);
-  auto x = local_of(input, *l), g = local_of(grid, *l);
-  auto [gi, gg] = ThreeD ? at::grid_sampler_3d_backward(go, x, g, interpolation_mode, padding_mode, align_corners,
-                                                         output_mask)
-                         : at::grid_sampler_2d_backward(go, x, g, interpolation_mode, padding_mode, align_corners,
-                                                         output_mask);
-  return {wrap_batch(gi, *l, input.size(0)), wrap_batch(gg, *l, grid.size(0))};
+  const char* op = ThreeD ? "aten::grid_sampler_3d_backward" : "aten::grid_sampler_2d_backward";
+  return sampled_backward(
+      op, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask[1],
+      [&](const at::Tensor& go, const at::Tensor& x, const at::Tensor& g) {
+        return ThreeD ? at::grid_sampler_3d_backward(go, x, g, interpolation_mode, padding_mode, align_corners,
+                                                     output_mask)
+                      : at::grid_sampler_2d_backward(go, x, g, interpolation_mode, padding_mode, align_corners,
+                                                     output_mask);
+      });
+}
+
+// cuDNN's sampler (what F.grid_sample picks on CUDA for bilinear, zeros, align_corners=True, 4-D): the same
+// layouts, its own kernels.
+at::Tensor cudnn_grid_sampler_rule(const at::Tensor& input, const at::Tensor& grid) {
+  return sampled("aten::cudnn_grid_sampler", input, grid, kBilinear, kZeros, true,
+                 [](const at::Tensor& x, const at::Tensor& g) { return at::cudnn_grid_sampler(x, g); });
+}
+
+std::tuple<at::Tensor, at::Tensor> cudnn_grid_sampler_backward_rule(const at::Tensor& input, const at::Tensor& grid,
+                                                                    const at::Tensor& grad_output) {
+  return sampled_backward("aten::cudnn_grid_sampler_backward", grad_output, input, grid, kBilinear, kZeros, true,
+                          true, [](const at::Tensor& go, const at::Tensor& x, const at::Tensor& g) {
+                            return at::cudnn_grid_sampler_backward(x, g, go);
+                          });
 }
 
 } // namespace
@@ -82,6 +329,8 @@ SHARDTENSOR_RULE_FAMILY(grid_sample) {
   dispatch::set_handler("aten::grid_sampler_3d", typed_handler(&grid_sampler_rule<true>));
   dispatch::set_handler("aten::grid_sampler_2d_backward", typed_handler(&grid_sampler_backward_rule<false>));
   dispatch::set_handler("aten::grid_sampler_3d_backward", typed_handler(&grid_sampler_backward_rule<true>));
+  dispatch::set_handler("aten::cudnn_grid_sampler", typed_handler(&cudnn_grid_sampler_rule));
+  dispatch::set_handler("aten::cudnn_grid_sampler_backward", typed_handler(&cudnn_grid_sampler_backward_rule));
 }
 
 } // namespace shardtensor::ops

@@ -215,15 +215,128 @@ def test_grid_sample_batch_2d_mesh():
     harness.run(4, strict, case_grid_sample_batch_2d_mesh)
 
 
-def case_grid_sample_spatial_strict():
+D64 = dict(dtype=torch.float64)
+TIGHT = dict(rtol=1e-9, atol=1e-10)
+# (mode, padding_mode, align_corners): every kernel and both windowed paddings, both normalizations
+SPATIAL_MODES = [("bilinear", "zeros", False), ("nearest", "border", True), ("bicubic", "zeros", True),
+                 ("bicubic", "border", False), ("bilinear", "border", True)]
+
+
+def _identity_grid(*sizes, align_corners):
+    """The grid that samples every output point at itself (a warp's base), for output sizes (D,) H, W."""
+    axes = []
+    for n in sizes:
+        step = 2 / n
+        axes.append(torch.linspace(-1, 1, n, **D64) if align_corners else
+                    torch.arange(n, **D64) * step - 1 + step / 2)
+    mesh_ = torch.meshgrid(*axes, indexing="ij")
+    return torch.stack(mesh_[::-1], -1).unsqueeze(0)
+
+
+def case_grid_sample_spatial(kind):
+    """A spatially split input: each rank's points read a window of input rows that travels as a halo."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 9, 7, seed=20, **D64)
+    ext = _ext(kind, 9, w, seed=20)
+    lay = ([st.Shard(2)], ext)
+    anywhere = randn(2, 9, 7, 2, seed=21, **D64) * 0.8          # points anywhere: large windows
+    outside = randn(2, 9, 7, 2, seed=22, **D64) * 1.6           # many points outside (zeros) or clamped (border)
+    for mode, pad, ac in SPATIAL_MODES:
+        fn = lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=pad, align_corners=ac)  # noqa: E731
+        what = f"grid_sample {mode} {pad} {ac} {kind}"
+        warp = _identity_grid(9, 7, align_corners=ac) + 0.15 * randn(2, 9, 7, 2, seed=23, **D64)
+        for name, g in (("warp", warp), ("anywhere", anywhere), ("outside", outside)):
+            out = check_op(fn, [x, g], [lay, None], m, **TIGHT, what=f"{what} {name}, plain grid")
+            # the output is cut like the input (the same size): the work stays divided
+            assert st.placements(out) == (st.Shard(2),) and (ext is None or st.sharding_shapes(out) == ext)
+            check_op(fn, [x, g], [lay, lay_g(ext)], m, **TIGHT, what=f"{what} {name}, grid split alike")
+        other = ([st.Shard(1)], {0: uneven_extents(9, w, seed=24)})
+        check_op(fn, [x, warp], [lay, other], m, **TIGHT, what=f"{what}, grid split otherwise")
+        small = randn(2, 4, 5, 2, seed=25, **D64) * 0.9
+        out = check_op(fn, [x, small], [lay, None], m, **TIGHT, what=f"{what}, another output size")
+        assert st.placements(out) == (st.Shard(2),)
+        # the input whole, the grid split: the output follows the grid, the input's gradient is summed
+        check_op(fn, [x, warp], [None, lay_g(ext)], m, **TIGHT, what=f"{what}, plain input")
+    # channel shards with a whole grid: local
+    check_op(lambda a, g: F.grid_sample(a, g, align_corners=False), [x, anywhere],
+             [([st.Shard(1)], {0: uneven_extents(3, w, seed=26)}), None], m, **TIGHT, what="grid_sample channels")
+    # 3-D (VoxelMorph's warp of a volume): D or H split
+    v = randn(1, 2, 6, 5, 4, seed=27, **D64)
+    for ac in (False, True):
+        base = _identity_grid(6, 5, 4, align_corners=ac) + 0.2 * randn(1, 6, 5, 4, 3, seed=28, **D64)
+        for dim, n in ((2, 6), (3, 5)):
+            vl = ([st.Shard(dim)], {0: uneven_extents(n, w, seed=29)})
+            gl = ([st.Shard(dim - 1)], {0: uneven_extents(n, w, seed=29)})
+            check_op(lambda a, g: F.grid_sample(a, g, align_corners=ac), [v, base], [vl, gl], m, **TIGHT,
+                     what=f"grid_sample 3-D dim {dim} ac={ac}")
+            check_op(lambda a, g: F.grid_sample(a, g, mode="nearest", padding_mode="border", align_corners=ac),
+                     [v, base], [vl, None], m, **TIGHT, what=f"grid_sample 3-D nearest dim {dim} ac={ac}")
+    return True
+
+
+def lay_g(ext):
+    """The grid split along its output rows as the input along its rows."""
+    return ([st.Shard(1)], ext)
+
+
+@pytest.mark.parametrize("world,kind", [(1, "even"), (2, "uneven"), (3, "tiny"), (4, "narrow")])
+def test_grid_sample_spatial(world, kind):
+    harness.run(world, strict, case_grid_sample_spatial, kind)
+
+
+def case_grid_sample_spatial_collectives():
+    """A small warp moves the rows next to each rank's block: the range agreement and the halo, nothing gathered."""
+    m = mesh()
+    x = randn(1, 2, 16, 6, seed=30, **D64)
+    g = _identity_grid(16, 6, align_corners=False) + 0.05 * randn(1, 16, 6, 2, seed=31, **D64)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)])
+    gs = st.distribute_tensor(g, m, [st.Shard(1)])
+    with st.CommCounter() as c:
+        out = F.grid_sample(xs, gs, align_corners=False)
+    # one small all-gather (every rank's row range) and one halo exchange
+    assert dict(c.calls) == {"all_gather": 1, "halo": 1}, c.calls
+    assert st.to_local(out).shape[2] == st.to_local(xs).shape[2]
+    return dict(c.calls)
+
+
+def test_grid_sample_spatial_collectives():
+    calls = harness.run(2, strict, case_grid_sample_spatial_collectives)
+    print(calls)
+
+
+def case_grid_sample_spatial_2d_mesh():
+    m = mesh((2, 2))
+    x = randn(2, 3, 7, 6, seed=32, **D64)
+    grid = randn(2, 7, 6, 2, seed=33, **D64) * 0.7
+    warp = _identity_grid(7, 6, align_corners=True) + 0.2 * randn(2, 7, 6, 2, seed=34, **D64)
+    lay = ([st.Shard(2), st.Shard(3)], {0: [3, 4], 1: [6, 0]})
+    glay = ([st.Shard(1), st.Shard(2)], {0: [3, 4], 1: [6, 0]})
+    for g in (grid, warp):
+        for mode, pad, ac in SPATIAL_MODES:
+            fn = lambda a, gg: F.grid_sample(a, gg, mode=mode, padding_mode=pad, align_corners=ac)  # noqa: E731
+            out = check_op(fn, [x, g], [lay, None], m, **TIGHT, what=f"grid_sample 2x2 {mode} {pad} {ac}")
+            assert st.placements(out) == (st.Shard(2), st.Shard(3)) and st.sharding_shapes(out) == lay[1]
+            check_op(fn, [x, g], [lay, glay], m, **TIGHT, what=f"grid_sample 2x2 {mode} {pad} {ac} grid split")
+    # the batch on one mesh dim, the rows on the other
+    lay_b = ([st.Shard(0), st.Shard(2)], {0: [1, 1], 1: [2, 5]})
+    check_op(lambda a, gg: F.grid_sample(a, gg, align_corners=False), [x, warp],
+             [lay_b, ([st.Shard(0), st.Replicate()], {0: [1, 1]})], m, **TIGHT, what="grid_sample 2x2 batch + rows")
+    return True
+
+
+def test_grid_sample_spatial_2d_mesh():
+    harness.run(4, strict, case_grid_sample_spatial_2d_mesh)
+
+
+def case_grid_sample_reflection_strict():
     m = mesh()
     xs = st.distribute_tensor(randn(2, 2, 6, 5, seed=18), m, [st.Shard(2)])
-    F.grid_sample(xs, randn(2, 3, 3, 2, seed=19), align_corners=False)
+    F.grid_sample(xs, randn(2, 3, 3, 2, seed=19), padding_mode="reflection", align_corners=False)
 
 
-def test_grid_sample_spatial_strict():
-    """A spatially sharded input has no rule: strict mode refuses it on every rank (the default runs it gathered,
-    tests/python/test_fallback.py::test_grid_sample)."""
-    harness.expect_error(2, strict, case_grid_sample_spatial_strict,
-                         match="aten::grid_sampler_2d was refused by its domain-parallel rule",
-                         kinds=("NotImplementedError",))
+def test_grid_sample_reflection_strict():
+    """Reflection padding of a spatially split input mirrors about edges a window does not have: strict mode refuses
+    it on every rank, naming the remedy (the default runs it gathered, tests/python/test_fallback.py)."""
+    harness.expect_error(2, strict, case_grid_sample_reflection_strict,
+                         match="reflection padding", kinds=("NotImplementedError",))

@@ -54,6 +54,7 @@ ZOO = [
     ("timm/halonet", 2, None, None),          # blocked attention with halos (Tensor.unfold)
     ("torchvision/mc3", 2, None, None),       # video: 3-D convolutions, the time dim sharded
     ("torchvision/raft_small", 2, None, None),  # optical flow: all-pairs correlation, grid_sample lookups
+    ("monai/VoxelMorph2d", 3, None, None),    # registration: grid_sample warps of a split image by a split field
 ]
 XFAIL = {}
 
