@@ -10,6 +10,9 @@
 // The backward places the gradient's diagonal shard back on the rows that hold it: a zero-filled local block per
 // rank, no communication.
 //
+// diag_embed puts the last dim on the diagonal of two new dims (the backward of eigh, svd, det, ...): a shard of any
+// other dim stays on it (renumbered), the op is local; linear, so Partial(sum) is kept. A sharded last dim declines.
+//
 // tril/triu keep the elements with col - row <= k (>= k) of the last two dims: on a local block that starts at row
 // a and column b that is the local tril/triu at k + a - b, for any layout (no communication; Partial kept).
 #include "dispatch/write_back.h"
@@ -192,9 +195,41 @@ at::Tensor trace_rule(const at::Tensor& self) {
   return diagonal_rule(self, 0, 0, 1).sum();
 }
 
+// diag_embed(Tensor self, int offset=0, int dim1=-2, int dim2=-1) -> Tensor
+at::Tensor diag_embed_rule(const at::Tensor& self_in, int64_t offset, int64_t dim1, int64_t dim2) {
+  auto self = self_in;
+  if (shard_impl(self)->spec()->has_partial()) {
+    for (const auto& p : shard_impl(self)->spec()->placements)
+      if (p.is_partial() && p.op != ReduceOp::Sum) self = resolve_partial(self);
+  }
+  const auto& spec = *shard_impl(self)->spec();
+  const auto n = self.dim() + 1;
+  const auto d1 = wrap_dim(dim1, n), d2 = wrap_dim(dim2, n);
+  TORCH_CHECK_VALUE(d1 != d2, "diag_embed: diagonal dimensions cannot be identical ", dim1, ", ", dim2);
+  // Output position of input dim d (every input dim but the last).
+  std::vector<int64_t> pos;
+  for (int64_t o = 0; o < n; ++o)
+    if (o != d1 && o != d2) pos.push_back(o);
+  Placements pl = spec.placements;
+  DimExtents ext;
+  const auto in_ext = spec.dim_extents();
+  for (auto& p : pl) {
+    if (!p.is_shard()) continue;
+    if (p.dim == self.dim() - 1)
+      dispatch::not_implemented("its last dim (the one put on the diagonal) is sharded; redistribute it to Replicate()");
+    ext[pos[p.dim]] = in_ext.at(p.dim);
+    p = Placement::shard(pos[p.dim]);
+  }
+  auto local = at::diag_embed(shard_impl(self)->local(), offset, dim1, dim2);
+  auto shape = local.sizes().vec();
+  for (int64_t d = 0; d + 1 < self.dim(); ++d) shape[pos[d]] = self.size(d);
+  return wrap(local, spec.mesh, pl, shape, ext);
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(diagonal) {
+  dispatch::set_handler("aten::diag_embed", typed_handler(&diag_embed_rule));
   dispatch::set_handler("aten::trace", typed_handler(&trace_rule));
   dispatch::set_handler("aten::diagonal_copy", typed_handler(&diagonal_copy_rule));
   dispatch::set_handler("aten::tril", typed_handler(&triangle_rule<true>));

@@ -170,11 +170,11 @@ TEST(Registry, NoRuleFallsBackUnlessStrict) {
   const auto full = at::arange(10, at::kFloat).reshape({5, 2});
   auto x = make_shard_tensor(full.clone(), ShardSpec::make(mesh, {Placement::shard(0)}, {5, 2}));
   const bool was_strict = set_strict(false);
-  // diag_embed has no rule (median, the former example here, has one now).
-  auto embedded = at::diag_embed(x);
-  ASSERT_NE(shard_impl(embedded), nullptr);
-  EXPECT_TRUE(at::equal(shard_impl(embedded)->local(), at::diag_embed(full)));
+  // _pdist_forward has no rule (median and diag_embed, the former examples here, have one now).
+  auto distances = at::_pdist_forward(x, 2.0);
+  ASSERT_NE(shard_impl(distances), nullptr);
+  EXPECT_TRUE(at::equal(shard_impl(distances)->local(), at::_pdist_forward(full, 2.0)));
   set_strict(true);
-  EXPECT_THROW(at::diag_embed(x), c10::NotImplementedError);
+  EXPECT_THROW(at::_pdist_forward(x, 2.0), c10::NotImplementedError);
   set_strict(was_strict);
 }

@@ -38,6 +38,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"histogram", "aten::histc"},
       {"indexing", "aten::index_select"},
       {"interpolate", "aten::upsample_nearest2d"},
+      {"linalg_batched", "aten::linalg_inv_ex"},
       {"linear", "aten::linear"},
       {"loss", "aten::mse_loss"},
       {"neighborhood_attention", "shardtensor::neighborhood_attention"},

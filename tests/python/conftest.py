@@ -47,6 +47,7 @@ QUICK = {
     "test_inplace_views.py": ["test_inplace_views[0-2]"],
     "test_interpolate.py": ["test_interp_module_and_layout"],
     "test_io.py": ["test_roundtrip[npy-3]"],
+    "test_linalg_batched.py": ["test_batched[2-uneven]"],
     "test_linear.py": ["test_linear[3]"],
     "test_local_rules.py": ["test_sort_topk_scans[2]"],
     "test_loss_scan.py": ["test_cross_entropy[3]"],

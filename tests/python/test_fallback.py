@@ -147,9 +147,10 @@ def case_partial_input():
     xs = shard_of(x, m, [st.Shard(0)])
     s = xs.sum(0, keepdim=True)          # Partial(sum)
     assert type(st.placements(s)[0]).__name__ == "Partial"
+    two = torch.tensor([[1.0], [2.0]])
     with st.CommCounter() as c:
-        out = torch.diag_embed(s)
-    close(full(out), torch.diag_embed(x.sum(0, keepdim=True)), what="diag_embed of Partial")
+        out = F.pdist(s * two)        # the product keeps the pending sum; pdist has no rule
+    close(full(out), F.pdist(x.sum(0, keepdim=True) * two), what="pdist of Partial")
     assert set(c.calls) == {"fallback_all_reduce"}, c.calls
 
 
@@ -236,7 +237,7 @@ def case_warning_once_and_count(world):
             torch.cdist(xs, y, p=1.0)
         with st.CommCounter() as second:
             torch.cdist(xs, y, p=1.0)
-        torch.diag_embed(xs)                     # another op warns once too
+        F.pdist(xs)                              # another op warns once too
     ours = _fallback_warnings(record, "aten::_cdist_forward")  # declined: its feature dim is sharded
     assert len(ours) == 1, [str(w.message) for w in record]
     msg = str(ours[0].message)
@@ -249,7 +250,7 @@ def case_warning_once_and_count(world):
     assert first.calls == second.calls == ({"fallback_all_gather": 1, "fallback_all_reduce": 1} if world > 1 else {}), \
         first.calls
     assert first.bytes == second.bytes
-    assert len(_fallback_warnings(record, "aten::diag_embed")) == 1
+    assert len(_fallback_warnings(record, "aten::_pdist_forward")) == 1
     # a backward through the fallback is counted as well (its gathers are the fallback's)
     a = shard_of(x, m, [st.Shard(1)]).requires_grad_()
     with st.CommCounter() as c:
@@ -272,14 +273,14 @@ def case_strict(which):
     with st.use_strict():
         assert st.strict()
         if which == "no_rule":
-            torch.diag_embed(xs)
+            F.pdist(xs)
         elif which == "declined":
             torch.fft.rfft(xs[:, 0])   # a 1-D signal along its sharded dim: no dim can take the shard
         else:
             F.grid_sample(xs.reshape(1, 1, 6, 4), randn(1, 3, 3, 2, seed=30), padding_mode="reflection")
 
 
-@pytest.mark.parametrize("which,match", [("no_rule", "aten::diag_embed has no domain-parallel rule"),
+@pytest.mark.parametrize("which,match", [("no_rule", "aten::_pdist_forward has no domain-parallel rule"),
                                          ("declined", "aten::_fft_r2c was refused by its domain-parallel rule"),
                                          ("grid_sample", "aten::grid_sampler_2d was refused by its domain-parallel rule "
                                                          "(aten::grid_sampler_2d with input")])
@@ -339,7 +340,7 @@ def case_strict_on_one_rank(which):
     xs = shard_of(randn(6, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(6, m.size(), 31)})
     with st.use_strict(torch.distributed.get_rank() == 0):
         if which == "no_rule":
-            torch.diag_embed(xs)
+            F.pdist(xs)
         else:
             torch.fft.rfft(xs[:, 0])
 
@@ -348,8 +349,7 @@ def case_after_errors():
     """The ranks still agree after the refusals: a fallback runs."""
     m = mesh()
     x = randn(6, 4, seed=32)
-    close(full(torch.diag_embed(shard_of(x, m, [st.Shard(0)]))), torch.diag_embed(x),
-          what="diag_embed after refusals")
+    close(full(F.pdist(shard_of(x, m, [st.Shard(0)]))), F.pdist(x), what="pdist after refusals")
     return True
 
 
@@ -370,7 +370,7 @@ def case_budget(which):
         huge = xs[:, :1].expand(8, 10 ** 12)
         before = st.comm_stats()["calls"].get("fallback_all_gather", 0)
         try:
-            torch.diag_embed(huge)
+            F.pdist(huge)
         finally:
             assert st.comm_stats()["calls"].get("fallback_all_gather", 0) == before, "gathered before refusing"
         return
@@ -378,7 +378,7 @@ def case_budget(which):
     previous = st.set_fallback_budget(budget)
     try:
         assert st.fallback_budget() == budget
-        torch.diag_embed(xs)       # 8 x 4 floats gathered + room for the 8 x 4 x 4 result: 640 bytes > 100
+        F.pdist(xs)                # 8 x 4 floats gathered + room for the 28 distances: 240 bytes > 100
     finally:
         st.set_fallback_budget(previous)
 
@@ -386,10 +386,9 @@ def case_budget(which):
 def case_budget_allows():
     m = mesh()
     x = randn(8, 4, seed=34)
-    previous = st.set_fallback_budget(1024)  # 8 x 4 gathered + the 8 x 4 x 4 result: 640 bytes
+    previous = st.set_fallback_budget(1024)  # 8 x 4 gathered + the 28 distances: 240 bytes
     try:
-        close(full(torch.diag_embed(shard_of(x, m, [st.Shard(0)]))), torch.diag_embed(x),
-              what="diag_embed within the budget")
+        close(full(F.pdist(shard_of(x, m, [st.Shard(0)]))), F.pdist(x), what="pdist within the budget")
     finally:
         st.set_fallback_budget(previous)
     assert st.fallback_budget() is None
@@ -402,7 +401,7 @@ def test_fallback_size_guard(which):
         errors = harness.expect_error(world, case_budget, which, match="fallback budget",
                                       kinds=("NotImplementedError",))
         for _, msg, _ in errors.values():
-            assert "aten::diag_embed" in msg and "set_fallback_budget" in msg and "bytes" in msg, msg
+            assert "aten::_pdist_forward" in msg and "set_fallback_budget" in msg and "bytes" in msg, msg
         assert len({msg for _, msg, _ in errors.values()}) == 1, errors
     harness.run(2, case_budget_allows)
 
@@ -481,11 +480,11 @@ def case_replication_watch(world):
         st._C._reset_fallback_warnings()
         with warnings.catch_warnings(record=True) as record, st.CommCounter() as c:
             warnings.simplefilter("always")
-            v = torch.diag_embed(xs)
-        close(full(v), torch.diag_embed(x), what="diag_embed")
+            v = F.pdist(xs)
+        close(full(v), F.pdist(x), what="pdist")
         if k > 1:
-            assert c.replications == {"aten::diag_embed": 1}, c.replications
-        assert not _replication_warnings(record, "aten::diag_embed"), [str(w.message) for w in record]
+            assert c.replications == {"aten::_pdist_forward": 1}, c.replications
+        assert not _replication_warnings(record, "aten::_pdist_forward"), [str(w.message) for w in record]
     finally:
         st.set_replication_threshold(previous)
     # The default threshold: these small tensors are never counted.
