@@ -163,8 +163,11 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
   int64_t gqa = 1;
   for (int64_t d = 0; d < nd - 2; ++d) {
     if (d == nd - 3 && query.size(d) != key.size(d)) {
-      TORCH_CHECK_VALUE(enable_gqa && key.size(d) > 0 && query.size(d) % key.size(d) == 0 &&
-                            key.size(d) == value.size(d),
+      // One key/value head for every query head (multi-query attention, MobileNetV4's hybrid blocks): broadcasting,
+      // which torch allows with or without enable_gqa, is the grouped case with a single group.
+      const bool one_head = key.size(d) == 1 && value.size(d) == 1;
+      TORCH_CHECK_VALUE(one_head || (enable_gqa && key.size(d) > 0 && query.size(d) % key.size(d) == 0 &&
+                                     key.size(d) == value.size(d)),
                         "scaled_dot_product_attention: query heads (", query.size(d), ") differ from key/value heads (",
                         key.size(d), "); pass enable_gqa=True with query heads a multiple of key heads");
       gqa = query.size(d) / key.size(d);
@@ -172,7 +175,8 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
     }
     TORCH_CHECK_VALUE(query.size(d) == key.size(d) && key.size(d) == value.size(d),
                       "scaled_dot_product_attention on ShardTensors: leading dims of query, key and value must be "
-                      "equal (no broadcasting), got ", query.sizes(), ", ", key.sizes(), ", ", value.sizes());
+                      "equal (no broadcasting but of a single key/value head), got ", query.sizes(), ", ",
+                      key.sizes(), ", ", value.sizes());
   }
   if (dropout_p > 0.0)
     refuse(query, key, value, attn_mask,
@@ -198,6 +202,24 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
   // Canonical inputs: ShardTensors without Partial.
   auto qkv = resolve_qkv({as_shard_input(query, mesh), as_shard_input(key, mesh), as_shard_input(value, mesh)});
   auto q = qkv[0], k = qkv[1], v = qkv[2];
+  if (gqa > 1) {
+    // Query heads split in parts that are not whole groups (multi-query attention has one group of all heads) while
+    // key/value are whole along the heads: each key/value head is repeated per query head (every rank then holds
+    // the key/value heads of its own query heads), which is the grouped computation.
+    const auto& sq = *shard_impl(q)->spec();
+    bool split_groups = false, kv_heads_whole = true;
+    for (size_t m = 0; m < sq.placements.size(); ++m) {
+      if (sq.placements[m].is_shard(nd - 3))
+        for (auto e : sq.extents[m]) split_groups = split_groups || e % gqa != 0;
+      if (shard_impl(k)->spec()->placements[m].is_shard(nd - 3) || shard_impl(v)->spec()->placements[m].is_shard(nd - 3))
+        kv_heads_whole = false;
+    }
+    if (split_groups && kv_heads_whole) {
+      k = k.repeat_interleave(gqa, nd - 3);
+      v = v.repeat_interleave(gqa, nd - 3);
+      gqa = 1;
+    }
+  }
   const auto pq = shard_impl(q)->spec()->placements, pk = shard_impl(k)->spec()->placements,
              pv = shard_impl(v)->spec()->placements;
   const auto eq = shard_impl(q)->spec()->dim_extents(), ek = shard_impl(k)->spec()->dim_extents(),

@@ -145,13 +145,15 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     auto sg = sums[0], sgx = sums[1];
     auto w = local_channels(weight, l);
     auto scale = channel_view(w.defined() ? invstd * w.to(acc) : invstd, nd);
-    if (x_shard.requires_grad()) {
+    // Asked of the graph, not of the saved tensor: a Partial input was completed into a new tensor in forward,
+    // which does not itself require grad (the gradient of the completed value is that of every pending term).
+    if (ctx->needs_input_grad(0)) {
       auto gi = batch_stats ? scale * (g - channel_view(sg / l.count, nd) - xhat * channel_view(sgx / l.count, nd))
                             : scale * g;
       out[0] = make_shard_tensor(gi.to(x.scalar_type()), l.spec);
     }
-    if (weight.defined() && weight.requires_grad()) out[1] = as_param_grad(all_channels(sgx, l).to(weight.scalar_type()), weight);
-    if (bias.defined() && bias.requires_grad()) out[2] = as_param_grad(all_channels(sg, l).to(bias.scalar_type()), bias);
+    if (weight.defined() && ctx->needs_input_grad(1)) out[1] = as_param_grad(all_channels(sgx, l).to(weight.scalar_type()), weight);
+    if (bias.defined() && ctx->needs_input_grad(2)) out[2] = as_param_grad(all_channels(sg, l).to(bias.scalar_type()), bias);
     return out;
   }
 };

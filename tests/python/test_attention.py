@@ -79,6 +79,15 @@ def case_gqa_cross(strategy):
         for causal in (False, True):
             check_op(sdpa(is_causal=causal, enable_gqa=True), [q, k, v], [lay, lay, lay], m, **TOL,
                      what=f"{strategy} gqa causal={causal}")
+        # Multi-query attention (MobileNetV4's hybrid blocks): one key/value head broadcast over the query heads,
+        # as torch does without enable_gqa; key/value sharded like the query, or whole
+        k1, v1 = randn(2, 1, 9, 8, seed=17), randn(2, 1, 9, 8, seed=18)
+        check_op(sdpa(), [q, k1, v1], [lay, lay, lay], m, **TOL, what=f"{strategy} multi-query")
+        check_op(sdpa(is_causal=True), [q, k1, v1], [lay, None, None], m, **TOL, what=f"{strategy} multi-query, whole kv")
+        # the query heads split (not in whole groups): each rank's heads read the one key/value head
+        heads = ([st.Shard(1)], {0: [1, 3] if w == 2 else [1, 1, 1, 1][:w - 1] + [4 - (w - 1)]})
+        check_op(sdpa(), [q, k1, v1], [heads, None, None], m, **TOL, what=f"{strategy} multi-query, heads split")
+        check_op(sdpa(enable_gqa=True), [q, k, v], [heads, None, None], m, **TOL, what=f"{strategy} gqa, heads split")
         # Cross-attention: Sq=7, Skv=12, value dim 6, independent shard extents.
         q, k, v = randn(1, 2, 7, 8, seed=13), randn(1, 2, 12, 8, seed=14), randn(1, 2, 12, 6, seed=15)
         lq, lkv = seq(7, w, "tiny"), seq(12, w, "uneven")

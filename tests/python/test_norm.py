@@ -589,3 +589,38 @@ def case_safe_softmax_grad(seed):
 @pytest.mark.parametrize("world", [2, 3])
 def test_safe_softmax_grad(world):
     harness.run(world, case_safe_softmax_grad, world)
+
+
+def case_batch_norm_of_pending_sum(world):
+    """A classifier head's BatchNorm1d of a global pool (RepViT, EfficientViT-M, SHViT, LeViT): its input is a pending
+    sum (or max) over the sharded spatial dims. The gradient reaches the input through the completed value."""
+    m = mesh()
+    x = randn(3, 6, 7, 5, seed=70, dtype=torch.float64)
+    lay = ([st.Shard(2)], {0: uneven_extents(7, world, seed=71)})
+    w, b = randn(6, seed=72, dtype=torch.float64), randn(6, seed=73, dtype=torch.float64)
+    tight = dict(rtol=1e-9, atol=1e-10)
+    check_op(lambda t, ww, bb: F.batch_norm(t.mean((2, 3)), None, None, ww, bb, training=True), [x, w, b],
+             [lay, None, None], m, **tight, what="batch_norm of a mean (training)")
+    check_op(lambda t: F.batch_norm(t.amax((2, 3)), None, None, training=True), [x], [lay], m, **tight,
+             what="batch_norm of a max")
+    rm, rv = randn(6, seed=74, dtype=torch.float64), randn(6, seed=75, dtype=torch.float64).abs() + 0.5
+    check_op(lambda t, ww: F.batch_norm(t.mean((2, 3), keepdim=True), rm, rv, ww, training=False), [x, w],
+             [lay, None], m, **tight, what="batch_norm of a mean (eval, running statistics)")
+    # the module after a pool, in training, with its running statistics updated alike
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(6).double()
+    ref = torch.nn.BatchNorm1d(6).double()
+    ref.load_state_dict(bn.state_dict())
+    xs = st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1]).requires_grad_()
+    xr = x.clone().requires_grad_()
+    bn(xs.mean((2, 3))).square().sum().backward()
+    ref(xr.mean((2, 3))).square().sum().backward()
+    close(full(xs.grad), xr.grad, **tight, what="input gradient through BatchNorm1d")
+    close(bn.weight.grad, ref.weight.grad, **tight, what="weight gradient")
+    close(bn.running_var, ref.running_var, **tight, what="running_var")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_batch_norm_of_pending_sum(world):
+    harness.run(world, case_batch_norm_of_pending_sum, world)
