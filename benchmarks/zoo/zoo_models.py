@@ -1089,3 +1089,7 @@ def _mesh(shape):
         names = ("domain",) if len(key) == 1 else tuple(f"d{i}" for i in range(len(key)))
         _meshes[key] = init_device_mesh("cpu", key, mesh_dim_names=names)
     return _meshes[key]
+
+
+# The second set of models (registered on import; it imports this module's registry).
+from benchmarks.zoo import zoo_models_more  # noqa: E402,F401

@@ -161,11 +161,10 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
     written_layout = wspec;
   } else if (!written) {
     std::vector<bool> claimed(out_ndim, false);
+    // A shard of an output dim wins over keeping a pending sum: keeping it would gather the sharded operand (a
+    // full-size product on every rank, SwiftFormer's `attn * key`); completing the pending operand instead costs
+    // an all-reduce of its own (usually broadcast, small) size and keeps the work divided.
     for (size_t m = 0; m < mesh_ndim; ++m) {
-      if (auto p = partial_output(rule, inputs, m, mesh)) {
-        target[m] = *p;
-        continue;
-      }
       for (const auto& a : inputs) {
         auto* impl = shard_impl(a.value);
         if (!impl) continue;
@@ -178,6 +177,8 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
         claimed[d_out] = true;
         break;
       }
+      if (target[m].is_shard()) continue;
+      if (auto p = partial_output(rule, inputs, m, mesh)) target[m] = *p;
     }
   }
 

@@ -635,7 +635,9 @@ int64_t shard_count(const at::Tensor& t) {
 // decide it). Along an unsharded dim every input is brought to that layout and the cat is local. Along a dim sharded
 // on mesh dim m: when no other input is sharded on m (a class token, a constant pad), the pieces before the sharded
 // input join coordinate 0 and those after it the last coordinate, so the result stays sharded with no communication
-// (the edge extents grow); otherwise the dim is gathered, concatenated and re-split with the default rule.
+// (the edge extents grow); with several inputs sharded along it whose rows follow each other in coordinate order (a
+// slice put back), each rank concatenates its own pieces; otherwise the dim is gathered, concatenated and re-split
+// with the default rule.
 at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
   auto mesh = dispatch::common_mesh("aten::cat", list);
   const ShardTensorImpl* ref = nullptr;
@@ -700,6 +702,58 @@ at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
     out_ext[dim].front() += before;
     out_ext[dim].back() += after;
     return wrap(at::cat(locals, dim), mesh, placements, out_shape, out_ext);
+  }
+
+  if (m >= 0) {
+    // Several inputs split along the cat dim on m (CoaT's class token sliced off a sharded sequence and put back): a
+    // local cat of each rank's pieces is the global order when no input's rows sit on an earlier coordinate than
+    // an earlier input's last rows. Whole inputs go to the coordinate that holds the rows before them.
+    const auto n = mesh->size(m), me = mesh->coordinate(m);
+    std::vector<int64_t> home(list.size(), -1);
+    bool ordered = true;
+    int64_t cur = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(list.size()) && ordered; ++i) {
+      const auto& t = list[i];
+      if (skipped(t)) continue;
+      if (!is_shard_tensor(t) || !spec_of(t).placements[m].is_shard()) {
+        home[i] = cur;
+        continue;
+      }
+      if (!spec_of(t).placements[m].is_shard(dim)) {
+        ordered = false;
+        break;
+      }
+      const auto& e = spec_of(t).extents[m];
+      int64_t lo = -1, hi = -1;
+      for (int64_t r = 0; r < n; ++r)
+        if (e[r] > 0) {
+          if (lo < 0) lo = r;
+          hi = r;
+        }
+      if (lo < 0) continue;
+      if (lo < cur) ordered = false;
+      cur = hi;
+    }
+    if (ordered) {
+      std::vector<at::Tensor> locals;
+      std::vector<int64_t> out_e(n, 0);
+      for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
+        const auto& t = list[i];
+        if (skipped(t)) continue;
+        if (home[i] >= 0) {
+          out_e[home[i]] += t.size(dim);
+          if (me == home[i]) locals.push_back(local_of(t, joiner_placements, joiner_ext));
+          continue;
+        }
+        auto e = ext;
+        e[dim] = spec_of(t).extents[m];
+        for (int64_t r = 0; r < n; ++r) out_e[r] += e[dim][r];
+        locals.push_back(local_of(t, placements, e));
+      }
+      auto out_ext = ext;
+      out_ext[dim] = out_e;
+      return wrap(at::cat(locals, dim), mesh, placements, out_shape, out_ext);
+    }
   }
 
   std::vector<at::Tensor> locals;

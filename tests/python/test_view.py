@@ -175,9 +175,23 @@ def case_cat_joins(seed):
         with st.CommCounter() as c:
             fn(xs, cls.clone().requires_grad_(), dist_tok)
         assert c.total_calls == 0, f"cat {name} communicated: {dict(c.calls)}"
-    # Two sharded inputs along the sharded dim still gather and re-split (correct, counted).
+    # Two sharded inputs along the sharded dim whose rows interleave across ranks gather and re-split (correct).
     check_op(lambda t, c, d: torch.cat([t, t * 2], 1), [x, cls, dist_tok], [lay, None, None], m, what="cat two sharded",
              expect_placements=[st.Shard(1)])
+    # A slice put back (CoaT's class token split off the sharded tokens, the rest convolved, then joined): the
+    # pieces follow each other in coordinate order, so each rank joins its own, with no communication.
+    for k in (1, 3):
+        def put_back(t, c, d, k=k):
+            return torch.cat([t[:, :k], c.expand(2, -1, -1), t[:, k:] * 2], 1)
+
+        out = check_op(put_back, [x, cls, dist_tok], [lay, None, None], m, what=f"cat slices put back ({k})",
+                       expect_placements=[st.Shard(1)])
+        assert sum(st.sharding_shapes(out)[0]) == 8
+        xs = st.distribute_tensor(x, m, lay[0], lay[1])
+        pieces = [xs[:, :k], cls.expand(2, -1, -1), xs[:, k:] * 2]
+        with st.CommCounter() as c:
+            torch.cat(pieces, 1)
+        assert c.total_calls == 0, f"cat of slices communicated: {dict(c.calls)}"
     return True
 
 
