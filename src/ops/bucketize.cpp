@@ -1,56 +1,75 @@
-// bucketize and searchsorted of a sharded tensor into a sorted sequence that every rank holds whole (a plain or
-// replicated 1-D boundaries tensor): a lookup per element, so each rank looks up its own elements and the result is
-// laid out like the input, no communication. A sharded or batched (N-D) sequence is declined: the fallback, or
-// NotImplementedError in strict mode.
+// bucketize and searchsorted: a lookup per element, so each rank looks up its own elements and the result is laid out
+// like the input. The sorted sequence (bucketize's boundaries, a 1-D searchsorted sequence) is a lookup table every
+// rank needs whole: plain or replicated, no communication; split, it is gathered (it is small next to the values it
+// sorts, a table, not the field). An N-D sequence's leading dims pair with the input's: along those it is brought to
+// the input's layout (cut or redistributed; never gathered), its last dim whole; a plain input with a sharded
+// sequence gives a Replicate result.
 #include "ops/common.h"
 
 namespace shardtensor::ops {
 
 namespace {
 
-// The local tensor of a sequence every rank must hold whole (plain, or a ShardTensor replicated everywhere).
-at::Tensor whole_sequence(const char* op, const at::Tensor& seq, const char* what) {
-  auto* impl = shard_impl(seq);
-  if (!impl) return seq;
-  auto resolved = resolve_partial(seq);
-  if (!shard_impl(resolved)->spec()->all_replicate())
-    dispatch::not_implemented(std::string(op) + " with a sharded " + what + ": every rank needs the whole sequence; "
-                              "redistribute it to Replicate() first");
-  return shard_impl(resolved)->local();
+// The local sequence (or sorter) for an input laid out as `x_pl` on `mesh`: along each mesh dim that splits one of
+// the input's leading dims (an N-D sequence pairs them) the same split, else whole.
+at::Tensor sequence_for(const at::Tensor& seq, int64_t x_dim, const MeshPtr& mesh, const Placements& x_pl,
+                        const DimExtents& x_ext) {
+  Placements pl(mesh->ndim(), Placement::replicate());
+  DimExtents ext;
+  if (seq.dim() > 1)
+    for (size_t m = 0; m < x_pl.size(); ++m)
+      if (x_pl[m].is_shard() && x_pl[m].dim < x_dim - 1) {
+        pl[m] = x_pl[m];
+        ext[x_pl[m].dim] = x_ext.at(x_pl[m].dim);
+      }
+  return local_as(resolve_partial(dispatch::as_shard(seq, mesh)), mesh, pl, ext);
 }
 
-at::Tensor local_input(const at::Tensor& self) {
-  return shard_impl(resolve_partial(self))->local();
+// The input's layout (a plain input: Replicate) and local tensor.
+struct Lookup {
+  MeshPtr mesh;
+  SpecPtr spec;
+  at::Tensor local;
+};
+
+Lookup lookup_input(const char* op, const at::Tensor& self, std::initializer_list<at::Tensor> others) {
+  std::vector<at::Tensor> all{self};
+  for (const auto& t : others)
+    if (t.defined()) all.push_back(t);
+  Lookup l;
+  l.mesh = dispatch::common_mesh(op, all);
+  auto x = resolve_partial(dispatch::as_shard(self, l.mesh));
+  l.spec = shard_impl(x)->spec();
+  l.local = shard_impl(x)->local();
+  return l;
 }
 
 // bucketize.Tensor(Tensor self, Tensor boundaries, *, bool out_int32=False, bool right=False)
 at::Tensor bucketize_rule(const at::Tensor& self, const at::Tensor& boundaries, bool out_int32, bool right) {
-  if (!shard_impl(self))
-    dispatch::not_implemented("bucketize of a plain input into sharded boundaries: every rank needs the whole "
-                              "boundaries tensor; redistribute it to Replicate() first");
   TORCH_CHECK_VALUE(boundaries.dim() == 1, "boundaries tensor must be 1 dimension, but got dim(", boundaries.dim(),
                     ")");
-  auto b = whole_sequence("bucketize", boundaries, "boundaries tensor");
-  auto x = resolve_partial(self);
-  return make_shard_tensor(at::bucketize(shard_impl(x)->local(), b, out_int32, right), shard_impl(x)->spec());
+  auto l = lookup_input("aten::bucketize", self, {boundaries});
+  auto b = sequence_for(boundaries, self.dim(), l.mesh, l.spec->placements, l.spec->dim_extents());
+  return make_shard_tensor(at::bucketize(l.local, b, out_int32, right), l.spec);
 }
 
 // searchsorted.Tensor(Tensor sorted_sequence, Tensor self, *, bool out_int32=False, bool right=False,
 //                     str? side=None, Tensor? sorter=None)
 at::Tensor searchsorted_rule(const at::Tensor& sorted_sequence, const at::Tensor& self, bool out_int32, bool right,
                              std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter) {
-  if (!shard_impl(self))
-    dispatch::not_implemented("searchsorted of a plain input in a sharded sorted_sequence: every rank needs the whole "
-                              "sequence; redistribute it to Replicate() first");
-  if (sorted_sequence.dim() != 1)
-    dispatch::not_implemented("searchsorted with an N-D sorted_sequence (its leading dims pair with the input's): "
-                              "only a 1-D sequence is looked up locally; redistribute the input to Replicate() first");
-  auto seq = whole_sequence("searchsorted", sorted_sequence, "sorted_sequence");
+  const auto sorter_t = sorter && sorter->defined() ? *sorter : at::Tensor();
+  if (sorted_sequence.dim() > 1)
+    TORCH_CHECK_VALUE(sorted_sequence.dim() == self.dim() &&
+                          sorted_sequence.sizes().slice(0, self.dim() - 1) == self.sizes().slice(0, self.dim() - 1),
+                      "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
+                      "boundaries tensor and input value tensor must match, but we got boundaries tensor ",
+                      sorted_sequence.sizes(), " and input value tensor ", self.sizes());
+  auto l = lookup_input("aten::searchsorted", self, {sorted_sequence, sorter_t});
+  const auto ext = l.spec->dim_extents();
+  auto seq = sequence_for(sorted_sequence, self.dim(), l.mesh, l.spec->placements, ext);
   std::optional<at::Tensor> sort_idx;
-  if (sorter && sorter->defined()) sort_idx = whole_sequence("searchsorted", *sorter, "sorter");
-  auto x = resolve_partial(self);
-  return make_shard_tensor(at::searchsorted(seq, shard_impl(x)->local(), out_int32, right, side, sort_idx),
-                           shard_impl(x)->spec());
+  if (sorter_t.defined()) sort_idx = sequence_for(sorter_t, self.dim(), l.mesh, l.spec->placements, ext);
+  return make_shard_tensor(at::searchsorted(seq, l.local, out_int32, right, side, sort_idx), l.spec);
 }
 
 } // namespace

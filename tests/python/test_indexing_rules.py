@@ -531,7 +531,7 @@ def test_indexing_sharded_dim_refused(which):
 
 def case_bucketize_searchsorted(seed):
     """bucketize / searchsorted of a sharded tensor into a whole sorted sequence (plain or replicated): local lookups
-    laid out like the input, no collective; a sharded or N-D sequence is declined and served by the fallback."""
+    laid out like the input, no collective; a sharded 1-D sequence is gathered, an N-D one follows the input."""
     m = mesh()
     x = randn(3, 7, 4, seed=seed)
     lay = ([st.Shard(1)], {0: uneven_extents(7, m.size(), seed)})
@@ -553,17 +553,24 @@ def case_bucketize_searchsorted(seed):
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert st.placements(o) == (st.Shard(1),), i
         assert o.dtype == r.dtype and torch.equal(full(o), r), i
-    if m.size() > 1:
-        # A sharded sequence: declined; the fallback gives one device's answer.
-        es = st.distribute_tensor(edges, m, [st.Shard(0)])
-        with st.use_strict():
-            try:
-                torch.bucketize(xs, es)
-            except NotImplementedError as e:
-                assert "Replicate()" in str(e), e
-            else:
-                raise AssertionError("sharded boundaries accepted")
-        assert torch.equal(full(torch.bucketize(xs, es)), torch.bucketize(x, edges))
+    with st.use_strict():
+        # A sharded 1-D sequence is a lookup table: gathered (one all-gather), the result laid out like the input;
+        # a plain input with it gives a Replicate result.
+        es = st.distribute_tensor(edges, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(5, m.size(), seed + 1)})
+        out = torch.bucketize(xs, es)
+        assert st.placements(out) == (st.Shard(1),) and torch.equal(full(out), torch.bucketize(x, edges))
+        assert torch.equal(full(torch.searchsorted(es, x)), torch.searchsorted(edges, x))
+        # An N-D sequence pairs its leading dims with the input's: cut or redistributed to the input's layout
+        seqs = torch.sort(randn(3, 7, 6, seed=seed + 2), -1).values
+        for seq_lay in (None, lay, ([st.Shard(0)], None), ([st.Shard(2)], None)):
+            sq = seqs if seq_lay is None else st.distribute_tensor(seqs, m, *seq_lay)
+            for right in (False, True):
+                out = torch.searchsorted(sq, xs, right=right)
+                assert st.placements(out) == (st.Shard(1),)
+                assert torch.equal(full(out), torch.searchsorted(seqs, x, right=right)), seq_lay
+        # the input split along its last dim (the values of one row): the sequence's rows stay whole
+        xl = st.distribute_tensor(x, m, [st.Shard(2)])
+        assert torch.equal(full(torch.searchsorted(seqs, xl)), torch.searchsorted(seqs, x))
     return True
 
 
