@@ -57,6 +57,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"sort_fft", "aten::sort"},
       {"transformer_fastpath", "aten::_native_multi_head_attention"},
       {"unfold", "aten::unfold"},
+      {"unique", "aten::_unique2"},
       {"view", "aten::view"},
       {"view_copy", "aten::transpose_copy.int"},
       {"view_inplace", "aten::squeeze_"},

@@ -80,6 +80,7 @@ QUICK = {
     "test_strided_inputs.py": ["test_halo_ops_strided"],
     "test_transformer.py": ["test_encoder_layer"],
     "test_unet.py": ["test_unet_training_1d_mesh"],
+    "test_unique.py": ["test_unique[2-uneven]"],
     "test_unfold.py": ["test_unfold_sharded_dim[2-uneven]"],
     "test_vector_ops.py": ["test_vector_products[2]"],
     "test_view.py": ["test_views"],

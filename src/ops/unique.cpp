@@ -1,0 +1,160 @@
+// torch.unique (sorted, no dim: `_unique2`, the legacy `_unique`) and torch.unique_consecutive (no dim) of a split
+// tensor (point-cloud pooling: the distinct voxel / serialization codes of the points, their counts and each point's
+// cluster).
+//
+// The distinct values are data: each rank takes its own (values with counts, sorted), and they are merged mesh dim
+// by mesh dim (the sizes in one small all-gather, then the values and counts in one all-gather each; never the
+// elements themselves). The values and counts are Replicate, as one device returns them; the inverse (each element's
+// index into the values) is computed where the element lives and keeps the input's layout. unique_consecutive needs
+// the row-major order, so it takes a tensor split on its leading dim: the ranks' groups are concatenated in rank
+// order and a group cut by a shard boundary is joined again.
+//
+// Declined (the fallback; strict mode: NotImplementedError): `sorted=False` (one device's hash order), an inverse of
+// a floating tensor holding NaN (one device maps each NaN to its own entry; agreed with the sizes, so every rank
+// declines alike), unique_consecutive of other layouts; `unique_dim` has no rule.
+#include "comm/collectives.h"
+#include "ops/common.h"
+
+#include <shardtensor/simulation.h>
+
+namespace shardtensor::ops {
+
+namespace {
+
+// c10d moves no bool tensors through every backend: they travel as bytes.
+at::Tensor gathered_v(const at::Tensor& t, const std::vector<int64_t>& extents, const Mesh& mesh, int64_t m) {
+  if (t.scalar_type() != at::kBool) return comm::all_gather_v(t, 0, extents, mesh, m);
+  return comm::all_gather_v(t.to(at::kByte), 0, extents, mesh, m).to(at::kBool);
+}
+
+struct Distinct {
+  at::Tensor values, counts;  // sorted distinct values of the whole tensor, their counts (int64)
+  bool any_nan = false;       // some rank's part holds a NaN
+};
+
+// The distinct values of the whole tensor with their counts, from each rank's `local` part; `spec` says which mesh
+// dims split it (Replicate dims hold copies and are not merged).
+Distinct global_distinct(const at::Tensor& local, const ShardSpec& spec, const char* what) {
+  Distinct d;
+  auto [v, unused, c] = at::_unique2(local.reshape({-1}), /*sorted=*/true, /*return_inverse=*/false,
+                                     /*return_counts=*/true);
+  bool nan = local.is_floating_point() || local.is_complex() ? local.isnan().any().item<bool>() : false;
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    if (!spec.placements[m].is_shard()) continue;
+    const auto all = comm::all_gather_ints({v.numel(), nan ? 1 : 0}, *spec.mesh, static_cast<int64_t>(m), what);
+    std::vector<int64_t> sizes;
+    for (const auto& r : all) {
+      sizes.push_back(r[0]);
+      nan = nan || r[1] != 0;
+    }
+    auto all_v = gathered_v(v, sizes, *spec.mesh, static_cast<int64_t>(m));
+    auto all_c = comm::all_gather_v(c, 0, sizes, *spec.mesh, static_cast<int64_t>(m));
+    auto [u, inv, unused2] = at::_unique2(all_v, true, true, false);
+    c = at::zeros({u.numel()}, all_c.options()).index_add_(0, inv.reshape({-1}), all_c);
+    v = u;
+  }
+  d.values = v;
+  d.counts = c;
+  d.any_nan = nan;
+  return d;
+}
+
+at::Tensor replicated(const at::Tensor& local, const MeshPtr& mesh) {
+  return wrap(local, mesh, Placements(mesh->ndim(), Placement::replicate()), local.sizes().vec(), {});
+}
+
+at::Tensor empty_long(const at::Tensor& like, const MeshPtr& mesh) {
+  return replicated(at::empty({0}, like.options().dtype(at::kLong)), mesh);
+}
+
+// _unique2(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2_rule(const at::Tensor& self_in, bool sorted,
+                                                            bool return_inverse, bool return_counts) {
+  if (!sorted)
+    dispatch::not_implemented("sorted=False (one device returns its hash order); pass sorted=True");
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique of a ShardTensor under simulation (shardtensor.simulate): "
+                              "the result's size is the data");
+  auto self = resolve_partial(self_in);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& local = shard_impl(self)->local();
+  const auto& mesh = spec.mesh;
+  if (!spec.has_shard()) {
+    auto [v, inv, c] = at::_unique2(local, true, return_inverse, return_counts);
+    return {replicated(v, mesh), return_inverse ? make_shard_tensor(inv, shard_impl(self)->spec()) : replicated(inv, mesh),
+            replicated(c, mesh)};
+  }
+  auto d = global_distinct(local, spec, "torch.unique of a split tensor (sizes)");
+  if (return_inverse && d.any_nan)
+    dispatch::not_implemented("an inverse of a tensor holding NaN (each NaN is its own value on one device)");
+  at::Tensor inverse = empty_long(local, mesh);
+  if (return_inverse) {
+    // Each element's index into the sorted values (bool has no searchsorted kernel: as bytes, the same order).
+    const bool b = local.scalar_type() == at::kBool;
+    auto idx = at::searchsorted(b ? d.values.to(at::kByte) : d.values, b ? local.to(at::kByte) : local.contiguous());
+    inverse = make_shard_tensor(idx, without_partial(shard_impl(self)->spec()));
+  }
+  return {replicated(d.values, mesh), inverse, return_counts ? replicated(d.counts, mesh) : empty_long(local, mesh)};
+}
+
+// _unique(Tensor self, bool sorted=True, bool return_inverse=False)
+std::tuple<at::Tensor, at::Tensor> unique_legacy_rule(const at::Tensor& self, bool sorted, bool return_inverse) {
+  auto [v, inv, c] = unique2_rule(self, sorted, return_inverse, false);
+  return {v, inv};
+}
+
+// unique_consecutive(Tensor self, bool return_inverse=False, bool return_counts=False, int? dim=None)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at::Tensor& self_in, bool return_inverse,
+                                                                       bool return_counts, std::optional<int64_t> dim) {
+  if (dim.has_value())
+    dispatch::not_implemented("unique_consecutive along a dim (slices compared whole); redistribute to Replicate()");
+  auto self = resolve_partial(self_in);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& local = shard_impl(self)->local();
+  const auto& mesh = spec.mesh;
+  int64_t m = -1;
+  for (size_t j = 0; j < spec.placements.size(); ++j) {
+    const auto& p = spec.placements[j];
+    if (!p.is_shard()) continue;
+    bool leading = m < 0;
+    for (int64_t d = 0; d < p.dim && leading; ++d) leading = spec.global_shape[d] == 1;
+    if (!leading)
+      dispatch::not_implemented("unique_consecutive of a tensor not split on its leading dim (the row-major order "
+                                "interleaves the ranks); redistribute to Shard() of the first dim larger than 1");
+    m = static_cast<int64_t>(j);
+  }
+  if (m < 0) {
+    auto [v, inv, c] = at::unique_consecutive(local, return_inverse, return_counts, std::nullopt);
+    return {replicated(v, mesh), return_inverse ? make_shard_tensor(inv, shard_impl(self)->spec()) : empty_long(local, mesh),
+            replicated(c, mesh)};
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique_consecutive of a ShardTensor under simulation "
+                              "(shardtensor.simulate): the result's size is the data");
+  auto [v, inv, c] = at::unique_consecutive(local.reshape({-1}), true, true, std::nullopt);
+  const auto all = comm::all_gather_ints({v.numel()}, *mesh, m, "torch.unique_consecutive of a split tensor (sizes)");
+  std::vector<int64_t> sizes;
+  int64_t before = 0;
+  for (int64_t r = 0; r < static_cast<int64_t>(all.size()); ++r) {
+    sizes.push_back(all[r][0]);
+    if (r < mesh->coordinate(m)) before += all[r][0];
+  }
+  auto all_v = gathered_v(v, sizes, *mesh, m);
+  auto all_c = comm::all_gather_v(c, 0, sizes, *mesh, m);
+  // Groups cut by a shard boundary are equal neighbours in rank order: joined again.
+  auto [u, group_of, unused] = at::unique_consecutive(all_v, true, false, std::nullopt);
+  auto counts = at::zeros({u.numel()}, all_c.options()).index_add_(0, group_of, all_c);
+  at::Tensor inverse = empty_long(local, mesh);
+  if (return_inverse)
+    inverse = make_shard_tensor(group_of.index_select(0, inv.reshape({-1}) + before).view(local.sizes()),
+                                without_partial(shard_impl(self)->spec()));
+  return {replicated(u, mesh), inverse, return_counts ? replicated(counts, mesh) : empty_long(local, mesh)};
+}
+
+} // namespace
+
+SHARDTENSOR_RULE_FAMILY(unique) {
+  dispatch::set_handler("aten::_unique2", typed_handler(&unique2_rule));
+  dispatch::set_handler("aten::_unique", typed_handler(&unique_legacy_rule));
+  dispatch::set_handler("aten::unique_consecutive", typed_handler(&unique_consecutive_rule));
+}
+
+} // namespace shardtensor::ops
