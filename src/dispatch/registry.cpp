@@ -190,7 +190,19 @@ struct PromoteKernel final : c10::OperatorKernel {
     if (at::GradMode::is_enabled()) {
       accumulators = prepare_autograd_args(op, stack);
       const AutogradHandler* rule = slot->autograd_handler.load(std::memory_order_acquire);
-      if (rule && (*rule)(op, stack)) return;
+      if (rule) {
+        // An autograd rule that declines through not_implemented (every rank alike: rules decide from the specs)
+        // before taking its arguments off the stack leaves the op to its own derivative formula, whose forward
+        // reaches the op's rule below autograd or the fallback (a split the autograd rule does not take).
+        RunningRuleGuard running(op, stack);
+        const auto depth = stack->size();
+        try {
+          if ((*rule)(op, stack)) return;
+        } catch (const c10::NotImplementedError&) {
+          if (declined.call != running_rule.call || stack->size() != depth) throw;
+          declined = {};
+        }
+      }
     }
     // Run the op's generated autograd kernel, which is also bound to AutogradOther.
     auto next = (ks - c10::autograd_dispatch_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther);

@@ -165,10 +165,9 @@ bool max_unpool2d_autograd(const c10::OperatorHandle& op, torch::jit::Stack* sta
   dispatch::NamedArgs args(op, stack);
   const auto self = args.tensor("self");
   if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() || self.dim() < 3) return false;
-  const auto& spec = *shard_impl(self)->spec();
-  // The height split only; a sharded width takes the op's own formula, whose forward declines to the fallback (the
-  // autograd rule must not raise: a refusal here would not reach the fallback).
-  if (spec.mesh_dim_of(self.dim() - 2) < 0 || spec.mesh_dim_of(self.dim() - 1) >= 0) return false;
+  // A sharded width declines inside (dispatch::not_implemented): the op's own formula then runs, whose forward
+  // declines to the fallback.
+  if (shard_impl(self)->spec()->mesh_dim_of(self.dim() - 2) < 0) return false;
   auto output_size = C10_AS_INTARRAYREF_SLOW(args["output_size"].toSymIntVector()).vec();
   auto out = MaxUnpoolFn::apply(self, args.tensor("indices"), output_size);
   torch::jit::drop(*stack, args.all().size());

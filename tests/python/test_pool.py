@@ -337,6 +337,30 @@ def test_max_unpool(world):
     harness.run(world, case_max_unpool, world)
 
 
+def case_max_unpool_2d_mesh():
+    """Height and width split (QuickNAT on a 2x2 mesh): the autograd rule takes the height split only; it declines,
+    the op's own formula runs and its forward declines to the gather fallback — right values and gradients, never an
+    error (it used to raise from the autograd rule, where no fallback could answer)."""
+    m = mesh((2, 2))
+    x = randn(2, 3, 8, 8, seed=40)
+    lay = ([st.Shard(2), st.Shard(3)], {0: [4, 4], 1: [2, 6]})
+
+    def segnet(t):
+        pooled, idx = F.max_pool2d(t, 2, return_indices=True)
+        return F.max_unpool2d(torch.tanh(pooled), idx, 2)
+    check_op(segnet, [x], [lay], m, what="pool then unpool, 2x2")
+    with st.use_strict():
+        xs = st.distribute_tensor(x, m, *lay).requires_grad_()
+        pooled, idx = F.max_pool2d(xs, 2, return_indices=True)
+        with pytest.raises(NotImplementedError, match="width sharded"):
+            F.max_unpool2d(pooled, idx, 2)
+    return True
+
+
+def test_max_unpool_2d_mesh():
+    harness.run(4, case_max_unpool_2d_mesh)
+
+
 def case_low_precision(seed):
     m = mesh()
     w = m.size()
