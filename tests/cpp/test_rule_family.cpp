@@ -4,10 +4,14 @@
 #include "dispatch/rule_family.h"
 
 #include <shardtensor/handler_registry.h>
+#include <shardtensor/shard_tensor.h>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
 using namespace shardtensor;
@@ -130,4 +134,36 @@ TEST(RuleFamily, SecondAutogradRuleForAnOpIsRefused) {
   const auto msg = registration_error(&register_second_sum_autograd_rule);
   EXPECT_NE(msg.find("two built-in autograd rules for aten::sum"), std::string::npos) << msg;
   EXPECT_NE(msg.find(label("reduction_grad")), std::string::npos) << msg;
+}
+
+namespace {
+
+shardtensor::MeshPtr single_rank_mesh() {
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups{c10::make_intrusive<c10d::ProcessGroup>(0, 1)};
+  return std::make_shared<const Mesh>(std::vector<int64_t>{1}, groups, std::vector<int64_t>{0},
+                                      std::vector<std::string>{}, c10::DeviceType::CPU, std::vector<int64_t>{0});
+}
+
+} // namespace
+
+// An autograd rule that declines through not_implemented gives the op back to its own derivative formula (whose
+// forward reaches the op's rule below autograd): the call succeeds and the gradient is the op's, instead of an error
+// raised where no fallback could answer. The rule installed here always declines, so the op behaves as without it
+// for the rest of this binary.
+TEST(RuleFamily, DecliningAutogradRuleTakesTheOpsFormula) {
+  std::atomic<int> asked{0};
+  dispatch::set_autograd_handler("aten::flip", [&asked](const c10::OperatorHandle&, torch::jit::Stack*) -> bool {
+    ++asked;
+    dispatch::not_implemented("this test's autograd rule declines every call");
+  });
+  auto mesh = single_rank_mesh();
+  const auto full = at::arange(6, at::kFloat).reshape({3, 2});
+  auto x = make_shard_tensor(full.clone(), ShardSpec::make(mesh, {Placement::shard(0)}, {3, 2})).requires_grad_(true);
+  auto y = at::flip(x, {0});
+  EXPECT_EQ(asked.load(), 1);
+  ASSERT_NE(shard_impl(y), nullptr);
+  EXPECT_TRUE(at::equal(shard_impl(y)->local(), at::flip(full, {0})));
+  (y * at::arange(6, at::kFloat).reshape({3, 2})).sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(at::equal(shard_impl(x.grad())->local(), at::flip(at::arange(6, at::kFloat).reshape({3, 2}), {0})));
 }

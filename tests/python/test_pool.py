@@ -296,12 +296,18 @@ def case_bad_divisor(seed):
     F.avg_pool2d(xs, 2, divisor_override=0)
 
 
-def case_unpool_unsupported(seed):
-    m = mesh()
-    xs = st.distribute_tensor(randn(1, 2, 8, 8, seed=seed), m, [st.Shard(3)])
-    out, idx = F.max_pool2d(xs, 2, return_indices=True)
-    with st.use_strict():   # else max_unpool2d runs through the gather-compute fallback (test_fallback.py)
-        F.max_unpool2d(out, idx, 2)
+def case_unpool_bad_index(mesh_shape):
+    """An index outside the output on one rank's part only: every rank raises IndexError before anything moves (on a
+    2x2 mesh too, where the ranks of other groups would otherwise wait in the second routing step)."""
+    m = mesh(mesh_shape)
+    x = randn(1, 2, 8, 8, seed=3)
+    _, idx = F.max_pool2d(x, 2, return_indices=True)
+    idx[0, 0, 0, 0] = 10 ** 6
+    pl = [st.Shard(3)] if mesh_shape is None else [st.Shard(2), st.Shard(3)]
+    xs = st.distribute_tensor(x, m, pl)
+    out, _ = F.max_pool2d(xs, 2, return_indices=True)
+    with st.use_strict():
+        F.max_unpool2d(out, st.distribute_tensor(idx, m, pl), 2)
 
 
 def case_max_unpool(seed):
@@ -323,6 +329,19 @@ def case_max_unpool(seed):
             pooled, idx = F.max_pool2d(t, 3, 2, padding=1, return_indices=True)
             return F.max_unpool2d(pooled * 2, idx, 3, 2, padding=1, output_size=(13, 10))
         check_op(lambda t: overlapping(F.pad(t, (0, 0, 0, 1))), [x], [lay], m, what="overlapping windows, odd size")
+        # the width split, and 3-D (max_unpool3d) along each spatial dim
+        wlay = ([st.Shard(3)], {0: [2 * e for e in uneven_extents(5, w, seed + 1)]})
+        check_op(segnet, [x], [wlay], m, what="pool then unpool, width split")
+        v = randn(1, 2, 6, 4, 6, seed=seed + 2)
+        for d, n in ((2, 6), (3, 4), (4, 6)):
+            vlay = ([st.Shard(d)], {0: [2 * e for e in uneven_extents(n // 2, w, seed + d)]})
+
+            def unpool3d(t):
+                pooled, idx = F.max_pool3d(t, 2, return_indices=True)
+                return F.max_unpool3d(torch.tanh(pooled), idx, 2)
+            check_op(unpool3d, [v], [vlay], m, what=f"max_unpool3d, dim {d} split")
+            check_op(lambda t: F.max_unpool3d(*F.max_pool3d(t, 3, 2, padding=1, return_indices=True), 3, 2, padding=1,
+                                              output_size=(6, 4, 6)), [v], [vlay], m, what=f"max_unpool3d overlapping, dim {d}")
         xs = st.distribute_tensor(x, m, *lay)
         pooled, idx = F.max_pool2d(xs, 2, return_indices=True)
         st.reset_comm_stats()
@@ -338,22 +357,27 @@ def test_max_unpool(world):
 
 
 def case_max_unpool_2d_mesh():
-    """Height and width split (QuickNAT on a 2x2 mesh): the autograd rule takes the height split only; it declines,
-    the op's own formula runs and its forward declines to the gather fallback — right values and gradients, never an
-    error (it used to raise from the autograd rule, where no fallback could answer)."""
+    """Height and width split (QuickNAT on a 2x2 mesh): each value moves along the height's mesh dim, then along the
+    width's; the gradient comes back the same way in reverse."""
     m = mesh((2, 2))
     x = randn(2, 3, 8, 8, seed=40)
-    lay = ([st.Shard(2), st.Shard(3)], {0: [4, 4], 1: [2, 6]})
-
-    def segnet(t):
-        pooled, idx = F.max_pool2d(t, 2, return_indices=True)
-        return F.max_unpool2d(torch.tanh(pooled), idx, 2)
-    check_op(segnet, [x], [lay], m, what="pool then unpool, 2x2")
     with st.use_strict():
-        xs = st.distribute_tensor(x, m, *lay).requires_grad_()
-        pooled, idx = F.max_pool2d(xs, 2, return_indices=True)
-        with pytest.raises(NotImplementedError, match="width sharded"):
-            F.max_unpool2d(pooled, idx, 2)
+        for ext in ({0: [4, 4], 1: [2, 6]}, {0: [6, 2], 1: [0, 8]}):
+            lay = ([st.Shard(2), st.Shard(3)], ext)
+
+            def segnet(t):
+                pooled, idx = F.max_pool2d(t, 2, return_indices=True)
+                return F.max_unpool2d(torch.tanh(pooled), idx, 2)
+            out = check_op(segnet, [x], [lay], m, what=f"pool then unpool, 2x2 {ext}")
+            assert st.placements(out) == (st.Shard(2), st.Shard(3)), st.placements(out)
+
+            def overlapping(t):
+                pooled, idx = F.max_pool2d(t, 3, 2, padding=1, return_indices=True)
+                return F.max_unpool2d(pooled * 2, idx, 3, 2, padding=1, output_size=(8, 8))
+            check_op(overlapping, [x], [lay], m, what=f"overlapping windows, odd size, 2x2 {ext}")
+        # the batch on one mesh dim, the width on the other
+        check_op(lambda t: F.max_unpool2d(*F.max_pool2d(t, 2, return_indices=True), 2), [x],
+                 [([st.Shard(0), st.Shard(3)], {0: [1, 1], 1: [2, 6]})], m, what="batch + width")
     return True
 
 
@@ -426,7 +450,8 @@ def test_low_precision():
 
 
 def test_errors():
-    harness.expect_error(3, case_unpool_unsupported, 0, match="width sharded", kinds=("NotImplementedError",))
+    harness.expect_error(3, case_unpool_bad_index, None, match="invalid max index", kinds=("IndexError",))
+    harness.expect_error(4, case_unpool_bad_index, (2, 2), match="invalid max index", kinds=("IndexError",))
     harness.expect_error(2, case_bad_padding, 0, match="at most half")
     harness.expect_error(2, case_bad_avg_padding, 0, match="at most half")
     harness.expect_error(2, case_bad_divisor, 0, match="divisor")
