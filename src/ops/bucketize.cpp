@@ -1,9 +1,10 @@
-// bucketize and searchsorted: a lookup per element, so each rank looks up its own elements and the result is laid out
+// bucketize, searchsorted and isin: a lookup per element, so each rank looks up its own elements and the result is laid out
 // like the input. The sorted sequence (bucketize's boundaries, a 1-D searchsorted sequence) is a lookup table every
 // rank needs whole: plain or replicated, no communication; split, it is gathered (it is small next to the values it
 // sorts, a table, not the field). An N-D sequence's leading dims pair with the input's: along those it is brought to
 // the input's layout (cut or redistributed; never gathered), its last dim whole; a plain input with a sharded
 // sequence gives a Replicate result.
+#include "comm/collectives.h"
 #include "ops/common.h"
 
 namespace shardtensor::ops {
@@ -72,9 +73,44 @@ at::Tensor searchsorted_rule(const at::Tensor& sorted_sequence, const at::Tensor
   return make_shard_tensor(at::searchsorted(seq, l.local, out_int32, right, side, sort_idx), l.spec);
 }
 
+// isin.Tensor_Tensor(Tensor elements, Tensor test_elements, *, bool assume_unique=False, bool invert=False):
+// membership of each element in a set every rank needs whole (gathered when split, like a lookup table); the
+// result is laid out like the elements.
+at::Tensor isin_rule(const at::Tensor& elements, const at::Tensor& test_elements, bool assume_unique, bool invert) {
+  auto l = lookup_input("aten::isin", elements, {test_elements});
+  auto set = local_as(resolve_partial(dispatch::as_shard(test_elements, l.mesh)), l.mesh,
+                      Placements(l.mesh->ndim(), Placement::replicate()), {});
+  return make_shard_tensor(at::isin(l.local, set, assume_unique, invert), l.spec);
+}
+
+// isin.Tensor_Scalar(Tensor elements, Scalar test_element, *, bool assume_unique=False, bool invert=False): local.
+at::Tensor isin_scalar_rule(const at::Tensor& elements, const at::Scalar& test_element, bool assume_unique,
+                            bool invert) {
+  auto l = lookup_input("aten::isin", elements, {});
+  return make_shard_tensor(at::isin(l.local, test_element, assume_unique, invert), l.spec);
+}
+
+// isin.Scalar_Tensor(Scalar element, Tensor test_elements, *, bool assume_unique=False, bool invert=False): whether
+// one value is among split test elements: each rank asks its own part, one small all-reduce (max) per splitting mesh
+// dim answers for the whole, then the inversion; a 0-dim Replicate result.
+at::Tensor isin_in_split_rule(const at::Scalar& element, const at::Tensor& test_elements, bool assume_unique,
+                              bool invert) {
+  auto t = resolve_partial(test_elements);
+  const auto& spec = *shard_impl(t)->spec();
+  auto found = at::isin(element, shard_impl(t)->local(), assume_unique, false).to(at::kLong).reshape({1});
+  for (size_t m = 0; m < spec.placements.size(); ++m)
+    if (spec.placements[m].is_shard()) found = comm::all_reduce(found, ReduceOp::Max, *spec.mesh, static_cast<int64_t>(m));
+  auto out = found.reshape({}).to(at::kBool);
+  if (invert) out = out.logical_not();
+  return wrap(out, spec.mesh, Placements(spec.mesh->ndim(), Placement::replicate()), {}, {});
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(bucketize) {
+  dispatch::set_handler("aten::isin.Tensor_Tensor", typed_handler(&isin_rule));
+  dispatch::set_handler("aten::isin.Tensor_Scalar", typed_handler(&isin_scalar_rule));
+  dispatch::set_handler("aten::isin.Scalar_Tensor", typed_handler(&isin_in_split_rule));
   dispatch::set_handler("aten::bucketize.Tensor", typed_handler(&bucketize_rule));
   dispatch::set_handler("aten::searchsorted.Tensor", typed_handler(&searchsorted_rule));
 }

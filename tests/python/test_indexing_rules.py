@@ -571,6 +571,21 @@ def case_bucketize_searchsorted(seed):
         # the input split along its last dim (the values of one row): the sequence's rows stay whole
         xl = st.distribute_tensor(x, m, [st.Shard(2)])
         assert torch.equal(full(torch.searchsorted(seqs, xl)), torch.searchsorted(seqs, x))
+        # isin: membership in a whole, replicated or split set; a scalar's membership in split test elements
+        ints = torch.arange(21).reshape(3, 7) % 5
+        ints_s = st.distribute_tensor(ints, m, *lay)
+        test = torch.tensor([4, 1, 7])
+        test_s = st.distribute_tensor(test, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(3, m.size(), seed)})
+        for tt in (test, test_s):
+            for invert in (False, True):
+                out = torch.isin(ints_s, tt, invert=invert)
+                assert st.placements(out) == (st.Shard(1),)
+                assert torch.equal(full(out), torch.isin(ints, test, invert=invert))
+        assert torch.equal(full(torch.isin(ints_s, 3)), torch.isin(ints, 3))
+        for v in (7, 2):
+            for invert in (False, True):
+                got = torch.isin(v, test_s, invert=invert)
+                assert torch.equal(full(got), torch.isin(v, test, invert=invert)), (v, invert)
     return True
 
 
