@@ -18,8 +18,10 @@
 // rows; a grid that points anywhere moves what it reads, never more than the input.
 //
 // Padding `zeros` and `border` (its clamp is at the input's edge, which a window that needs an edge row contains)
-// run on windows; `reflection` mirrors about the input's edges, which a window does not have, so a spatially split
-// input with reflection padding declines (the fallback; strict mode: NotImplementedError).
+// run on windows as they are; `reflection` mirrors about the input's edges, which a window does not have, so the
+// grid is reflected here (in global pixels, torch's reflect-then-clip) and the kernel runs with border padding, the
+// grid gradient carrying the reflection's sign. Bicubic sampling reflects each of its taps, not the point: with
+// reflection padding over a split input it declines (the fallback; strict mode: NotImplementedError).
 #include "comm/halo_plan.h"
 #include "ops/common.h"
 
@@ -62,7 +64,8 @@ std::string placements_str(const at::Tensor& t) {
                                      ": ", why));
 }
 
-GridLayout grid_layout(const std::string& op, const at::Tensor& input, const at::Tensor& grid, int64_t padding_mode) {
+GridLayout grid_layout(const std::string& op, const at::Tensor& input, const at::Tensor& grid, int64_t interpolation_mode,
+                       int64_t padding_mode) {
   GridLayout l;
   l.mesh = dispatch::common_mesh(op.c_str(), {input, grid});
   l.spatial = input.dim() - 2;
@@ -94,8 +97,8 @@ GridLayout grid_layout(const std::string& op, const at::Tensor& input, const at:
     }
     int64_t gd = gp.is_shard() ? gp.dim : -1;  // the grid's position dim on m
     if (ip.is_shard()) {
-      if (padding_mode == kReflection)
-        decline(op, input, grid, "reflection padding mirrors about the input's edges, which a rank's window of a split input does not have (use padding_mode='zeros' or 'border', or redistribute the input)");
+      if (padding_mode == kReflection && interpolation_mode == kBicubic)
+        decline(op, input, grid, "bicubic sampling with reflection padding mirrors each tap about the input's edges, which a rank's window of a split input does not have (use bilinear, or padding_mode='zeros' or 'border', or redistribute the input)");
       const auto s = ip.dim;
       l.in_pl[m] = ip;
       l.in_ext[s] = in_ext.at(s);
@@ -131,6 +134,25 @@ at::Tensor unnormalize(const at::Tensor& y, int64_t size, bool align_corners) {
   return align_corners ? (y + 1) / 2 * static_cast<double>(size - 1) : ((y + 1) * static_cast<double>(size) - 1) / 2;
 }
 
+// Reflection padding's coordinate (torch's reflect-then-clip, in pixels) and its derivative (+-1, 0 where clipped):
+// mirrored about -0.5 and size - 0.5 (about 0 and size - 1 with align_corners).
+std::pair<at::Tensor, at::Tensor> reflected(const at::Tensor& p, int64_t size, bool align_corners) {
+  const double lo2 = align_corners ? 0.0 : -1.0, hi2 = align_corners ? 2.0 * (size - 1) : 2.0 * size - 1;
+  if (lo2 == hi2) return {at::zeros_like(p), at::zeros_like(p)};
+  const double min = lo2 / 2, span = (hi2 - lo2) / 2;
+  auto shifted = p - min;
+  auto sign = 1.0 - 2.0 * shifted.lt(0).to(p.scalar_type());  // in p's dtype (a where of two scalars is float32)
+  auto in = shifted.abs();
+  auto extra = at::fmod(in, span);
+  auto flips = at::floor(in / span);
+  auto odd = at::fmod(flips, 2).ne(0);
+  auto r = at::where(odd, span - extra + min, extra + min);
+  sign = at::where(odd, -sign, sign);
+  auto clipped = r.clamp(0, static_cast<double>(size - 1));
+  auto inside = r.gt(0).logical_and(r.lt(static_cast<double>(size - 1)));
+  return {clipped, sign * inside.to(p.scalar_type())};
+}
+
 // [lo, hi): the input rows this rank's points read along a dim of `size` rows (with a margin of one row each
 // side), at least min(2, size) rows so a window never has the degenerate one-row normalization; [0, min(2, size))
 // when no point reads any row.
@@ -140,6 +162,7 @@ std::pair<int64_t, int64_t> rows_read(const at::Tensor& y, int64_t size, int64_t
   if (y.numel() > 0) {
     auto p = unnormalize(y.to(at::kDouble), size, align_corners);
     if (padding_mode == kBorder) p = p.clamp(0, static_cast<double>(size - 1));
+    if (padding_mode == kReflection) p = reflected(p, size, align_corners).first;
     const auto below = interpolation_mode == kBicubic ? 2 : 1, above = interpolation_mode == kBicubic ? 3 : 2;
     auto f = at::floor(p).clamp(-4.0 * static_cast<double>(size) - 8, 4.0 * static_cast<double>(size) + 8);
     auto t_lo = f - below, t_hi = f + above;
@@ -198,45 +221,63 @@ Windows plan_windows(const GridLayout& l, const at::Tensor& input, const at::Ten
 }
 
 // The grid with the components of windowed dims re-normalized to the windows (the grid itself when every window is
-// the whole dim), and d(y')/d(y) of each component (1 elsewhere).
-std::pair<at::Tensor, std::vector<double>> window_grid(const GridLayout& l, const Windows& w, const at::Tensor& input,
-                                                       const at::Tensor& grid_local, bool align_corners) {
-  std::vector<double> scale(l.spatial, 1.0);
+// the whole dim), and d(y')/d(y) of each component (undefined: 1). Reflection padding (bilinear, nearest) mirrors
+// about the input's edges, which a window does not have: every component is reflected here, in global pixels, and
+// the kernel then runs with border padding (the reflected points lie inside; its clamp is a no-op), the derivative
+// carrying the reflection's sign (0 where clipped).
+std::pair<at::Tensor, std::vector<at::Tensor>> window_grid(const GridLayout& l, const Windows& w,
+                                                           const at::Tensor& input, const at::Tensor& grid_local,
+                                                           int64_t padding_mode, bool align_corners) {
+  std::vector<at::Tensor> factor(l.spatial);
   at::Tensor g = grid_local;
-  for (size_t k = 0; k < l.windows.size(); ++k) {
-    const auto size = input.size(l.windows[k].dim);
-    const auto [lo, hi] = w.range[k];
+  const bool reflect = padding_mode == kReflection;
+  for (int64_t c = 0; c < l.spatial; ++c) {
+    const auto dim = 2 + (l.spatial - 1 - c);
+    const auto size = input.size(dim);
+    int64_t lo = 0, hi = size;
+    for (size_t k = 0; k < l.windows.size(); ++k)
+      if (l.windows[k].dim == dim) std::tie(lo, hi) = w.range[k];
     const auto h = hi - lo;
-    if (lo == 0 && h == size) continue;
+    if (!reflect && lo == 0 && h == size) continue;
     if (g.is_same(grid_local)) g = grid_local.clone();  // the caller's grid is left as it is
-    const auto c = l.windows[k].component;
     auto y = g.select(-1, c);
-    auto p = unnormalize(y.to(at::kDouble), size, align_corners) - static_cast<double>(lo);
-    auto yw = align_corners ? p * (2.0 / static_cast<double>(h - 1)) - 1 : (p * 2 + 1) / static_cast<double>(h) - 1;
+    auto p = unnormalize(y.to(at::kDouble), size, align_corners);
+    at::Tensor sign;
+    if (reflect) std::tie(p, sign) = reflected(p, size, align_corners);
+    p = p - static_cast<double>(lo);
+    auto yw = align_corners ? (h > 1 ? p * (2.0 / static_cast<double>(h - 1)) - 1 : at::zeros_like(p))
+                            : (p * 2 + 1) / static_cast<double>(h) - 1;
     y.copy_(yw);
-    scale[c] = align_corners ? static_cast<double>(size - 1) / static_cast<double>(h - 1)
-                             : static_cast<double>(size) / static_cast<double>(h);
+    const double scale = align_corners ? (h > 1 ? static_cast<double>(size - 1) / static_cast<double>(h - 1) : 0.0)
+                                       : static_cast<double>(size) / static_cast<double>(h);
+    factor[c] = sign.defined() ? (sign * scale).to(grid_local.scalar_type())
+                               : at::scalar_tensor(scale, grid_local.options());
   }
-  return {g, scale};
+  return {g, factor};
 }
 
 // The local kernels of one op: the forward, and the backward as (grad_input, grad_grid).
-using ForwardKernel = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& g)>;
-using BackwardKernel =
-    std::function<std::tuple<at::Tensor, at::Tensor>(const at::Tensor& go, const at::Tensor& x, const at::Tensor& g)>;
+using ForwardKernel = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& g, int64_t padding_mode)>;
+using BackwardKernel = std::function<std::tuple<at::Tensor, at::Tensor>(const at::Tensor& go, const at::Tensor& x,
+                                                                        const at::Tensor& g, int64_t padding_mode)>;
+
+// The padding the local kernel runs with: reflection on windows has been applied to the grid (window_grid).
+int64_t kernel_padding(const GridLayout& l, int64_t padding_mode) {
+  return padding_mode == kReflection && !l.windows.empty() ? kBorder : padding_mode;
+}
 
 at::Tensor sampled(const std::string& op, const at::Tensor& input_in, const at::Tensor& grid_in,
                    int64_t interpolation_mode, int64_t padding_mode, bool align_corners, const ForwardKernel& kernel) {
   auto input = resolve_partial(input_in), grid = resolve_partial(grid_in);
-  const auto l = grid_layout(op, input, grid, padding_mode);
+  const auto l = grid_layout(op, input, grid, interpolation_mode, padding_mode);
   auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
   auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
   if (!l.windows.empty()) {
     const auto w = plan_windows(l, input, g, interpolation_mode, padding_mode, align_corners);
     x = w.plan.gather(x, *l.mesh);
-    g = window_grid(l, w, input, g, align_corners).first;
+    g = window_grid(l, w, input, g, padding_mode, align_corners).first;
   }
-  return wrap(kernel(x, g), l.mesh, l.out_pl, l.out_shape, l.out_ext);
+  return wrap(kernel(x, g, kernel_padding(l, padding_mode)), l.mesh, l.out_pl, l.out_shape, l.out_ext);
 }
 
 std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const at::Tensor& grad_output,
@@ -245,12 +286,12 @@ std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const
                                                     bool align_corners, bool want_grid_grad,
                                                     const BackwardKernel& kernel) {
   auto input = resolve_partial(input_in), grid = resolve_partial(grid_in);
-  const auto l = grid_layout(op, input, grid, padding_mode);
+  const auto l = grid_layout(op, input, grid, interpolation_mode, padding_mode);
   auto go = local_as(dispatch::as_shard(grad_output, l.mesh), l.mesh, l.out_pl, l.out_ext);
   auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
   auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
   Windows w;
-  std::vector<double> scale(l.spatial, 1.0);
+  std::vector<at::Tensor> factor(l.spatial);
   if (!l.windows.empty()) {
     w = plan_windows(l, input, g, interpolation_mode, padding_mode, align_corners);
     if (want_grid_grad) {
@@ -261,12 +302,12 @@ std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const
       for (size_t k = 0; k < l.windows.size(); ++k) shape[l.windows[k].dim] = w.range[k].second - w.range[k].first;
       x = at::zeros(shape, x.options());
     }
-    std::tie(g, scale) = window_grid(l, w, input, g, align_corners);
+    std::tie(g, factor) = window_grid(l, w, input, g, padding_mode, align_corners);
   }
-  auto [gi, gg] = kernel(go, x, g);
+  auto [gi, gg] = kernel(go, x, g, kernel_padding(l, padding_mode));
   if (gg.defined()) {
     for (int64_t c = 0; c < l.spatial; ++c)
-      if (scale[c] != 1.0) gg.select(-1, c).mul_(scale[c]);
+      if (factor[c].defined()) gg.select(-1, c).mul_(factor[c]);
     auto pl = l.grid_pl;
     for (auto m : l.channel_dims) pl[m] = Placement::partial();
     gg = wrap(gg, l.mesh, pl, grid.sizes().vec(), l.grid_ext);
@@ -285,9 +326,9 @@ at::Tensor grid_sampler_rule(const at::Tensor& input, const at::Tensor& grid, in
                              int64_t padding_mode, bool align_corners) {
   const char* op = ThreeD ? "aten::grid_sampler_3d" : "aten::grid_sampler_2d";
   return sampled(op, input, grid, interpolation_mode, padding_mode, align_corners,
-                 [&](const at::Tensor& x, const at::Tensor& g) {
-                   return ThreeD ? at::grid_sampler_3d(x, g, interpolation_mode, padding_mode, align_corners)
-                                 : at::grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners);
+                 [&](const at::Tensor& x, const at::Tensor& g, int64_t pad) {
+                   return ThreeD ? at::grid_sampler_3d(x, g, interpolation_mode, pad, align_corners)
+                                 : at::grid_sampler_2d(x, g, interpolation_mode, pad, align_corners);
                  });
 }
 
@@ -299,11 +340,9 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_backward_rule(const at::Tensor& 
   const char* op = ThreeD ? "aten::grid_sampler_3d_backward" : "aten::grid_sampler_2d_backward";
   return sampled_backward(
       op, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask[1],
-      [&](const at::Tensor& go, const at::Tensor& x, const at::Tensor& g) {
-        return ThreeD ? at::grid_sampler_3d_backward(go, x, g, interpolation_mode, padding_mode, align_corners,
-                                                     output_mask)
-                      : at::grid_sampler_2d_backward(go, x, g, interpolation_mode, padding_mode, align_corners,
-                                                     output_mask);
+      [&](const at::Tensor& go, const at::Tensor& x, const at::Tensor& g, int64_t pad) {
+        return ThreeD ? at::grid_sampler_3d_backward(go, x, g, interpolation_mode, pad, align_corners, output_mask)
+                      : at::grid_sampler_2d_backward(go, x, g, interpolation_mode, pad, align_corners, output_mask);
       });
 }
 
@@ -311,13 +350,13 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_backward_rule(const at::Tensor& 
 // layouts, its own kernels.
 at::Tensor cudnn_grid_sampler_rule(const at::Tensor& input, const at::Tensor& grid) {
   return sampled("aten::cudnn_grid_sampler", input, grid, kBilinear, kZeros, true,
-                 [](const at::Tensor& x, const at::Tensor& g) { return at::cudnn_grid_sampler(x, g); });
+                 [](const at::Tensor& x, const at::Tensor& g, int64_t) { return at::cudnn_grid_sampler(x, g); });
 }
 
 std::tuple<at::Tensor, at::Tensor> cudnn_grid_sampler_backward_rule(const at::Tensor& input, const at::Tensor& grid,
                                                                     const at::Tensor& grad_output) {
   return sampled_backward("aten::cudnn_grid_sampler_backward", grad_output, input, grid, kBilinear, kZeros, true,
-                          true, [](const at::Tensor& go, const at::Tensor& x, const at::Tensor& g) {
+                          true, [](const at::Tensor& go, const at::Tensor& x, const at::Tensor& g, int64_t) {
                             return at::cudnn_grid_sampler_backward(x, g, go);
                           });
 }

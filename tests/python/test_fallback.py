@@ -110,7 +110,8 @@ def case_grid_sample_2d_mesh():
     x = randn(2, 3, 7, 6, seed=13)
     grid = randn(2, 7, 6, 2, seed=14) * 0.7
     lay = ([st.Shard(2), st.Shard(3)], {0: [3, 4], 1: [6, 0]})
-    out = check_op(lambda a, g: F.grid_sample(a, g, padding_mode="reflection", align_corners=False), [x, grid],
+    out = check_op(lambda a, g: F.grid_sample(a, g, mode="bicubic", padding_mode="reflection", align_corners=False),
+                   [x, grid],
                    [lay, None], m, what="grid_sample 2-D mesh")
     assert st.placements(out) == (st.Shard(2), st.Shard(3)) and st.sharding_shapes(out) == lay[1]
 
@@ -167,9 +168,9 @@ def test_quantile(world):
     harness.run(world, case_quantile, world)
 
 
-# zeros and border padding of a spatially split input run on windows (test_fold_rot90_grid.py, strict mode);
-# reflection mirrors about the input's edges and declines to the fallback
-@pytest.mark.parametrize("mode,padding_mode,align_corners", [("bilinear", "reflection", True),
+# a spatially split input runs on windows (test_fold_rot90_grid.py, strict mode) but for bicubic sampling with
+# reflection padding (each tap mirrored about the input's edges), which declines to the fallback
+@pytest.mark.parametrize("mode,padding_mode,align_corners", [("bicubic", "reflection", True),
                                                              ("bicubic", "reflection", False)])
 @pytest.mark.parametrize("world", [1, 3])
 def test_grid_sample(world, mode, padding_mode, align_corners):
@@ -273,7 +274,7 @@ def case_strict(which):
         elif which == "declined":
             torch.fft.rfft(xs[:, 0])   # a 1-D signal along its sharded dim: no dim can take the shard
         else:
-            F.grid_sample(xs.reshape(1, 1, 6, 4), randn(1, 3, 3, 2, seed=30), padding_mode="reflection")
+            F.grid_sample(xs.reshape(1, 1, 6, 4), randn(1, 3, 3, 2, seed=30), mode="bicubic", padding_mode="reflection")
 
 
 @pytest.mark.parametrize("which,match", [("no_rule", "aten::_pdist_forward has no domain-parallel rule"),

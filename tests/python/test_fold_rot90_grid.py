@@ -219,7 +219,8 @@ D64 = dict(dtype=torch.float64)
 TIGHT = dict(rtol=1e-9, atol=1e-10)
 # (mode, padding_mode, align_corners): every kernel and both windowed paddings, both normalizations
 SPATIAL_MODES = [("bilinear", "zeros", False), ("nearest", "border", True), ("bicubic", "zeros", True),
-                 ("bicubic", "border", False), ("bilinear", "border", True)]
+                 ("bicubic", "border", False), ("bilinear", "border", True), ("bilinear", "reflection", True),
+                 ("bilinear", "reflection", False), ("nearest", "reflection", False)]
 
 
 def _identity_grid(*sizes, align_corners):
@@ -332,11 +333,12 @@ def test_grid_sample_spatial_2d_mesh():
 def case_grid_sample_reflection_strict():
     m = mesh()
     xs = st.distribute_tensor(randn(2, 2, 6, 5, seed=18), m, [st.Shard(2)])
-    F.grid_sample(xs, randn(2, 3, 3, 2, seed=19), padding_mode="reflection", align_corners=False)
+    F.grid_sample(xs, randn(2, 3, 3, 2, seed=19), mode="bicubic", padding_mode="reflection", align_corners=False)
 
 
 def test_grid_sample_reflection_strict():
-    """Reflection padding of a spatially split input mirrors about edges a window does not have: strict mode refuses
-    it on every rank, naming the remedy (the default runs it gathered, tests/python/test_fallback.py)."""
+    """Bicubic sampling with reflection padding of a spatially split input mirrors each tap about edges a window does
+    not have: strict mode refuses it on every rank, naming the remedy (the default runs it gathered,
+    tests/python/test_fallback.py)."""
     harness.expect_error(2, strict, case_grid_sample_reflection_strict,
-                         match="reflection padding", kinds=("NotImplementedError",))
+                         match="bicubic sampling with reflection padding", kinds=("NotImplementedError",))
