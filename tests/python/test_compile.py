@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import harness
 import shardtensor as st
@@ -589,3 +590,31 @@ def case_compiled_pointwise_sweep():
 def test_compiled_pointwise_sweep():
     counts = harness.run(2, case_compiled_pointwise_sweep, timeout=900)
     assert counts[0] > 100, counts
+
+
+def case_new_rules_in_compiled_code():
+    """Rules whose collectives depend on the data (grid_sample's windows, unique's sizes, max_unpool's routing) and a
+    batch-local one (linalg) inside compiled code: right answers, graph breaks where the data decides."""
+    m = mesh()
+    torch._dynamo.reset()
+    d64 = dict(dtype=torch.float64)
+    x = randn(1, 2, 8, 6, seed=1, **d64)
+    g = randn(1, 8, 6, 2, seed=2, **d64) * 0.5
+    mats = randn(5, 6, 6, seed=3, **d64)
+    eye = 3 * torch.eye(6, **d64)
+    xs, gs = st.distribute_tensor(x, m, [st.Shard(2)]), st.distribute_tensor(g, m, [st.Shard(1)])
+    ms = st.distribute_tensor(mats, m, [st.Shard(0)])
+    cases = (
+        ("grid_sample", lambda a, b: F.grid_sample(a.sin(), b, align_corners=False) * 2, (xs, gs), (x, g)),
+        ("linalg", lambda a: torch.linalg.inv(a.sin() + eye) * 2, (ms,), (mats,)),
+        ("unique", lambda a: torch.unique(a.round()) * 2, (xs,), (x,)),
+        ("max_unpool", lambda a: F.max_unpool2d(*F.max_pool2d(a.sin(), 2, return_indices=True), 2) * 2, (xs,), (x,)),
+    )
+    for name, fn, args, refs in cases:
+        y = torch.compile(fn, backend="aot_eager")(*args)
+        close(y.full_tensor() if st.is_shard_tensor(y) else y, fn(*refs), what=f"compiled {name}")
+    return True
+
+
+def test_new_rules_in_compiled_code():
+    harness.run(2, case_new_rules_in_compiled_code)
