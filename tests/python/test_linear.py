@@ -151,3 +151,33 @@ def test_softmax(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_embedding(world):
     harness.run(world, case_embedding, world)
+
+
+def case_bilinear(world):
+    """F.bilinear / nn.Bilinear (aten::_trilinear, forward and backward): rows split (the output's rows, the weight's
+    gradient a partial sum), one input whole, a 3-D input, the weight split along its output features."""
+    m = mesh()
+    d64 = dict(dtype=torch.float64)
+    tight = dict(rtol=1e-9, atol=1e-10)
+    a, b = randn(7, 4, seed=1, **d64), randn(7, 3, seed=2, **d64)
+    w, bias = randn(5, 4, 3, seed=3, **d64), randn(5, seed=4, **d64)
+    rows = ([st.Shard(0)], {0: uneven_extents(7, world, seed=5)})
+    with st.use_strict():
+        out = check_op(F.bilinear, [a, b, w, bias], [rows, rows, None, None], m, **tight, what="bilinear rows")
+        assert st.placements(out) == (st.Shard(0),)
+        check_op(F.bilinear, [a, b, w], [rows, None, None], m, **tight, what="bilinear, one input whole")
+        a3, b3 = randn(2, 6, 4, seed=6, **d64), randn(2, 6, 3, seed=7, **d64)
+        l3 = ([st.Shard(1)], {0: uneven_extents(6, world, seed=8)})
+        check_op(F.bilinear, [a3, b3, w, bias], [l3, l3, None, None], m, **tight, what="bilinear 3-D")
+        out = check_op(F.bilinear, [a, b, w, bias], [None, None, ([st.Shard(0)], None), None], m, **tight,
+                       what="bilinear, weight split along its outputs")
+        assert st.placements(out) == (st.Shard(1),)
+        torch.manual_seed(0)   # the same parameters on every rank
+        layer = torch.nn.Bilinear(4, 3, 5).double()
+        check_op(lambda x, y: layer(x, y), [a, b], [rows, rows], m, **tight, what="nn.Bilinear")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bilinear(world):
+    harness.run(world, case_bilinear, world)
