@@ -1093,3 +1093,4 @@ def _mesh(shape):
 
 # The second set of models (registered on import; it imports this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_third  # noqa: E402,F401

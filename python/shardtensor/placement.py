@@ -82,12 +82,16 @@ def _as_placement(p):
 
 
 def normalize_placements(placements, ndim_mesh: int):
-    """A tuple of shardtensor placements, one per mesh dim."""
+    """A tuple of shardtensor placements, one per mesh dim (a lone ``Replicate()`` stands for every mesh dim)."""
     if placements is None:
         raise ValueError("placements are required: one per mesh dim, e.g. [shardtensor.Shard(0)]")
     if isinstance(placements, (_TorchShard, _TorchReplicate, _TorchPartial)):
         placements = [placements]
     out = tuple(_as_placement(p) for p in placements)
+    if len(out) == 1 and ndim_mesh > 1 and isinstance(out[0], Replicate):
+        # A lone Replicate() on an N-D mesh can only mean "replicated everywhere" (PhysicsNeMo's Transolver writes
+        # `redistribute(placements=[Replicate()])`, a 1-D-mesh idiom; DTensor rejects it on larger meshes).
+        out = out * ndim_mesh
     if len(out) != ndim_mesh:
         raise ValueError(f"got {len(out)} placements {out} for a {ndim_mesh}-d mesh; give one per mesh dim")
     return out

@@ -123,8 +123,17 @@ def case_redistribute_2d():
         (y * wgt).sum().backward()
         assert leaf.grad.placements == tuple(src)
         close(leaf.grad.full_tensor(), wgt, what=f"2-D grad {src}->{dst}")
-    # Partial on one mesh dim, Shard on the other.
+    # A lone Replicate() stands for every mesh dim (PhysicsNeMo's Transolver writes the 1-D-mesh idiom); a lone
+    # Shard is ambiguous and still refused.
     s = st.distribute_tensor(x, m, [st.Shard(0), st.Shard(1)])
+    r = s.redistribute(placements=[st.Replicate()])
+    assert r.placements == (st.Replicate(), st.Replicate())
+    close(r.full_tensor(), x, what="lone Replicate")
+    from torch.distributed.tensor import Replicate as TorchReplicate
+    assert s.redistribute(placements=[TorchReplicate()]).placements == (st.Replicate(), st.Replicate())
+    with pytest.raises(ValueError, match="one per mesh dim"):
+        s.redistribute(placements=[st.Shard(0)])
+    # Partial on one mesh dim, Shard on the other.
     p = s.sum(0)
     assert p.placements == (st.Partial("sum"), st.Shard(0))
     close(p.full_tensor(), x.sum(0), what="2-D partial")
