@@ -55,6 +55,11 @@ ZOO = [
     ("torchvision/mc3", 2, None, None),       # video: 3-D convolutions, the time dim sharded
     ("torchvision/raft_small", 2, None, None),  # optical flow: all-pairs correlation, grid_sample lookups
     ("monai/VoxelMorph2d", 3, None, None),    # registration: grid_sample warps of a split image by a split field
+    ("timm/repvit_m1", 2, None, None),        # BatchNorm1d head of a global pool (a pending sum's gradient)
+    ("timm/mobilenetv4_hybrid", 2, None, None),  # multi-query attention (one broadcast key/value head)
+    ("timm/coat_lite", 2, None, None),        # class token sliced off the split tokens and put back (a local cat)
+    ("monai/Quicknat", 4, (2, 2), None),      # max-pool indices and max_unpool with height and width split
+    ("physicsnemo/GeoTransolver", 4, (2, 2), None),  # a lone Replicate() on a 2-D mesh
 ]
 XFAIL = {}
 
