@@ -25,7 +25,9 @@
 #include "comm/halo_plan.h"
 #include "ops/common.h"
 
+#include <deque>
 #include <limits>
+#include <memory>
 
 namespace shardtensor::ops {
 
@@ -220,6 +222,41 @@ Windows plan_windows(const GridLayout& l, const at::Tensor& input, const at::Ten
   return w;
 }
 
+// The windows of the last forward calls, for their backward: the same grid (the tensor autograd saved, not modified
+// since: its version) and input give the same ranges, so the backward skips the range computation and its
+// all-gather. Weak references: an entry whose tensors died never matches a new tensor at the same address. Entries
+// are added and dropped in program order, which every rank shares, so every rank hits or misses alike.
+struct CachedWindows {
+  c10::weak_intrusive_ptr<c10::TensorImpl> grid, input;
+  uint32_t grid_version = 0, input_version = 0;
+  int64_t interpolation_mode = 0, padding_mode = 0;
+  bool align_corners = false;
+  std::shared_ptr<const Windows> windows;
+};
+thread_local std::deque<CachedWindows> recent_windows;
+constexpr size_t kCachedWindows = 16;
+
+std::shared_ptr<const Windows> windows_for(const GridLayout& l, const at::Tensor& input, const at::Tensor& grid,
+                                           const at::Tensor& grid_local, int64_t interpolation_mode,
+                                           int64_t padding_mode, bool align_corners) {
+  for (const auto& c : recent_windows) {
+    auto g = c.grid.lock(), x = c.input.lock();
+    if (g && x && g.get() == grid.unsafeGetTensorImpl() && x.get() == input.unsafeGetTensorImpl() &&
+        c.grid_version == grid._version() && c.input_version == input._version() &&
+        c.interpolation_mode == interpolation_mode && c.padding_mode == padding_mode &&
+        c.align_corners == align_corners)
+      return c.windows;
+  }
+  auto w = std::make_shared<const Windows>(
+      plan_windows(l, input, grid_local, interpolation_mode, padding_mode, align_corners));
+  if (recent_windows.size() == kCachedWindows) recent_windows.pop_front();
+  recent_windows.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(grid.getIntrusivePtr()),
+                            c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr()),
+                            static_cast<uint32_t>(grid._version()), static_cast<uint32_t>(input._version()),
+                            interpolation_mode, padding_mode, align_corners, w});
+  return w;
+}
+
 // The grid with the components of windowed dims re-normalized to the windows (the grid itself when every window is
 // the whole dim), and d(y')/d(y) of each component (undefined: 1). Reflection padding (bilinear, nearest) mirrors
 // about the input's edges, which a window does not have: every component is reflected here, in global pixels, and
@@ -273,9 +310,9 @@ at::Tensor sampled(const std::string& op, const at::Tensor& input_in, const at::
   auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
   auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
   if (!l.windows.empty()) {
-    const auto w = plan_windows(l, input, g, interpolation_mode, padding_mode, align_corners);
-    x = w.plan.gather(x, *l.mesh);
-    g = window_grid(l, w, input, g, padding_mode, align_corners).first;
+    const auto w = windows_for(l, input_in, grid_in, g, interpolation_mode, padding_mode, align_corners);
+    x = w->plan.gather(x, *l.mesh);
+    g = window_grid(l, *w, input, g, padding_mode, align_corners).first;
   }
   return wrap(kernel(x, g, kernel_padding(l, padding_mode)), l.mesh, l.out_pl, l.out_shape, l.out_ext);
 }
@@ -290,10 +327,11 @@ std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const
   auto go = local_as(dispatch::as_shard(grad_output, l.mesh), l.mesh, l.out_pl, l.out_ext);
   auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
   auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
-  Windows w;
+  std::shared_ptr<const Windows> wp;
   std::vector<at::Tensor> factor(l.spatial);
   if (!l.windows.empty()) {
-    w = plan_windows(l, input, g, interpolation_mode, padding_mode, align_corners);
+    wp = windows_for(l, input_in, grid_in, g, interpolation_mode, padding_mode, align_corners);
+    const auto& w = *wp;
     if (want_grid_grad) {
       x = w.plan.gather(x, *l.mesh);
     } else {
@@ -313,7 +351,7 @@ std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const
     gg = wrap(gg, l.mesh, pl, grid.sizes().vec(), l.grid_ext);
   }
   if (gi.defined()) {
-    if (!l.windows.empty()) gi = w.plan.scatter_add(gi, *l.mesh, /*consume=*/true);
+    if (!l.windows.empty()) gi = wp->plan.scatter_add(gi, *l.mesh, /*consume=*/true);
     auto pl = l.in_pl;
     for (auto m : l.partial_dims) pl[m] = Placement::partial();
     gi = wrap(gi, l.mesh, pl, input.sizes().vec(), l.in_ext);

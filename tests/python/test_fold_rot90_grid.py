@@ -297,6 +297,12 @@ def case_grid_sample_spatial_collectives():
         out = F.grid_sample(xs, gs, align_corners=False)
     # one small all-gather (every rank's row range) and one halo exchange
     assert dict(c.calls) == {"all_gather": 1, "halo": 1}, c.calls
+    # the backward reuses the forward's windows (the same grid, unmodified): no second range all-gather
+    xs = st.distribute_tensor(x, m, [st.Shard(2)]).requires_grad_()
+    gs = st.distribute_tensor(g, m, [st.Shard(1)]).requires_grad_()
+    with st.CommCounter() as c:
+        F.grid_sample(xs, gs, align_corners=False).square().sum().backward()
+    assert dict(c.calls) == {"all_gather": 1, "halo": 3}, c.calls   # halo: forward, backward's window, grad home
     assert st.to_local(out).shape[2] == st.to_local(xs).shape[2]
     return dict(c.calls)
 
