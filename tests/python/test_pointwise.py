@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_grad_layout, check_op, close, full, mesh, randn, uneven_extents
+from cases_util import check_grad_layout, check_op, close, full, mesh, randn, shard_of, uneven_extents
 
 
 def case_binary_broadcast(seed):
@@ -487,3 +487,32 @@ def test_untagged_elementwise(world):
     harness.run(world, case_untagged_elementwise, world)
 
 
+
+
+def case_pending_sum_times_shard(world):
+    """A pending sum times a tensor sharded along an output dim (SwiftFormer's `attn * key`, `x * x.sum(1, keepdim)`):
+    the small pending operand is completed (one all-reduce) and the product stays sharded — the large operand is
+    never gathered; with a whole operand the pending sum is kept (no communication)."""
+    m = mesh()
+    a, k = randn(2, 9, 5, seed=60), randn(2, 9, 5, seed=61)
+    lay = ([st.Shard(1)], {0: uneven_extents(9, world, seed=62)})
+    a_s, k_s = shard_of(a, m, *lay), shard_of(k, m, *lay)
+    s = a_s.sum(1, keepdim=True)
+    assert type(st.placements(s)[0]).__name__ == "Partial"
+    for op in (torch.mul, torch.div):
+        with st.CommCounter() as c:
+            out = op(s, k_s) if op is torch.mul else op(k_s, s)
+        assert st.placements(out) == (st.Shard(1),), st.placements(out)
+        assert dict(c.calls) == ({"all_reduce": 1} if world > 1 else {}), c.calls
+        ref = a.sum(1, keepdim=True) * k if op is torch.mul else k / a.sum(1, keepdim=True)
+        close(full(out), ref, what=f"{op.__name__} of a pending sum and a shard")
+    with st.CommCounter() as c:
+        kept = s * randn(2, 1, 5, seed=63)
+    assert type(st.placements(kept)[0]).__name__ == "Partial" and not c.calls, (st.placements(kept), c.calls)
+    check_op(lambda x, y: x.sum(1, keepdim=True) * y, [a, k], [lay, lay], m, what="pending sum times shard, grads")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pending_sum_times_shard(world):
+    harness.run(world, case_pending_sum_times_shard, world)
