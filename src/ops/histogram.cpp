@@ -1,4 +1,5 @@
-// Histograms of a sharded field: histc, histogram (bin count or edges, weights, density) and bincount. A histogram
+// Histograms of a sharded field: histc, histogram (bin count or edges, weights, density), histogramdd (points split,
+// per-coordinate ranges agreed in one collective) and bincount. A histogram
 // is a sum of the ranks' histograms over the same bins, so each rank counts its own elements and the result is
 // Partial(sum) over the mesh dims that shard the input (completed when it is read). What the bins depend on is
 // agreed first in one small collective: the data's global min and max when no range is given (histc's min == max,
@@ -118,6 +119,110 @@ std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, 
   return finish_histogram(hist, e, f, density);
 }
 
+
+// ---- histogramdd: points (leading dims) split, the coordinate dim (last) whole ----
+
+// The points' field; a sharded coordinate dim declines.
+Field points_of(const at::Tensor& self) {
+  auto f = field_of(self);
+  for (auto m : f.sharded)
+    if (f.spec->placements[m].is_shard(self.dim() - 1))
+      dispatch::not_implemented("histogramdd with its coordinate (last) dim sharded; shard the points instead");
+  return f;
+}
+
+// Per coordinate, the outer bin edges: the given range, else the points' global min and max (one collective), an
+// empty range widened by half a unit on each side as torch does.
+std::vector<double> outer_edges(const Field& f, int64_t dims, std::optional<at::ArrayRef<double>> range) {
+  std::vector<double> r(2 * dims);
+  if (range && !range->empty()) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(range->size()) == 2 * dims, "torch.histogramdd(): for a ", dims,
+                      "-dimensional histogram, range should have ", 2 * dims, " elements, but got ", range->size());
+    std::copy(range->begin(), range->end(), r.begin());
+  } else {
+    const auto inf = std::numeric_limits<double>::infinity();
+    auto pts = f.local.reshape({-1, dims}).to(at::kDouble);
+    auto opts = pts.options();
+    auto lo = pts.size(0) ? std::get<0>(pts.min(0)) : at::full({dims}, inf, opts);
+    auto hi = pts.size(0) ? std::get<0>(pts.max(0)) : at::full({dims}, -inf, opts);
+    if (!f.sharded.empty()) {
+      comm::StatReduce red;
+      const auto i = red.min(lo), j = red.max(hi);
+      red.run(*f.mesh, f.sharded);
+      lo = red.result(i)[0], hi = red.result(j)[0];
+    }
+    lo = lo.cpu(), hi = hi.cpu();
+    for (int64_t d = 0; d < dims; ++d) {
+      const auto a = lo[d].item<double>(), b = hi[d].item<double>();
+      const bool empty = !std::isfinite(a) || !std::isfinite(b);  // no point on any rank
+      r[2 * d] = empty ? 0.0 : a;
+      r[2 * d + 1] = empty ? 0.0 : b;
+    }
+  }
+  for (int64_t d = 0; d < dims; ++d)
+    if (r[2 * d] == r[2 * d + 1]) r[2 * d] -= 0.5, r[2 * d + 1] += 0.5;
+  return r;
+}
+
+// Counts over the edges, Partial(sum) over the mesh dims that split the points; density from the completed counts.
+at::Tensor histogramdd_counts(const Field& f, at::TensorList edges, const std::optional<at::Tensor>& weight,
+                              bool density) {
+  auto w = local_weight(weight, f);
+  auto local = at::_histogramdd_from_bin_tensors(f.local, edges, w.defined() ? std::optional<at::Tensor>(w)
+                                                                             : std::nullopt, false);
+  auto counts = partial_counts(local, f);
+  if (!density) return counts;
+  auto total = resolve_partial(counts);
+  auto c = shard_impl(total)->local();
+  auto norm = c / c.sum();
+  for (size_t d = 0; d < edges.size(); ++d) {
+    const auto& e = edges[d];
+    std::vector<int64_t> shape(edges.size(), 1);
+    shape[d] = e.size(0) - 1;
+    norm = norm / (e.narrow(0, 1, e.size(0) - 1) - e.narrow(0, 0, e.size(0) - 1)).reshape(shape);
+  }
+  return make_shard_tensor(norm, shard_impl(total)->spec());
+}
+
+std::vector<at::Tensor> edges_for(const at::Tensor& self, const Field& f, at::IntArrayRef bins,
+                                  std::optional<at::ArrayRef<double>> range) {
+  const auto dims = self.size(-1);
+  const auto r = outer_edges(f, dims, range);
+  // torch's own edges for that range (the local points only fix the dtype and device)
+  return at::_histogramdd_bin_edges(f.local, bins, r, std::nullopt, false);
+}
+
+// _histogramdd_bin_edges(Tensor self, int[] bins, *, float[]? range=None, Tensor? weight=None, bool density=False)
+std::vector<at::Tensor> histogramdd_edges_rule(const at::Tensor& self, at::IntArrayRef bins,
+                                               std::optional<at::ArrayRef<double>> range,
+                                               const std::optional<at::Tensor>& weight, bool density) {
+  auto f = points_of(self);
+  std::vector<at::Tensor> out;
+  for (auto& e : edges_for(self, f, bins, range))
+    out.push_back(wrap(e, f.mesh, Placements(f.mesh->ndim(), Placement::replicate()), e.sizes().vec(), {}));
+  return out;
+}
+
+// _histogramdd_from_bin_cts(Tensor self, int[] bins, *, float[]? range=None, Tensor? weight=None, bool density=False)
+at::Tensor histogramdd_bin_cts_rule(const at::Tensor& self, at::IntArrayRef bins,
+                                    std::optional<at::ArrayRef<double>> range, const std::optional<at::Tensor>& weight,
+                                    bool density) {
+  auto f = points_of(self);
+  return histogramdd_counts(f, edges_for(self, f, bins, range), weight, density);
+}
+
+// _histogramdd_from_bin_tensors(Tensor self, Tensor[] bins, *, Tensor? weight=None, bool density=False)
+at::Tensor histogramdd_bin_tensors_rule(const at::Tensor& self, at::TensorList bins,
+                                        const std::optional<at::Tensor>& weight, bool density) {
+  auto f = points_of(self);
+  std::vector<at::Tensor> edges;
+  for (const auto& b : bins)
+    edges.push_back(shard_impl(b) ? local_as(resolve_partial(b), f.mesh,
+                                             Placements(f.mesh->ndim(), Placement::replicate()), {})
+                                  : b);
+  return histogramdd_counts(f, edges, weight, density);
+}
+
 // bincount(Tensor self, Tensor? weights=None, SymInt minlength=0): the length follows the global max.
 at::Tensor bincount_rule(const at::Tensor& self, const std::optional<at::Tensor>& weights, c10::SymInt minlength_s) {
   const auto minlength = minlength_s.expect_int();
@@ -151,6 +256,9 @@ SHARDTENSOR_RULE_FAMILY(histogram) {
   dispatch::set_handler("aten::histogram.bin_ct", typed_handler(&histogram_bins_rule));
   dispatch::set_handler("aten::histogram.bins_tensor", typed_handler(&histogram_edges_rule));
   dispatch::set_handler("aten::bincount", typed_handler(&bincount_rule));
+  dispatch::set_handler("aten::_histogramdd_bin_edges", typed_handler(&histogramdd_edges_rule));
+  dispatch::set_handler("aten::_histogramdd_from_bin_cts", typed_handler(&histogramdd_bin_cts_rule));
+  dispatch::set_handler("aten::_histogramdd_from_bin_tensors", typed_handler(&histogramdd_bin_tensors_rule));
 }
 
 } // namespace shardtensor::ops

@@ -74,3 +74,38 @@ def case_histograms_mesh2d(seed):
 
 def test_histograms_mesh2d():
     harness.run(4, case_histograms_mesh2d, 4)
+
+
+def case_histogramdd(world):
+    """torch.histogramdd of a point set split by points: per-coordinate ranges agreed in one collective, each rank's
+    counts a partial sum; bin counts or edges, a range, weights, density; one-point and empty shards."""
+    m = mesh()
+    g = torch.Generator().manual_seed(40)
+    pts = torch.randn(23, 3, generator=g, dtype=torch.float64)
+    pts[:, 2] = pts[:, 2].round()
+    w = torch.rand(23, generator=g, dtype=torch.float64)
+    lay = ([st.Shard(0)], {0: uneven_extents(23, world, seed=41)})
+    with st.use_strict():
+        ps, ws = st.distribute_tensor(pts, m, *lay), st.distribute_tensor(w, m, *lay)
+        cases = [dict(bins=[4, 3, 5]), dict(bins=4, density=True), dict(bins=[2, 3, 4], weight=True),
+                 dict(bins=[3, 3, 3], range=[-1.0, 1.0, -2.0, 2.0, 0.0, 0.0])]
+        for kw in cases:
+            weight = kw.pop("weight", False)
+            got = torch.histogramdd(ps, weight=ws if weight else None, **kw)
+            ref = torch.histogramdd(pts, weight=w if weight else None, **kw)
+            close(full(got.hist), ref.hist, what=f"histogramdd {kw}")
+            for a, b in zip(got.bin_edges, ref.bin_edges):
+                close(full(a), b, what=f"histogramdd edges {kw}")
+        edges = [torch.linspace(-2, 2, 5, dtype=torch.float64)] * 3
+        close(full(torch.histogramdd(ps, bins=edges).hist), torch.histogramdd(pts, bins=edges).hist,
+              what="histogramdd with edges")
+        # points as (B, N, D): the leading dims are the points
+        p3 = pts[:22].reshape(2, 11, 3)
+        p3s = st.distribute_tensor(p3, m, [st.Shard(1)], {0: uneven_extents(11, world, seed=42)})
+        close(full(torch.histogramdd(p3s, bins=3).hist), torch.histogramdd(p3, bins=3).hist, what="histogramdd 3-D")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_histogramdd(world):
+    harness.run(world, case_histogramdd, world)
