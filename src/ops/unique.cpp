@@ -22,9 +22,10 @@ namespace shardtensor::ops {
 namespace {
 
 // c10d moves no bool tensors through every backend: they travel as bytes.
-at::Tensor gathered_v(const at::Tensor& t, const std::vector<int64_t>& extents, const Mesh& mesh, int64_t m) {
-  if (t.scalar_type() != at::kBool) return comm::all_gather_v(t, 0, extents, mesh, m);
-  return comm::all_gather_v(t.to(at::kByte), 0, extents, mesh, m).to(at::kBool);
+at::Tensor gathered_v(const at::Tensor& t, const std::vector<int64_t>& extents, const Mesh& mesh, int64_t m,
+                      int64_t dim = 0) {
+  if (t.scalar_type() != at::kBool) return comm::all_gather_v(t, dim, extents, mesh, m);
+  return comm::all_gather_v(t.to(at::kByte), dim, extents, mesh, m).to(at::kBool);
 }
 
 struct Distinct {
@@ -149,12 +150,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at:
   return {replicated(u, mesh), inverse, return_counts ? replicated(counts, mesh) : empty_long(local, mesh)};
 }
 
+
+// unique_dim(Tensor self, int dim, bool sorted=True, bool return_inverse=False, bool return_counts=False): the
+// distinct slices along `dim` (the distinct points of a point set split by points: voxel coordinates). With `dim` the
+// only split dim, each rank's distinct slices and counts are merged as above (the slices, never the elements); the
+// inverse of each local slice is its position among the merged ones (a unique of the merged and the local slices
+// together, which adds none). Values and counts Replicate, the inverse split like the slices.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_dim_rule(const at::Tensor& self_in, int64_t dim, bool sorted,
+                                                               bool return_inverse, bool return_counts) {
+  auto self = resolve_partial(self_in);
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& local = shard_impl(self)->local();
+  const auto& mesh = spec.mesh;
+  const auto d = wrap_dim(dim, self.dim());
+  if (!spec.has_shard()) {
+    auto [v, inv, c] = at::unique_dim(local, d, sorted, return_inverse, return_counts);
+    return {replicated(v, mesh), replicated(inv, mesh), replicated(c, mesh)};
+  }
+  int64_t m = -1;
+  for (size_t j = 0; j < spec.placements.size(); ++j) {
+    if (!spec.placements[j].is_shard()) continue;
+    if (!spec.placements[j].is_shard(d))
+      dispatch::not_implemented("unique along a dim with another dim sharded (its slices are split across ranks); "
+                                "redistribute the other dims to Replicate()");
+    m = static_cast<int64_t>(j);
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique(dim=...) of a ShardTensor under simulation "
+                              "(shardtensor.simulate): the result's size is the data");
+  auto [v, unused, c] = at::unique_dim(local, d, true, false, true);
+  const bool nan = (local.is_floating_point() || local.is_complex()) && local.isnan().any().item<bool>();
+  const auto all = comm::all_gather_ints({v.size(d), nan ? 1 : 0}, *mesh, m, "torch.unique(dim=...) (sizes)");
+  std::vector<int64_t> sizes;
+  bool any_nan = false;
+  for (const auto& r : all) {
+    sizes.push_back(r[0]);
+    any_nan = any_nan || r[1] != 0;
+  }
+  if (return_inverse && any_nan)
+    dispatch::not_implemented("an inverse of slices holding NaN (each such slice is its own value on one device)");
+  auto all_v = gathered_v(v, sizes, *mesh, m, d);
+  auto all_c = comm::all_gather_v(c, 0, sizes, *mesh, m);
+  auto [u, inv, unused2] = at::unique_dim(all_v, d, true, true, false);
+  auto counts = at::zeros({u.size(d)}, all_c.options()).index_add_(0, inv.reshape({-1}), all_c);
+  at::Tensor inverse = empty_long(local, mesh);
+  if (return_inverse) {
+    auto [u2, inv2, unused3] = at::unique_dim(at::cat({u, local}, d), d, true, true, false);
+    TORCH_INTERNAL_ASSERT(u2.size(d) == u.size(d), "unique_dim: a local slice missing from the merged slices");
+    auto mine = inv2.narrow(0, u.size(d), local.size(d)).contiguous();
+    Placements pl(mesh->ndim(), Placement::replicate());
+    pl[m] = Placement::shard(0);
+    inverse = wrap(mine, mesh, pl, {self.size(d)}, {{0, spec.extents[m]}});
+  }
+  return {replicated(u, mesh), inverse, return_counts ? replicated(counts, mesh) : empty_long(local, mesh)};
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(unique) {
   dispatch::set_handler("aten::_unique2", typed_handler(&unique2_rule));
   dispatch::set_handler("aten::_unique", typed_handler(&unique_legacy_rule));
   dispatch::set_handler("aten::unique_consecutive", typed_handler(&unique_consecutive_rule));
+  dispatch::set_handler("aten::unique_dim", typed_handler(&unique_dim_rule));
 }
 
 } // namespace shardtensor::ops

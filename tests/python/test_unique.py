@@ -65,6 +65,34 @@ def case_unique(kind):
     return True
 
 
+def case_unique_rows(kind):
+    """torch.unique(dim=0) of points split by points (voxel coordinates deduplicated): the distinct rows merged, the
+    inverse of each local row, the counts; a dim other than the split one declines."""
+    m = mesh()
+    w = m.size()
+    g = torch.Generator().manual_seed(7)
+    coords = torch.randint(0, 3, (13, 3), generator=g)
+    ext = {0: uneven_extents(13, w, seed=8) if kind == "uneven" else tiny_extents(13, w)}
+    cs = shard_of(coords, m, [st.Shard(0)], ext)
+    for kw in (dict(), dict(return_inverse=True), dict(return_counts=True), dict(return_inverse=True, return_counts=True)):
+        got = torch.unique(cs, dim=0, **kw)
+        ref = torch.unique(coords, dim=0, **kw)
+        got, ref = (got, ref) if isinstance(ref, tuple) else ((got,), (ref,))
+        for a, b in zip(got, ref):
+            assert torch.equal(full(a), b), (kw, full(a), b)
+        if kw.get("return_inverse"):
+            assert st.placements(got[1]) == (st.Shard(0),) and st.sharding_shapes(got[1]) == st.sharding_shapes(cs)
+    # columns of a row-split matrix (dim 1): each column is split across ranks
+    with pytest.raises(NotImplementedError, match="another dim sharded"):
+        torch.unique(shard_of(coords.t().contiguous(), m, [st.Shard(1)], ext), dim=0)
+    return True
+
+
+@pytest.mark.parametrize("world,kind", [(1, "uneven"), (2, "uneven"), (3, "tiny"), (4, "uneven")])
+def test_unique_rows(world, kind):
+    harness.run(world, strict, case_unique_rows, kind)
+
+
 @pytest.mark.parametrize("world,kind", [(1, "uneven"), (2, "uneven"), (3, "tiny"), (4, "uneven")])
 def test_unique(world, kind):
     harness.run(world, strict, case_unique, kind)
