@@ -18,21 +18,18 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 
 import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 from bench_util import format_collectives as fmt  # noqa: E402
-from bench_util import reduce_over_ranks, timed  # noqa: E402
+from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, timed, write_report  # noqa: E402
 from results_dir import add_out_argument, git, prepare  # noqa: E402
 
 
@@ -50,10 +47,7 @@ def grids(n, shift):
 
 
 def run(rank, world, port, out_path, c, n, shift):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
+    mesh = init_cpu_rank(rank, world, port)
     x = torch.randn(1, c, n, n, n, generator=torch.Generator().manual_seed(1))
     rows = []
     for name, grid in grids(n, shift):
@@ -103,24 +97,15 @@ def main():
     ap.add_argument("--ranks", default="1,2,4", help="world sizes to run")
     args = ap.parse_args()
     out = prepare(args.out)
-    results = {}
-    for world in [int(w) for w in args.ranks.split(",")]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        tmp = os.path.join(out, f".grid_sample_rank0_{world}.json")
-        mp.spawn(run, args=(world, port, tmp, args.channels, args.size, args.shift), nprocs=world, join=True)
-        with open(tmp) as f:
-            results[world] = json.load(f)
-        os.remove(tmp)
+    results = {world: spawn_rank0_rows(run, world, os.path.join(out, f".grid_sample_rank0_{world}.json"),
+                                       args.channels, args.size, args.shift)
+               for world in [int(w) for w in args.ranks.split(",")]}
     commit = git("rev-parse", "--short", "HEAD")
     load = os.getloadavg()[0]
     command = (f"python benchmarks/grid_sample/bench.py --size {args.size} --channels {args.channels} "
                f"--shift {args.shift:g} --ranks {args.ranks}")
     meta = {"command": command, "torch": torch.__version__, "commit": commit, "load_1min": load,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    with open(os.path.join(out, "grid_sample.json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
     n, c = args.size, args.channels
     lines = ["# grid_sample over a split volume", "",
              f"A (1, {c}, {n}, {n}, {n}) float32 volume split along D over P Gloo ranks (one intra-op thread each), "
@@ -141,9 +126,7 @@ def main():
                          f"{r['seconds_sharded'] / r['seconds_local_only']:.2f} | {peak:.2f} | "
                          f"{r['max_abs_error']:.1e} |")
         lines.append("")
-    with open(os.path.join(out, "grid_sample.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(out, "grid_sample", {"meta": meta, "results": results}, lines)
 
 
 if __name__ == "__main__":
