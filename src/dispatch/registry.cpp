@@ -33,6 +33,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace shardtensor {
@@ -122,6 +123,16 @@ struct RunningRuleGuard {
   RunningRule saved;
 };
 
+// Handling a NotImplementedError from the rule of this call: its own refusal through not_implemented, made before it
+// took its arguments off the stack (still `depth` deep)? Then the reason, consumed; otherwise nullopt (a nested op's
+// error, or one raised after the arguments were taken: the caller rethrows it).
+std::optional<std::string> own_decline(const torch::jit::Stack* stack, size_t depth) {
+  if (declined.call != running_rule.call || stack->size() != depth) return std::nullopt;
+  auto why = std::move(declined.why);
+  declined = {};
+  return why;
+}
+
 // The slot kernel: below autograd for ordinary rules; on both shard keys for above-autograd ones.
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
@@ -158,9 +169,9 @@ struct SlotKernel final : c10::OperatorKernel {
       try {
         return (*rule)(op, stack);
       } catch (const c10::NotImplementedError&) {
-        if (declined.call != running_rule.call || stack->size() != depth) throw;
-        auto why = std::move(declined.why);
-        declined = {};
+        auto declined_why = own_decline(stack, depth);
+        if (!declined_why) throw;
+        auto why = std::move(*declined_why);
         if (!may_fall_back) {
           agree_before_strict_refusal(op, stack, why);
           throw;
@@ -199,8 +210,7 @@ struct PromoteKernel final : c10::OperatorKernel {
         try {
           if ((*rule)(op, stack)) return;
         } catch (const c10::NotImplementedError&) {
-          if (declined.call != running_rule.call || stack->size() != depth) throw;
-          declined = {};
+          if (!own_decline(stack, depth)) throw;
         }
       }
     }

@@ -155,16 +155,38 @@ std::pair<at::Tensor, at::Tensor> reflected(const at::Tensor& p, int64_t size, b
   return {clipped, sign * inside.to(p.scalar_type())};
 }
 
-// [lo, hi): the input rows this rank's points read along a dim of `size` rows (with a margin of one row each
-// side), at least min(2, size) rows so a window never has the degenerate one-row normalization; [0, min(2, size))
-// when no point reads any row.
-std::pair<int64_t, int64_t> rows_read(const at::Tensor& y, int64_t size, int64_t interpolation_mode,
-                                      int64_t padding_mode, bool align_corners) {
+// One grid component's points in the input's pixels along its dim (double), as the kernel places them: unnormalized,
+// and under reflection padding reflected (`sign`: the reflection's derivative; undefined otherwise). Computed once per
+// call for the window ranges and the re-normalization.
+struct Pixels {
+  at::Tensor p, sign;
+};
+
+// Per grid component: its pixels where the call needs them (windowed dims; every dim under reflection padding),
+// undefined elsewhere.
+std::vector<Pixels> pixels_of(const GridLayout& l, const at::Tensor& input, const at::Tensor& grid_local,
+                              int64_t padding_mode, bool align_corners) {
+  std::vector<Pixels> px(l.spatial);
+  for (int64_t c = 0; c < l.spatial; ++c) {
+    const auto dim = 2 + (l.spatial - 1 - c);
+    bool needed = padding_mode == kReflection;
+    for (const auto& wd : l.windows) needed = needed || wd.dim == dim;
+    if (!needed) continue;
+    const auto size = input.size(dim);
+    px[c].p = unnormalize(grid_local.select(-1, c).to(at::kDouble), size, align_corners);
+    if (padding_mode == kReflection) std::tie(px[c].p, px[c].sign) = reflected(px[c].p, size, align_corners);
+  }
+  return px;
+}
+
+// [lo, hi): the input rows this rank's points (pixels `p`) read along a dim of `size` rows (with a margin of one row
+// each side), at least min(2, size) rows so a window never has the degenerate one-row normalization; [0, min(2,
+// size)) when no point reads any row.
+std::pair<int64_t, int64_t> rows_read(const at::Tensor& pixels, int64_t size, int64_t interpolation_mode,
+                                      int64_t padding_mode) {
   int64_t lo = 0, hi = 0;
-  if (y.numel() > 0) {
-    auto p = unnormalize(y.to(at::kDouble), size, align_corners);
-    if (padding_mode == kBorder) p = p.clamp(0, static_cast<double>(size - 1));
-    if (padding_mode == kReflection) p = reflected(p, size, align_corners).first;
+  if (pixels.numel() > 0) {
+    auto p = padding_mode == kBorder ? pixels.clamp(0, static_cast<double>(size - 1)) : pixels;
     const auto below = interpolation_mode == kBicubic ? 2 : 1, above = interpolation_mode == kBicubic ? 3 : 2;
     auto f = at::floor(p).clamp(-4.0 * static_cast<double>(size) - 8, 4.0 * static_cast<double>(size) + 8);
     auto t_lo = f - below, t_hi = f + above;
@@ -191,16 +213,15 @@ struct Windows {
   std::vector<std::pair<int64_t, int64_t>> range;  // per GridLayout::windows entry: [lo, hi) of this rank
 };
 
-Windows plan_windows(const GridLayout& l, const at::Tensor& input, const at::Tensor& grid_local,
-                     int64_t interpolation_mode, int64_t padding_mode, bool align_corners) {
+Windows plan_windows(const GridLayout& l, const at::Tensor& input, const std::vector<Pixels>& px,
+                     const c10::Device& device, int64_t interpolation_mode, int64_t padding_mode) {
   Windows w;
   const auto& mesh = *l.mesh;
   std::vector<comm::HaloDim> dims;
   for (size_t k = 0; k < l.windows.size(); ++k) {
     const auto& wd = l.windows[k];
     const auto size = input.size(wd.dim);
-    auto [lo, hi] = rows_read(grid_local.select(-1, wd.component), size, interpolation_mode, padding_mode,
-                              align_corners);
+    auto [lo, hi] = rows_read(px[wd.component].p, size, interpolation_mode, padding_mode);
     // A later exchange moves this dim's window between the ranks of the later mesh dims: they must all hold the
     // same rows along it, so it is widened to the union over them.
     for (size_t j = k + 1; j < l.windows.size(); ++j) {
@@ -218,7 +239,7 @@ Windows plan_windows(const GridLayout& l, const at::Tensor& input, const at::Ten
     dims.push_back({wd.dim, wd.mesh_dim, l.in_ext.at(wd.dim), std::move(want)});
     w.range.emplace_back(lo, hi);
   }
-  if (!dims.empty()) w.plan = comm::HaloPlan(dims, mesh.coordinates(), grid_local.device());
+  if (!dims.empty()) w.plan = comm::HaloPlan(dims, mesh.coordinates(), device);
   return w;
 }
 
@@ -237,8 +258,8 @@ thread_local std::deque<CachedWindows> recent_windows;
 constexpr size_t kCachedWindows = 16;
 
 std::shared_ptr<const Windows> windows_for(const GridLayout& l, const at::Tensor& input, const at::Tensor& grid,
-                                           const at::Tensor& grid_local, int64_t interpolation_mode,
-                                           int64_t padding_mode, bool align_corners) {
+                                           const std::vector<Pixels>& px, const c10::Device& device,
+                                           int64_t interpolation_mode, int64_t padding_mode, bool align_corners) {
   for (const auto& c : recent_windows) {
     auto g = c.grid.lock(), x = c.input.lock();
     if (g && x && g.get() == grid.unsafeGetTensorImpl() && x.get() == input.unsafeGetTensorImpl() &&
@@ -247,8 +268,7 @@ std::shared_ptr<const Windows> windows_for(const GridLayout& l, const at::Tensor
         c.align_corners == align_corners)
       return c.windows;
   }
-  auto w = std::make_shared<const Windows>(
-      plan_windows(l, input, grid_local, interpolation_mode, padding_mode, align_corners));
+  auto w = std::make_shared<const Windows>(plan_windows(l, input, px, device, interpolation_mode, padding_mode));
   if (recent_windows.size() == kCachedWindows) recent_windows.pop_front();
   recent_windows.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(grid.getIntrusivePtr()),
                             c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr()),
@@ -264,7 +284,8 @@ std::shared_ptr<const Windows> windows_for(const GridLayout& l, const at::Tensor
 // carrying the reflection's sign (0 where clipped).
 std::pair<at::Tensor, std::vector<at::Tensor>> window_grid(const GridLayout& l, const Windows& w,
                                                            const at::Tensor& input, const at::Tensor& grid_local,
-                                                           int64_t padding_mode, bool align_corners) {
+                                                           const std::vector<Pixels>& px, int64_t padding_mode,
+                                                           bool align_corners) {
   std::vector<at::Tensor> factor(l.spatial);
   at::Tensor g = grid_local;
   const bool reflect = padding_mode == kReflection;
@@ -278,10 +299,8 @@ std::pair<at::Tensor, std::vector<at::Tensor>> window_grid(const GridLayout& l, 
     if (!reflect && lo == 0 && h == size) continue;
     if (g.is_same(grid_local)) g = grid_local.clone();  // the caller's grid is left as it is
     auto y = g.select(-1, c);
-    auto p = unnormalize(y.to(at::kDouble), size, align_corners);
-    at::Tensor sign;
-    if (reflect) std::tie(p, sign) = reflected(p, size, align_corners);
-    p = p - static_cast<double>(lo);
+    const auto& sign = px[c].sign;
+    auto p = px[c].p - static_cast<double>(lo);
     auto yw = align_corners ? (h > 1 ? p * (2.0 / static_cast<double>(h - 1)) - 1 : at::zeros_like(p))
                             : (p * 2 + 1) / static_cast<double>(h) - 1;
     y.copy_(yw);
@@ -310,9 +329,10 @@ at::Tensor sampled(const std::string& op, const at::Tensor& input_in, const at::
   auto x = local_as(input, l.mesh, l.in_pl, l.in_ext);
   auto g = local_as(grid, l.mesh, l.grid_pl, l.grid_ext);
   if (!l.windows.empty()) {
-    const auto w = windows_for(l, input_in, grid_in, g, interpolation_mode, padding_mode, align_corners);
+    const auto px = pixels_of(l, input, g, padding_mode, align_corners);
+    const auto w = windows_for(l, input_in, grid_in, px, g.device(), interpolation_mode, padding_mode, align_corners);
     x = w->plan.gather(x, *l.mesh);
-    g = window_grid(l, *w, input, g, padding_mode, align_corners).first;
+    g = window_grid(l, *w, input, g, px, padding_mode, align_corners).first;
   }
   return wrap(kernel(x, g, kernel_padding(l, padding_mode)), l.mesh, l.out_pl, l.out_shape, l.out_ext);
 }
@@ -330,7 +350,8 @@ std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const
   std::shared_ptr<const Windows> wp;
   std::vector<at::Tensor> factor(l.spatial);
   if (!l.windows.empty()) {
-    wp = windows_for(l, input_in, grid_in, g, interpolation_mode, padding_mode, align_corners);
+    const auto px = pixels_of(l, input, g, padding_mode, align_corners);
+    wp = windows_for(l, input_in, grid_in, px, g.device(), interpolation_mode, padding_mode, align_corners);
     const auto& w = *wp;
     if (want_grid_grad) {
       x = w.plan.gather(x, *l.mesh);
@@ -340,7 +361,7 @@ std::tuple<at::Tensor, at::Tensor> sampled_backward(const std::string& op, const
       for (size_t k = 0; k < l.windows.size(); ++k) shape[l.windows[k].dim] = w.range[k].second - w.range[k].first;
       x = at::zeros(shape, x.options());
     }
-    std::tie(g, factor) = window_grid(l, w, input, g, padding_mode, align_corners);
+    std::tie(g, factor) = window_grid(l, w, input, g, px, padding_mode, align_corners);
   }
   auto [gi, gg] = kernel(go, x, g, kernel_padding(l, padding_mode));
   if (gg.defined()) {

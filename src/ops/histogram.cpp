@@ -107,13 +107,17 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_rule(const at::Tensor& self, i
   return finish_histogram(hist, edges, f, density);
 }
 
+// Bin edges every rank needs whole (gathered when split).
+at::Tensor whole_edges(const at::Tensor& bins, const Field& f) {
+  return shard_impl(bins) ? local_as(resolve_partial(bins), f.mesh, Placements(f.mesh->ndim(), Placement::replicate()), {})
+                          : bins;
+}
+
 // histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False)
 std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, const at::Tensor& bins,
                                                         const std::optional<at::Tensor>& weight, bool density) {
   auto f = field_of(self);
-  auto edges = shard_impl(bins) ? local_as(resolve_partial(bins), f.mesh,
-                                           Placements(f.mesh->ndim(), Placement::replicate()), {})
-                                : bins;
+  auto edges = whole_edges(bins, f);
   auto w = local_weight(weight, f);
   auto [hist, e] = at::histogram(f.local, edges, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
   return finish_histogram(hist, e, f, density);
@@ -216,10 +220,7 @@ at::Tensor histogramdd_bin_tensors_rule(const at::Tensor& self, at::TensorList b
                                         const std::optional<at::Tensor>& weight, bool density) {
   auto f = points_of(self);
   std::vector<at::Tensor> edges;
-  for (const auto& b : bins)
-    edges.push_back(shard_impl(b) ? local_as(resolve_partial(b), f.mesh,
-                                             Placements(f.mesh->ndim(), Placement::replicate()), {})
-                                  : b);
+  for (const auto& b : bins) edges.push_back(whole_edges(b, f));
   return histogramdd_counts(f, edges, weight, density);
 }
 

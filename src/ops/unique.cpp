@@ -28,6 +28,30 @@ at::Tensor gathered_v(const at::Tensor& t, const std::vector<int64_t>& extents, 
   return comm::all_gather_v(t.to(at::kByte), dim, extents, mesh, m).to(at::kBool);
 }
 
+// Every rank's part along mesh dim m, in coordinate order: its `values` (slices along `dim`) and their `counts`. The
+// slice counts and a flag travel in one small all-gather, then the values and the counts in one all-gather each.
+struct Gathered {
+  at::Tensor values, counts;
+  std::vector<int64_t> sizes;  // slices per coordinate
+  bool any_flag = false;       // some rank raised its flag
+};
+
+Gathered gather_parts(const at::Tensor& values, const at::Tensor& counts, int64_t dim, bool flag, const Mesh& mesh,
+                      int64_t m, const char* what) {
+  Gathered g;
+  for (const auto& r : comm::all_gather_ints({values.size(dim), flag ? 1 : 0}, mesh, m, what)) {
+    g.sizes.push_back(r[0]);
+    g.any_flag = g.any_flag || r[1] != 0;
+  }
+  g.values = gathered_v(values, g.sizes, mesh, m, dim);
+  g.counts = comm::all_gather_v(counts, 0, g.sizes, mesh, m);
+  return g;
+}
+
+bool holds_nan(const at::Tensor& t) {
+  return (t.is_floating_point() || t.is_complex()) && t.isnan().any().item<bool>();
+}
+
 struct Distinct {
   at::Tensor values, counts;  // sorted distinct values of the whole tensor, their counts (int64)
   bool any_nan = false;       // some rank's part holds a NaN
@@ -39,19 +63,13 @@ Distinct global_distinct(const at::Tensor& local, const ShardSpec& spec, const c
   Distinct d;
   auto [v, unused, c] = at::_unique2(local.reshape({-1}), /*sorted=*/true, /*return_inverse=*/false,
                                      /*return_counts=*/true);
-  bool nan = local.is_floating_point() || local.is_complex() ? local.isnan().any().item<bool>() : false;
+  bool nan = holds_nan(local);
   for (size_t m = 0; m < spec.placements.size(); ++m) {
     if (!spec.placements[m].is_shard()) continue;
-    const auto all = comm::all_gather_ints({v.numel(), nan ? 1 : 0}, *spec.mesh, static_cast<int64_t>(m), what);
-    std::vector<int64_t> sizes;
-    for (const auto& r : all) {
-      sizes.push_back(r[0]);
-      nan = nan || r[1] != 0;
-    }
-    auto all_v = gathered_v(v, sizes, *spec.mesh, static_cast<int64_t>(m));
-    auto all_c = comm::all_gather_v(c, 0, sizes, *spec.mesh, static_cast<int64_t>(m));
-    auto [u, inv, unused2] = at::_unique2(all_v, true, true, false);
-    c = at::zeros({u.numel()}, all_c.options()).index_add_(0, inv.reshape({-1}), all_c);
+    auto all = gather_parts(v, c, 0, nan, *spec.mesh, static_cast<int64_t>(m), what);
+    nan = nan || all.any_flag;
+    auto [u, inv, unused2] = at::_unique2(all.values, true, true, false);
+    c = at::zeros({u.numel()}, all.counts.options()).index_add_(0, inv.reshape({-1}), all.counts);
     v = u;
   }
   d.values = v;
@@ -131,18 +149,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at:
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique_consecutive of a ShardTensor under simulation "
                               "(shardtensor.simulate): the result's size is the data");
   auto [v, inv, c] = at::unique_consecutive(local.reshape({-1}), true, true, std::nullopt);
-  const auto all = comm::all_gather_ints({v.numel()}, *mesh, m, "torch.unique_consecutive of a split tensor (sizes)");
-  std::vector<int64_t> sizes;
+  auto all = gather_parts(v, c, 0, false, *mesh, m, "torch.unique_consecutive of a split tensor (sizes)");
   int64_t before = 0;
-  for (int64_t r = 0; r < static_cast<int64_t>(all.size()); ++r) {
-    sizes.push_back(all[r][0]);
-    if (r < mesh->coordinate(m)) before += all[r][0];
-  }
-  auto all_v = gathered_v(v, sizes, *mesh, m);
-  auto all_c = comm::all_gather_v(c, 0, sizes, *mesh, m);
+  for (int64_t r = 0; r < mesh->coordinate(m); ++r) before += all.sizes[r];
   // Groups cut by a shard boundary are equal neighbours in rank order: joined again.
-  auto [u, group_of, unused] = at::unique_consecutive(all_v, true, false, std::nullopt);
-  auto counts = at::zeros({u.numel()}, all_c.options()).index_add_(0, group_of, all_c);
+  auto [u, group_of, unused] = at::unique_consecutive(all.values, true, false, std::nullopt);
+  auto counts = at::zeros({u.numel()}, all.counts.options()).index_add_(0, group_of, all.counts);
   at::Tensor inverse = empty_long(local, mesh);
   if (return_inverse)
     inverse = make_shard_tensor(group_of.index_select(0, inv.reshape({-1}) + before).view(local.sizes()),
@@ -178,20 +190,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_dim_rule(const at::Tensor&
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique(dim=...) of a ShardTensor under simulation "
                               "(shardtensor.simulate): the result's size is the data");
   auto [v, unused, c] = at::unique_dim(local, d, true, false, true);
-  const bool nan = (local.is_floating_point() || local.is_complex()) && local.isnan().any().item<bool>();
-  const auto all = comm::all_gather_ints({v.size(d), nan ? 1 : 0}, *mesh, m, "torch.unique(dim=...) (sizes)");
-  std::vector<int64_t> sizes;
-  bool any_nan = false;
-  for (const auto& r : all) {
-    sizes.push_back(r[0]);
-    any_nan = any_nan || r[1] != 0;
-  }
-  if (return_inverse && any_nan)
+  auto all = gather_parts(v, c, d, holds_nan(local), *mesh, m, "torch.unique(dim=...) (sizes)");
+  if (return_inverse && all.any_flag)
     dispatch::not_implemented("an inverse of slices holding NaN (each such slice is its own value on one device)");
-  auto all_v = gathered_v(v, sizes, *mesh, m, d);
-  auto all_c = comm::all_gather_v(c, 0, sizes, *mesh, m);
-  auto [u, inv, unused2] = at::unique_dim(all_v, d, true, true, false);
-  auto counts = at::zeros({u.size(d)}, all_c.options()).index_add_(0, inv.reshape({-1}), all_c);
+  auto [u, inv, unused2] = at::unique_dim(all.values, d, true, true, false);
+  auto counts = at::zeros({u.size(d)}, all.counts.options()).index_add_(0, inv.reshape({-1}), all.counts);
   at::Tensor inverse = empty_long(local, mesh);
   if (return_inverse) {
     auto [u2, inv2, unused3] = at::unique_dim(at::cat({u, local}, d), d, true, true, false);
