@@ -83,6 +83,12 @@ def narrow_extents(n, w):
     return [0] + [1] * (w - 2) + [n - (w - 2)]
 
 
+def strict(case, *args):
+    """Run a case in strict mode: a gather fallback anywhere would raise."""
+    with st.use_strict():
+        return case(*args)
+
+
 def shard_of(full, m, placements, extents=None):
     """Distribute a full tensor (same on every rank) with optional explicit extents per mesh dim."""
     return st.distribute_tensor(full, m, placements, sharding_shapes=extents)

@@ -8,16 +8,11 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, narrow_extents, randn, tiny_extents, uneven_extents
+from cases_util import check_op, mesh, narrow_extents, randn, strict, tiny_extents, uneven_extents
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 # (kernel, dilation, padding, stride)
 BLOCKS = [(3, 1, 1, 1), (2, 1, 0, 2), ((3, 2), (2, 1), (2, 1), (2, 1)), (1, 1, 0, 3), (4, 1, 1, 3)]
-
-
-def strict(case, *args):
-    with st.use_strict():
-        return case(*args)
 
 
 def _ext(kind, n, w, seed=0):

@@ -7,15 +7,10 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, shard_of, tiny_extents, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, shard_of, strict, tiny_extents, uneven_extents
 
 D64 = dict(dtype=torch.float64)
 TIGHT = dict(rtol=1e-8, atol=1e-9)
-
-
-def strict(case, *args):
-    with st.use_strict():
-        return case(*args)
 
 
 def _matrices(B, n, seed):

@@ -9,12 +9,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, mesh, randn, tiny_extents, uneven_extents
-
-
-def strict(case, *args):
-    with st.use_strict():
-        return case(*args)
+from cases_util import check_op, close, mesh, randn, strict, tiny_extents, uneven_extents
 
 
 def _lay(d, n, w, seed=0, kind="uneven"):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, narrow_extents, randn, tiny_extents, uneven_extents
+from cases_util import check_op, mesh, narrow_extents, randn, strict, tiny_extents, uneven_extents
 
 WINDOWS = [(3, 2), (4, 4), (2, 5), (1, 1), (11, 1), (5, 3)]  # (size, step): overlapping, tiling, gaps, whole dim
 
@@ -34,12 +34,6 @@ def case_unfold_sharded_dim(kind):
     check_op(lambda t, a: (t.unfold(1, 4, 2) * a).sum(-1), [x, wt], [lay, None], m, what=f"unfold weighted {kind}")
     check_op(lambda t: t.unfold(-2, 3, 1).amax(-1), [x], [lay], m, what=f"unfold negative dim {kind}")
     return True
-
-
-def strict(case, *args):
-    """Run a case in strict mode: a gather fallback anywhere would raise."""
-    with st.use_strict():
-        return case(*args)
 
 
 @pytest.mark.parametrize("world,kind", [(1, "even"), (2, "even"), (2, "uneven"), (3, "tiny"), (3, "uneven"),

@@ -6,12 +6,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import close, full, mesh, shard_of, tiny_extents, uneven_extents
-
-
-def strict(case, *args):
-    with st.use_strict():
-        return case(*args)
+from cases_util import close, full, mesh, shard_of, strict, tiny_extents, uneven_extents
 
 
 def _check_unique(xs, x, what):
