@@ -11,7 +11,6 @@
 // routing, carrying the way back) and receives them, so no rank holds a tensor of the output's size. Batch and
 // channel shards stay local.
 #include "comm/collectives.h"
-#include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
 #include "ops/element_routing.h"
