@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import importlib.util
 import os
 import time
@@ -1094,3 +1095,8 @@ def _mesh(shape):
 # The second set of models (registered on import; it imports this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
+
+# More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
+# imported here so that the rank processes, which import this module, register them too.
+for _extra in filter(None, os.environ.get("SHARDTENSOR_ZOO_EXTRA", "").split(",")):
+    importlib.import_module(_extra.strip())
