@@ -60,6 +60,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"softmax", "aten::_softmax"},
       {"sort_fft", "aten::sort"},
       {"transformer_fastpath", "aten::_native_multi_head_attention"},
+      {"stft", "aten::stft"},
       {"trilinear", "aten::_trilinear"},
       {"unfold", "aten::unfold"},
       {"unique", "aten::_unique2"},

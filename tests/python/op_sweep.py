@@ -385,6 +385,9 @@ def main():
             write_docs()
             return 0
         keys = args.ops.split(",") if args.ops else None
+        unknown = sorted(set(keys or ()) - set(float32_ops()))
+        if unknown:
+            parser.error(f"not OpInfo ops with float32 samples: {', '.join(unknown)}")
         got = op_sweep.sweep(keys)
         if args.update:
             expected = load_expected() if keys and os.path.exists(EXPECTED) else {}
