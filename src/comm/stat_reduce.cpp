@@ -70,7 +70,9 @@ std::vector<at::Tensor> combine(StatReduce::Kind kind, const std::vector<at::Ten
     case Kind::ArgMax:
     case Kind::ArgMin: {
       // The first coordinate holding the extreme value: the smallest global index, as on one device.
-      auto pick = kind == Kind::ArgMax ? at::argmax(g[0], 0, true) : at::argmin(g[0], 0, true);
+      // (argmax refuses bool: max.dim of a mask, e.g. the first zero in cumprod's backward, compares it as bytes.)
+      const auto v = g[0].scalar_type() == at::kBool ? g[0].to(at::kByte) : g[0];
+      auto pick = kind == Kind::ArgMax ? at::argmax(v, 0, true) : at::argmin(v, 0, true);
       return {g[0].gather(0, pick).squeeze(0), g[1].gather(0, pick).squeeze(0)};
     }
     case Kind::Gathered:

@@ -10,6 +10,8 @@
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
 
+#include <torch/autograd.h>
+
 #include <limits>
 
 namespace shardtensor::ops {
@@ -356,6 +358,54 @@ at::Tensor cumprod_rule(const at::Tensor& self, int64_t dim, std::optional<at::S
       [](const at::Tensor& out, const at::Tensor& prefix) { return out * prefix; });
 }
 
+// cumprod's gradient from ops with rules. aten's formula, for an input with zeros, writes into a plain zeros tensor
+// of the global size (its fast path for plain tensors), which a ShardTensor's gradient cannot be. The same
+// quantity: with z1 the first zero of a slice, positions before it get Σ_{j≥k} g_j conj(out_j) / conj(x_k); z1
+// itself gets Σ_{j≥z1} g_j conj(Π_{i≤j, i≠z1} x_i), the reversed cumulative sum of g times the cumulative product of
+// x with its first zero replaced by 1; positions after it get 0 (every product includes x_z1).
+at::Tensor cumprod_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& out, int64_t dim) {
+  if (x.numel() <= 1 || x.size(dim) == 1) return g;
+  auto reversed_cumsum = [&](const at::Tensor& t) { return at::flip(at::cumsum(at::flip(t, {dim}), dim), {dim}); };
+  const auto is_zero = at::eq(x, 0);
+  const auto zeros_so_far = at::cumsum(is_zero, dim);
+  const auto before = at::eq(zeros_so_far, 0);
+  const auto first = at::logical_and(is_zero, at::eq(zeros_so_far, 1));
+  const auto w = at::where(before, out.conj() * g, 0);
+  const auto grad_before = reversed_cumsum(w) / at::where(before, x, 1).conj();
+  const auto grad_first = reversed_cumsum(g * at::cumprod(at::where(first, 1, x), dim).conj());
+  return at::where(before, grad_before, at::where(first, grad_first, 0));
+}
+
+struct CumprodFn : torch::autograd::Function<CumprodFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t dim,
+                            std::optional<at::ScalarType> dtype) {
+    auto out = at::cumprod(self, dim, dtype);
+    ctx->save_for_backward({self, out});
+    ctx->saved_data["dim"] = dim;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    return {cumprod_grad(grads[0].to(x.scalar_type()), x, saved[1], ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// With grad: CumprodFn (the formula above), for every ShardTensor input.
+bool cumprod_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self");
+  if (!shard_impl(self) || !self.requires_grad()) return false;
+  const auto dim = wrap_dim(args["dim"].toInt(), std::max<int64_t>(self.dim(), 1));
+  auto out = CumprodFn::apply(self, dim, args.dtype());
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out));
+  return true;
+}
+
 // logcumsumexp(Tensor self, int dim)
 at::Tensor logcumsumexp_rule(const at::Tensor& self, int64_t dim) {
   return sharded_scan(
@@ -408,6 +458,7 @@ SHARDTENSOR_RULE_FAMILY(loss) {
   set_handler("aten::nll_loss2d_backward", typed_handler(&nll_loss2d_backward_rule));
   set_handler("aten::cumsum", typed_handler(&cumsum_rule));
   set_handler("aten::cumprod", typed_handler(&cumprod_rule));
+  dispatch::set_autograd_handler("aten::cumprod", cumprod_autograd);
   set_handler("aten::logcumsumexp", typed_handler(&logcumsumexp_rule));
   set_handler("aten::flip", typed_handler(&flip_rule));
 }

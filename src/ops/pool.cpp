@@ -306,6 +306,10 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
     // PyTorch's pooling kernels take at most half the kernel size as padding (dilation aside).
     plan.split = comm::border_split(d.in_ext, d.out_ext, mesh.coordinate(d.mesh_dim), d.L, w, w.kernel / 2);
     plan.split_sp = i;
+    // avg_pool3d refuses an input (before padding) shorter than its kernel: a main call on fewer own rows than
+    // the kernel builds the window instead (it holds the padding rows).
+    if (a.kind == PoolKind::Avg && nsp == 3 && plan.split.main && d.in_ext[mesh.coordinate(d.mesh_dim)] < w.kernel)
+      plan.split.direct = false;
   }
   plan.local_out_shape.assign(spec.local_shape.begin(), spec.local_shape.end() - nsp);
   plan.window_shape = plan.local_out_shape;

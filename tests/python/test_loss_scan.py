@@ -111,6 +111,15 @@ def case_scans(seed):
             check_op(lambda t: torch.logcumsumexp(t, 1), [x], [lay_], m, rtol=1e-5, atol=1e-5,
                      what="logcumsumexp sharded")
         check_op(lambda t: torch.cumprod(t, 2), [y], [lay], m, what="cumprod unsharded")
+        # zeros: aten's gradient writes into a plain zeros tensor of the global size; the rule's own formula
+        # (first zero of each slice, zeros after it, a slice without zeros, two zeros) keeps the layout
+        yz = y.clone()
+        yz[0, 1, :] = 0
+        yz[1, 3, 2] = yz[1, 6, 2] = 0
+        yz[2, 7, 4] = 0
+        for lay_ in (lay, zlay):
+            check_op(lambda t: torch.cumprod(t, 1), [yz], [lay_], m, rtol=1e-5, atol=1e-6, what="cumprod zeros")
+        check_op(lambda t: torch.cumprod(t, 2), [yz], [lay], m, rtol=1e-5, atol=1e-6, what="cumprod zeros unsharded")
     return True
 
 

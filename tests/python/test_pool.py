@@ -104,6 +104,12 @@ def case_pool3d(seed):
     lay = ([st.Shard(3)], {0: narrow_extents(6, w)})
     _max_sweep(x, lay, m, 3, "3d w", [(3, 2, 1, 1, True)])
     _avg_sweep(x, lay, m, 3, "3d w", [(3, 2, 1, True, False, None)])
+    # ranks with fewer rows than the kernel (avg_pool3d refuses an unpadded input shorter than its kernel: such a
+    # rank builds its window, which holds the padding rows), with ceil windows and a divisor override
+    lay = ([st.Shard(3)], {0: {2: [4, 2], 3: [2, 1, 3], 4: [2, 1, 1, 2]}[w]})
+    _avg_sweep(x, lay, m, 3, "3d short", [((2, 3, 4), (1, 2, 2), (0, 1, 2), True, True, 2),
+                                          ((2, 3, 4), (1, 2, 2), (0, 1, 2), True, False, None)])
+    _max_sweep(x, lay, m, 3, "3d short", [((2, 3, 4), (1, 2, 2), (0, 1, 2), 1, True)])
     return True
 
 
@@ -412,7 +418,7 @@ def test_pool2d(world):
     harness.run(world, case_pool2d, world)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_pool3d(world):
     harness.run(world, case_pool3d, world)
 

@@ -76,6 +76,11 @@ def case_ties_indices(seed):
     x[1], x[4] = 5.0, 5.0
     check_op(lambda t: t.max(0), [x], [_lay(x.shape, 0, m.size(), seed)], m, grad=False, what="ties")
     check_op(lambda t: t.argmax(0), [x], [_lay(x.shape, 0, m.size(), seed)], m, grad=False, what="argmax ties")
+    # a mask's max with its index along the sharded dim (the first True: cumprod's gradient looks for the first zero)
+    b = torch.zeros(6, 3, dtype=torch.bool)
+    b[2, 0] = b[4, 0] = b[5, 1] = True
+    check_op(lambda t: t.max(0), [b], [_lay(b.shape, 0, m.size(), seed)], m, grad=False, what="bool max")
+    check_op(lambda t: t.min(0), [b], [_lay(b.shape, 0, m.size(), seed)], m, grad=False, what="bool min")
     return True
 
 
