@@ -24,8 +24,19 @@ struct Field {
   std::vector<int64_t> sharded;
 };
 
-Field field_of(const at::Tensor& self) {
-  auto t = resolve_partial(self);
+// `others`: the op's other tensor arguments; when only they are ShardTensors (bin edges or weights split, the
+// values plain), the values are a replicated field on their mesh.
+Field field_of(const at::Tensor& self, at::ArrayRef<at::Tensor> others = {}) {
+  auto t = self;
+  if (!shard_impl(t)) {
+    for (const auto& o : others)
+      if (o.defined() && shard_impl(o)) {
+        t = dispatch::as_shard(t, shard_impl(o)->spec()->mesh);
+        break;
+      }
+    TORCH_INTERNAL_ASSERT(shard_impl(t), "histogram: a rule ran without a ShardTensor argument");
+  }
+  t = resolve_partial(t);
   const auto& spec = shard_impl(t)->spec();
   Field f{spec, shard_impl(t)->local(), spec->mesh, {}};
   for (size_t m = 0; m < spec->placements.size(); ++m)
@@ -90,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_rule(const at::Tensor& self, i
                                                        std::optional<at::ArrayRef<double>> range,
                                                        const std::optional<at::Tensor>& weight, bool density) {
   TORCH_CHECK_VALUE(bins > 0, "torch.histogram(): bins must be > 0, but got ", bins, " for dimension 0");
-  auto f = field_of(self);
+  auto f = field_of(self, {weight.value_or(at::Tensor())});
   double lo = 0, hi = 0;
   if (range && !range->empty()) {
     TORCH_CHECK_VALUE(range->size() == 2, "torch.histogram(): range should have 2 elements");
@@ -116,7 +127,7 @@ at::Tensor whole_edges(const at::Tensor& bins, const Field& f) {
 // histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False)
 std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, const at::Tensor& bins,
                                                         const std::optional<at::Tensor>& weight, bool density) {
-  auto f = field_of(self);
+  auto f = field_of(self, {bins, weight.value_or(at::Tensor())});
   auto edges = whole_edges(bins, f);
   auto w = local_weight(weight, f);
   auto [hist, e] = at::histogram(f.local, edges, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
@@ -127,8 +138,8 @@ std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, 
 // ---- histogramdd: points (leading dims) split, the coordinate dim (last) whole ----
 
 // The points' field; a sharded coordinate dim declines.
-Field points_of(const at::Tensor& self) {
-  auto f = field_of(self);
+Field points_of(const at::Tensor& self, at::ArrayRef<at::Tensor> others) {
+  auto f = field_of(self, others);
   for (auto m : f.sharded)
     if (f.spec->placements[m].is_shard(self.dim() - 1))
       dispatch::not_implemented("histogramdd with its coordinate (last) dim sharded; shard the points instead");
@@ -200,7 +211,7 @@ std::vector<at::Tensor> edges_for(const at::Tensor& self, const Field& f, at::In
 std::vector<at::Tensor> histogramdd_edges_rule(const at::Tensor& self, at::IntArrayRef bins,
                                                std::optional<at::ArrayRef<double>> range,
                                                const std::optional<at::Tensor>& weight, bool density) {
-  auto f = points_of(self);
+  auto f = points_of(self, {weight.value_or(at::Tensor())});
   std::vector<at::Tensor> out;
   for (auto& e : edges_for(self, f, bins, range))
     out.push_back(wrap(e, f.mesh, Placements(f.mesh->ndim(), Placement::replicate()), e.sizes().vec(), {}));
@@ -211,14 +222,16 @@ std::vector<at::Tensor> histogramdd_edges_rule(const at::Tensor& self, at::IntAr
 at::Tensor histogramdd_bin_cts_rule(const at::Tensor& self, at::IntArrayRef bins,
                                     std::optional<at::ArrayRef<double>> range, const std::optional<at::Tensor>& weight,
                                     bool density) {
-  auto f = points_of(self);
+  auto f = points_of(self, {weight.value_or(at::Tensor())});
   return histogramdd_counts(f, edges_for(self, f, bins, range), weight, density);
 }
 
 // _histogramdd_from_bin_tensors(Tensor self, Tensor[] bins, *, Tensor? weight=None, bool density=False)
 at::Tensor histogramdd_bin_tensors_rule(const at::Tensor& self, at::TensorList bins,
                                         const std::optional<at::Tensor>& weight, bool density) {
-  auto f = points_of(self);
+  std::vector<at::Tensor> others(bins.begin(), bins.end());
+  others.push_back(weight.value_or(at::Tensor()));
+  auto f = points_of(self, others);
   std::vector<at::Tensor> edges;
   for (const auto& b : bins) edges.push_back(whole_edges(b, f));
   return histogramdd_counts(f, edges, weight, density);
@@ -232,7 +245,7 @@ at::Tensor bincount_rule(const at::Tensor& self, const std::optional<at::Tensor>
   // The result's length is the other ranks' max, which the fake process group of a simulation does not deliver.
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.bincount on a ShardTensor under simulation "
                               "(shardtensor.simulate): its length depends on every rank's values");
-  auto f = field_of(self);
+  auto f = field_of(self, {weights.value_or(at::Tensor())});
   int64_t length = minlength;
   if (self.numel() > 0) {
     const auto [lo, hi] = global_range(f);  // exact in double for every count a tensor can hold

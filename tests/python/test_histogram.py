@@ -44,6 +44,10 @@ def case_histograms(seed, tiny):
         edges = torch.tensor([-5.0, -1.0, 0.0, 0.5, 4.0])
         _check(lambda t: torch.histogram(t, edges), x, m, lay, "histogram edges")
         _check(lambda t: torch.histogram(t, edges, density=True), x, m, lay, "histogram edges density")
+        # plain values, split edges or weights (only they are ShardTensors): the values count as replicated
+        elay = ([st.Shard(0)], {0: tiny_extents(5, w) if tiny else uneven_extents(5, w, seed)})
+        _check(lambda e: torch.histogram(x, e), edges, m, elay, "histogram split edges")
+        _check(lambda wt: torch.histogram(x, bins=4, weight=wt), weights, m, lay, "histogram split weights only")
         v = torch.randint(0, 9, (13,), generator=torch.Generator().manual_seed(seed))
         vlay = ([st.Shard(0)], {0: tiny_extents(13, w) if tiny else uneven_extents(13, w, seed)})
         _check(torch.bincount, v, m, vlay, "bincount")
