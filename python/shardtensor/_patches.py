@@ -213,6 +213,41 @@ def _traced(builder_name: str):
     return build
 
 
+# c10d collectives take plain tensors: a ShardTensor reaching one (a model's own data-parallel all_reduce, as in
+# MONAI's VectorQuantizer with ddp_sync) failed deep in c10d with "No backend type associated with device type
+# privateuseone".
+_C10D_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+                     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "scatter", "gather", "send", "recv",
+                     "isend", "irecv")
+
+
+def _holds_shard_tensor(value) -> bool:
+    from . import _C
+    if isinstance(value, torch.Tensor):
+        return _C.is_shard_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return any(_holds_shard_tensor(v) for v in value)
+    return False
+
+
+def _refuse_shard_tensors(name: str):
+    def build(original):
+        import functools
+
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            if any(_holds_shard_tensor(a) for a in args) or any(_holds_shard_tensor(v) for v in kwargs.values()):
+                raise ValueError(
+                    f"torch.distributed.{name} got a ShardTensor: c10d collectives move plain per-process tensors, "
+                    "while a ShardTensor already stands for one global value over its mesh (a pending sum is "
+                    "completed by the op that reads it). Pass x.full_tensor() (the whole value on every rank, a "
+                    "collective) or x.to_local() (this rank's shard); a model's data-parallel synchronisation (e.g. "
+                    "MONAI VectorQuantizer's ddp_sync) is not needed over the domain mesh: turn it off")
+            return original(*args, **kwargs)
+        return collective
+    return build
+
+
 _TENSOR = "torch.Tensor"
 _NEW = "a ShardTensor-only method (DTensor's name), absent from plain tensors"
 
@@ -259,6 +294,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("torch._dynamo.eval_frame.OptimizeContext", "__call__",
           "torch.compile(fn)(x): the compiled function converts ShardTensor arguments at its boundary",
           _traced("wrap_optimize_context_call"), private=True),
+    *(Patch("torch.distributed", name, "a ShardTensor passed to a c10d collective: a clear error naming the remedy",
+            _refuse_shard_tensors(name)) for name in _C10D_COLLECTIVES),
 )
 
 # The one patch that is not an attribute: Python kernels at AutogradCPU/AutogradCUDA of the ops whose rules run

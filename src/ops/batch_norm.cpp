@@ -5,6 +5,7 @@
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
 #include "comm/collectives.h"
 #include "ops/arg_checks.h"
+#include "dispatch/promote.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -50,7 +51,9 @@ at::Tensor sum_over(at::Tensor t, const BnLayout& l) {
 // A per-channel plain tensor restricted to this rank's channels.
 at::Tensor local_channels(const at::Tensor& t, const BnLayout& l) {
   if (!t.defined()) return t;
-  auto plain = shard_impl(t) ? shard_impl(resolve_partial(t))->local() : t;
+  // A ShardTensor parameter or statistic (Replicate as modules hold them; a split one is gathered: C values).
+  auto* ti = shard_impl(t);
+  auto plain = ti ? local_as(t, ti->spec()->mesh, Placements(ti->spec()->mesh->ndim(), Placement::replicate()), {}) : t;
   if (l.channel_mesh_dim < 0) return plain;
   const auto m = l.channel_mesh_dim;
   return plain.narrow(0, l.spec->offset_of(m, l.spec->mesh->coordinate(m)), l.spec->extents[m][l.spec->mesh->coordinate(m)]);
@@ -62,10 +65,26 @@ at::Tensor all_channels(const at::Tensor& local, const BnLayout& l) {
   return comm::all_gather_v(local, 0, l.spec->extents[l.channel_mesh_dim], *l.spec->mesh, l.channel_mesh_dim);
 }
 
-// A parameter gradient in the parameter's own kind (plain, or Replicate ShardTensor).
+// A parameter gradient in the parameter's own kind and layout (plain, or a ShardTensor laid out like it).
 at::Tensor as_param_grad(const at::Tensor& full, const at::Tensor& param) {
-  if (auto* i = shard_impl(param)) return make_shard_tensor(full, dispatch::replicate_spec(i->spec()->mesh, full.sizes()));
-  return full;
+  auto* i = shard_impl(param);
+  if (!i) return full;
+  auto rep = make_shard_tensor(full, dispatch::replicate_spec(i->spec()->mesh, full.sizes()));
+  const auto& spec = i->spec();
+  return spec->all_replicate() || spec->has_partial() ? rep : redistribute_to(rep, spec);
+}
+
+// A plain input with ShardTensor parameters or statistics: the input is whole on every rank of their mesh.
+at::Tensor input_on_mesh(const at::Tensor& input, std::initializer_list<std::optional<at::Tensor>> others) {
+  if (shard_impl(input)) return input;
+  for (const auto& o : others)
+    if (o && o->defined() && shard_impl(*o)) {
+      const auto& mesh = shard_impl(*o)->spec()->mesh;
+      // differentiable when it must be: the plain input's gradient comes back plain
+      return input.requires_grad() && at::GradMode::is_enabled() ? dispatch::promote_to_replicate(input, mesh)
+                                                                 : dispatch::as_shard(input, mesh);
+    }
+  return input;
 }
 
 // The buffer itself: a plain tensor, or the local (full) tensor of a Replicate ShardTensor buffer.
@@ -187,10 +206,11 @@ at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Ten
 // computation, with the saved per-channel statistics as outputs -- Replicate over the mesh (all channels, as on one
 // device) in training, empty tensors in evaluation as torch's CPU and CUDA kernels return them.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_with_stats(
-    const char* op, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const char* op, const at::Tensor& input_arg, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps) {
-  TORCH_INTERNAL_ASSERT(shard_impl(input), op, ": bound for ShardTensor inputs only");
+  const auto input = input_on_mesh(input_arg, {weight, bias, running_mean, running_var});
+  TORCH_INTERNAL_ASSERT(shard_impl(input), op, ": bound for ShardTensor arguments only");
   check_batch_norm_args(input, weight, bias, running_mean, running_var);
   const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
   TORCH_CHECK_VALUE(training || has_running, op, ": evaluation needs running_mean and running_var");

@@ -52,6 +52,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"pointwise", "aten::add.Tensor"},
       {"pool", "aten::max_pool2d_with_indices"},
       {"position_writes", "aten::masked_scatter"},
+      {"host_args", "aten::tensor_split.tensor_indices_or_sections"},
       {"index_writes", "aten::index_add"},
       {"max_unpool", "aten::max_unpool2d"},
       {"reduction", "aten::sum"},

@@ -289,3 +289,30 @@ def test_one_registration_path():
     assert {"aten::add.Tensor", "aten::convolution", "aten::sum.dim_IntList"} <= names
     with pytest.raises(NotImplementedError, match="above autograd"):
         st.register_handler("aten::linear", lambda x, w, b=None: x)
+
+
+def case_c10d_collectives_refuse_shard_tensors():
+    """A ShardTensor handed to a torch.distributed collective (a model's own data-parallel all_reduce) raises a
+    ValueError naming the remedy on every rank, before any communication; plain tensors pass through unchanged."""
+    import torch.distributed as dist
+    m = mesh()
+    w = m.size()
+    xs = st.distribute_tensor(randn(5, 3, seed=1), m, [st.Shard(0)], {0: uneven_extents(5, w, 2)})
+    calls = {
+        "all_reduce of a pending sum": lambda: dist.all_reduce(xs.sum(0)),
+        "broadcast": lambda: dist.broadcast(xs, 0),
+        "all_gather into a list": lambda: dist.all_gather([torch.empty(5, 3) for _ in range(w)], xs),
+        "all_gather into a list of ShardTensors": lambda: dist.all_gather([xs] * w, torch.zeros(5, 3)),
+        "all_reduce by keyword": lambda: dist.all_reduce(tensor=xs),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match="full_tensor"):
+            call()
+    t = torch.full((2,), float(rank() + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [w * (w + 1) / 2] * 2
+    return True
+
+
+def test_c10d_collectives_refuse_shard_tensors():
+    harness.run(2, case_c10d_collectives_refuse_shard_tensors)

@@ -592,3 +592,37 @@ def case_bucketize_searchsorted(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_bucketize_searchsorted(world):
     harness.run(world, case_bucketize_searchsorted, world)
+
+
+def case_host_read_arguments():
+    """Composite ops that read an argument tensor on the host: tensor_split with its index tensor split, ctc_loss
+    with its length tensors split; the whole value is used, in strict mode, and the split input keeps its layout."""
+    import torch.nn.functional as F
+    m = mesh()
+    w = m.size()
+    x = randn(3, 11, seed=1)
+    idx = torch.tensor([2, 5, 7, 9])
+    ilay = ([st.Shard(0)], {0: tiny_extents(4, w)})
+    with st.use_strict():
+        for xlay in (([st.Shard(1)], {0: uneven_extents(11, w, 2)}), None):
+            xs = st.distribute_tensor(x, m, *xlay) if xlay else x
+            got = torch.tensor_split(xs, st.distribute_tensor(idx, m, *ilay), dim=1)
+            ref = torch.tensor_split(x, idx, dim=1)
+            assert len(got) == len(ref)
+            for a, b in zip(got, ref):
+                assert torch.equal(full(a), b)
+        T, N, C, S = 12, 3, 5, 4
+        log_probs = randn(T, N, C, seed=3).log_softmax(2)
+        targets = torch.randint(1, C, (N, S), generator=torch.Generator().manual_seed(4))
+        in_len, tgt_len = torch.tensor([12, 10, 11]), torch.tensor([4, 2, 3])
+        nlay = ([st.Shard(0)], {0: tiny_extents(3, w)})
+        for red in ("mean", "sum", "none"):
+            got = F.ctc_loss(log_probs, targets, st.distribute_tensor(in_len, m, *nlay),
+                             st.distribute_tensor(tgt_len, m, *nlay), reduction=red)
+            torch.testing.assert_close(full(got), F.ctc_loss(log_probs, targets, in_len, tgt_len, reduction=red))
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_host_read_arguments(world):
+    harness.run(world, case_host_read_arguments)

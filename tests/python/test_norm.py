@@ -251,6 +251,35 @@ def case_batch_norm_internal_ops(dim_sharded, seed):
     return True
 
 
+def case_batch_norm_split_parameters():
+    """Per-channel weight, bias and statistics that are themselves split (Shard(0) ShardTensors), with a sharded
+    or a plain input: the C values are gathered, the input's layout is kept; their gradients come back laid out
+    like them."""
+    m = mesh()
+    w_ = m.size()
+    x = randn(3, 5, 7, 4, seed=11)
+    w, b = randn(5, seed=12), randn(5, seed=13)
+    rm, rv = randn(5, seed=14), randn(5, seed=15).abs() + 0.5
+    cext = {0: uneven_extents(5, w_, 16)}
+    split = ([st.Shard(0)], cext)
+    for name, xlay in (("spatial input", ([st.Shard(2)], {0: uneven_extents(7, w_, 17)})),
+                       ("channel input", ([st.Shard(1)], cext)), ("plain input", None)):
+        for training in (True, False):
+            check_op(lambda x, w, b, rm=rm, rv=rv, t=training: F.batch_norm(x, rm.clone(), rv.clone(), w, b, t),
+                     [x, w, b], [xlay, split, split], m, rtol=1e-5, atol=1e-5, what=f"{name} training={training}")
+        stats_s = [st.distribute_tensor(t, m, *split) for t in (rm, rv)]
+
+        def fn(x, w, b):  # the split statistics with the split parameters, the plain ones for the reference
+            stats = stats_s if st.is_shard_tensor(w) else (rm, rv)
+            return torch.ops.aten.native_batch_norm(x, w, b, *stats, False, 0.1, 1e-5)[0]
+        check_op(fn, [x, w, b], [xlay, split, split], m, rtol=1e-5, atol=1e-5, what=f"{name} native_batch_norm")
+    return True
+
+
+def test_batch_norm_split_parameters():
+    harness.run(3, case_batch_norm_split_parameters)
+
+
 @pytest.mark.parametrize("world,dim_sharded", [(2, 2), (3, 1), (2, 0)])
 def test_batch_norm_internal_ops(world, dim_sharded):
     harness.run(world, case_batch_norm_internal_ops, dim_sharded, world)
