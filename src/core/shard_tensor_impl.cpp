@@ -5,6 +5,7 @@
 #include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace shardtensor {
@@ -25,17 +26,39 @@ ShardTensorImpl::ShardTensorImpl(at::Tensor local, SpecPtr spec)
 
 void ShardTensorImpl::refresh_metadata() {
   // Global sizes with dense strides in the local tensor's stride order, so autograd's layout contract
-  // (grad strides == param strides) holds without a dense global copy.
+  // (grad strides == param strides) holds without a dense global copy. The order must be the same on every rank:
+  // code that branches on strides or contiguity (reshape's view-or-copy, tensordot's paths) would otherwise issue
+  // different ops, and so different collectives, on different ranks.
+  //  - Ties of non-zero local strides (a dim of extent 1 next to another) are broken by position (the lower dim
+  //    outer, as in a contiguous tensor), not by infer_dense_strides' sizes; zero strides (expanded dims) keep its
+  //    own handling.
+  //  - A sharded dim that some rank holds one row or none of has a stride there that says nothing of the layout
+  //    (a narrow of extent 0 or 1 keeps any stride), while other ranks' strides for it do: such a dim is placed by
+  //    position instead, just outside the next dim after it whose order is known (innermost when none), decided
+  //    from the spec alone.
   const auto& global = spec_->global_shape;
-  // Equal local strides (a dim whose extent on this rank is 1, next to another) would be ordered by the global
-  // sizes, and ranks holding extent 1 and extent > 1 of one dim then reported different global strides — a
-  // rank-local difference that code branching on strides could turn into ranks that diverge. Ties of non-zero
-  // strides are broken by position instead (the lower dim outer, as in a contiguous tensor), the same on every rank;
-  // zero strides (expanded dims) keep infer_dense_strides' own handling.
   const auto ndim = static_cast<int64_t>(global.size());
-  std::vector<int64_t> keyed(local_.strides().begin(), local_.strides().end());
-  for (int64_t d = 0; d < ndim; ++d)
-    if (keyed[d] != 0) keyed[d] = keyed[d] * (ndim + 1) + (ndim - d);
+  std::vector<bool> by_position(ndim, false);
+  for (size_t m = 0; m < spec_->placements.size(); ++m) {
+    const auto& p = spec_->placements[m];
+    if (!p.is_shard() || global[p.dim] <= 1) continue;
+    const auto& ext = spec_->extents[m];
+    if (!ext.empty() && *std::min_element(ext.begin(), ext.end()) <= 1) by_position[p.dim] = true;
+  }
+  const int64_t tie = 2 * (ndim + 1);     // room between two known keys for the dims placed by position
+  const int64_t level = tie * (ndim + 1); // one unit of local stride
+  std::vector<int64_t> keyed(ndim, 0);
+  for (int64_t d = 0; d < ndim; ++d) {
+    const auto s = local_.stride(d);
+    if (!by_position[d] && s != 0) keyed[d] = s * level + (ndim - d) * tie;
+  }
+  for (int64_t d = ndim - 1; d >= 0; --d) {
+    if (!by_position[d]) continue;
+    int64_t next = 0;
+    for (int64_t r = d + 1; r < ndim && next == 0; ++r)
+      if (!by_position[r]) next = keyed[r];
+    keyed[d] = next + (ndim - d) + 1;
+  }
   auto strides = at::infer_dense_strides(global, keyed);
   sizes_and_strides_.set_sizes(global);
   for (size_t i = 0; i < strides.size(); ++i) sizes_and_strides_.stride_at_unchecked(i) = strides[i];

@@ -16,6 +16,7 @@
 #include "dispatch/args.h"
 #include "dispatch/consistency.h"
 #include "dispatch/fallback.h"
+#include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
 #include "dispatch/rule_family.h"
 #include "dispatch/view_replay.h"
@@ -134,11 +135,33 @@ std::optional<std::string> own_decline(const torch::jit::Stack* stack, size_t de
 }
 
 // The slot kernel: below autograd for ordinary rules; on both shard keys for above-autograd ones.
+// The gradient-layout hooks of the op's ShardTensor leaf arguments that require grad (tensors and tensor lists).
+std::vector<std::shared_ptr<torch::autograd::Node>> leaf_hooks(const c10::OperatorHandle& op,
+                                                               const torch::jit::Stack* stack) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> out;
+  const auto n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    const auto& v = (*stack)[i];
+    if (v.isTensor()) {
+      if (auto acc = ensure_grad_layout_hook(v.toTensor())) out.push_back(std::move(acc));
+    } else if (v.isTensorList()) {
+      for (const auto& t : v.toTensorList())
+        if (auto acc = ensure_grad_layout_hook(t)) out.push_back(std::move(acc));
+    }
+  }
+  return out;
+}
+
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     // Above autograd (linear, matmul, attention, ...): a DTensor argument is refused before the rule unwraps it.
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
+    // A rule above autograd records its own graph: its ShardTensor leaves get the gradient-layout hook, as the
+    // promote kernel gives every other op's (a rank's local gradient dense and in its leaf's local layout, even
+    // where the global strides, equal on every rank, cannot tell the layouts apart).
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the rule has recorded edges
+    if (slot->level == RuleLevel::above_autograd && at::GradMode::is_enabled()) accumulators = leaf_hooks(op, stack);
     try {
       run(op, stack);
     } catch (const c10::DistBackendError& e) {

@@ -337,6 +337,13 @@ def case_global_strides_agree():
         "(3, 4) Shard(1)": st.distribute_tensor(randn(3, sum(ext), seed=1), m, [st.Shard(1)], {0: ext}),
         "channels-last H": st.distribute_tensor(randn(2, 3, sum(ext), 5, seed=2), m, [st.Shard(2)], {0: ext})
         .contiguous(memory_format=torch.channels_last),
+        # permuted: the sharded dim moves inward; a rank holding one row or none cannot tell where from its strides
+        "permuted, one-row rank": st.distribute_tensor(randn(3, sum(ext), 4, seed=3), m, [st.Shard(1)], {0: ext})
+        .permute(1, 2, 0),
+        "permuted, empty rank": st.distribute_tensor(randn(2, 1, w - 1, seed=4), m, [st.Shard(2)],
+                                                     {0: [0] + [1] * (w - 1)}).permute(2, 0, 1),
+        "transposed tokens, one-row rank": st.distribute_tensor(randn(2, sum(ext), 6, seed=5), m, [st.Shard(1)],
+                                                                {0: ext}).transpose(1, 2),
     }
     for name, t in cases.items():
         mine = (tuple(t.stride()), t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last))
@@ -349,3 +356,30 @@ def case_global_strides_agree():
 @pytest.mark.parametrize("world", [2, 3])
 def test_global_strides_agree(world):
     harness.run(world, case_global_strides_agree)
+
+
+def case_stride_branching_composites():
+    """Composites that branch on strides with a rank holding one row or none of a split dim: tensordot (its
+    reshape-or-copy, then dot or mul-and-sum) and multi_head_attention_forward with every tensor split along a dim
+    of size 2; they hung (the ranks took different paths and different collectives)."""
+    import torch.nn.functional as F
+    from cases_util import check_op
+    m = mesh()
+    x, y = randn(2, 2, 1, seed=6), randn(2, 1, 2, seed=7)
+    for ext in ([0, 1, 1], [1, 1, 0]):
+        check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 1], [2, 0])), [x, y], [None, ([st.Shard(2)], {0: ext})],
+                 m, what=f"tensordot {ext}")
+    shapes = dict(q=(3, 2), k=(3, 2), v=(3, 2), w_in=(6, 2), b_in=(6,), bias_k=(2,), bias_v=(2,), w_out=(2, 2),
+                  b_out=(2,))
+    ts = [randn(*s, seed=10 + i) for i, s in enumerate(shapes.values())]
+    lays = [([st.Shard(t.dim() - 1)], {0: [1, 1, 0] if t.shape[-1] == 2 else [2, 2, 2]}) for t in ts]
+
+    def mha(q, k, v, w_in, b_in, bias_k, bias_v, w_out, b_out):
+        return F.multi_head_attention_forward(q, k, v, 2, 1, w_in, b_in, bias_k, bias_v, False, 0.0, w_out, b_out,
+                                              training=False)[0]
+    check_op(mha, ts, lays, m, what="multi_head_attention_forward, every tensor split")
+    return True
+
+
+def test_stride_branching_composites():
+    harness.run(3, case_stride_branching_composites)
