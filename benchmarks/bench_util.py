@@ -68,6 +68,14 @@ def init_cpu_rank(rank: int, world: int, port: int, retain_heap: bool = False, m
     return init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
 
 
+def write_rank0_rows(rank: int, rows, scratch: str) -> None:
+    """The other half of ``spawn_rank0_rows``: rank 0 writes its rows (any JSON value) to ``scratch`` for the parent."""
+    import json
+    if rank == 0:
+        with open(scratch, "w") as f:
+            json.dump(rows, f)
+
+
 def spawn_rank0_rows(run, world: int, scratch: str, *args):
     """Spawn ``world`` Gloo ranks running ``run(rank, world, port, scratch, *args)`` on a free port; ``run`` writes rank
     0's rows as JSON to ``scratch``, which is read, removed and returned."""

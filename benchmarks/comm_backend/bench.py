@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import shardtensor as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from bench_util import format_collectives as fmt, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import format_collectives as fmt, spawn_rank0_rows, write_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, prepare  # noqa: E402
 
 
@@ -71,9 +70,7 @@ def run(rank, world, port, out_path, repeats):
         rows.append({"workload": name, "process_group_us": pg * 1e6, "functional_us": fn * 1e6, "ratio": fn / pg,
                      "calls": counts["process_group"][0], "bytes": counts["process_group"][1],
                      "same_collectives": counts["process_group"] == counts["functional"]})
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(rows, f)
+    write_rank0_rows(rank, rows, out_path)
     dist.destroy_process_group()
 
 

@@ -26,7 +26,7 @@ import shardtensor as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import init_cpu_rank, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, spawn_rank0_rows, write_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, loadavg, prepare, spread  # noqa: E402
 from workloads import make_input, specs  # noqa: E402
 
@@ -77,10 +77,7 @@ def measure(name, spec, mesh, steps, rounds):
 def run(rank, world, port, scratch, steps, rounds):
     mesh = init_cpu_rank(rank, world, port)
     rows = [measure(name, spec, mesh, steps, rounds) for name, spec in specs(quick=False).items() if name != "conv"]
-    if rank == 0:
-        import json
-        with open(scratch, "w") as f:
-            json.dump(rows, f)
+    write_rank0_rows(rank, rows, scratch)
     dist.destroy_process_group()
 
 

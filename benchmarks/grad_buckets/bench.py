@@ -35,7 +35,7 @@ import shardtensor as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, write_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
 from workloads import relu_conv_spec, specs, training_step  # noqa: E402
 
@@ -117,10 +117,7 @@ def run(rank, world, port, scratch, size, steps, rounds):
     mesh = init_cpu_rank(rank, world, port)
     workloads = {"conv": relu_conv_spec(size), "vit": specs(quick=False)["vit"]}
     rows = [r for name, spec in workloads.items() for r in measure(name, spec, mesh, steps, rounds)]
-    if rank == 0:
-        import json
-        with open(scratch, "w") as f:
-            json.dump(rows, f)
+    write_rank0_rows(rank, rows, scratch)
     dist.barrier()
     # Leave without tearing the process groups down: a Gloo group destroyed while its run loop still holds finished
     # work on Python tensors (this script's own all-reduces) can deadlock on the GIL at exit.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -29,7 +28,8 @@ import shardtensor as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 from bench_util import format_collectives as fmt  # noqa: E402
-from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, timed, write_report  # noqa: E402
+from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, timed, write_rank0_rows  # noqa: E402
+from bench_util import write_report  # noqa: E402
 from results_dir import add_out_argument, git, prepare  # noqa: E402
 
 
@@ -81,9 +81,7 @@ def run(rank, world, port, out_path, c, n, shift):
         rows.append({"case": name, "calls": cc.calls, "bytes": cc.bytes, "own_rows": own, "window_rows": window_rows,
                      "seconds_sharded": t_sharded, "seconds_local_only": t_local, "peak_bytes_per_rank": peaks,
                      "single_peak_bytes": single, "max_abs_error": err})
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(rows, f)
+    write_rank0_rows(rank, rows, out_path)
     dist.destroy_process_group()
 
 

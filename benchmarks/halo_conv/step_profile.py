@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import json
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ import torch.distributed as dist
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import init_cpu_rank, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, spawn_rank0_rows, write_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 from compare import stack  # noqa: E402  (the same layers as the side-by-side run)
 
@@ -105,9 +104,7 @@ def run_rank(rank, world, port, out_path, args):
         result[k] = {"|".join(key): [v, counts[key] / args.steps] for key, v in times.items()}
     gathered = [None] * world
     dist.all_gather_object(gathered, {"profile": result, "walls": walls})
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(gathered, f)
+    write_rank0_rows(rank, gathered, out_path)
     dist.destroy_process_group()
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import json
 import os
 import sys
 
@@ -33,7 +32,7 @@ import torch.nn as nn
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import init_cpu_rank, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, spawn_rank0_rows, write_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, git, loadavg, prepare  # noqa: E402
 
 ELEMENT_BYTES = 4   # the profiler records shapes, not dtypes; everything here is float32 (index tensors are tiny)
@@ -185,9 +184,7 @@ def run_rank(rank, world, port, out_path, args):
         result[name + "_block"] = list((st.to_local(inp) if name == "sharded" else inp).shape)
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(gathered, f)
+    write_rank0_rows(rank, gathered, out_path)
     dist.destroy_process_group()
 
 

@@ -37,7 +37,7 @@ import shardtensor as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "compile"))
-from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, write_report  # noqa: E402
+from bench_util import init_cpu_rank, reduce_over_ranks, spawn_rank0_rows, write_rank0_rows, write_report  # noqa: E402
 from results_dir import add_out_argument, load_caveat, loadavg, prepare, spread  # noqa: E402
 from workloads import relu_conv_spec, specs, training_step, uneven  # noqa: E402
 
@@ -179,10 +179,7 @@ def run(rank, world, port, scratch, only, steps, rounds, reps):
             continue
         n = max(1, steps // 3) if name == "conv1024" else steps
         rows += measure(name, spec, mesh, n, rounds, reps)
-    if rank == 0:
-        import json
-        with open(scratch, "w") as f:
-            json.dump(rows, f)
+    write_rank0_rows(rank, rows, scratch)
     dist.barrier()
     # Leave without tearing the process groups down (see benchmarks/grad_buckets/bench.py).
     sys.stdout.flush()

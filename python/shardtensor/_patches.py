@@ -13,6 +13,7 @@ minor-version mismatch into a warning; a binary built for another torch is alway
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import types
@@ -232,8 +233,6 @@ def _holds_shard_tensor(value) -> bool:
 
 def _refuse_shard_tensors(name: str):
     def build(original):
-        import functools
-
         @functools.wraps(original)
         def collective(*args, **kwargs):
             if any(_holds_shard_tensor(a) for a in args) or any(_holds_shard_tensor(v) for v in kwargs.values()):

@@ -135,20 +135,15 @@ std::optional<std::string> own_decline(const torch::jit::Stack* stack, size_t de
 }
 
 // The slot kernel: below autograd for ordinary rules; on both shard keys for above-autograd ones.
-// The gradient-layout hooks of the op's ShardTensor leaf arguments that require grad (tensors and tensor lists).
+// The gradient-layout hooks of the op's ShardTensor leaf arguments that require grad.
 std::vector<std::shared_ptr<torch::autograd::Node>> leaf_hooks(const c10::OperatorHandle& op,
                                                                const torch::jit::Stack* stack) {
   std::vector<std::shared_ptr<torch::autograd::Node>> out;
   const auto n = op.schema().arguments().size();
-  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
-    const auto& v = (*stack)[i];
-    if (v.isTensor()) {
-      if (auto acc = ensure_grad_layout_hook(v.toTensor())) out.push_back(std::move(acc));
-    } else if (v.isTensorList()) {
-      for (const auto& t : v.toTensorList())
-        if (auto acc = ensure_grad_layout_hook(t)) out.push_back(std::move(acc));
-    }
-  }
+  for (size_t i = stack->size() - n; i < stack->size(); ++i)
+    for_each_tensor((*stack)[i], [&](const at::Tensor& t) {
+      if (auto acc = ensure_grad_layout_hook(t)) out.push_back(std::move(acc));
+    });
   return out;
 }
 

@@ -52,8 +52,7 @@ at::Tensor sum_over(at::Tensor t, const BnLayout& l) {
 at::Tensor local_channels(const at::Tensor& t, const BnLayout& l) {
   if (!t.defined()) return t;
   // A ShardTensor parameter or statistic (Replicate as modules hold them; a split one is gathered: C values).
-  auto* ti = shard_impl(t);
-  auto plain = ti ? local_as(t, ti->spec()->mesh, Placements(ti->spec()->mesh->ndim(), Placement::replicate()), {}) : t;
+  auto plain = whole_value(t);
   if (l.channel_mesh_dim < 0) return plain;
   const auto m = l.channel_mesh_dim;
   return plain.narrow(0, l.spec->offset_of(m, l.spec->mesh->coordinate(m)), l.spec->extents[m][l.spec->mesh->coordinate(m)]);
@@ -75,16 +74,12 @@ at::Tensor as_param_grad(const at::Tensor& full, const at::Tensor& param) {
 }
 
 // A plain input with ShardTensor parameters or statistics: the input is whole on every rank of their mesh.
-at::Tensor input_on_mesh(const at::Tensor& input, std::initializer_list<std::optional<at::Tensor>> others) {
+at::Tensor input_on_mesh(const char* op, const at::Tensor& input, at::ArrayRef<at::Tensor> others) {
   if (shard_impl(input)) return input;
-  for (const auto& o : others)
-    if (o && o->defined() && shard_impl(*o)) {
-      const auto& mesh = shard_impl(*o)->spec()->mesh;
-      // differentiable when it must be: the plain input's gradient comes back plain
-      return input.requires_grad() && at::GradMode::is_enabled() ? dispatch::promote_to_replicate(input, mesh)
-                                                                 : dispatch::as_shard(input, mesh);
-    }
-  return input;
+  const auto mesh = dispatch::common_mesh(op, others);
+  // differentiable when it must be: the plain input's gradient comes back plain
+  return input.requires_grad() && at::GradMode::is_enabled() ? dispatch::promote_to_replicate(input, mesh)
+                                                             : dispatch::as_shard(input, mesh);
 }
 
 // The buffer itself: a plain tensor, or the local (full) tensor of a Replicate ShardTensor buffer.
@@ -209,8 +204,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_with_stats(
     const char* op, const at::Tensor& input_arg, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps) {
-  const auto input = input_on_mesh(input_arg, {weight, bias, running_mean, running_var});
-  TORCH_INTERNAL_ASSERT(shard_impl(input), op, ": bound for ShardTensor arguments only");
+  const auto input = input_on_mesh(op, input_arg, {weight.value_or(at::Tensor()), bias.value_or(at::Tensor()),
+                                                    running_mean.value_or(at::Tensor()), running_var.value_or(at::Tensor())});
   check_batch_norm_args(input, weight, bias, running_mean, running_var);
   const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
   TORCH_CHECK_VALUE(training || has_running, op, ": evaluation needs running_mean and running_var");

@@ -78,9 +78,7 @@ at::Tensor searchsorted_rule(const at::Tensor& sorted_sequence, const at::Tensor
 // result is laid out like the elements.
 at::Tensor isin_rule(const at::Tensor& elements, const at::Tensor& test_elements, bool assume_unique, bool invert) {
   auto l = lookup_input("aten::isin", elements, {test_elements});
-  auto set = local_as(resolve_partial(dispatch::as_shard(test_elements, l.mesh)), l.mesh,
-                      Placements(l.mesh->ndim(), Placement::replicate()), {});
-  return make_shard_tensor(at::isin(l.local, set, assume_unique, invert), l.spec);
+  return make_shard_tensor(at::isin(l.local, whole_value(test_elements), assume_unique, invert), l.spec);
 }
 
 // isin.Tensor_Scalar(Tensor elements, Scalar test_element, *, bool assume_unique=False, bool invert=False): local.

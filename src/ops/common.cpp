@@ -13,6 +13,13 @@ Placements placements_of(const at::Tensor& t, const MeshPtr& mesh) {
   return Placements(mesh->ndim(), Placement::replicate());
 }
 
+at::Tensor whole_value(const at::Tensor& t) {
+  auto* impl = shard_impl(t);
+  if (!impl) return t;
+  const auto& mesh = impl->spec()->mesh;
+  return local_as(t, mesh, Placements(mesh->ndim(), Placement::replicate()), {});
+}
+
 at::Tensor local_as(const at::Tensor& t, const MeshPtr& mesh, const Placements& want, const DimExtents& ext) {
   if (auto* impl = shard_impl(t)) {
     const auto& spec = *impl->spec();

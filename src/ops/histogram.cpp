@@ -27,15 +27,7 @@ struct Field {
 // `others`: the op's other tensor arguments; when only they are ShardTensors (bin edges or weights split, the
 // values plain), the values are a replicated field on their mesh.
 Field field_of(const at::Tensor& self, at::ArrayRef<at::Tensor> others = {}) {
-  auto t = self;
-  if (!shard_impl(t)) {
-    for (const auto& o : others)
-      if (o.defined() && shard_impl(o)) {
-        t = dispatch::as_shard(t, shard_impl(o)->spec()->mesh);
-        break;
-      }
-    TORCH_INTERNAL_ASSERT(shard_impl(t), "histogram: a rule ran without a ShardTensor argument");
-  }
+  auto t = shard_impl(self) ? self : dispatch::as_shard(self, dispatch::common_mesh("aten::histogram", others));
   t = resolve_partial(t);
   const auto& spec = shard_impl(t)->spec();
   Field f{spec, shard_impl(t)->local(), spec->mesh, {}};
@@ -118,17 +110,11 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_rule(const at::Tensor& self, i
   return finish_histogram(hist, edges, f, density);
 }
 
-// Bin edges every rank needs whole (gathered when split).
-at::Tensor whole_edges(const at::Tensor& bins, const Field& f) {
-  return shard_impl(bins) ? local_as(resolve_partial(bins), f.mesh, Placements(f.mesh->ndim(), Placement::replicate()), {})
-                          : bins;
-}
-
 // histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False)
 std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, const at::Tensor& bins,
                                                         const std::optional<at::Tensor>& weight, bool density) {
   auto f = field_of(self, {bins, weight.value_or(at::Tensor())});
-  auto edges = whole_edges(bins, f);
+  auto edges = whole_value(bins);
   auto w = local_weight(weight, f);
   auto [hist, e] = at::histogram(f.local, edges, w.defined() ? std::optional<at::Tensor>(w) : std::nullopt, false);
   return finish_histogram(hist, e, f, density);
@@ -233,7 +219,7 @@ at::Tensor histogramdd_bin_tensors_rule(const at::Tensor& self, at::TensorList b
   others.push_back(weight.value_or(at::Tensor()));
   auto f = points_of(self, others);
   std::vector<at::Tensor> edges;
-  for (const auto& b : bins) edges.push_back(whole_edges(b, f));
+  for (const auto& b : bins) edges.push_back(whole_value(b));
   return histogramdd_counts(f, edges, weight, density);
 }
 

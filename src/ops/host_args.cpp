@@ -12,25 +12,17 @@ namespace shardtensor::ops {
 
 namespace {
 
-// The whole value of `t` on every rank, as a plain tensor (`t` itself when plain).
-at::Tensor whole(const at::Tensor& t) {
-  auto* i = shard_impl(t);
-  if (!i) return t;
-  const auto& mesh = i->spec()->mesh;
-  return local_as(t, mesh, Placements(mesh->ndim(), Placement::replicate()), {});
-}
-
 // tensor_split.tensor_indices_or_sections(Tensor(a -> *) self, Tensor tensor_indices_or_sections, int dim=0)
 std::vector<at::Tensor> tensor_split_rule(const at::Tensor& self, const at::Tensor& tensor_indices_or_sections,
                                           int64_t dim) {
-  return at::native::tensor_split(self, whole(tensor_indices_or_sections), dim);
+  return at::native::tensor_split(self, whole_value(tensor_indices_or_sections), dim);
 }
 
 // ctc_loss.Tensor(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths, int blank=0,
 //                 int reduction=Mean, bool zero_infinity=False)
 at::Tensor ctc_loss_rule(const at::Tensor& log_probs, const at::Tensor& targets, const at::Tensor& input_lengths,
                          const at::Tensor& target_lengths, int64_t blank, int64_t reduction, bool zero_infinity) {
-  return at::native::ctc_loss(log_probs, targets, whole(input_lengths), whole(target_lengths), blank, reduction,
+  return at::native::ctc_loss(log_probs, targets, whole_value(input_lengths), whole_value(target_lengths), blank, reduction,
                               zero_infinity);
 }
 
