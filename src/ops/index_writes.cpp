@@ -263,7 +263,7 @@ at::Tensor& index_reduce_inplace_rule(at::Tensor& self, int64_t dim, const at::T
 }
 
 // index_select of rows a mesh dim shards with an index sharded on the same mesh dim (indexing.cpp fetches the rows
-// from their owners): its derivative formula would build the gradient whole along the dim on every rank; this
+// from their owners) or whole with an entry per rank (indexing.cpp's routed read): its derivative formula would build the gradient whole along the dim on every rank; this
 // autograd rule sends each gradient row home instead — index_add into zeros laid out like the input, the rule above
 // with a source sharded on the dim (one all-to-all of the gradient rows).
 struct IndexSelectFn : torch::autograd::Function<IndexSelectFn> {
@@ -291,13 +291,22 @@ bool index_select_autograd(const c10::OperatorHandle& op, torch::jit::Stack* sta
   dispatch::NamedArgs args(op, stack);
   const auto self = args.tensor("self"), index = args.tensor("index");
   if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() || self.dim() == 0 ||
-      !shard_impl(index) || index.dim() != 1 || index.requires_grad())
+      index.dim() != 1 || index.requires_grad())
     return false;
   const auto dim = at::maybe_wrap_dim(args["dim"].toInt(), self.dim());
   const auto m = shard_impl(self)->spec()->mesh_dim_of(dim);
-  if (m < 0 || !shard_impl(index)->spec()->placements[m].is_shard(0) ||
-      shard_impl(index)->spec()->mesh != shard_impl(self)->spec()->mesh)
+  if (m < 0) return false;
+  if (const auto* ii = shard_impl(index)) {
+    if (ii->spec()->mesh != shard_impl(self)->spec()->mesh) return false;
+    // A sharded index: the rows fetched by its parts. A whole one (replicated here): the routed read of
+    // indexing.cpp when it has an entry per rank; either way the output is split along `dim` and the gradient rows
+    // go home by index_add (its source sharded on `dim`, the index sharded alike or whole).
+    if (!ii->spec()->placements[m].is_shard(0) &&
+        (ii->spec()->placements[m].is_shard() || index.numel() < shard_impl(self)->spec()->mesh->size(m)))
+      return false;
+  } else if (index.numel() < shard_impl(self)->spec()->mesh->size(m)) {
     return false;
+  }
   auto out = IndexSelectFn::apply(self, dim, index);
   torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(out));

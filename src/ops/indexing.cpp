@@ -11,10 +11,13 @@
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
 #include "ops/element_routing.h"
+#include "ops/index_routed.h"
+#include "comm/spec_holder.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
 #include <shardtensor/simulation.h>
+#include <torch/autograd.h>
 
 namespace shardtensor::ops {
 
@@ -85,8 +88,11 @@ at::Tensor fetch_rows(const at::Tensor& local, const ShardSpec& spec, int64_t di
   return out.movedim(0, dim);
 }
 
-// Per mesh dim, self Shard(d != dim) stays; self Shard(dim) picks owned indices (all-reduce, Replicate); self
-// Replicate with a sharded index gives Shard(dim) with the index's extents.
+at::Tensor index_select_read(const at::Tensor& self, int64_t dim, const at::Tensor& index);
+
+// Per mesh dim, self Shard(d != dim) stays; self Shard(dim) with a whole index of at least one entry per rank: a
+// routed read (index_select_read, the output split along `dim`), with fewer entries each rank picks the indices it
+// owns (all-reduce, Replicate); self Replicate with a sharded index gives Shard(dim) with the index's extents.
 // index_select(Tensor self, int dim, Tensor index)
 at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Tensor& index) {
   const auto mesh_of_args = dispatch::common_mesh("aten::index_select", {self_arg, index});
@@ -127,6 +133,8 @@ at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const 
     return wrap(fetch_rows(local, spec, dim, owner_m, idx.reshape({-1}).to(at::kLong)), mesh, out_p, out_shape,
                 out_ext);
   }
+  if (owner_m >= 0 && !index_placements[owner_m].is_shard() && index.numel() >= mesh->size(owner_m))
+    return index_select_read(self, dim, whole_local(index));
   auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
   at::Tensor out;
   if (owner_m < 0) {
@@ -175,9 +183,38 @@ at::Tensor index_select_backward(const at::Tensor& grad_in, c10::SymIntArrayRef 
   return wrap(out, mesh, out_p, sizes, out_ext);
 }
 
-// Per mesh dim, self Shard(d != dim) aligns the index (same size along d required); self Shard(dim) picks owned
-// indices (all-reduce, Replicate); self Replicate with an index sharded on d gives Shard(d) (self sliced alike when
-// d != dim).
+// The routed read (ops/index_routed.h) of gather along a sharded dim with the index whole along it (`idx`: the
+// index's block, aligned to self's layout on the other dims) when the index has at least one row per rank there
+// and self keeps its own layout: every element of the index is an entry (its coordinates on the other dims, its
+// global row along `dim`), and the output is split along `dim`. Range-checked on the whole index.
+std::optional<RoutedRead> gather_read_plan(const SpecPtr& spec, const Placements& self_p, int64_t dim,
+                                           const at::Tensor& idx) {
+  if (self_p != spec->placements || idx.dim() == 0) return std::nullopt;
+  const auto m = spec->mesh_dim_of(dim);
+  const auto n = spec->mesh->size(m);
+  if (idx.size(dim) < n) return std::nullopt;
+  check_indices_in_range(idx, spec->global_shape[dim], "gather");
+  RoutedRead r;
+  r.spec = spec;
+  r.m = m;
+  r.d = r.j = dim;
+  r.shape = idx.sizes().vec();
+  r.take = default_split(idx.size(dim), n);
+  for (int64_t k = 0; k < idx.dim(); ++k) {
+    if (k == dim) {
+      r.idx.push_back(idx.to(at::kLong));
+      continue;
+    }
+    std::vector<int64_t> v(idx.dim(), 1);
+    v[k] = idx.size(k);
+    r.idx.push_back(at::arange(idx.size(k), idx.options().dtype(at::kLong)).view(v));
+  }
+  return r;
+}
+
+// Per mesh dim, self Shard(d != dim) aligns the index (same size along d required); self Shard(dim): a routed read
+// (gather_read_plan, the output Shard(dim)), else (fewer index rows than ranks) picks owned indices (all-reduce,
+// Replicate); self Replicate with an index sharded on d gives Shard(d) (self sliced alike when d != dim).
 // gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False)
 at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Tensor& index_arg,
                        bool /*sparse_grad*/) {
@@ -225,6 +262,12 @@ at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Te
   at::Tensor out;
   if (owner_m < 0) {
     out = at::gather(local, dim, idx);
+  } else if (auto r = gather_read_plan(shard_impl(self)->spec(), self_p, dim, idx)) {
+    // The output split along `dim` (the default split of the index's length), each rank receiving the elements its
+    // part names from their owners.
+    out = routed_read(*r, local);
+    out_p[owner_m] = Placement::shard(dim);
+    idx_ext[dim] = r->take;
   } else {
     check_indices_in_range(idx, self.size(dim), "gather");
     const auto coord = mesh->coordinate(owner_m);
@@ -549,9 +592,85 @@ at::Tensor mask_over_result(const at::Tensor& mine, const AdvancedIndex& a, int6
   return mine.reshape(shape);
 }
 
+// The routed read (ops/index_routed.h) of `x[indices]` when exactly one indexed dim is sharded and the index shape
+// has a dim with at least one entry per rank of its mesh dim: the result is split along the largest such dim (the
+// first of equals). Negative indices are wrapped and every index is range-checked here, on the whole index, so an
+// IndexError is raised on every rank alike. Decided from the spec and the index's shape (the same on every rank).
+std::optional<RoutedRead> index_read_plan(const SpecPtr& spec, const AdvancedIndex& a,
+                                          const std::vector<OwnedDim>& owned) {
+  if (owned.size() != 1) return std::nullopt;
+  std::vector<int64_t> shape;
+  for (size_t k = 0; k < a.indices.size(); ++k)
+    if (a.indexed[k]) shape = at::infer_size(shape, a.indices[k].sizes());
+  if (shape.empty()) return std::nullopt;
+  const auto m = owned[0].mesh_dim;
+  const auto n = spec->mesh->size(m);
+  const auto j = std::max_element(shape.begin(), shape.end()) - shape.begin();
+  if (shape[j] < n) return std::nullopt;
+  RoutedRead r;
+  r.spec = spec;
+  r.m = m;
+  r.d = owned[0].dim;
+  r.j = j;
+  r.shape = shape;
+  r.take = default_split(shape[j], n);
+  r.idx.resize(a.indices.size());
+  for (size_t k = 0; k < a.indices.size(); ++k) {
+    if (!a.indexed[k]) continue;
+    // Unsharded indexed dims are whole on every rank (a sharded one would be owned).
+    const auto size = spec->global_shape[k];
+    auto idx = a.indices[k].to(at::kLong);
+    idx = at::where(idx.lt(0), idx + size, idx);
+    check_indices_in_range(idx, size, "index");
+    r.idx[k] = idx;
+  }
+  return r;
+}
+
+// The routed read's block [index shape..., dims not indexed...] in the result's dim order (the index dims after
+// the dims before the first indexed one when the indexed dims are adjacent), and the permutation back.
+std::vector<int64_t> routed_result_order(const AdvancedIndex& a, const RoutedRead& r, int64_t ndim) {
+  const auto pos = index_dims_position(a);
+  const auto nb = static_cast<int64_t>(r.shape.size());
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < pos; ++i) perm.push_back(nb + i);
+  for (int64_t i = 0; i < nb; ++i) perm.push_back(i);
+  for (int64_t i = nb + pos; i < ndim; ++i) perm.push_back(i);
+  return perm;
+}
+
+// `x[indices]` by a routed read: the result split along the index's dim `j` (the default split), nothing whole.
+at::Tensor index_read(const at::Tensor& self, const AdvancedIndex& a, const RoutedRead& r, Placements p,
+                      DimExtents ext) {
+  auto block = routed_read(r, shard_impl(self)->local());
+  const auto perm = routed_result_order(a, r, block.dim());
+  if (!std::is_sorted(perm.begin(), perm.end())) block = block.permute(perm).contiguous();
+  const auto at_dim = index_dims_position(a) + r.j;
+  p[r.m] = Placement::shard(at_dim);
+  ext[at_dim] = r.take;
+  return wrap(block, r.spec->mesh, p, a.result_shape, ext);
+}
+
+// index_select(self, dim, index) along a sharded dim with a whole index: `self[:, ..., index]` by a routed read.
+at::Tensor index_select_read(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  c10::List<std::optional<at::Tensor>> list;
+  for (int64_t k = 0; k < dim; ++k) list.push_back(std::nullopt);
+  list.push_back(index.reshape({-1}));
+  const auto spec = shard_impl(self)->spec();
+  auto a = advanced_index(self, list);
+  std::vector<OwnedDim> owned;
+  auto [p, ext] = result_layout(*spec, a, &owned);
+  auto r = index_read_plan(spec, a, owned);
+  TORCH_INTERNAL_ASSERT(r, "index_select: no routed read for a whole index of ", index.numel(), " entries");
+  return index_read(self, a, *r, p, ext);
+}
+
 // `x[idx]`. Along dims that are not sharded: local. An index into a sharded dim (global indices: a point cloud's
-// sampled points, a token selection): each rank reads the entries it owns (zero elsewhere) and one sum over that
-// mesh dim completes them (the result is Replicate there; the traffic is the result's size, never x's).
+// sampled points, a masked autoencoder's kept tokens, a token selection): a routed read when the index shape has a
+// dim with an entry per rank (index_read_plan: the result is split along it, each rank receives the entries its
+// part names); otherwise (a few entries, two indexed sharded dims) each rank reads the entries it owns (zero
+// elsewhere) and one sum over that mesh dim completes them (the result is Replicate there; the traffic is the
+// result's size, never x's).
 // index.Tensor(Tensor self, Tensor?[] indices)
 at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<at::Tensor>>& indices) {
   const auto mesh = dispatch::common_mesh("aten::index.Tensor", index_args(self_arg, indices));
@@ -560,6 +679,7 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   auto a = advanced_index(self, indices);
   std::vector<OwnedDim> owned;
   auto [p, ext] = result_layout(spec, a, &owned);
+  if (auto r = index_read_plan(shard_impl(self)->spec(), a, owned)) return index_read(self, a, *r, p, ext);
   bool empty = false;
   auto mine = localize_owned(a, owned, self.sizes(), empty);
   const auto& local = shard_impl(self)->local();
@@ -761,6 +881,134 @@ at::Tensor& index_put_impl_inplace_rule(at::Tensor& self, const c10::List<std::o
   return self;
 }
 
+// The autograd rules of the routed reads. Their derivative formulas would scatter the gradient into zeros built
+// from the gradient with the input's size (`grad.new_zeros(self.sizes())`: Replicate along the read dim, so whole
+// on every rank, and the split gradient gathered into it); these send each gradient entry home instead
+// (routed_accumulate: the reverse all-to-all) and add it into zeros laid out like the input.
+
+// The gradient laid out like the routed read's result (`out_spec`), as a plain block.
+at::Tensor result_block(const at::Tensor& grad, const SpecPtr& out_spec) {
+  return local_as(grad, out_spec->mesh, out_spec->placements, out_spec->dim_extents());
+}
+
+struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self,
+                            const c10::List<std::optional<at::Tensor>>& indices) {
+    auto out = at::index(self, indices);
+    ctx->saved_data["x"] = spec_ivalue(shard_impl(self)->spec());
+    ctx->saved_data["out"] = spec_ivalue(shard_impl(out)->spec());
+    ctx->saved_data["indices"] = indices;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out(2);
+    if (!grads[0].defined()) return out;
+    at::NoGradGuard no_grad;
+    const auto xspec = spec_from_ivalue(ctx->saved_data["x"]);
+    const auto indices = ctx->saved_data["indices"].to<c10::List<std::optional<at::Tensor>>>();
+    auto a = advanced_index(at::empty(xspec->global_shape, at::TensorOptions().device(at::kMeta)), indices);
+    std::vector<OwnedDim> owned;
+    result_layout(*xspec, a, &owned);
+    const auto r = index_read_plan(xspec, a, owned);
+    TORCH_INTERNAL_ASSERT(r, "index: the routed read's plan changed between forward and backward");
+    auto g = result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"]));
+    const auto perm = routed_result_order(a, *r, g.dim());
+    std::vector<int64_t> back(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) back[perm[i]] = static_cast<int64_t>(i);
+    auto zeros = at::zeros(xspec->local_shape, g.options());
+    routed_accumulate(*r, g.permute(back), zeros);
+    out[0] = make_shard_tensor(zeros, xspec);
+    return out;
+  }
+};
+
+// index.Tensor above autograd: a routed read (index_read_plan) of a ShardTensor that requires grad.
+bool index_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self");
+  if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() ||
+      shard_impl(self)->spec()->has_partial())
+    return false;
+  const auto list = args["indices"].to<c10::List<std::optional<at::Tensor>>>();
+  c10::List<std::optional<at::Tensor>> whole;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const std::optional<at::Tensor> opt = list.get(k);
+    if (opt && opt->defined() && shard_impl(*opt) && shard_impl(*opt)->spec()->mesh != shard_impl(self)->spec()->mesh)
+      return false;  // the rule names the mesh mismatch
+    whole.push_back(opt && opt->defined() ? std::optional<at::Tensor>(whole_local(*opt)) : std::nullopt);
+  }
+  const auto spec = shard_impl(self)->spec();
+  auto a = advanced_index(self, whole);
+  std::vector<OwnedDim> owned;
+  result_layout(*spec, a, &owned);
+  if (!index_read_plan(spec, a, owned)) return false;
+  auto out = IndexReadFn::apply(self, whole);
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out));
+  return true;
+}
+
+struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t dim,
+                            const at::Tensor& index) {
+    auto out = at::gather(self, dim, index);
+    ctx->saved_data["x"] = spec_ivalue(shard_impl(self)->spec());
+    ctx->saved_data["out"] = spec_ivalue(shard_impl(out)->spec());
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["index"] = index;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out(3);
+    if (!grads[0].defined()) return out;
+    at::NoGradGuard no_grad;
+    const auto xspec = spec_from_ivalue(ctx->saved_data["x"]);
+    const auto dim = ctx->saved_data["dim"].toInt();
+    // The index as the forward read it: whole along `dim`, aligned to the input's shards elsewhere.
+    Placements ip = xspec->placements;
+    ip[xspec->mesh_dim_of(dim)] = Placement::replicate();
+    auto iext = xspec->dim_extents();
+    iext.erase(dim);
+    const auto idx = local_as(ctx->saved_data["index"].toTensor(), xspec->mesh, ip, iext);
+    const auto r = gather_read_plan(xspec, xspec->placements, dim, idx);
+    TORCH_INTERNAL_ASSERT(r, "gather: the routed read's plan changed between forward and backward");
+    auto zeros = at::zeros(xspec->local_shape, grads[0].options());
+    routed_accumulate(*r, result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"])), zeros);
+    out[0] = make_shard_tensor(zeros, xspec);
+    return out;
+  }
+};
+
+// gather above autograd: a routed read (gather_read_plan) of a ShardTensor that requires grad, with a whole index
+// (plain or replicated; a sharded index keeps aten's formula).
+bool gather_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  const auto self = args.tensor("self"), index = args.tensor("index");
+  if (!at::GradMode::is_enabled() || !shard_impl(self) || !self.requires_grad() || self.dim() == 0 ||
+      index.dim() != self.dim() || args["sparse_grad"].toBool())
+    return false;
+  const auto& spec = *shard_impl(self)->spec();
+  if (spec.has_partial()) return false;
+  if (const auto* ii = shard_impl(index)) {
+    if (ii->spec()->mesh != spec.mesh) return false;
+    for (const auto& p : ii->spec()->placements)
+      if (!p.is_replicate()) return false;
+  }
+  const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
+  const auto m = spec.mesh_dim_of(dim);
+  if (m < 0 || index.size(dim) < spec.mesh->size(m)) return false;
+  for (const auto& p : spec.placements)
+    if (p.is_shard() && p.dim != dim && index.size(p.dim) != self.size(p.dim)) return false;
+  auto out = GatherReadFn::apply(self, dim, whole_local(index));
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out));
+  return true;
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(indexing) {
@@ -776,6 +1024,8 @@ SHARDTENSOR_RULE_FAMILY(indexing) {
                            "aten::scatter_add_", "aten::scatter_reduce.two", "aten::scatter_reduce_.two"})
     set_handler(name, scatter_handler);
   set_handler("aten::index.Tensor", typed_handler(&index_rule));
+  dispatch::set_autograd_handler("aten::index.Tensor", &index_autograd);
+  dispatch::set_autograd_handler("aten::gather", &gather_autograd);
   set_handler("aten::masked_select", typed_handler(&masked_select_rule));
   set_handler("aten::nonzero", typed_handler(&nonzero_rule));
   set_handler("aten::index_put_", typed_handler(&index_put_inplace_rule));

@@ -28,10 +28,14 @@ def case_index_select(seed, tiny):
     check_op(lambda t: t.index_select(1, idx), [x], [lay0], m, what="index_select unsharded dim",
              expect_placements=[st.Shard(0)])
     check_op(lambda t: t.index_select(2, idx % 3), [x], [lay0], m, what="index_select last dim")
-    # Sharded dim with global indices: owners pick, the result is Replicate there.
+    # Sharded dim with a whole index: a routed read, the result split along the dim (default split of the index).
     lay1 = _lay(x.shape, 1, w, seed, tiny)
-    check_op(lambda t: t.index_select(1, idx), [x], [lay1], m, what="index_select sharded dim",
-             expect_placements=[st.Replicate()])
+    out = check_op(lambda t: t.index_select(1, idx), [x], [lay1], m, what="index_select sharded dim",
+                   expect_placements=[st.Shard(1)])
+    assert st.sharding_shapes(out) == {0: [len(c) for c in torch.arange(9).tensor_split(w)]}
+    # Fewer entries than ranks: owners pick, the result is Replicate there.
+    check_op(lambda t: t.index_select(1, idx[: w - 1]), [x], [lay1], m, what="index_select few entries",
+             expect_placements=[st.Replicate()] if w > 1 else None)
     check_op(lambda t: torch.index_select(t, 1, idx[:0]), [x], [lay1], m, what="index_select empty index")
     # A replicated table with a sharded index: the output is sharded like the index.
     xs = randn(6, 4, seed=seed)
@@ -55,11 +59,11 @@ def case_gather(seed, tiny):
     lay0 = _lay(x.shape, 0, w, seed, tiny)
     check_op(lambda t: t.gather(1, index), [x], [lay0], m, what="gather plain index", expect_placements=[st.Shard(0)])
     check_op(lambda t, i: torch.gather(t, 1, i), [x, index], [lay0, lay0], m, what="gather sharded index")
-    # Gather along the sharded dim: global indices, owners pick.
+    # Gather along the sharded dim with a whole index: a routed read, the output split along the dim.
     index0 = torch.randint(0, 5, (3, 7, 3), generator=g)
     lay1 = _lay(x.shape, 1, w, seed, tiny)
     check_op(lambda t: t.gather(0, index0), [x], [_lay(x.shape, 0, w, seed, tiny)], m, what="gather sharded dim",
-             expect_placements=[st.Replicate()])
+             expect_placements=[st.Shard(0)] if w <= 3 else [st.Replicate()])
     check_op(lambda t, i: t.gather(0, i), [x, index0], [lay1, lay1], m, what="gather sharded dim 1, index alike")
     # sort + gather: the usual pairing (indices from a local op).
     check_op(lambda t: t.gather(1, t.argsort(1)), [x], [lay0], m, what="gather argsort")
@@ -258,12 +262,12 @@ def case_2d_mesh(seed):
     check_op(lambda t: t.index_select(1, idx), [x], [lay], m, what="2-D index_select",
              expect_placements=[st.Shard(0), st.Shard(2)])
     check_op(lambda t: t.index_select(2, idx % 4), [x], [lay], m, what="2-D index_select sharded dim",
-             expect_placements=[st.Shard(0), st.Replicate()])
+             expect_placements=[st.Shard(0), st.Shard(2)])
     index = torch.randint(0, 5, (6, 3, 4), generator=torch.Generator().manual_seed(seed))
     check_op(lambda t: t.gather(1, index), [x], [lay], m, what="2-D gather")
     index0 = torch.randint(0, 6, (2, 5, 4), generator=torch.Generator().manual_seed(seed))
     check_op(lambda t: t.gather(0, index0), [x], [lay], m, what="2-D gather sharded dim",
-             expect_placements=[st.Replicate(), st.Shard(2)])
+             expect_placements=[st.Shard(0), st.Shard(2)])
     src = randn(6, 3, 4, seed=seed + 2)
     check_op(lambda t, s: t.scatter_add(1, index, s), [x, src], [lay, lay], m, what="2-D scatter_add")
 
@@ -307,8 +311,9 @@ def case_index_sharded_dim(seed, tiny):
         xs = st.distribute_tensor(pts, m, *lay)
         st.reset_comm_stats()
         out = xs[batch, idx, :]
-        assert st.comm_stats()["calls"].get("all_reduce", 0) <= 1, st.comm_stats()
-        assert st.placements(out) == (st.Replicate(),), st.placements(out)
+        # A routed read: the result split along the index's largest dim, one all-to-all.
+        assert st.comm_stats()["calls"] == ({"all_to_all": 1} if w > 1 else {}), st.comm_stats()
+        assert st.placements(out) == (st.Shard(1),), st.placements(out)
         check_op(lambda t: t[batch, idx, :], [pts], [lay], m, what="index_points")
         check_op(lambda t: t[:, idx[0]], [pts], [lay], m, what="x[:, idx]")
         check_op(lambda t: t[:, torch.tensor([-1, 0, -N])], [pts], [lay], m, what="negative indices")
@@ -418,8 +423,8 @@ def case_index_sharded_dim_mesh2d(seed):
     j = torch.tensor([1, 5, 0, 2])
     with st.use_strict():
         check_op(lambda t: t[i, j], [x], [lay], m, what="x[i, j] over two mesh dims")
-        check_op(lambda t: t[:, j], [x], [lay], m, what="x[:, j] (dim 0 stays sharded)",
-                 expect_placements=[st.Shard(0), st.Replicate()])
+        check_op(lambda t: t[:, j], [x], [lay], m, what="x[:, j] (dim 0 stays sharded, a routed read along j)",
+                 expect_placements=[st.Shard(0), st.Shard(1)])
 
         def put(t):
             return t.index_put((i, j), torch.ones(3), accumulate=True)
@@ -626,3 +631,90 @@ def case_host_read_arguments():
 @pytest.mark.parametrize("world", [2, 3])
 def test_host_read_arguments(world):
     harness.run(world, case_host_read_arguments)
+
+
+def case_routed_reads(seed, tiny):
+    """Reads of a sharded dim by a whole index stay divided (a routed read): a masked autoencoder's kept tokens
+    (`gather` with an expanded index, `x[arange(B)[:, None], ids]`), PointNet++'s grouped points (a 3-D index), a
+    1-D index under a leading dim (`x[:, idx]`, `index_select`), non-adjacent indices, negative indices, a bool mask,
+    int and bool payloads: the result is split along the index's largest dim (the default split), one all-to-all
+    forward and one backward, and no rank allocates a plain tensor whole along the read dim in either pass."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestPlain(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if (isinstance(t, torch.Tensor) and not st.is_shard_tensor(t) and t.is_floating_point()
+                        and t.device.type != "meta"):  # meta tensors (shapes only) allocate nothing
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    m = mesh()
+    w = m.size()
+    B, N, C, K = 2, 13, 4, 7
+    x = randn(B, N, C, seed=seed)
+    lay = _lay(x.shape, 1, w, seed, tiny)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(N, generator=g)[:K] for _ in range(B)])  # the kept tokens of each sample
+    grouped = torch.randint(0, N, (B, 5, 3), generator=g)                    # PointNet++'s groups (duplicates)
+    split_k = [len(c) for c in torch.arange(K).tensor_split(w)]
+    cases = {
+        "MAE gather": (lambda t: torch.gather(t, 1, ids.unsqueeze(-1).expand(-1, -1, C)), (st.Shard(1),), split_k),
+        "x[arange(B)[:, None], ids]": (lambda t: t[torch.arange(B)[:, None], ids], (st.Shard(1),), split_k),
+        "index_points, 3-D index": (lambda t: t[torch.arange(B).view(B, 1, 1), grouped], (st.Shard(1),),
+                                    [len(c) for c in torch.arange(5).tensor_split(w)]),
+        "x[:, idx] (B > 1)": (lambda t: t[:, ids[0]], (st.Shard(1),), split_k),
+        "index_select": (lambda t: t.index_select(1, ids[1]), (st.Shard(1),), split_k),
+        "negative indices": (lambda t: t[:, ids[0] - N], (st.Shard(1),), split_k),
+    }
+    with st.use_strict():
+        for what, (fn, placements, extents) in cases.items():
+            out = check_op(fn, [x], [lay], m, what=what, expect_placements=placements)
+            assert st.sharding_shapes(out) == {0: extents}, (what, st.sharding_shapes(out))
+            xs = st.distribute_tensor(x, m, *lay).requires_grad_()
+            st.reset_comm_stats()
+            y = fn(xs)
+            assert st.comm_stats()["calls"] == ({"all_to_all": 1} if w > 1 else {}), (what, st.comm_stats())
+            st.reset_comm_stats()
+            with LargestPlain() as watch:
+                (y * y).sum().backward()
+            if w > 1:
+                assert st.comm_stats()["calls"].get("all_to_all", 0) == 1, (what, st.comm_stats())
+                assert "all_gather" not in st.comm_stats()["calls"], (what, st.comm_stats())
+                # The largest legitimate plain tensor: a block of the input or of the result (never the whole dim).
+                bound = max(B * C * max(lay[1][0]), out.numel() // out.shape[1] * max(extents))
+                assert bound < x.numel(), (what, bound)
+                assert watch.numel <= bound, (what, watch.numel, bound)
+        # Non-adjacent indices: the index dims lead the result.
+        x3 = randn(N, 3, 6, seed=seed + 1)
+        lay3 = _lay(x3.shape, 0, w, seed, tiny)
+        check_op(lambda t: t[ids[0], :, ids[1] % 6], [x3], [lay3], m, what="non-adjacent indices",
+                 expect_placements=[st.Shard(0)])
+        mask = torch.zeros(N, dtype=torch.bool)
+        mask[[0, 3, 4, 8, 12]] = True
+        check_op(lambda t: t[:, mask], [x], [lay], m, what="bool mask", expect_placements=[st.Shard(1)])
+        xi = (x * 10).to(torch.int64)
+        check_op(lambda t: t[:, ids[0]], [xi], [lay], m, grad=False, what="int payload")
+        check_op(lambda t: torch.gather(t, 1, ids.unsqueeze(-1).expand(-1, -1, C)), [x > 0], [lay], m, grad=False,
+                 what="bool payload")
+        # Fewer entries than ranks: owners pick, the result is Replicate (a head wants a few tokens whole).
+        if w > 1:
+            check_op(lambda t: t[:, ids[0, : w - 1]], [x], [lay], m, what="few entries",
+                     expect_placements=[st.Replicate()])
+    if w > 1:
+        xs = st.distribute_tensor(x, m, *lay)
+        with pytest.raises(IndexError, match="out of range"):
+            xs[:, torch.tensor([0, N, 1, 2])]
+        with pytest.raises(IndexError, match="out of range"):
+            torch.gather(xs, 1, torch.full((B, 4, C), N))
+    return True
+
+
+@pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, True), (4, False)])
+def test_routed_reads(world, tiny):
+    harness.run(world, case_routed_reads, world, tiny)
