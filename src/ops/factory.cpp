@@ -43,9 +43,12 @@ void like_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 // new_*(self, size, ...): the input's layout when the size matches its global size. Another size of the same rank
-// keeps the input's shards on the dims whose size is unchanged (backward formulas build gradients this way, e.g.
-// grad.new_zeros(input_sizes) that differ along the dim an op worked on: a Replicate result would be dense at the
-// global size on every rank); every other dim is Replicate. The values are the same in any layout.
+// keeps the input's shards: on the dims whose size is unchanged with their extents (backward formulas build
+// gradients this way, e.g. grad.new_zeros(input_sizes) that differ along the dim an op worked on), on a sharded dim
+// whose size changed with the default split of the new size (a buffer for a longer sequence filled with split
+// tokens, diffusers' Lumina2 `hidden_states.new_zeros(B, L_txt + L_img, C)`): a Replicate result would be dense at
+// the global size on every rank, and writing split values into it would gather them. Another rank is Replicate.
+// The values are the same in any layout.
 // Every overload of new_empty, new_zeros, new_ones, new_full, new_empty_strided (the last with a `stride`).
 void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
@@ -60,11 +63,11 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
     const auto& src = *impl->spec();
     Placements p(mesh->ndim(), Placement::replicate());
     DimExtents ext;
-    for (size_t m = 0; m < p.size(); ++m)
-      if (src.placements[m].is_shard() && size[src.placements[m].dim] == self.size(src.placements[m].dim)) {
-        p[m] = src.placements[m];
-        ext[p[m].dim] = src.extents[m];
-      }
+    for (size_t m = 0; m < p.size(); ++m) {
+      if (!src.placements[m].is_shard()) continue;
+      p[m] = src.placements[m];
+      if (size[p[m].dim] == self.size(p[m].dim)) ext[p[m].dim] = src.extents[m];
+    }
     spec = ShardSpec::make_with_dim_extents(mesh, p, std::vector<int64_t>(size.begin(), size.end()), ext);
   } else {
     spec = dispatch::replicate_spec(mesh, size);

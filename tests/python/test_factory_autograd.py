@@ -191,3 +191,42 @@ def test_type_promotion():
 
 def test_as_strided_non_identity_raises():
     harness.expect_error(2, bad_as_strided, match="identity")
+
+
+def case_new_buffer_of_split_tokens(seed):
+    """A buffer made with `new_zeros` at another length of a split dim keeps the split (the default split of the
+    new length) and split values written into it stay divided: diffusers' Lumina2 joins its text and image tokens
+    as `joint = img.new_zeros(B, L_txt + L_img, C); joint[i, :L_txt] = txt[i]; joint[i, L_txt:] = img[i]`. Forward
+    and gradients against one device, and no all-gather (a Replicate buffer would gather every image token)."""
+    m = mesh()
+    w = m.size()
+    B, L_txt, L_img, C = 2, 3, 11, 4
+    img = randn(B, L_img, C, seed=seed)
+    txt = randn(B, L_txt, C, seed=seed + 1)
+    lay = ([st.Shard(1)], {0: uneven_extents(L_img, w, seed)})
+
+    def join(i, t):
+        joint = i.new_zeros(B, L_txt + L_img, C)
+        for b in range(B):
+            joint[b, :L_txt] = t[b]
+            joint[b, L_txt:] = i[b]
+        return joint * 2
+
+    with st.use_strict():
+        out = check_op(join, [img, txt], [lay, None], m, what="Lumina2's joint tokens",
+                       expect_placements=[st.Shard(1)])
+        assert st.sharding_shapes(out) == {0: [len(c) for c in torch.arange(L_txt + L_img).tensor_split(w)]}
+        xs = st.distribute_tensor(img, m, *lay)
+        st.reset_comm_stats()
+        join(xs, txt)
+        assert "all_gather" not in st.comm_stats()["calls"], st.comm_stats()
+        # The unchanged dims keep their extents; another rank is Replicate.
+        y = xs.new_zeros(B + 1, L_img, C)
+        assert st.placements(y) == (st.Shard(1),) and st.sharding_shapes(y) == lay[1]
+        assert st.placements(xs.new_ones(5)) == (st.Replicate(),)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_new_buffer_of_split_tokens(world):
+    harness.run(world, case_new_buffer_of_split_tokens, world)
