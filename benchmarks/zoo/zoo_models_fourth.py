@@ -6,8 +6,10 @@ Chroma transformers; MONAI's VAE, GAN critics, SPADE and ControlNet diffusion U-
 DynUNet; FNO variants, TFNO-CP, UNO, UQNO; PhysicsNeMo FNO-1d, Pix2Pix, CorrDiff, EDM, Transolver on points, DiT.
 Models that compute parts in float32 whatever the input (FP32 norms, float32 autocast or casts) run in float32.
 Not here: MONAI's AutoencoderKL sampling (a random draw per rank; its mean decoder is), VQVAE's ddp_sync all-reduce
-(refused with a clear error; with ddp_sync off it is), and two patterns whose work is not divided (Lumina2's joint
-sequence written into a whole buffer per sample; a masked autoencoder's random token gather)."""
+(refused with a clear error; with ddp_sync off it is), and a masked autoencoder's decoder (MONAI's
+MaskedAutoEncoderViT writes the kept tokens into a plain `mask_tokens.repeat(...)` buffer, whole on every rank; its
+random token choice also differs from the single-process run's draw). Lumina2's joint sequence, once written into a
+whole buffer per sample, is divided now (new_* keeps the split)."""
 import torch
 
 from benchmarks.zoo.zoo_models import model  # noqa: F401
@@ -282,6 +284,16 @@ def _lumina2_extra():
     g = _g()
     return {"timestep": torch.tensor([0.3, 0.7]), "encoder_hidden_states": torch.randn(2, 5, 16, generator=g),
             "encoder_attention_mask": torch.ones(2, 5, dtype=torch.bool)}
+
+
+@model("diffusers", "diffusers/Lumina2Transformer", (2, 4, 16, 16), align=2, extra=_lumina2_extra, dtype="float32",
+       note="Lumina-Image 2.0: text and image tokens joined per sample into a new_zeros buffer (kept split)")
+def _():
+    from diffusers import Lumina2Transformer2DModel
+    return Lumina2Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=4, hidden_size=32,
+                                     num_layers=1, num_refiner_layers=1, num_attention_heads=2, num_kv_heads=1,
+                                     multiple_of=16, axes_dim_rope=(4, 6, 6), axes_lens=(16, 16, 16),
+                                     cap_feat_dim=16)
 
 
 def _allegro_extra():
