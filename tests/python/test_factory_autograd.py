@@ -223,6 +223,9 @@ def case_new_buffer_of_split_tokens(seed):
         # The unchanged dims keep their extents; another rank is Replicate.
         y = xs.new_zeros(B + 1, L_img, C)
         assert st.placements(y) == (st.Shard(1),) and st.sharding_shapes(y) == lay[1]
+        # Another size along an unsharded dim too: something else (diffusers' UNet1D makes a convolution kernel
+        # `x.new_zeros(C, C, k)` from a length-split signal), Replicate.
+        assert st.placements(xs.new_zeros(C, C, 3)) == (st.Replicate(),)
         assert st.placements(xs.new_ones(5)) == (st.Replicate(),)
     return True
 
