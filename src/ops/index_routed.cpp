@@ -2,7 +2,10 @@
 #include "ops/index_routed.h"
 
 #include "comm/collectives.h"
+#include "comm/functional.h"
 #include "ops/element_routing.h"
+
+#include <shardtensor/simulation.h>
 
 #include <ATen/ATen.h>
 #include <shardtensor/mesh.h>
@@ -79,7 +82,31 @@ std::vector<int64_t> counts_by_owner(const at::Tensor& owner, int64_t n) {
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n};
 }
 
+// Every rank reads its own copy of the index, and a rank sizes its messages from it: ranks holding different values
+// (a random index drawn per rank) would post mismatched sizes and wait on each other forever. A fingerprint of the
+// index (its sizes and a position-weighted sum of each indexed dim's values) travels in one small all-gather first,
+// and when the fingerprints differ every rank raises the same ValueError.
+void check_same_index(const RoutedRead& r, const Mesh& mesh) {
+  std::vector<int64_t> fp;
+  for (const auto& t : r.idx) {
+    if (!t.defined()) continue;
+    const auto flat = t.reshape({-1});
+    const auto weights = at::arange(flat.numel(), flat.options()).mul_(2).add_(1);
+    fp.push_back(flat.numel());
+    fp.push_back(flat.add(1).mul_(weights).sum().item<int64_t>());  // wraps on overflow, alike on every rank
+  }
+  const auto all = comm::all_gather_ints(fp, mesh, r.m, "a read by a whole index (its agreement check)");
+  for (const auto& row : all)
+    TORCH_CHECK_VALUE(row == fp, "ShardTensor: an index into dim ", r.d, " (split over mesh dim ", r.m,
+                      ") holds different values on different ranks; a plain index tensor must be the same on every "
+                      "rank (seed random draws alike on every rank, or pass the index as a ShardTensor)");
+}
+
 } // namespace
+
+bool routed_reads_possible(const at::Tensor& local) {
+  return !simulating() && !comm::tracing(local);
+}
 
 at::Tensor routed_read(const RoutedRead& r, const at::Tensor& local_in) {
   const auto& mesh = *r.spec->mesh;
@@ -87,6 +114,7 @@ at::Tensor routed_read(const RoutedRead& r, const at::Tensor& local_in) {
   // Bool values travel as bytes (the transports move numbers).
   const bool is_bool = local_in.scalar_type() == at::kBool;
   const auto local = is_bool ? local_in.to(at::kByte) : local_in;
+  check_same_index(r, mesh);
   const auto l = dim_layout(*r.spec, r.m, r.idx[r.d].device());
   const auto off = r.spec->offset_of(r.m, me);
   const auto rest = rest_shape(r, local);

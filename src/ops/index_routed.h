@@ -26,6 +26,11 @@ struct RoutedRead {
   std::vector<int64_t> take;    // extents of shape[j] per coordinate of mesh dim m (the default split)
 };
 
+// Whether a routed read can run: it sizes its messages from the index's values on the host, which neither a trace
+// (torch.compile: the owners' picks and one all-reduce are kept, which a graph can hold) nor a simulation (no values
+// to agree on) has. `local`: the read tensor's block (a traced one carries the tracer's key).
+bool routed_reads_possible(const at::Tensor& local);
+
 // The reader's block: [shape with dim j narrowed to this rank's extent..., the dims not indexed (local extents, in
 // order)...]. Indices must be in range (non-negative, global rows along `d`). One all-to-all over mesh dim m.
 at::Tensor routed_read(const RoutedRead& r, const at::Tensor& local);

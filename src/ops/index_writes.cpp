@@ -18,6 +18,7 @@
 #include "dispatch/args.h"
 #include "ops/common.h"
 #include "ops/element_routing.h"
+#include "ops/index_routed.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -307,6 +308,9 @@ bool index_select_autograd(const c10::OperatorHandle& op, torch::jit::Stack* sta
   } else if (index.numel() < shard_impl(self)->spec()->mesh->size(m)) {
     return false;
   }
+  if (!(shard_impl(index) && shard_impl(index)->spec()->placements[m].is_shard(0)) &&
+      !routed_reads_possible(shard_impl(self)->local()))
+    return false;
   auto out = IndexSelectFn::apply(self, dim, index);
   torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(out));

@@ -133,7 +133,8 @@ at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const 
     return wrap(fetch_rows(local, spec, dim, owner_m, idx.reshape({-1}).to(at::kLong)), mesh, out_p, out_shape,
                 out_ext);
   }
-  if (owner_m >= 0 && !index_placements[owner_m].is_shard() && index.numel() >= mesh->size(owner_m))
+  if (owner_m >= 0 && !index_placements[owner_m].is_shard() && index.numel() >= mesh->size(owner_m) &&
+      routed_reads_possible(local))
     return index_select_read(self, dim, whole_local(index));
   auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
   at::Tensor out;
@@ -188,8 +189,9 @@ at::Tensor index_select_backward(const at::Tensor& grad_in, c10::SymIntArrayRef 
 // and self keeps its own layout: every element of the index is an entry (its coordinates on the other dims, its
 // global row along `dim`), and the output is split along `dim`. Range-checked on the whole index.
 std::optional<RoutedRead> gather_read_plan(const SpecPtr& spec, const Placements& self_p, int64_t dim,
-                                           const at::Tensor& idx) {
-  if (self_p != spec->placements || idx.dim() == 0) return std::nullopt;
+                                           const at::Tensor& idx, const at::Tensor& local) {
+  if (self_p != spec->placements || idx.dim() == 0 || (local.defined() && !routed_reads_possible(local)))
+    return std::nullopt;
   const auto m = spec->mesh_dim_of(dim);
   const auto n = spec->mesh->size(m);
   if (idx.size(dim) < n) return std::nullopt;
@@ -262,7 +264,7 @@ at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Te
   at::Tensor out;
   if (owner_m < 0) {
     out = at::gather(local, dim, idx);
-  } else if (auto r = gather_read_plan(shard_impl(self)->spec(), self_p, dim, idx)) {
+  } else if (auto r = gather_read_plan(shard_impl(self)->spec(), self_p, dim, idx, local)) {
     // The output split along `dim` (the default split of the index's length), each rank receiving the elements its
     // part names from their owners.
     out = routed_read(*r, local);
@@ -597,8 +599,8 @@ at::Tensor mask_over_result(const at::Tensor& mine, const AdvancedIndex& a, int6
 // first of equals). Negative indices are wrapped and every index is range-checked here, on the whole index, so an
 // IndexError is raised on every rank alike. Decided from the spec and the index's shape (the same on every rank).
 std::optional<RoutedRead> index_read_plan(const SpecPtr& spec, const AdvancedIndex& a,
-                                          const std::vector<OwnedDim>& owned) {
-  if (owned.size() != 1) return std::nullopt;
+                                          const std::vector<OwnedDim>& owned, const at::Tensor& local) {
+  if (owned.size() != 1 || (local.defined() && !routed_reads_possible(local))) return std::nullopt;
   std::vector<int64_t> shape;
   for (size_t k = 0; k < a.indices.size(); ++k)
     if (a.indexed[k]) shape = at::infer_size(shape, a.indices[k].sizes());
@@ -660,7 +662,7 @@ at::Tensor index_select_read(const at::Tensor& self, int64_t dim, const at::Tens
   auto a = advanced_index(self, list);
   std::vector<OwnedDim> owned;
   auto [p, ext] = result_layout(*spec, a, &owned);
-  auto r = index_read_plan(spec, a, owned);
+  auto r = index_read_plan(spec, a, owned, {});
   TORCH_INTERNAL_ASSERT(r, "index_select: no routed read for a whole index of ", index.numel(), " entries");
   return index_read(self, a, *r, p, ext);
 }
@@ -679,7 +681,8 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   auto a = advanced_index(self, indices);
   std::vector<OwnedDim> owned;
   auto [p, ext] = result_layout(spec, a, &owned);
-  if (auto r = index_read_plan(shard_impl(self)->spec(), a, owned)) return index_read(self, a, *r, p, ext);
+  if (auto r = index_read_plan(shard_impl(self)->spec(), a, owned, shard_impl(self)->local()))
+    return index_read(self, a, *r, p, ext);
   bool empty = false;
   auto mine = localize_owned(a, owned, self.sizes(), empty);
   const auto& local = shard_impl(self)->local();
@@ -911,7 +914,7 @@ struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
     auto a = advanced_index(at::empty(xspec->global_shape, at::TensorOptions().device(at::kMeta)), indices);
     std::vector<OwnedDim> owned;
     result_layout(*xspec, a, &owned);
-    const auto r = index_read_plan(xspec, a, owned);
+    const auto r = index_read_plan(xspec, a, owned, {});
     TORCH_INTERNAL_ASSERT(r, "index: the routed read's plan changed between forward and backward");
     auto g = result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"]));
     const auto perm = routed_result_order(a, *r, g.dim());
@@ -943,7 +946,7 @@ bool index_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto a = advanced_index(self, whole);
   std::vector<OwnedDim> owned;
   result_layout(*spec, a, &owned);
-  if (!index_read_plan(spec, a, owned)) return false;
+  if (!index_read_plan(spec, a, owned, shard_impl(self)->local())) return false;
   auto out = IndexReadFn::apply(self, whole);
   torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(out));
@@ -974,7 +977,7 @@ struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
     auto iext = xspec->dim_extents();
     iext.erase(dim);
     const auto idx = local_as(ctx->saved_data["index"].toTensor(), xspec->mesh, ip, iext);
-    const auto r = gather_read_plan(xspec, xspec->placements, dim, idx);
+    const auto r = gather_read_plan(xspec, xspec->placements, dim, idx, {});
     TORCH_INTERNAL_ASSERT(r, "gather: the routed read's plan changed between forward and backward");
     auto zeros = at::zeros(xspec->local_shape, grads[0].options());
     routed_accumulate(*r, result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"])), zeros);
@@ -1000,7 +1003,7 @@ bool gather_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
   const auto m = spec.mesh_dim_of(dim);
-  if (m < 0 || index.size(dim) < spec.mesh->size(m)) return false;
+  if (m < 0 || index.size(dim) < spec.mesh->size(m) || !routed_reads_possible(shard_impl(self)->local())) return false;
   for (const auto& p : spec.placements)
     if (p.is_shard() && p.dim != dim && index.size(p.dim) != self.size(p.dim)) return false;
   auto out = GatherReadFn::apply(self, dim, whole_local(index));

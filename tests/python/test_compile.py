@@ -604,11 +604,17 @@ def case_new_rules_in_compiled_code():
     eye = 3 * torch.eye(6, **d64)
     xs, gs = st.distribute_tensor(x, m, [st.Shard(2)]), st.distribute_tensor(g, m, [st.Shard(1)])
     ms = st.distribute_tensor(mats, m, [st.Shard(0)])
+    idx = torch.tensor([7, 0, 3, 3, 5])
+    gidx = torch.randint(0, 8, (1, 2, 5, 6), generator=torch.Generator().manual_seed(4))
     cases = (
         ("grid_sample", lambda a, b: F.grid_sample(a.sin(), b, align_corners=False) * 2, (xs, gs), (x, g)),
         ("linalg", lambda a: torch.linalg.inv(a.sin() + eye) * 2, (ms,), (mats,)),
         ("unique", lambda a: torch.unique(a.round()) * 2, (xs,), (x,)),
         ("max_unpool", lambda a: F.max_unpool2d(*F.max_pool2d(a.sin(), 2, return_indices=True), 2) * 2, (xs,), (x,)),
+        # Reads by a whole index along the split dim: eager, a routed read sized from the index; traced, the
+        # owners' picks and one all-reduce (a graph cannot size messages from values).
+        ("index", lambda a: a.sin()[:, :, idx] * 2, (xs,), (x,)),
+        ("gather", lambda a: torch.gather(a.sin(), 2, gidx) * 2, (xs,), (x,)),
     )
     for name, fn, args, refs in cases:
         y = torch.compile(fn, backend="aot_eager")(*args)

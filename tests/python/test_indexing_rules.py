@@ -311,8 +311,9 @@ def case_index_sharded_dim(seed, tiny):
         xs = st.distribute_tensor(pts, m, *lay)
         st.reset_comm_stats()
         out = xs[batch, idx, :]
-        # A routed read: the result split along the index's largest dim, one all-to-all.
-        assert st.comm_stats()["calls"] == ({"all_to_all": 1} if w > 1 else {}), st.comm_stats()
+        # A routed read: the result split along the index's largest dim; one small all-gather checks that every
+        # rank holds the same index, one all-to-all moves the entries.
+        assert st.comm_stats()["calls"] == ({"all_gather": 1, "all_to_all": 1} if w > 1 else {}), st.comm_stats()
         assert st.placements(out) == (st.Shard(1),), st.placements(out)
         check_op(lambda t: t[batch, idx, :], [pts], [lay], m, what="index_points")
         check_op(lambda t: t[:, idx[0]], [pts], [lay], m, what="x[:, idx]")
@@ -679,7 +680,8 @@ def case_routed_reads(seed, tiny):
             xs = st.distribute_tensor(x, m, *lay).requires_grad_()
             st.reset_comm_stats()
             y = fn(xs)
-            assert st.comm_stats()["calls"] == ({"all_to_all": 1} if w > 1 else {}), (what, st.comm_stats())
+            assert st.comm_stats()["calls"] == ({"all_gather": 1, "all_to_all": 1} if w > 1 else {}), \
+                (what, st.comm_stats())
             st.reset_comm_stats()
             with LargestPlain() as watch:
                 (y * y).sum().backward()
@@ -718,3 +720,22 @@ def case_routed_reads(seed, tiny):
 @pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, True), (4, False)])
 def test_routed_reads(world, tiny):
     harness.run(world, case_routed_reads, world, tiny)
+
+
+def case_disagreeing_index(seed):
+    """A plain index drawn per rank (a masked autoencoder's token choice from unseeded ranks) differs between the
+    ranks: the routed read's agreement check raises the same ValueError on every rank instead of leaving them
+    waiting in an all-to-all of mismatched sizes."""
+    m = mesh()
+    x = st.distribute_tensor(randn(2, 12, 4, seed=seed), m, [st.Shard(1)])
+    g = torch.Generator().manual_seed(torch.distributed.get_rank())
+    ids = torch.multinomial(torch.ones(2, 12), 6, generator=g)
+    x[torch.arange(2)[:, None], ids]
+    return True
+
+
+def test_disagreeing_index_raises_everywhere():
+    errors = harness.expect_error(3, case_disagreeing_index, 0, kinds=("ValueError",))
+    assert len(errors) == 3
+    for kind, msg, _ in errors.values():
+        assert "different values on different ranks" in msg, msg
