@@ -82,27 +82,23 @@ std::vector<int64_t> counts_by_owner(const at::Tensor& owner, int64_t n) {
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n};
 }
 
-// Every rank reads its own copy of the index, and a rank sizes its messages from it: ranks holding different values
-// (a random index drawn per rank) would post mismatched sizes and wait on each other forever. A fingerprint of the
-// index (its sizes and a position-weighted sum of each indexed dim's values) travels in one small all-gather first,
-// and when the fingerprints differ every rank raises the same ValueError.
-void check_same_index(const RoutedRead& r, const Mesh& mesh) {
+} // namespace
+
+void check_same_index(const std::vector<at::Tensor>& index, const Mesh& mesh, int64_t m, const std::string& what) {
   std::vector<int64_t> fp;
-  for (const auto& t : r.idx) {
+  for (const auto& t : index) {
     if (!t.defined()) continue;
-    const auto flat = t.reshape({-1});
+    const auto flat = t.reshape({-1}).to(at::kLong);
     const auto weights = at::arange(flat.numel(), flat.options()).mul_(2).add_(1);
     fp.push_back(flat.numel());
     fp.push_back(flat.add(1).mul_(weights).sum().item<int64_t>());  // wraps on overflow, alike on every rank
   }
-  const auto all = comm::all_gather_ints(fp, mesh, r.m, "a read by a whole index (its agreement check)");
+  const auto all = comm::all_gather_ints(fp, mesh, m, "a whole index's agreement check");
   for (const auto& row : all)
-    TORCH_CHECK_VALUE(row == fp, "ShardTensor: an index into dim ", r.d, " (split over mesh dim ", r.m,
-                      ") holds different values on different ranks; a plain index tensor must be the same on every "
-                      "rank (seed random draws alike on every rank, or pass the index as a ShardTensor)");
+    TORCH_CHECK_VALUE(row == fp, "ShardTensor: ", what, ": the index holds different values on different ranks of "
+                      "mesh dim ", m, "; a plain index tensor must be the same on every rank (seed random draws "
+                      "alike on every rank, or pass the index as a ShardTensor)");
 }
-
-} // namespace
 
 bool routed_reads_possible(const at::Tensor& local) {
   return !simulating() && !comm::tracing(local);
@@ -114,7 +110,7 @@ at::Tensor routed_read(const RoutedRead& r, const at::Tensor& local_in) {
   // Bool values travel as bytes (the transports move numbers).
   const bool is_bool = local_in.scalar_type() == at::kBool;
   const auto local = is_bool ? local_in.to(at::kByte) : local_in;
-  check_same_index(r, mesh);
+  check_same_index(r.idx, mesh, r.m, "a read by a whole index along split dim " + std::to_string(r.d));
   const auto l = dim_layout(*r.spec, r.m, r.idx[r.d].device());
   const auto off = r.spec->offset_of(r.m, me);
   const auto rest = rest_shape(r, local);

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <vector>
 
 namespace shardtensor::ops {
@@ -30,6 +31,11 @@ struct RoutedRead {
 // (torch.compile: the owners' picks and one all-reduce are kept, which a graph can hold) nor a simulation (no values
 // to agree on) has. `local`: the read tensor's block (a traced one carries the tracer's key).
 bool routed_reads_possible(const at::Tensor& local);
+
+// Raises the same ValueError on every rank of mesh dim `m` when the ranks hold different values of `index` (plain
+// tensors every rank reads whole and sizes its messages from: ranks that disagree would post mismatched sizes and
+// wait on each other forever). One small all-gather of a fingerprint (sizes, a position-weighted sum of values).
+void check_same_index(const std::vector<at::Tensor>& index, const Mesh& mesh, int64_t m, const std::string& what);
 
 // The reader's block: [shape with dim j narrowed to this rank's extent..., the dims not indexed (local extents, in
 // order)...]. Indices must be in range (non-negative, global rows along `d`). One all-to-all over mesh dim m.

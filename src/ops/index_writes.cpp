@@ -98,6 +98,7 @@ Pieces route(const ShardSpec& self_spec, int64_t dim, int64_t m, const at::Tenso
     if (d != me) recv_numels[d] = recv_positions[d].numel() * row_numel;
   }
   send[me] = at::empty({0}, src_local.options());
+  check_same_index({index}, mesh, m, "a row write by a whole index into split dim " + std::to_string(dim));
   auto received = comm::all_to_all_flat(send, recv_numels, src_local.options(), mesh, m);
   auto row_shape = src_local.movedim(dim, 0).sizes().vec();
   Pieces out;
