@@ -48,6 +48,8 @@ class ModelSpec:
     extra: Optional[Callable[[], dict]] = None   # more forward keyword arguments (plain tensors, identical)
     spatial_out: bool = True           # the output keeps the sharded dim (so it must stay sharded)
     dtype: Optional[str] = None        # run in this dtype whatever was asked (libraries hard-coding float32)
+    reseed: bool = False               # its forward draws from the global generator (a masked autoencoder's token
+                                       # choice): every run starts from the same seed (on every rank alike)
     note: str = ""
 
 
@@ -980,6 +982,8 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         stage = "single-process"
         model.train(), ref.train()
         xr = x.clone().requires_grad_()
+        reseed = (lambda: torch.manual_seed(seed + 3)) if spec.reseed else (lambda: None)
+        reseed()
         out_ref = _flat_tensors(ref(xr, **extra))
         weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in out_ref]
         sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
@@ -988,6 +992,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims),
                                   sharding_shapes=extents).requires_grad_()
         share = _ActivationShare(model)
+        reseed()
         with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
             out = _flat_tensors(model(xs, **extra))
         share.remove()
@@ -1039,7 +1044,9 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         stage = "eval"
         model.eval(), ref.eval()
         with torch.no_grad():
+            reseed()
             out_eval_ref = _flat_tensors(ref(x, **extra))
+            reseed()
             with st.CommCounter() as ev:
                 out_eval = _flat_tensors(model(xs.detach(), **extra))
         res["calls_eval"] = _calls(ev)

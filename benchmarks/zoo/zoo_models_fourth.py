@@ -6,10 +6,10 @@ Chroma transformers; MONAI's VAE, GAN critics, SPADE and ControlNet diffusion U-
 DynUNet; FNO variants, TFNO-CP, UNO, UQNO; PhysicsNeMo FNO-1d, Pix2Pix, CorrDiff, EDM, Transolver on points, DiT.
 Models that compute parts in float32 whatever the input (FP32 norms, float32 autocast or casts) run in float32.
 Not here: MONAI's AutoencoderKL sampling (a random draw per rank; its mean decoder is), VQVAE's ddp_sync all-reduce
-(refused with a clear error; with ddp_sync off it is), and a masked autoencoder's decoder (MONAI's
-MaskedAutoEncoderViT writes the kept tokens into a plain `mask_tokens.repeat(...)` buffer, whole on every rank; its
-random token choice also differs from the single-process run's draw). Lumina2's joint sequence, once written into a
-whole buffer per sample, is divided now (new_* keeps the split)."""
+(refused with a clear error; with ddp_sync off it is). Two patterns once not divided run divided now and are
+here: Lumina2's joint sequence written into a new_zeros buffer per sample (new_* keeps the split) and MONAI's masked
+autoencoder's random token choice (`x[arange(B)[:, None], ids]`: a routed read; `reseed` gives the single-process
+and the sharded runs the same draw)."""
 import torch
 
 from benchmarks.zoo.zoo_models import model  # noqa: F401
@@ -294,6 +294,16 @@ def _():
                                      num_layers=1, num_refiner_layers=1, num_attention_heads=2, num_kv_heads=1,
                                      multiple_of=16, axes_dim_rope=(4, 6, 6), axes_lens=(16, 16, 16),
                                      cap_feat_dim=16)
+
+
+@model("monai", "monai/MaskedAutoEncoderViT", (2, 1, 32, 32), align=8, reseed=True,
+       note="MAE: a random choice of kept patches (x[arange(B)[:, None], ids]: a routed read), decoder tokens "
+            "written back into a mask-token buffer")
+def _():
+    from monai.networks.nets import MaskedAutoEncoderViT
+    return MaskedAutoEncoderViT(in_channels=1, img_size=(32, 32), patch_size=(8, 8), hidden_size=32, mlp_dim=64,
+                                num_layers=1, num_heads=2, decoder_hidden_size=16, decoder_mlp_dim=32,
+                                decoder_num_layers=1, decoder_num_heads=2, masking_ratio=0.5, spatial_dims=2)
 
 
 def _allegro_extra():
