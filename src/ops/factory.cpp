@@ -45,7 +45,7 @@ void like_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // new_*(self, size, ...): the input's layout when the size matches its global size. Another size of the same rank
 // keeps the input's shards: on the dims whose size is unchanged with their extents (backward formulas build
 // gradients this way, e.g. grad.new_zeros(input_sizes) that differ along the dim an op worked on), on a sharded dim
-// whose size changed with the default split of the new size when no unsharded dim changed (a buffer for a longer
+// whose size changed with the default split of the new size when no other dim changed (a buffer for a longer
 // sequence filled with split tokens, diffusers' Lumina2 `hidden_states.new_zeros(B, L_txt + L_img, C)`): a Replicate
 // result would be dense at the global size on every rank, and writing split values into it would gather them.
 // Another rank is Replicate.
@@ -64,12 +64,13 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
     const auto& src = *impl->spec();
     Placements p(mesh->ndim(), Placement::replicate());
     DimExtents ext;
-    // Only a tensor that differs from the input along sharded dims alone is the same kind of thing at another
+    // Only a tensor that differs from the input along one sharded dim alone is the same kind of thing at another
     // length (a longer sequence); one that also differs elsewhere (diffusers' UNet1D builds a convolution kernel
-    // `x.new_zeros(C, C, k)`) is something else, and a sharded dim of it stays whole.
-    bool other_dims_kept = true;
-    for (int64_t d = 0; d < self.dim(); ++d)
-      other_dims_kept = other_dims_kept && (size[d] == self.size(d) || src.mesh_dim_of(d) >= 0);
+    // `x.new_zeros(C, C, k)`, whose first dim may be a split batch on a 2-D mesh) is something else, and its
+    // sharded dims stay whole.
+    int64_t changed = 0;
+    for (int64_t d = 0; d < self.dim(); ++d) changed += size[d] != self.size(d) ? 1 : 0;
+    const bool other_dims_kept = changed == 1;
     for (size_t m = 0; m < p.size(); ++m) {
       if (!src.placements[m].is_shard()) continue;
       const auto d = src.placements[m].dim;

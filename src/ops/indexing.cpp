@@ -19,6 +19,8 @@
 #include <shardtensor/simulation.h>
 #include <torch/autograd.h>
 
+#include <sstream>
+
 namespace shardtensor::ops {
 
 namespace {
@@ -133,8 +135,8 @@ at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const 
     return wrap(fetch_rows(local, spec, dim, owner_m, idx.reshape({-1}).to(at::kLong)), mesh, out_p, out_shape,
                 out_ext);
   }
-  if (owner_m >= 0 && !index_placements[owner_m].is_shard() && index.numel() >= mesh->size(owner_m) &&
-      routed_reads_possible(local))
+  if (owner_m >= 0 && index.dim() == 1 && !index_placements[owner_m].is_shard() &&
+      index.numel() >= mesh->size(owner_m) && routed_reads_possible(local))
     return index_select_read(self, dim, whole_local(index));
   auto idx = local_as(resolve_partial(index), mesh, idx_p, idx_ext);
   at::Tensor out;
@@ -230,6 +232,9 @@ at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Te
   TORCH_CHECK_VALUE(index.dim() == self.dim() || (index.dim() <= 1 && self.dim() <= 1),
                     "gather(): Index tensor must have the same number of dimensions as input tensor");
   const auto index_p = placements_of(index, mesh);
+  // A plain index is whole on every rank: checked whole here, so every rank raises alike (each rank's block of it
+  // along another split dim would hold different entries).
+  if (!shard_impl(index) && spec.mesh_dim_of(dim) >= 0) check_indices_in_range(index, self.size(dim), "gather");
   Placements self_p = spec.placements, idx_p = all_replicate(mesh), out_p = all_replicate(mesh);
   DimExtents self_ext, idx_ext;
   int64_t owner_m = -1;
@@ -488,7 +493,18 @@ AdvancedIndex advanced_index(const at::Tensor& self, const c10::List<std::option
       last = k;
     }
   std::vector<int64_t> bshape;
-  for (const auto& t : defined) bshape = at::infer_size(bshape, t.sizes());
+  for (const auto& t : defined) {
+    const auto before = bshape;
+    try {
+      bshape = at::infer_size(bshape, t.sizes());
+    } catch (const c10::Error&) {
+      // torch's own error (an IndexError) for index tensors that do not broadcast together.
+      std::ostringstream shapes;
+      for (size_t k = 0; k < defined.size(); ++k) shapes << (k ? ", " : "") << defined[k].sizes();
+      TORCH_CHECK_INDEX(false, "shape mismatch: indexing tensors could not be broadcast together with shapes ",
+                        shapes.str());
+    }
+  }
   bool adjacent = true;
   for (int64_t k = first; k >= 0 && k <= last; ++k) adjacent = adjacent && a.indexed[k];
   a.dim_map.assign(ndim, -1);
@@ -821,6 +837,9 @@ at::Tensor index_put_impl(const char* op_name, const at::Tensor& written,
                           bool in_place) {
   const auto self =
       target_of_write(written, in_place, dispatch::common_mesh(op_name, index_args(written, list, values)));
+  // torch's check, made here on every rank (a rank that holds none of the written entries runs no local kernel).
+  TORCH_CHECK(values.scalar_type() == self.scalar_type(), "Index put requires the source and destination dtypes "
+              "match, got ", self.scalar_type(), " for the destination and ", values.scalar_type(), " for the source.");
   const auto& spec = *shard_impl(self)->spec();
   const auto& mesh = spec.mesh;
   at::Tensor local_values, local_mask;

@@ -233,3 +233,18 @@ def case_new_buffer_of_split_tokens(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_new_buffer_of_split_tokens(world):
     harness.run(world, case_new_buffer_of_split_tokens, world)
+
+
+def case_new_kernel_on_2d_mesh(seed):
+    """diffusers' UNet1D builds a convolution kernel from a signal whose batch and length are split on a 2-D mesh
+    (`x.new_zeros(C, C, k)`: two dims changed): Replicate, so the convolution gets a whole weight."""
+    m = mesh((2, 2), ("a", "b"))
+    xs = st.distribute_tensor(randn(4, 3, 10, seed=seed), m, [st.Shard(0), st.Shard(2)])
+    assert st.placements(xs.new_zeros(3, 3, 4)) == (st.Replicate(), st.Replicate())
+    # Only the split length changed: the split is kept (a longer sequence).
+    assert st.placements(xs.new_zeros(4, 3, 12)) == (st.Shard(0), st.Shard(2))
+    return True
+
+
+def test_new_kernel_on_2d_mesh():
+    harness.run(4, case_new_kernel_on_2d_mesh, 0)

@@ -744,3 +744,48 @@ def test_disagreeing_index_raises_everywhere():
     assert len(errors) == 3
     for kind, msg, _ in errors.values():
         assert "different values on different ranks" in msg, msg
+
+
+def case_errors_everywhere(which):
+    """Argument errors a fuzz of the routed reads found raised on some ranks only: each must raise on every rank."""
+    if which == "gather_oob_2x2":
+        # The gather dim split on one mesh dim, another dim on the other: the whole plain index is checked whole.
+        m = mesh((2, 2), ("a", "b"))
+        xs = st.distribute_tensor(randn(4, 6), m, [st.Shard(1), st.Shard(0)])
+        index = torch.zeros(4, 3, dtype=torch.long)
+        index[0, 0] = 6
+        torch.gather(xs, 1, index)
+    elif which == "index_put_dtype":
+        # A rank holding none of the written entries runs no local kernel: the dtype check is made everywhere.
+        m = mesh()
+        xs = st.distribute_tensor(randn(2, 6, dtype=torch.float64), m, [st.Shard(1)],
+                                  sharding_shapes={0: [6] + [0] * (m.size() - 1)})
+        xs.index_put((torch.arange(2)[:, None], torch.tensor([[0, 1]])), torch.ones(2, 2))
+    elif which == "broadcast":
+        m = mesh()
+        xs = st.distribute_tensor(randn(3, 5, 4), m, [st.Shard(1)])
+        xs[:, torch.tensor([0, 1, 2, 3, 0, 1, 2]), torch.tensor([True, False, True, True])]
+    return True
+
+
+@pytest.mark.parametrize("which,world,kind,match", [
+    ("gather_oob_2x2", 4, "IndexError", "out of range"),
+    ("index_put_dtype", 2, "RuntimeError", "dtypes match"),
+    ("broadcast", 2, "IndexError", "could not be broadcast together"),
+])
+def test_errors_raise_everywhere(which, world, kind, match):
+    harness.expect_error(world, case_errors_everywhere, which, kinds=(kind,), match=match)
+
+
+def case_index_select_0d_grad(seed):
+    """index_select with a 0-d index along a split dim (a one-row result), forward and gradient."""
+    m = mesh()
+    x = randn(3, 5, seed=seed)
+    check_op(lambda t: torch.index_select(t, 1, torch.tensor(2)), [x], [_lay(x.shape, 1, m.size(), seed)], m,
+             what="index_select 0-d index")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_index_select_0d_grad(world):
+    harness.run(world, case_index_select_0d_grad, world)
