@@ -60,6 +60,8 @@ ZOO = [
     ("timm/coat_lite", 2, None, None),        # class token sliced off the split tokens and put back (a local cat)
     ("monai/Quicknat", 4, (2, 2), None),      # max-pool indices and max_unpool with height and width split
     ("physicsnemo/GeoTransolver", 4, (2, 2), None),  # a lone Replicate() on a 2-D mesh
+    ("monai/MaskedAutoEncoderViT", 3, None, None),  # a random token choice read by a whole index (a routed read)
+    ("diffusers/Lumina2Transformer", 2, None, None),  # split tokens written into a new_zeros joint buffer
 ]
 XFAIL = {}
 
