@@ -697,6 +697,11 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   auto a = advanced_index(self, indices);
   std::vector<OwnedDim> owned;
   auto [p, ext] = result_layout(spec, a, &owned);
+  if (c10::multiply_integers(a.result_shape) == 0) {
+    // Nothing is read (as on one device, no index is checked either): an empty result, no communication.
+    const auto out_spec = ShardSpec::make_with_dim_extents(mesh, p, a.result_shape, ext);
+    return make_shard_tensor(at::empty(out_spec->local_shape, shard_impl(self)->local().options()), out_spec);
+  }
   if (auto r = index_read_plan(shard_impl(self)->spec(), a, owned, shard_impl(self)->local()))
     return index_read(self, a, *r, p, ext);
   bool empty = false;
@@ -965,7 +970,8 @@ bool index_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto a = advanced_index(self, whole);
   std::vector<OwnedDim> owned;
   result_layout(*spec, a, &owned);
-  if (!index_read_plan(spec, a, owned, shard_impl(self)->local())) return false;
+  if (c10::multiply_integers(a.result_shape) == 0 || !index_read_plan(spec, a, owned, shard_impl(self)->local()))
+    return false;
   auto out = IndexReadFn::apply(self, whole);
   torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(out));

@@ -713,6 +713,8 @@ def case_routed_reads(seed, tiny):
         if w > 1:
             check_op(lambda t: t[:, ids[0, : w - 1]], [x], [lay], m, what="few entries",
                      expect_placements=[st.Replicate()])
+    # An empty result reads nothing and checks no index, as on one device.
+    check_op(lambda t: t[:, torch.tensor([0, N + 3, 1]), 2:2], [x], [lay], m, what="empty result")
     if w > 1:
         xs = st.distribute_tensor(x, m, *lay)
         with pytest.raises(IndexError, match="out of range"):
