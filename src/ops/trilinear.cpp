@@ -36,7 +36,9 @@ at::Tensor trilinear_rule(const at::Tensor& i1_in, const at::Tensor& i2_in, cons
   std::vector<int64_t> size(total, 1);
   for (int k = 0; k < 3; ++k) {
     in[k] = resolve_partial(dispatch::as_shard(in[k], mesh));
-    for (int64_t d = 0; d < in[k].dim(); ++d) size[space[k][d]] = std::max(size[space[k][d]], in[k].size(d));
+    // Broadcast sizes: a size-1 dim yields to any other size, 0 included (an empty batch stays empty).
+    for (int64_t d = 0; d < in[k].dim(); ++d)
+      if (in[k].size(d) != 1) size[space[k][d]] = in[k].size(d);
   }
   // The index-space dim each mesh dim splits, and its extents.
   std::vector<int64_t> split(mesh->ndim(), -1);

@@ -155,7 +155,8 @@ def test_embedding(world):
 
 def case_bilinear(world):
     """F.bilinear / nn.Bilinear (aten::_trilinear, forward and backward): rows split (the output's rows, the weight's
-    gradient a partial sum), one input whole, a 3-D input, the weight split along its output features."""
+    gradient a partial sum), one input whole, a 3-D input, the weight split along its output features, an empty
+    batch with the features split."""
     m = mesh()
     d64 = dict(dtype=torch.float64)
     tight = dict(rtol=1e-9, atol=1e-10)
@@ -172,6 +173,11 @@ def case_bilinear(world):
         out = check_op(F.bilinear, [a, b, w, bias], [None, None, ([st.Shard(0)], None), None], m, **tight,
                        what="bilinear, weight split along its outputs")
         assert st.placements(out) == (st.Shard(1),)
+        # An empty batch with the first input split along its features: an empty result, no gradient terms.
+        e1, e2 = randn(0, 4, seed=9, **d64), randn(0, 3, seed=10, **d64)
+        out = check_op(F.bilinear, [e1, e2, w, bias], [([st.Shard(1)], None), None, None, None], m, **tight,
+                       what="bilinear, empty batch, features split")
+        assert tuple(out.shape) == (0, 5)
         torch.manual_seed(0)   # the same parameters on every rank
         layer = torch.nn.Bilinear(4, 3, 5).double()
         check_op(lambda x, y: layer(x, y), [a, b], [rows, rows], m, **tight, what="nn.Bilinear")
