@@ -822,13 +822,32 @@ def _no_dropout(module: torch.nn.Module):
             m.drop_connect_rate = 0.0
 
 
+def _build(spec: "ModelSpec") -> torch.nn.Module:
+    """The model, with every parameter and buffer that its library leaves uninitialised (``torch.empty`` never
+    written: diffusers' LuminaNextDiT ``pad_token``) filled with NaN, as torch does in deterministic mode. Left
+    as it was, such memory differs between the ranks and between runs: `_randomize_zeros` then drew different values
+    on different ranks (an all-zero block took a draw, garbage did not), the ranks held different models, and the
+    comparison failed now and then (the zoo's intermittent LuminaNextDiT rows)."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        return spec.build()
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def _randomize_zeros(module: torch.nn.Module, seed: int):
     """Seeded small values for parameters a library initialises to zero (output convolutions of diffusion
-    models, layer scales, adaLN-Zero), so that no upstream gradient is trivially zero."""
+    models, layer scales, adaLN-Zero) or leaves uninitialised (NaN, see `_build`), so that no upstream gradient is
+    trivially zero and every rank holds the same model (an uninitialised parameter takes the draw an all-zero one
+    would: the values of the runs where its memory happened to be zero)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            if p.numel() and p.abs().max() == 0:
+            if p.numel() and (p.isnan().any() or p.abs().max() == 0):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype))
 
 
@@ -961,7 +980,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
     try:
         m = _mesh(mesh_shape)
         torch.manual_seed(seed)
-        model = cast(spec.build(), dt)
+        model = cast(_build(spec), dt)
         _randomize_zeros(model, seed + 1)
         _no_dropout(model)
         ref = copy.deepcopy(model)

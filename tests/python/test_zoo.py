@@ -92,7 +92,8 @@ def test_zoo_covers_four_libraries():
     assert len(ZOO) >= 12 and len(libs) >= 4, (len(ZOO), libs)
 
 
-# ---- the judge: a wrong result, a replicated activation and an unsupported op are each reported as such
+# ---- the judge: a wrong result, a replicated activation and an unsupported op are each reported as such; a
+# ---- parameter left uninitialised by its library is the same on every rank
 
 class _LocalNormalise(torch.nn.Module):
     """Subtracts the mean of what this rank holds: right on one device, silently wrong when sharded."""
@@ -135,7 +136,26 @@ class _NoRule(torch.nn.Module):
             return torch.nn.functional.pdist(self.conv(x)[0, 0])
 
 
-for _cls in (_LocalNormalise, _Gathers, _NoRule):
+class _Uninitialised(torch.nn.Module):
+    """A parameter its library forgets to initialise (``torch.empty``, as diffusers' LuminaNextDiT ``pad_token``),
+    over memory that holds different values on different ranks: the harness must still give every rank the same
+    model (it failed now and then before `zoo_models._build`)."""
+
+    def __init__(self):
+        super().__init__()
+        import torch.distributed as dist
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        junk = torch.full((2, 1, 1), float(rank + 1))   # freed just before: the allocator hands its block out again
+        del junk
+        self.offset = torch.nn.Parameter(torch.empty(2, 1, 1))
+        self.conv = torch.nn.Conv2d(2, 2, 3, padding=1)
+        torch.nn.init.zeros_(self.conv.bias)   # zero-initialised after it: its draw must not depend on the garbage
+
+    def forward(self, x):
+        return self.conv(x) + self.offset
+
+
+for _cls in (_LocalNormalise, _Gathers, _NoRule, _Uninitialised):
     model("torch", f"judge/{_cls.__name__[1:]}", (1, 2, 12, 6))(_cls)
 
 
@@ -143,6 +163,7 @@ for _cls in (_LocalNormalise, _Gathers, _NoRule):
     ("judge/LocalNormalise", "wrong", "output 0"),
     ("judge/Gathers", "not-parallel", "not sharded"),
     ("judge/NoRule", "raise", "NotImplementedError"),
+    ("judge/Uninitialised", "pass", ""),
 ])
 def test_zoo_judge_reports(name, verdict, detail):
     results = harness.run(2, case_zoo, name)
