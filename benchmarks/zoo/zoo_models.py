@@ -916,7 +916,9 @@ class _ActivationShare:
                 self.local += loc
                 self.total += n
                 self.largest = max(self.largest, n)
-                if loc == n:
+                # Whole on every rank: no mesh dim splits it (a split whose extents give one rank everything, as the
+                # zoo's uneven extents do deep in a network, is not "whole": the other ranks hold none of it).
+                if not any(p.is_shard() for p in st.placements(t)):
                     self.largest_whole = max(self.largest_whole, n)
 
         self.handles = [m.register_forward_hook(hook) for m in module.modules() if not list(m.children())]
