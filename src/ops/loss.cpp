@@ -437,11 +437,67 @@ at::Tensor flip_rule(const at::Tensor& self_arg, at::IntArrayRef dims_arg) {
   return wrap(out, spec->mesh, placements, spec->global_shape, ext);
 }
 
+// multi_margin_loss(Tensor self, Tensor target, Scalar p=1, Scalar margin=1, Tensor? weight=None,
+//                   int reduction=Mean): per sample (1/C) sum over j != y of w[y] max(0, margin - x[y] + x[j])^p,
+// composed above autograd from sharded ops (a split batch stays local; a split class dim reduces through the sums'
+// pending sums), so the composition's autograd is the gradient: relu's, like torch's kernel, counts a term only
+// where it is > 0. The weight gets no gradient (torch defines none).
+at::Tensor multi_margin_loss_rule(const at::Tensor& self, const at::Tensor& target, const at::Scalar& p,
+                                  const at::Scalar& margin, const std::optional<at::Tensor>& weight, int64_t reduction) {
+  const auto pv = p.toDouble();
+  TORCH_CHECK_VALUE(pv == 1.0 || pv == 2.0, "multi_margin_loss: only p == 1 and p == 2 are supported, got ", pv);
+  TORCH_CHECK_VALUE(self.dim() == 1 || self.dim() == 2, "multi_margin_loss: expected a 1-D or 2-D input, got ",
+                    self.dim(), "-D");
+  const bool batched = self.dim() == 2;
+  auto x = batched ? self : self.unsqueeze(0);  // [N, C]
+  const auto C = x.size(1);
+  auto y = target.reshape({x.size(0), 1});
+  auto z = at::relu(at::add(at::sub(x, at::gather(x, 1, y)), margin));
+  if (pv == 2.0) z = z * z;
+  // Only the classes other than the sample's own.
+  z = z * at::ne(at::arange(C, y.options()), y).to(z.scalar_type());
+  if (weight && weight->defined()) z = z * at::index_select(weight->detach(), 0, y.reshape({-1})).unsqueeze(1);
+  auto l = at::sum(z, {1}) / static_cast<double>(C);
+  if (!batched) l = l.reshape(target.sizes());
+  return reduce_loss(l, reduction);
+}
+
+// multilabel_margin_loss(Tensor self, Tensor target, int reduction=Mean): a sample's targets are its target row
+// up to the first -1; per sample (1/C) sum over its targets j and its non-target classes k of
+// max(0, 1 - (x[y_j] - x[k])), composed above autograd from sharded ops as multi_margin_loss is (every target entry
+// against every class: N * C * C terms, the single-device kernel's loop).
+at::Tensor multilabel_margin_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  TORCH_CHECK_VALUE(self.dim() == 1 || self.dim() == 2, "multilabel_margin_loss: expected a 1-D or 2-D input, got ",
+                    self.dim(), "-D");
+  TORCH_CHECK_VALUE(target.sizes().equals(self.sizes()), "multilabel_margin_loss: inconsistent target size ",
+                    target.sizes(), " for input of size ", self.sizes());
+  const bool batched = self.dim() == 2;
+  auto x = batched ? self : self.unsqueeze(0);  // [N, C]
+  auto y = batched ? target : target.unsqueeze(0);
+  const auto C = x.size(1);
+  auto dtype = x.scalar_type();
+  // The valid targets: the entries before the row's first -1.
+  auto valid = at::cumprod(at::ge(y, 0).to(at::kLong), 1);
+  auto yc = at::clamp_min(y, 0);
+  // A class is a target when some valid entry names it.
+  auto named = at::eq(yc.unsqueeze(2), at::arange(C, y.options())) .logical_and(valid.unsqueeze(2).to(at::kBool));
+  auto is_target = at::any(named, 1);  // [N, C]
+  auto xy = at::gather(x, 1, yc);       // [N, T]
+  auto terms = at::relu(at::add(at::sub(x.unsqueeze(1), xy.unsqueeze(2)), 1.0));  // [N, T, C]
+  terms = terms * valid.unsqueeze(2).to(dtype) * at::logical_not(is_target).unsqueeze(1).to(dtype);
+  auto l = at::sum(terms, {1, 2}) / static_cast<double>(C);
+  if (!batched) l = l.squeeze(0);
+  return reduce_loss(l, reduction);
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(loss) {
   using dispatch::set_handler;
   set_handler("aten::mse_loss", typed_handler(&mse_loss_rule));
+  const auto above = dispatch::RuleLevel::above_autograd;
+  set_handler("aten::multi_margin_loss", typed_handler(&multi_margin_loss_rule), above);
+  set_handler("aten::multilabel_margin_loss", typed_handler(&multilabel_margin_loss_rule), above);
   set_handler("aten::mse_loss_backward", typed_handler(&mse_loss_backward_rule));
   set_handler("aten::smooth_l1_loss", typed_handler(&smooth_l1_loss_rule));
   set_handler("aten::smooth_l1_loss_backward", typed_handler(&smooth_l1_loss_backward_rule));

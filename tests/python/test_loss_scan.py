@@ -187,3 +187,47 @@ def case_binary_cross_entropy(seed):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_binary_cross_entropy(world):
     harness.run(world, case_binary_cross_entropy, world)
+
+
+def case_margin_losses(world):
+    """multi_margin_loss and multilabel_margin_loss (composed above autograd from sharded ops): batch split (the
+    target split alike or whole) and class split, p 1 and 2, a margin, class weights, every reduction, 1-D inputs;
+    strict mode (no fallback). A split batch stays split with reduction='none'."""
+    m = mesh()
+    d64 = dict(dtype=torch.float64)
+    tight = dict(rtol=1e-9, atol=1e-10)
+    N, C = 7, 5
+    x = randn(N, C, seed=1, **d64)
+    y = torch.tensor([0, 4, 2, 2, 1, 3, 0])
+    w = randn(C, seed=2, **d64).abs()
+    rows = ([st.Shard(0)], {0: uneven_extents(N, world, seed=3)})
+    cols = ([st.Shard(1)], {0: uneven_extents(C, world, seed=4)})
+    target_rows = ([st.Shard(0)], {0: rows[1][0]})
+    with st.use_strict():
+        for red in ("none", "mean", "sum"):
+            for p in (1, 2):
+                for lay, ylay in ((rows, target_rows), (cols, None)):
+                    check_op(lambda a, t: F.multi_margin_loss(a, t, p=p, margin=0.7, reduction=red), [x, y],
+                             [lay, ylay], m, **tight, what=f"multi_margin {red} p={p}")
+                check_op(lambda a, t: F.multi_margin_loss(a, t, p=p, weight=w, reduction=red), [x, y], [rows, None], m,
+                         **tight, what=f"multi_margin weighted {red} p={p}")
+        out = check_op(lambda a, t: F.multi_margin_loss(a, t, reduction="none"), [x, y], [rows, target_rows], m, **tight,
+                       what="multi_margin stays split")
+        assert st.placements(out) == (st.Shard(0),), st.placements(out)
+        check_op(lambda a: F.multi_margin_loss(a, torch.tensor([3])), [x[0]], [([st.Shard(0)], None)], m, **tight,
+                 what="multi_margin 1-D")
+        # Targets end at a row's first -1; repeated targets count once per entry.
+        yl = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, 4, -1], [0, 0, -1, 1, 1], [-1, 0, 0, 0, 0], [4, 3, 2, 1, 0],
+                           [2, -1, 3, 3, 3], [1, 1, 1, 1, 1]])
+        for red in ("none", "mean", "sum"):
+            for lay, ylay in ((rows, target_rows), (rows, None), (cols, None), (cols, ([st.Shard(1)], {0: cols[1][0]}))):
+                check_op(lambda a, t: F.multilabel_margin_loss(a, t, reduction=red), [x, yl], [lay, ylay], m, **tight,
+                         what=f"multilabel_margin {red}")
+        check_op(lambda a: F.multilabel_margin_loss(a, yl[0]), [x[0]], [([st.Shard(0)], None)], m, **tight,
+                 what="multilabel_margin 1-D")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_margin_losses(world):
+    harness.run(world, case_margin_losses, world)
