@@ -918,6 +918,14 @@ at::Tensor result_block(const at::Tensor& grad, const SpecPtr& out_spec) {
   return local_as(grad, out_spec->mesh, out_spec->placements, out_spec->dim_extents());
 }
 
+// The input's gradient: each entry of `block` (this rank's gradient of the read, in routed_read's order) sent home
+// and added into zeros laid out like the input (`xspec`).
+at::Tensor gradient_home(const RoutedRead& r, const at::Tensor& block, const SpecPtr& xspec) {
+  auto zeros = at::zeros(xspec->local_shape, block.options());
+  routed_accumulate(r, block, zeros);
+  return make_shard_tensor(zeros, xspec);
+}
+
 struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self,
                             const c10::List<std::optional<at::Tensor>>& indices) {
@@ -944,9 +952,7 @@ struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
     const auto perm = routed_result_order(a, *r, g.dim());
     std::vector<int64_t> back(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) back[perm[i]] = static_cast<int64_t>(i);
-    auto zeros = at::zeros(xspec->local_shape, g.options());
-    routed_accumulate(*r, g.permute(back), zeros);
-    out[0] = make_shard_tensor(zeros, xspec);
+    out[0] = gradient_home(*r, g.permute(back), xspec);
     return out;
   }
 };
@@ -1004,9 +1010,7 @@ struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
     const auto idx = local_as(ctx->saved_data["index"].toTensor(), xspec->mesh, ip, iext);
     const auto r = gather_read_plan(xspec, xspec->placements, dim, idx, {});
     TORCH_INTERNAL_ASSERT(r, "gather: the routed read's plan changed between forward and backward");
-    auto zeros = at::zeros(xspec->local_shape, grads[0].options());
-    routed_accumulate(*r, result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"])), zeros);
-    out[0] = make_shard_tensor(zeros, xspec);
+    out[0] = gradient_home(*r, result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"])), xspec);
     return out;
   }
 };

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import shardtensor as st
 
@@ -157,6 +158,24 @@ def _dense(t):
             return False
         expected *= size
     return True
+
+
+class LargestPlain(TorchDispatchMode):
+    """A dispatch mode watching the ops below it: ``numel`` is the size of the largest plain (not ShardTensor) tensor
+    an op returned, among those ``counts`` accepts (default: every one), so a test can show that no rank allocated a
+    tensor whole along a split dim. Use as a context manager."""
+
+    def __init__(self, counts=None):
+        super().__init__()
+        self.numel = 0
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and not st.is_shard_tensor(t) and (self.counts is None or self.counts(t)):
+                self.numel = max(self.numel, t.numel())
+        return out
 
 
 def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", expect_placements=None):

@@ -6,7 +6,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, full, mesh, randn, tiny_extents, uneven_extents
+from cases_util import LargestPlain, check_op, full, mesh, randn, tiny_extents, uneven_extents
 
 
 def _lay(shape, dim, w, seed, tiny=False):
@@ -641,21 +641,6 @@ def case_routed_reads(seed, tiny):
     1-D index under a leading dim (`x[:, idx]`, `index_select`), non-adjacent indices, negative indices, a bool mask,
     int and bool payloads: the result is split along the index's largest dim (the default split), one all-to-all
     forward and one backward, and no rank allocates a plain tensor whole along the read dim in either pass."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class LargestPlain(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if (isinstance(t, torch.Tensor) and not st.is_shard_tensor(t) and t.is_floating_point()
-                        and t.device.type != "meta"):  # meta tensors (shapes only) allocate nothing
-                    self.numel = max(self.numel, t.numel())
-            return out
-
     m = mesh()
     w = m.size()
     B, N, C, K = 2, 13, 4, 7
@@ -684,7 +669,8 @@ def case_routed_reads(seed, tiny):
             assert st.comm_stats()["calls"] == ({"all_gather": 1, "all_to_all": 1} if w > 1 else {}), \
                 (what, st.comm_stats())
             st.reset_comm_stats()
-            with LargestPlain() as watch:
+            # Floating values only; meta tensors (shapes only) allocate nothing.
+            with LargestPlain(counts=lambda t: t.is_floating_point() and t.device.type != "meta") as watch:
                 (y * y).sum().backward()
             if w > 1:
                 # One all-to-all sends the gradient home (index_select's backward, an index_add by the whole

@@ -5,7 +5,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, full, mesh, randn, uneven_extents
+from cases_util import LargestPlain, check_op, close, full, mesh, randn, uneven_extents
 
 
 def _lay(shape, dim, w, seed):
@@ -133,20 +133,6 @@ def test_sum_of_partial_max(world):
 def case_selection_grad_divided(seed):
     """The gradient of max / min with indices and topk over a sharded dim (PointNet's global max pool over the
     points) scatters into each rank's own rows: right values, and no rank allocates a tensor whole along the dim."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class LargestPlain(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and not st.is_shard_tensor(t):
-                    self.numel = max(self.numel, t.numel())
-            return out
-
     m = mesh()
     w = m.size()
     x = randn(2, 5, 12, seed=seed)
