@@ -203,4 +203,23 @@ at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const Di
   return redistribute(t, dst->placements, dst->sharding_shapes());
 }
 
+std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t) {
+  const auto& spec = *shard_impl(t)->spec();
+  int64_t m = -1;
+  for (size_t j = 0; j < spec.placements.size(); ++j) {
+    TORCH_INTERNAL_ASSERT(!spec.placements[j].is_partial(), "split_on_leading_dim: complete the pending sum first");
+    if (!spec.placements[j].is_shard()) continue;
+    if (m >= 0) return std::nullopt;
+    m = static_cast<int64_t>(j);
+  }
+  if (m < 0) return std::nullopt;
+  int64_t lead = 0;
+  while (lead < t.dim() && spec.global_shape[lead] == 1) ++lead;
+  if (lead >= t.dim()) return std::nullopt;
+  Placements p = spec.placements;
+  p[m] = Placement::shard(lead);
+  DimExtents ext{{lead, default_split(spec.global_shape[lead], spec.mesh->size(m))}};
+  return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
+}
+
 } // namespace shardtensor::ops

@@ -101,4 +101,9 @@ at::Tensor resolve_partial_diff(const at::Tensor& t);
 // Differentiable redistribution to `placements` with extents keyed by tensor dim; `t` itself when the layout
 // already matches.
 at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents);
+// A ShardTensor (no Partial) that one mesh dim splits along a dim after its leading one (the first of size > 1),
+// re-laid out on that leading dim (default split; one all-to-all of its own size, not a gather), for ops whose result
+// follows the row-major order (nonzero, unique_consecutive): each rank's part is then one block of that order.
+// nullopt when two mesh dims split it or none does.
+std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t);
 } // namespace shardtensor::ops

@@ -768,8 +768,9 @@ std::optional<at::Tensor> masked_select_blocks(const at::Tensor& self, const at:
 
 // nonzero(Tensor self) (argwhere, torch.where(cond) through it): the global coordinates of the nonzero elements in
 // row-major order. A tensor split on its leading dim: each rank's own coordinates (its offset added) are a block of
-// the result, in rank order (rows_by_count). Whole tensors: the local op. Other layouts interleave the ranks' rows
-// in row-major order and decline (the fallback).
+// the result, in rank order (rows_by_count). Whole tensors: the local op. A tensor one mesh dim splits along a later
+// dim is re-laid out on its leading dim first (one all-to-all); two split dims interleave the ranks' rows in
+// row-major order and decline (the fallback).
 at::Tensor nonzero_rule(const at::Tensor& self_arg) {
   auto self = resolve_partial(self_arg);
   const auto& spec = *shard_impl(self)->spec();
@@ -779,9 +780,14 @@ at::Tensor nonzero_rule(const at::Tensor& self_arg) {
     return wrap(out, spec.mesh, Placements(spec.mesh->ndim(), Placement::replicate()), out.sizes().vec(), {});
   }
   const auto mesh_dim = leading_split(spec);
-  if (mesh_dim < 0)
-    dispatch::not_implemented("nonzero of a tensor not split on its leading dim (its rows would interleave the "
-                              "ranks in row-major order); redistribute to Shard() of the first dim larger than 1");
+  if (mesh_dim < 0) {
+    // Split along a later dim, the ranks' rows would interleave in row-major order: re-laid out on the leading dim
+    // first (prod's backward calls nonzero on `input == 0` whatever the layout).
+    if (auto relaid = split_on_leading_dim(self)) return nonzero_rule(*relaid);
+    dispatch::not_implemented("nonzero of a tensor split by two mesh dims, not only on its leading dim (its rows would "
+                              "interleave the ranks in row-major order); redistribute to Shard() of the first dim "
+                              "larger than 1 on one mesh dim");
+  }
   auto out = at::nonzero(local);
   const auto d = spec.placements[mesh_dim].dim;
   out.select(1, d).add_(spec.offset_of(mesh_dim, spec.mesh->coordinate(mesh_dim)));

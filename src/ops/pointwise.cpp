@@ -79,7 +79,67 @@ std::optional<Placement> partial_output(PartialRule rule, const std::vector<Tens
   return std::nullopt;
 }
 
+// A sum of pending Partial(sum) terms plus (or minus) complete tensors — a Linear's bias added in place after its
+// matmul (at::linear of a non-contiguous input: matmul, then `add_(bias)`), a residual — stays pending when only the
+// first rank along mesh dim `m` adds the complete operands (the others add zeros), as a contraction's bias does:
+// no communication, where completing it would all-reduce the whole result. Only when every pending operand already
+// has the output's shape (so a rank that drops the complete ones still produces it) and no operand is sharded
+// along `m` (that layout wins, above); scalars keep the old rule (completed).
+std::optional<Placement> owner_adds_complete(PartialRule rule, const std::vector<TensorArg>& inputs, size_t m,
+                                             const MeshPtr& mesh, c10::IntArrayRef out_shape) {
+  if (rule != PartialRule::AllSame) return std::nullopt;
+  std::optional<Placement> partial;
+  bool any_complete = false;
+  for (const auto& a : inputs) {
+    if (a.scalar_like) return std::nullopt;
+    const auto p = placements_of(a.value, mesh)[m];
+    if (p.is_shard()) return std::nullopt;
+    if (!p.is_partial()) {
+      any_complete = true;
+      continue;
+    }
+    if (p.op != ReduceOp::Sum || (partial && *partial != p) || a.value.sizes() != out_shape) return std::nullopt;
+    partial = p;
+  }
+  return any_complete ? partial : std::nullopt;
+}
+
 // `rule` is looked up once, when the op is bound (not per call).
+// Results smaller than this (global elements) complete a pending sum by an all-reduce into a whole value; larger ones
+// by a reduce-scatter into a split (split_pending_sum). Below it sit squeeze-excitation gates and a classifier's
+// logits ((B, C) from a global pooling): a consumer usually needs them whole (`x * gate` with x split on H), so a
+// split would cost a reduce-scatter and an all-gather where one all-reduce of a few kilobytes does, for no memory
+// that matters. Above it sit activations (a token MLP's hidden layer, B x C x 4N).
+constexpr int64_t kSplitPendingMinElements = int64_t{1} << 14;
+
+// The output dim that mesh dim `m` splits when this op completes a pending sum over `m` that no sharded operand
+// places: a dim not yet claimed, as large as the mesh dim, that a pending input holds at full size (so that the
+// reduce-scatter moves 1/P of it). An outer dim (the largest) is preferred to the last: a Linear or a 1x1
+// convolution usually follows an activation and contracts the last dim, which then stays local instead of
+// leaving another pending sum. None: the result stays whole (all-reduce), as before.
+std::optional<int64_t> split_for_pending_sum(const std::vector<TensorArg>& inputs, c10::IntArrayRef out_shape,
+                                             size_t m, const MeshPtr& mesh, const std::vector<bool>& claimed) {
+  const auto out_ndim = static_cast<int64_t>(out_shape.size());
+  if (out_ndim == 0 || c10::multiply_integers(out_shape) < kSplitPendingMinElements) return std::nullopt;
+  std::vector<bool> held(out_ndim, false);  // a pending input holds this output dim at full size
+  bool pending = false;
+  for (const auto& a : inputs) {
+    if (a.scalar_like || !shard_impl(a.value) || !placements_of(a.value, mesh)[m].is_partial()) continue;
+    pending = true;
+    const auto shift = out_ndim - a.value.dim();
+    for (int64_t d = 0; d < a.value.dim(); ++d)
+      if (a.value.size(d) == out_shape[d + shift] && out_shape[d + shift] > 1) held[d + shift] = true;
+  }
+  if (!pending) return std::nullopt;
+  const auto P = mesh->size(static_cast<int64_t>(m));
+  std::optional<int64_t> best;
+  for (int64_t d = 0; d + 1 < out_ndim; ++d)
+    if (held[d] && !claimed[d] && out_shape[d] >= P && (!best || out_shape[d] > out_shape[*best])) best = d;
+  const auto last = out_ndim - 1;
+  if (!best && held[last] && !claimed[last] && out_shape[last] >= P) best = last;
+  return best;
+}
+
 void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto n = schema.arguments().size();
@@ -135,6 +195,7 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   at::Tensor completed_local; // a Partial written tensor completed for a non-linear op
   SpecPtr completed_spec;
   SpecPtr written_layout; // the written ShardTensor's layout (after completing a pending sum), if it is one
+  std::vector<size_t> owner_only; // mesh dims whose pending sum the first rank adds the complete operands to
   Placements target(mesh_ndim, Placement::replicate());
   DimExtents target_ext;
   if (written && shard_impl(written->value)) {
@@ -146,8 +207,10 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
       std::vector<TensorArg> all = inputs;
       all.insert(all.begin(), *written);
       auto p = partial_output(rule, all, m, mesh);
+      if (!p && (p = owner_adds_complete(rule, all, m, mesh, out_shape))) owner_only.push_back(m);
       keep_partial = keep_partial && p && *p == wspec->placements[m];
     }
+    if (!keep_partial) owner_only.clear();
     if (!keep_partial) {
       // Complete the pending reduction and run the op on the complete value; the result is stored back into the
       // written tensor's own buffer as Partial terms (below), so views sharing that buffer see the update.
@@ -178,7 +241,24 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
         break;
       }
       if (target[m].is_shard()) continue;
-      if (auto p = partial_output(rule, inputs, m, mesh)) target[m] = *p;
+      if (auto p = partial_output(rule, inputs, m, mesh)) {
+        target[m] = *p;
+      } else if (auto q = owner_adds_complete(rule, inputs, m, mesh, out_shape)) {
+        target[m] = *q;
+        owner_only.push_back(m);
+      }
+    }
+    // A pending sum this op must complete (it is not linear in it) and no sharded operand places: reduce-scatter it
+    // into a split of the output rather than all-reduce it into a whole value on which every rank would compute this
+    // op and what follows in full (MLP-Mixer's and gMLP's token MLPs: fc1 contracts the split tokens into a pending
+    // sum, GELU completes it, fc2 would run whole on every rank). Decided from the specs and global shapes only, so
+    // every rank issues the same collective.
+    for (size_t m = 0; m < mesh_ndim; ++m) {
+      if (!target[m].is_replicate()) continue;
+      if (auto d = split_for_pending_sum(inputs, out_shape, m, mesh, claimed)) {
+        target[m] = Placement::shard(*d);
+        claimed[*d] = true;
+      }
     }
   }
 
@@ -202,8 +282,17 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   std::vector<at::Tensor> aligned;
   for (const auto& a : inputs)
     aligned.push_back(a.scalar_like ? at::Tensor() : local_aligned(a.value, mesh, out_shape, target, target_ext));
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (aligned[i].defined()) (*stack)[base + inputs[i].index] = aligned[i];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!aligned[i].defined()) continue;
+    // A complete operand of a pending sum kept by owner_adds_complete is added by the first rank along those mesh
+    // dims only; elsewhere it is a zero of its own rank and dtype (so type promotion and broadcasting are unchanged).
+    bool dropped = false;
+    for (auto m : owner_only)
+      dropped = dropped || (!placements_of(inputs[i].value, mesh)[m].is_partial() &&
+                            mesh->coordinate(static_cast<int64_t>(m)) != 0);
+    (*stack)[base + inputs[i].index] =
+        dropped ? at::zeros(std::vector<int64_t>(aligned[i].dim(), 1), aligned[i].options()) : aligned[i];
+  }
   for (const auto& a : inputs)
     if (a.scalar_like && shard_impl(a.value)) (*stack)[base + a.index] = shard_impl(a.value)->local();
   for (const auto& w : writes)

@@ -6,7 +6,8 @@
 // by mesh dim (the sizes in one small all-gather, then the values and counts in one all-gather each; never the
 // elements themselves). The values and counts are Replicate, as one device returns them; the inverse (each element's
 // index into the values) is computed where the element lives and keeps the input's layout. unique_consecutive needs
-// the row-major order, so it takes a tensor split on its leading dim: the ranks' groups are concatenated in rank
+// the row-major order, so it takes a tensor split on its leading dim (one split along a later dim is re-laid out there
+// first, one all-to-all): the ranks' groups are concatenated in rank
 // order and a group cut by a shard boundary is joined again.
 //
 // Declined (the fallback; strict mode: NotImplementedError): `sorted=False` (one device's hash order), an inverse of
@@ -127,20 +128,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at:
   if (dim.has_value())
     dispatch::not_implemented("unique_consecutive along a dim (slices compared whole); redistribute to Replicate()");
   auto self = resolve_partial(self_in);
-  const auto& spec = *shard_impl(self)->spec();
-  const auto& local = shard_impl(self)->local();
-  const auto& mesh = spec.mesh;
   int64_t m = -1;
-  for (size_t j = 0; j < spec.placements.size(); ++j) {
+  for (size_t j = 0; j < shard_impl(self)->spec()->placements.size(); ++j) {
+    const auto& spec = *shard_impl(self)->spec();
     const auto& p = spec.placements[j];
     if (!p.is_shard()) continue;
     bool leading = m < 0;
     for (int64_t d = 0; d < p.dim && leading; ++d) leading = spec.global_shape[d] == 1;
-    if (!leading)
-      dispatch::not_implemented("unique_consecutive of a tensor not split on its leading dim (the row-major order "
-                                "interleaves the ranks); redistribute to Shard() of the first dim larger than 1");
+    if (!leading) {
+      // Split along a later dim the row-major order interleaves the ranks: re-laid out on the leading dim (one
+      // all-to-all), the inverse comes back in that layout.
+      auto relaid = split_on_leading_dim(self);
+      if (!relaid)
+        dispatch::not_implemented("unique_consecutive of a tensor split by two mesh dims, not only on its leading dim "
+                                  "(the row-major order interleaves the ranks); redistribute to Shard() of the first "
+                                  "dim larger than 1 on one mesh dim");
+      return unique_consecutive_rule(*relaid, return_inverse, return_counts, dim);
+    }
     m = static_cast<int64_t>(j);
   }
+  const auto& spec = *shard_impl(self)->spec();
+  const auto& local = shard_impl(self)->local();
+  const auto& mesh = spec.mesh;
   if (m < 0) {
     auto [v, inv, c] = at::unique_consecutive(local, return_inverse, return_counts, std::nullopt);
     return {replicated(v, mesh), return_inverse ? make_shard_tensor(inv, shard_impl(self)->spec()) : empty_long(local, mesh),

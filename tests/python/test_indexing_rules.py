@@ -6,7 +6,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import LargestPlain, check_op, full, mesh, randn, tiny_extents, uneven_extents
+from cases_util import LargestPlain, check_op, close, full, mesh, randn, tiny_extents, uneven_extents
 
 
 def _lay(shape, dim, w, seed, tiny=False):
@@ -347,7 +347,7 @@ def case_index_sharded_dim(seed, tiny):
 def case_nonzero(seed, tiny):
     """nonzero / argwhere / torch.where(cond) of a tensor split on its leading dim: each rank's own coordinates (its
     offset added) are its block of the result (Shard(0), each rank's count its extent; one small collective, nothing
-    gathered); other layouts decline to the fallback."""
+    gathered); a split along an inner dim is re-laid out on the leading dim first (prod's backward, over any layout)."""
     m = mesh()
     w = m.size()
     x = randn(9, 4, seed=seed)
@@ -366,8 +366,25 @@ def case_nonzero(seed, tiny):
         row = x[:1]  # [1, 4] split on its second dim: the leading dim has size 1
         assert torch.equal(full(torch.nonzero(st.distribute_tensor(row, m, [st.Shard(1)]))), torch.nonzero(row))
         assert torch.equal(full(torch.nonzero(st.distribute_tensor(x, m, [st.Replicate()]))), torch.nonzero(x))
-    # Split on an inner dim: the rows interleave; the fallback serves it.
-    assert torch.equal(full(torch.nonzero(st.distribute_tensor(x, m, [st.Shard(1)]))), torch.nonzero(x))
+        # Split on an inner dim the rows would interleave: re-laid out on the leading dim first (one all-to-all),
+        # then the same blocks by counts.
+        inner = st.distribute_tensor(x, m, *_lay(x.shape, 1, w, seed, tiny))
+        st.reset_comm_stats()
+        out = torch.nonzero(inner)
+        if w > 1:
+            assert st.comm_stats()["calls"] == {"all_to_all": 1, "all_gather": 1}, st.comm_stats()["calls"]
+            assert st.placements(out) == (st.Shard(0),), st.placements(out)
+        assert torch.equal(full(out), torch.nonzero(x))
+        # prod's backward calls nonzero on `input == 0` whatever the layout: a full product over an inner split.
+        z = randn(3, 5, 4, seed=seed + 1, dtype=torch.float64)
+        z[1, 2, 3] = 0
+        for zz in (z, z.abs() + 0.5):
+            zs = st.distribute_tensor(zz, m, *_lay(zz.shape, 1, w, seed, tiny)).requires_grad_()
+            zr = zz.clone().requires_grad_()
+            p, pr = zs.prod(), zr.prod()
+            close(full(p), pr, rtol=1e-12, atol=1e-12, what="prod over an inner split")
+            p.backward(), pr.backward()
+            close(full(zs.grad), zr.grad, rtol=1e-12, atol=1e-12, what="prod's gradient over an inner split")
     return True
 
 

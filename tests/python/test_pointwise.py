@@ -516,3 +516,74 @@ def case_pending_sum_times_shard(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_pending_sum_times_shard(world):
     harness.run(world, case_pending_sum_times_shard, world)
+
+
+class _TokenMixer(torch.nn.Module):
+    """MLP-Mixer's token-mixing block (timm's MixerBlock without its channel MLP): two Linears over the token dim."""
+
+    def __init__(self, tokens, channels, hidden):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(channels)
+        self.fc1, self.fc2 = torch.nn.Linear(tokens, hidden), torch.nn.Linear(hidden, tokens)
+
+    def forward(self, x):                                       # (B, N, C), N split
+        y = self.fc1(self.norm(x).transpose(1, 2))              # contracts the split tokens: a pending sum
+        self.hidden = F.gelu(y)                                 # completes it
+        return x + self.fc2(self.hidden).transpose(1, 2)
+
+
+def case_pending_sum_completed_split(world, mesh_shape):
+    """A non-linear op on a large pending sum that no sharded operand places (MLP-Mixer's token MLP: fc1 contracts
+    the split tokens, GELU completes the sum) completes it by a reduce-scatter into a split of an outer dim, so GELU
+    and fc2 run on 1/P of the hidden layer on each rank instead of whole on every rank; forward, input and parameter
+    gradients equal one device. A small pending sum (a squeeze-excitation gate) is all-reduced whole, as before."""
+    m = mesh(mesh_shape)
+    B, N, C, H = 2, 12, 64, 256                     # hidden (B, C, H): 32768 elements, above the split threshold
+    torch.manual_seed(0)
+    ref = _TokenMixer(N, C, H).double()
+    mod = _TokenMixer(N, C, H).double()
+    mod.load_state_dict(ref.state_dict())
+    x = randn(B, N, C, seed=70, dtype=torch.float64)
+    if len(m.mesh.shape) == 1:
+        lay = ([st.Shard(1)], {0: uneven_extents(N, world, seed=71)})
+    else:                                           # batch on mesh dim 0, tokens on mesh dim 1
+        lay = ([st.Shard(0), st.Shard(1)], {1: uneven_extents(N, m.size(1), seed=71)})
+    xs = shard_of(x, m, *lay).requires_grad_()
+    xr = x.clone().requires_grad_()
+    with st.CommCounter() as c:
+        out = mod(xs)
+    hidden = mod.hidden
+    pl = st.placements(hidden)
+    token_mesh_dim = len(pl) - 1
+    # The hidden layer is split on the pending sum's mesh dim (the channels: the largest outer dim), not whole.
+    assert pl[token_mesh_dim] == st.Shard(1), pl
+    assert "all_reduce" not in c.calls, c.calls
+    assert st.to_local(hidden).numel() < hidden.numel() * 0.75, (st.to_local(hidden).shape, hidden.shape)
+    out_ref = ref(xr)
+    close(full(out), out_ref, rtol=1e-10, atol=1e-12, what="token mixer forward")
+    assert st.placements(out) == st.placements(xs), st.placements(out)
+    g = randn(B, N, C, seed=72, dtype=torch.float64)
+    out.backward(shard_of(g, m, *lay))
+    out_ref.backward(g)
+    close(full(xs.grad), xr.grad, rtol=1e-10, atol=1e-12, what="token mixer input gradient")
+    for (name, p), q in zip(mod.named_parameters(), ref.parameters()):
+        assert not st.is_shard_tensor(p.grad), name
+        close(p.grad, q.grad, rtol=1e-10, atol=1e-12, what=f"token mixer {name}.grad")
+
+    # A small pending sum stays whole: one all-reduce.
+    split = [st.Shard(1)] if len(m.mesh.shape) == 1 else [st.Replicate(), st.Shard(1)]
+    s = shard_of(randn(2, 9, 8, seed=73, dtype=torch.float64), m, split).sum(1)
+    with st.CommCounter() as c:
+        gate = torch.sigmoid(s)
+    assert all(p.is_replicate() for p in st.placements(gate)), st.placements(gate)
+    assert c.calls == ({"all_reduce": 1} if world > 1 else {}), c.calls
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pending_sum_completed_split(world):
+    harness.run(world, case_pending_sum_completed_split, world, None)
+
+
+def test_pending_sum_completed_split_2d_mesh():
+    harness.run(4, case_pending_sum_completed_split, 4, (2, 2))

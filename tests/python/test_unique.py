@@ -99,6 +99,8 @@ def case_unique_2d_mesh():
     x = torch.randint(0, 9, (5, 6), generator=g)
     _check_unique(shard_of(x, m, [st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}), x, "2x2")
     _check_unique(shard_of(x, m, [st.Replicate(), st.Shard(0)], {1: [1, 4]}), x, "replicate x rows")
+    with pytest.raises(NotImplementedError, match="two mesh dims"):  # the row-major order interleaves both splits
+        torch.unique_consecutive(shard_of(x, m, [st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}))
     return True
 
 
@@ -117,8 +119,11 @@ def case_declines():
             torch.unique(fs, return_inverse=True)
         with pytest.raises(NotImplementedError, match="sorted=False"):
             torch.unique(fs, sorted=False)
-        with pytest.raises(NotImplementedError, match="leading dim"):
-            torch.unique_consecutive(x2)
+        # Split on its inner dim: re-laid out on the leading dim (one all-to-all), then the groups as above.
+        got = torch.unique_consecutive(x2, return_inverse=True, return_counts=True)
+        for a, b in zip(got, torch.unique_consecutive(torch.arange(12).reshape(3, 4), return_inverse=True,
+                                                      return_counts=True)):
+            assert torch.equal(full(a), b)
     # the fallback serves them, right
     inv = torch.unique(fs, return_inverse=True)[1]
     assert torch.equal(full(inv), torch.unique(f, return_inverse=True)[1])
