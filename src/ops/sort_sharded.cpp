@@ -11,6 +11,9 @@
 // to the owner of its position: the counts of each pair of ranks in one small all-gather, the values and the
 // (position, original index) pairs in one all-to-all each. The gradient is the inverse permutation: each
 // gradient element goes home to the owner of its original index the same way.
+//
+// Also here: the order statistics (kthvalue, median.dim, nanmedian.dim) through that sort, and mode, which re-lays
+// its input out with the dim whole instead (see mode_rule).
 #include "ops/sort_sharded.h"
 
 #include "comm/collectives.h"
@@ -182,6 +185,33 @@ namespace {
 // may differ from one device's (torch's selection does not define them); the gradient is selection_grad.cpp's.
 enum class Order { kth, median, nanmedian };
 
+// The layout of a reduction along `dim` that returns one value per slice: the input's, `dim` dropped (or kept as
+// size 1) and whole.
+struct ReducedLayout {
+  Placements placements;
+  DimExtents extents;
+  std::vector<int64_t> shape;
+};
+ReducedLayout reduced_layout(const ShardSpec& spec, const at::Tensor& self, int64_t dim, bool keepdim) {
+  ReducedLayout out{spec.placements, {}, self.sizes().vec()};
+  for (size_t m = 0; m < out.placements.size(); ++m) {
+    if (!out.placements[m].is_shard()) continue;
+    const auto d = out.placements[m].dim;
+    if (d == dim) {
+      out.placements[m] = Placement::replicate();
+      continue;
+    }
+    const auto od = keepdim || d < dim ? d : d - 1;
+    out.placements[m] = Placement::shard(od);
+    out.extents[od] = spec.extents[m];
+  }
+  if (self.dim() > 0) {
+    if (keepdim) out.shape[dim] = 1;
+    else out.shape.erase(out.shape.begin() + dim);
+  }
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> order_statistic(Order kind, const at::Tensor& self_in, int64_t k, int64_t dim_arg,
                                                    bool keepdim) {
   auto self = resolve_partial(self_in);
@@ -196,25 +226,7 @@ std::tuple<at::Tensor, at::Tensor> order_statistic(Order kind, const at::Tensor&
   } else {
     TORCH_CHECK_INDEX(L > 0, name, "(): Expected reduction dim ", dim, " to have non-zero size.");
   }
-  // The result's layout: the input's, `dim` dropped (or kept as size 1) and whole.
-  Placements out_p = spec->placements;
-  DimExtents out_ext;
-  for (size_t m = 0; m < out_p.size(); ++m) {
-    if (!out_p[m].is_shard()) continue;
-    const auto d = out_p[m].dim;
-    if (d == dim) {
-      out_p[m] = Placement::replicate();
-      continue;
-    }
-    const auto od = keepdim || d < dim ? d : d - 1;
-    out_p[m] = Placement::shard(od);
-    out_ext[od] = spec->extents[m];
-  }
-  auto out_shape = self.sizes().vec();
-  if (self.dim() > 0) {
-    if (keepdim) out_shape[dim] = 1;
-    else out_shape.erase(out_shape.begin() + dim);
-  }
+  const auto [out_p, out_ext, out_shape] = reduced_layout(*spec, self, dim, keepdim);
   const auto m = self.dim() == 0 ? -1 : spec->mesh_dim_of(dim);
   const auto& local = shard_impl(self)->local();
   if (m < 0) {
@@ -278,6 +290,38 @@ std::tuple<at::Tensor, at::Tensor> nanmedian_dim_rule(const at::Tensor& self, in
   return order_statistic(Order::nanmedian, self, 0, dim, keepdim);
 }
 
+// mode(Tensor self, int dim=-1, bool keepdim=False): the most frequent value of each slice along `dim` and an index of
+// it. Along an unsharded dim: the local op on each rank's block. Along a sharded dim the counts need whole slices:
+// the input is re-laid out so that `dim` is whole and the largest other unsharded dim (at least as large as that mesh
+// dim) takes its split — one all-to-all of the input's size, not a gather —, then the local op; the result is split
+// along that dim. With no such dim (a 1-D input) it declines.
+std::tuple<at::Tensor, at::Tensor> mode_rule(const at::Tensor& self_in, int64_t dim_arg, bool keepdim) {
+  auto self = resolve_partial(self_in);
+  auto spec = shard_impl(self)->spec();
+  const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
+  if (self.dim() > 0 && spec->mesh_dim_of(dim) >= 0) {
+    const auto m = spec->mesh_dim_of(dim);
+    const auto P = spec->mesh->size(m);
+    int64_t other = -1;
+    for (int64_t d = 0; d < self.dim(); ++d)
+      if (d != dim && spec->mesh_dim_of(d) < 0 && self.size(d) >= P && (other < 0 || self.size(d) > self.size(other)))
+        other = d;
+    if (other < 0)
+      dispatch::not_implemented(c10::str("mode along sharded dim ", dim, " with no other unsharded dim of at least ",
+                                         P, " elements to take its split; redistribute dim ", dim, " to Replicate()"));
+    Placements p = spec->placements;
+    p[m] = Placement::shard(other);
+    auto ext = spec->dim_extents();
+    ext.erase(dim);
+    ext[other] = default_split(self.size(other), P);
+    self = wrap(local_as(self, spec->mesh, p, ext), spec->mesh, p, self.sizes().vec(), ext);
+    spec = shard_impl(self)->spec();
+  }
+  const auto [out_p, out_ext, out_shape] = reduced_layout(*spec, self, dim, keepdim);
+  auto [values, indices] = at::mode(shard_impl(self)->local(), dim, keepdim);
+  return {wrap(values, spec->mesh, out_p, out_shape, out_ext), wrap(indices, spec->mesh, out_p, out_shape, out_ext)};
+}
+
 // median(Tensor self) / nanmedian(Tensor self): over every element, the dim form over the flattened tensor (the
 // view rules lay it out; an empty tensor, whose median is NaN, declines to the fallback).
 at::Tensor median_all(const at::Tensor& self, bool ignore_nan) {
@@ -301,6 +345,7 @@ SHARDTENSOR_RULE_FAMILY(sort_sharded) {
   dispatch::set_handler("aten::kthvalue", typed_handler(&kthvalue_rule));
   dispatch::set_handler("aten::median.dim", typed_handler(&median_dim_rule));
   dispatch::set_handler("aten::nanmedian.dim", typed_handler(&nanmedian_dim_rule));
+  dispatch::set_handler("aten::mode", typed_handler(&mode_rule));
 }
 
 } // namespace shardtensor::ops

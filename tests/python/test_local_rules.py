@@ -273,7 +273,7 @@ def test_sort_sharded_dim(world, tiny):
 def case_order_statistics(seed, tiny):
     """kthvalue / median / nanmedian along the sharded dim (the distributed sort, then each slice's element from its
     owner) and along unsharded dims (local); NaN rows, keepdim, values and gradients. Indices are compared where
-    torch defines them (no ties, no NaN)."""
+    torch defines them (no ties, no NaN). mode along the sharded dim (re-laid out whole) and along unsharded dims."""
     m = mesh()
     w = m.size()
     ext = tiny_extents(11, w) if tiny else uneven_extents(11, w, seed)
@@ -291,6 +291,25 @@ def case_order_statistics(seed, tiny):
             out = check_op(fn, [x], [lay], m, what=what)
         out = check_op(lambda t: torch.kthvalue(t, 2, dim=0), [x], [lay], m, what="kthvalue dim 0")
         assert st.placements(out[0]) == (st.Shard(0),), st.placements(out[0])  # dim 1 became dim 0
+        # mode: each slice along dim 1 holds one value 6 times (a unique most frequent value, so indices and the
+        # gradient are torch's). Along the sharded dim the input is re-laid out with dim 1 whole and dim 0 split
+        # (one all-to-all), then the local op; along an unsharded dim, local.
+        g = torch.Generator().manual_seed(seed)
+        xm = torch.randint(0, 5, (3, 11, 2), generator=g).to(torch.float32)
+        for i in range(3):
+            for j in range(2):
+                xm[i, torch.randperm(11, generator=g)[:6], j] = float(i + 2 * j)
+        xms = st.distribute_tensor(xm, m, *lay)
+        st.reset_comm_stats()
+        got = torch.mode(xms, dim=1)
+        assert st.comm_stats()["calls"] == ({"all_to_all": 1} if w > 1 else {}), st.comm_stats()["calls"]
+        if w > 1:
+            assert st.placements(got.values) == (st.Shard(0),), st.placements(got.values)
+        check_op(lambda t: torch.mode(t, dim=1), [xm], [lay], m, what="mode along the sharded dim")
+        check_op(lambda t: torch.mode(t, dim=-1, keepdim=True), [xm], [lay], m, what="mode along an unsharded dim")
+        if w > 1:
+            with pytest.raises(NotImplementedError, match="mode along sharded dim 0"):
+                torch.mode(st.distribute_tensor(xm[:, 0, 0], m, [st.Shard(0)]))
         y = x.clone()
         y[0, 2, 0] = y[1, :, 1] = y[2, 9, 1] = float("nan")
         ys = st.distribute_tensor(y, m, *lay)
