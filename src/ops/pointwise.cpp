@@ -400,8 +400,9 @@ SHARDTENSOR_RULE_FAMILY(pointwise) {
       // Elementwise without the tag: rsub (other - alpha * self), complex(real, imag), polar(abs, angle), fill (the
       // functional fill: every element the value).
       "aten::rsub",              "aten::complex",             "aten::polar",               "aten::fill",
-      // floor_divide (Tensor and Scalar): elementwise, untagged.
-      "aten::floor_divide",
+      // floor_divide (Tensor and Scalar): elementwise, untagged. _conj_physical: conj_physical's kernel (the
+      // Hermitian FFTs' ihfft2/ihfftn call it on their complex output).
+      "aten::floor_divide",      "aten::_conj_physical",
   };
   auto& d = c10::Dispatcher::singleton();
   auto bindable = [&](const c10::OperatorName& name) -> std::optional<c10::OperatorHandle> {
