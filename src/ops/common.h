@@ -106,4 +106,8 @@ at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const Di
 // follows the row-major order (nonzero, unique_consecutive): each rank's part is then one block of that order.
 // nullopt when two mesh dims split it or none does.
 std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t);
+// A ShardTensor (no Partial) with the mesh dim that splits `dim` moved to the largest other dim no mesh dim splits
+// and at least as large as that mesh dim (default split; one all-to-all, not a gather), for ops that need `dim` whole
+// and treat the others alike (mode, channel_shuffle). nullopt when no mesh dim splits `dim` or no dim can take it.
+std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim);
 } // namespace shardtensor::ops

@@ -2,8 +2,10 @@
 // Each moves data only within a spatial position's channels, or within an r x r block of positions: with the batch
 // or spatial dims sharded every rank transforms its own rows, no communication. pixel_shuffle turns a rank's h rows
 // into h * r; pixel_unshuffle needs every rank's rows in whole blocks of r (otherwise a block spans two ranks: the
-// rule declines, and the op runs through the fallback or raises in strict mode). A sharded channel dim is declined
-// too (the channels of one output come from r^2 or `groups` input channels on different ranks).
+// rule declines, and the op runs through the fallback or raises in strict mode). A sharded channel dim: local for
+// pixel_unshuffle (each channel becomes r^2 adjacent ones) and for pixel_shuffle when every rank holds whole groups
+// of r^2 channels; otherwise (and for channel_shuffle, whose permutation spans every channel) the split moves to the
+// largest other dim first (one all-to-all).
 #include "ops/common.h"
 
 #include <functional>
@@ -12,12 +14,25 @@ namespace shardtensor::ops {
 
 namespace {
 
-// Refuse a sharded channel dim (dim -3 for the pixel ops, dim 1 for channel_shuffle).
-void check_channels_whole(const ShardSpec& spec, int64_t channel_dim, const char* op) {
-  if (spec.mesh_dim_of(channel_dim) >= 0)
+// `x` with its channel dim (dim -3 for the pixel ops, dim 1 for channel_shuffle) whole: a split of it moves to the
+// largest other dim (one all-to-all; an output's channels come from input channels on other ranks otherwise).
+at::Tensor channels_whole(const at::Tensor& x, int64_t channel_dim, const char* op) {
+  if (shard_impl(x)->spec()->mesh_dim_of(channel_dim) < 0) return x;
+  auto moved = split_moved_off(x, channel_dim);
+  if (!moved)
     dispatch::not_implemented(std::string(op) + " with the channel dim (" + std::to_string(channel_dim) +
-                              ") sharded: an output's channels come from input channels on other ranks; shard the "
-                              "batch or a spatial dim instead");
+                              ") sharded and no other dim as large as the mesh dim to take the split: an output's "
+                              "channels come from input channels on other ranks; shard the batch or a spatial dim");
+  return *moved;
+}
+
+// Does every rank's part of the channel dim hold whole groups of `group` channels?
+bool channels_in_groups(const ShardSpec& spec, int64_t channel_dim, int64_t group) {
+  const auto m = spec.mesh_dim_of(channel_dim);
+  if (m < 0) return true;
+  for (auto e : spec.extents[m])
+    if (e % group != 0) return false;
+  return true;
 }
 
 // The output of a pixel op on `x` (resolved) whose last two dims scale by `num` / `den` and dim -3 by den^2 / num^2:
@@ -30,6 +45,8 @@ at::Tensor pixel_op(const at::Tensor& x, int64_t num, int64_t den,
   auto shape = spec.global_shape;
   shape[nd - 3] = shape[nd - 3] * den * den / (num * num);
   DimExtents ext = spec.dim_extents();
+  if (auto it = ext.find(nd - 3); it != ext.end())  // a channel split of whole groups (channels_in_groups)
+    for (auto& e : it->second) e = e * den * den / (num * num);
   for (auto d : {nd - 2, nd - 1}) {
     shape[d] = shape[d] * num / den;
     if (auto it = ext.find(d); it != ext.end())
@@ -50,7 +67,9 @@ at::Tensor pixel_shuffle_rule(const at::Tensor& self_arg, int64_t r) {
   TORCH_CHECK_VALUE(c % (r * r) == 0, "pixel_shuffle expects its input's 'channel' dimension to be divisible by the "
                     "square of upscale_factor, but input.size(-3)=", c, " is not divisible by ", r * r);
   auto self = resolve_partial(self_arg);
-  check_channels_whole(*shard_impl(self)->spec(), self.dim() - 3, "pixel_shuffle");
+  // Channels split in whole groups of r^2 (one output channel each) stay split; otherwise the split moves off them.
+  if (!channels_in_groups(*shard_impl(self)->spec(), self.dim() - 3, r * r))
+    self = channels_whole(self, self.dim() - 3, "pixel_shuffle");
   return pixel_op(self, r, 1, [r](const at::Tensor& t) { return at::pixel_shuffle(t, r); });
 }
 
@@ -63,9 +82,9 @@ at::Tensor pixel_unshuffle_rule(const at::Tensor& self_arg, int64_t r) {
                     "but input.size(-2)=", self_arg.size(-2), " is not divisible by ", r);
   TORCH_CHECK_VALUE(self_arg.size(-1) % r == 0, "pixel_unshuffle expects width to be divisible by downscale_factor, "
                     "but input.size(-1)=", self_arg.size(-1), " is not divisible by ", r);
+  // A split channel dim stays split: each input channel becomes r^2 adjacent output channels.
   auto self = resolve_partial(self_arg);
   const auto& spec = *shard_impl(self)->spec();
-  check_channels_whole(spec, self.dim() - 3, "pixel_unshuffle");
   for (auto d : {self.dim() - 2, self.dim() - 1}) {
     const auto m = spec.mesh_dim_of(d);
     if (m < 0) continue;
@@ -85,9 +104,8 @@ at::Tensor channel_shuffle_on(const char* op, const at::Tensor& self_arg, int64_
   TORCH_CHECK_VALUE(groups > 0, "Number of groups to divide channels in must be positive. Value of groups:", groups);
   TORCH_CHECK_VALUE(self_arg.size(1) % groups == 0, "Number of channels must be divisible by groups. Got ",
                     self_arg.size(1), " channels and ", groups, " groups.");
-  auto self = resolve_partial(self_arg);
+  auto self = channels_whole(resolve_partial(self_arg), 1, op);
   auto spec = shard_impl(self)->spec();
-  check_channels_whole(*spec, 1, op);
   const auto& x = shard_impl(self)->local();
   return make_shard_tensor(std::string(op) == "native_channel_shuffle" ? at::native_channel_shuffle(x, groups)
                                                                        : at::channel_shuffle(x, groups),

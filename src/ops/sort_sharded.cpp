@@ -300,21 +300,12 @@ std::tuple<at::Tensor, at::Tensor> mode_rule(const at::Tensor& self_in, int64_t 
   auto spec = shard_impl(self)->spec();
   const auto dim = wrap_dim(dim_arg, std::max<int64_t>(self.dim(), 1));
   if (self.dim() > 0 && spec->mesh_dim_of(dim) >= 0) {
-    const auto m = spec->mesh_dim_of(dim);
-    const auto P = spec->mesh->size(m);
-    int64_t other = -1;
-    for (int64_t d = 0; d < self.dim(); ++d)
-      if (d != dim && spec->mesh_dim_of(d) < 0 && self.size(d) >= P && (other < 0 || self.size(d) > self.size(other)))
-        other = d;
-    if (other < 0)
+    auto moved = split_moved_off(self, dim);
+    if (!moved)
       dispatch::not_implemented(c10::str("mode along sharded dim ", dim, " with no other unsharded dim of at least ",
-                                         P, " elements to take its split; redistribute dim ", dim, " to Replicate()"));
-    Placements p = spec->placements;
-    p[m] = Placement::shard(other);
-    auto ext = spec->dim_extents();
-    ext.erase(dim);
-    ext[other] = default_split(self.size(other), P);
-    self = wrap(local_as(self, spec->mesh, p, ext), spec->mesh, p, self.sizes().vec(), ext);
+                                         spec->mesh->size(spec->mesh_dim_of(dim)), " elements to take its split; "
+                                         "redistribute dim ", dim, " to Replicate()"));
+    self = *moved;
     spec = shard_impl(self)->spec();
   }
   const auto [out_p, out_ext, out_shape] = reduced_layout(*spec, self, dim, keepdim);

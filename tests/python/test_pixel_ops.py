@@ -39,21 +39,37 @@ def case_pixel_ops(seed):
         assert calls() == before, "pixel_unshuffle communicated"
     check_op(lambda t: F.pixel_unshuffle(t, 2), [y], [lay], m, what="pixel_unshuffle")
     check_op(lambda t: F.pixel_shuffle(F.pixel_unshuffle(t, 2), 2), [y], [lay], m, what="round trip")
+    # A split channel dim: pixel_unshuffle keeps it (each channel becomes r^2 adjacent ones) and so does pixel_shuffle
+    # when every rank holds whole groups of r^2 channels — no communication; otherwise (and channel_shuffle, whose
+    # permutation spans the channels) the split moves to the largest other dim (one all-to-all), strict mode.
+    z = randn(2, 4 * 2 * w, 5, 6, seed=seed + 2)
+    grouped = ([st.Shard(1)], {0: [8] * w if w < 3 else [16, 0] + [8] * (w - 2)})
+    uneven = ([st.Shard(1)], {0: uneven_extents(8 * w, w, seed)})
+    with st.use_strict():
+        moved = {"all_to_all": 1} if w > 1 else {}
+        for what, lay, fn, want in (
+                ("pixel_unshuffle, channels", uneven, lambda t: F.pixel_unshuffle(t[..., :4, :4], 2), {}),
+                ("pixel_shuffle, whole groups", grouped, lambda t: F.pixel_shuffle(t, 2), {}),
+                ("pixel_shuffle, channels", uneven, lambda t: F.pixel_shuffle(t, 2),
+                 {} if all(e % 4 == 0 for e in uneven[1][0]) else moved),
+                ("channel_shuffle, channels", uneven, lambda t: torch.channel_shuffle(t, 4), moved)):
+            zs = st.distribute_tensor(z, m, *lay)
+            st.reset_comm_stats()
+            fn(zs)
+            assert st.comm_stats()["calls"] == want, (what, st.comm_stats()["calls"])
+            check_op(fn, [z], [lay], m, what=what)
     if w > 1:
-        # Rows not in whole blocks, or channels sharded: the rule declines (strict: NotImplementedError everywhere).
+        # Rows not in whole blocks: the rule declines (strict: NotImplementedError everywhere).
         odd = ([st.Shard(2)], {0: [1] + [1] * (w - 2) + [4 * w - (w - 1)]})
-        chan = ([st.Shard(1)], None)
-        for what, lay, fn in (("odd rows", odd, lambda t: F.pixel_unshuffle(t, 2)),
-                              ("channels", chan, lambda t: F.pixel_shuffle(t, 1)),
-                              ("channel_shuffle channels", chan, lambda t: torch.channel_shuffle(t, 3))):
-            with st.use_strict():
-                try:
-                    fn(st.distribute_tensor(y, m, *lay))
-                except NotImplementedError as e:
-                    assert "pixel" in str(e) or "channel" in str(e), e
-                else:
-                    raise AssertionError(f"{what}: no refusal")
-            check_op(fn, [y], [lay], m, what=f"{what} through the fallback")
+        fn = lambda t: F.pixel_unshuffle(t, 2)  # noqa: E731
+        with st.use_strict():
+            try:
+                fn(st.distribute_tensor(y, m, *odd))
+            except NotImplementedError as e:
+                assert "pixel" in str(e), e
+            else:
+                raise AssertionError("odd rows: no refusal")
+        check_op(fn, [y], [odd], m, what="odd rows through the fallback")
     return True
 
 
