@@ -222,14 +222,17 @@ std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t) {
   return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
 }
 
-std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim) {
+std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
+                                          const std::function<bool(int64_t)>& may_take) {
   const auto& spec = *shard_impl(t)->spec();
   const auto m = spec.mesh_dim_of(dim);
   if (m < 0) return std::nullopt;
   const auto P = spec.mesh->size(m);
   int64_t other = -1;
   for (int64_t d = 0; d < t.dim(); ++d)
-    if (d != dim && spec.mesh_dim_of(d) < 0 && t.size(d) >= P && (other < 0 || t.size(d) > t.size(other))) other = d;
+    if (d != dim && spec.mesh_dim_of(d) < 0 && t.size(d) >= P && (!may_take || may_take(d)) &&
+        (other < 0 || t.size(d) > t.size(other)))
+      other = d;
   if (other < 0) return std::nullopt;
   Placements p = spec.placements;
   p[m] = Placement::shard(other);

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -108,6 +109,8 @@ at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const Di
 std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t);
 // A ShardTensor (no Partial) with the mesh dim that splits `dim` moved to the largest other dim no mesh dim splits
 // and at least as large as that mesh dim (default split; one all-to-all, not a gather), for ops that need `dim` whole
-// and treat the others alike (mode, channel_shuffle). nullopt when no mesh dim splits `dim` or no dim can take it.
-std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim);
+// and treat the others alike (mode, channel_shuffle); `may_take`, when given, limits the dims that may take it.
+// nullopt when no mesh dim splits `dim` or no dim can take it.
+std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
+                                          const std::function<bool(int64_t)>& may_take = nullptr);
 } // namespace shardtensor::ops

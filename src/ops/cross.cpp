@@ -1,7 +1,8 @@
 // linalg_cross (torch.cross, torch.linalg.cross): the 3-vector cross product along one dim, batched and broadcast
 // over the others. Sharded batch dims stay sharded and each rank crosses its own vectors, no communication; a
-// sharded vector dim (its 3 components on different ranks) is declined: the fallback, or NotImplementedError in
-// strict mode.
+// sharded vector dim (its 3 components on different ranks) moves to the largest free batch dim first (one all-to-all
+// per operand), or, with none as large as the mesh dim, is declined: the fallback, or NotImplementedError in strict
+// mode.
 #include "ops/arg_checks.h"
 #include "ops/common.h"
 
@@ -27,10 +28,22 @@ at::Tensor linalg_cross_rule(const at::Tensor& self_in, const at::Tensor& other_
       if (!impl) continue;
       const auto& p = impl->spec()->placements[m];
       if (!p.is_shard() || t->size(p.dim) != out_shape[p.dim] || ext.count(p.dim)) continue;
-      if (p.dim == cross_dim)
-        dispatch::not_implemented("the vector dim (dim " + std::to_string(cross_dim) +
-                                  ") is sharded: its 3 components lie on different ranks; redistribute that dim to "
-                                  "Replicate() first");
+      if (p.dim == cross_dim) {
+        // The vector dim split (its 3 components on different ranks): the split moves to the largest batch dim that
+        // is free and as large as the mesh dim (the operands re-laid out there: one all-to-all each).
+        const auto P = mesh->size(static_cast<int64_t>(m));
+        int64_t other = -1;
+        for (int64_t d = 0; d < nd; ++d)
+          if (d != cross_dim && !ext.count(d) && out_shape[d] >= P && (other < 0 || out_shape[d] > out_shape[other]))
+            other = d;
+        if (other < 0)
+          dispatch::not_implemented("the vector dim (dim " + std::to_string(cross_dim) +
+                                    ") is sharded and no batch dim as large as the mesh dim can take the split: its "
+                                    "3 components lie on different ranks; redistribute that dim to Replicate() first");
+        target[m] = Placement::shard(other);
+        ext[other] = default_split(out_shape[other], P);
+        break;
+      }
       target[m] = Placement::shard(p.dim);
       ext[p.dim] = impl->spec()->extents[m];
       break;

@@ -123,11 +123,24 @@ std::tuple<at::Tensor, at::Tensor> histogram_edges_rule(const at::Tensor& self, 
 
 // ---- histogramdd: points (leading dims) split, the coordinate dim (last) whole ----
 
-// The points' field; a sharded coordinate dim declines.
+// The points' field. A split coordinate dim (a point's coordinates on different ranks) moves to the largest points
+// dim first (one all-to-all); with none as large as the mesh dim it declines.
 Field points_of(const at::Tensor& self, at::ArrayRef<at::Tensor> others) {
-  auto f = field_of(self, others);
+  auto t = self;
+  const auto last = self.dim() - 1;
+  if (shard_impl(t) && last > 0) {
+    t = resolve_partial(t);
+    if (shard_impl(t)->spec()->mesh_dim_of(last) >= 0) {
+      auto moved = split_moved_off(t, last, [last](int64_t d) { return d < last; });
+      if (!moved)
+        dispatch::not_implemented("histogramdd with its coordinate (last) dim sharded and no points dim as large as "
+                                  "the mesh dim to take the split; shard the points instead");
+      t = *moved;
+    }
+  }
+  auto f = field_of(t, others);
   for (auto m : f.sharded)
-    if (f.spec->placements[m].is_shard(self.dim() - 1))
+    if (f.spec->placements[m].is_shard(last))
       dispatch::not_implemented("histogramdd with its coordinate (last) dim sharded; shard the points instead");
   return f;
 }

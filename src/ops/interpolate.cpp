@@ -919,19 +919,21 @@ at::Tensor upsample_trilinear3d_backward_rule(const at::Tensor& grad_output, c10
                         scales_of({scales_d, scales_h, scales_w}));
 }
 
-bool spatial_sharded(const ShardSpec& spec) {
-  for (const auto& p : spec.placements)
-    if (p.is_shard() && p.dim >= 2) return true;
-  return false;
-}
-
-// Antialiased bilinear/bicubic run locally when no spatial dim is sharded (batch/channel shards), else are refused.
+// Antialiased bilinear/bicubic run locally when no spatial dim is sharded (batch/channel shards). A split spatial dim
+// (the filter's support grows with the downscale, so no fixed halo serves it) moves to the batch or the channel dim
+// first, the larger that is free and as large as the mesh dim (one all-to-all), else is refused.
 // The op's tensor (the input, or the gradient of the output) with pending sums completed.
 at::Tensor aa_tensor(const at::Tensor& t) {
   auto x = resolve_partial(t);
-  if (spatial_sharded(*shard_impl(x)->spec()))
-    dispatch::not_implemented("antialiased interpolation over a sharded spatial dim; use antialias=False "
-                              "or redistribute the spatial dims first");
+  for (int64_t d = 2; d < x.dim(); ++d) {
+    if (shard_impl(x)->spec()->mesh_dim_of(d) < 0) continue;
+    auto moved = split_moved_off(x, d, [](int64_t other) { return other < 2; });
+    if (!moved)
+      dispatch::not_implemented("antialiased interpolation over a sharded spatial dim with no batch or channel dim as "
+                                "large as the mesh dim to take the split; use antialias=False or redistribute the "
+                                "spatial dims first");
+    x = *moved;
+  }
   return x;
 }
 

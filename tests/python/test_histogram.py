@@ -82,7 +82,8 @@ def test_histograms_mesh2d():
 
 def case_histogramdd(world):
     """torch.histogramdd of a point set split by points: per-coordinate ranges agreed in one collective, each rank's
-    counts a partial sum; bin counts or edges, a range, weights, density; one-point and empty shards."""
+    counts a partial sum; bin counts or edges, a range, weights, density; one-point and empty shards; a split
+    coordinate dim moved to the points."""
     m = mesh()
     g = torch.Generator().manual_seed(40)
     pts = torch.randn(23, 3, generator=g, dtype=torch.float64)
@@ -107,6 +108,14 @@ def case_histogramdd(world):
         p3 = pts[:22].reshape(2, 11, 3)
         p3s = st.distribute_tensor(p3, m, [st.Shard(1)], {0: uneven_extents(11, world, seed=42)})
         close(full(torch.histogramdd(p3s, bins=3).hist), torch.histogramdd(p3, bins=3).hist, what="histogramdd 3-D")
+        # The coordinate dim split (a point's coordinates on different ranks): moved to the points first (an
+        # all-to-all), then as above; weights laid out like the points follow.
+        pc = st.distribute_tensor(pts, m, [st.Shard(1)], {0: uneven_extents(3, world, seed=43)})
+        st.reset_comm_stats()
+        got = torch.histogramdd(pc, bins=[4, 3, 5], weight=ws)
+        if world > 1:  # the points re-laid out by the edges op and by the counting op, the weights to match
+            assert st.comm_stats()["calls"].get("all_to_all", 0) >= 1, st.comm_stats()["calls"]
+        close(full(got.hist), torch.histogramdd(pts, bins=[4, 3, 5], weight=w).hist, what="histogramdd, coordinates split")
     return True
 
 

@@ -2,7 +2,7 @@
 gradients: nearest, nearest-exact, linear, bilinear, trilinear, bicubic; align_corners both ways; size or
 scale_factor (with and without recompute_scale_factor, including PyTorch's output == 2 * input and
 output == input special cases); up- and down-sampling; uneven shards with zero-extent ranks; 1-D and 2-D meshes;
-batch-sharded inputs; antialias refused over sharded spatial dims."""
+batch-sharded inputs; antialias over sharded spatial dims through a re-layout onto the batch or channels."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -203,9 +203,37 @@ def case_interp_direct_ops(seed):
 
 def case_antialias_sharded_raises(seed):
     m = mesh()
-    x = st.distribute_tensor(randn(1, 2, 8, 8, seed=seed), m, [st.Shard(2)])
+    x = st.distribute_tensor(randn(1, 1, 8, 8, seed=seed), m, [st.Shard(2)])  # no batch or channel dim takes the split
     with st.use_strict():   # else the refusal runs the gather-compute fallback (test_fallback.py)
         F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)
+
+
+def case_antialias_spatial_split(world):
+    """Antialiased bilinear/bicubic of a spatially split input (the filter's support grows with the downscale): the
+    split moves to the channel (or batch) dim first, one all-to-all, then the local op; forward and gradient equal
+    one device, the output stays divided (on a 2x2 mesh H's split goes to the channels, W's to the batch)."""
+    m = mesh() if world < 4 else mesh((2, 2))
+    x = randn(2, 4, 9, 10, seed=5)
+    if world < 4:
+        lays = [([st.Shard(2)], {0: uneven_extents(9, world, seed=6)}), ([st.Shard(3)], {0: uneven_extents(10, world, 7)})]
+    else:
+        lays = [([st.Shard(2), st.Shard(3)], {0: [4, 5], 1: [3, 7]})]
+    with st.use_strict():
+        for lay in lays:
+            for kw in (dict(mode="bilinear", antialias=True, scale_factor=0.5),
+                       dict(mode="bicubic", antialias=True, size=(4, 7), align_corners=True)):
+                xs = st.distribute_tensor(x, m, *lay)
+                st.reset_comm_stats()
+                out = F.interpolate(xs, **kw)
+                assert set(st.comm_stats()["calls"]) <= {"all_to_all"}, st.comm_stats()["calls"]
+                assert st.to_local(out).numel() < out.numel(), st.placements(out)
+                check_op(lambda t, kw=kw: F.interpolate(t, **kw), [x], [lay], m, **CUBIC_TOL, what=f"{kw} {lay[0]}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_antialias_spatial_split(world):
+    harness.run(world, case_antialias_spatial_split, world)
 
 
 def case_interp_native_main(seed):

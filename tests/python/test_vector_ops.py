@@ -116,10 +116,21 @@ def case_cross_dist_norm(seed):
         check_op(lambda s, o: F.pairwise_distance(s, o), [x[0, 0], y[0, 0]], [([st.Shard(0)], last[1])] * 2, m,
                  what="pairwise_distance along a sharded vector")
     if w > 1:
+        # The vector dim split: the split moves to the largest batch dim (dim 0: one all-to-all per operand).
         vec = ([st.Shard(1)], {0: uneven_extents(3, w, seed)})
-        with st.use_strict(), pytest.raises(NotImplementedError, match="vector dim"):
-            torch.linalg.cross(st.distribute_tensor(x, m, *vec), st.distribute_tensor(y, m, *vec), dim=1)
-        check_op(lambda s, o: torch.linalg.cross(s, o, dim=1), [x, y], [vec, vec], m, what="cross through fallback")
+        with st.use_strict():
+            sx, sy = st.distribute_tensor(x, m, *vec), st.distribute_tensor(y, m, *vec)
+            st.reset_comm_stats()
+            out = torch.linalg.cross(sx, sy, dim=1)
+            assert st.comm_stats()["calls"] == {"all_to_all": 2}, st.comm_stats()["calls"]
+            assert st.placements(out) == (st.Shard(0),), st.placements(out)
+            check_op(lambda s, o: torch.linalg.cross(s, o, dim=1), [x, y], [vec, vec], m, what="cross, vector dim split")
+            # No batch dim as large as the mesh dim: declined.
+            with pytest.raises(NotImplementedError, match="vector dim"):
+                torch.linalg.cross(st.distribute_tensor(x[:1, :, :1], m, *vec), st.distribute_tensor(y[:1, :, :1], m, *vec),
+                                   dim=1)
+        check_op(lambda s, o: torch.linalg.cross(s, o, dim=1), [x[:1, :, :1], y[:1, :, :1]], [vec, vec], m,
+                 what="cross through fallback")
     return True
 
 
