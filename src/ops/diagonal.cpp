@@ -11,7 +11,8 @@
 // rank, no communication.
 //
 // diag_embed puts the last dim on the diagonal of two new dims (the backward of eigh, svd, det, ...): a shard of any
-// other dim stays on it (renumbered), the op is local; linear, so Partial(sum) is kept. A sharded last dim declines.
+// other dim stays on it (renumbered), the op is local; linear, so Partial(sum) is kept. A sharded last dim (the
+// entries) splits the new rows (dim1): each rank builds the zero rows of its entries with them on a shifted diagonal.
 //
 // tril/triu keep the elements with col - row <= k (>= k) of the last two dims: on a local block that starts at row
 // a and column b that is the local tril/triu at k + a - b, for any layout (no communication; Partial kept).
@@ -213,16 +214,44 @@ at::Tensor diag_embed_rule(const at::Tensor& self_in, int64_t offset, int64_t di
   Placements pl = spec.placements;
   DimExtents ext;
   const auto in_ext = spec.dim_extents();
-  for (auto& p : pl) {
+  const auto last = self.dim() - 1;
+  const auto L = self.size(last) + std::abs(offset);  // the size of the two new dims
+  int64_t diag_mesh_dim = -1;
+  for (size_t m = 0; m < pl.size(); ++m) {
+    auto& p = pl[m];
     if (!p.is_shard()) continue;
-    if (p.dim == self.dim() - 1)
-      dispatch::not_implemented("its last dim (the one put on the diagonal) is sharded; redistribute it to Replicate()");
+    if (p.dim == last) {
+      // The diagonal's entries split: the output's dim1 (rows) takes the split, each rank the rows of its entries
+      // (the empty rows before the first entry or after the last, |offset| of them, go to the first or the last
+      // rank); its local block is zeros with its entries on a diagonal shifted by its first row.
+      diag_mesh_dim = static_cast<int64_t>(m);
+      auto rows = in_ext.at(last);
+      if (offset < 0) rows.front() += -offset;
+      if (offset > 0) rows.back() += offset;
+      ext[d1] = rows;
+      p = Placement::shard(d1);
+      continue;
+    }
     ext[pos[p.dim]] = in_ext.at(p.dim);
     p = Placement::shard(pos[p.dim]);
   }
-  auto local = at::diag_embed(shard_impl(self)->local(), offset, dim1, dim2);
-  auto shape = local.sizes().vec();
+  std::vector<int64_t> shape(n);
   for (int64_t d = 0; d + 1 < self.dim(); ++d) shape[pos[d]] = self.size(d);
+  shape[d1] = shape[d2] = L;
+  const auto& v = shard_impl(self)->local();
+  if (diag_mesh_dim < 0) return wrap(at::diag_embed(v, offset, dim1, dim2), spec.mesh, pl, shape, ext);
+  const auto c = spec.mesh->coordinate(diag_mesh_dim);
+  const auto& rows = ext.at(d1);
+  int64_t first_row = 0;
+  for (int64_t r = 0; r < c; ++r) first_row += rows[r];
+  auto local_shape = shape;
+  for (int64_t d = 0; d + 1 < self.dim(); ++d) local_shape[pos[d]] = v.size(d);
+  local_shape[d1] = rows[c];
+  local_shape[d2] = L;
+  auto local = at::zeros(local_shape, v.options());
+  // Global entry i sits at (row i + max(0, -offset), column i + max(0, offset)): in this block's coordinates, on the
+  // diagonal at offset + first_row, whose first entry is this rank's first.
+  local.diagonal(offset + first_row, d1, d2).narrow(-1, 0, v.size(-1)).copy_(v);
   return wrap(local, spec.mesh, pl, shape, ext);
 }
 

@@ -137,7 +137,7 @@ def test_singular_raises_on_every_rank():
 
 
 def case_diag_embed():
-    """diag_embed (the backward of eigh, svd, det): other dims' shards stay; a sharded last dim declines."""
+    """diag_embed (the backward of eigh, svd, det): other dims' shards stay; a sharded last dim splits the new rows."""
     m = mesh()
     w = m.size()
     x = randn(5, 4, 3, seed=13, **D64)
@@ -146,6 +146,21 @@ def case_diag_embed():
         check_op(lambda t: torch.diag_embed(t, offset, d1, d2), [x], [lay], m, **TIGHT,
                  what=f"diag_embed {offset} {d1} {d2}")
     check_op(lambda t: torch.diag_embed(t), [x], [([st.Shard(1)], None)], m, **TIGHT, what="diag_embed dim 1")
+    # The last dim (the entries) split: the new rows take the split, no communication; with an offset the empty
+    # rows go to the first or the last rank; torch.diag / diagflat of a split vector go through it.
+    ent = ([st.Shard(2)], {0: uneven_extents(3, w, seed=15)})
+    for offset, d1, d2 in ((0, -2, -1), (2, 0, 2), (-1, 3, 1)):
+        xs = shard_of(x, m, *ent)
+        with st.CommCounter() as c:
+            e = torch.diag_embed(xs, offset, d1, d2)
+        assert not c.calls and st.placements(e) == (st.Shard(d1 % 4),), (c.calls, st.placements(e))
+        check_op(lambda t: torch.diag_embed(t, offset, d1, d2), [x], [ent], m, **TIGHT,
+                 what=f"diag_embed of split entries {offset} {d1} {d2}")
+    v = randn(7, seed=16, **D64)
+    vl = ([st.Shard(0)], {0: uneven_extents(7, w, seed=17)})
+    for k in (0, 2, -3):
+        check_op(lambda t: torch.diag(t, k), [v], [vl], m, **TIGHT, what=f"diag of a split vector {k}")
+        check_op(lambda t: torch.diagflat(t, k), [v], [vl], m, **TIGHT, what=f"diagflat of a split vector {k}")
     # a pending sum stays pending (the op is linear)
     s = shard_of(x, m, [st.Shard(0)]).sum(0, keepdim=True)
     with st.CommCounter() as c:
@@ -164,13 +179,9 @@ def case_declines():
     m = mesh()
     a = randn(4, 5, 5, seed=15, **D64) + 3 * torch.eye(5, **D64)
     check_op(torch.linalg.inv, [a], [([st.Shard(1)], None)], m, **TIGHT, what="inv, rows split")
-    x = randn(5, 4, seed=16, **D64)
-    check_op(torch.diag_embed, [x], [([st.Shard(1)], None)], m, **TIGHT, what="diag_embed, last dim split")
     with st.use_strict():
         with pytest.raises(NotImplementedError, match="a matrix dim"):
             torch.linalg.inv(shard_of(a, m, [st.Shard(2)]))
-        with pytest.raises(NotImplementedError, match="last dim"):
-            torch.diag_embed(shard_of(x, m, [st.Shard(1)]))
     return True
 
 
