@@ -112,14 +112,14 @@ def test_handlers_must_be_callable():
         return x
 
     for register in (lambda h: p.ShardTensor.register_function_handler(knn, h),
-                     lambda h: p.ShardTensor.register_function_handler(torch.mode, h),
-                     lambda h: p.ShardTensor.register_dispatch_handler(torch.ops.aten.mode.default, h),
+                     lambda h: p.ShardTensor.register_function_handler(torch.block_diag, h),
+                     lambda h: p.ShardTensor.register_dispatch_handler(torch.ops.aten.block_diag.default, h),
                      lambda h: st.register_function(knn, h),
-                     lambda h: st.register_handler(torch.ops.aten.mode.default, h)):
+                     lambda h: st.register_handler(torch.ops.aten.block_diag.default, h)):
         for bad in (None, 3, "handler"):
             with pytest.raises(TypeError, match="callable"):
                 register(bad)
-    assert knn.__code__.co_name == "knn" and not st._C.has_handler("aten::mode")
+    assert knn.__code__.co_name == "knn" and not st._C.has_handler("aten::block_diag")
 
 
 def case_src_data_rank(value):

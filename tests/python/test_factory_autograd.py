@@ -78,24 +78,22 @@ def case_dropout(seed):
 def case_python_handler(seed):
     m = mesh()
 
-    def mode_along_last(x, dim, keepdim):
-        # torch.mode along the last dim of a row-sharded tensor: local per row. Run on the local tensor and rewrap
-        # both outputs with the rows' layout.
-        assert dim in (-1, 2) and not keepdim and st.placements(x) == (st.Shard(0),), "only this test's case"
-        values, indices = torch.mode(st.to_local(x), dim, keepdim)
-        return tuple(st.from_local(t, st.device_mesh(x), st.placements(x), sharding_shapes=st.sharding_shapes(x))
-                     for t in (values, indices))
+    def hash_along_last(x, dim, keepdim=False, mode=0):
+        # torch.hash_tensor along the last dim of a row-sharded tensor: local per row. Run on the local tensor and
+        # rewrap the result with the rows' layout.
+        assert list(dim) in ([-1], [2]) and not keepdim and st.placements(x) == (st.Shard(0),), "only this test's case"
+        out = torch.ops.aten.hash_tensor.default(st.to_local(x), dim, keepdim=keepdim, mode=mode)
+        return st.from_local(out, st.device_mesh(x), st.placements(x), sharding_shapes=st.sharding_shapes(x))
 
-    # An op without a built-in rule (roll, rot90 and renorm, the former examples here, have one now).
-    assert not st._C.has_handler("aten::mode")
-    st.register_handler(torch.ops.aten.mode.default, mode_along_last)
-    assert st._C.has_handler("aten::mode")
-    x = torch.randint(0, 3, (5, 4, 6), generator=torch.Generator().manual_seed(seed)).float()
+    # An op without a built-in rule (roll, rot90, renorm and mode, the former examples here, have one now).
+    assert not st._C.has_handler("aten::hash_tensor")
+    st.register_handler(torch.ops.aten.hash_tensor.default, hash_along_last)
+    assert st._C.has_handler("aten::hash_tensor")
+    x = torch.randn(5, 4, 6, generator=torch.Generator().manual_seed(seed))
     xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), seed)})
-    values, indices = torch.mode(xs, -1)
-    ref = torch.mode(x, -1)
-    close(full(values), ref.values, what="python handler values")
-    close(full(indices), ref.indices, what="python handler indices")
+    got = torch.hash_tensor(xs, [-1])
+    assert st.placements(got) == (st.Shard(0),), st.placements(got)
+    assert torch.equal(full(got), torch.hash_tensor(x, [-1])), "python handler values"
     return True
 
 
