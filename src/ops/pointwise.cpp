@@ -104,9 +104,8 @@ std::optional<Placement> owner_adds_complete(PartialRule rule, const std::vector
   return any_complete ? partial : std::nullopt;
 }
 
-// `rule` is looked up once, when the op is bound (not per call).
 // Results smaller than this (global elements) complete a pending sum by an all-reduce into a whole value; larger ones
-// by a reduce-scatter into a split (split_pending_sum). Below it sit squeeze-excitation gates and a classifier's
+// by a reduce-scatter into a split (split_for_pending_sum). Below it sit squeeze-excitation gates and a classifier's
 // logits ((B, C) from a global pooling): a consumer usually needs them whole (`x * gate` with x split on H), so a
 // split would cost a reduce-scatter and an all-gather where one all-reduce of a few kilobytes does, for no memory
 // that matters. Above it sit activations (a token MLP's hidden layer, B x C x 4N).
@@ -140,6 +139,7 @@ std::optional<int64_t> split_for_pending_sum(const std::vector<TensorArg>& input
   return best;
 }
 
+// `rule` is looked up once, when the op is bound (not per call).
 void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto n = schema.arguments().size();
