@@ -192,6 +192,19 @@ at::Tensor baddbmm_rule(const at::Tensor& self, const at::Tensor& batch1, const 
   return contraction("aten::baddbmm", true, batch1, batch2, &self, beta, alpha);
 }
 
+// addbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1): beta * self + alpha * the sum
+// over the batch of batch1 @ batch2, composed from the rules of bmm (a split batch leaves its sum pending), sum and
+// add (below autograd: addbmm's own derivative formulas run on the rules of their parts). A split `self` keeps its
+// layout; beta = 0 ignores self's values (NaN included), as on one device.
+at::Tensor addbmm_rule(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
+                       const at::Scalar& beta, const at::Scalar& alpha) {
+  TORCH_CHECK_VALUE(batch1.dim() == 3 && batch2.dim() == 3, "addbmm: batch1 and batch2 must be 3-D tensors, got ",
+                    batch1.dim(), "-D and ", batch2.dim(), "-D");
+  auto products = at::sum(at::bmm(batch1, batch2), 0);
+  auto scaled = beta.toComplexDouble() == 0.0 ? at::zeros_like(self) : at::mul(self, beta);
+  return at::add(scaled, products, alpha);
+}
+
 // ---- linear above autograd ----
 
 using torch::autograd::AutogradContext;
@@ -379,6 +392,7 @@ SHARDTENSOR_RULE_FAMILY(linear) {
   dispatch::set_handler("aten::bmm", typed_handler(&bmm_rule));
   dispatch::set_handler("aten::addmm", typed_handler(&addmm_rule));
   dispatch::set_handler("aten::baddbmm", typed_handler(&baddbmm_rule));
+  dispatch::set_handler("aten::addbmm", typed_handler(&addbmm_rule));
   dispatch::set_handler("aten::dot", typed_handler(&dot_rule));
   dispatch::set_handler("aten::vdot", typed_handler(&vdot_rule));
   dispatch::set_handler("aten::mv", typed_handler(&mv_rule));

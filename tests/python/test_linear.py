@@ -187,3 +187,34 @@ def case_bilinear(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_bilinear(world):
     harness.run(world, case_bilinear, world)
+
+
+def case_addbmm(world):
+    """addbmm (beta * self + alpha * the batch sum of batch1 @ batch2) from the rules of bmm, sum and add, strict mode:
+    `self` split on its rows with plain batches; batch1 split on its rows (the result split alike); the batch split
+    (each rank's products a pending sum); beta = 0 ignores a NaN in self; values and gradients of every input."""
+    m = mesh()
+    s, b1, b2 = randn(5, 6, seed=80), randn(4, 5, 3, seed=81), randn(4, 3, 6, seed=82)
+    rows = ([st.Shard(0)], {0: uneven_extents(5, world, seed=83)})
+    batch = ([st.Shard(0)], {0: uneven_extents(4, world, seed=84)})
+    b1_rows = ([st.Shard(1)], {0: uneven_extents(5, world, seed=83)})
+    with st.use_strict():
+        check_op(lambda a, p, q: torch.addbmm(a, p, q, beta=0.5, alpha=2.0), [s, b1, b2], [rows, None, None], m,
+                 what="addbmm, self split")
+        out = check_op(lambda a, p, q: torch.addbmm(a, p, q), [s, b1, b2], [rows, b1_rows, None], m,
+                       what="addbmm, batch1's rows split")
+        assert st.placements(out) == (st.Shard(0),), st.placements(out)
+        check_op(lambda a, p, q: torch.addbmm(a, p, q), [s, b1, b2], [None, batch, batch], m,
+                 what="addbmm, the batch split")
+        check_op(lambda a, p, q: torch.addbmm(a, p, q), [s[0], b1, b2], [([st.Replicate()], None), batch, batch], m,
+                 what="addbmm, self broadcast")
+        bad = s.clone()
+        bad[1, 2] = float("nan")
+        got = torch.addbmm(st.distribute_tensor(bad, m, *rows), b1, b2, beta=0)
+        close(st.full_tensor(got), torch.addbmm(bad, b1, b2, beta=0), what="addbmm beta=0")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_addbmm(world):
+    harness.run(world, case_addbmm, world)
