@@ -203,6 +203,26 @@ at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const Di
   return redistribute(t, dst->placements, dst->sharding_shapes());
 }
 
+int64_t leading_split(const ShardSpec& spec) {
+  int64_t mesh_dim = -1;
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (p.is_partial() || (p.is_shard() && mesh_dim >= 0)) return -1;
+    if (!p.is_shard()) continue;
+    for (int64_t d = 0; d < p.dim; ++d)
+      if (spec.global_shape[d] != 1) return -1;
+    mesh_dim = static_cast<int64_t>(m);
+  }
+  return mesh_dim;
+}
+
+int64_t largest_dim_for_split(at::IntArrayRef sizes, int64_t at_least, const std::function<bool(int64_t)>& may_take) {
+  int64_t best = -1;
+  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)
+    if (sizes[d] >= at_least && may_take(d) && (best < 0 || sizes[d] > sizes[best])) best = d;
+  return best;
+}
+
 std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t) {
   const auto& spec = *shard_impl(t)->spec();
   int64_t m = -1;
@@ -228,11 +248,9 @@ std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
   const auto m = spec.mesh_dim_of(dim);
   if (m < 0) return std::nullopt;
   const auto P = spec.mesh->size(m);
-  int64_t other = -1;
-  for (int64_t d = 0; d < t.dim(); ++d)
-    if (d != dim && spec.mesh_dim_of(d) < 0 && t.size(d) >= P && (!may_take || may_take(d)) &&
-        (other < 0 || t.size(d) > t.size(other)))
-      other = d;
+  const auto other = largest_dim_for_split(t.sizes(), P, [&](int64_t d) {
+    return d != dim && spec.mesh_dim_of(d) < 0 && (!may_take || may_take(d));
+  });
   if (other < 0) return std::nullopt;
   Placements p = spec.placements;
   p[m] = Placement::shard(other);

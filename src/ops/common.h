@@ -102,6 +102,12 @@ at::Tensor resolve_partial_diff(const at::Tensor& t);
 // Differentiable redistribution to `placements` with extents keyed by tensor dim; `t` itself when the layout
 // already matches.
 at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents);
+// The mesh dim that splits `spec`'s tensor on its leading dim (every dim before the sharded one of size 1; one
+// sharded mesh dim, no pending sum), or -1. A row-major walk of such a tensor meets the ranks' blocks in rank order.
+int64_t leading_split(const ShardSpec& spec);
+// The largest dim of `sizes` at least `at_least` long that `may_take` allows (the first of equal ones), or -1: where a
+// split that must leave a dim goes (split_moved_off, linalg_cross's vector dim, a pending sum's reduce-scatter).
+int64_t largest_dim_for_split(at::IntArrayRef sizes, int64_t at_least, const std::function<bool(int64_t)>& may_take);
 // A ShardTensor (no Partial) that one mesh dim splits along a dim after its leading one (the first of size > 1),
 // re-laid out on that leading dim (default split; one all-to-all of its own size, not a gather), for ops whose result
 // follows the row-major order (nonzero, unique_consecutive): each rank's part is then one block of that order.

@@ -32,10 +32,8 @@ at::Tensor linalg_cross_rule(const at::Tensor& self_in, const at::Tensor& other_
         // The vector dim split (its 3 components on different ranks): the split moves to the largest batch dim that
         // is free and as large as the mesh dim (the operands re-laid out there: one all-to-all each).
         const auto P = mesh->size(static_cast<int64_t>(m));
-        int64_t other = -1;
-        for (int64_t d = 0; d < nd; ++d)
-          if (d != cross_dim && !ext.count(d) && out_shape[d] >= P && (other < 0 || out_shape[d] > out_shape[other]))
-            other = d;
+        const auto other =
+            largest_dim_for_split(out_shape, P, [&](int64_t d) { return d != cross_dim && !ext.count(d); });
         if (other < 0)
           dispatch::not_implemented("the vector dim (dim " + std::to_string(cross_dim) +
                                     ") is sharded and no batch dim as large as the mesh dim can take the split: its "

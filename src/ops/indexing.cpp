@@ -720,21 +720,6 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
   return wrap(out, spec.mesh, p, a.result_shape, ext);
 }
 
-// The mesh dim that splits `spec`'s tensor on its leading dim (every dim before the sharded one of size 1; one
-// sharded mesh dim, no pending sum), or -1. A row-major walk of such a tensor meets the ranks' blocks in rank order.
-int64_t leading_split(const ShardSpec& spec) {
-  int64_t mesh_dim = -1;
-  for (size_t m = 0; m < spec.placements.size(); ++m) {
-    const auto& p = spec.placements[m];
-    if (p.is_partial() || (p.is_shard() && mesh_dim >= 0)) return -1;
-    if (!p.is_shard()) continue;
-    for (int64_t d = 0; d < p.dim; ++d)
-      if (spec.global_shape[d] != 1) return -1;
-    mesh_dim = static_cast<int64_t>(m);
-  }
-  return mesh_dim;
-}
-
 // A result whose rows (dim 0) are each rank's own selection, in rank order: Shard(0) on `mesh_dim` with every rank's
 // count as its extent (agreed in one small gathered collective), nothing gathered. `what` names the op for the
 // simulation's refusal (the counts are data).

@@ -131,12 +131,10 @@ std::optional<int64_t> split_for_pending_sum(const std::vector<TensorArg>& input
   }
   if (!pending) return std::nullopt;
   const auto P = mesh->size(static_cast<int64_t>(m));
-  std::optional<int64_t> best;
-  for (int64_t d = 0; d + 1 < out_ndim; ++d)
-    if (held[d] && !claimed[d] && out_shape[d] >= P && (!best || out_shape[d] > out_shape[*best])) best = d;
   const auto last = out_ndim - 1;
-  if (!best && held[last] && !claimed[last] && out_shape[last] >= P) best = last;
-  return best;
+  auto best = largest_dim_for_split(out_shape, P, [&](int64_t d) { return d < last && held[d] && !claimed[d]; });
+  if (best < 0 && held[last] && !claimed[last] && out_shape[last] >= P) best = last;
+  return best < 0 ? std::nullopt : std::optional<int64_t>(best);
 }
 
 // `rule` is looked up once, when the op is bound (not per call).

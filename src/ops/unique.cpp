@@ -128,26 +128,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at:
   if (dim.has_value())
     dispatch::not_implemented("unique_consecutive along a dim (slices compared whole); redistribute to Replicate()");
   auto self = resolve_partial(self_in);
-  int64_t m = -1;
-  for (size_t j = 0; j < shard_impl(self)->spec()->placements.size(); ++j) {
-    const auto& spec = *shard_impl(self)->spec();
-    const auto& p = spec.placements[j];
-    if (!p.is_shard()) continue;
-    bool leading = m < 0;
-    for (int64_t d = 0; d < p.dim && leading; ++d) leading = spec.global_shape[d] == 1;
-    if (!leading) {
-      // Split along a later dim the row-major order interleaves the ranks: re-laid out on the leading dim (one
-      // all-to-all), the inverse comes back in that layout.
-      auto relaid = split_on_leading_dim(self);
-      if (!relaid)
-        dispatch::not_implemented("unique_consecutive of a tensor split by two mesh dims, not only on its leading dim "
-                                  "(the row-major order interleaves the ranks); redistribute to Shard() of the first "
-                                  "dim larger than 1 on one mesh dim");
-      return unique_consecutive_rule(*relaid, return_inverse, return_counts, dim);
-    }
-    m = static_cast<int64_t>(j);
-  }
   const auto& spec = *shard_impl(self)->spec();
+  const auto m = leading_split(spec);
+  if (spec.has_shard() && m < 0) {
+    // Split along a later dim the row-major order interleaves the ranks: re-laid out on the leading dim (one
+    // all-to-all), the inverse comes back in that layout.
+    auto relaid = split_on_leading_dim(self);
+    if (!relaid)
+      dispatch::not_implemented("unique_consecutive of a tensor split by two mesh dims, not only on its leading dim "
+                                "(the row-major order interleaves the ranks); redistribute to Shard() of the first "
+                                "dim larger than 1 on one mesh dim");
+    return unique_consecutive_rule(*relaid, return_inverse, return_counts, dim);
+  }
   const auto& local = shard_impl(self)->local();
   const auto& mesh = spec.mesh;
   if (m < 0) {
