@@ -120,7 +120,22 @@ void StatReduce::run_dim(const Mesh& mesh, int64_t mesh_dim) {
       if (p.defined())
         flat.push_back(elementwise ? p.reshape({-1}).to(dtype) : dense(p.reshape({-1})).view(at::kByte));
   auto packed = flat.size() == 1 ? flat[0] : at::cat(flat);
-  if (packed.numel() == 0) return;
+  if (packed.numel() == 0) {
+    // Every term is empty (a rank whose block along another mesh dim has no rows; the shapes agree across the
+    // group, so no rank communicates): the results still take their shapes, a gathered term's [n, shape...].
+    if (elementwise) return;
+    for (auto& t : terms_) {
+      if (!t.parts[0].defined()) continue;
+      std::vector<at::Tensor> gathered;
+      for (const auto& p : t.parts) {
+        auto shape = p.sizes().vec();
+        shape.insert(shape.begin(), mesh.size(mesh_dim));
+        gathered.push_back(at::empty(shape, p.options()));
+      }
+      t.parts = combine(t.kind, gathered);
+    }
+    return;
+  }
   at::Tensor all;
   if (elementwise)
     all = all_reduce(packed, all_sum ? ReduceOp::Sum : all_max ? ReduceOp::Max : ReduceOp::Min, mesh, mesh_dim);

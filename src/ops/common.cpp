@@ -216,6 +216,20 @@ int64_t leading_split(const ShardSpec& spec) {
   return mesh_dim;
 }
 
+std::vector<int64_t> nearest_aligned(const std::vector<int64_t>& extents, int64_t n, int64_t q) {
+  std::vector<int64_t> out;
+  int64_t bound = 0, prev = 0;
+  for (size_t c = 0; c < extents.size(); ++c) {
+    bound += extents[c];
+    int64_t b = bound - bound % q;
+    if (2 * (bound % q) > q) b += q;
+    if (c + 1 == extents.size()) b = n;
+    out.push_back(b - prev);
+    prev = b;
+  }
+  return out;
+}
+
 int64_t largest_dim_for_split(at::IntArrayRef sizes, int64_t at_least, const std::function<bool(int64_t)>& may_take) {
   int64_t best = -1;
   for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)

@@ -2,7 +2,7 @@
 // Each moves data only within a spatial position's channels, or within an r x r block of positions: with the batch
 // or spatial dims sharded every rank transforms its own rows, no communication. pixel_shuffle turns a rank's h rows
 // into h * r; pixel_unshuffle needs every rank's rows in whole blocks of r (otherwise a block spans two ranks: the
-// rule declines, and the op runs through the fallback or raises in strict mode). A sharded channel dim: local for
+// boundaries are first rounded to multiples of r, one all-to-all of the rows that move). A sharded channel dim: local for
 // pixel_unshuffle (each channel becomes r^2 adjacent ones) and for pixel_shuffle when every rank holds whole groups
 // of r^2 channels; otherwise (and for channel_shuffle, whose permutation spans every channel) the split moves to the
 // largest other dim first (one all-to-all).
@@ -82,18 +82,22 @@ at::Tensor pixel_unshuffle_rule(const at::Tensor& self_arg, int64_t r) {
                     "but input.size(-2)=", self_arg.size(-2), " is not divisible by ", r);
   TORCH_CHECK_VALUE(self_arg.size(-1) % r == 0, "pixel_unshuffle expects width to be divisible by downscale_factor, "
                     "but input.size(-1)=", self_arg.size(-1), " is not divisible by ", r);
-  // A split channel dim stays split: each input channel becomes r^2 adjacent output channels.
+  // A split channel dim stays split: each input channel becomes r^2 adjacent output channels. A split spatial dim
+  // whose extents are not multiples of r (a block of r rows would span two ranks) is re-laid out first with each
+  // shard boundary rounded to the nearest multiple of r (one all-to-all of the rows that move, at most r/2 per
+  // boundary); the gradient returns to the input's layout through the same re-layout's backward.
   auto self = resolve_partial(self_arg);
   const auto& spec = *shard_impl(self)->spec();
+  auto ext = spec.dim_extents();
+  bool aligned = true;
   for (auto d : {self.dim() - 2, self.dim() - 1}) {
-    const auto m = spec.mesh_dim_of(d);
-    if (m < 0) continue;
-    for (auto e : spec.extents[m])
-      if (e % r != 0)
-        dispatch::not_implemented("pixel_unshuffle with dim " + std::to_string(d) + " sharded in extents that are not "
-                                  "multiples of downscale_factor " + std::to_string(r) + " (a block of rows would span "
-                                  "two ranks); redistribute with extents that are multiples of it");
+    auto it = ext.find(d);
+    if (it == ext.end()) continue;
+    auto rounded = nearest_aligned(it->second, self.size(d), r);
+    aligned = aligned && rounded == it->second;
+    it->second = std::move(rounded);
   }
+  if (!aligned) self = to_layout(self, spec.placements, ext);
   return pixel_op(self, 1, r, [r](const at::Tensor& t) { return at::pixel_unshuffle(t, r); });
 }
 

@@ -140,22 +140,6 @@ std::optional<ViewLayout> local_view_layout(const ShardSpec& spec, at::IntArrayR
   return r;
 }
 
-// `extents` (summing to `n`, a multiple of `q`) moved to the nearest multiples of `q`: each shard boundary rounds to
-// the nearest multiple (ties down), so a boundary moves by at most q/2 rows and aligned extents stay as they are.
-std::vector<int64_t> nearest_aligned(const std::vector<int64_t>& extents, int64_t n, int64_t q) {
-  std::vector<int64_t> out;
-  int64_t bound = 0, prev = 0;
-  for (size_t c = 0; c < extents.size(); ++c) {
-    bound += extents[c];
-    int64_t b = bound - bound % q;
-    if (2 * (bound % q) > q) b += q;
-    if (c + 1 == extents.size()) b = n;
-    out.push_back(b - prev);
-    prev = b;
-  }
-  return out;
-}
-
 // The input layout closest to `spec` for which the view is local (see local_view_layout). Per group of merged/split
 // dims, the outermost sharded input dim keeps its mesh dim:
 // - when the input dims before it have size 1, the shard stays on its dim with its extents rounded to the nearest

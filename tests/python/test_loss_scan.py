@@ -147,6 +147,27 @@ def test_scans(world):
     harness.run(world, case_scans, world)
 
 
+def case_scans_empty_block(seed):
+    """Scans along a split dim on a 2x2 mesh whose other mesh dim gives half the ranks no batch rows: their totals
+    are empty, and the prefix exchange must still give every rank its (empty) result instead of raising on some
+    ranks only (which left the others waiting in their next collective)."""
+    m = mesh((2, 2), ("b", "h"))
+    x = randn(1, 4, 14, 6, seed=seed, dtype=torch.float64)
+    lay = ([st.Shard(0), st.Shard(2)], {0: [0, 1], 1: [10, 4]})
+    y = 0.8 + 0.4 * torch.rand(1, 4, 14, 6, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    with st.use_strict():
+        check_op(lambda t: torch.cumsum(t, 2), [x], [lay], m, what="cumsum, empty batch block")
+        check_op(lambda t: torch.cumprod(t, 2), [y], [lay], m, what="cumprod, empty batch block")
+        check_op(lambda t: torch.logcumsumexp(t, 2), [x], [lay], m, what="logcumsumexp, empty batch block")
+        check_op(lambda t: F.interpolate(torch.cumsum(t, 2), scale_factor=2), [x], [lay], m,
+                 what="cumsum then a halo op")
+    return True
+
+
+def test_scans_empty_block():
+    harness.run(4, case_scans_empty_block, 4)
+
+
 def case_binary_cross_entropy(seed):
     """Segmentation-style BCE over sharded spatial dims (uneven), with and without logits, every reduction, per-pixel
     weights, a per-channel pos_weight (plain), and the targets sharded or plain; gradients of input and target."""

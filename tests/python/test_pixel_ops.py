@@ -59,17 +59,20 @@ def case_pixel_ops(seed):
             assert st.comm_stats()["calls"] == want, (what, st.comm_stats()["calls"])
             check_op(fn, [z], [lay], m, what=what)
     if w > 1:
-        # Rows not in whole blocks: the rule declines (strict: NotImplementedError everywhere).
+        # Rows not in whole blocks: the shard boundaries round to multiples of r first (one all-to-all of the rows
+        # that move), then the local op; strict mode, the output in whole blocks, the gradient in the input's layout.
         odd = ([st.Shard(2)], {0: [1] + [1] * (w - 2) + [4 * w - (w - 1)]})
         fn = lambda t: F.pixel_unshuffle(t, 2)  # noqa: E731
         with st.use_strict():
-            try:
-                fn(st.distribute_tensor(y, m, *odd))
-            except NotImplementedError as e:
-                assert "pixel" in str(e), e
-            else:
-                raise AssertionError("odd rows: no refusal")
-        check_op(fn, [y], [odd], m, what="odd rows through the fallback")
+            ys = st.distribute_tensor(y, m, *odd)
+            st.reset_comm_stats()
+            out = fn(ys)
+            assert st.comm_stats()["calls"] == {"all_to_all": 1}, st.comm_stats()["calls"]
+            # Boundaries after 1 (and 2) input rows round to 0 (and 2): output rows [0, 4] / [0, 1, 5].
+            assert list(st.sharding_shapes(out)[0]) == ([0, 4] if w == 2 else [0, 1, 5]), st.sharding_shapes(out)
+            check_op(fn, [y], [odd], m, what="odd rows re-aligned")
+            check_op(lambda t: F.pixel_shuffle(F.pixel_unshuffle(t * 2, 2), 2), [y], [odd], m,
+                     what="odd rows, round trip")
     return True
 
 
