@@ -116,9 +116,25 @@ WindowPartition transposed_window_partition(const std::vector<int64_t>& in_exten
                                             int64_t output_padding) {
   const auto s = w.stride, p = w.padding;
   const auto lout = (L - 1) * s - 2 * p + w.span() + output_padding;
+  const auto n = static_cast<int64_t>(in_extents.size());
+  // Ownership follows the inputs: the boundary before a coordinate whose first input row is a sits at a*s - shift,
+  // shift = floor((2p + s - span) / 2), which centres the rows its inputs produce (a*s - p ... over span - s more
+  // rows than the s per input) on its own: the rows cropped on its left and right differ by 0 or 1, so its main
+  // call crops them with padding and output padding (transposed_direct) and no window is built. Rows before the
+  // first coordinate holding inputs belong to it, rows after the last one's to that one; equal splits of a
+  // stride-s upsampling come out as the default split (`s * e` rows each), and uneven ones keep the input's
+  // proportions (a U-Net's skip connection, split like the encoder's input, lines up).
+  const auto shift = div_floor(2 * p + s - w.span(), 2);
   WindowPartition part;
-  part.out_extents = default_split(lout, static_cast<int64_t>(in_extents.size()));
+  std::vector<int64_t> bounds(n + 1, lout);
+  bounds[0] = 0;
   int64_t a = 0;
+  for (int64_t c = 1; c < n; ++c) {
+    a += in_extents[c - 1];
+    bounds[c] = a == 0 ? 0 : a == L ? lout : std::clamp<int64_t>(a * s - shift, bounds[c - 1], lout);
+  }
+  for (int64_t c = 0; c < n; ++c) part.out_extents.push_back(bounds[c + 1] - bounds[c]);
+  a = 0;
   for (auto e : in_extents) {
     std::vector<int64_t> rows;
     const auto width = e > 0 ? (e - 1) * s + w.span() : 0;

@@ -81,7 +81,8 @@ WindowPartition sliding_window_partition(const std::vector<int64_t>& in_extents,
                                          const SlidingWindow& w, PadMode mode);
 
 // Transposed convolution (the adjoint): each coordinate's local transposed kernel on its own inputs produces the
-// output positions a*s - p ... (a its first input row); `out_extents` is the default split of the output and
+// output positions a*s - p ... (a its first input row); `out_extents` follow the inputs (each coordinate owns the
+// rows its inputs produce, less a halo on each side that differs by at most one row between the sides) and
 // `want[c]` names the output rows coordinate c produces (-1: cropped by the padding), which go to their owners.
 WindowPartition transposed_window_partition(const std::vector<int64_t>& in_extents, int64_t L, const SlidingWindow& w,
                                             int64_t output_padding);

@@ -94,6 +94,9 @@ struct RingFn : torch::autograd::Function<RingFn> {
     auto acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(acc_type));
     auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(acc_type)).squeeze(-1);
     comm::ring_loop(ring_of(s), {kb, vb}, {}, [&](int64_t, int64_t owner, const auto& kv, auto&) {
+      // No batch rows or heads here (an empty block along another mesh dim): the blocks still travel, nothing to
+      // compute (the fused CPU kernel divides by the head count).
+      if (ql.numel() == 0 || kv[0].numel() == 0) return;
       for (const auto& qg : s.qseg)
         for (const auto& kg : s.sl.segments[owner]) {
           s.c.qo = qg.global;
@@ -161,6 +164,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
         ring_of(s), {kb, vb},
         {at::zeros(kb.sizes(), kb.options().dtype(acc_type)), at::zeros(vb.sizes(), vb.options().dtype(acc_type))},
         [&](int64_t, int64_t owner, const auto& kv, auto& dkv) {
+          if (ql.numel() == 0 || kv[0].numel() == 0) return;  // as in the forward: nothing to compute here
           for (const auto& qg : s.qseg)
             for (const auto& kg : s.sl.segments[owner]) {
               s.c.qo = qg.global;

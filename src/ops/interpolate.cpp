@@ -446,6 +446,13 @@ at::Tensor resample_sharded_backward(const at::Tensor& g, const DimPlan& p, cons
 using Scales = std::vector<std::optional<double>>;
 
 at::Tensor native_forward(const OpInfo& info, const at::Tensor& x, at::IntArrayRef sizes, bool ac, const Scales& sc) {
+  // No batch rows or no channels here (a rank whose block along another mesh dim is empty, e.g. a batch or channel
+  // extent 0): torch's kernels accept an empty batch only, so the empty result is made here.
+  if (x.size(0) * x.size(1) == 0) {
+    std::vector<int64_t> shape{x.size(0), x.size(1)};
+    shape.insert(shape.end(), sizes.begin(), sizes.end());
+    return at::empty(shape, x.options());
+  }
   switch (info.mode) {
     case Mode::Nearest:
       if (info.nd == 1) return at::upsample_nearest1d(x, sizes, sc[0]);
@@ -469,6 +476,7 @@ at::Tensor native_forward(const OpInfo& info, const at::Tensor& x, at::IntArrayR
 at::Tensor native_backward(const OpInfo& info, const at::Tensor& g, at::IntArrayRef in_sizes, bool ac,
                            const Scales& sc) {
   const auto out = g.sizes().slice(2);
+  if (g.size(0) * g.size(1) == 0) return at::zeros(in_sizes, g.options());  // as native_forward: nothing to resample
   switch (info.mode) {
     case Mode::Nearest:
       if (info.nd == 1) return at::upsample_nearest1d_backward(g, out, in_sizes, sc[0]);
@@ -966,7 +974,12 @@ template <AaOp local_op>
 at::Tensor upsample_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
                             std::optional<double> scales_h, std::optional<double> scales_w) {
   auto x = aa_tensor(self);
-  auto out = local_op(shard_impl(x)->local(), output_size, align_corners, scales_h, scales_w);
+  const auto& local = shard_impl(x)->local();
+  // torch's kernels accept an empty batch only: a rank without batch rows or channels makes its empty result.
+  auto out = local.size(0) * local.size(1) == 0
+      ? at::empty({local.size(0), local.size(1), output_size[0].expect_int(), output_size[1].expect_int()},
+                  local.options())
+      : local_op(local, output_size, align_corners, scales_h, scales_w);
   return aa_wrap(out, x, x.sizes());
 }
 
@@ -980,7 +993,10 @@ at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntA
                                      std::optional<double> scales_h, std::optional<double> scales_w) {
   auto x = aa_tensor(grad_output);
   const auto& g = shard_impl(x)->local();
-  auto out = local_op(g, output_size, aa_local_input_size(input_size, g), align_corners, scales_h, scales_w);
+  const auto isize = aa_local_input_size(input_size, g);
+  auto out = g.size(0) * g.size(1) == 0
+      ? at::zeros(C10_AS_INTARRAYREF_SLOW(isize), g.options())
+      : local_op(g, output_size, isize, align_corners, scales_h, scales_w);
   return aa_wrap(out, x, C10_AS_INTARRAYREF_SLOW(input_size));
 }
 

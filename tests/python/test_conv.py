@@ -207,6 +207,38 @@ def case_conv_transpose(seed):
     return True
 
 
+def case_conv_transpose_follows_input(seed):
+    """A transposed convolution's output is split like its input (each rank owns the rows its own inputs produce,
+    less a halo that differs by at most one row between the sides), so uneven shards keep their proportions: a
+    U-Net's upsampled features line up with the skip connection split like the encoder's input, and the
+    concatenation moves nothing (the default split of the output made it re-lay one of them out)."""
+    m = mesh()
+    w = m.size()
+    ext = [2 * e for e in uneven_extents(8, w, seed)]   # even boundaries, uneven sizes (zero extents allowed)
+    x = randn(1, 3, 16, 6, seed=seed)
+    lay = ([st.Shard(2)], {0: ext})
+    down = randn(3, 3, 3, 3, seed=1)
+    for k, stride, pad, opad in [(2, 2, 0, 0), (4, 2, 1, 0), (3, 2, 1, 1)]:
+        up = randn(3, 2, k, k, seed=k)
+
+        def unet_level(t):
+            y = F.conv2d(t, down, stride=2, padding=1)
+            return torch.cat([F.conv_transpose2d(y, up, stride=stride, padding=pad, output_padding=opad), t], dim=1)
+
+        xs = st.distribute_tensor(x, m, *lay)
+        with st.use_strict(), st.CommCounter() as c:
+            out = unet_level(xs)
+        assert list(st.sharding_shapes(out)[0]) == ext, (k, stride, pad, opad, st.sharding_shapes(out))
+        assert set(c.calls) <= {"halo"}, c.calls
+        check_op(unet_level, [x], [lay], m, **TOL, what=f"U-Net level k={k} s={stride} p={pad} op={opad}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_conv_transpose_follows_input(world):
+    harness.run(world, case_conv_transpose_follows_input, world)
+
+
 def case_conv_transpose_even(seed):
     """Shards whose kernels produce every output row they own (even extents): the main call writes the own rows,
     bias included, and the neighbours' rows travel from border calls (ops/conv.cpp transposed_direct); one uneven
