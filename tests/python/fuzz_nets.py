@@ -1,0 +1,485 @@
+"""Randomized networks of unmodified PyTorch layers on a sharded input against one process: what the hand-written
+tests do not combine. Two families:
+
+- ``window``: [B, C, *spatial] (1-D, 2-D, 3-D) through convolutions (strides, dilations, groups, padding modes,
+  'same'/'valid'), transposed convolutions, max/avg/LP/adaptive pooling (ceil mode, count_include_pad, divisor),
+  interpolation (every mode, align_corners, antialias, scale factors and sizes), padding (every mode, negative pads),
+  batch/group/instance/layer norms, in-place activations, residual blocks, channels_last, concatenated skips,
+  squeeze-excitation, roll, flip, cumsum, pixel (un)shuffle, attention over the flattened tokens; a spatial dim
+  split (1-D mesh) or two spatial dims, or the batch and a spatial dim (2x2 mesh);
+- ``tokens``: [B, N, C] with N split (and B on a 2x2 mesh) through Linear, LayerNorm/RMSNorm, SDPA (causal, heads),
+  nn.MultiheadAttention, MLPs, cumsum/roll/flip over the tokens, conv1d over them, a class token, token pooling,
+  window attention, token gathers, einsum token mixing, top-k masks, rotary embeddings, padding, GLU, in-place writes.
+
+Each case: float64, uneven extents (zero extents included), strict mode (a gather fallback anywhere raises), one
+forward and backward; compared: the output, the input gradient and every parameter gradient (relative max error
+1e-9). A layer whose single-device call raises for the shape reached is skipped while building, so every case is
+valid on one device. Outcomes: ok, wrong, notimpl (a rule declined: a clear refusal), error, hang.
+
+  PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family window --seeds 0:300
+  PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family tokens --seeds 0:300
+
+Seeds cycle through 2 ranks, 3 ranks and a 2x2 mesh. tests/python/test_fuzz_nets.py runs a few seeds of each in
+`make test`; docs/testing.md records the last long runs.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import traceback
+
+CONFIGS = [(2, (2,)), (3, (3,)), (4, (2, 2))]
+
+
+def build_window_net(seed, nd, allow_attn=True):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    B = rng.choice([1, 2])
+    C = rng.choice([2, 3, 4])
+    spatial = [rng.randint(9, 20) for _ in range(nd)]
+    shape = [B, C] + spatial
+    layers = []   # (desc, fn) ; modules kept in a ModuleList
+    mods = nn.ModuleList()
+    Conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[nd]
+    ConvT = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}[nd]
+    probe = torch.zeros(shape, dtype=torch.float64)
+
+    def add(desc, fn, mod=None):
+        nonlocal probe
+        try:
+            with torch.no_grad():
+                out = fn(probe)
+        except Exception:
+            return False
+        if out.dim() != probe.dim() or any(s < 1 for s in out.shape[2:]) or out.numel() > 200000:
+            return False
+        if any(s < 3 for s in out.shape[2:]):
+            return False
+        if mod is not None:
+            mods.append(mod)
+        layers.append((desc, fn))
+        probe = out
+        return True
+
+    n_layers = rng.randint(2, 6)
+    tries = 0
+    while len(layers) < n_layers and tries < 60:
+        tries += 1
+        c = probe.shape[1]
+        kind = rng.choice(["conv", "conv", "convT", "maxpool", "avgpool", "adaptive", "interp", "pad", "norm",
+                           "act", "res", "cl", "cat", "se", "roll", "shuffle", "cumsum", "flip", "lppool",
+                           "upsample_mod"] + (["attn"] if allow_attn else []))
+        if kind == "conv":
+            k = rng.randint(1, 5); s = rng.choice([1, 1, 2, 3]); d = rng.choice([1, 1, 2])
+            pm = rng.choice(["zeros", "zeros", "reflect", "replicate", "circular"])
+            pad = rng.choice(["same", "valid", 0, 1, k // 2, k - 1]) if s == 1 else rng.choice([0, 1, k // 2])
+            if pad == "same" and pm != "zeros" and rng.random() < 0.5:
+                pm = "zeros"
+            g = rng.choice([1, 1, c])
+            out_c = rng.choice([c, 2 * c]) if g > 1 else rng.randint(2, 5)
+            if g > 1 and out_c % g:
+                out_c = c
+            mod = Conv(c, out_c, k, stride=s, padding=pad, dilation=d, groups=g, bias=rng.random() < 0.7,
+                       padding_mode=pm).double()
+            add(f"conv k{k} s{s} d{d} p{pad} {pm} g{g}", mod, mod)
+        elif kind == "convT":
+            k = rng.randint(1, 4); s = rng.choice([1, 2, 3]); d = rng.choice([1, 1, 2])
+            p = rng.randint(0, max(0, (k - 1) * d // 2)); op = rng.randint(0, max(0, min(s, d) - 1))
+            mod = ConvT(c, rng.randint(2, 4), k, stride=s, padding=p, output_padding=op, dilation=d,
+                        groups=1, bias=rng.random() < 0.7).double()
+            add(f"convT k{k} s{s} d{d} p{p} op{op}", mod, mod)
+        elif kind == "maxpool":
+            k = rng.randint(2, 4); s = rng.choice([None, 1, 2, 3]); p = rng.randint(0, k // 2)
+            d = rng.choice([1, 1, 2]); cm = rng.random() < 0.3
+            fn = getattr(F, f"max_pool{nd}d")
+            add(f"maxpool k{k} s{s} p{p} d{d} ceil{cm}",
+                lambda x, k=k, s=s, p=p, d=d, cm=cm, fn=fn: fn(x, k, s, p, dilation=d, ceil_mode=cm))
+        elif kind == "avgpool":
+            k = rng.randint(2, 4); s = rng.choice([None, 1, 2]); p = rng.randint(0, k // 2)
+            cm = rng.random() < 0.3; cip = rng.random() < 0.5
+            dv = rng.choice([None, None, 3])
+            fn = getattr(F, f"avg_pool{nd}d")
+            if nd == 1:
+                add(f"avgpool k{k} s{s} p{p} ceil{cm} cip{cip}",
+                    lambda x, k=k, s=s, p=p, cm=cm, cip=cip, fn=fn: fn(x, k, s, p, cm, cip))
+            else:
+                add(f"avgpool k{k} s{s} p{p} ceil{cm} cip{cip} dv{dv}",
+                    lambda x, k=k, s=s, p=p, cm=cm, cip=cip, dv=dv, fn=fn: fn(x, k, s, p, cm, cip, dv))
+        elif kind == "lppool" and nd in (1, 2, 3):
+            k = rng.randint(2, 3); s = rng.choice([None, 1, 2]); pw = rng.choice([1.0, 2.0, 3.0])
+            fn = getattr(F, f"lp_pool{nd}d")
+            add(f"lppool k{k} s{s} p{pw}", lambda x, k=k, s=s, pw=pw, fn=fn: fn(x.abs() + 0.1, pw, k, s))
+        elif kind == "adaptive":
+            size = [rng.randint(2, 9) for _ in range(nd)]
+            mx = rng.random() < 0.4
+            fn = getattr(F, f"adaptive_{'max' if mx else 'avg'}_pool{nd}d")
+            add(f"adaptive {'max' if mx else 'avg'} {size}", lambda x, size=size, fn=fn: fn(x, size))
+        elif kind == "interp":
+            modes = ["nearest", "nearest-exact", "area", {1: "linear", 2: "bilinear", 3: "trilinear"}[nd]]
+            if nd == 2:
+                modes.append("bicubic")
+            mode = rng.choice(modes)
+            ac = rng.choice([None, True, False]) if mode in ("linear", "bilinear", "trilinear", "bicubic") else None
+            aa = nd == 2 and mode in ("bilinear", "bicubic") and rng.random() < 0.3
+            if rng.random() < 0.5:
+                sf = rng.choice([0.5, 0.7, 1.5, 2.0, 3.0])
+                add(f"interp {mode} sf{sf} ac{ac} aa{aa}",
+                    lambda x, sf=sf, mode=mode, ac=ac, aa=aa: F.interpolate(x, scale_factor=sf, mode=mode,
+                                                                          align_corners=ac, antialias=aa))
+            else:
+                size = [rng.randint(4, 24) for _ in range(nd)]
+                add(f"interp {mode} size{size} ac{ac} aa{aa}",
+                    lambda x, size=size, mode=mode, ac=ac, aa=aa: F.interpolate(x, size=size, mode=mode,
+                                                                              align_corners=ac, antialias=aa))
+        elif kind == "pad":
+            mode = rng.choice(["constant", "reflect", "replicate", "circular"])
+            pads = [rng.randint(-1 if mode in ("constant", "replicate", "circular") else 0, 3) for _ in range(2 * nd)]
+            add(f"pad {mode} {pads}", lambda x, pads=pads, mode=mode: F.pad(x, pads, mode=mode))
+        elif kind == "norm":
+            which = rng.choice(["bn", "gn", "in", "ln_c", "ln_last"])
+            if which == "bn":
+                mod = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}[nd](c).double()
+                add("bn", mod, mod)
+            elif which == "gn":
+                g = rng.choice([x for x in (1, 2, c) if c % x == 0])
+                mod = nn.GroupNorm(g, c).double()
+                add(f"gn {g}", mod, mod)
+            elif which == "in":
+                mod = {1: nn.InstanceNorm1d, 2: nn.InstanceNorm2d, 3: nn.InstanceNorm3d}[nd](
+                    c, affine=True).double()
+                add("in", mod, mod)
+            elif which == "ln_c":
+                mod = nn.LayerNorm(c).double()
+                add("ln over C (movedim)", lambda x, mod=mod: mod(x.movedim(1, -1)).movedim(-1, 1), mod)
+            else:
+                mod = nn.LayerNorm(list(probe.shape[2:])).double()
+                add("ln over spatial", mod, mod)
+        elif kind == "act":
+            a = rng.choice(["relu_", "gelu", "silu", "hardswish", "leaky_relu_", "elu"])
+            if a == "relu_":
+                add("relu_", lambda x: F.relu(x * 1.0, inplace=True))
+            elif a == "leaky_relu_":
+                add("leaky_relu_", lambda x: F.leaky_relu_(x + 0.0, 0.1))
+            else:
+                add(a, getattr(F, a))
+        elif kind == "res":
+            mod = Conv(c, c, 3, padding=1).double()
+            add("res conv3", lambda x, mod=mod: x + mod(x), mod)
+        elif kind == "cl" and nd in (2, 3):
+            mf = torch.channels_last if nd == 2 else torch.channels_last_3d
+            add("channels_last", lambda x, mf=mf: x.contiguous(memory_format=mf))
+        elif kind == "cat":
+            add("cat skip", lambda x: torch.cat([x, torch.tanh(x)], dim=1))
+        elif kind == "se":
+            mod = nn.Linear(c, c).double()
+            dims = tuple(range(2, 2 + nd))
+            add("se", lambda x, mod=mod, dims=dims: x * torch.sigmoid(
+                mod(x.mean(dims))).reshape(*x.shape[:2], *([1] * nd)), mod)
+        elif kind == "roll":
+            sh = rng.randint(-5, 5); dd = rng.randint(2, 1 + nd)
+            add(f"roll {sh} dim{dd}", lambda x, sh=sh, dd=dd: torch.roll(x, sh, dd))
+        elif kind == "flip":
+            dd = rng.randint(2, 1 + nd)
+            add(f"flip {dd}", lambda x, dd=dd: torch.flip(x, (dd,)))
+        elif kind == "cumsum":
+            dd = rng.randint(2, 1 + nd)
+            add(f"cumsum {dd}", lambda x, dd=dd: torch.cumsum(x, dd) / 10)
+        elif kind == "shuffle" and nd == 2:
+            r = 2
+            if all(s % r == 0 for s in probe.shape[2:]) and rng.random() < 0.5:
+                add("pixel_unshuffle", lambda x: F.pixel_unshuffle(x, r))
+            elif c % 4 == 0:
+                add("pixel_shuffle", lambda x: F.pixel_shuffle(x, r))
+        elif kind == "upsample_mod":
+            mod = nn.Upsample(scale_factor=2, mode="nearest")
+            add("upsample x2", mod)
+        elif kind == "attn":
+            heads = 1
+            mod = nn.MultiheadAttention(c, heads, batch_first=True).double()
+            def f(x, mod=mod):
+                sh = x.shape
+                t = x.flatten(2).transpose(1, 2)
+                y, _ = mod(t, t, t, need_weights=False)
+                return (t + y).transpose(1, 2).reshape(sh)
+            add("mha over tokens", f, mod)
+    desc = [d for d, _ in layers]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mods = mods
+
+        def forward(self, x):
+            for _, fn in layers:
+                x = fn(x)
+            return x
+
+    return Net(), shape, desc
+
+
+def build_token_net(seed):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    B = rng.choice([1, 2, 3])
+    N = rng.randint(6, 40)
+    C = rng.choice([4, 6, 8])
+    shape = [B, N, C]
+    layers, mods = [], nn.ModuleList()
+    probe = torch.zeros(shape, dtype=torch.float64)
+
+    def add(desc, fn, mod=None):
+        nonlocal probe
+        try:
+            with torch.no_grad():
+                out = fn(probe)
+        except Exception:
+            return False
+        if out.dim() != 3 or out.shape[1] < 2 or out.numel() > 100000:
+            return False
+        if mod is not None:
+            mods.append(mod)
+        layers.append((desc, fn))
+        probe = out
+        return True
+
+    n_layers = rng.randint(2, 7)
+    tries = 0
+    while len(layers) < n_layers and tries < 80:
+        tries += 1
+        b, n, c = probe.shape
+        kind = rng.choice(["linear", "ln", "rms", "sdpa", "mha", "mlp", "cumsum", "roll", "conv1d", "softmax_n",
+                           "cls", "pool_tokens", "window", "gather", "normalize", "einsum", "topk_mask", "rope",
+                           "pad", "flip", "max_n", "chunk_cat", "glu", "masked_fill", "std_norm", "index_put"])
+        if kind == "linear":
+            mod = nn.Linear(c, rng.choice([c, 2 * c, 4]), bias=rng.random() < 0.7).double()
+            add(f"linear {c}->{mod.out_features}", mod, mod)
+        elif kind == "ln":
+            mod = nn.LayerNorm(c, elementwise_affine=rng.random() < 0.8).double()
+            add("layernorm", mod, mod)
+        elif kind == "rms":
+            mod = nn.RMSNorm(c).double()
+            add("rmsnorm", mod, mod)
+        elif kind == "sdpa":
+            causal = rng.random() < 0.4
+            heads = rng.choice([h for h in (1, 2) if c % h == 0])
+            qkv = nn.Linear(c, 3 * c).double()
+            def f(x, qkv=qkv, causal=causal, heads=heads):
+                b, n, c = x.shape
+                q, k, v = qkv(x).view(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return x + y.transpose(1, 2).reshape(b, n, c)
+            add(f"sdpa causal={causal} heads={heads}", f, qkv)
+        elif kind == "mha":
+            mod = nn.MultiheadAttention(c, rng.choice([h for h in (1, 2) if c % h == 0]), batch_first=True).double()
+            add("mha", lambda x, mod=mod: mod(x, x, x, need_weights=False)[0] + x, mod)
+        elif kind == "mlp":
+            mod = nn.Sequential(nn.Linear(c, 2 * c), nn.GELU(), nn.Linear(2 * c, c)).double()
+            add("mlp residual", lambda x, mod=mod: x + mod(x), mod)
+        elif kind == "cumsum":
+            add("cumsum N", lambda x: torch.cumsum(x, 1) / 5)
+        elif kind == "roll":
+            s = rng.randint(-4, 4)
+            add(f"roll N {s}", lambda x, s=s: torch.roll(x, s, 1))
+        elif kind == "conv1d":
+            k = rng.choice([1, 3, 5]); dw = rng.random() < 0.5
+            mod = nn.Conv1d(c, c, k, padding=k // 2, groups=c if dw else 1).double()
+            add(f"conv1d over N k{k} dw{dw}", lambda x, mod=mod: x + mod(x.transpose(1, 2)).transpose(1, 2), mod)
+        elif kind == "softmax_n":
+            add("softmax over N * x", lambda x: torch.softmax(x, 1) * x)
+        elif kind == "cls":
+            tok = nn.Parameter(torch.randn(1, 1, c, dtype=torch.float64))
+            holder = nn.Module(); holder.tok = tok
+            add("cat cls token", lambda x, h=holder: torch.cat([h.tok.expand(x.shape[0], -1, -1), x], 1), holder)
+        elif kind == "pool_tokens":
+            k = rng.choice([2, 3])
+            if n % k == 0:
+                add(f"view pool tokens {k}", lambda x, k=k: x.view(x.shape[0], x.shape[1] // k, k, x.shape[2]).mean(2))
+            else:
+                add(f"avg_pool1d tokens {k}", lambda x, k=k: F.avg_pool1d(x.transpose(1, 2), k, k, ceil_mode=True).transpose(1, 2))
+        elif kind == "window":
+            wsz = rng.choice([2, 4])
+            if n % wsz == 0:
+                def f(x, wsz=wsz):
+                    b, n, c = x.shape
+                    wdw = x.view(b, n // wsz, wsz, c).reshape(b * (n // wsz), wsz, c)
+                    y = F.scaled_dot_product_attention(wdw, wdw, wdw)
+                    return y.view(b, n // wsz, wsz, c).reshape(b, n, c)
+                add(f"window attention {wsz}", f)
+        elif kind == "gather":
+            idx = torch.tensor(sorted(rng.sample(range(n), max(2, n // 2))))
+            add(f"x[:, idx] {len(idx)}", lambda x, idx=idx: x[:, idx])
+        elif kind == "normalize":
+            d = rng.choice([1, 2])
+            add(f"normalize dim{d}", lambda x, d=d: F.normalize(x, dim=d))
+        elif kind == "einsum":
+            add("einsum token mixing (b n c, b m c -> b n m) @ x", lambda x: torch.einsum(
+                "bnm,bmc->bnc", torch.softmax(torch.einsum("bnc,bmc->bnm", x, x) / 4, -1), x))
+        elif kind == "topk_mask":
+            k = rng.randint(1, max(1, n // 2))
+            def f(x, k=k):
+                s = x[..., 0]
+                thr = s.topk(k, dim=1).values[:, -1:]
+                return x * (s >= thr).unsqueeze(-1)
+            add(f"topk mask {k}", f)
+        elif kind == "rope":
+            def f(x):
+                b, n, c = x.shape
+                pos = torch.arange(n, dtype=x.dtype)[:, None] * torch.arange(1, c // 2 + 1, dtype=x.dtype)[None] / 10
+                cos, sin = pos.cos(), pos.sin()
+                x1, x2 = x[..., : c // 2], x[..., c // 2: 2 * (c // 2)]
+                return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+            if c % 2 == 0:
+                add("rope", f)
+        elif kind == "pad":
+            l, r = rng.randint(0, 3), rng.randint(0, 3)
+            add(f"pad N {l},{r}", lambda x, l=l, r=r: F.pad(x, (0, 0, l, r)))
+        elif kind == "flip":
+            add("flip N", lambda x: x.flip(1))
+        elif kind == "max_n":
+            add("x - max over N", lambda x: x - x.amax(1, keepdim=True))
+        elif kind == "chunk_cat":
+            add("chunk C, swap", lambda x: torch.cat(x.chunk(2, -1)[::-1], -1) if x.shape[-1] % 2 == 0 else x)
+        elif kind == "glu":
+            if c % 2 == 0:
+                mod = nn.Linear(c // 2, c).double()
+                add("glu", lambda x, mod=mod: mod(F.glu(x, -1)), mod)
+        elif kind == "masked_fill":
+            add("masked_fill", lambda x: x.masked_fill(x > 1.0, 1.0))
+        elif kind == "std_norm":
+            add("(x - mean_N) / std_N", lambda x: (x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + 1))
+        elif kind == "index_put":
+            def f(x):
+                y = x.clone()
+                y[:, 0] = 0.5 * y[:, -1]
+                return y
+            add("y[:, 0] = y[:, -1]", f)
+    desc = [d for d, _ in layers]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mods = mods
+
+        def forward(self, x):
+            for _, fn in layers:
+                x = fn(x)
+            return x
+
+    return Net(), shape, desc
+
+
+def _compare(net, ref, y, yr, xs, xr):
+    """Relative max errors above 1e-9: [(quantity, error)]."""
+    import shardtensor as st
+    full = lambda t: t.full_tensor() if st.is_shard_tensor(t) else t  # noqa: E731
+    scale = lambda t: max(t.abs().max().item(), 1e-12)  # noqa: E731
+    yf = full(y)
+    if yf.shape != yr.shape:
+        return [("output shape", f"{tuple(yf.shape)} vs {tuple(yr.shape)}")]
+    problems = []
+    for what, a, b in [("output", yf, yr), ("input grad", full(xs.grad), xr.grad)] + [
+            (n, full(p.grad), pr.grad) for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters())
+            if pr.grad is not None]:
+        e = (a - b).abs().max().item() / scale(b)
+        if e > 1e-9:
+            problems.append((what, e))
+    return problems
+
+
+def case(family, seed, mesh_shape):
+    """One network on every rank of the default group: (outcome, layers, layout, detail)."""
+    import copy
+    import warnings
+
+    import torch
+    import shardtensor as st
+    from torch.distributed.device_mesh import init_device_mesh
+    from cases_util import uneven_extents
+
+    warnings.filterwarnings("ignore", category=UserWarning)  # torch's notes on the shapes the builders try
+
+    rng = random.Random(seed * 7 + 1)
+    if family == "window":
+        nd = rng.choice([1, 2, 2, 3])
+        if len(mesh_shape) == 2 and nd == 1:
+            nd = 2
+        # Two split dims merged into one (attention over flattened tokens) are gathered on a 2-D mesh by design.
+        net, shape, desc = build_window_net(seed, nd, allow_attn=len(mesh_shape) == 1)
+        if len(mesh_shape) == 1:
+            dims = [rng.randint(2, 1 + nd)]
+        else:
+            dims = rng.sample(list(range(2, 2 + nd)), 2) if rng.random() < 0.8 else [0, 2]
+    else:
+        net, shape, desc = build_token_net(seed)
+        dims = [1] if len(mesh_shape) == 1 else [0, 1]
+    ext = {i: uneven_extents(shape[d], mesh_shape[i], seed + i) for i, d in enumerate(dims)}
+    layout = ([f"Shard({d})" for d in dims], ext)
+    m = init_device_mesh("cpu", mesh_shape)
+    torch.manual_seed(seed + 5)
+    x = torch.randn(shape, dtype=torch.float64)
+    ref = copy.deepcopy(net)
+    xr = x.clone().requires_grad_()
+    yr = ref(xr)
+    w = torch.randn(yr.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    (yr * w).sum().backward()
+    stage = "forward"
+    try:
+        xs = st.distribute_tensor(x, m, [st.Shard(d) for d in dims], sharding_shapes=ext).requires_grad_()
+        with st.use_strict(True):
+            y = net(xs)
+            stage = "backward"
+            ws = st.distribute_tensor(w, m, [st.Replicate() if p.is_partial() else p for p in st.placements(y)],
+                                      st.sharding_shapes(y)) if st.is_shard_tensor(y) else w
+            (y * ws).sum().backward()
+        problems = _compare(net, ref, y, yr, xs, xr)
+        return ("wrong", desc, layout, problems[:4]) if problems else ("ok", desc, layout, None)
+    except NotImplementedError as e:
+        return ("notimpl", desc, layout, f"{stage}: {str(e)[:300]}")
+    except Exception as e:  # noqa: BLE001  (any error is an outcome)
+        return ("error", desc, layout, f"{stage}: {type(e).__name__}: {str(e)[:400]}\n{traceback.format_exc()[-1500:]}")
+
+
+def run_seed(family, seed, timeout=120):
+    """The outcome of one seed (its world and mesh from CONFIGS), agreed by the ranks or marked diverged/hang."""
+    import harness
+    world, mesh_shape = CONFIGS[seed % len(CONFIGS)]
+    try:
+        results = harness.run(world, case, family, seed, mesh_shape, timeout=timeout)
+    except harness.CaseTimeout as e:
+        return ("hang", None, None, str(e)[:300])
+    except harness.RankError as e:
+        return ("error", None, None, str(e)[:1500])
+    first = results[0]
+    if any(r[0] != first[0] for r in results):
+        return ("diverged", first[1], first[2], [r[0] for r in results])
+    return first
+
+
+def main():
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=["window", "tokens"], required=True)
+    ap.add_argument("--seeds", default="0:100", help="start:stop")
+    args = ap.parse_args()
+    start, stop = (int(v) for v in args.seeds.split(":"))
+    counts = {}
+    for seed in range(start, stop):
+        r = run_seed(args.family, seed)
+        counts[r[0]] = counts.get(r[0], 0) + 1
+        if r[0] != "ok":
+            world, mesh_shape = CONFIGS[seed % len(CONFIGS)]
+            print(f"seed {seed} ({world} ranks, mesh {mesh_shape}): {r[0]}", r[1], r[2], r[3], flush=True)
+    print(args.family, f"seeds {start}:{stop}", counts)
+    return 0 if set(counts) <= {"ok", "notimpl"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
