@@ -9,7 +9,11 @@ tests do not combine. Two families:
   split (1-D mesh) or two spatial dims, or the batch and a spatial dim (2x2 mesh);
 - ``tokens``: [B, N, C] with N split (and B on a 2x2 mesh) through Linear, LayerNorm/RMSNorm, SDPA (causal, heads),
   nn.MultiheadAttention, MLPs, cumsum/roll/flip over the tokens, conv1d over them, a class token, token pooling,
-  window attention, token gathers, einsum token mixing, top-k masks, rotary embeddings, padding, GLU, in-place writes.
+  window attention, token gathers, einsum token mixing, top-k masks, rotary embeddings, padding, GLU, in-place writes;
+- ``views``: [B, C, H, W] (one dim split, or two on a 2x2 mesh) through chains of views (transpose, permute, narrow,
+  select, stepped slices, expand, flatten/unflatten, movedim, unfold, chunk, reshape) and in-place writes through
+  them (a write through a view reaching its base, a base written after a view was taken, masked/index fills,
+  item assignment, copy_ between halves), with pointwise ops, scans, rolls and concatenations between.
 
 Each case: float64, uneven extents (zero extents included), strict mode (a gather fallback anywhere raises), one
 forward and backward; compared: the output, the input gradient and every parameter gradient (relative max error
@@ -18,6 +22,7 @@ valid on one device. Outcomes: ok, wrong, notimpl (a rule declined: a clear refu
 
   PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family window --seeds 0:300
   PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family tokens --seeds 0:300
+  PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family views --seeds 0:300
 
 Seeds cycle through 2 ranks, 3 ranks and a 2x2 mesh. tests/python/test_fuzz_nets.py runs a few seeds of each in
 `make test`; docs/testing.md records the last long runs.
@@ -375,6 +380,151 @@ def build_token_net(seed):
     return Net(), shape, desc
 
 
+def build_view_chain(seed):
+    """A chain of views, strided slices and in-place writes through views on a [B, C, H, W] tensor: the aliasing
+    mechanisms (a write through a view reaches its base; a base written in place changes its views' values; strides
+    and storage offsets of narrowed, stepped, transposed, expanded and unfolded views). Returns (fn, shape, desc)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    rng = random.Random(seed)
+    shape = [rng.choice([1, 2, 3]), rng.choice([2, 3, 4]), rng.randint(6, 16), rng.randint(6, 16)]
+    steps = []
+    probe = torch.zeros(shape, dtype=torch.float64)
+
+    def add(desc, fn):
+        nonlocal probe
+        try:
+            with torch.no_grad():
+                out = fn(probe.clone())
+        except Exception:
+            return False
+        if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.numel() == 0 or out.numel() > 50000:
+            return False
+        steps.append((desc, fn))
+        probe = out
+        return True
+
+    n_steps = rng.randint(3, 9)
+    tries = 0
+    while len(steps) < n_steps and tries < 100:
+        tries += 1
+        nd = probe.dim()
+        d = rng.randrange(nd)
+        d2 = rng.randrange(nd)
+        size = probe.shape[d]
+        kind = rng.choice(["transpose", "permute", "narrow", "select", "step", "unsqueeze_expand", "flatten",
+                           "unflatten", "movedim", "unfold", "chunk", "contiguous", "reshape",
+                           "write_view", "write_base", "masked_fill_", "index_fill_", "setitem", "copy_view",
+                           "pointwise", "mul_broadcast", "where", "clamp_", "cumsum", "reduce_keepdim", "flip",
+                           "roll", "cat_self"])
+        if kind == "transpose":
+            add(f"transpose({d}, {d2})", lambda t, d=d, d2=d2: t.transpose(d, d2))
+        elif kind == "permute":
+            perm = list(range(nd)); rng.shuffle(perm)
+            add(f"permute{perm}", lambda t, perm=perm: t.permute(perm))
+        elif kind == "narrow" and size > 2:
+            st_ = rng.randint(0, size // 2); ln = rng.randint(1, size - st_)
+            add(f"narrow({d}, {st_}, {ln})", lambda t, d=d, s_=st_, ln=ln: t.narrow(d, s_, ln))
+        elif kind == "select" and nd > 2:
+            i = rng.randrange(size)
+            add(f"select({d}, {i})", lambda t, d=d, i=i: t.select(d, i))
+        elif kind == "step" and size > 3:
+            stp = rng.choice([2, 3]); off = rng.randint(0, 1)
+            idx = [slice(None)] * nd
+            idx[d] = slice(off, None, stp)
+            add(f"[{d}: {off}::{stp}]", lambda t, idx=tuple(idx): t[idx])
+        elif kind == "unsqueeze_expand":
+            k = rng.choice([2, 3])
+            add(f"unsqueeze({d}).expand {k}", lambda t, d=d, k=k: t.unsqueeze(d).expand(
+                *t.shape[:d], k, *t.shape[d:]))
+        elif kind == "flatten" and nd > 2 and d < nd - 1:
+            add(f"flatten({d}, {d + 1})", lambda t, d=d: t.flatten(d, d + 1))
+        elif kind == "unflatten" and size % 2 == 0 and size >= 4:
+            add(f"unflatten({d}, 2 x)", lambda t, d=d: t.unflatten(d, (2, t.shape[d] // 2)))
+        elif kind == "movedim":
+            add(f"movedim({d}, {d2})", lambda t, d=d, d2=d2: t.movedim(d, d2))
+        elif kind == "unfold" and size >= 3:
+            k = rng.choice([2, 3]); stp = rng.choice([1, 2])
+            add(f"unfold({d}, {k}, {stp})", lambda t, d=d, k=k, stp=stp: t.unfold(d, k, stp))
+        elif kind == "chunk" and size >= 2:
+            n = rng.choice([2, 3]); i = rng.randrange(min(n, size))
+            add(f"chunk({n}, {d})[{i}]", lambda t, n=n, d=d, i=i: t.chunk(n, d)[min(i, len(t.chunk(n, d)) - 1)])
+        elif kind == "contiguous":
+            add("contiguous", lambda t: t.contiguous())
+        elif kind == "reshape":
+            add("reshape(-1, last)", lambda t: t.reshape(-1, t.shape[-1]))
+        elif kind == "write_view" and size > 2:
+            # A write through a view of a clone reaches the clone (its base): continue with the base.
+            st_ = rng.randint(0, size - 2)
+            def f(t, d=d, s_=st_):
+                y = t.clone()
+                y.narrow(d, s_, 2).mul_(0.5).add_(1.0)
+                return y
+            add(f"narrow({d}, {st_}, 2) *= 0.5, += 1 on a clone", f)
+        elif kind == "write_base" and size > 2:
+            # A view taken before its base is written in place reads the new values.
+            def f(t, d=d):
+                y = t.clone()
+                v = y.transpose(0, d) if d != 0 else y.transpose(0, -1)
+                y.mul_(2.0)
+                return v.sin()
+            add(f"view, then its base *= 2, read the view (dim {d})", f)
+        elif kind == "masked_fill_":
+            add("clone.masked_fill_(t > 0.5, 0.25)", lambda t: t.clone().masked_fill_(t > 0.5, 0.25))
+        elif kind == "index_fill_" and size > 2:
+            idx = torch.tensor(sorted(rng.sample(range(size), 2)))
+            add(f"clone.index_fill_({d}, {idx.tolist()}, -1)", lambda t, d=d, idx=idx: t.clone().index_fill_(d, idx, -1.0))
+        elif kind == "setitem" and size > 2:
+            i = rng.randrange(size)
+            def f(t, d=d, i=i):
+                y = t.clone()
+                idx = [slice(None)] * t.dim()
+                idx[d] = i
+                y[tuple(idx)] = y.select(d, 0) * 3.0
+                return y
+            add(f"y[..{d}={i}..] = 3 * y.select({d}, 0)", f)
+        elif kind == "copy_view" and size > 3:
+            def f(t, d=d):
+                y = t.clone()
+                n = y.shape[d] // 2
+                y.narrow(d, 0, n).copy_(y.narrow(d, y.shape[d] - n, n).flip(d))
+                return y
+            add(f"first half of dim {d} = reversed second half (copy_)", f)
+        elif kind == "pointwise":
+            op = rng.choice(["sin", "tanh", "exp", "abs", "sigmoid"])
+            add(op, lambda t, op=op: getattr(torch, op)(t * 0.5))
+        elif kind == "mul_broadcast":
+            bshape = [1] * nd
+            bshape[d] = size
+            wgt = torch.linspace(0.5, 1.5, size, dtype=torch.float64).reshape(bshape)
+            add(f"* weights along {d}", lambda t, w=wgt: t * w)
+        elif kind == "where":
+            add("where(t > 0, t, 0.1 t)", lambda t: torch.where(t > 0, t, 0.1 * t))
+        elif kind == "clamp_":
+            add("clone.clamp_(-1, 1)", lambda t: t.clone().clamp_(-1, 1))
+        elif kind == "cumsum":
+            add(f"cumsum({d}) / size", lambda t, d=d: t.cumsum(d) / t.shape[d])
+        elif kind == "reduce_keepdim":
+            add(f"t - mean({d}, keepdim)", lambda t, d=d: t - t.mean(d, keepdim=True))
+        elif kind == "flip":
+            add(f"flip({d})", lambda t, d=d: t.flip(d))
+        elif kind == "roll":
+            k = rng.randint(-3, 3)
+            add(f"roll({k}, {d})", lambda t, k=k, d=d: t.roll(k, d))
+        elif kind == "cat_self":
+            add(f"cat([t, t.sin()], {d})", lambda t, d=d: torch.cat([t, t.sin()], d))
+    desc = [dd for dd, _ in steps]
+
+    class Chain(nn.Module):
+        def forward(self, x):
+            for _, fn in steps:
+                x = fn(x)
+            return x
+
+    return Chain(), shape, desc
+
+
 def _compare(net, ref, y, yr, xs, xr):
     """Relative max errors above 1e-9: [(quantity, error)]."""
     import shardtensor as st
@@ -416,9 +566,12 @@ def case(family, seed, mesh_shape):
             dims = [rng.randint(2, 1 + nd)]
         else:
             dims = rng.sample(list(range(2, 2 + nd)), 2) if rng.random() < 0.8 else [0, 2]
-    else:
+    elif family == "tokens":
         net, shape, desc = build_token_net(seed)
         dims = [1] if len(mesh_shape) == 1 else [0, 1]
+    else:
+        net, shape, desc = build_view_chain(seed)
+        dims = [rng.randint(1, 3)] if len(mesh_shape) == 1 else rng.sample([0, 1, 2, 3], 2)
     ext = {i: uneven_extents(shape[d], mesh_shape[i], seed + i) for i, d in enumerate(dims)}
     layout = ([f"Shard({d})" for d in dims], ext)
     m = init_device_mesh("cpu", mesh_shape)
@@ -466,7 +619,7 @@ def main():
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["window", "tokens"], required=True)
+    ap.add_argument("--family", choices=["window", "tokens", "views"], required=True)
     ap.add_argument("--seeds", default="0:100", help="start:stop")
     args = ap.parse_args()
     start, stop = (int(v) for v in args.seeds.split(":"))

@@ -7,7 +7,7 @@ from fuzz_nets import CONFIGS, run_seed
 SEEDS = range(2 * len(CONFIGS))
 
 
-@pytest.mark.parametrize("family", ["window", "tokens"])
+@pytest.mark.parametrize("family", ["window", "tokens", "views"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fuzz_nets(family, seed):
     outcome, layers, layout, detail = run_seed(family, seed)
