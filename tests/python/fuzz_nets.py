@@ -599,10 +599,11 @@ def case(family, seed, mesh_shape):
         return ("error", desc, layout, f"{stage}: {type(e).__name__}: {str(e)[:400]}\n{traceback.format_exc()[-1500:]}")
 
 
-def run_seed(family, seed, timeout=120):
-    """The outcome of one seed (its world and mesh from CONFIGS), agreed by the ranks or marked diverged/hang."""
+def run_seed(family, seed, timeout=120, config=None):
+    """The outcome of one seed (its world and mesh from CONFIGS unless `config` = (world, mesh shape) is given),
+    agreed by the ranks or marked diverged/hang."""
     import harness
-    world, mesh_shape = CONFIGS[seed % len(CONFIGS)]
+    world, mesh_shape = config or CONFIGS[seed % len(CONFIGS)]
     try:
         results = harness.run(world, case, family, seed, mesh_shape, timeout=timeout)
     except harness.CaseTimeout as e:
@@ -621,14 +622,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["window", "tokens", "views"], required=True)
     ap.add_argument("--seeds", default="0:100", help="start:stop")
+    ap.add_argument("--mesh", default=None, help="one mesh for every seed: 4 (a 1-D mesh of 4 ranks), 2x2, ...")
     args = ap.parse_args()
     start, stop = (int(v) for v in args.seeds.split(":"))
+    config = None
+    if args.mesh:
+        shape = tuple(int(v) for v in args.mesh.split("x"))
+        config = (shape[0] * (shape[1] if len(shape) > 1 else 1), shape)
     counts = {}
     for seed in range(start, stop):
-        r = run_seed(args.family, seed)
+        r = run_seed(args.family, seed, config=config)
         counts[r[0]] = counts.get(r[0], 0) + 1
         if r[0] != "ok":
-            world, mesh_shape = CONFIGS[seed % len(CONFIGS)]
+            world, mesh_shape = config or CONFIGS[seed % len(CONFIGS)]
             print(f"seed {seed} ({world} ranks, mesh {mesh_shape}): {r[0]}", r[1], r[2], r[3], flush=True)
     print(args.family, f"seeds {start}:{stop}", counts)
     return 0 if set(counts) <= {"ok", "notimpl"} else 1
