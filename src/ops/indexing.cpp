@@ -779,6 +779,18 @@ at::Tensor nonzero_rule(const at::Tensor& self_arg) {
   return rows_by_count(out, spec.mesh, mesh_dim, "nonzero");
 }
 
+// nonzero_static(Tensor self, *, SymInt size, int fill_value=-1): nonzero's first `size` rows, padded with rows of
+// fill_value up to `size` (a static shape for compiled code): the nonzero rule's result cut by the slice rule, or
+// padded by the padding rule (the fill rows join the last rank's block).
+at::Tensor nonzero_static_rule(const at::Tensor& self, c10::SymInt size_arg, int64_t fill_value) {
+  const auto size = size_arg.expect_int();
+  TORCH_CHECK_VALUE(size >= 0, "nonzero_static: 'size' must be an non-negative integer");
+  auto nz = at::nonzero(self);
+  const auto n = nz.size(0);
+  if (n >= size) return at::slice(nz, 0, 0, size).clone();
+  return at::constant_pad_nd(nz, {0, 0, 0, size - n}, fill_value);
+}
+
 // masked_select(Tensor self, Tensor mask): with a mask laid out like a field split on its leading dim, each rank
 // keeps its own selection (above); otherwise `x[mask]` over the broadcast shape (the index rule: owners read their
 // selected elements, in row-major order, and one all-reduce completes the 1-D result). Its backward,
@@ -1051,6 +1063,7 @@ SHARDTENSOR_RULE_FAMILY(indexing) {
   dispatch::set_autograd_handler("aten::gather", &gather_autograd);
   set_handler("aten::masked_select", typed_handler(&masked_select_rule));
   set_handler("aten::nonzero", typed_handler(&nonzero_rule));
+  set_handler("aten::nonzero_static", typed_handler(&nonzero_static_rule));
   set_handler("aten::index_put_", typed_handler(&index_put_inplace_rule));
   set_handler("aten::index_put", typed_handler(&index_put_rule));
   set_handler("aten::_index_put_impl_", typed_handler(&index_put_impl_inplace_rule));

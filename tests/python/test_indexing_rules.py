@@ -385,6 +385,14 @@ def case_nonzero(seed, tiny):
             close(full(p), pr, rtol=1e-12, atol=1e-12, what="prod over an inner split")
             p.backward(), pr.backward()
             close(full(zs.grad), zr.grad, rtol=1e-12, atol=1e-12, what="prod's gradient over an inner split")
+        # nonzero_static: the first `size` rows, or the padded result (fill rows on the last rank's block).
+        n = int((x != 0).sum())
+        for size, fill in ((0, -1), (n // 2, -1), (n, 7), (n + 5, -1), (n + 3, 0)):
+            for layout in (lay, _lay(x.shape, 1, w, seed, tiny)):
+                xs = st.distribute_tensor(x, m, *layout)
+                out = torch.nonzero_static(xs, size=size, fill_value=fill)
+                assert torch.equal(full(out), torch.nonzero_static(x, size=size, fill_value=fill)), (size, fill)
+                assert w == 1 or st.placements(out) == (st.Shard(0),), st.placements(out)
     return True
 
 
