@@ -83,11 +83,12 @@ at::Tensor fetch_rows(const at::Tensor& local, const ShardSpec& spec, int64_t di
   auto found = block.index_select(0, asked.select(1, 0) - spec.offset_of(m, me));
   auto [got, where] = route_elements(found, asked.select(1, 1).unsqueeze(1), asked.select(1, 2), mesh, m,
                                      "index_select of sharded rows (replies)");
-  auto out_shape = block.sizes().vec();
-  out_shape[0] = k;
+  // Written through a moved-dim view of a buffer laid out as torch's index_select lays out its result (contiguous).
+  auto out_shape = local.sizes().vec();
+  out_shape[dim] = k;
   auto out = at::empty(out_shape, local.options());
-  out.index_copy_(0, where.select(1, 0), got);
-  return out.movedim(0, dim);
+  out.movedim(dim, 0).index_copy_(0, where.select(1, 0), got);
+  return out;
 }
 
 at::Tensor index_select_read(const at::Tensor& self, int64_t dim, const at::Tensor& index);

@@ -290,6 +290,9 @@ at::Tensor nll_backward(NllKernel kernel, const MeshPtr& mesh, const at::Tensor&
       : shard_impl(resolve_partial(dispatch::as_shard(grad_output, mesh)))->local();
   auto total = shard_impl(resolve_partial(dispatch::as_shard(total_weight, mesh)))->local();
   std::optional<at::Tensor> wopt = w.defined() ? std::optional<at::Tensor>(w) : std::nullopt;
+  // aten's nll_loss2d backward refuses a channels-last-strided input of one sample ("grad_input must be
+  // contiguous"), which a rank's block can be (one sample of a split batch) where the whole input is not.
+  if (kernel == NllKernel::two_d && !l.self.is_contiguous()) l.self = l.self.contiguous();
   auto gi = kernel == NllKernel::two_d ? at::nll_loss2d_backward(grad, l.self, l.target, wopt, reduction, ignore, total)
                                        : at::nll_loss_backward(grad, l.self, l.target, wopt, reduction, ignore, total);
   return make_shard_tensor(gi, l.self_spec);

@@ -45,7 +45,11 @@ at::Tensor softmax_along(const at::Tensor& self_arg, int64_t dim_arg, bool half_
     r.run(*spec->mesh, {spec->mesh_dim_of(dim)});
     auto shifted = xf - r.result(lse)[0];
     const auto& gsum = r.result(lse)[1];
-    out = log ? shifted - gsum.log() : shifted.exp() / gsum;
+    // Into a contiguous buffer, as torch's softmax kernels lay out their output whatever the input's strides: a
+    // strided output would differ between ranks holding rows and a rank holding none, and reach local kernels that
+    // insist on contiguity (nll_loss2d's backward) on some ranks only.
+    auto buf = at::empty(xf.sizes(), xf.options());
+    out = log ? at::sub_out(buf, shifted, gsum.log()) : at::div_out(buf, shifted.exp_(), gsum);
     if (kind == Softmax::safe)  // the global max is -inf exactly where every element of the row is
       out = at::where(r.result(lse)[0] == -std::numeric_limits<double>::infinity(), at::zeros({}, out.options()), out);
   }

@@ -81,8 +81,16 @@ Rows rows_of(const at::Tensor& local, int64_t dim) {
   return r;
 }
 
-at::Tensor unrows(const at::Tensor& flat, const Rows& r, int64_t dim) {
-  return flat.reshape(r.moved_shape).movedim(-1, dim);
+// `flat` back in the shape of `like` and in its strides, as torch's sort lays its outputs (and its gradient) out
+// like its input: a view when they already agree (the dim last), else one copy. A moved-dim view would leave the
+// ranks holding rows of the dim with other strides than a rank holding none, and a later local kernel that insists
+// on contiguity (nll_loss2d's backward) would raise on some ranks only.
+at::Tensor unrows(const at::Tensor& flat, const Rows& r, int64_t dim, const at::Tensor& like) {
+  auto v = flat.reshape(r.moved_shape).movedim(-1, dim);
+  if (v.strides() == like.strides()) return v;
+  auto out = at::empty_like(like, flat.options(), c10::MemoryFormat::Preserve);
+  out.copy_(v);
+  return out;
 }
 
 // The gradient of the sorted values: each element back at its original index (the inverse permutation).
@@ -97,7 +105,7 @@ at::Tensor unsort(const at::Tensor& grad_local, const at::Tensor& indices_local,
                                      "the gradient of sort along a sharded dim (element counts)");
   auto out = at::empty({g.x.numel()}, g.x.options());
   out.index_copy_(0, ints.select(1, 0), vals);
-  return unrows(out, g, dim);
+  return unrows(out, g, dim, grad_local);
 }
 
 struct SortFn : torch::autograd::Function<SortFn> {
@@ -171,7 +179,8 @@ std::tuple<at::Tensor, at::Tensor> sort_sharded(const at::Tensor& self_in, int64
   auto out_i = at::empty({B * e}, keys.options());
   out_v.index_copy_(0, got_i.select(1, 0), got_v);
   out_i.index_copy_(0, got_i.select(1, 0), got_i.select(1, 1));
-  return {make_shard_tensor(unrows(out_v, r, dim), spec), make_shard_tensor(unrows(out_i, r, dim), spec)};
+  const auto& local = shard_impl(self)->local();
+  return {make_shard_tensor(unrows(out_v, r, dim, local), spec), make_shard_tensor(unrows(out_i, r, dim, local), spec)};
 }
 
 namespace {

@@ -1,5 +1,5 @@
 """Randomized networks of unmodified PyTorch layers on a sharded input against one process: what the hand-written
-tests do not combine. Two families:
+tests do not combine. Five families:
 
 - ``window``: [B, C, *spatial] (1-D, 2-D, 3-D) through convolutions (strides, dilations, groups, padding modes,
   'same'/'valid'), transposed convolutions, max/avg/LP/adaptive pooling (ceil mode, count_include_pad, divisor),
@@ -13,16 +13,28 @@ tests do not combine. Two families:
 - ``views``: [B, C, H, W] (one dim split, or two on a 2x2 mesh) through chains of views (transpose, permute, narrow,
   select, stepped slices, expand, flatten/unflatten, movedim, unfold, chunk, reshape) and in-place writes through
   them (a write through a view reaching its base, a base written after a view was taken, masked/index fills,
-  item assignment, copy_ between halves), with pointwise ops, scans, rolls and concatenations between.
+  item assignment, copy_ between halves), with pointwise ops, scans, rolls and concatenations between;
+- ``stats``: [B, C, *spatial] (any dim split, or two on a 2x2 mesh) through reductions, normalizations, scans,
+  sorts and selections along random dims (softmax, standardization, norms, logsumexp, cummax, logcumsumexp, sort,
+  argsort + gather, topk, kthvalue, median, quantile, var_mean, cosine similarity, prod, diff, trapezoid, vector
+  norms, nanmean, renorm, einsum), ending in a tensor or a loss (mse, l1, smooth-l1, huber, cross-entropy with class
+  weights and label smoothing, nll, kl-div, bce-with-logits, poisson, soft-margin, gaussian nll);
+- ``points``: [B, N, C] point clouds and graphs with N split (and B on a 2x2 mesh): k-nearest neighbours (cdist +
+  topk, neighbour gathers, max over the neighbourhood), message passing over a fixed edge list (routed reads,
+  index_add_ / scatter_reduce into the targets, degrees), PointNet's global max feature, subsampling and
+  inverse-distance interpolation back, sorting by a coordinate, distance-biased attention, cluster means.
 
 Each case: float64, uneven extents (zero extents included), strict mode (a gather fallback anywhere raises), one
 forward and backward; compared: the output, the input gradient and every parameter gradient (relative max error
 1e-9). A layer whose single-device call raises for the shape reached is skipped while building, so every case is
-valid on one device. Outcomes: ok, wrong, notimpl (a rule declined: a clear refusal), error, hang.
+valid on one device. Outcomes: ok, wrong, notimpl (a rule declined: a clear refusal), error, hang, and illcond (a
+chain whose result moves by more than 1e-11 when the input's last bits do, on one device already: skipped).
 
   PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family window --seeds 0:300
   PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family tokens --seeds 0:300
   PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family views --seeds 0:300
+  PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family stats --seeds 0:300
+  PYTHONPATH=python .venv/bin/python tests/python/fuzz_nets.py --family points --seeds 0:300
 
 Seeds cycle through 2 ranks, 3 ranks and a 2x2 mesh. tests/python/test_fuzz_nets.py runs a few seeds of each in
 `make test`; docs/testing.md records the last long runs.
@@ -525,8 +537,371 @@ def build_view_chain(seed):
     return Chain(), shape, desc
 
 
-def _compare(net, ref, y, yr, xs, xr):
-    """Relative max errors above 1e-9: [(quantity, error)]."""
+def build_stats_chain(seed):
+    """A chain of reductions, normalizations, scans, sorts and selections along random dims of a [B, C, *spatial]
+    tensor (any of them split), ending in a tensor or a loss: the statistics rules (Partial results, keepdim
+    broadcasts, scans and sorts across ranks, losses with a split class dim). Every tie-making step adds a small
+    multiple of its input, so sorts and arg-reductions downstream have one answer. Returns (module, shape, desc)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    nd = rng.choice([1, 2, 2])
+    shape = [rng.choice([1, 2, 3]), rng.choice([2, 3, 5])] + [rng.randint(5, 14) for _ in range(nd)]
+    steps, mods = [], nn.ModuleList()
+    probe = torch.zeros(shape, dtype=torch.float64)
+
+    def add(desc, fn, mod=None):
+        nonlocal probe
+        try:
+            x = torch.randn(probe.shape, dtype=torch.float64, requires_grad=True)
+            out = fn(x)
+            out.sum().backward()   # every step must have a derivative on one device
+            out = out.detach()
+        except Exception:
+            return False
+        if out.dim() != len(shape) or any(s < 1 for s in out.shape) or out.numel() > 50000:
+            return False
+        if mod is not None:
+            mods.append(mod)
+        steps.append((desc, fn))
+        probe = out
+        return True
+
+    n_steps = rng.randint(2, 7)
+    tries = 0
+    while len(steps) < n_steps and tries < 100:
+        tries += 1
+        nd_ = probe.dim()
+        d = rng.randrange(nd_)
+        d2 = rng.choice([e for e in range(nd_) if e != d])
+        k = rng.choice([1, 2, 3])
+        kind = rng.choice(["softmax", "log_softmax", "standardize", "norm", "logsumexp", "cummax", "cummin",
+                           "logcumsumexp", "cumprod", "sort", "argsort_gather", "topk", "kthvalue", "max_keep",
+                           "aminmax", "median", "quantile", "var_mean", "normalize", "layer_norm", "cosine",
+                           "prod", "diff", "sum_two", "mean_all", "count", "argmax_gather", "masked_mean",
+                           "trapezoid", "cumtrapz", "vector_norm", "nanmean", "softmin", "std_two", "msort",
+                           "min_max_scale", "renorm", "einsum"])
+        if kind == "softmax":
+            add(f"softmax({d}) * t", lambda t, d=d: torch.softmax(t, d) * t)
+        elif kind == "log_softmax":
+            add(f"log_softmax({d})", lambda t, d=d: F.log_softmax(t, d))
+        elif kind == "standardize":
+            c = rng.choice([0, 1])
+            add(f"(t - mean({d})) / std({d}, correction={c})",
+                lambda t, d=d, c=c: (t - t.mean(d, keepdim=True)) / (t.std(d, keepdim=True, correction=c) + 0.5))
+        elif kind == "norm":
+            p = rng.choice([1, 2, 3])
+            add(f"t / norm(p={p}, dim={d})", lambda t, d=d, p=p: t / (t.norm(p, d, keepdim=True) + 0.5))
+        elif kind == "logsumexp":
+            add(f"t - logsumexp({d})", lambda t, d=d: t - torch.logsumexp(t, d, keepdim=True))
+        elif kind == "cummax":
+            add(f"cummax({d}) + 0.1 t", lambda t, d=d: torch.cummax(t, d).values + 0.1 * t)
+        elif kind == "cummin":
+            add(f"cummin({d}) + 0.1 t", lambda t, d=d: torch.cummin(t, d).values + 0.1 * t)
+        elif kind == "logcumsumexp":
+            add(f"logcumsumexp({d}) * 0.5", lambda t, d=d: torch.logcumsumexp(t, d) * 0.5)
+        elif kind == "cumprod":
+            add(f"cumprod(1 + 0.1 tanh t, {d})", lambda t, d=d: torch.cumprod(1 + 0.1 * torch.tanh(t), d))
+        elif kind == "sort":
+            desc_ = rng.random() < 0.5
+            add(f"sort({d}, descending={desc_})", lambda t, d=d, s=desc_: torch.sort(t, d, descending=s).values)
+        elif kind == "argsort_gather":
+            add(f"t.gather({d2}, t.sin().argsort({d2}))", lambda t, d=d2: t.gather(d, t.sin().argsort(d)))
+        elif kind == "topk":
+            add(f"topk({k}, {d})", lambda t, d=d, k=k: torch.topk(t, min(k, t.shape[d]), d).values)
+        elif kind == "kthvalue":
+            add(f"t * (t >= kthvalue({k}, {d}))", lambda t, d=d, k=k: t * (t >= torch.kthvalue(
+                t, min(k, t.shape[d]), d, keepdim=True).values) + 0.1 * t)
+        elif kind == "max_keep":
+            add(f"t - max({d}).values", lambda t, d=d: t - t.max(d, keepdim=True).values)
+        elif kind == "aminmax":
+            def f(t, d=d):
+                lo, hi = torch.amin(t, d, keepdim=True), torch.amax(t, d, keepdim=True)
+                return (t - lo) / (hi - lo + 1.0)
+            add(f"amin/amax scale ({d})", f)
+        elif kind == "median":
+            add(f"t - median({d})", lambda t, d=d: t - t.median(d, keepdim=True).values)
+        elif kind == "quantile":
+            q = rng.choice([0.25, 0.5, 0.9])
+            add(f"t - quantile({q}, {d})", lambda t, d=d, q=q: t - torch.quantile(t, q, d, keepdim=True))
+        elif kind == "var_mean":
+            def f(t, d=d):
+                v, m = torch.var_mean(t, d, keepdim=True)
+                return (t - m) * torch.rsqrt(v + 1.0)
+            add(f"var_mean({d})", f)
+        elif kind == "normalize":
+            add(f"F.normalize(dim={d})", lambda t, d=d: F.normalize(t, dim=d))
+        elif kind == "layer_norm":
+            n = rng.choice([1, 2])
+            mod = nn.LayerNorm(list(probe.shape[-n:]), elementwise_affine=rng.random() < 0.7).double()
+            add(f"layer_norm(last {n})", mod, mod)
+        elif kind == "cosine":
+            add(f"t * cosine_similarity(t, roll(t, 1, {d2}), dim={d})", lambda t, d=d, d2=d2: t * F.cosine_similarity(
+                t, t.roll(1, d2), dim=d).unsqueeze(d))
+        elif kind == "prod":
+            add(f"t * prod(1 + 0.05 t, {d})", lambda t, d=d: t * torch.prod(1 + 0.05 * torch.tanh(t), d, keepdim=True))
+        elif kind == "diff":
+            add(f"diff({d})", lambda t, d=d: torch.diff(t, dim=d))
+        elif kind == "sum_two":
+            add(f"t - sum(({d}, {d2})) / n", lambda t, d=d, d2=d2: t - t.sum((d, d2), keepdim=True) / (
+                t.shape[d] * t.shape[d2]))
+        elif kind == "mean_all":
+            add("t - mean() + t.var()", lambda t: t - t.mean() + t.var())
+        elif kind == "count":
+            add(f"t * count_nonzero(t > 0, {d})", lambda t, d=d: t * (t > 0).sum(d, keepdim=True).to(t.dtype) / 4)
+        elif kind == "argmax_gather":
+            add(f"t - t.gather({d}, argmax({d}))", lambda t, d=d: t - t.gather(d, t.argmax(d, keepdim=True)))
+        elif kind == "masked_mean":
+            def f(t, d=d):
+                m = (t.cos() > 0.3).to(t.dtype)
+                return t - (t * m).sum(d, keepdim=True) / (m.sum(d, keepdim=True) + 1)
+            add(f"masked mean ({d})", f)
+        elif kind == "trapezoid":
+            add(f"t * trapezoid({d})", lambda t, d=d: t * torch.trapezoid(t, dim=d).unsqueeze(d) / t.shape[d])
+        elif kind == "cumtrapz":
+            add(f"cumulative_trapezoid({d})", lambda t, d=d: torch.cumulative_trapezoid(t, dim=d) / 4)
+        elif kind == "vector_norm":
+            o = rng.choice([2, float("inf"), 1])
+            add(f"t / vector_norm(ord={o}, ({d}, {d2}))", lambda t, d=d, d2=d2, o=o: t / (
+                torch.linalg.vector_norm(t, o, (d, d2), keepdim=True) + 0.5))
+        elif kind == "nanmean":
+            add(f"t - nanmean(where(t > 1, nan, t), {d})", lambda t, d=d: t - torch.where(
+                t > 1, float("nan"), t).nanmean(d, keepdim=True).nan_to_num(0.0))
+        elif kind == "softmin":
+            add(f"softmin({d}) + t", lambda t, d=d: F.softmin(t, d) + t)
+        elif kind == "std_two":
+            add(f"t / std(({d}, {d2}))", lambda t, d=d, d2=d2: t / (t.std((d, d2), keepdim=True) + 0.5))
+        elif kind == "msort":
+            add("msort (dim 0)", lambda t: torch.msort(t))
+        elif kind == "min_max_scale":
+            add("(t - t.min()) / (t.max() - t.min())", lambda t: (t - t.min()) / (t.max() - t.min() + 1))
+        elif kind == "renorm":
+            add(f"renorm(2, {d}, 1.0)", lambda t, d=d: torch.renorm(t, 2, d, 1.0))
+        elif kind == "einsum" and probe.dim() == 4:
+            add("einsum bchw,bcHw->bchH (mix H)", lambda t: torch.einsum("bchw,bcHw->bchH", t, t) / t.shape[-1])
+    final = rng.choice(["none", "none", "mse", "l1", "smooth_l1", "huber", "cross_entropy", "nll", "kl_div",
+                        "bce_logits", "poisson", "soft_margin", "cross_entropy_soft", "gaussian_nll"])
+    torch.manual_seed(seed + 11)
+    tgt = torch.randn(probe.shape, dtype=torch.float64)
+    red = rng.choice(["mean", "sum"])
+    if final == "mse":
+        steps.append((f"mse_loss({red})", lambda t, r=red: F.mse_loss(t, tgt, reduction=r)))
+    elif final == "l1":
+        steps.append((f"l1_loss({red})", lambda t, r=red: F.l1_loss(t, tgt, reduction=r)))
+    elif final == "smooth_l1":
+        steps.append((f"smooth_l1({red})", lambda t, r=red: F.smooth_l1_loss(t, tgt, reduction=r, beta=0.5)))
+    elif final == "huber":
+        steps.append((f"huber({red})", lambda t, r=red: F.huber_loss(t, tgt, reduction=r, delta=0.7)))
+    elif final in ("cross_entropy", "nll"):
+        cls = tgt.argmax(1)
+        ls = rng.choice([0.0, 0.1]) if final == "cross_entropy" else 0.0
+        wts = torch.linspace(0.5, 1.5, probe.shape[1], dtype=torch.float64) if rng.random() < 0.4 else None
+        if final == "cross_entropy":
+            steps.append((f"cross_entropy({red}, smoothing={ls}, weights={wts is not None})",
+                          lambda t, r=red, ls=ls, w=wts: F.cross_entropy(t, cls, w, reduction=r, label_smoothing=ls)))
+        else:
+            steps.append((f"nll(log_softmax)({red}, weights={wts is not None})",
+                          lambda t, r=red, w=wts: F.nll_loss(F.log_softmax(t, 1), cls, w, reduction=r)))
+    elif final == "cross_entropy_soft":
+        p = torch.softmax(tgt, 1)
+        steps.append(("cross_entropy(probabilities)", lambda t: F.cross_entropy(t, p)))
+    elif final == "kl_div":
+        p = torch.softmax(tgt, 1)
+        steps.append(("kl_div(log_softmax, softmax, batchmean)",
+                      lambda t: F.kl_div(F.log_softmax(t, 1), p, reduction="batchmean")))
+    elif final == "bce_logits":
+        p = torch.sigmoid(tgt)
+        steps.append((f"bce_with_logits({red})", lambda t, r=red: F.binary_cross_entropy_with_logits(t, p, reduction=r)))
+    elif final == "poisson":
+        steps.append(("poisson_nll", lambda t: F.poisson_nll_loss(t, tgt.abs())))
+    elif final == "soft_margin":
+        s = tgt.sign()
+        steps.append(("soft_margin", lambda t: F.soft_margin_loss(t, s)))
+    elif final == "gaussian_nll":
+        steps.append(("gaussian_nll", lambda t: F.gaussian_nll_loss(t, tgt, torch.ones_like(t) * 0.5 + t.abs())))
+    desc = [dd for dd, _ in steps]
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mods = mods
+
+        def forward(self, x):
+            for _, fn in steps:
+                x = fn(x)
+            return x
+
+    return Chain(), shape, desc
+
+
+def build_point_net(seed):
+    """Point-cloud and graph layers on [B, N, C] (the first three channels are coordinates), N split: k-nearest
+    neighbours (cdist + topk, neighbour gathers, max over the neighbourhood), message passing over a fixed random edge
+    list (routed reads of the sources, index_add_ / scatter_reduce into the targets, degree normalization), shared
+    MLPs with a max-pooled global feature broadcast back, subsampling by a fixed index and inverse-distance
+    interpolation back to every point, sorting the points by a coordinate, distance-biased attention. Returns
+    (module, shape, desc)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    B = rng.choice([1, 2])
+    N = rng.randint(8, 36)
+    C = rng.choice([3, 4, 6])
+    shape = [B, N, C]
+    layers, mods = [], nn.ModuleList()
+    probe = torch.zeros(shape, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed + 17)
+
+    def cdist(a, b):
+        # Direct differences, not the matmul expansion torch picks above 25 rows: that one leaves each point's
+        # distance to itself at sqrt(rounding noise), whose gradient is noise, different for every block size.
+        return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+    def add(desc, fn, mod=None):
+        nonlocal probe
+        try:
+            x = torch.randn(probe.shape, dtype=torch.float64, requires_grad=True)
+            out = fn(x)
+            out.sum().backward()
+            out = out.detach()
+        except Exception:
+            return False
+        if out.dim() != 3 or out.shape[1] < 2 or out.shape[2] < 3 or out.numel() > 60000:
+            return False
+        if mod is not None:
+            mods.append(mod)
+        layers.append((desc, fn))
+        probe = out
+        return True
+
+    n_layers = rng.randint(2, 6)
+    tries = 0
+    while len(layers) < n_layers and tries < 80:
+        tries += 1
+        b, n, c = probe.shape
+        kind = rng.choice(["knn_max", "edges_index_add", "edges_scatter_reduce", "pointnet", "subsample_interp",
+                           "sort_by_coord", "dist_attention", "linear", "index_select", "radius_mean",
+                           "scatter_mean_clusters", "edge_conv"])
+        if kind == "knn_max":
+            k = rng.choice([2, 3, 4])
+            mod = nn.Linear(2 * c, c).double()
+            def f(x, k=k, mod=mod):
+                d = cdist(x[..., :3], x[..., :3])
+                idx = d.topk(min(k, x.shape[1]), dim=-1, largest=False).indices          # [B, N, k]
+                bidx = torch.arange(x.shape[0]).view(-1, 1, 1)
+                nb = x[bidx, idx]                                                      # [B, N, k, C]
+                ctr = x.unsqueeze(2).expand_as(nb)
+                return mod(torch.cat([ctr, nb - ctr], -1)).amax(2)
+            add(f"knn({k}) edge features, max", f, mod)
+        elif kind == "edge_conv":
+            k = rng.choice([2, 3])
+            mod = nn.Sequential(nn.Linear(c, c), nn.ReLU()).double()
+            def f(x, k=k, mod=mod):
+                d = cdist(x, x)
+                w, idx = d.topk(min(k, x.shape[1]), dim=-1, largest=False)
+                nb = torch.gather(x.unsqueeze(1).expand(-1, x.shape[1], -1, -1), 2,
+                                  idx.unsqueeze(-1).expand(-1, -1, -1, x.shape[2]))
+                return x + (mod(nb) * torch.softmax(-w, -1).unsqueeze(-1)).sum(2)
+            add(f"knn({k}) gather, softmax(-dist)-weighted MLP", f, mod)
+        elif kind in ("edges_index_add", "edges_scatter_reduce"):
+            E = rng.randint(n, 3 * n)
+            src = torch.randint(0, n, (E,), generator=g)
+            dst = torch.randint(0, n, (E,), generator=g)
+            mod = nn.Linear(c, c).double()
+            if kind == "edges_index_add":
+                def f(x, src=src, dst=dst, mod=mod):
+                    msg = mod(x[:, src])                                               # [B, E, C]
+                    agg = torch.zeros_like(x).index_add_(1, dst, msg)
+                    deg = torch.zeros(x.shape[1], dtype=x.dtype).index_add_(0, dst, torch.ones(dst.shape, dtype=x.dtype))
+                    return x + agg / deg.clamp(min=1).view(1, -1, 1)
+                add(f"message passing, {E} edges, index_add_ + degree", f, mod)
+            else:
+                red = rng.choice(["sum", "mean", "amax", "amin"])
+                def f(x, src=src, dst=dst, mod=mod, red=red):
+                    msg = torch.tanh(mod(x.index_select(1, src)))
+                    out = x.new_zeros(x.shape).scatter_reduce(1, dst.view(1, -1, 1).expand(x.shape[0], -1, x.shape[2]),
+                                                              msg, red, include_self=False)
+                    return x + out
+                add(f"message passing, {E} edges, scatter_reduce {red}", f, mod)
+        elif kind == "pointnet":
+            mod = nn.Sequential(nn.Linear(c, 2 * c), nn.ReLU(), nn.Linear(2 * c, c)).double()
+            head = nn.Linear(2 * c, c).double()
+            def f(x, mod=mod, head=head):
+                h = mod(x)
+                glob = h.max(1, keepdim=True).values.expand_as(h)
+                return head(torch.cat([h, glob], -1))
+            add("pointnet: shared MLP, global max broadcast", f, nn.ModuleList([mod, head]))
+        elif kind == "subsample_interp" and n >= 6:
+            m = rng.randint(3, n // 2)
+            sub = torch.randperm(n, generator=g)[:m]
+            mod = nn.Linear(c, c).double()
+            def f(x, sub=sub, mod=mod):
+                s = mod(x[:, sub])                                                     # [B, M, C]
+                d = cdist(x[..., :3], s[..., :3].detach())                       # [B, N, M]
+                dk, ik = d.topk(min(3, sub.numel()), -1, largest=False)
+                w = 1.0 / (dk + 0.1)
+                w = w / w.sum(-1, keepdim=True)
+                bidx = torch.arange(x.shape[0]).view(-1, 1, 1)
+                return x + (s[bidx, ik] * w.unsqueeze(-1)).sum(2)
+            add(f"subsample {m}, 3-nn inverse-distance interpolation back", f, mod)
+        elif kind == "sort_by_coord":
+            j = rng.randrange(3)
+            def f(x, j=j):
+                order = x[..., j].argsort(1)
+                return torch.gather(x, 1, order.unsqueeze(-1).expand_as(x)).cumsum(1) / x.shape[1]
+            add(f"sort points by coordinate {j}, cumsum", f)
+        elif kind == "dist_attention":
+            mod = nn.Linear(c, 3 * c).double()
+            def f(x, mod=mod):
+                q, k, v = mod(x).chunk(3, -1)
+                bias = -cdist(x[..., :3], x[..., :3])
+                return x + F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            add("attention with a -distance bias", f, mod)
+        elif kind == "linear":
+            mod = nn.Linear(c, rng.choice([c, c + 2, 3])).double()
+            add(f"linear {c}->{mod.out_features}", mod, mod)
+        elif kind == "index_select":
+            m = rng.randint(2, 2 * n)
+            idx = torch.randint(0, n, (m,), generator=g)
+            add(f"index_select 1 ({m} points)", lambda x, idx=idx: x.index_select(1, idx) * 1.5)
+        elif kind == "radius_mean":
+            r = rng.choice([0.8, 1.5, 2.5])
+            def f(x, r=r):
+                d = cdist(x[..., :3], x[..., :3])
+                m = (d < r).to(x.dtype)
+                return torch.bmm(m, x) / m.sum(-1, keepdim=True)
+            add(f"radius {r} neighbourhood mean (bmm)", f)
+        elif kind == "scatter_mean_clusters":
+            K = rng.randint(2, 5)
+            cl = torch.randint(0, K, (n,), generator=g)
+            def f(x, cl=cl, K=K):
+                s = x.new_zeros(x.shape[0], K, x.shape[2]).index_add(1, cl, x)
+                cnt = torch.bincount(cl, minlength=K).clamp(min=1).to(x.dtype).view(1, -1, 1)
+                # Half the mean: a cluster of one point would otherwise collapse to the origin, and points that
+                # coincide exactly tie in every later k-nearest search (torch's tie-break is no contract).
+                return x - 0.5 * (s / cnt)[:, cl]
+            add(f"subtract half the mean of {K} fixed clusters", f)
+    desc = [dd for dd, _ in layers]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mods = mods
+
+        def forward(self, x):
+            for _, fn in layers:
+                x = fn(x)
+            return x
+
+    return Net(), shape, desc
+
+
+def _compare(net, ref, y, yr, xs, xr, tol=1e-9):
+    """Relative max errors above `tol`: [(quantity, error)]."""
     import shardtensor as st
     full = lambda t: t.full_tensor() if st.is_shard_tensor(t) else t  # noqa: E731
     scale = lambda t: max(t.abs().max().item(), 1e-12)  # noqa: E731
@@ -538,7 +913,7 @@ def _compare(net, ref, y, yr, xs, xr):
             (n, full(p.grad), pr.grad) for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters())
             if pr.grad is not None]:
         e = (a - b).abs().max().item() / scale(b)
-        if e > 1e-9:
+        if not e <= tol:   # nan too
             problems.append((what, e))
     return problems
 
@@ -569,6 +944,12 @@ def case(family, seed, mesh_shape):
     elif family == "tokens":
         net, shape, desc = build_token_net(seed)
         dims = [1] if len(mesh_shape) == 1 else [0, 1]
+    elif family == "points":
+        net, shape, desc = build_point_net(seed)
+        dims = [1] if len(mesh_shape) == 1 else [0, 1]
+    elif family == "stats":
+        net, shape, desc = build_stats_chain(seed)
+        dims = [rng.randrange(len(shape))] if len(mesh_shape) == 1 else rng.sample(range(len(shape)), 2)
     else:
         net, shape, desc = build_view_chain(seed)
         dims = [rng.randint(1, 3)] if len(mesh_shape) == 1 else rng.sample([0, 1, 2, 3], 2)
@@ -582,6 +963,14 @@ def case(family, seed, mesh_shape):
     yr = ref(xr)
     w = torch.randn(yr.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     (yr * w).sum().backward()
+    # An ill-conditioned chain (a difference of nearly equal quantities) changes by more than the tolerance under a
+    # perturbation of the input's last bits on one device already: no layout could match it; such seeds are skipped.
+    ref2 = copy.deepcopy(net)
+    xr2 = (x * (1 + 1e-15 * torch.randn(shape, dtype=torch.float64))).requires_grad_()
+    yr2 = ref2(xr2)
+    (yr2 * w).sum().backward()
+    if _compare(ref2, ref, yr2, yr, xr2, xr, tol=1e-11):
+        return ("illcond", desc, None, None)
     stage = "forward"
     try:
         xs = st.distribute_tensor(x, m, [st.Shard(d) for d in dims], sharding_shapes=ext).requires_grad_()
@@ -620,7 +1009,7 @@ def main():
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["window", "tokens", "views"], required=True)
+    ap.add_argument("--family", choices=["window", "tokens", "views", "stats", "points"], required=True)
     ap.add_argument("--seeds", default="0:100", help="start:stop")
     ap.add_argument("--mesh", default=None, help="one mesh for every seed: 4 (a 1-D mesh of 4 ranks), 2x2, ...")
     args = ap.parse_args()
@@ -633,11 +1022,11 @@ def main():
     for seed in range(start, stop):
         r = run_seed(args.family, seed, config=config)
         counts[r[0]] = counts.get(r[0], 0) + 1
-        if r[0] != "ok":
+        if r[0] not in ("ok", "illcond"):
             world, mesh_shape = config or CONFIGS[seed % len(CONFIGS)]
             print(f"seed {seed} ({world} ranks, mesh {mesh_shape}): {r[0]}", r[1], r[2], r[3], flush=True)
     print(args.family, f"seeds {start}:{stop}", counts)
-    return 0 if set(counts) <= {"ok", "notimpl"} else 1
+    return 0 if set(counts) <= {"ok", "notimpl", "illcond"} else 1
 
 
 if __name__ == "__main__":

@@ -346,6 +346,31 @@ def test_sort_sharded_dim_2d():
     harness.run(4, case_sort_sharded_dim_2d, 4)
 
 
+def case_sort_then_loss_strides(seed):
+    """The sorted values keep torch's layout (its input's strides) on every rank, also a rank without rows of the
+    sorted dim: a sort of the classes (split [3, 0]) with H split on the other mesh dim, then cross_entropy. The
+    sorted block was a moved-dim view on the ranks holding classes and contiguous on the others, so nll_loss2d's
+    backward raised on two ranks while the other two waited in log_softmax's backward (found by fuzz_nets.py
+    --family stats, seed 350)."""
+    import torch.nn.functional as F
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(1, 3, 10, 10, seed=seed)
+    target = randn(1, 3, 10, 10, seed=seed + 1).argmax(1)
+    lay = ([st.Shard(1), st.Shard(2)], {0: [3, 0], 1: [5, 5]})
+    xs = st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1])
+    v = torch.sort(xs, 1, descending=True).values
+    assert v.to_local().stride() == v.to_local().contiguous().stride(), v.to_local().stride()
+    assert F.log_softmax(v, 1).to_local().is_contiguous()
+    with st.use_strict():
+        check_op(lambda t: F.cross_entropy(torch.sort(t, 1, descending=True).values, target, label_smoothing=0.1,
+                                           reduction="sum"), [x], [lay], m, what="sort of split classes, then loss")
+    return True
+
+
+def test_sort_then_loss_strides():
+    harness.run(4, case_sort_then_loss_strides, 4)
+
+
 def case_topk_sharded_dim(seed):
     """topk along the sharded dim: each rank's own top k merged in one collective (k candidates per rank), the
     result whole along the dim; the gradient scatters into each rank's own rows."""
