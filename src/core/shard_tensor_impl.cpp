@@ -20,6 +20,11 @@ ShardTensorImpl::ShardTensorImpl(at::Tensor local, SpecPtr spec)
   TORCH_INTERNAL_ASSERT(!is_shard_tensor(local_), "ShardTensor: nested ShardTensors are not allowed");
   TORCH_INTERNAL_ASSERT(local_.sizes() == c10::IntArrayRef(spec_->local_shape), "ShardTensor: local shape ",
                         local_.sizes(), " does not match the spec: ", spec_->str());
+  // Autocast: the base constructor gave the shard backend's autocast key (AutocastPrivateUse1), which
+  // torch.autocast("cuda"/"cpu") never enables. The local tensor's autocast key instead makes torch's own autocast
+  // kernels of that device (its policy: which ops run in the lower precision, which in float32) run on ShardTensors
+  // above autograd, exactly as on one device; their casts are `.to()` calls on the ShardTensor, recorded by autograd.
+  key_set_ = (key_set_ - c10::autocast_dispatch_keyset) | (local_.key_set() & c10::autocast_dispatch_keyset);
   set_storage_access_should_throw();
   refresh_metadata();
 }

@@ -157,6 +157,9 @@ struct SlotKernel final : c10::OperatorKernel {
     // where the global strides, equal on every rank, cannot tell the layouts apart).
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the rule has recorded edges
     if (slot->level == RuleLevel::above_autograd && at::GradMode::is_enabled()) accumulators = leaf_hooks(op, stack);
+    // Autocast decided at the op's own level (the device's autocast kernel ran on the ShardTensors, see
+    // ShardTensorImpl); the rule's local ops run as they are given, as a device kernel's internals do.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     try {
       run(op, stack);
     } catch (const c10::DistBackendError& e) {

@@ -164,6 +164,7 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
   const auto& local = impl->local();
   const auto& mesh = spec.mesh;
   at::Tensor out;
+  bool norm_in_float = false;
   auto local_shape = local_reduced_shape(local, dims, keepdim);
   switch (kind) {
     case Kind::Sum:
@@ -177,8 +178,13 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
                   " dtype must be either a floating point or complex dtype. Got: ", c10::toString(result_type));
       int64_t count = 1;
       for (auto d : dims) count *= self.size(d);
-      auto s = at::sum(local, dims, keepdim, dtype);
-      out = s.div(count);
+      // Half and bfloat16 accumulate in float and are divided before the cast back, as torch's mean does: a rank's
+      // partial sum in the reduced type overflows (65504 for half) where the mean does not.
+      if (result_type == at::kHalf || result_type == at::kBFloat16) {
+        out = at::sum(local, dims, keepdim, at::kFloat).div_(count).to(result_type);
+      } else {
+        out = at::sum(local, dims, keepdim, dtype).div(count);
+      }
       break;
     }
     case Kind::Amax:
@@ -203,7 +209,11 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
       break;
     }
     case Kind::Norm: {
-      auto x = dtype ? local.to(*dtype) : local;
+      // Half and bfloat16 accumulate in float (cast back at the end, below), as torch's norm does: the sum of
+      // squares overflows the reduced type long before the norm does.
+      const auto norm_type = dtype.value_or(local.scalar_type());
+      norm_in_float = norm_type == at::kHalf || norm_type == at::kBFloat16;
+      auto x = norm_in_float ? local.to(at::kFloat) : dtype ? local.to(*dtype) : local;
       const auto p = ord.toDouble();
       if (std::isinf(p)) {
         auto a = x.abs();
@@ -257,6 +267,10 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
   if (kind == Kind::Norm && !std::isinf(ord.toDouble()) && ord.toDouble() != 0) {
     auto* r = shard_impl(result);
     result = make_shard_tensor(r->local().pow(1.0 / ord.toDouble()), r->spec());
+  }
+  if (norm_in_float) {
+    auto* r = shard_impl(result);
+    result = make_shard_tensor(r->local().to(dtype.value_or(self.scalar_type())), r->spec());
   }
   if (bool_out && need_resolve) {
     auto* r = shard_impl(result);

@@ -37,7 +37,10 @@ at::Tensor softmax_along(const at::Tensor& self_arg, int64_t dim_arg, bool half_
     // The local kernel refuses integral inputs; the sharded formula below (exp promotes) would not, so refuse as it.
     TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(x.scalar_type()), "\"", log ? "log_softmax" : "softmax",
                                 "_lastdim_kernel_impl\" not implemented for '", c10::toString(x.scalar_type()), "'");
-    auto xf = half_to_float ? x.to(at::kFloat) : x;
+    // Half and bfloat16 are computed in float and rounded once at the end, as torch's kernels do.
+    const auto out_type = half_to_float ? at::kFloat : x.scalar_type();
+    const bool reduced = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+    auto xf = half_to_float || reduced ? x.to(at::kFloat) : x;
     // Each rank's (max, sum of exp relative to it) over its rows, combined in one collective (comm/stat_reduce.h);
     // a rank without rows, or whose rows are all -inf, adds nothing.
     comm::StatReduce r;
@@ -48,7 +51,7 @@ at::Tensor softmax_along(const at::Tensor& self_arg, int64_t dim_arg, bool half_
     // Into a contiguous buffer, as torch's softmax kernels lay out their output whatever the input's strides: a
     // strided output would differ between ranks holding rows and a rank holding none, and reach local kernels that
     // insist on contiguity (nll_loss2d's backward) on some ranks only.
-    auto buf = at::empty(xf.sizes(), xf.options());
+    auto buf = at::empty(xf.sizes(), xf.options().dtype(out_type));
     out = log ? at::sub_out(buf, shifted, gsum.log()) : at::div_out(buf, shifted.exp_(), gsum);
     if (kind == Softmax::safe)  // the global max is -inf exactly where every element of the row is
       out = at::where(r.result(lse)[0] == -std::numeric_limits<double>::infinity(), at::zeros({}, out.options()), out);

@@ -541,7 +541,10 @@ def build_stats_chain(seed):
     """A chain of reductions, normalizations, scans, sorts and selections along random dims of a [B, C, *spatial]
     tensor (any of them split), ending in a tensor or a loss: the statistics rules (Partial results, keepdim
     broadcasts, scans and sorts across ranks, losses with a split class dim). Every tie-making step adds a small
-    multiple of its input, so sorts and arg-reductions downstream have one answer. Returns (module, shape, desc)."""
+    multiple of its input, so sorts and arg-reductions downstream have one answer, and every step subtracting a
+    selected element subtracts 0.9 of it: an exact zero there, normalized later (F.normalize's clamp at a zero vector,
+    a gradient of 1e12 cancelling itself), leaves rounding noise the size of the tolerance that no perturbation of the
+    input reveals. Returns (module, shape, desc)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -615,7 +618,7 @@ def build_stats_chain(seed):
             add(f"t * (t >= kthvalue({k}, {d}))", lambda t, d=d, k=k: t * (t >= torch.kthvalue(
                 t, min(k, t.shape[d]), d, keepdim=True).values) + 0.1 * t)
         elif kind == "max_keep":
-            add(f"t - max({d}).values", lambda t, d=d: t - t.max(d, keepdim=True).values)
+            add(f"t - 0.9 max({d}).values", lambda t, d=d: t - 0.9 * t.max(d, keepdim=True).values)
         elif kind == "aminmax":
             def f(t, d=d):
                 lo, hi = torch.amin(t, d, keepdim=True), torch.amax(t, d, keepdim=True)
@@ -652,7 +655,7 @@ def build_stats_chain(seed):
         elif kind == "count":
             add(f"t * count_nonzero(t > 0, {d})", lambda t, d=d: t * (t > 0).sum(d, keepdim=True).to(t.dtype) / 4)
         elif kind == "argmax_gather":
-            add(f"t - t.gather({d}, argmax({d}))", lambda t, d=d: t - t.gather(d, t.argmax(d, keepdim=True)))
+            add(f"t - 0.9 t.gather({d}, argmax({d}))", lambda t, d=d: t - 0.9 * t.gather(d, t.argmax(d, keepdim=True)))
         elif kind == "masked_mean":
             def f(t, d=d):
                 m = (t.cos() > 0.3).to(t.dtype)
@@ -676,7 +679,7 @@ def build_stats_chain(seed):
         elif kind == "msort":
             add("msort (dim 0)", lambda t: torch.msort(t))
         elif kind == "min_max_scale":
-            add("(t - t.min()) / (t.max() - t.min())", lambda t: (t - t.min()) / (t.max() - t.min() + 1))
+            add("(t - 0.9 t.min()) / (t.max() - t.min())", lambda t: (t - 0.9 * t.min()) / (t.max() - t.min() + 1))
         elif kind == "renorm":
             add(f"renorm(2, {d}, 1.0)", lambda t, d=d: torch.renorm(t, 2, d, 1.0))
         elif kind == "einsum" and probe.dim() == 4:
