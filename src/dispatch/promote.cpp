@@ -1,5 +1,7 @@
 #include "dispatch/promote.h"
 
+#include <shardtensor/shard_tensor.h>
+
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
 #include "dispatch/args.h"
@@ -26,6 +28,10 @@ struct PromoteBackward final : torch::autograd::Node {
   variable_list apply(variable_list&& grads) override {
     const auto& g = grads[0];
     if (!g.defined() || !is_shard_tensor(g)) return {g};
+    // A gradient with a graph of its own (create_graph=True: a gradient penalty on a parameter's gradient) is
+    // completed by the differentiable full_tensor, so its graph reaches the plain tensor's gradient. Nothing is
+    // deferred then (the buckets never defer under create_graph).
+    if (at::GradMode::is_enabled() && g.requires_grad()) return {full_tensor(g)};
     const auto& spec = shard_impl(g)->spec();
     if (auto dims = pending_sum_dims(*spec); !dims.empty()) {
       auto term = shard_impl(g)->local();

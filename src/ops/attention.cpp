@@ -17,6 +17,7 @@
 #include "ops/attention_ring.h"
 #include "ops/attention_seq.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
@@ -76,6 +77,7 @@ struct FusedResolveFn : torch::autograd::Function<FusedResolveFn> {
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) continue;
@@ -87,7 +89,7 @@ struct FusedResolveFn : torch::autograd::Function<FusedResolveFn> {
                                                                  spec->global_shape));
       res[i] = redistribute_to(g, spec);
     }
-    return res;
+    return once_differentiable(std::move(res), "attention's fused layout change", recording);
   }
 };
 

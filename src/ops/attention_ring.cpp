@@ -10,6 +10,7 @@
 #include "ops/attention_block.h"
 #include "ops/attention_seq.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -124,6 +125,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(7);
     if (!grads[0].defined()) return res;
     at::NoGradGuard no_grad;
@@ -196,7 +198,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     if (q.requires_grad()) res[0] = make_shard_tensor(dq.to(q.scalar_type()), shard_impl(q)->spec());
     if (k.requires_grad()) res[1] = make_shard_tensor(dkb.to(k.scalar_type()), shard_impl(k)->spec());
     if (v.requires_grad()) res[2] = make_shard_tensor(dvb.to(v.scalar_type()), shard_impl(v)->spec());
-    return res;
+    return once_differentiable(std::move(res), "ring attention", recording);
   }
 };
 

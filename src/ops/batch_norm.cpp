@@ -8,6 +8,7 @@
 #include "dispatch/promote.h"
 #include "ops/common.h"
 #include "ops/moments.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 #include <ATen/ops/batch_norm_native.h>
@@ -138,6 +139,7 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     auto s = ctx->get_saved_variables();
     const auto& x_shard = s[0];
     const auto& weight = s[1];
@@ -168,7 +170,7 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     }
     if (weight.defined() && ctx->needs_input_grad(1)) out[1] = as_param_grad(all_channels(sgx, l).to(weight.scalar_type()), weight);
     if (bias.defined() && ctx->needs_input_grad(2)) out[2] = as_param_grad(all_channels(sg, l).to(bias.scalar_type()), bias);
-    return out;
+    return once_differentiable(std::move(out), "batch_norm (BatchNorm, InstanceNorm)", recording);
   }
 };
 

@@ -21,6 +21,7 @@
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
+#include <torch/autograd.h>
 
 namespace shardtensor::ops {
 
@@ -1085,11 +1086,122 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   return {grad_input, grad_weight, grad_bias};
 }
 
+// The second derivative of a convolution (a physics-informed loss on du/dx, a gradient penalty), with the input
+// or the incoming gradient sharded. aten's own formula (_convolution_double_backward) convolves the sharded input
+// gradient with the sharded output gradient as if one were a weight, which no halo plan serves. The same three
+// terms from the forward and backward rules, whose operands keep their roles (a convolution is bilinear in input
+// and weight; its input gradient is the adjoint of the forward in the input, its weight gradient in the weight):
+//   d/d grad_output = conv(ggI, W) + conv(x, ggW) + ggb (per channel)
+//   d/d input       = convolution_backward(grad_output, x, ggW)'s input gradient
+//   d/d weight      = convolution_backward(grad_output, ggI, W)'s weight gradient
+// for plain and transposed convolutions alike (`convolution` takes the same parameters).
+struct ConvParams {
+  std::vector<int64_t> stride, padding, dilation, output_padding;
+  bool transposed = false;
+  int64_t groups = 1;
+};
+
+c10::IValue params_ivalue(const ConvParams& p) {
+  return c10::ivalue::Tuple::create({p.stride, p.padding, p.dilation, p.output_padding, p.transposed, p.groups});
+}
+
+ConvParams params_from(const c10::IValue& v) {
+  const auto& t = v.toTupleRef().elements();
+  return {t[0].toIntVector(), t[1].toIntVector(), t[2].toIntVector(), t[3].toIntVector(), t[4].toBool(),
+          t[5].toInt()};
+}
+
+at::Tensor conv_with(const ConvParams& p, const at::Tensor& x, const at::Tensor& w) {
+  return at::convolution(x, w, std::nullopt, p.stride, p.padding, p.dilation, p.transposed, p.output_padding,
+                         p.groups);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_with(const ConvParams& p, const at::Tensor& go,
+                                                                  const at::Tensor& x, const at::Tensor& w,
+                                                                  std::array<bool, 3> mask) {
+  return at::convolution_backward(go, x, w, std::nullopt, p.stride, p.padding, p.dilation, p.transposed,
+                                  p.output_padding, p.groups, mask);
+}
+
+at::Tensor add_defined(const at::Tensor& a, const at::Tensor& b) {
+  return !a.defined() ? b : !b.defined() ? a : at::add(a, b);
+}
+
+struct ConvBackwardFn : torch::autograd::Function<ConvBackwardFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& go,
+                                                const at::Tensor& x, const at::Tensor& w,
+                                                std::optional<std::vector<int64_t>> bias_sizes,
+                                                const c10::IValue& params, std::vector<bool> mask) {
+    const auto p = params_from(params);
+    ctx->saved_data["params"] = params;
+    ctx->saved_data["mask"] = c10::List<bool>({mask[0], mask[1], mask[2]});
+    ctx->save_for_backward({go, x, w});
+    auto [gi, gw, gb] = at::convolution_backward(
+        go, x, w, bias_sizes ? std::optional<at::IntArrayRef>(*bias_sizes) : std::nullopt, p.stride, p.padding,
+        p.dilation, p.transposed, p.output_padding, p.groups, {mask[0], mask[1], mask[2]});
+    // Only the asked gradients are outputs (a Function's outputs must be defined).
+    torch::autograd::variable_list out;
+    for (auto [asked, g] : {std::pair{mask[0], gi}, std::pair{mask[1], gw}, std::pair{mask[2], gb}})
+      if (asked) out.push_back(g);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto p = params_from(ctx->saved_data["params"]);
+    auto saved = ctx->get_saved_variables();
+    const auto &go = saved[0], &x = saved[1], &w = saved[2];
+    const auto mask = ctx->saved_data["mask"].toBoolList();
+    at::Tensor gg[3];
+    for (size_t i = 0, k = 0; i < 3; ++i)
+      if (mask[i]) gg[i] = grads[k++];
+    const auto &ggi = gg[0], &ggw = gg[1], &ggb = gg[2];
+    at::Tensor d_go, d_x, d_w;
+    if (ggi.defined()) d_go = conv_with(p, ggi, w);
+    if (ggw.defined()) d_go = add_defined(d_go, conv_with(p, x, ggw));
+    if (ggb.defined()) {
+      std::vector<int64_t> shape(go.dim(), 1);
+      shape[1] = ggb.numel();
+      d_go = add_defined(d_go, ggb.reshape(shape).expand(go.sizes()));
+    }
+    if (ggw.defined() && x.requires_grad()) d_x = std::get<0>(conv_backward_with(p, go, x, ggw, {true, false, false}));
+    if (ggi.defined() && w.requires_grad()) d_w = std::get<1>(conv_backward_with(p, go, ggi, w, {false, true, false}));
+    return {d_go, d_x, d_w, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// convolution_backward with grad mode on (its graph recorded: create_graph=True) and a ShardTensor among its
+// tensors: ConvBackwardFn; otherwise aten's own derivative formula.
+bool convolution_backward_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!at::GradMode::is_enabled()) return false;
+  dispatch::NamedArgs args(op, stack);
+  const auto go = args.tensor("grad_output"), x = args.tensor("input"), w = args.tensor("weight");
+  if (!shard_impl(go) && !shard_impl(x) && !shard_impl(w)) return false;
+  if (!go.requires_grad() && !x.requires_grad() && !w.requires_grad()) return false;
+  auto ints = [&](std::string_view name) {
+    const auto v = args[name].toDimVector();
+    return std::vector<int64_t>(v.begin(), v.end());
+  };
+  ConvParams p{ints("stride"), ints("padding"), ints("dilation"), ints("output_padding"), args["transposed"].toBool(),
+               args["groups"].toInt()};
+  std::optional<std::vector<int64_t>> bias_sizes;
+  if (!args["bias_sizes"].isNone()) bias_sizes = ints("bias_sizes");
+  const auto m = args["output_mask"].toBoolList();
+  auto got = ConvBackwardFn::apply(go, x, w, bias_sizes, params_ivalue(p), std::vector<bool>{m[0], m[1], m[2]});
+  at::Tensor out[3];
+  for (size_t i = 0, k = 0; i < 3; ++i)
+    if (m[i]) out[i] = got[k++];
+  torch::jit::drop(*stack, args.all().size());
+  torch::jit::push(*stack, std::move(out[0]), std::move(out[1]), std::move(out[2]));
+  return true;
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(conv) {
   dispatch::set_handler("aten::convolution", typed_handler(&convolution_rule));
   dispatch::set_handler("aten::convolution_backward", typed_handler(&convolution_backward_rule));
+  dispatch::set_autograd_handler("aten::convolution_backward", &convolution_backward_autograd);
 }
 
 } // namespace shardtensor::ops

@@ -21,6 +21,7 @@
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -205,6 +206,7 @@ struct Im2colFn : torch::autograd::Function<Im2colFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list out(2);
     if (!grads[0].defined()) return out;
     const auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
@@ -219,7 +221,7 @@ struct Im2colFn : torch::autograd::Function<Im2colFn> {
                       cspec->dim_extents());
     auto gi = make_shard_tensor(col2im_local(g, *img, b), img);
     out[0] = redistribute_to(gi, spec);
-    return out;
+    return once_differentiable(std::move(out), "im2col (F.unfold)", recording);
   }
 };
 

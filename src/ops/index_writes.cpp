@@ -19,6 +19,7 @@
 #include "ops/common.h"
 #include "ops/element_routing.h"
 #include "ops/index_routed.h"
+#include "ops/once_differentiable.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -279,13 +280,14 @@ struct IndexSelectFn : torch::autograd::Function<IndexSelectFn> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     torch::autograd::variable_list out(3);
     if (!grads[0].defined()) return out;
     at::NoGradGuard no_grad;
     auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
     auto zeros = make_shard_tensor(at::zeros(spec->local_shape, grads[0].options()), spec);
     out[0] = zeros.index_add_(ctx->saved_data["dim"].toInt(), ctx->get_saved_variables()[0], grads[0]);
-    return out;
+    return once_differentiable(std::move(out), "index_select along a sharded dim", recording);
   }
 };
 

@@ -13,6 +13,7 @@
 #include "ops/element_routing.h"
 #include "ops/index_routed.h"
 #include "comm/spec_holder.h"
+#include "ops/once_differentiable.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
@@ -942,6 +943,7 @@ struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     torch::autograd::variable_list out(2);
     if (!grads[0].defined()) return out;
     at::NoGradGuard no_grad;
@@ -957,7 +959,7 @@ struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
     std::vector<int64_t> back(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) back[perm[i]] = static_cast<int64_t>(i);
     out[0] = gradient_home(*r, g.permute(back), xspec);
-    return out;
+    return once_differentiable(std::move(out), "an index read (x[idx]) along a sharded dim", recording);
   }
 };
 
@@ -1001,6 +1003,7 @@ struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     torch::autograd::variable_list out(3);
     if (!grads[0].defined()) return out;
     at::NoGradGuard no_grad;
@@ -1015,7 +1018,7 @@ struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
     const auto r = gather_read_plan(xspec, xspec->placements, dim, idx, {});
     TORCH_INTERNAL_ASSERT(r, "gather: the routed read's plan changed between forward and backward");
     out[0] = gradient_home(*r, result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"])), xspec);
-    return out;
+    return once_differentiable(std::move(out), "gather along a sharded dim", recording);
   }
 };
 

@@ -33,6 +33,7 @@
 #include "comm/host_metadata.h"
 #include "comm/spec_holder.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -742,6 +743,7 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     torch::autograd::variable_list out(6);
     if (!g[0].defined()) return out;
     at::NoGradGuard no_grad;
@@ -749,7 +751,7 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
                              info_from(ctx->saved_data["mode"].toInt(), ctx->saved_data["nd"].toInt()),
                              ctx->saved_data["osize"].toIntVector(), ctx->saved_data["ac"].toBool(),
                              ctx->saved_data["scales"].toDoubleVector());
-    return out;
+    return once_differentiable(std::move(out), "interpolation", recording);
   }
 };
 

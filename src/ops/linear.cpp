@@ -3,6 +3,8 @@
 // Partial(sum).
 // `linear` and `matmul` are bound above autograd so token-sharded (..., S, K) inputs are never flattened
 // across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
+#include <shardtensor/shard_tensor.h>
+
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
 #include "dispatch/grad_buckets.h"
@@ -252,8 +254,28 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Te
 }
 
 // Gradients of x, w and (when defined) b.
+// create_graph=True (a physics-informed loss on du/dx through an MLP over split points): the same gradients from
+// recorded ShardTensor ops, so that a second derivative sees them. Costlier than the path below (views merging the
+// token dims, one full_tensor per plain parameter, nothing deferred) and taken only then.
+variable_list linear_backward_recorded(const at::Tensor& g_in, const at::Tensor& x, const at::Tensor& w,
+                                       const at::Tensor& b) {
+  const auto g = resolve_partial_diff(g_in);
+  at::Tensor gx, gw, gb;
+  if (x.requires_grad()) gx = at::matmul(g, w);
+  const bool want_w = w.requires_grad(), want_b = b.defined() && b.requires_grad();
+  if (!want_w && !want_b) return {gx, gw, gb};
+  auto g2 = g.reshape({-1, g.size(-1)});
+  auto plain_for = [](const at::Tensor& t, const at::Tensor& param) {
+    return shard_impl(t) && !shard_impl(param) ? full_tensor(t) : t;
+  };
+  if (want_w) gw = plain_for(at::mm(g2.t(), x.reshape({-1, x.size(-1)})), w);
+  if (want_b) gb = plain_for(g2.sum(0), b);
+  return {gx, gw, gb};
+}
+
 variable_list linear_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  if (at::GradMode::is_enabled()) return linear_backward_recorded(g, x, w, b);
   // Read before the guard: a create_graph backward (grad mode on) reduces at once (dispatch/grad_buckets.h).
   const bool may_defer = dispatch::backward_defers_grad_reductions();
   at::NoGradGuard no_grad;

@@ -14,6 +14,7 @@
 #include "dispatch/args.h"
 #include "ops/common.h"
 #include "ops/element_routing.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -183,13 +184,14 @@ struct MaxUnpoolFn : torch::autograd::Function<MaxUnpoolFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list out(5);
     if (!grads[0].defined()) return out;
     at::NoGradGuard no_grad;
     auto saved = ctx->get_saved_variables();
     const auto l = unpool_layout(saved[0], ctx->saved_data["output_size"].toIntVector());
     out[0] = unpool_backward(grads[0], saved[1], l);
-    return out;
+    return once_differentiable(std::move(out), "max_unpool", recording);
   }
 };
 

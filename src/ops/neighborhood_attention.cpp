@@ -29,6 +29,7 @@
 #include "dispatch/promote.h"
 #include "ops/common.h"
 #include "ops/neighborhood_kernels.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -253,6 +254,7 @@ struct PlainFn : torch::autograd::Function<PlainFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(6);
     if (!grads[0].defined()) return res;
     auto s = ctx->get_saved_variables();
@@ -262,7 +264,7 @@ struct PlainFn : torch::autograd::Function<PlainFn> {
     if (ctx->needs_input_grad(0)) res[0] = dq;
     if (ctx->needs_input_grad(1)) res[1] = dk;
     if (ctx->needs_input_grad(2)) res[2] = dv;
-    return res;
+    return once_differentiable(std::move(res), "neighbourhood attention", recording);
   }
 };
 
@@ -512,6 +514,7 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(6);
     if (!grads[0].defined()) return res;
     at::NoGradGuard no_grad;
@@ -554,7 +557,7 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
     if (ctx->needs_input_grad(0)) res[0] = make_shard_tensor(dq, qspec);
     if (ctx->needs_input_grad(1)) res[1] = make_shard_tensor(dk, shard_impl(k)->spec());
     if (ctx->needs_input_grad(2)) res[2] = make_shard_tensor(dv, shard_impl(v)->spec());
-    return res;
+    return once_differentiable(std::move(res), "neighbourhood attention", recording);
   }
 };
 

@@ -6,6 +6,7 @@
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -139,10 +140,12 @@ struct PadCircularFn : torch::autograd::Function<PadCircularFn> {
     return pad_forward(self, pad, comm::PadMode::Circular, 0.0);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     if (!g[0].defined()) return {at::Tensor(), at::Tensor()};
-    return {pad_backward(g[0], spec_from_ivalue(ctx->saved_data["spec"]), ctx->saved_data["pad"].toIntVector(),
-                         comm::PadMode::Circular),
-            at::Tensor()};
+    return once_differentiable({pad_backward(g[0], spec_from_ivalue(ctx->saved_data["spec"]),
+                                             ctx->saved_data["pad"].toIntVector(), comm::PadMode::Circular),
+                                at::Tensor()},
+                               "circular padding", recording);
   }
 };
 

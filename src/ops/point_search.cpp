@@ -8,6 +8,7 @@
 // Both order by ascending distance, ties by ascending point index (deterministic, comparable across layouts).
 // The indices are integers (no gradient); the distances are differentiable w.r.t. points and queries.
 #include "ops/point_search_kernels.h"
+#include "ops/once_differentiable.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -107,6 +108,7 @@ struct PointSearchFn : torch::autograd::Function<PointSearchFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(5);
     if (grads.size() < 2 || !grads[1].defined()) return res;
     auto saved = ctx->get_saved_variables();
@@ -121,7 +123,7 @@ struct PointSearchFn : torch::autograd::Function<PointSearchFn> {
     distance_backward(g, i, q, p, 0, dq, points.requires_grad() ? &dp : nullptr);
     if (points.requires_grad()) res[0] = batched ? dp : dp.squeeze(0);
     if (queries.requires_grad()) res[1] = batched ? dq : dq.squeeze(0);
-    return res;
+    return once_differentiable(std::move(res), "knn / radius_search", recording);
   }
 };
 

@@ -25,6 +25,7 @@
 #include "dispatch/promote.h"
 #include "ops/common.h"
 #include "ops/point_search_kernels.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -112,6 +113,7 @@ struct ShardSearchFn : torch::autograd::Function<ShardSearchFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(4);
     if (grads.size() < 2 || !grads[1].defined()) return res;
     at::NoGradGuard no_grad;
@@ -155,7 +157,7 @@ struct ShardSearchFn : torch::autograd::Function<ShardSearchFn> {
       res[0] = make_shard_tensor(unbatched(dp, nd).to(p.scalar_type()), shard_impl(p)->spec());
     }
     if (q.requires_grad()) res[1] = make_shard_tensor(unbatched(dq, nd).to(q.scalar_type()), shard_impl(q)->spec());
-    return res;
+    return once_differentiable(std::move(res), "knn / radius_search", recording);
   }
 };
 

@@ -11,6 +11,7 @@
 #include "comm/stat_reduce.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -49,6 +50,7 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list none(6);  // one per forward argument
     const auto& g_in = grads[0];
     if (!g_in.defined()) return none;
@@ -98,7 +100,7 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
         if (j != coord) add_own_rows(r.result(ri)[0].select(0, j) - off, r.result(si)[0].select(0, j));
     }
     none[0] = make_shard_tensor(local_grad, spec);
-    return none;
+    return once_differentiable(std::move(none), "a selection along a sharded dim (topk, max/min, kthvalue, median, cummax)", recording);
   }
 };
 

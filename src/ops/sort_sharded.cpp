@@ -23,6 +23,7 @@
 #include "dispatch/args.h"
 #include "ops/common.h"
 #include "ops/element_routing.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -119,6 +120,7 @@ struct SortFn : torch::autograd::Function<SortFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list out(3);
     if (!grads[0].defined()) return out;
     at::NoGradGuard no_grad;
@@ -129,7 +131,7 @@ struct SortFn : torch::autograd::Function<SortFn> {
     auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, spec->placements,
                       spec->dim_extents());
     out[0] = make_shard_tensor(unsort(g, shard_impl(indices)->local(), *spec, dim), spec);
-    return out;
+    return once_differentiable(std::move(out), "sort along a sharded dim", recording);
   }
 };
 

@@ -13,6 +13,7 @@
 #include "dispatch/args.h"
 #include "dispatch/write_back.h"
 #include "ops/common.h"
+#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -95,6 +96,7 @@ struct UnfoldFn : torch::autograd::Function<UnfoldFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list out(4);
     if (!grads[0].defined()) return out;
     const auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
@@ -114,7 +116,7 @@ struct UnfoldFn : torch::autograd::Function<UnfoldFn> {
       window_grad = at::zeros(window_shape, g.options());
     }
     out[0] = make_shard_tensor(plan->halo.scatter_add(window_grad, mesh, /*consume=*/true), spec);
-    return out;
+    return once_differentiable(std::move(out), "unfold along a sharded dim", recording);
   }
 };
 
