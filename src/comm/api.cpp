@@ -28,6 +28,13 @@ at::Tensor local_of(const at::Tensor& shard) {
   return shard_impl(shard)->local();
 }
 
+// Under create_graph a gradient has a graph of its own; the backwards below then make the same placement
+// transitions through these Functions again (defined after them), so a higher derivative sees them. The raw
+// transitions would cut the graph and drop that order's terms silently.
+at::Tensor recorded_grad_to_spec(const at::Tensor& grad, const SpecPtr& spec);
+at::Tensor recorded_from_local(const at::Tensor& local, SpecPtr spec);
+at::Tensor recorded_to_local(const at::Tensor& shard);
+
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, SpecPtr spec) {
     ctx->set_materialize_grads(false);
@@ -37,6 +44,7 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
     auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
+    if (needs_graph(grads[0])) return {recorded_to_local(recorded_grad_to_spec(grads[0], spec)), at::Tensor()};
     return {local_of(grad_to_spec(grads[0], spec)), at::Tensor()};
   }
 };
@@ -52,6 +60,7 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
     if (!grads[0].defined()) return {at::Tensor()};
     auto spec = without_partial(spec_from_ivalue(ctx->saved_data["spec"]));
     TORCH_CHECK(!is_shard_tensor(grads[0]), "to_local: the gradient of a local tensor must be a plain tensor");
+    if (needs_graph(grads[0])) return {recorded_from_local(grads[0], spec)};
     return {make_shard_tensor(grads[0], spec)};
   }
 };
@@ -67,9 +76,29 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    return {grad_to_spec(grads[0], spec_from_ivalue(ctx->saved_data["spec"])), at::Tensor()};
+    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
+    if (needs_graph(grads[0])) return {recorded_grad_to_spec(grads[0], spec), at::Tensor()};
+    return {grad_to_spec(grads[0], spec), at::Tensor()};
   }
 };
+
+at::Tensor recorded_from_local(const at::Tensor& local, SpecPtr spec) {
+  return FromLocalFn::apply(local, std::move(spec));
+}
+
+at::Tensor recorded_to_local(const at::Tensor& shard) {
+  return ToLocalFn::apply(shard);
+}
+
+// grad_to_spec (comm/redistribute.h) through the Functions above.
+at::Tensor recorded_grad_to_spec(const at::Tensor& grad, const SpecPtr& spec) {
+  auto g = is_shard_tensor(grad)
+               ? grad
+               : recorded_from_local(grad, ShardSpec::make(spec->mesh, Placements(spec->mesh->ndim(),
+                                                                                  Placement::replicate()),
+                                                           spec->global_shape));
+  return RedistributeFn::apply(g, without_partial(spec));
+}
 
 } // namespace
 
