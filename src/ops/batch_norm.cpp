@@ -3,6 +3,8 @@
 // non-channel dim (two small all-reduces forward, one fused all-reduce backward); running statistics are
 // updated from the global statistics, so they are identical on every rank and equal to single-device ones.
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
+#include <shardtensor/shard_tensor.h>
+
 #include "comm/collectives.h"
 #include "ops/arg_checks.h"
 #include "dispatch/promote.h"
@@ -95,6 +97,34 @@ void update_running(const at::Tensor& running, const at::Tensor& stat, double mo
   buffer_storage(running).mul_(1 - momentum).add_(stat.to(running.scalar_type()), momentum);
 }
 
+// create_graph=True with batch statistics (a physics-informed loss on du/dx through a BatchNorm or InstanceNorm in
+// training mode): the input's gradient and the parameters' from recorded ShardTensor ops (the statistics recomputed
+// from the input, so their dependence on it is part of the graph), so a second derivative sees them. (A third
+// derivative through it is exact too; torch's own batch-norm double backward is not differentiable exactly once more,
+// so on one device the third derivative differs.)
+variable_list batch_norm_backward_recorded(const at::Tensor& g_in, const at::Tensor& x, const at::Tensor& weight,
+                                           bool want_x, bool want_w, bool want_b, double eps) {
+  auto g = resolve_partial_diff(g_in);
+  std::vector<int64_t> dims, cshape(x.dim(), 1);
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) dims.push_back(d);
+  cshape[1] = x.size(1);
+  auto xc = x - x.mean(dims, /*keepdim=*/true);
+  auto invstd = (xc.pow(2).mean(dims, /*keepdim=*/true) + eps).rsqrt();
+  auto xhat = xc * invstd;
+  auto plain_for = [](const at::Tensor& t, const at::Tensor& param) {
+    return shard_impl(t) && !shard_impl(param) ? full_tensor(t) : t;
+  };
+  variable_list out(8);
+  if (want_x) {
+    auto scale = weight.defined() ? invstd * weight.reshape(cshape) : invstd;
+    out[0] = scale * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
+  }
+  if (want_w) out[1] = plain_for((g * xhat).sum(dims), weight);
+  if (want_b) out[2] = plain_for(g.sum(dims), weight);
+  return out;
+}
+
 // Forward returns {output, mean, invstd}: the statistics are those of this rank's channels (the internal ops
 // below return them, gathered over a sharded channel dim); they carry no gradient, as on one device.
 struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
@@ -134,6 +164,7 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     if (b.defined()) out = out + channel_view(b.to(acc), x.dim());
     ctx->save_for_backward({x_shard, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), mean, invstd});
     ctx->saved_data["batch_stats"] = use_batch_stats;
+    ctx->saved_data["eps"] = eps;
     ctx->mark_non_differentiable({mean, invstd});
     return {make_shard_tensor(out.to(x.scalar_type()), l.spec), mean, invstd};
   }
@@ -148,6 +179,11 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     const bool batch_stats = ctx->saved_data["batch_stats"].toBool();
     variable_list out(8);
     if (!grads[0].defined()) return out;
+    // (Not for a Partial input: the completed value saved in the forward has no graph back to it.)
+    if (recording && batch_stats && x_shard.requires_grad())
+      return batch_norm_backward_recorded(grads[0], x_shard, weight, ctx->needs_input_grad(0),
+                                          weight.defined() && ctx->needs_input_grad(1),
+                                          bias.defined() && ctx->needs_input_grad(2), ctx->saved_data["eps"].toDouble());
     at::NoGradGuard no_grad;
     auto l = bn_layout(x_shard);
     const auto& x = shard_impl(x_shard)->local();
