@@ -183,9 +183,15 @@ at::Tensor unfold_backward_rule(const at::Tensor& grad_in, c10::SymIntArrayRef i
   const auto sizes = C10_AS_INTARRAYREF_SLOW(input_sizes).vec();
   const auto d = sizes.empty() ? 0 : wrap_dim(dim, static_cast<int64_t>(sizes.size()));
   auto g = resolve_partial(grad_in);
+  // A gradient split along the window dim (a later op's gradient laid out by its own default split) has that split
+  // moved to another dim first (one all-to-all), the windows dim when it is the largest free one.
+  if (!sizes.empty() && shard_impl(g)->spec()->mesh_dim_of(grad_in.dim() - 1) >= 0) {
+    auto moved = split_moved_off(g, grad_in.dim() - 1);
+    if (!moved) not_implemented("the gradient of an unfold is sharded along its window dim and no other dim can "
+                                "take the split");
+    g = std::move(*moved);
+  }
   const auto& spec = shard_impl(g)->spec();
-  if (!sizes.empty() && spec->mesh_dim_of(grad_in.dim() - 1) >= 0)
-    not_implemented("the gradient of an unfold is sharded along its window dim");
   auto ext = spec->dim_extents();
   ext.erase(grad_in.dim() - 1);
   const auto m = sizes.empty() ? -1 : spec->mesh_dim_of(d);

@@ -156,3 +156,23 @@ def case_unfold_backward_op(kind):
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny"), (4, "narrow")])
 def test_unfold_backward_op(world, kind):
     harness.run(world, strict, case_unfold_backward_op, kind)
+
+
+def case_unfold_backward_window_dim_split():
+    """A gradient reaching unfold_backward split along the window dim (fuzz_nets.py views seed 2163: a select along
+    the split dim after the unfold, whose gradient takes its own default split): the split moves to another dim
+    first (the windows dim here, the largest free one) instead of a refusal."""
+    m = mesh()
+    x = randn(2, 11, 3, seed=14)
+    for size, step in WINDOWS:
+        n = (11 - size) // step + 1
+        g = randn(2, n, 3, size, seed=15)
+        want = torch.ops.aten.unfold_backward(g, list(x.shape), 1, size, step)
+        gs = st.distribute_tensor(g, m, [st.Shard(3)], sharding_shapes={0: uneven_extents(size, m.size(), seed=1)})
+        got = torch.ops.aten.unfold_backward(gs, list(x.shape), 1, size, step)
+        torch.testing.assert_close(got.full_tensor(), want, msg=lambda s: f"unfold_backward {size} {step}: {s}")
+    return True
+
+
+def test_unfold_backward_window_dim_split():
+    harness.run(2, strict, case_unfold_backward_window_dim_split)
