@@ -3,8 +3,6 @@
 // non-channel dim (two small all-reduces forward, one fused all-reduce backward); running statistics are
 // updated from the global statistics, so they are identical on every rank and equal to single-device ones.
 // A sharded channel dim is local (channels are independent); its statistics are gathered for the buffers.
-#include <shardtensor/shard_tensor.h>
-
 #include "comm/collectives.h"
 #include "ops/arg_checks.h"
 #include "dispatch/promote.h"
@@ -103,7 +101,8 @@ void update_running(const at::Tensor& running, const at::Tensor& stat, double mo
 // derivative through it is exact too; torch's own batch-norm double backward is not differentiable exactly once more,
 // so on one device the third derivative differs.)
 variable_list batch_norm_backward_recorded(const at::Tensor& g_in, const at::Tensor& x, const at::Tensor& weight,
-                                           bool want_x, bool want_w, bool want_b, double eps) {
+                                           const at::Tensor& bias, bool want_x, bool want_w, bool want_b,
+                                           double eps) {
   auto g = resolve_partial_diff(g_in);
   std::vector<int64_t> dims, cshape(x.dim(), 1);
   for (int64_t d = 0; d < x.dim(); ++d)
@@ -112,16 +111,13 @@ variable_list batch_norm_backward_recorded(const at::Tensor& g_in, const at::Ten
   auto xc = x - x.mean(dims, /*keepdim=*/true);
   auto invstd = (xc.pow(2).mean(dims, /*keepdim=*/true) + eps).rsqrt();
   auto xhat = xc * invstd;
-  auto plain_for = [](const at::Tensor& t, const at::Tensor& param) {
-    return shard_impl(t) && !shard_impl(param) ? full_tensor(t) : t;
-  };
   variable_list out(8);
   if (want_x) {
     auto scale = weight.defined() ? invstd * weight.reshape(cshape) : invstd;
     out[0] = scale * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
   }
-  if (want_w) out[1] = plain_for((g * xhat).sum(dims), weight);
-  if (want_b) out[2] = plain_for(g.sum(dims), weight);
+  if (want_w) out[1] = recorded_param_grad((g * xhat).sum(dims), weight);
+  if (want_b) out[2] = recorded_param_grad(g.sum(dims), bias);
   return out;
 }
 
@@ -181,7 +177,7 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     if (!grads[0].defined()) return out;
     // (Not for a Partial input: the completed value saved in the forward has no graph back to it.)
     if (recording && batch_stats && x_shard.requires_grad())
-      return batch_norm_backward_recorded(grads[0], x_shard, weight, ctx->needs_input_grad(0),
+      return batch_norm_backward_recorded(grads[0], x_shard, weight, bias, ctx->needs_input_grad(0),
                                           weight.defined() && ctx->needs_input_grad(1),
                                           bias.defined() && ctx->needs_input_grad(2), ctx->saved_data["eps"].toDouble());
     at::NoGradGuard no_grad;

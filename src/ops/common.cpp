@@ -1,5 +1,7 @@
 #include "ops/common.h"
 
+#include <shardtensor/shard_tensor.h>
+
 #include <algorithm>
 
 #include "comm/collectives.h"
@@ -194,6 +196,10 @@ at::Tensor resolve_partial_diff(const at::Tensor& t) {
   if (!i->spec()->has_partial()) return t;
   auto spec = without_partial(i->spec());
   return redistribute(t, spec->placements, spec->sharding_shapes());
+}
+
+at::Tensor recorded_param_grad(const at::Tensor& grad, const at::Tensor& param) {
+  return shard_impl(grad) && !shard_impl(param) ? full_tensor(grad) : grad;
 }
 
 at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents) {

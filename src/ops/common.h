@@ -99,6 +99,9 @@ namespace shardtensor::ops {
 at::Tensor as_shard_input(const at::Tensor& t, const MeshPtr& mesh);
 // Completes pending sums (Partial -> Replicate), differentiably; no-op without Partial.
 at::Tensor resolve_partial_diff(const at::Tensor& t);
+// A parameter's gradient made by recorded ShardTensor ops (a backward under create_graph: linear's, batch norm's):
+// completed by the differentiable full_tensor when the parameter is a plain tensor, so the gradient keeps its graph.
+at::Tensor recorded_param_grad(const at::Tensor& grad, const at::Tensor& param);
 // Differentiable redistribution to `placements` with extents keyed by tensor dim; `t` itself when the layout
 // already matches.
 at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents);

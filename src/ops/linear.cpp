@@ -3,8 +3,6 @@
 // Partial(sum).
 // `linear` and `matmul` are bound above autograd so token-sharded (..., S, K) inputs are never flattened
 // across their sharded dim: the local op runs on the local tokens and weight gradients are reduced once.
-#include <shardtensor/shard_tensor.h>
-
 #include "comm/collectives.h"
 #include "comm/redistribute.h"
 #include "dispatch/grad_buckets.h"
@@ -265,11 +263,8 @@ variable_list linear_backward_recorded(const at::Tensor& g_in, const at::Tensor&
   const bool want_w = w.requires_grad(), want_b = b.defined() && b.requires_grad();
   if (!want_w && !want_b) return {gx, gw, gb};
   auto g2 = g.reshape({-1, g.size(-1)});
-  auto plain_for = [](const at::Tensor& t, const at::Tensor& param) {
-    return shard_impl(t) && !shard_impl(param) ? full_tensor(t) : t;
-  };
-  if (want_w) gw = plain_for(at::mm(g2.t(), x.reshape({-1, x.size(-1)})), w);
-  if (want_b) gb = plain_for(g2.sum(0), b);
+  if (want_w) gw = recorded_param_grad(at::mm(g2.t(), x.reshape({-1, x.size(-1)})), w);
+  if (want_b) gb = recorded_param_grad(g2.sum(0), b);
   return {gx, gw, gb};
 }
 

@@ -8,7 +8,6 @@
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
-#include "dispatch/promote.h"
 #include "ops/common.h"
 
 #include <ATen/ATen.h>
@@ -68,9 +67,7 @@ struct SumMeanFn : torch::autograd::Function<SumMeanFn> {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     // A plain gradient with a graph of its own (a third derivative: the second's gradient is plain) is promoted
     // differentiably, so the graph reaches it; as_shard would cut it and drop that order's terms silently.
-    if (!shard_impl(g))
-      g = at::GradMode::is_enabled() && g.requires_grad() ? dispatch::promote_to_replicate(g, spec->mesh)
-                                                          : dispatch::as_shard(g, spec->mesh);
+    g = as_shard_input(g, spec->mesh);
     // mean divides the reduced gradient (small) before it is expanded: the expansion stays a stride-0 view of it,
     // sliced into the input's layout without a copy, so no input-sized pass precedes the next op's own.
     if (count > 0) g = g / static_cast<double>(count);

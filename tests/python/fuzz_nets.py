@@ -49,6 +49,24 @@ import traceback
 CONFIGS = [(2, (2,)), (3, (3,)), (4, (2, 2))]
 
 
+def _chain_module(steps, mods=None):
+    """The network of every family: the steps' functions applied in turn; `mods` (the layers' modules) registered
+    so that their parameters are the network's, compared gradient by gradient."""
+    import torch.nn as nn
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mods = mods if mods is not None else nn.ModuleList()
+
+        def forward(self, x):
+            for _, fn in steps:
+                x = fn(x)
+            return x
+
+    return Chain()
+
+
 def build_window_net(seed, nd, allow_attn=True):
     import torch
     import torch.nn as nn
@@ -223,19 +241,7 @@ def build_window_net(seed, nd, allow_attn=True):
                 y, _ = mod(t, t, t, need_weights=False)
                 return (t + y).transpose(1, 2).reshape(sh)
             add("mha over tokens", f, mod)
-    desc = [d for d, _ in layers]
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mods = mods
-
-        def forward(self, x):
-            for _, fn in layers:
-                x = fn(x)
-            return x
-
-    return Net(), shape, desc
+    return _chain_module(layers, mods), shape, [d for d, _ in layers]
 
 
 def build_token_net(seed):
@@ -377,19 +383,7 @@ def build_token_net(seed):
                 y[:, 0] = 0.5 * y[:, -1]
                 return y
             add("y[:, 0] = y[:, -1]", f)
-    desc = [d for d, _ in layers]
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mods = mods
-
-        def forward(self, x):
-            for _, fn in layers:
-                x = fn(x)
-            return x
-
-    return Net(), shape, desc
+    return _chain_module(layers, mods), shape, [d for d, _ in layers]
 
 
 def build_view_chain(seed):
@@ -526,15 +520,7 @@ def build_view_chain(seed):
             add(f"roll({k}, {d})", lambda t, k=k, d=d: t.roll(k, d))
         elif kind == "cat_self":
             add(f"cat([t, t.sin()], {d})", lambda t, d=d: torch.cat([t, t.sin()], d))
-    desc = [dd for dd, _ in steps]
-
-    class Chain(nn.Module):
-        def forward(self, x):
-            for _, fn in steps:
-                x = fn(x)
-            return x
-
-    return Chain(), shape, desc
+    return _chain_module(steps), shape, [d for d, _ in steps]
 
 
 def build_stats_chain(seed):
@@ -724,19 +710,7 @@ def build_stats_chain(seed):
         steps.append(("soft_margin", lambda t: F.soft_margin_loss(t, s)))
     elif final == "gaussian_nll":
         steps.append(("gaussian_nll", lambda t: F.gaussian_nll_loss(t, tgt, torch.ones_like(t) * 0.5 + t.abs())))
-    desc = [dd for dd, _ in steps]
-
-    class Chain(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mods = mods
-
-        def forward(self, x):
-            for _, fn in steps:
-                x = fn(x)
-            return x
-
-    return Chain(), shape, desc
+    return _chain_module(steps, mods), shape, [d for d, _ in steps]
 
 
 def build_point_net(seed):
@@ -888,19 +862,7 @@ def build_point_net(seed):
                 # coincide exactly tie in every later k-nearest search (torch's tie-break is no contract).
                 return x - 0.5 * (s / cnt)[:, cl]
             add(f"subtract half the mean of {K} fixed clusters", f)
-    desc = [dd for dd, _ in layers]
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mods = mods
-
-        def forward(self, x):
-            for _, fn in layers:
-                x = fn(x)
-            return x
-
-    return Net(), shape, desc
+    return _chain_module(layers, mods), shape, [d for d, _ in layers]
 
 
 def _compare(net, ref, y, yr, xs, xr, tol=1e-9):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import mesh, randn, uneven_extents
+from cases_util import mesh, randn, uneven_extents, world
 
 
 def make_net(kind):
@@ -61,26 +61,32 @@ def _losses(net, x, which):
 def case_double_backward(kind, which, mesh_shape):
     m = mesh(mesh_shape)
     net = make_net(kind)
-    ref = copy.deepcopy(net)
     shape = SHAPES[kind]
     x = randn(*shape, seed=7, dtype=torch.float64)
     dims = [2] if len(mesh_shape) == 1 else ([2, 3] if len(shape) == 4 else [0, 2])
     ext = {i: uneven_extents(shape[d], mesh_shape[i], 11 + i) for i, d in enumerate(dims)}
     xs = st.distribute_tensor(x, m, [st.Shard(d) for d in dims], sharding_shapes=ext).requires_grad_()
+    _compare_with_one_device(lambda n, t: _losses(n, t, which), net, x, xs, (kind, which))
+    return True
+
+
+def _compare_with_one_device(losses, net, x, xs, label):
+    """`losses(net, input)` -> (u, derivative, loss): run on the sharded input (strict mode) and on one device from a
+    copy of `net`, backward from each loss; the four quantities and every parameter's gradient must agree."""
+    ref = copy.deepcopy(net)
     xr = x.clone().requires_grad_()
     with st.use_strict():
-        u, g, loss = _losses(net, xs, which)
+        u, g, loss = losses(net, xs)
         loss.backward()
-    ur, gr, lr = _losses(ref, xr, which)
+    ur, gr, lr = losses(ref, xr)
     lr.backward()
     full = lambda t: t.full_tensor() if st.is_shard_tensor(t) else t  # noqa: E731
     rel = lambda a, b: ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()  # noqa: E731
     for what, a, b in [("u", full(u), ur), ("the derivative", full(g), gr), ("loss", full(loss), lr),
                        ("the input's gradient", full(xs.grad), xr.grad)]:
-        assert rel(a, b) < 1e-10, (kind, which, what, rel(a, b))
+        assert rel(a, b) < 1e-10, (label, what, rel(a, b))
     for (name, p), q in zip(net.named_parameters(), ref.parameters()):
-        assert rel(full(p.grad), q.grad) < 1e-10, (kind, which, name, rel(full(p.grad), q.grad))
-    return True
+        assert rel(full(p.grad), q.grad) < 1e-10, (label, name, rel(full(p.grad), q.grad))
 
 
 @pytest.mark.parametrize("which", ["du", "d2u", "weight"])
@@ -115,25 +121,13 @@ class PointMLP(nn.Module):
 
 
 def case_pinn_mlp(shape, which):
-    m = mesh((dist_world(),))
+    m = mesh((world(),))
     net = PointMLP().double()
-    ref = copy.deepcopy(net)
     x = randn(*shape, seed=9, dtype=torch.float64)
     d = len(shape) - 2
-    xs = st.distribute_tensor(x, m, [st.Shard(d)], sharding_shapes={0: uneven_extents(shape[d], dist_world(), 3)})
+    xs = st.distribute_tensor(x, m, [st.Shard(d)], sharding_shapes={0: uneven_extents(shape[d], world(), 3)})
     xs.requires_grad_()
-    xr = x.clone().requires_grad_()
-    with st.use_strict():
-        u, g, loss = _losses_mlp(net, xs, which)
-        loss.backward()
-    ur, gr, lr = _losses_mlp(ref, xr, which)
-    lr.backward()
-    full = lambda t: t.full_tensor() if st.is_shard_tensor(t) else t  # noqa: E731
-    rel = lambda a, b: ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()  # noqa: E731
-    for what, a, b in [("u", full(u), ur), ("du/dx", full(g), gr), ("the input's gradient", full(xs.grad), xr.grad)]:
-        assert rel(a, b) < 1e-10, (what, rel(a, b))
-    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
-        assert rel(full(p.grad), q.grad) < 1e-10, (name, rel(full(p.grad), q.grad))
+    _compare_with_one_device(lambda n, t: _losses_mlp(n, t, which), net, x, xs, ("pinn mlp", shape, which))
     return True
 
 
@@ -143,11 +137,6 @@ def _losses_mlp(net, x, which):
     if which == "d2u":
         (g,) = torch.autograd.grad(g[..., 0].sum(), x, create_graph=True)
     return u, g, (g ** 2).mean() + (u ** 2).mean()
-
-
-def dist_world():
-    import torch.distributed as dist
-    return dist.get_world_size()
 
 
 @pytest.mark.parametrize("shape,which", [((40, 2), "du"), ((2, 30, 2), "du"), ((40, 2), "d2u")])
