@@ -44,14 +44,15 @@ def fmt_calls(calls: dict) -> str:
     return f"{sum(calls.values())} (" + " ".join(f"{SHORT.get(k, k)} {v}" for k, v in sorted(calls.items())) + ")"
 
 
-def run_one(name, world, mesh_shape, timeout, dtype):
+def run_one(name, world, mesh_shape, timeout, dtype, along="default"):
     reason = zoo_models.available(name)
     if reason:
         return {"model": name, "library": zoo_models.MODELS[name].library, "result": "skip", "detail": reason,
                 "seconds": 0.0}
     t0 = time.perf_counter()
     try:
-        results = harness.run(world, zoo_models.run_model, name, mesh_shape, None, False, dtype, timeout=timeout)
+        results = harness.run(world, zoo_models.run_model, name, mesh_shape, shard_dims_for(name, mesh_shape, along),
+                              False, dtype, timeout=timeout)
     except harness.CaseTimeout:
         return {"model": name, "library": zoo_models.MODELS[name].library, "result": "hang",
                 "detail": f"no reply within {timeout:.0f} s", "seconds": round(time.perf_counter() - t0, 1)}
@@ -81,6 +82,16 @@ def run_one(name, world, mesh_shape, timeout, dtype):
         res = min(results, key=lambda r: order.index(r["result"]) if r["result"] in order else 0)
         res["detail"] = f"ranks disagree ({sorted(verdicts)}); " + res.get("detail", "")
     return res
+
+
+def shard_dims_for(name, mesh_shape, along):
+    """The dims a 1-D mesh shards: the model's own (``default``, H for images) or its last spatial dim (``last``: W
+    for images, the width of a volume) -- the same models with the other split; a 2-D mesh keeps the model's."""
+    spec = zoo_models.MODELS[name]
+    if along == "default" or (mesh_shape is not None and len(mesh_shape) > 1):
+        return None
+    spatial = spec.spatial or tuple(range(2, len(spec.shape)))
+    return (spatial[-1],)
 
 
 def table(rows) -> str:
@@ -145,6 +156,8 @@ def main():
                     "dim 0 and W by mesh dim 1)")
     ap.add_argument("--timeout", type=float, default=180, help="seconds per model before it counts as a hang")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--along", default="default", choices=["default", "last"],
+                    help="the dim a 1-D mesh shards: the model's own (H for images) or its last spatial dim (W)")
     ap.add_argument("--list", action="store_true", help="print the model names and exit")
     results_dir.add_out_argument(ap)
     ap.add_argument("--render", metavar="ZOO_JSON", action="append",
@@ -191,7 +204,7 @@ def main():
         for name in (bar if bar is not None else names):
             if bar is not None:
                 bar.set_description(name)
-            r = run_one(name, world, mesh_shape, args.timeout, args.dtype)
+            r = run_one(name, world, mesh_shape, args.timeout, args.dtype, args.along)
             r["pattern"] = classify(r)
             rows.append(r)
             line = f"{r['result']:12s} {name:36s} {r.get('detail', '')[:110]}"
@@ -206,7 +219,10 @@ def main():
 
 
 def layout(args, world, mesh_shape) -> str:
-    return f"mesh {args.mesh}, H and W sharded" if mesh_shape else f"{world} ranks, a 1-D mesh, H (or the length) sharded"
+    if mesh_shape:
+        return f"mesh {args.mesh}, H and W sharded"
+    return f"{world} ranks, a 1-D mesh, " + ("the last spatial dim (W) sharded" if args.along == "last" else
+                                             "H (or the length) sharded")
 
 
 def write(out, rows, command, commit, layout, dtype, minutes, world, mesh, quiet=False):

@@ -5,6 +5,7 @@
 #include "comm/host_metadata.h"
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
+#include "dispatch/registry.h"
 
 #include <ATen/ATen.h>
 #include <shardtensor/simulation.h>
@@ -256,6 +257,7 @@ SpecPtr local_spec(const at::Tensor& local, const MeshPtr& mesh, Placements plac
 at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements, ShapeInference mode,
                       const ShardingShapes& sharding_shapes, std::optional<std::vector<int64_t>> global_shape,
                       bool check) {
+  dispatch::bind_new_ops(); // ops of libraries imported since (see dispatch/registry.h)
   TORCH_CHECK_TYPE(local.defined() && !is_shard_tensor(local),
                    "from_local: expected a plain local tensor, got ", local.defined() ? "a ShardTensor" : "None");
   TORCH_CHECK_VALUE(mesh, "from_local: mesh is null");
@@ -343,6 +345,7 @@ at::Tensor full_tensor(const at::Tensor& shard) {
 
 at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements,
                              const ShardingShapes& sharding_shapes) {
+  dispatch::bind_new_ops(); // ops of libraries imported since (see dispatch/registry.h)
   TORCH_CHECK_VALUE(mesh, "distribute_tensor: mesh is null");
   TORCH_CHECK_TYPE(full.defined() && !is_shard_tensor(full), "distribute_tensor: expected a plain tensor, got ",
                    full.defined() ? "a ShardTensor" : "None");
@@ -372,6 +375,7 @@ at::Device scatter_device(const Mesh& mesh) {
 
 at::Tensor scatter_tensor(const at::Tensor& full, int64_t src, MeshPtr mesh, Placements placements,
                           const ShardingShapes& sharding_shapes) {
+  dispatch::bind_new_ops(); // ops of libraries imported since (see dispatch/registry.h)
   TORCH_CHECK_VALUE(mesh, "scatter_tensor: mesh is null");
   // The metadata broadcast below follows src's coordinates: every rank must pass the same src, placements and
   // sharding shapes, compared first so a disagreement raises everywhere instead of hanging.

@@ -64,6 +64,8 @@ struct Registry {
   std::unordered_map<std::string, std::unique_ptr<torch::Library>> autograd_libs;
   std::vector<std::unique_ptr<const BoxedHandler>> rules;                   // every rule ever set
   std::vector<std::unique_ptr<const AutogradHandler>> autograd_rules;       // likewise
+  // Built-in rules for other libraries' ops, bound when the library defines them: (rule, its family) by name.
+  std::unordered_map<c10::OperatorName, std::pair<BoxedHandler, std::string>> rules_when_defined;
   bool installed = false;
 };
 
@@ -71,6 +73,47 @@ Registry& registry() {
   static auto* r = new Registry(); // never destroyed: kernels may run during interpreter shutdown
   return *r;
 }
+
+// Ops defined after install_dispatch (a library imported later: `torch.library.custom_op`s such as PhysicsNeMo's
+// radius search). Such an op's default kernel is CompositeExplicitAutograd, which takes precedence over the backend
+// fallback for every key, so without a slot of its own a ShardTensor reaches the op's Python body (which reads
+// data_ptr() or calls .numpy()) instead of the fallback. The dispatcher tells a listener about every new op, but
+// while holding its lock, so the listener only notes the name; the next kernel of ours (or from_local /
+// distribute_tensor) binds the noted ops (bind_new_ops).
+struct PendingOps {
+  std::mutex mutex;
+  std::vector<c10::OperatorName> names;
+  std::atomic<bool> any{false};
+};
+
+PendingOps& pending_ops() {
+  static auto* p = new PendingOps(); // never destroyed, like the registry
+  return *p;
+}
+
+// Namespaces of torch itself: their ops have explicit kernels or are not called on user tensors (prims,
+// functional collectives, streams, profiler marks, inductor helpers); only other libraries' ops are bound.
+bool torch_namespace(const std::string& op_name) {
+  static const char* const internal[] = {"aten::", "prims::", "_c10d_functional::", "c10d::", "_dtensor::",
+                                         "streams::", "profiler::", "inductor::", "symm_mem::", "onnx::",
+                                         "onnx_symbolic::", "rngprims::", "flex_lib::", "debug_mode_ops::",
+                                         "quantized::", "_quantized::", "shardtensor::"};
+  for (const char* ns : internal)
+    if (op_name.rfind(ns, 0) == 0) return true;
+  return false;
+}
+
+struct NewOpListener final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle& op) override {
+    if (torch_namespace(op.operator_name().name)) return;
+    auto& p = pending_ops();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.names.push_back(op.operator_name());
+    p.any.store(true, std::memory_order_release);
+  }
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {}
+};
+
 
 // A collective that failed inside a handler (a peer died or raised first, a timeout): the error names the op and
 // the layouts of its arguments (handlers leave their arguments on the stack until their collectives are done).
@@ -150,6 +193,7 @@ std::vector<std::shared_ptr<torch::autograd::Node>> leaf_hooks(const c10::Operat
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    bind_new_ops();
     // Above autograd (linear, matmul, attention, ...): a DTensor argument is refused before the rule unwraps it.
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     // A rule above autograd records its own graph: its ShardTensor leaves get the gradient-layout hook, as the
@@ -215,6 +259,7 @@ struct SlotKernel final : c10::OperatorKernel {
 struct PromoteKernel final : c10::OperatorKernel {
   explicit PromoteKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    bind_new_ops();
     // A DTensor argument: refuse here, above the Python key, before DTensor's dispatch sees ShardTensors.
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     ViewReplayGuard replay(slot->returns_view);
@@ -321,6 +366,42 @@ bool should_bind(const c10::OperatorHandle& h) {
   return !decomposes_before_shard_key(h) && !h.hasKernelForDispatchKey(kShardKey);
 }
 
+// Another library's op that would bypass the fallback: a CompositeExplicitAutograd kernel and nothing of ours.
+bool needs_custom_op_slot(const c10::OperatorHandle& h) {
+  return !torch_namespace(h.operator_name().name) &&
+      h.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) && should_bind(h);
+}
+
+// Slots (no rule: the fallback's policy) for the ops the listener noted. An op whose kernels are registered after
+// the next dispatch of ours is not bound (it was seen without them); torch.library.custom_op registers its
+// definition and kernel in one call.
+void bind_noted_ops() {
+  auto& p = pending_ops();
+  std::vector<c10::OperatorName> names;
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    names.swap(p.names);
+    p.any.store(false, std::memory_order_release);
+  }
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& name : names) {
+    if (r.slots.count(name)) continue;
+    auto h = d.findOp(name);
+    if (!h) continue;
+    auto rule = r.rules_when_defined.find(name);
+    if (rule != r.rules_when_defined.end() && should_bind(*h)) {
+      auto* slot = bind_op(r, name, *h);
+      slot->family = rule->second.second;
+      r.rules.push_back(std::make_unique<const BoxedHandler>(rule->second.first));
+      slot->handler.store(r.rules.back().get(), std::memory_order_release);
+    } else if (needs_custom_op_slot(*h)) {
+      bind_op(r, name, *h);
+    }
+  }
+}
+
 c10::OperatorName parse_name(const std::string& full) {
   auto dot = full.find('.', full.find("::"));
   if (dot == std::string::npos) return {full, ""};
@@ -329,6 +410,7 @@ c10::OperatorName parse_name(const std::string& full) {
 
 // Ops of other namespaces (no slots): the same policy as a slot without a rule.
 void shard_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  bind_new_ops();
   if (!fallback_allowed(op)) not_implemented(op, stack);
   if (consistency_check_enabled()) check_op_consistency(op, stack);
   if (strict()) {
@@ -358,10 +440,34 @@ void install_dispatch() {
     if (!h || !should_bind(*h)) continue;
     bind_op(r, name, *h);
   }
+  // Other libraries' ops, defined so far (the listener is told of them at once) and later.
+  static auto* listener = new c10::RegistrationHandleRAII(
+      d.addRegistrationListener(std::make_unique<NewOpListener>())); // never removed, like the slots
+  (void)listener;
   static torch::Library fallback_lib(torch::Library::IMPL, "_", kShardKey, __FILE__, __LINE__);
   fallback_lib.fallback(torch::CppFunction::makeFromBoxedFunction<&shard_fallback>());
   static torch::Library autograd_fallback_lib(torch::Library::IMPL, "_", kShardAutogradKey, __FILE__, __LINE__);
   autograd_fallback_lib.fallback(torch::autograd::autogradNotImplementedFallback());
+}
+
+void set_handler_when_defined(const char* qualified_name, BoxedHandler handler) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto name = parse_name(qualified_name);
+  TORCH_INTERNAL_ASSERT(!torch_namespace(name.name) && !r.slots.count(name) && !r.rules_when_defined.count(name),
+                        qualified_name, ": a rule for a library's op is registered once, before the op is bound");
+  r.rules_when_defined.emplace(name, std::make_pair(std::move(handler), registering_family()));
+  // Defined already (the library was imported first): the listener noted it; bound with the next bind_new_ops.
+  if (c10::Dispatcher::singleton().findOp(name)) {
+    auto& p = pending_ops();
+    std::lock_guard<std::mutex> plock(p.mutex);
+    p.names.push_back(name);
+    p.any.store(true, std::memory_order_release);
+  }
+}
+
+void bind_new_ops() {
+  if (pending_ops().any.load(std::memory_order_acquire)) bind_noted_ops();
 }
 
 void set_handler(const c10::OperatorName& name, BoxedHandler handler, bool strict) {

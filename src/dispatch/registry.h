@@ -41,6 +41,15 @@ void set_handler_all_overloads(const char* base_name, BoxedHandler handler);
 using AutogradHandler = std::function<bool(const c10::OperatorHandle& op, torch::jit::Stack* stack)>;
 void set_autograd_handler(const char* qualified_name, AutogradHandler handler);
 
+// Binds the ops other libraries defined since the last call (torch.library custom ops: their default kernel would
+// otherwise run on the ShardTensor itself) to a slot without a rule, i.e. the fallback. Cheap when there are none;
+// called by our kernels and by from_local / distribute_tensor / scatter_tensor.
+void bind_new_ops();
+
+// A built-in rule (below autograd) for an op another library defines (PhysicsNeMo's neighbour searches): bound
+// when the op is defined, which may be after the library loads or never.
+void set_handler_when_defined(const char* qualified_name, BoxedHandler handler);
+
 // Ops whose ShardTensor rule runs at RuleLevel::above_autograd. torch.compile's tracers decompose composite-implicit
 // ops before a traced ShardTensor's __torch_dispatch__ sees them; python/shardtensor/_traced.py routes these ops to
 // their rules at the autograd key instead. (Ops with an AutogradHandler are not listed: their handler saves memory

@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import socket
 import sys
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,8 +87,11 @@ class Pool:
         for c in self.conns:
             c.send((fn.__module__, fn.__name__, args))
         results, errors = {}, {}
+        # One deadline for the whole case: polling each rank for the full limit in turn let a case run for up to
+        # world x timeout (a 3-rank zoo model that thrashed ran on for 12 minutes under a 180 s limit).
+        deadline = time.monotonic() + timeout
         for r, c in enumerate(self.conns):
-            if not c.poll(timeout):
+            if not c.poll(max(deadline - time.monotonic(), 0.0)):
                 self.dump_stacks()
                 self.kill()
                 raise CaseTimeout(f"{fn.__name__}{args}: rank {r} did not finish within {timeout}s (hang?)")
@@ -105,7 +109,6 @@ class Pool:
 
     def dump_stacks(self):
         import signal
-        import time
 
         for p in self.procs:
             if p.is_alive():
