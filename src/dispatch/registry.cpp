@@ -19,6 +19,7 @@
 #include "dispatch/grad_layout.h"
 #include "dispatch/promote.h"
 #include "dispatch/rule_family.h"
+#include "dispatch/shard_random.h"
 #include "dispatch/view_replay.h"
 #include "dispatch/write_back.h"
 
@@ -54,6 +55,7 @@ struct Slot {
   std::vector<size_t> written;                                   // arguments the op writes in place (Tensor(a!))
   bool fallback = false;                                         // functional: may run through the fallback
   bool returns_view = false;                                     // the result aliases an argument (Tensor(a))
+  bool seeded = false;                                           // draws random numbers (shard_random.h)
   std::string family, autograd_family; // the built-in families that own the rules (empty: none)
 };
 
@@ -227,6 +229,8 @@ struct SlotKernel final : c10::OperatorKernel {
     }
     RunningRuleGuard running(op, stack);
     if (consistency_check_enabled()) check_op_consistency(op, stack);
+    std::optional<ShardRandomGuard> random_streams; // per-shard streams, generator kept in step (shard_random.h)
+    if (slot->seeded) random_streams.emplace(op, stack);
     if (fallback_op) {
       // A rule that declines (every rank alike: rules decide from the specs) before it takes its arguments off the
       // stack (typed rules always do) leaves them there, so the fallback runs on them.
@@ -318,6 +322,7 @@ Slot* bind_op(Registry& r, const c10::OperatorName& name, const c10::OperatorHan
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) slot->written.push_back(i);
   slot->fallback = fallback_allowed(handle);
   slot->returns_view = returns_view(handle.schema());
+  slot->seeded = handle.hasTag(at::Tag::nondeterministic_seeded);
   auto* raw = slot.get();
   bind_kernel<SlotKernel>(r, name, kShardKey, raw);
   if (handle.hasKernelForDispatchKey(c10::DispatchKey::Autograd) && !handle.hasKernelForDispatchKey(kShardAutogradKey))
@@ -337,6 +342,7 @@ Slot* bind_above_autograd(Registry& r, const c10::OperatorName& name, const c10:
   TORCH_INTERNAL_ASSERT(!handle.hasKernelForDispatchKey(kShardKey), qualified(name), " is bound already");
   auto slot = std::make_unique<Slot>(name);
   slot->level = RuleLevel::above_autograd;
+  slot->seeded = handle.hasTag(at::Tag::nondeterministic_seeded);
   auto* raw = slot.get();
   bind_kernel<SlotKernel>(r, name, kShardAutogradKey, raw);
   bind_kernel<SlotKernel>(r, name, kShardKey, raw);

@@ -75,6 +75,61 @@ def case_dropout(seed):
     return True
 
 
+def _gathered(t):
+    """Every rank's copy of a plain tensor (same shape on every rank)."""
+    out = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(out, t.contiguous())
+    return out
+
+
+def case_random_streams(mesh_shape):
+    """Random draws on ShardTensors (src/dispatch/shard_random.h): the shards draw from distinct streams, ranks of a
+    replicated mesh dim draw alike, and the generator stays in step on every rank whatever the extents, so a later
+    plain draw is the same everywhere (it differed after a dropout of uneven shards: replicated values diverged)."""
+    m = mesh(mesh_shape)
+    torch.manual_seed(11)  # seeded alike, the usual recipe
+    x = torch.ones(24, 16)
+    split = [st.Shard(0)] + [st.Replicate()] * (len(mesh_shape) - 1)
+    xs = st.distribute_tensor(x, m, split, sharding_shapes={0: uneven_extents(24, m.size(0), seed=2)})
+    d = F.dropout(xs, 0.5, training=True)
+    noise = torch.randn_like(xs)
+    after = torch.rand(8)                             # a plain draw after the sharded ones
+    assert all(torch.equal(a, after) for a in _gathered(after)), "the generator is out of step between ranks"
+    # distinct streams per shard: the first local row of each mesh-dim-0 coordinate differs (p = 2^-16 per pair)
+    firsts = _gathered(torch.cat([d.to_local()[:1], noise.to_local()[:1]]) if d.to_local().shape[0] else
+                       torch.full((2, 16), float(m.get_coordinate()[0] + 7)))
+    coords = [m.mesh.flatten().tolist().index(r) for r in range(torch.distributed.get_world_size())]
+    by_coord = {}
+    for r, f in enumerate(firsts):
+        c0 = divmod(coords[r], m.size(1))[0] if len(mesh_shape) > 1 else coords[r]
+        by_coord.setdefault(c0, []).append(f)
+    for group in by_coord.values():   # ranks sharing the split coordinate (a replicated mesh dim) draw alike
+        assert all(torch.equal(group[0], g) for g in group), "replicated mesh dim drew differently"
+    heads = [g[0] for g in by_coord.values()]
+    assert len({tuple(h.flatten().tolist()) for h in heads}) == len(heads), "two shards drew the same numbers"
+    kept = full(d) != 0
+    close(full(d)[kept], (x * 2)[kept], what="dropout scale")
+    assert 0.3 < kept.double().mean() < 0.7
+    # a Replicate tensor's draw is the same on every rank; an explicit generator is kept in step too
+    r = torch.rand_like(st.distribute_tensor(x, m, [st.Replicate()] * len(mesh_shape)))
+    assert all(torch.equal(a, r.to_local()) for a in _gathered(r.to_local()))
+    g = torch.Generator().manual_seed(5)
+    xs.clone().uniform_(generator=g)
+    nxt = torch.rand(4, generator=g)
+    assert all(torch.equal(a, nxt) for a in _gathered(nxt))
+    # reproducible: the same seed gives the same sharded draw
+    torch.manual_seed(3)
+    a = torch.randn_like(xs).to_local().clone()
+    torch.manual_seed(3)
+    assert torch.equal(torch.randn_like(xs).to_local(), a)
+    return True
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2)])
+def test_random_streams(mesh_shape):
+    harness.run(int(torch.tensor(mesh_shape).prod()), case_random_streams, mesh_shape)
+
+
 def case_python_handler(seed):
     m = mesh()
 

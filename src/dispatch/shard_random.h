@@ -1,0 +1,40 @@
+// Random draws on ShardTensors (dropout masks, rand_like / randn_like noise, bernoulli_ / normal_ / uniform_ fills:
+// every op tagged nondeterministic_seeded that has a rule).
+//
+// A rank draws only its own elements, from the generator the op would use (its Generator argument, else the
+// device's default). Left alone, that had two faults: ranks seeded alike (the usual recipe, and what keeps plain
+// random draws equal on every rank) drew the same numbers for their first elements, so the shards' dropout masks and
+// noise repeated each other; and ranks of uneven extents advanced the generator by different amounts, so a later
+// plain draw (a masked autoencoder's token order, dropout of a replicated tensor) differed between ranks and the
+// "replicated" values silently diverged.
+//
+// While a rule of such an op runs, ShardRandomGuard gives the generator a seed derived from its current state and
+// this rank's coordinates on the mesh dims that split the op's first ShardTensor argument (ranks of a replicated
+// mesh dim share it, so a Replicate tensor's draws stay equal), then restores the state and advances it by one
+// draw, alike on every rank. The shards' streams are distinct and independent of the extents; a draw does not
+// equal one device's (that would need every rank to draw the whole tensor). Not applied while tracing (fake or
+// functional locals: torch.compile handles its own RNG) or to devices without a default generator (meta).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+
+namespace shardtensor::dispatch {
+
+class ShardRandomGuard {
+ public:
+  ShardRandomGuard(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
+  ~ShardRandomGuard();
+  ShardRandomGuard(const ShardRandomGuard&) = delete;
+  ShardRandomGuard& operator=(const ShardRandomGuard&) = delete;
+
+ private:
+  std::optional<at::Generator> gen_;
+  at::Tensor state_;
+  c10::Device device_{c10::kCPU};
+};
+
+} // namespace shardtensor::dispatch
