@@ -13,9 +13,11 @@
 // mesh dim share it, so a Replicate tensor's draws stay equal), then restores the state and advances it by one
 // draw, alike on every rank. The shards' streams are distinct and independent of the extents; a draw does not
 // equal one device's (that would need every rank to draw the whole tensor). Not applied while tracing (fake or
-// functional locals: torch.compile handles its own RNG) or to devices without a default generator (meta).
+// functional locals: torch.compile handles its own RNG), under st.simulate (one process plays one rank) or to devices
+// without a default generator (meta).
 #pragma once
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,6 +35,11 @@ class ShardRandomGuard {
 
  private:
   std::optional<at::Generator> gen_;
+  // The CPU generator's state, kept without allocating a tensor (a rank's measured memory must not change); other
+  // devices' generators save theirs as their state tensor.
+  std::optional<at::mt19937> cpu_engine_;
+  std::optional<float> cpu_next_float_;
+  std::optional<double> cpu_next_double_;
   at::Tensor state_;
   c10::Device device_{c10::kCPU};
 };

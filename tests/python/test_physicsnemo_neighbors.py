@@ -1,5 +1,6 @@
 """PhysicsNeMo's neighbour searches on split queries (src/ops/physicsnemo_neighbors.cpp), unmodified: the ball query
-of `physicsnemo.nn.BQWarp` and DoMINO's `LocalGeometryEncoding`, `physicsnemo.nn.functional.radius_search` (every
+of `physicsnemo.nn.BQWarp`, DoMINO's `LocalGeometryEncoding` and the whole DoMINO model (volume and surface points
+split, strict mode, forward and every parameter gradient equal to one device), `physicsnemo.nn.functional.radius_search` (every
 output, the gradient of the returned points) and `knn`. Queries split along their rows (uneven, one-row and empty
 shards, 1-3 ranks), the searched points whole: equal to one device bit for bit, nothing communicated forward.
 Split points and radius search without max_points decline (the gather fallback; strict mode raises on every rank).
@@ -231,3 +232,90 @@ def test_custom_op_defined_before_import(tmp_path):
                                          env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ the whole DoMINO model
+
+_DOMINO_SPLIT = ("sdf_nodes", "pos_volume_closest", "pos_volume_center_of_mass", "volume_mesh_centers",
+                 "pos_surface_center_of_mass", "surface_mesh_centers", "surface_mesh_neighbors", "surface_normals",
+                 "surface_neighbors_normals", "surface_areas", "surface_neighbors_areas")
+
+
+def _domino_small():
+    """PhysicsNeMo's DoMINO (volume and surface) with its default configuration shrunk for a CPU test: a 16x8x8
+    grid, narrow layers, few neighbours."""
+    import copy
+    import json
+    from physicsnemo.models.domino.config import DEFAULT_MODEL_PARAMS, Config
+    from physicsnemo.models.domino.model import DoMINO
+    cfg = Config.from_hydra(json.loads(json.dumps(copy.deepcopy(dict(DEFAULT_MODEL_PARAMS)))))
+    cfg.interp_res = [16, 8, 8]
+    cfg.geometry_rep.geo_conv.volume_neighbors_in_radius = [4, 8, 8, 8]
+    cfg.geometry_rep.geo_conv.surface_neighbors_in_radius = [4, 8, 8]
+    cfg.geometry_local.volume_neighbors_in_radius = [4, 8]
+    cfg.geometry_local.surface_neighbors_in_radius = [4, 8]
+    for part in (cfg.geometry_local, cfg.nn_basis_functions, cfg.aggregation_model):
+        part.base_layer = 32
+    cfg.position_encoder.base_neurons = 32
+    torch.manual_seed(0)
+    model = DoMINO(input_features=3, output_features_vol=5, output_features_surf=4, model_parameters=cfg).double()
+    # Its volume head samples neighbours of every point at random (each shard from its own stream, so not one
+    # device's draws): at radius 1e-12 the samples sit on the points, and the comparison is exact.
+    model.solution_calculator_vol.noise_intensity = 1e12
+    return model, cfg
+
+
+def _domino_inputs(cfg, n=37):
+    g = torch.Generator().manual_seed(1)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)   # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)    # noqa: E731
+    nx, ny, nz = cfg.interp_res
+    k = cfg.num_neighbors_surface
+    axes = [torch.linspace(-1, 1, s, dtype=torch.float64) for s in (nx, ny, nz)]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1)[None]
+    box = torch.tensor([[[-1.0, -1, -1], [1, 1, 1]]], dtype=torch.float64)
+    return {"pos_volume_closest": r(1, n, 3), "pos_volume_center_of_mass": r(1, n, 3),
+            "pos_surface_center_of_mass": r(1, n, 3), "geometry_coordinates": u(1, 50, 3) * 2 - 1, "grid": grid,
+            "surf_grid": grid.clone(), "sdf_grid": r(1, nx, ny, nz), "sdf_surf_grid": r(1, nx, ny, nz),
+            "sdf_nodes": r(1, n, 1), "surface_mesh_centers": u(1, n, 3) * 2 - 1, "surface_mesh_neighbors": r(1, n, k, 3),
+            "surface_normals": r(1, n, 3), "surface_neighbors_normals": r(1, n, k, 3),
+            "surface_areas": u(1, n) + 1e-3, "surface_neighbors_areas": u(1, n, k) + 1e-3,
+            "volume_mesh_centers": u(1, n, 3) * 2 - 1, "volume_min_max": box, "surface_min_max": box.clone(),
+            "global_params_values": r(1, 2, 1), "global_params_reference": r(1, 2, 1)}
+
+
+def case_domino():
+    """The whole DoMINO, unmodified: the volume and surface points (and everything per point) split along the
+    points, the geometry, grids and global parameters whole. Every op runs on rules (strict mode), the ball queries
+    on each rank's own points; outputs and every parameter gradient equal one device's, and the only collectives are
+    the parameter-gradient reductions."""
+    import copy
+    m, w = mesh(), mesh().size()
+    model, cfg = _domino_small()
+    ref = copy.deepcopy(model)
+    d = _domino_inputs(cfg)
+    out_ref = ref(d)
+    g = torch.Generator().manual_seed(2)
+    wgts = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in out_ref]
+    sum((o * wt).sum() for o, wt in zip(out_ref, wgts)).backward()
+    ext = {0: uneven_extents(37, w, seed=4)}
+    ds = {k: shard_of(v, m, [st.Shard(1)], ext) if k in _DOMINO_SPLIT else v for k, v in d.items()}
+    with st.CommCounter() as fwd:
+        out = model(ds)
+    assert fwd.total_calls == 0, fwd.calls
+    for o, r in zip(out, out_ref):
+        assert st.placements(o) == (st.Shard(1),) and st.sharding_shapes(o) == st.sharding_shapes(ds["sdf_nodes"])
+        torch.testing.assert_close(full(o), r, rtol=1e-11, atol=1e-12)
+    with st.CommCounter() as bwd:
+        sum((o * st.distribute_tensor(wt, m, [st.Shard(1)], sharding_shapes=ext)).sum()
+            for o, wt in zip(out, wgts)).backward()
+    assert set(bwd.calls) <= {"all_reduce"}, bwd.calls
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        if pr.grad is not None:
+            scale = pr.grad.abs().max().item() + 1e-300
+            assert (full(p.grad) - pr.grad).abs().max().item() <= 1e-9 * scale, n
+    return True
+
+
+def test_domino():
+    harness.run(3, harness_strict, case_domino)
