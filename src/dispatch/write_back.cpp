@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -51,6 +52,8 @@ struct Entry {
   Local copy;
   std::vector<Step> steps;
   SpecPtr owned, scattered;
+  // A scattered copy of the same base to refresh after this copy's write reached the base (register_refresh).
+  std::shared_ptr<const Entry> refresh;
 };
 
 // A re-laid-out view's buffer: writes into it are refused.
@@ -96,32 +99,30 @@ const c10::StorageImpl* storage_key(const at::Tensor& local) {
   return local.has_storage() ? local.storage().unsafeGetStorageImpl() : nullptr;
 }
 
-void write_back_storage(const c10::StorageImpl* key) {
-  if (!key) return;
-  std::optional<Entry> found;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (auto ref = r.refusals.find(key); ref != r.refusals.end()) {
-      auto alive = ref->second.storage.lock();
-      if (alive && alive.get() == key)
-        TORCH_CHECK_NOT_IMPLEMENTED(false, "ShardTensor: an in-place write into the result of ", ref->second.what,
-                                    ", which had to re-lay out its input first, so it is a copy, not a view: the "
-                                    "write cannot reach the input. Write into the input before the view, or use "
-                                    "the out-of-place op and keep its result");
-    }
-    auto it = r.entries.find(key);
-    if (it == r.entries.end()) return;
-    found = it->second;
-  }
-  auto copy = found->copy.get();
+// A live scattered copy made equal to its base's slice again: the owner's row moved back along the mesh dim.
+void refresh_scattered(const Entry& e) {
+  auto copy = e.copy.get();
+  const auto& st = e.steps.front();
+  auto base = st.base.get();
+  if (!copy.defined() || !base.defined()) return; // gone alike on every rank (the same program frees them)
+  const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
+  const auto off = st.spec->offset_of(st.mesh_dim, coord);
+  const bool holds = st.index >= off && st.index < off + st.spec->extents[st.mesh_dim][coord];
+  auto slice = base.narrow(st.dim, holds ? st.index - off : 0, holds ? 1 : 0);
+  auto moved = redistribute_local(slice, *e.owned, *e.scattered);
+  copy.copy_(moved.select(st.dim, 0));
+}
+
+// The write of one registered copy into its base(s), as far as this rank holds a part of it.
+void write_entry(const Entry& entry, const c10::StorageImpl* key) {
+  auto copy = entry.copy.get();
   // Gone (or the address reused by another buffer): nothing can read the copy any more.
   if (!copy.defined() || storage_key(copy) != key) return;
-  const auto& steps = found->steps;
-  if (found->scattered) {
+  const auto& steps = entry.steps;
+  if (entry.scattered) {
     // Every rank of the mesh dim holds a part of the copy and takes part in moving it back to the owner.
     const auto& st = steps.front();
-    auto slice = redistribute_local(copy.unsqueeze(st.dim), *found->scattered, *found->owned);
+    auto slice = redistribute_local(copy.unsqueeze(st.dim), *entry.scattered, *entry.owned);
     const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
     const auto off = st.spec->offset_of(st.mesh_dim, coord);
     if (st.index < off || st.index >= off + st.spec->extents[st.mesh_dim][coord]) return;
@@ -142,6 +143,29 @@ void write_back_storage(const c10::StorageImpl* key) {
     for (size_t j = k + 1; j-- > 0;) region = region.select(steps[j].dim, local_index[j]);
     region.copy_(copy);
   }
+}
+
+void write_back_storage(const c10::StorageImpl* key) {
+  if (!key) return;
+  std::optional<Entry> found;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (auto ref = r.refusals.find(key); ref != r.refusals.end()) {
+      auto alive = ref->second.storage.lock();
+      if (alive && alive.get() == key)
+        TORCH_CHECK_NOT_IMPLEMENTED(false, "ShardTensor: an in-place write into the result of ", ref->second.what,
+                                    ", which had to re-lay out its input first, so it is a copy, not a view: the "
+                                    "write cannot reach the input. Write into the input before the view, or use "
+                                    "the out-of-place op and keep its result");
+    }
+    auto it = r.entries.find(key);
+    if (it == r.entries.end()) return;
+    found = it->second;
+  }
+  write_entry(*found, key);
+  // Every rank, whether or not it held a part of the write: the refresh is a collective.
+  if (found->refresh) refresh_scattered(*found->refresh);
 }
 
 } // namespace
@@ -174,6 +198,46 @@ void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_
   r.entries.insert_or_assign(key, std::move(e));
   if (r.entries.size() + r.refusals.size() >= r.sweep_at) sweep(r);
   g_entries = r.entries.size() + r.refusals.size();
+}
+
+std::optional<SelectOrigin> scattered_select_origin(const at::Tensor& copy) {
+  auto* impl = shard_impl(copy);
+  if (!impl) return std::nullopt;
+  const auto& local = impl->local();
+  const auto* key = storage_key(local);
+  if (!key) return std::nullopt;
+  std::optional<Entry> found;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.entries.find(key);
+    if (it == r.entries.end() || !it->second.scattered) return std::nullopt;
+    found = it->second;
+  }
+  const auto& c = found->copy;
+  if (c.offset != local.storage_offset() || c.sizes != local.sizes().vec() || c.strides != local.strides().vec())
+    return std::nullopt; // a view of the copy, not the copy: its dims are not the copy's
+  const auto& st = found->steps.front();
+  auto base = st.base.get();
+  if (!base.defined()) return std::nullopt;
+  const auto landing_in_base = found->scattered->placements[st.mesh_dim].dim;
+  return SelectOrigin{make_shard_tensor(base, st.spec), st.dim, st.index,
+                      landing_in_base > st.dim ? landing_in_base - 1 : landing_in_base};
+}
+
+void register_refresh(const at::Tensor& copy, const at::Tensor& source) {
+  auto* cimpl = shard_impl(copy);
+  auto* simpl = shard_impl(source);
+  TORCH_INTERNAL_ASSERT(cimpl && simpl);
+  const auto* key = storage_key(cimpl->local());
+  const auto* source_key = storage_key(simpl->local());
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.entries.find(key);
+  auto src = r.entries.find(source_key);
+  // Registered alike on every rank (the copy and its source are decided from the specs).
+  if (it == r.entries.end() || src == r.entries.end() || !src->second.scattered) return;
+  it->second.refresh = std::make_shared<const Entry>(src->second);
 }
 
 void register_relaid_view(const at::Tensor& copy, std::string what) {

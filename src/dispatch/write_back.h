@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 
 namespace shardtensor::dispatch {
@@ -21,6 +22,23 @@ namespace shardtensor::dispatch {
 // along another sharded dim (a chain of copies) refuses writes.
 void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_t dim, int64_t index,
                           int64_t mesh_dim, SpecPtr owned = nullptr, SpecPtr scattered = nullptr);
+
+// A scattered select copy `copy` = base[..., index, ...] (along `dim` of base), scattered along its dim `landing`:
+// `base` rebuilt over the base's own buffer (a write into a view of it reaches the base). Empty when `copy` is no
+// such copy with exactly this geometry, or its base is gone. A select of the copy along `landing` (x[..., i, j]
+// with i sharded: the copy of row i is scattered along j's dim) is computed from the base instead (ops/view.cpp):
+// base.select(j).select(i) is one select along a sharded dim of a view of the base, so writes into it reach the
+// base; a chain of copies through a scattered one could not be written back.
+struct SelectOrigin {
+  at::Tensor base;
+  int64_t dim = 0, index = 0, landing = 0;
+};
+std::optional<SelectOrigin> scattered_select_origin(const at::Tensor& copy);
+
+// After a write into `copy` (registered from a view of `source`'s base) reached the base, `source` (a scattered
+// select copy of that base, still alive) is refreshed from the base, as a view on one device would show the write:
+// its slice moved again from the owner (one collective, on every rank alike).
+void register_refresh(const at::Tensor& copy, const at::Tensor& source);
 
 // `copy` = the result of a view whose input had to be re-laid out first (view.cpp): it does not alias its input,
 // so an in-place write into it (or into a view of it) raises NotImplementedError naming `what`, on every rank

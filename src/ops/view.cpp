@@ -537,6 +537,19 @@ at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt inde
   const auto& spec0 = spec_of(self);
   const auto global_index = index;
   const auto sharded_on = spec0.mesh_dim_of(dim);
+  if (sharded_on >= 0 && dispatch::any_select_copies()) {
+    // `self` = base.select(i) scattered along this very dim (x[..., i, j] with i sharded): a copy of a copy could
+    // not be written back, so take base.select(j) (a view: this dim is whole in the base) and select i there. The
+    // values are the base's, as a view's would be on one device; `self`, if it outlives a write into the result,
+    // is refreshed from the base (dispatch/write_back.h).
+    if (auto origin = dispatch::scattered_select_origin(self); origin && origin->landing == dim) {
+      const auto base_dim = dim < origin->dim ? dim : dim + 1;
+      auto view = at::select(origin->base, base_dim, index);
+      auto out = at::select(view, origin->dim > base_dim ? origin->dim - 1 : origin->dim, origin->index);
+      dispatch::register_refresh(out, self);
+      return out;
+    }
+  }
   int64_t landing = -1;
   SpecPtr owned;
   if (auto m = sharded_on; m >= 0) {

@@ -56,6 +56,40 @@ def case_select_writes(seed):
     return True
 
 
+def _corner_writes(t, rows):
+    # HEALPix padding's corner patches: x[..., i, j] = v with i along the sharded dim (its copy is scattered along
+    # j's dim, so j then selects along a split dim of a copy: taken from the base instead)
+    t[..., 0, -1] = 5.0
+    t[..., -1, 2] = torch.arange(6.0).reshape(2, 3)
+    t[..., 1, 0] += 1.0
+    row = t[..., rows - 2, :]        # a scattered copy that stays alive: a write through it, then through its
+    row[..., 3] = 7.0                # element, shows in both, as views would on one device
+    assert torch.equal(row[..., 3].full_tensor() if st.is_shard_tensor(row) else row[..., 3], torch.full((2, 3), 7.0))
+    row.mul_(2.0)
+
+
+def case_select_of_scattered_copy(seed):
+    m = mesh()
+    x0 = randn(2, 3, 9, 6, seed=seed)
+    _check_form("x[..., i, j] writes", lambda t: _corner_writes(t, 9), x0, m, [st.Shard(2)],
+                {0: uneven_extents(9, m.size(), seed)})
+    xs = st.distribute_tensor(x0, m, [st.Shard(2)], {0: uneven_extents(9, m.size(), seed)})
+    close(xs[..., 4, :][..., 1].full_tensor(), x0[..., 4, 1], what="read x[..., i, :][..., j]")
+    xg = xs.clone().detach().requires_grad_()
+    (xg[..., 2, :][..., 4] * 3).sum().backward()
+    ref = torch.zeros_like(x0)
+    ref[..., 2, 4] = 3.0
+    close(xg.grad.full_tensor(), ref, what="gradient of x[..., i, :][..., j]")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_select_of_scattered_copy(world):
+    """x[..., i, j] = v with i along the sharded dim: the copy of x[..., i, :] is scattered along j's dim, and
+    selecting j in it used to refuse writes ('a copy of a copy'; HEALPix padding on 2 ranks)."""
+    harness.run(world, case_select_of_scattered_copy, world)
+
+
 def case_select_writes_2d():
     m = mesh((2, 2), ("a", "b"))
     x0 = randn(5, 6, 3, seed=3)
