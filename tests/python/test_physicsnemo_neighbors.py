@@ -194,7 +194,7 @@ def _define_numpy_sin():
 def case_custom_op_fallback():
     op = _define_numpy_sin()
     m = mesh()
-    x = torch.randn(7, 3, dtype=torch.float64)
+    x = torch.randn(7, 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     xs = shard_of(x, m, [st.Shard(0)], {0: uneven_extents(7, m.size(), seed=9)})
     with st.CommCounter() as c:
         y = op(xs)
@@ -203,6 +203,44 @@ def case_custom_op_fallback():
     with st.use_strict(), pytest.raises(NotImplementedError, match="shardtensor_test::numpy_sin"):
         op(xs)
     return True
+
+
+_torch_body_op = None
+
+
+def _scaled_sin_body(x):
+    return x.sin() * 2.0
+
+
+def case_custom_op_torch_body():
+    """A custom op whose body is torch ops: gathered by default (its body may read buffers); registering the body
+    as its handler keeps it divided."""
+    global _torch_body_op
+    if _torch_body_op is None:
+        @torch.library.custom_op("shardtensor_test::scaled_sin", mutates_args=())
+        def scaled_sin(x: torch.Tensor) -> torch.Tensor:
+            return _scaled_sin_body(x)
+
+        _torch_body_op = scaled_sin
+    op = torch.ops.shardtensor_test.scaled_sin.default
+    m = mesh()
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    xs = shard_of(x, m, [st.Shard(0)], {0: uneven_extents(6, m.size(), seed=3)})
+    with st.CommCounter() as c:
+        y = op(xs)
+    assert any(k.startswith("fallback") for k in c.calls), c.calls
+    st.register_handler(op, _scaled_sin_body)
+    with st.CommCounter() as c:
+        y2 = op(xs)
+    assert c.total_calls == 0, c.calls
+    for got in (y, y2):
+        assert torch.equal(full(got), x.sin() * 2.0)
+    assert st.placements(y2) == (st.Shard(0),)
+    return True
+
+
+def test_custom_op_torch_body_handler():
+    harness.run(2, case_custom_op_torch_body)
 
 
 def test_custom_op_defined_after_import():
