@@ -67,7 +67,12 @@ struct Registry {
   std::vector<std::unique_ptr<const BoxedHandler>> rules;                   // every rule ever set
   std::vector<std::unique_ptr<const AutogradHandler>> autograd_rules;       // likewise
   // Built-in rules for other libraries' ops, bound when the library defines them: (rule, its family) by name.
-  std::unordered_map<c10::OperatorName, std::pair<BoxedHandler, std::string>> rules_when_defined;
+  struct RuleWhenDefined {
+    BoxedHandler handler;
+    RuleLevel level;
+    std::string family;
+  };
+  std::unordered_map<c10::OperatorName, RuleWhenDefined> rules_when_defined;
   bool installed = false;
 };
 
@@ -398,9 +403,10 @@ void bind_noted_ops() {
     if (!h) continue;
     auto rule = r.rules_when_defined.find(name);
     if (rule != r.rules_when_defined.end() && should_bind(*h)) {
-      auto* slot = bind_op(r, name, *h);
-      slot->family = rule->second.second;
-      r.rules.push_back(std::make_unique<const BoxedHandler>(rule->second.first));
+      auto* slot = rule->second.level == RuleLevel::above_autograd ? bind_above_autograd(r, name, *h)
+                                                                   : bind_op(r, name, *h);
+      slot->family = rule->second.family;
+      r.rules.push_back(std::make_unique<const BoxedHandler>(rule->second.handler));
       slot->handler.store(r.rules.back().get(), std::memory_order_release);
     } else if (needs_custom_op_slot(*h)) {
       bind_op(r, name, *h);
@@ -456,13 +462,13 @@ void install_dispatch() {
   autograd_fallback_lib.fallback(torch::autograd::autogradNotImplementedFallback());
 }
 
-void set_handler_when_defined(const char* qualified_name, BoxedHandler handler) {
+void set_handler_when_defined(const char* qualified_name, BoxedHandler handler, RuleLevel level) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const auto name = parse_name(qualified_name);
   TORCH_INTERNAL_ASSERT(!torch_namespace(name.name) && !r.slots.count(name) && !r.rules_when_defined.count(name),
                         qualified_name, ": a rule for a library's op is registered once, before the op is bound");
-  r.rules_when_defined.emplace(name, std::make_pair(std::move(handler), registering_family()));
+  r.rules_when_defined.emplace(name, Registry::RuleWhenDefined{std::move(handler), level, registering_family()});
   // Defined already (the library was imported first): the listener noted it; bound with the next bind_new_ops.
   if (c10::Dispatcher::singleton().findOp(name)) {
     auto& p = pending_ops();

@@ -48,7 +48,8 @@ void bind_new_ops();
 
 // A built-in rule (below autograd) for an op another library defines (PhysicsNeMo's neighbour searches): bound
 // when the op is defined, which may be after the library loads or never.
-void set_handler_when_defined(const char* qualified_name, BoxedHandler handler);
+void set_handler_when_defined(const char* qualified_name, BoxedHandler handler,
+                              RuleLevel level = RuleLevel::below_autograd);
 
 // Ops whose ShardTensor rule runs at RuleLevel::above_autograd. torch.compile's tracers decompose composite-implicit
 // ops before a traced ShardTensor's __torch_dispatch__ sees them; python/shardtensor/_traced.py routes these ops to

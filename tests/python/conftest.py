@@ -69,6 +69,7 @@ QUICK = {
     "test_physicsnemo_examples.py": ["test_example"],
     "test_point_search.py": ["test_sharded_batched"],
     "test_healpix.py": ["test_healpix_layers[2-False]"],
+    "test_physicsnemo_grid_derivatives.py": ["test_grid_derivatives[2-uneven]"],
     "test_physicsnemo_neighbors.py": ["test_ball_query_split_queries[2-uneven]", "test_custom_op_defined_after_import"],
     "test_pointwise.py": ["test_binary_broadcast[3]"],
     "test_pool.py": ["test_pool2d"],
