@@ -79,7 +79,15 @@ struct GridDerivativeFn : torch::autograd::Function<GridDerivativeFn> {
     local_shape.insert(local_shape.begin(), count);
     at::Tensor out_local, out_w;
     if (window.numel() == 0) {
-      out_local = at::zeros(local_shape, local.options()); // a rank without rows: the kernel is not called
+      // A rank without rows keeps none, but still calls the kernel (on one row per empty dim) so that PhysicsNeMo's
+      // argument checks raise here as on the ranks with rows, instead of leaving those in the next collective.
+      auto dummy_shape = window.sizes().vec();
+      for (auto& n : dummy_shape) n = std::max<int64_t>(n, 1);
+      auto dummy_args = args;
+      dummy_args[0] = at::zeros(dummy_shape, local.options());
+      torch::jit::Stack stack(dummy_args.begin(), dummy_args.end());
+      op.callBoxed(&stack);
+      out_local = at::zeros(local_shape, local.options());
     } else {
       at::AutoGradMode local_graph(grad); // the local call's own graph is the backward's
       if (grad) window.requires_grad_();

@@ -45,6 +45,11 @@ def case_grid_derivatives(kind):
             _check(f2, fs, m, **kw)
     f1 = torch.randn(13, generator=g)
     _check(f1, shard_of(f1, m, [st.Shard(0)], {0: ext(13, 5)}), m, spacing=0.1, order=4, derivative_orders=(1, 2))
+    # PhysicsNeMo's own argument checks raise on every rank, also on a rank without rows (tiny: rank 1)
+    spacing = torch.tensor([0.5, 0.25])
+    with pytest.raises(ValueError, match="include_mixed"):
+        torch.ops.physicsnemo.uniform_grid_gradient_warp_impl(shard_of(f2, m, [st.Shard(0)], {0: ext(11, 0)}),
+                                                             spacing, 2, 1, True)
     f3 = torch.randn(6, 7, 5, generator=g)
     _check(f3, shard_of(f3, m, [st.Shard(1)], {0: ext(7, 6)}), m, spacing=(1.0, 0.5, 0.25), order=2,
            derivative_orders=(1, 2), include_mixed=True)
