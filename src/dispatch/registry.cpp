@@ -66,7 +66,7 @@ struct Registry {
   std::unordered_map<std::string, std::unique_ptr<torch::Library>> autograd_libs;
   std::vector<std::unique_ptr<const BoxedHandler>> rules;                   // every rule ever set
   std::vector<std::unique_ptr<const AutogradHandler>> autograd_rules;       // likewise
-  // Built-in rules for other libraries' ops, bound when the library defines them: (rule, its family) by name.
+  // Built-in rules for other libraries' ops by name, bound when the library defines them (set_handler_when_defined).
   struct RuleWhenDefined {
     BoxedHandler handler;
     RuleLevel level;
@@ -120,7 +120,6 @@ struct NewOpListener final : c10::OpRegistrationListener {
   }
   void onOperatorDeregistered(const c10::OperatorHandle&) override {}
 };
-
 
 // A collective that failed inside a handler (a peer died or raised first, a timeout): the error names the op and
 // the layouts of its arguments (handlers leave their arguments on the stack until their collectives are done).

@@ -9,7 +9,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
-#include <cstring>
 #include <mutex>
 
 namespace shardtensor::dispatch {
@@ -66,7 +65,8 @@ ShardRandomGuard::ShardRandomGuard(const c10::OperatorHandle& op, const torch::j
   const auto& spec = lead->spec();
   uint64_t coord = 0;
   for (int64_t m = 0; m < spec->mesh->ndim(); ++m)
-    if (!spec->placements[m].is_replicate()) coord = mix(coord ^ static_cast<uint64_t>(spec->mesh->coordinate(m) + 1) ^ (static_cast<uint64_t>(m) << 32));
+    if (!spec->placements[m].is_replicate())
+      coord = mix(coord ^ static_cast<uint64_t>(spec->mesh->coordinate(m) + 1) ^ (static_cast<uint64_t>(m) << 32));
   std::lock_guard<std::mutex> lock(gen_->mutex());
   uint64_t hash = 0;
   if (device_.is_cpu()) {
