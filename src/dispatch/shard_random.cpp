@@ -1,6 +1,7 @@
 // See shard_random.h.
 #include "dispatch/shard_random.h"
 
+#include "comm/agreement.h"
 #include "comm/functional.h"
 
 #include <shardtensor/shard_tensor.h>
@@ -10,36 +11,17 @@
 #include <ATen/Context.h>
 
 #include <mutex>
+#include <vector>
 
 namespace shardtensor::dispatch {
 
 namespace {
 
-// splitmix64's finalizer: spreads a combined value over all 64 bits.
-uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// FNV-1a, continued over `n` bytes.
-uint64_t fnv(uint64_t h, const void* data, size_t n) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
-  return h;
-}
-
-constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ULL;
-
 // The Mersenne twister's state, field by field (the struct's padding bytes are not part of it).
-uint64_t engine_hash(const at::mt19937& engine) {
+void append_engine_state(std::vector<int64_t>& values, const at::mt19937& engine) {
   const auto d = engine.data();
-  uint64_t h = fnv(kFnvBasis, &d.seed_, sizeof d.seed_);
-  h = fnv(h, &d.left_, sizeof d.left_);
-  h = fnv(h, &d.seeded_, sizeof d.seeded_);
-  h = fnv(h, &d.next_, sizeof d.next_);
-  return fnv(h, d.state_.data(), d.state_.size() * sizeof(uint32_t));
+  values.insert(values.end(), {static_cast<int64_t>(d.seed_), d.left_, d.seeded_, d.next_});
+  values.insert(values.end(), d.state_.begin(), d.state_.end());
 }
 
 } // namespace
@@ -62,24 +44,25 @@ ShardRandomGuard::ShardRandomGuard(const c10::OperatorHandle& op, const torch::j
   if ((type != c10::kCPU && type != c10::kCUDA) || comm::tracing(local) || simulating()) return;
   device_ = local.device();
   gen_ = given ? *given : at::globalContext().defaultGenerator(device_);
-  const auto& spec = lead->spec();
-  uint64_t coord = 0;
-  for (int64_t m = 0; m < spec->mesh->ndim(); ++m)
-    if (!spec->placements[m].is_replicate())
-      coord = mix(coord ^ static_cast<uint64_t>(spec->mesh->coordinate(m) + 1) ^ (static_cast<uint64_t>(m) << 32));
+  // The stream's seed: a digest (comm/agreement.h) of the generator's state and of this rank's coordinates on the
+  // mesh dims that split the lead (not on replicated ones, whose ranks must draw alike).
+  std::vector<int64_t> seed_of;
   std::lock_guard<std::mutex> lock(gen_->mutex());
-  uint64_t hash = 0;
   if (device_.is_cpu()) {
     auto* cpu = gen_->get<at::CPUGeneratorImpl>();
     cpu_engine_ = cpu->engine();
     cpu_next_float_ = cpu->next_float_normal_sample();
     cpu_next_double_ = cpu->next_double_normal_sample();
-    hash = engine_hash(*cpu_engine_);
+    append_engine_state(seed_of, *cpu_engine_);
   } else {
     state_ = gen_->get_state();
-    hash = fnv(kFnvBasis, state_.data_ptr(), static_cast<size_t>(state_.numel()));
+    const auto* bytes = state_.data_ptr<uint8_t>();
+    seed_of.assign(bytes, bytes + state_.numel());
   }
-  gen_->set_current_seed(mix(hash ^ coord));
+  const auto& spec = lead->spec();
+  for (int64_t m = 0; m < spec->mesh->ndim(); ++m)
+    if (!spec->placements[m].is_replicate()) seed_of.insert(seed_of.end(), {m, spec->mesh->coordinate(m)});
+  gen_->set_current_seed(static_cast<uint64_t>(comm::digest(seed_of)));
 }
 
 ShardRandomGuard::~ShardRandomGuard() {

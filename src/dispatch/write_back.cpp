@@ -99,16 +99,22 @@ const c10::StorageImpl* storage_key(const at::Tensor& local) {
   return local.has_storage() ? local.storage().unsafeGetStorageImpl() : nullptr;
 }
 
+// The step's selected row in this rank's shard of its base, or none when another rank owns it.
+std::optional<int64_t> own_row(const Step& st) {
+  const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
+  const auto off = st.spec->offset_of(st.mesh_dim, coord);
+  if (st.index < off || st.index >= off + st.spec->extents[st.mesh_dim][coord]) return std::nullopt;
+  return st.index - off;
+}
+
 // A live scattered copy made equal to its base's slice again: the owner's row moved back along the mesh dim.
 void refresh_scattered(const Entry& e) {
   auto copy = e.copy.get();
   const auto& st = e.steps.front();
   auto base = st.base.get();
   if (!copy.defined() || !base.defined()) return; // gone alike on every rank (the same program frees them)
-  const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
-  const auto off = st.spec->offset_of(st.mesh_dim, coord);
-  const bool holds = st.index >= off && st.index < off + st.spec->extents[st.mesh_dim][coord];
-  auto slice = base.narrow(st.dim, holds ? st.index - off : 0, holds ? 1 : 0);
+  const auto row = own_row(st);
+  auto slice = base.narrow(st.dim, row.value_or(0), row ? 1 : 0);
   auto moved = redistribute_local(slice, *e.owned, *e.scattered);
   copy.copy_(moved.select(st.dim, 0));
 }
@@ -123,21 +129,19 @@ void write_entry(const Entry& entry, const c10::StorageImpl* key) {
     // Every rank of the mesh dim holds a part of the copy and takes part in moving it back to the owner.
     const auto& st = steps.front();
     auto slice = redistribute_local(copy.unsqueeze(st.dim), *entry.scattered, *entry.owned);
-    const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
-    const auto off = st.spec->offset_of(st.mesh_dim, coord);
-    if (st.index < off || st.index >= off + st.spec->extents[st.mesh_dim][coord]) return;
+    const auto row = own_row(st);
+    if (!row) return;
     auto region = st.base.get();
-    if (region.defined()) region.select(st.dim, st.index - off).copy_(slice.select(st.dim, 0));
+    if (region.defined()) region.select(st.dim, *row).copy_(slice.select(st.dim, 0));
     return;
   }
   std::vector<int64_t> local_index(steps.size());
   for (size_t k = 0; k < steps.size(); ++k) {
     const auto& st = steps[k];
-    const auto coord = st.spec->mesh->coordinate(st.mesh_dim);
-    const auto off = st.spec->offset_of(st.mesh_dim, coord);
+    const auto row = own_row(st);
     // This rank holds no part of the copy in this base, nor in any base further up (same mesh dim, same shard).
-    if (st.index < off || st.index >= off + st.spec->extents[st.mesh_dim][coord]) return;
-    local_index[k] = st.index - off;
+    if (!row) return;
+    local_index[k] = *row;
     auto region = st.base.get();
     if (!region.defined()) continue; // a temporary base that is gone: write the bases further up
     for (size_t j = k + 1; j-- > 0;) region = region.select(steps[j].dim, local_index[j]);

@@ -26,11 +26,14 @@ namespace shardtensor::ops {
 
 namespace {
 
-// The queries' layout: split along their rows (dim -2) only.
+// The queries' layout: split along their rows (dim -2) only. `placements` / `extents`: the row split alone (a
+// pending sum of the queries completed, so Replicate there), what every row-laid tensor of the op takes.
 struct RowLayout {
   MeshPtr mesh;
   SpecPtr spec;
   int64_t row_dim = 0;
+  Placements placements;
+  DimExtents extents;
 };
 
 RowLayout query_rows(const c10::OperatorHandle& op, torch::jit::Stack* stack, const at::Tensor& queries) {
@@ -43,6 +46,10 @@ RowLayout query_rows(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     if (p.is_shard() && p.dim != rows.row_dim)
       dispatch::not_implemented(op, stack, "the queries are split along a dim other than their rows (dim -2); "
                                            "redistribute that dim to Replicate()");
+  rows.placements.assign(rows.mesh->ndim(), Placement::replicate());
+  for (size_t m = 0; m < rows.placements.size(); ++m)
+    if (rows.spec->placements[m].is_shard()) rows.placements[m] = rows.spec->placements[m];
+  if (auto ext = rows.spec->dim_extents(); ext.count(rows.row_dim)) rows.extents[rows.row_dim] = ext.at(rows.row_dim);
   return rows;
 }
 
@@ -70,23 +77,19 @@ void wrap_rows(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Ro
                const std::vector<bool>& rows) {
   const auto nret = op.schema().returns().size();
   TORCH_INTERNAL_ASSERT(rows.size() == nret, dispatch::qualified_name(op), ": ", nret, " outputs");
-  const auto ext = layout.spec->dim_extents();
   const auto global_rows = layout.spec->global_shape[layout.row_dim];
   auto it = stack->end() - static_cast<std::ptrdiff_t>(nret);
   for (size_t i = 0; i < nret; ++i, ++it) {
     const auto local = it->toTensor();
     auto shape = local.sizes().vec();
-    Placements pl(layout.mesh->ndim(), Placement::replicate());
-    DimExtents e;
-    if (rows[i]) {
-      TORCH_INTERNAL_ASSERT(local.dim() > layout.row_dim, dispatch::qualified_name(op), ": output ", i,
-                            " has no query rows");
-      for (size_t m = 0; m < pl.size(); ++m)
-        if (layout.spec->placements[m].is_shard()) pl[m] = layout.spec->placements[m];
-      if (ext.count(layout.row_dim)) e[layout.row_dim] = ext.at(layout.row_dim);
-      shape[layout.row_dim] = global_rows;
+    if (!rows[i]) {
+      *it = wrap(local, layout.mesh, Placements(layout.mesh->ndim(), Placement::replicate()), std::move(shape), {});
+      continue;
     }
-    *it = wrap(local, layout.mesh, std::move(pl), std::move(shape), e);
+    TORCH_INTERNAL_ASSERT(local.dim() > layout.row_dim, dispatch::qualified_name(op), ": output ", i,
+                          " has no query rows");
+    shape[layout.row_dim] = global_rows;
+    *it = wrap(local, layout.mesh, layout.placements, std::move(shape), layout.extents);
   }
 }
 
@@ -124,21 +127,16 @@ void apply_grad_rows_handler(const c10::OperatorHandle& op, torch::jit::Stack* s
     dispatch::not_implemented(op, stack, "max_points=None (one flat list of neighbours); pass max_points");
   const auto indexes = first[0].toTensor();
   const auto layout = query_rows(op, stack, indexes);
-  Placements want(layout.mesh->ndim(), Placement::replicate());
-  DimExtents e;
-  const auto ext = layout.spec->dim_extents();
-  for (size_t m = 0; m < want.size(); ++m)
-    if (layout.spec->placements[m].is_shard()) want[m] = layout.spec->placements[m];
-  if (ext.count(layout.row_dim)) e[layout.row_dim] = ext.at(layout.row_dim);
   // The counts and the incoming gradient laid out like the indexes (the gradient may arrive pending or whole).
   for (int i : {0, 1, 2})
-    first[i] = local_as(resolve_partial(dispatch::as_shard(first[i].toTensor(), layout.mesh)), layout.mesh, want, e);
+    first[i] = local_as(resolve_partial(dispatch::as_shard(first[i].toTensor(), layout.mesh)), layout.mesh,
+                        layout.placements, layout.extents);
   const auto points_shape = first[3].toIntVector();
   op.callBoxed(stack);
   auto& out = stack->back();
   Placements pl(layout.mesh->ndim(), Placement::replicate());
   for (size_t m = 0; m < pl.size(); ++m)
-    if (layout.spec->placements[m].is_shard()) pl[m] = Placement::partial(ReduceOp::Sum);
+    if (layout.placements[m].is_shard()) pl[m] = Placement::partial(ReduceOp::Sum);
   out = wrap(out.toTensor(), layout.mesh, std::move(pl), points_shape, {});
 }
 

@@ -175,27 +175,35 @@ def test_declines():
 
 # ------------------------------------------------------------------ torch.library custom ops of other libraries
 
-_numpy_sin = None
+_defined_ops = {}
 
 
-def _define_numpy_sin():
-    """A custom op whose body only works on a plain CPU tensor (like a Warp or SciPy kernel): defined once per
-    process, after shardtensor was imported."""
-    global _numpy_sin
-    if _numpy_sin is None:
-        @torch.library.custom_op("shardtensor_test::numpy_sin", mutates_args=())
-        def numpy_sin(x: torch.Tensor) -> torch.Tensor:
-            return torch.from_numpy(x.detach().numpy().copy()).sin()
+def _custom_op(name, body):
+    """torch.library.custom_op(name) over `body` (an annotated function), defined once per rank process: after
+    shardtensor was imported."""
+    if name not in _defined_ops:
+        _defined_ops[name] = torch.library.custom_op(name, mutates_args=())(body)
+    return _defined_ops[name]
 
-        _numpy_sin = numpy_sin
-    return _numpy_sin
+
+def _numpy_sin(x: torch.Tensor) -> torch.Tensor:
+    # only works on a plain CPU tensor, like a Warp or SciPy kernel
+    return torch.from_numpy(x.detach().numpy().copy()).sin()
+
+
+def _scaled_sin_body(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() * 2.0
+
+
+def _split_input(rows, cols, seed):
+    m = mesh()
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return x, shard_of(x, m, [st.Shard(0)], {0: uneven_extents(rows, m.size(), seed=seed)})
 
 
 def case_custom_op_fallback():
-    op = _define_numpy_sin()
-    m = mesh()
-    x = torch.randn(7, 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    xs = shard_of(x, m, [st.Shard(0)], {0: uneven_extents(7, m.size(), seed=9)})
+    op = _custom_op("shardtensor_test::numpy_sin", _numpy_sin)
+    x, xs = _split_input(7, 3, 9)
     with st.CommCounter() as c:
         y = op(xs)
     assert any(k.startswith("fallback") for k in c.calls), c.calls
@@ -205,27 +213,12 @@ def case_custom_op_fallback():
     return True
 
 
-_torch_body_op = None
-
-
-def _scaled_sin_body(x):
-    return x.sin() * 2.0
-
-
 def case_custom_op_torch_body():
     """A custom op whose body is torch ops: gathered by default (its body may read buffers); registering the body
     as its handler keeps it divided."""
-    global _torch_body_op
-    if _torch_body_op is None:
-        @torch.library.custom_op("shardtensor_test::scaled_sin", mutates_args=())
-        def scaled_sin(x: torch.Tensor) -> torch.Tensor:
-            return _scaled_sin_body(x)
-
-        _torch_body_op = scaled_sin
+    _custom_op("shardtensor_test::scaled_sin", _scaled_sin_body)
     op = torch.ops.shardtensor_test.scaled_sin.default
-    m = mesh()
-    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
-    xs = shard_of(x, m, [st.Shard(0)], {0: uneven_extents(6, m.size(), seed=3)})
+    x, xs = _split_input(6, 4, 8)
     with st.CommCounter() as c:
         y = op(xs)
     assert any(k.startswith("fallback") for k in c.calls), c.calls
