@@ -27,7 +27,7 @@ $(VENV)/.test-stamp: tests/requirements.txt | $(VENV)/.stamp
 	$(PY) -m pip install -q "$(TORCH_PIN)" -r tests/requirements.txt
 	touch $@
 
-# Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo), tried once, on the
+# Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo, transformers), tried once, on the
 # same pip line as the torch pin so torch stays pinned. A failure is reported and recorded, never fatal: the zoo
 # tests then skip naming the missing library. `make zoo-deps` tries again.
 ZOO_REQS := tests/requirements-zoo.txt

@@ -57,7 +57,7 @@ MODELS: Dict[str, ModelSpec] = {}
 
 LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_models_pytorch",
                     "diffusers": "diffusers", "neuralop": "neuralop", "physicsnemo": "physicsnemo",
-                    "torchvision": "torchvision", "torch": "torch"}
+                    "torchvision": "torchvision", "transformers": "transformers", "torch": "torch"}
 
 
 def model(library: str, name: str, shape, **kw):
@@ -1120,12 +1120,13 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to sixth sets of models (registered on import; they import this module's registry).
+# The second to seventh sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fifth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_sixth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_seventh  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

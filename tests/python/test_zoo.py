@@ -1,5 +1,5 @@
 """The model-zoo lane: unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers,
-neuraloperator and PhysicsNeMo (random init, small inputs), run by sharding only their input, against one process: one training step
+neuraloperator, PhysicsNeMo and Hugging Face transformers (random init, small inputs), run by sharding only their input, against one process: one training step
 (output, input gradient, every parameter gradient, every buffer) and one eval forward, and the work must stay
 divided (``benchmarks/zoo/zoo_models.py`` builds and judges them; ``benchmarks/zoo/bench.py`` runs the longer
 list). Uneven extents, 2 ranks mostly, some at 3, and a 2 x 2 mesh sharding H and W.
@@ -62,6 +62,9 @@ ZOO = [
     ("physicsnemo/GeoTransolver", 4, (2, 2), None),  # a lone Replicate() on a 2-D mesh
     ("monai/MaskedAutoEncoderViT", 3, None, None),  # a random token choice read by a whole index (a routed read)
     ("diffusers/Lumina2Transformer", 2, None, None),  # split tokens written into a new_zeros joint buffer
+    ("transformers/swin", 2, None, None),     # Hugging Face: window padding and cyclic shifts in the model
+    ("transformers/wav2vec2", 3, None, None),  # a waveform split along time: strided 1-D convs, group norm over time
+    ("transformers/deformable_detr", 2, None, None),  # multi-scale deformable attention (grid_sample at offsets)
 ]
 XFAIL = {}
 
