@@ -27,9 +27,9 @@ $(VENV)/.test-stamp: tests/requirements.txt | $(VENV)/.stamp
 	$(PY) -m pip install -q "$(TORCH_PIN)" -r tests/requirements.txt
 	touch $@
 
-# Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo, transformers), tried once, on the
-# same pip line as the torch pin so torch stays pinned. A failure is reported and recorded, never fatal: the zoo
-# tests then skip naming the missing library. `make zoo-deps` tries again.
+# Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo, transformers,
+# torch-harmonics), tried once, on the same pip line as the torch pin so torch stays pinned. A failure is reported
+# and recorded, never fatal: the zoo tests then skip naming the missing library. `make zoo-deps` tries again.
 ZOO_REQS := tests/requirements-zoo.txt
 $(VENV)/.zoo-stamp: $(ZOO_REQS) | $(VENV)/.stamp
 	@echo "== optional test dependencies: $(ZOO_REQS) (pinned against $(TORCH_PIN)); about a minute"; date +%s > .stage-start

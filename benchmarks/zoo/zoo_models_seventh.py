@@ -246,3 +246,85 @@ def _():
         num_input_channels=3, context_length=96, patch_length=8, patch_stride=8, num_hidden_layers=2, d_model=16,
         num_attention_heads=2, ffn_dim=32, prediction_length=12, attention_dropout=0.0, positional_dropout=0.0,
         path_dropout=0.0, ff_dropout=0.0, head_dropout=0.0, scaling="mean"))
+
+
+# Image-to-image and dense heads (the output keeps H's shard): Swin2SR's pixel-shuffle upsampler behind padded
+# Swin-V2 windows, ViTMatte's convolution stream beside a ViTDet backbone (windowed and global attention with
+# decomposed relative positions), ViTPose's heatmaps, BEiT's segmentation pyramid, Dinov2 with register tokens.
+@model("transformers", "transformers/swin2sr", (2, 3, 32, 32), align=8, spatial_out=True,
+       note="super-resolution: reflect-padded to the window size, Swin-V2 windows, pixel shuffle x2")
+def _():
+    import transformers
+    return transformers.Swin2SRForImageSuperResolution(transformers.Swin2SRConfig(
+        image_size=32, patch_size=1, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=4, upscale=2,
+        upsampler="pixelshuffle"))
+
+
+@model("transformers", "transformers/vitmatte", (2, 4, 64, 64), align=16, spatial_out=True,
+       note="image matting: ViTDet backbone (window + global attention, decomposed relative positions), "
+            "a convolution stream and fusion upsampling")
+def _():
+    import transformers
+    backbone = transformers.VitDetConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                                         image_size=64, patch_size=16, num_channels=4, window_size=2,
+                                         window_block_indices=[0], use_relative_position_embeddings=True,
+                                         out_features=["stage2"])
+    return transformers.VitMatteForImageMatting(transformers.VitMatteConfig(
+        backbone_config=backbone, hidden_size=32, convstream_hidden_sizes=[8, 16, 32],
+        fusion_hidden_sizes=[32, 16, 8, 8]))
+
+
+@model("transformers", "transformers/vitpose", (2, 3, 64, 48), align=16, spatial_out=True,
+       note="pose heatmaps: a ViT backbone on a 4:3 crop, the classic deconvolution decoder")
+def _():
+    import transformers
+    backbone = transformers.VitPoseBackboneConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                  mlp_ratio=2, image_size=[64, 48], patch_size=[16, 16],
+                                                  out_indices=[2])
+    return transformers.VitPoseForPoseEstimation(transformers.VitPoseConfig(backbone_config=backbone,
+                                                                            use_simple_decoder=False))
+
+
+_hf_vision("beit_segmentation", (2, 3, 64, 64), "BeitForSemanticSegmentation", "BeitConfig", align=16,
+           spatial_out=True, note="ViT features rearranged into a 4-level pyramid, UperNet head, FCN auxiliary",
+           **{**_TINY_VIT, "patch_size": 16, "num_hidden_layers": 4, "out_indices": [1, 2, 3, 4],
+              "auxiliary_channels": 16, "pool_scales": [1, 2], "use_relative_position_bias": True})
+_hf_vision("dinov2_registers", (2, 3, 64, 64), "Dinov2WithRegistersForImageClassification",
+           "Dinov2WithRegistersConfig", align=8, note="register tokens after the class token",
+           hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, image_size=64, patch_size=8,
+           num_register_tokens=2, num_labels=10)
+_hf_vision("levit", (2, 3, 64, 64), "LevitForImageClassification", "LevitConfig", align=16,
+           note="attention biases indexed by offsets at a fixed resolution, subsampling attention",
+           image_size=64, hidden_sizes=[16, 32, 48], num_attention_heads=[1, 2, 3], depths=[1, 1, 1],
+           key_dim=[8, 8, 8], num_labels=10)
+_hf_vision("swiftformer", (2, 3, 64, 64), "SwiftFormerForImageClassification", "SwiftFormerConfig", align=32,
+           note="efficient additive attention (a global query vector)", depths=[1, 1, 1, 1],
+           embed_dims=[8, 16, 32, 48], num_labels=10)
+_hf_vision("mobilenet_v1", (2, 3, 64, 64), "MobileNetV1ForImageClassification", "MobileNetV1Config", align=32,
+           note="TensorFlow 'SAME' padding computed from the input size", depth_multiplier=0.25,
+           tf_padding=True, image_size=64, num_labels=10)
+
+
+@model("transformers", "transformers/rt_detr", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="hybrid encoder (attention over the last level's flattened tokens, CCFM fusion), deformable decoder, "
+            "query selection by top-k over the split tokens")
+def _():
+    import transformers
+    backbone = transformers.RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 32, 64],
+                                               depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
+    return transformers.RTDetrForObjectDetection(transformers.RTDetrConfig(
+        backbone_config=backbone, encoder_hidden_dim=16, encoder_in_channels=[32, 32, 64], encoder_ffn_dim=32,
+        encoder_attention_heads=2, d_model=16, num_queries=8, decoder_in_channels=[16, 16, 16],
+        decoder_ffn_dim=32, decoder_layers=2, decoder_attention_heads=2, decoder_n_points=2, num_denoising=0,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, anchor_image_size=None, num_labels=5))
+
+
+@model("transformers", "transformers/conditional_detr", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="conditional spatial queries over the split feature map")
+def _():
+    import transformers
+    return transformers.ConditionalDetrForObjectDetection(transformers.ConditionalDetrConfig(
+        use_timm_backbone=False, backbone_config=_tiny_resnet_backbone(["stage4"]), d_model=32, encoder_layers=1,
+        decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=2,
+        decoder_attention_heads=2, num_queries=8, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        num_labels=5))

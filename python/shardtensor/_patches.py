@@ -247,6 +247,24 @@ def _refuse_shard_tensors(name: str):
     return build
 
 
+def _promoting_apply(original):
+    """``torch.autograd.Function.apply`` that promotes a Function's plain arguments requiring grad to Replicate
+    ShardTensors when another argument is a ShardTensor (``_C._promote_function_args``), as the dispatcher does for
+    every op: the gradients the Function's backward computes for them are ShardTensors, which would otherwise land
+    in a plain parameter's ``.grad`` (torch-harmonics' DISCO convolution takes its weight through a Function)."""
+    func = original.__func__
+
+    @functools.wraps(func)
+    def apply(cls, *args, **kwargs):
+        if args and torch.is_grad_enabled():
+            from . import _C
+            promoted = _C._promote_function_args(args)
+            if promoted is not None:
+                args = promoted
+        return func(cls, *args, **kwargs)
+    return classmethod(apply)
+
+
 _TENSOR = "torch.Tensor"
 _NEW = "a ShardTensor-only method (DTensor's name), absent from plain tensors"
 
@@ -293,6 +311,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("torch._dynamo.eval_frame.OptimizeContext", "__call__",
           "torch.compile(fn)(x): the compiled function converts ShardTensor arguments at its boundary",
           _traced("wrap_optimize_context_call"), private=True),
+    Patch("torch.autograd.Function", "apply",
+          "a Function taking ShardTensors and plain tensors that require grad: the plain ones are promoted (Replicate, "
+          "differentiable), so plain parameters receive plain gradients", _promoting_apply),
     *(Patch("torch.distributed", name, "a ShardTensor passed to a c10d collective: a clear error naming the remedy",
             _refuse_shard_tensors(name)) for name in _C10D_COLLECTIVES),
 )

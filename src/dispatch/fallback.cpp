@@ -308,6 +308,11 @@ void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
       const auto& spec = shard_impl(t)->spec();
       if (spec->has_shard()) wrap.layouts.push_back(without_partial(spec));
       auto full = redistribute_local(shard_impl(t)->local(), *spec, *replicate_spec(spec->mesh, spec->global_shape));
+      // The op sees the strides the ShardTensor reports, those of the single-device tensor: a gathered tensor is
+      // contiguous and a Replicate one keeps its local layout, where a kernel may demand what one device gives it
+      // (torch-harmonics' DISCO kernels check `inp.is_contiguous()` on a gradient one device holds contiguous).
+      if (full.strides() != t.strides() && t.is_non_overlapping_and_dense())
+        full = at::empty_strided(t.sizes(), t.strides(), full.options()).copy_(full);
       wrap.inputs.push_back(full);
       return full;
     };

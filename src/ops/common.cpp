@@ -72,11 +72,17 @@ at::Tensor scatter_partial(const at::Tensor& t, const std::vector<int64_t>& keep
   for (size_t m = 0; m < placements.size(); ++m) {
     if (!placements[m].is_partial()) continue;
     const auto ranks = spec.mesh->size(static_cast<int64_t>(m));
+    // A tensor of 4 or more dims is read as channels-first (N, C, spatial...): a spatial dim first, so a field
+    // stays divided over its domain (an inverse spherical harmonic transform's pending sum lands on latitude, not on
+    // the channels, whose split would leave every following 1x1 convolution a pending sum); else any dim.
     int64_t best = -1;
-    for (int64_t d = 0; d < spec.ndim(); ++d) {
-      if (std::find(keep_whole.begin(), keep_whole.end(), d) != keep_whole.end() || ext.count(d)) continue;
-      if (spec.global_shape[d] < ranks) continue;
-      if (best < 0 || spec.global_shape[d] > spec.global_shape[best]) best = d;
+    for (int64_t first : {spec.ndim() >= 4 ? int64_t{2} : int64_t{0}, int64_t{0}}) {
+      for (int64_t d = first; d < spec.ndim(); ++d) {
+        if (std::find(keep_whole.begin(), keep_whole.end(), d) != keep_whole.end() || ext.count(d)) continue;
+        if (spec.global_shape[d] < ranks) continue;
+        if (best < 0 || spec.global_shape[d] > spec.global_shape[best]) best = d;
+      }
+      if (best >= 0) break;
     }
     if (best < 0) {
       placements[m] = Placement::replicate();

@@ -40,7 +40,8 @@ at::Tensor resolve_partial(const at::Tensor& t);
 
 // Complete every Partial placement of `t` into a shard instead (a reduce-scatter per Partial mesh dim: (P-1)/P of the
 // bytes of an all-reduce's, and 1/P of the memory): onto the largest dim not in `keep_whole`, not yet sharded, with
-// an element per rank (ties: the lower dim); Replicate where no dim qualifies. For ops that need some dims whole
+// an element per rank (ties: the lower dim), a spatial one (dim 2 on) first for tensors of 4 or more dims (read as
+// channels-first); Replicate where no dim qualifies. For ops that need some dims whole
 // (a padding's padded dims, a transform's dims) on a pending sum (FNO's channel contraction of a channel-sharded
 // spectrum). Decided from the spec alone.
 at::Tensor scatter_partial(const at::Tensor& t, const std::vector<int64_t>& keep_whole);

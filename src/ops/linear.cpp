@@ -12,6 +12,12 @@
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <optional>
+#include <ATen/ops/einsum_native.h>
 #include <ATen/ops/linear_native.h>
 #include <ATen/ops/matmul_native.h>
 #include <torch/autograd.h>
@@ -402,6 +408,119 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
   return at::native::matmul(a, b);
 }
 
+// einsum's label code, as ATen numbers labels (upper case before lower case): non-output labels are laid out in
+// this order after the output's.
+int einsum_label_code(char c) {
+  return c >= 'A' && c <= 'Z' ? c - 'A' : c - 'a' + 26;
+}
+
+// An einsum equation with an explicit output, its ellipses written out as labels of their own (right-aligned
+// across operands, as ATen broadcasts them); nullopt for an implicit output or labels that do not fit.
+struct EinsumEquation {
+  std::vector<std::string> inputs;
+  std::string output;
+};
+
+std::optional<EinsumEquation> explicit_einsum(c10::string_view equation, at::TensorList operands) {
+  std::string eq;
+  for (char c : equation)
+    if (c != ' ') eq.push_back(c);
+  const auto arrow = eq.find("->");
+  if (arrow == std::string::npos) return std::nullopt;
+  EinsumEquation out;
+  std::string cur;
+  for (char c : eq.substr(0, arrow)) {
+    if (c == ',') out.inputs.push_back(cur), cur.clear();
+    else cur.push_back(c);
+  }
+  out.inputs.push_back(cur);
+  out.output = eq.substr(arrow + 2);
+  if (out.inputs.size() != operands.size()) return std::nullopt;
+  const std::string ellipsis = "...";
+  int64_t width = 0;  // the ellipsis' dims (the most any operand has)
+  std::vector<int64_t> own(operands.size(), 0);
+  for (size_t i = 0; i < operands.size(); ++i) {
+    auto& in = out.inputs[i];
+    if (in.find(ellipsis) == std::string::npos) continue;
+    own[i] = operands[i].dim() - static_cast<int64_t>(in.size() - ellipsis.size());
+    if (own[i] < 0) return std::nullopt;
+    width = std::max(width, own[i]);
+  }
+  std::string fresh;
+  for (char c = 'A'; c <= 'z' && static_cast<int64_t>(fresh.size()) < width; ++c)
+    if (std::isalpha(static_cast<unsigned char>(c)) && eq.find(c) == std::string::npos) fresh.push_back(c);
+  if (static_cast<int64_t>(fresh.size()) < width) return std::nullopt;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    auto& in = out.inputs[i];
+    const auto at = in.find(ellipsis);
+    if (at != std::string::npos) in.replace(at, ellipsis.size(), fresh.substr(width - own[i]));
+    if (static_cast<int64_t>(in.size()) != operands[i].dim()) return std::nullopt;
+    for (char c : in)
+      if (!std::isalpha(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  const auto at = out.output.find(ellipsis);
+  if (at != std::string::npos) out.output.replace(at, ellipsis.size(), fresh);
+  for (char c : out.output)
+    if (!std::isalpha(static_cast<unsigned char>(c))) return std::nullopt;
+  return out;
+}
+
+// torch.einsum on ShardTensors. ATen's decomposition permutes each pair of operands to (batch labels, free labels,
+// contracted labels), in output order and then in label order, and merges each group with one reshape; a split
+// label that is not the first of its group makes that reshape re-lay the operand out (an all-to-all onto the
+// group's first dim: torch-harmonics' `einsum("bgckxy,gock->bgoxy")` of a latitude-split x moved the split to the
+// batch). So the equation is rewritten first, the same on every rank from the layouts alone: split output labels
+// go to the front of the output (the result is permuted back, a view), split contracted labels are renamed to sort
+// first among the contracted ones. Each split dim then leads its merged group: a block of it, no communication, and
+// the split stays on its label (a contracted one leaves a pending sum).
+at::Tensor einsum_autograd(c10::string_view equation, at::TensorList operand_list, at::OptionalIntArrayRef path) {
+  bool any_split = false;
+  for (const auto& t : operand_list)
+    if (const auto* impl = shard_impl(t))
+      for (const auto& p : impl->spec()->placements) any_split = any_split || p.is_shard();
+  auto parsed = any_split ? explicit_einsum(equation, operand_list) : std::nullopt;
+  if (!parsed) return at::native::einsum(equation, operand_list, path);
+  const auto& eq = *parsed;
+  std::vector<at::Tensor> operands(operand_list.begin(), operand_list.end());
+  // The split labels, by operand and mesh dim order.
+  std::string split;
+  for (size_t i = 0; i < operands.size(); ++i)
+    if (const auto* impl = shard_impl(operands[i]))
+      for (const auto& p : impl->spec()->placements)
+        if (p.is_shard() && split.find(eq.inputs[i][p.dim]) == std::string::npos) split.push_back(eq.inputs[i][p.dim]);
+  // Output: split labels first; the permutation back to the requested order.
+  std::string out_first;
+  for (char c : split)
+    if (eq.output.find(c) != std::string::npos) out_first.push_back(c);
+  for (char c : eq.output)
+    if (out_first.find(c) == std::string::npos) out_first.push_back(c);
+  // Contracted labels (in no output): the split ones take the smallest codes among them.
+  std::string contracted;
+  for (const auto& in : eq.inputs)
+    for (char c : in)
+      if (eq.output.find(c) == std::string::npos && contracted.find(c) == std::string::npos) contracted.push_back(c);
+  std::string codes = contracted;
+  std::sort(codes.begin(), codes.end(), [](char a, char b) { return einsum_label_code(a) < einsum_label_code(b); });
+  std::string order;  // contracted labels, split ones first, the rest in label order
+  for (char c : split)
+    if (contracted.find(c) != std::string::npos) order.push_back(c);
+  for (char c : codes)
+    if (order.find(c) == std::string::npos) order.push_back(c);
+  std::map<char, char> rename;
+  for (size_t k = 0; k < order.size(); ++k) rename[order[k]] = codes[k];
+  std::string rewritten;
+  for (size_t i = 0; i < eq.inputs.size(); ++i) {
+    if (i) rewritten.push_back(',');
+    for (char c : eq.inputs[i]) rewritten.push_back(rename.count(c) ? rename[c] : c);
+  }
+  rewritten += "->" + out_first;
+  auto result = at::native::einsum(rewritten, operands, path);
+  if (out_first == eq.output) return result;
+  std::vector<int64_t> perm;
+  for (char c : eq.output) perm.push_back(static_cast<int64_t>(out_first.find(c)));
+  return result.permute(perm);
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(linear) {
@@ -418,6 +537,7 @@ SHARDTENSOR_RULE_FAMILY(linear) {
   // Composite-implicit: their decomposition would flatten a token-sharded input (see docs/architecture.md).
   dispatch::set_handler("aten::linear", typed_handler(&linear_autograd), dispatch::RuleLevel::above_autograd);
   dispatch::set_handler("aten::matmul", typed_handler(&matmul_autograd), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::einsum", typed_handler(&einsum_autograd), dispatch::RuleLevel::above_autograd);
 }
 
 } // namespace shardtensor::ops

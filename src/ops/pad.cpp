@@ -70,7 +70,8 @@ at::Tensor pad_forward(const at::Tensor& self_in, at::IntArrayRef pad, comm::Pad
   // replicated: FNO pads the small contracted mode block of a channel-sharded spectrum to the full spectrum, which
   // then stays divided over the ranks.
   std::vector<int64_t> padded;
-  for (const auto& p : pad_dims(pad, self_in.dim())) padded.push_back(p.dim);
+  for (const auto& p : pad_dims(pad, self_in.dim()))
+    if (p.left != 0 || p.right != 0) padded.push_back(p.dim);  // torch's irfft lists every dim, most with 0 / 0
   auto self = scatter_partial(self_in, padded);
   const auto& spec = shard_impl(self)->spec();
   const auto& x = shard_impl(self)->local();

@@ -32,6 +32,11 @@ const std::unordered_map<std::string, PartialRule>& partial_rules() {
       {"aten::div.Scalar", PartialRule::Unary},     {"aten::div_.Scalar", PartialRule::Unary},
       {"aten::neg", PartialRule::Unary},            {"aten::neg_", PartialRule::Unary},
       {"aten::neg.out", PartialRule::Unary},
+      // clone (.contiguous() of a non-contiguous tensor) of a pending sum: the terms' clones.
+      {"aten::clone", PartialRule::Unary},          {"aten::clone.out", PartialRule::Unary},
+      // complex(real, imag) of two pending sums is the sum of the terms' complex values (a spherical harmonic
+      // transform's two Legendre contractions over a split latitude).
+      {"aten::complex", PartialRule::AllSame},      {"aten::complex.out", PartialRule::AllSame},
   };
   return rules;
 }

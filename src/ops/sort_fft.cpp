@@ -34,7 +34,11 @@ std::vector<int64_t> dims_along(Along along, const dispatch::NamedArgs& args, in
 // boxed, reading `self` and `dim` by name, and re-calling the op that ran with the local tensor.
 void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
-  auto self = resolve_partial(args.tensor("self"));
+  // view_as_real / view_as_complex are linear views: a pending sum stays pending (the real and imaginary parts of a
+  // Partial spectrum); the sorts and scans need complete values.
+  const auto& name = op.schema().name();
+  const bool linear_view = name == "aten::view_as_real" || name == "aten::view_as_complex";
+  auto self = linear_view ? args.tensor("self") : resolve_partial(args.tensor("self"));
   const auto& spec = *shard_impl(self)->spec();
   const auto ndim = std::max<int64_t>(self.dim(), 1);
   const auto dims = dims_along(along, args, ndim);

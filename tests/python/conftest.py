@@ -86,6 +86,7 @@ QUICK = {
     "test_stft.py": ["test_stft[2-uneven]"],
     "test_smoke.py": ["test_roundtrip"],
     "test_strided_inputs.py": ["test_halo_ops_strided"],
+    "test_torch_harmonics.py": ["test_disco_layers[2-uneven]"],
     "test_transformer.py": ["test_encoder_layer"],
     "test_unet.py": ["test_unet_training_1d_mesh"],
     "test_unique.py": ["test_unique[2-uneven]"],

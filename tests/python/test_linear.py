@@ -69,6 +69,65 @@ def case_batched_matmul_inner_shard(seed):
         check_op(torch.matmul, [q, k], [win, other], m, what="matmul batch shards split differently")
 
 
+def case_einsum_split_labels(seed):
+    """torch.einsum with split operands keeps each split on its label: a split free label (torch-harmonics'
+    `bgckxy,gock->bgoxy` of a latitude-split field) stays split with no communication (ATen's decomposition merged it
+    behind the batch label and re-laid the operand out); a split contracted label leaves a pending sum with no
+    communication (a spherical harmonic transform's Legendre contraction `...km,mlk->...lm`, an integral over the
+    split dim); ellipses, uneven and empty shards, 2-D mesh."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 1, 3, 4, 7, 5, seed=seed)
+    wt = randn(1, 6, 3, 4, seed=seed + 1)
+    split_x = ([st.Shard(4)], {0: uneven_extents(7, w, seed)})
+    eq = "bgckxy,gock->bgoxy"
+    out = check_op(lambda a, b: torch.einsum(eq, a, b), [x, wt], [split_x, None], m, what=eq,
+                   expect_placements=[st.Shard(3)])
+    xs = st.distribute_tensor(x, m, [st.Shard(4)], sharding_shapes=split_x[1])
+    with st.CommCounter() as c:
+        torch.einsum(eq, xs, wt)
+    assert c.total_calls == 0, c.calls
+    # The Legendre contraction over a split latitude k (ellipsis): a pending sum, nothing moved.
+    f, leg = randn(2, 3, 9, 6, seed=seed + 2), randn(6, 5, 9, seed=seed + 3)
+    split_k = ([st.Shard(2)], {0: uneven_extents(9, w, seed + 1)})
+    eq = "...km,mlk->...lm"
+    out = check_op(lambda a, b: torch.einsum(eq, a, b), [f, leg], [split_k, None], m, what=eq)
+    fs = st.distribute_tensor(f, m, [st.Shard(2)], sharding_shapes=split_k[1])
+    with st.CommCounter() as c:
+        spec = torch.einsum(eq, fs, leg)
+    if w > 1:
+        assert st.placements(spec) == (st.Partial(),), st.placements(spec)
+    assert not c.calls, c.calls
+    # A split m (an output label the other operand shares) stays split.
+    check_op(lambda a, b: torch.einsum("...lm,mlk->...km", a, b), [randn(2, 3, 5, 6, seed=seed + 4), leg],
+             [([st.Shard(3)], {0: uneven_extents(6, w, seed + 2)}), None], m, what="inverse",
+             expect_placements=[st.Shard(3)])
+    # A small output (an integral over the split dim): a pending sum, nothing moved.
+    g = randn(3, 7, 5, seed=seed + 5)
+    eq = "bchw,chw->bc"
+    out = check_op(lambda a, b: torch.einsum(eq, a, b), [randn(2, 3, 7, 5, seed=seed + 6), g],
+                   [([st.Shard(2)], {0: uneven_extents(7, w, seed + 3)}), None], m, what=eq)
+    if w > 1:
+        assert st.placements(out) == (st.Partial(),), st.placements(out)
+    # Both operands split alike on the contracted label: local partial sums.
+    a2, b2 = randn(4, 9, seed=seed + 7), randn(9, 3, seed=seed + 8)
+    ext = uneven_extents(9, w, seed + 4)
+    out = check_op(lambda a, b: torch.einsum("ik,kj->ij", a, b), [a2, b2],
+                   [([st.Shard(1)], {0: ext}), ([st.Shard(0)], {0: ext})], m, what="ik,kj->ij")
+    if w > 1:
+        assert st.placements(out) == (st.Partial(),), st.placements(out)
+    if w == 4:  # 2-D mesh: height split on one mesh dim, batch or nothing on the other
+        m2 = mesh((2, 2))
+        h = randn(4, 3, 6, 5, seed=seed + 9)
+        check_op(lambda a, b: torch.einsum("bchw,dc->bdhw", a, b), [h, randn(2, 3, seed=seed + 10)],
+                 [([st.Replicate(), st.Shard(2)], {1: [4, 2]}), None], m2, what="2-D mesh, height",
+                 expect_placements=[st.Replicate(), st.Shard(2)])
+        # two split free labels of one operand share ATen's one merged group: values right (one is re-laid out)
+        check_op(lambda a, b: torch.einsum("bchw,dc->bdhw", a, b), [h, randn(2, 3, seed=seed + 10)],
+                 [([st.Shard(0), st.Shard(2)], {1: [4, 2]}), None], m2, what="2-D mesh, batch and height")
+    return True
+
+
 def case_nn_linear_module(seed):
     """An nn.Linear on token-sharded input: weight and bias grads equal single-device, plain tensors."""
     m = mesh()
@@ -136,6 +195,11 @@ def test_linear(world):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_batched_matmul_inner_shard(world):
     harness.run(world, case_batched_matmul_inner_shard, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_einsum_split_labels(world):
+    assert all(harness.run(world, case_einsum_split_labels, 5))
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -518,6 +518,45 @@ def test_pending_sum_times_shard(world):
     harness.run(world, case_pending_sum_times_shard, world)
 
 
+def case_pending_sum_linear_views(world):
+    """Ops linear in a pending sum keep it pending, with no communication: clone (`.contiguous()`), complex(re, im)
+    of two pending sums, view_as_real / view_as_complex, `.real` / `.imag`; and a pending spectrum padded for an
+    inverse FFT (torch's irfft pads the last dim only but lists every dim) is completed into a shard of a spatial
+    dim (one reduce-scatter), not replicated: a spherical harmonic transform's spectrum."""
+    m = mesh()
+    a = randn(2, 3, 8, 5, seed=70)
+    p = st.distribute_tensor(a, m, [st.Shard(2)], sharding_shapes={0: uneven_extents(8, world, seed=71)}).sum(2)
+    assert type(st.placements(p)[0]).__name__ == "Partial"
+    ref = a.sum(2)
+    with st.CommCounter() as c:
+        outs = {"contiguous": p.transpose(0, 1).contiguous().transpose(0, 1), "clone": p.clone(),
+                "complex": torch.complex(p, 2 * p)}
+        outs["view_as_real"] = torch.view_as_real(outs["complex"])
+        outs["real"], outs["imag"] = outs["complex"].real, outs["complex"].imag
+        outs["view_as_complex"] = torch.view_as_complex(outs["view_as_real"])
+    assert not c.calls, c.calls
+    for name, out in outs.items():
+        assert type(st.placements(out)[0]).__name__ == "Partial", (name, st.placements(out))
+    z = torch.complex(ref, 2 * ref)
+    expect = {"contiguous": ref, "clone": ref, "complex": z, "view_as_real": torch.view_as_real(z), "real": ref,
+              "imag": 2 * ref, "view_as_complex": z}
+    for name, out in outs.items():
+        close(full(out), expect[name], what=name)
+    spec = torch.complex(randn(2, 6, 4, 5, seed=72), randn(2, 6, 4, 5, seed=73))
+    ps = st.from_local(spec / world, m, [st.Partial()])
+    with st.CommCounter() as c:
+        field = torch.fft.irfft(ps, n=16, dim=-1)
+    assert st.placements(field) == (st.Shard(2),), st.placements(field)  # a spatial dim, not the channels
+    assert dict(c.calls) == ({"all_to_all": 1} if world > 1 else {}), c.calls
+    close(full(field), torch.fft.irfft(spec, n=16, dim=-1), what="irfft of a pending spectrum")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pending_sum_linear_views(world):
+    harness.run(world, case_pending_sum_linear_views, world)
+
+
 class _TokenMixer(torch.nn.Module):
     """MLP-Mixer's token-mixing block (timm's MixerBlock without its channel MLP): two Linears over the token dim."""
 
