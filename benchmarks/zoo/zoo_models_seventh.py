@@ -1,9 +1,12 @@
-"""The model zoo's seventh set: Hugging Face transformers' vision models (the seventeenth session's probe), each
+"""The model zoo's seventh set: 54 Hugging Face transformers models (the seventeenth session's probe), each
 built from a small random config (no weights downloaded) and registered like zoo_models.py's (zoo_models.py imports
 this module at its end). transformers writes its models differently from timm and torchvision: ModelOutput
 dictionaries, attention through its `sdpa` / eager interface, position embeddings interpolated in the forward, Swin's
 window padding in the model, MobileViT's patch unfolding by reshapes, SegFormer's spatial-reduction attention, BEiT's
-relative position bias tables, UperNet's pyramid pooling over a ConvNeXt backbone."""
+relative position bias tables, UperNet's pyramid pooling over a ConvNeXt backbone, video ViTs over (B, T, C, H, W)
+frames, speech encoders over a split waveform, DETR-family detectors, Mask2Former, Depth Anything, PatchTST, and
+image-to-image heads (Swin2SR, ViTMatte, ViTPose). Every one passed on 2, 3 and 4 ranks and a 2x2 mesh with no
+library change."""
 import torch  # noqa: F401
 
 from benchmarks.zoo.zoo_models import model

@@ -251,12 +251,14 @@ def _promoting_apply(original):
     """``torch.autograd.Function.apply`` that promotes a Function's plain arguments requiring grad to Replicate
     ShardTensors when another argument is a ShardTensor (``_C._promote_function_args``), as the dispatcher does for
     every op: the gradients the Function's backward computes for them are ShardTensors, which would otherwise land
-    in a plain parameter's ``.grad`` (torch-harmonics' DISCO convolution takes its weight through a Function)."""
+    in a plain parameter's ``.grad`` (torch-harmonics' DISCO convolution takes its weight through a Function).
+    torch's own Functions (DDP's output sink, FSDP's hooks, reentrant checkpointing) pass tensors through and are
+    left alone, so the types of what they return stay the caller's."""
     func = original.__func__
 
     @functools.wraps(func)
     def apply(cls, *args, **kwargs):
-        if args and torch.is_grad_enabled():
+        if args and torch.is_grad_enabled() and not cls.__module__.startswith("torch."):
             from . import _C
             promoted = _C._promote_function_args(args)
             if promoted is not None:

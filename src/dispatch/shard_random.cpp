@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -37,6 +38,12 @@ ShardRandomGuard::ShardRandomGuard(const c10::OperatorHandle& op, const torch::j
     if (v.isGenerator()) given = v.toGenerator();
   }
   if (!lead) return;
+  // A lead no mesh dim splits is drawn whole on every rank: the single-device draw, which keeps every rank's
+  // generator in step by itself (a VAE's noise for a replicated latent equals one device's).
+  const auto& lead_spec = lead->spec();
+  if (std::none_of(lead_spec->placements.begin(), lead_spec->placements.end(),
+                   [](const Placement& p) { return p.is_shard(); }))
+    return;
   const auto& local = lead->local();
   const auto type = local.device().type();
   // Under st.simulate one process plays one rank: no peers to keep in step, and the saved state (5 KiB on the CPU)
@@ -45,7 +52,7 @@ ShardRandomGuard::ShardRandomGuard(const c10::OperatorHandle& op, const torch::j
   device_ = local.device();
   gen_ = given ? *given : at::globalContext().defaultGenerator(device_);
   // The stream's seed: a digest (comm/agreement.h) of the generator's state and of this rank's coordinates on the
-  // mesh dims that split the lead (not on replicated ones, whose ranks must draw alike).
+  // mesh dims that split the lead (not on replicated or pending ones, whose ranks must draw alike).
   std::vector<int64_t> seed_of;
   std::lock_guard<std::mutex> lock(gen_->mutex());
   if (device_.is_cpu()) {
@@ -61,7 +68,7 @@ ShardRandomGuard::ShardRandomGuard(const c10::OperatorHandle& op, const torch::j
   }
   const auto& spec = lead->spec();
   for (int64_t m = 0; m < spec->mesh->ndim(); ++m)
-    if (!spec->placements[m].is_replicate()) seed_of.insert(seed_of.end(), {m, spec->mesh->coordinate(m)});
+    if (spec->placements[m].is_shard()) seed_of.insert(seed_of.end(), {m, spec->mesh->coordinate(m)});
   gen_->set_current_seed(static_cast<uint64_t>(comm::digest(seed_of)));
 }
 

@@ -10,9 +10,10 @@
 //
 // While a rule of such an op runs, ShardRandomGuard gives the generator a seed derived from its current state and
 // this rank's coordinates on the mesh dims that split the op's first ShardTensor argument (ranks of a replicated
-// mesh dim share it, so a Replicate tensor's draws stay equal), then restores the state and advances it by one
-// draw, alike on every rank. The shards' streams are distinct and independent of the extents; a draw does not
-// equal one device's (that would need every rank to draw the whole tensor). Not applied while tracing (fake or
+// mesh dim share it), then restores the state and advances it by one draw, alike on every rank. The shards'
+// streams are distinct and independent of the extents; a draw does not equal one device's (that would need every
+// rank to draw the whole tensor). A first argument that no mesh dim splits (Replicate, or a pending sum whose fresh
+// result is Replicate) is drawn whole on every rank, as one device draws it: no guard. Not applied while tracing (fake or
 // functional locals: torch.compile handles its own RNG), under st.simulate (one process plays one rank) or to devices
 // without a default generator (meta).
 #pragma once

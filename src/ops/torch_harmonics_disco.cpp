@@ -20,12 +20,11 @@
 #include "dispatch/registry.h"
 #include "dispatch/rule_family.h"
 #include "ops/common.h"
+#include "ops/sphere_bands.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <list>
-#include <mutex>
 
 namespace shardtensor::ops {
 
@@ -35,20 +34,6 @@ namespace {
 struct Psi {
   at::Tensor roff, ker, row, col, vals;
 };
-
-// Rows of the output side per coordinate, in proportion to the input side's split: the boundary before coordinate
-// c at floor(offset_c * to / from), so equal grids keep the split and a halving grid halves it.
-std::vector<int64_t> proportional_extents(const std::vector<int64_t>& extents, int64_t from, int64_t to) {
-  std::vector<int64_t> out;
-  int64_t offset = 0, prev = 0;
-  for (size_t c = 0; c < extents.size(); ++c) {
-    offset += extents[c];
-    const auto bound = c + 1 == extents.size() ? to : (from > 0 ? offset * to / from : 0);
-    out.push_back(bound - prev);
-    prev = bound;
-  }
-  return out;
-}
 
 // One split contraction: the windows every coordinate's CSR rows read on the four-dimensional side, the exchange
 // that moves them, and this rank's psi.
@@ -60,14 +45,6 @@ struct DiscoPlan {
   Psi local;
 };
 
-struct PlanEntry {
-  std::vector<const void*> psi;  // the psi tensors' TensorImpls (kept alive by `keep`, so never reused)
-  std::vector<uint32_t> versions;
-  std::vector<int64_t> key;      // sizes and layout
-  Psi keep;
-  std::shared_ptr<const DiscoPlan> plan;
-};
-
 DiscoPlan make_plan(const Psi& psi, int64_t dense_rows, int64_t dense_width, int64_t csr_rows,
                     const std::vector<int64_t>& csr_extents, const std::vector<int64_t>& dense_extents,
                     int64_t mesh_dim, int64_t dense_dim, const std::vector<int64_t>& coordinates, c10::Device device) {
@@ -77,84 +54,34 @@ DiscoPlan make_plan(const Psi& psi, int64_t dense_rows, int64_t dense_width, int
   const auto roff = psi.roff.to(at::kCPU, at::kLong).contiguous();
   const auto row = psi.row.to(at::kCPU, at::kLong).contiguous();
   const auto col = psi.col.to(at::kCPU, at::kLong).contiguous();
+  const auto ker = psi.ker.to(at::kCPU, at::kLong).contiguous();
   const auto* roff_p = roff.data_ptr<int64_t>();
   const auto* row_p = row.data_ptr<int64_t>();
   const auto* col_p = col.data_ptr<int64_t>();
-  const auto nnr = roff.numel() - 1;
-  // The band of four-dimensional rows each five-dimensional row reads.
-  std::vector<int64_t> lo(csr_rows, std::numeric_limits<int64_t>::max()), hi(csr_rows, -1);
-  for (int64_t r = 0; r < nnr; ++r) {
-    if (roff_p[r] == roff_p[r + 1]) continue;
-    const auto h = row_p[roff_p[r]];
-    TORCH_CHECK_VALUE(h >= 0 && h < csr_rows, "DISCO convolution: psi names row ", h, " of ", csr_rows);
-    for (auto z = roff_p[r]; z < roff_p[r + 1]; ++z) {
-      const auto d = col_p[z] / dense_width;
-      TORCH_CHECK_VALUE(d >= 0 && d < dense_rows, "DISCO convolution: psi names row ", d, " of ", dense_rows);
-      lo[h] = std::min(lo[h], d);
-      hi[h] = std::max(hi[h], d);
-    }
-  }
-  const auto me = coordinates[mesh_dim];
-  comm::RowRequests want(csr_extents.size());
-  int64_t first = 0, my_first = 0, my_lo = 0;
-  for (size_t c = 0; c < csr_extents.size(); ++c) {
-    int64_t band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
-    for (auto h = first; h < first + csr_extents[c]; ++h) band_lo = std::min(band_lo, lo[h]), band_hi = std::max(band_hi, hi[h]);
-    for (auto d = band_lo; d <= band_hi; ++d) want[c].push_back(d);
-    if (static_cast<int64_t>(c) == me) my_first = first, my_lo = band_hi >= 0 ? band_lo : 0;
-    first += csr_extents[c];
-  }
-  plan.window_rows = static_cast<int64_t>(want[me].size());
-  plan.halo = comm::HaloPlan({comm::HaloDim{dense_dim, mesh_dim, dense_extents, std::move(want)}}, coordinates, device);
-  // This rank's CSR rows, renumbered: rows from its first, columns from its window's first row.
-  std::vector<int64_t> new_roff{0}, new_ker, new_row, new_col, keep;
-  const auto ker = psi.ker.to(at::kCPU, at::kLong).contiguous();
   const auto* ker_p = ker.data_ptr<int64_t>();
-  for (int64_t r = 0; r < nnr; ++r) {
-    if (roff_p[r] == roff_p[r + 1]) continue;
-    const auto h = row_p[roff_p[r]];
-    if (h < my_first || h >= my_first + csr_extents[me]) continue;
-    for (auto z = roff_p[r]; z < roff_p[r + 1]; ++z) {
-      new_ker.push_back(ker_p[z]);
-      new_row.push_back(row_p[z] - my_first);
-      new_col.push_back(col_p[z] - my_lo * dense_width);
-      keep.push_back(z);
-    }
-    new_roff.push_back(static_cast<int64_t>(new_ker.size()));
+  // A CSR row is one (kernel index, row); its row is named by its entries (an empty row names none: dropped).
+  auto row_of = [&](int64_t r) { return roff_p[r] == roff_p[r + 1] ? int64_t{-1} : row_p[roff_p[r]]; };
+  auto cut = cut_bands(roff_p, roff.numel() - 1, row_of, col_p, dense_width, dense_rows, csr_rows, csr_extents,
+                       coordinates[mesh_dim]);
+  plan.window_rows = static_cast<int64_t>(cut.want[coordinates[mesh_dim]].size());
+  plan.halo = comm::HaloPlan({comm::HaloDim{dense_dim, mesh_dim, dense_extents, std::move(cut.want)}}, coordinates,
+                             device);
+  // This rank's CSR rows, renumbered: rows from its block's first, columns from its band's first row.
+  std::vector<int64_t> new_ker, new_row, new_col;
+  for (auto z : cut.entries) {
+    new_ker.push_back(ker_p[z]);
+    new_row.push_back(row_p[z] - cut.block_first);
+    new_col.push_back(col_p[z] - cut.band_first * dense_width);
   }
   auto index = [&](const std::vector<int64_t>& v, const at::Tensor& like) {
     return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(like.device(), like.scalar_type());
   };
-  plan.local.roff = index(new_roff, psi.roff);
+  plan.local.roff = index(cut.roff, psi.roff);
   plan.local.ker = index(new_ker, psi.ker);
   plan.local.row = index(new_row, psi.row);
   plan.local.col = index(new_col, psi.col);
-  plan.local.vals = psi.vals.index_select(0, index(keep, psi.vals).to(at::kLong));
-  return plan;
-}
-
-// Plans by psi and layout; the psi tensors are held, so an entry's identity is never another tensor's.
-std::shared_ptr<const DiscoPlan> cached_disco_plan(const Psi& psi, std::vector<int64_t> key,
-                                                   const std::function<DiscoPlan()>& make) {
-  static std::mutex mutex;
-  static std::list<PlanEntry> entries;
-  constexpr size_t kCapacity = 32;
-  const std::vector<const at::Tensor*> tensors{&psi.roff, &psi.ker, &psi.row, &psi.col, &psi.vals};
-  std::vector<const void*> ids;
-  std::vector<uint32_t> versions;
-  for (const auto* t : tensors) {
-    ids.push_back(t->unsafeGetTensorImpl());
-    versions.push_back(t->_version());
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = entries.begin(); it != entries.end(); ++it)
-    if (it->psi == ids && it->versions == versions && it->key == key) {
-      entries.splice(entries.begin(), entries, it);
-      return it->plan;
-    }
-  auto plan = std::make_shared<const DiscoPlan>(make());
-  entries.push_front(PlanEntry{std::move(ids), std::move(versions), std::move(key), psi, plan});
-  if (entries.size() > kCapacity) entries.pop_back();
+  plan.local.vals =
+      psi.vals.index_select(0, at::tensor(cut.entries, at::TensorOptions().dtype(at::kLong)).to(psi.vals.device()));
   return plan;
 }
 
@@ -235,7 +162,7 @@ void contraction(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool f
                            static_cast<int64_t>(local.device().index()),
                            spec.mesh->coordinate(mesh_dim)};
   key.insert(key.end(), in_ext.begin(), in_ext.end());
-  auto plan = cached_disco_plan(psi, key, [&] {
+  auto plan = cached_for_tensors<DiscoPlan>({psi.roff, psi.ker, psi.row, psi.col, psi.vals}, key, [&] {
     return make_plan(psi, dense_rows, dense_width, csr_rows, csr_ext, dense_ext, mesh_dim, 2,
                      spec.mesh->coordinates(), local.device());
   });

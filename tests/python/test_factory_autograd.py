@@ -85,7 +85,8 @@ def _gathered(t):
 def case_random_streams(mesh_shape):
     """Random draws on ShardTensors (src/dispatch/shard_random.h): the shards draw from distinct streams, ranks of a
     replicated mesh dim draw alike, and the generator stays in step on every rank whatever the extents, so a later
-    plain draw is the same everywhere (it differed after a dropout of uneven shards: replicated values diverged)."""
+    plain draw is the same everywhere (it differed after a dropout of uneven shards: replicated values diverged); a
+    tensor no mesh dim splits draws what one device draws (MONAI's VAEs' reparameterised latents)."""
     m = mesh(mesh_shape)
     torch.manual_seed(11)  # seeded alike, the usual recipe
     x = torch.ones(24, 16)
@@ -110,9 +111,19 @@ def case_random_streams(mesh_shape):
     kept = full(d) != 0
     close(full(d)[kept], (x * 2)[kept], what="dropout scale")
     assert 0.3 < kept.double().mean() < 0.7
-    # a Replicate tensor's draw is the same on every rank; an explicit generator is kept in step too
+    # a Replicate tensor's draw is one device's (a VAE's noise for a replicated latent), the same on every rank, and
+    # the generator advances as on one device; a pending sum's fresh draw (Replicate) is the same on every rank
+    torch.manual_seed(21)
     r = torch.rand_like(st.distribute_tensor(x, m, [st.Replicate()] * len(mesh_shape)))
+    r_next = torch.rand(3)
+    torch.manual_seed(21)
+    assert torch.equal(r.to_local(), torch.rand_like(x)) and torch.equal(r_next, torch.rand(3))
     assert all(torch.equal(a, r.to_local()) for a in _gathered(r.to_local()))
+    pending = xs.sum(0)
+    assert type(st.placements(pending)[0]).__name__ == "Partial"
+    noise_p = torch.randn_like(pending)
+    assert all(torch.equal(a, noise_p.to_local()) for a in _gathered(noise_p.to_local()))
+    # an explicit generator is kept in step too
     g = torch.Generator().manual_seed(5)
     xs.clone().uniform_(generator=g)
     nxt = torch.rand(4, generator=g)

@@ -159,3 +159,48 @@ def case_spherical_harmonic_transform(kind):
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
 def test_spherical_harmonic_transform(world, kind):
     assert all(harness.run(world, case_spherical_harmonic_transform, kind))
+
+
+def case_neighborhood_attention(kind):
+    """torch-harmonics' NeighborhoodAttentionS2 (self-attention and downsampling cross-attention, 2 heads, q/k
+    normalisation) on latitude-split inputs: each rank attends from its own query rows to the band of key/value
+    rows their neighbourhoods reach (one exchange), torch-harmonics' own kernel and backward; outputs, input and
+    parameter gradients equal one device's; nothing through the fallback."""
+    import torch_harmonics as th
+    m, w = mesh(), mesh().size()
+    g = torch.Generator().manual_seed(7)
+    tol = dict(rtol=1e-5, atol=1e-6)  # torch-harmonics attends in float32 whatever the input's dtype
+    ext = (lambda n, s: tiny_extents(n, w)) if kind == "tiny" else (lambda n, s: uneven_extents(n, w, seed=s))
+    for in_shape, out_shape, use_qknorm in (((10, 20), (10, 20), False), ((12, 24), (6, 12), True)):
+        def build():  # twice from one seed: the layer holds a torch.ops namespace, which deepcopy refuses
+            torch.manual_seed(0)
+            return th.NeighborhoodAttentionS2(4, in_shape, out_shape, num_heads=2, use_qknorm=use_qknorm,
+                                              optimized_kernel=False).double()
+        att, ref = build(), build()
+        q = torch.randn(2, 4, *out_shape, generator=g, dtype=torch.float64)
+        kv = torch.randn(2, 4, *in_shape, generator=g, dtype=torch.float64)
+        qr, kvr = q.clone().requires_grad_(), kv.clone().requires_grad_()
+        out_ref = ref(qr, kvr, kvr) if in_shape != out_shape else ref(qr)
+        wgt = torch.randn(out_ref.shape, generator=g, dtype=torch.float64)
+        (out_ref * wgt).sum().backward()
+        qs = shard_of(q, m, [st.Shard(2)], {0: ext(out_shape[0], 1)}).requires_grad_()
+        kvs = shard_of(kv, m, [st.Shard(2)], {0: ext(in_shape[0], 2)}).requires_grad_()
+        with st.CommCounter() as c:
+            out = att(qs, kvs, kvs) if in_shape != out_shape else att(qs)
+            (out * st.distribute_tensor(wgt, m, st.placements(out), sharding_shapes=st.sharding_shapes(out))).sum() \
+                .backward()
+        assert not any(k.startswith("fallback") for k in c.calls), c.calls
+        assert st.placements(out) == (st.Shard(2),), st.placements(out)
+        torch.testing.assert_close(full(out), out_ref, **tol)
+        torch.testing.assert_close(full(qs.grad), qr.grad, **tol)
+        if in_shape != out_shape:
+            torch.testing.assert_close(full(kvs.grad), kvr.grad, **tol)
+        for (n, p), (_, pr) in zip(att.named_parameters(), ref.named_parameters()):
+            assert not st.is_shard_tensor(p.grad), n
+            torch.testing.assert_close(p.grad, pr.grad, msg=n, **tol)
+    return True
+
+
+@pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
+def test_neighborhood_attention(world, kind):
+    assert all(harness.run(world, case_neighborhood_attention, kind))
