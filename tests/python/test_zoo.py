@@ -1,5 +1,5 @@
 """The model-zoo lane: unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers,
-neuraloperator, PhysicsNeMo and Hugging Face transformers (random init, small inputs), run by sharding only their input, against one process: one training step
+neuraloperator, PhysicsNeMo, Hugging Face transformers and torch-harmonics (random init, small inputs), run by sharding only their input, against one process: one training step
 (output, input gradient, every parameter gradient, every buffer) and one eval forward, and the work must stay
 divided (``benchmarks/zoo/zoo_models.py`` builds and judges them; ``benchmarks/zoo/bench.py`` runs the longer
 list). Uneven extents, 2 ranks mostly, some at 3, and a 2 x 2 mesh sharding H and W.
@@ -65,6 +65,8 @@ ZOO = [
     ("transformers/swin", 2, None, None),     # Hugging Face: window padding and cyclic shifts in the model
     ("transformers/wav2vec2", 3, None, None),  # a waveform split along time: strided 1-D convs, group norm over time
     ("transformers/deformable_detr", 2, None, None),  # multi-scale deformable attention (grid_sample at offsets)
+    ("torch_harmonics/SFNO", 2, None, None),  # spherical harmonic transforms over a split latitude (pending spectra)
+    ("torch_harmonics/SphericalSegformer", 3, None, None),  # DISCO convolutions, neighbourhood attention on the sphere
 ]
 XFAIL = {}
 
