@@ -23,7 +23,7 @@ at::Tensor sequence_for(const at::Tensor& seq, int64_t x_dim, const MeshPtr& mes
         pl[m] = x_pl[m];
         ext[x_pl[m].dim] = x_ext.at(x_pl[m].dim);
       }
-  return local_as(resolve_partial(dispatch::as_shard(seq, mesh)), mesh, pl, ext);
+  return local_in(seq, mesh, pl, ext);
 }
 
 // The input's layout (a plain input: Replicate) and local tensor.

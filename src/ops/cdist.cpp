@@ -158,7 +158,7 @@ at::Tensor cdist_backward_rule(const at::Tensor& grad_in, const at::Tensor& x1_i
     }
   }
   auto g = local_as(grad, mesh, pg, eg).contiguous();
-  auto c = local_as(resolve_partial(dispatch::as_shard(cdist_in, mesh)), mesh, pg, eg).contiguous();
+  auto c = local_in(cdist_in, mesh, pg, eg).contiguous();
   auto a = local_as(resolve_partial(x1_in), mesh, pa, ea).contiguous();
   auto b = local_as(resolve_partial(x2_in), mesh, pb, eb).contiguous();
   return wrap(at::_cdist_backward(g, a, b, p, c), mesh, po, x1_in.sizes().vec(), eo);

@@ -6,6 +6,7 @@
 
 #include "comm/collectives.h"
 #include "comm/stat_reduce.h"
+#include "dispatch/args.h"
 #include "dispatch/promote.h"
 
 namespace shardtensor::ops {
@@ -55,6 +56,10 @@ at::Tensor local_as(const at::Tensor& t, const MeshPtr& mesh, const Placements& 
     sliced = true;
   }
   return sliced ? local : t;
+}
+
+at::Tensor local_in(const at::Tensor& t, const MeshPtr& mesh, const Placements& want, const DimExtents& ext) {
+  return local_as(resolve_partial(dispatch::as_shard(t, mesh)), mesh, want, ext);
 }
 
 at::Tensor resolve_partial(const at::Tensor& t) {

@@ -20,6 +20,10 @@ using DimExtents = std::map<int64_t, std::vector<int64_t>>; // tensor dim -> ext
 // redistributed (collectives, the same on every rank); plain tensors are Replicate and are sliced locally.
 at::Tensor local_as(const at::Tensor& t, const MeshPtr& mesh, const Placements& want, const DimExtents& ext);
 
+// What a rule reads of an argument or an incoming gradient: `t` (a ShardTensor, or a plain tensor read as Replicate)
+// with any pending sum completed, this rank's part laid out as `want` on `mesh`.
+at::Tensor local_in(const at::Tensor& t, const MeshPtr& mesh, const Placements& want, const DimExtents& ext);
+
 // The whole value of `t` on every rank, as a plain tensor: a ShardTensor gathered (and a pending sum completed) over
 // its mesh; a plain tensor is itself. For small operands a rule needs whole (bin edges, lookup sets, per-channel
 // parameters, index tensors read on the host).

@@ -217,7 +217,7 @@ struct Im2colFn : torch::autograd::Function<Im2colFn> {
     std::vector<int64_t> rows;
     if (m >= 0) rows = im2col_plan(*img, b, grads[0].device())->block_rows;
     auto cspec = cols_spec(*img, b, m >= 0 ? &rows : nullptr);
-    auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], spec->mesh)), spec->mesh, cspec->placements,
+    auto g = local_in(grads[0], spec->mesh, cspec->placements,
                       cspec->dim_extents());
     auto gi = make_shard_tensor(col2im_local(g, *img, b), img);
     out[0] = redistribute_to(gi, spec);

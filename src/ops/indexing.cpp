@@ -181,7 +181,7 @@ at::Tensor index_select_backward(const at::Tensor& grad_in, c10::SymIntArrayRef 
       out_p[m] = Placement::partial(ReduceOp::Sum);
       out_ext.erase(dim);
     }
-  auto idx = local_as(resolve_partial(dispatch::as_shard(index, mesh)), mesh, idx_p, idx_ext);
+  auto idx = local_in(index, mesh, idx_p, idx_ext);
   const auto& g = shard_impl(grad)->local();
   auto out = at::zeros(local_sizes, g.options());
   if (g.numel() > 0) out.index_add_(dim, idx.reshape({-1}), g.dim() == 0 ? g.reshape({1}) : g);
@@ -342,7 +342,7 @@ void scatter_sharded_dim(const c10::OperatorHandle& op, torch::jit::Stack* stack
   else target[m] = Placement::replicate();
   auto idx = local_as(dispatch::as_shard(index, mesh), mesh, target, ext).to(at::kLong);
   at::Tensor vals;
-  if (has_src) vals = local_as(resolve_partial(dispatch::as_shard(src, mesh)), mesh, target, ext);
+  if (has_src) vals = local_in(src, mesh, target, ext);
   const auto n_rows = self.size(dim);
   const bool invalid = idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= n_rows);
   const auto error = c10::str(op.schema().name(), "(): index out of range for a dim of size ", n_rows);

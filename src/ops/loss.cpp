@@ -285,7 +285,7 @@ at::Tensor nll_backward(NllKernel kernel, const MeshPtr& mesh, const at::Tensor&
   auto target_layout = l.target_spec->placements;
   if (l.class_mesh_dim >= 0) target_layout[l.class_mesh_dim] = Placement::replicate();  // the loss's gradient
   auto grad = reduction == kNone
-      ? local_as(resolve_partial(dispatch::as_shard(grad_output, mesh)), mesh, target_layout,
+      ? local_in(grad_output, mesh, target_layout,
                  l.target_spec->dim_extents())
       : shard_impl(resolve_partial(dispatch::as_shard(grad_output, mesh)))->local();
   auto total = shard_impl(resolve_partial(dispatch::as_shard(total_weight, mesh)))->local();

@@ -146,7 +146,7 @@ at::Tensor unpool_forward(const at::Tensor& self_in, const at::Tensor& indices, 
 // recording each step's coordinate to return to) and the answers come back the same way in reverse.
 at::Tensor unpool_backward(const at::Tensor& grad_in, const at::Tensor& indices, const UnpoolLayout& l) {
   const auto& mesh = l.self_spec->mesh;
-  auto g = local_as(resolve_partial(dispatch::as_shard(grad_in, mesh)), mesh, l.out_spec->placements,
+  auto g = local_in(grad_in, mesh, l.out_spec->placements,
                     l.out_spec->dim_extents());
   auto idx = local_as(dispatch::as_shard(indices, mesh), mesh, l.self_spec->placements, l.self_spec->dim_extents());
   auto [targets, invalid] = targets_of(l, idx);

@@ -64,7 +64,7 @@ at::Tensor local_param(const std::optional<at::Tensor>& param, const LayerNormLa
     want[m] = Placement::shard(d - l.axis);
     ext[d - l.axis] = l.spec->extents[m];
   }
-  return local_as(resolve_partial(dispatch::as_shard(*param, mesh)), mesh, want, ext);
+  return local_in(*param, mesh, want, ext);
 }
 
 // native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps)

@@ -117,7 +117,7 @@ struct GridDerivativeFn : torch::autograd::Function<GridDerivativeFn> {
     auto plan = periodic_plan(spec, halo, local.device());
     auto window = ctx->saved_data["window"].toTensor();
     auto [pl, ext] = output_layout(spec);
-    auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], spec.mesh)), spec.mesh, pl, ext);
+    auto g = local_in(grads[0], spec.mesh, pl, ext);
     // The window's gradient through the local call's own backward (PhysicsNeMo's, on plain tensors): the incoming
     // rows in place, zero on the halo rows the forward cut off. A rank without rows has none (zeros).
     at::Tensor grad_window = at::zeros(window.sizes(), local.options());

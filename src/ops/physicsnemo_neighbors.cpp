@@ -129,7 +129,7 @@ void apply_grad_rows_handler(const c10::OperatorHandle& op, torch::jit::Stack* s
   const auto layout = query_rows(op, stack, indexes);
   // The counts and the incoming gradient laid out like the indexes (the gradient may arrive pending or whole).
   for (int i : {0, 1, 2})
-    first[i] = local_as(resolve_partial(dispatch::as_shard(first[i].toTensor(), layout.mesh)), layout.mesh,
+    first[i] = local_in(first[i].toTensor(), layout.mesh,
                         layout.placements, layout.extents);
   const auto points_shape = first[3].toIntVector();
   op.callBoxed(stack);

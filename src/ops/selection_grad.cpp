@@ -61,7 +61,7 @@ struct SelectionFn : torch::autograd::Function<SelectionFn> {
     const auto idx_st = ctx->get_saved_variables()[0];
     const auto& mesh = spec->mesh;
     const auto& ispec = *shard_impl(idx_st)->spec();
-    auto g = local_as(resolve_partial(dispatch::as_shard(g_in, mesh)), mesh, ispec.placements, ispec.dim_extents());
+    auto g = local_in(g_in, mesh, ispec.placements, ispec.dim_extents());
     const auto m = spec->mesh_dim_of(dim);
     const auto coord = mesh->coordinate(m);
     const auto off = spec->offset_of(m, coord), n = spec->extents[m][coord];

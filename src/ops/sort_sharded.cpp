@@ -128,7 +128,7 @@ struct SortFn : torch::autograd::Function<SortFn> {
     const auto dim = ctx->saved_data["dim"].toInt();
     auto indices = ctx->get_saved_variables()[0];
     const auto& mesh = spec->mesh;
-    auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], mesh)), mesh, spec->placements,
+    auto g = local_in(grads[0], mesh, spec->placements,
                       spec->dim_extents());
     out[0] = make_shard_tensor(unsort(g, shard_impl(indices)->local(), *spec, dim), spec);
     return once_differentiable(std::move(out), "sort along a sharded dim", recording);

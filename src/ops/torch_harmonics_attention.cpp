@@ -151,7 +151,7 @@ struct NeighborhoodAttentionFn : torch::autograd::Function<NeighborhoodAttention
     // The incoming gradient in the output's layout: a collective when it differs, so every rank takes it.
     DimExtents ext = q_spec.dim_extents();
     ext.erase(1);
-    auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], q_spec.mesh)), q_spec.mesh, q_spec.placements, ext);
+    auto g = local_in(grads[0], q_spec.mesh, q_spec.placements, ext);
     if (ctx->saved_data.count("out")) {
       auto out = ctx->saved_data["out"].toTensor();
       auto locals = ctx->saved_data["locals"].toTensorList();

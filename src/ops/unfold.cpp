@@ -105,7 +105,7 @@ struct UnfoldFn : torch::autograd::Function<UnfoldFn> {
     const auto& mesh = *spec->mesh;
     auto plan = unfold_plan(*spec, dim, size, step, grads[0].device());
     auto out_spec = unfold_spec(*spec, dim, size, step, &plan->out_extents);
-    auto g = local_as(resolve_partial(dispatch::as_shard(grads[0], spec->mesh)), spec->mesh, out_spec->placements,
+    auto g = local_in(grads[0], spec->mesh, out_spec->placements,
                       out_spec->dim_extents());
     auto window_shape = spec->local_shape;
     window_shape[dim] = plan->halo.window_rows(0);

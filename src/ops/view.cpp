@@ -677,7 +677,7 @@ at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
     auto p = base;
     for (auto& pl : p)
       if (pl.is_shard() && pl.dim >= t.dim()) pl = Placement::replicate();
-    return local_as(resolve_partial(dispatch::as_shard(t, mesh)), mesh, p, e);
+    return local_in(t, mesh, p, e);
   };
 
   if (whole_joiners) {
