@@ -191,15 +191,19 @@ def _tiny_resnet_backbone(stages=("stage2", "stage3", "stage4")):
                                      out_features=list(stages))
 
 
+def _tiny_detr(decoder_layers):
+    """DETR's and Conditional DETR's small config: one encoder layer over the last stage of a tiny ResNet."""
+    return dict(use_timm_backbone=False, backbone_config=_tiny_resnet_backbone(["stage4"]), d_model=32,
+                encoder_layers=1, decoder_layers=decoder_layers, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                encoder_attention_heads=2, decoder_attention_heads=2, num_queries=8, dropout=0.0,
+                attention_dropout=0.0, activation_dropout=0.0, num_labels=5)
+
+
 @model("transformers", "transformers/detr", (2, 3, 64, 64), align=32, spatial_out=False,
        note="mask-derived sine position embedding, object queries over the flattened split feature map")
 def _():
     import transformers
-    return transformers.DetrForObjectDetection(transformers.DetrConfig(
-        use_timm_backbone=False, backbone_config=_tiny_resnet_backbone(["stage4"]), d_model=32, encoder_layers=1,
-        decoder_layers=1, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=2,
-        decoder_attention_heads=2, num_queries=8, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        num_labels=5))
+    return transformers.DetrForObjectDetection(transformers.DetrConfig(**_tiny_detr(decoder_layers=1)))
 
 
 @model("transformers", "transformers/deformable_detr", (2, 3, 64, 64), align=32, spatial_out=False,
@@ -327,7 +331,4 @@ def _():
 def _():
     import transformers
     return transformers.ConditionalDetrForObjectDetection(transformers.ConditionalDetrConfig(
-        use_timm_backbone=False, backbone_config=_tiny_resnet_backbone(["stage4"]), d_model=32, encoder_layers=1,
-        decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=2,
-        decoder_attention_heads=2, num_queries=8, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        num_labels=5))
+        **_tiny_detr(decoder_layers=2)))

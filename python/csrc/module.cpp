@@ -172,27 +172,21 @@ PYBIND11_MODULE(_C, m) {
   // backward returns for them (ShardTensors) reach the plain parameters as plain, reduced tensors. None: no change.
   m.def("_promote_function_args", [](const py::tuple& args) -> py::object {
     MeshPtr mesh;
-    bool plain_with_grad = false;
+    bool any_promotable = false;
     for (const auto& a : args) {
       if (!THPVariable_Check(a.ptr())) continue;
       const auto& t = THPVariable_Unpack(a.ptr());
       if (auto* impl = shard_impl(t)) {
         if (!mesh) mesh = impl->spec()->mesh;
-      } else if (t.requires_grad()) {
-        plain_with_grad = true;
+      } else {
+        any_promotable = any_promotable || dispatch::promotable(t);
       }
     }
-    if (!mesh || !plain_with_grad) return py::none();
+    if (!mesh || !any_promotable) return py::none();
     py::list out;
     for (const auto& a : args) {
-      if (THPVariable_Check(a.ptr())) {
-        const auto& t = THPVariable_Unpack(a.ptr());
-        if (!shard_impl(t) && t.requires_grad()) {
-          out.append(py::cast(dispatch::promote_to_replicate(t, mesh)));
-          continue;
-        }
-      }
-      out.append(a);
+      const bool promote = THPVariable_Check(a.ptr()) && dispatch::promotable(THPVariable_Unpack(a.ptr()));
+      out.append(promote ? py::cast(dispatch::promote_to_replicate(THPVariable_Unpack(a.ptr()), mesh)) : a);
     }
     return py::tuple(out);
   });

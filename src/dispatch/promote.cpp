@@ -56,11 +56,12 @@ struct PromoteBackward final : torch::autograd::Node {
   }
 };
 
+
+} // namespace
+
 bool promotable(const at::Tensor& t) {
   return t.defined() && t.requires_grad() && !shard_impl(t) && !t.unsafeGetTensorImpl()->is_wrapped_number();
 }
-
-} // namespace
 
 at::Tensor promote_to_replicate(const at::Tensor& plain, const MeshPtr& mesh) {
   auto out = make_shard_tensor(plain.detach(), replicate_spec(mesh, plain.sizes()));

@@ -24,6 +24,9 @@ namespace shardtensor::dispatch {
 std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const c10::OperatorHandle& op,
                                                                           torch::jit::Stack* stack);
 
+// A plain tensor (not a wrapped number) that requires grad: what an op mixing it with ShardTensors promotes.
+bool promotable(const at::Tensor& t);
+
 // Differentiable: plain -> Replicate ShardTensor on `mesh`. Its backward completes a pending gradient, deferring
 // the sum into the gradient buckets where it may (dispatch/grad_buckets.h).
 at::Tensor promote_to_replicate(const at::Tensor& plain, const MeshPtr& mesh);

@@ -10,7 +10,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
-#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -40,10 +39,7 @@ ShardRandomGuard::ShardRandomGuard(const c10::OperatorHandle& op, const torch::j
   if (!lead) return;
   // A lead no mesh dim splits is drawn whole on every rank: the single-device draw, which keeps every rank's
   // generator in step by itself (a VAE's noise for a replicated latent equals one device's).
-  const auto& lead_spec = lead->spec();
-  if (std::none_of(lead_spec->placements.begin(), lead_spec->placements.end(),
-                   [](const Placement& p) { return p.is_shard(); }))
-    return;
+  if (!lead->spec()->has_shard()) return;
   const auto& local = lead->local();
   const auto type = local.device().type();
   // Under st.simulate one process plays one rank: no peers to keep in step, and the saved state (5 KiB on the CPU)

@@ -12,15 +12,15 @@
 #include "ops/common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/einsum_native.h>
+#include <ATen/ops/linear_native.h>
+#include <ATen/ops/matmul_native.h>
+#include <torch/autograd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <map>
 #include <optional>
-#include <ATen/ops/einsum_native.h>
-#include <ATen/ops/linear_native.h>
-#include <ATen/ops/matmul_native.h>
-#include <torch/autograd.h>
 
 
 namespace shardtensor::ops {
@@ -473,15 +473,14 @@ std::optional<EinsumEquation> explicit_einsum(c10::string_view equation, at::Ten
 // go to the front of the output (the result is permuted back, a view), split contracted labels are renamed to sort
 // first among the contracted ones. Each split dim then leads its merged group: a block of it, no communication, and
 // the split stays on its label (a contracted one leaves a pending sum).
-at::Tensor einsum_autograd(c10::string_view equation, at::TensorList operand_list, at::OptionalIntArrayRef path) {
+at::Tensor einsum_autograd(c10::string_view equation, at::TensorList operands, at::OptionalIntArrayRef path) {
   bool any_split = false;
-  for (const auto& t : operand_list)
+  for (const auto& t : operands)
     if (const auto* impl = shard_impl(t))
       for (const auto& p : impl->spec()->placements) any_split = any_split || p.is_shard();
-  auto parsed = any_split ? explicit_einsum(equation, operand_list) : std::nullopt;
-  if (!parsed) return at::native::einsum(equation, operand_list, path);
+  auto parsed = any_split ? explicit_einsum(equation, operands) : std::nullopt;
+  if (!parsed) return at::native::einsum(equation, operands, path);
   const auto& eq = *parsed;
-  std::vector<at::Tensor> operands(operand_list.begin(), operand_list.end());
   // The split labels, by operand and mesh dim order.
   std::string split;
   for (size_t i = 0; i < operands.size(); ++i)

@@ -31,14 +31,12 @@ std::vector<int64_t> dims_along(Along along, const dispatch::NamedArgs& args, in
 }
 
 // Generic over ops whose argument lists differ (sort.stable's `dim` follows a keyword `stable`, topk's follows `k`):
-// boxed, reading `self` and `dim` by name, and re-calling the op that ran with the local tensor.
-void along_dims_handler(Along along, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// boxed, reading `self` and `dim` by name, and re-calling the op that ran with the local tensor. `linear`: the op is
+// linear in `self` (view_as_real / view_as_complex), so a pending sum stays pending (the real and imaginary parts of
+// a Partial spectrum); the sorts need complete values.
+void along_dims_handler(Along along, bool linear, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
-  // view_as_real / view_as_complex are linear views: a pending sum stays pending (the real and imaginary parts of a
-  // Partial spectrum); the sorts and scans need complete values.
-  const auto& name = op.schema().name();
-  const bool linear_view = name == "aten::view_as_real" || name == "aten::view_as_complex";
-  auto self = linear_view ? args.tensor("self") : resolve_partial(args.tensor("self"));
+  auto self = linear ? args.tensor("self") : resolve_partial(args.tensor("self"));
   const auto& spec = *shard_impl(self)->spec();
   const auto ndim = std::max<int64_t>(self.dim(), 1);
   const auto dims = dims_along(along, args, ndim);
@@ -179,9 +177,10 @@ std::tuple<at::Tensor, at::Tensor> cum_extreme_sharded(const at::Tensor& self_in
 void cum_extreme_handler(bool is_max, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
   const auto self = args.tensor("self");
-  if (self.dim() == 0) return along_dims_handler(Along::dim_arg, op, stack);
+  if (self.dim() == 0) return along_dims_handler(Along::dim_arg, /*linear=*/false, op, stack);
   const auto dim = wrap_dim(args["dim"].toInt(), self.dim());
-  if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0) return along_dims_handler(Along::dim_arg, op, stack);
+  if (shard_impl(self)->spec()->mesh_dim_of(dim) < 0)
+    return along_dims_handler(Along::dim_arg, /*linear=*/false, op, stack);
   auto [v, i] = cum_extreme_sharded(self, dim, is_max);
   torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(v), std::move(i));
@@ -194,7 +193,7 @@ void topk_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto ndim = std::max<int64_t>(self.dim(), 1);
   const auto dim = wrap_dim(args["dim"].toInt(), ndim);
   if (self.dim() == 0 || shard_impl(self)->spec()->mesh_dim_of(dim) < 0)
-    return along_dims_handler(Along::dim_arg, op, stack);
+    return along_dims_handler(Along::dim_arg, /*linear=*/false, op, stack);
   const auto k = args["k"].toSymInt().expect_int();
   const bool largest = args["largest"].toBool();
   check_topk_args(self, k, dim);
@@ -206,8 +205,10 @@ void topk_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(sort_fft) {
-  auto rule = [](Along along) {
-    return [along](const c10::OperatorHandle& op, torch::jit::Stack* stack) { along_dims_handler(along, op, stack); };
+  auto rule = [](Along along, bool linear = false) {
+    return [along, linear](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+      along_dims_handler(along, linear, op, stack);
+    };
   };
   // Along `dim` (sort, sort.stable, topk, the scans).
   for (const char* name : {"aten::sort", "aten::sort.stable"}) dispatch::set_handler(name, rule(Along::dim_arg));
@@ -221,8 +222,8 @@ SHARDTENSOR_RULE_FAMILY(sort_fft) {
   // topk along a sharded dim merges the ranks' candidates; its gradient stays in each rank's rows.
   dispatch::set_handler("aten::topk", topk_handler);  // its autograd rule: selection_grad.cpp
   // Complex <-> real pairs: view_as_real appends a dim of 2, view_as_complex consumes the last dim.
-  dispatch::set_handler("aten::view_as_real", rule(Along::none));
-  dispatch::set_handler("aten::view_as_complex", rule(Along::last));
+  dispatch::set_handler("aten::view_as_real", rule(Along::none, /*linear=*/true));
+  dispatch::set_handler("aten::view_as_complex", rule(Along::last, /*linear=*/true));
 }
 
 } // namespace shardtensor::ops

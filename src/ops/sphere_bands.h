@@ -8,7 +8,7 @@
 
 #include "comm/halo.h"
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -35,6 +35,12 @@ inline std::vector<int64_t> proportional_extents(const std::vector<int64_t>& ext
     prev = bound;
   }
   return out;
+}
+
+// An operator's renumbered indices as a tensor of `like`'s dtype on its device (int64 on the host first, so no
+// index passes through a narrower type).
+inline at::Tensor index_tensor_like(const std::vector<int64_t>& v, const at::Tensor& like) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(like.device(), like.scalar_type());
 }
 
 // One coordinate's share of a CSR operator split along its row side.
@@ -70,7 +76,10 @@ inline BandCut cut_bands(const int64_t* roff, int64_t nnr, const std::function<i
   int64_t first = 0;
   for (size_t c = 0; c < extents.size(); ++c) {
     int64_t band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
-    for (auto h = first; h < first + extents[c]; ++h) band_lo = std::min(band_lo, lo[h]), band_hi = std::max(band_hi, hi[h]);
+    for (auto h = first; h < first + extents[c]; ++h) {
+      band_lo = std::min(band_lo, lo[h]);
+      band_hi = std::max(band_hi, hi[h]);
+    }
     for (auto d = band_lo; d <= band_hi; ++d) cut.want[c].push_back(d);
     if (static_cast<int64_t>(c) == me) cut.block_first = first, cut.band_first = band_hi >= 0 ? band_lo : 0;
     first += extents[c];

@@ -63,11 +63,8 @@ std::shared_ptr<const AttentionPlan> attention_plan(const at::Tensor& col, const
     const auto& band = cut.want[mesh.coordinate(split.mesh_dim)];
     std::vector<int64_t> new_col;
     for (auto z : cut.entries) new_col.push_back(col_p[z] - cut.band_first * nlon_in);
-    auto on_device = [&](const std::vector<int64_t>& v, const at::Tensor& like) {
-      return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(like.device(), like.scalar_type());
-    };
-    plan.col = on_device(new_col, col);
-    plan.roff = on_device(cut.roff, roff);
+    plan.col = index_tensor_like(new_col, col);
+    plan.roff = index_tensor_like(cut.roff, roff);
     plan.quad = quad.narrow(0, cut.band_first, static_cast<int64_t>(band.size())).contiguous();
     plan.halo = comm::HaloPlan({comm::HaloDim{2, split.mesh_dim, split.kv_extents, std::move(cut.want)}},
                                mesh.coordinates(), device);

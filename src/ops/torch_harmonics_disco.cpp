@@ -35,22 +35,17 @@ struct Psi {
   at::Tensor roff, ker, row, col, vals;
 };
 
-// One split contraction: the windows every coordinate's CSR rows read on the four-dimensional side, the exchange
-// that moves them, and this rank's psi.
+// One split contraction: the exchange of the band of four-dimensional rows this rank's CSR rows read (dim 2 of that
+// side's tensor, split as `dense_extents`), and this rank's psi.
 struct DiscoPlan {
-  std::vector<int64_t> csr_extents;    // rows of the five-dimensional side per coordinate
-  std::vector<int64_t> dense_extents;  // rows of the four-dimensional side per coordinate
   comm::HaloPlan halo;
-  int64_t window_rows = 0;
   Psi local;
 };
 
 DiscoPlan make_plan(const Psi& psi, int64_t dense_rows, int64_t dense_width, int64_t csr_rows,
                     const std::vector<int64_t>& csr_extents, const std::vector<int64_t>& dense_extents,
-                    int64_t mesh_dim, int64_t dense_dim, const std::vector<int64_t>& coordinates, c10::Device device) {
+                    int64_t mesh_dim, const std::vector<int64_t>& coordinates, c10::Device device) {
   DiscoPlan plan;
-  plan.csr_extents = csr_extents;
-  plan.dense_extents = dense_extents;
   const auto roff = psi.roff.to(at::kCPU, at::kLong).contiguous();
   const auto row = psi.row.to(at::kCPU, at::kLong).contiguous();
   const auto col = psi.col.to(at::kCPU, at::kLong).contiguous();
@@ -63,9 +58,7 @@ DiscoPlan make_plan(const Psi& psi, int64_t dense_rows, int64_t dense_width, int
   auto row_of = [&](int64_t r) { return roff_p[r] == roff_p[r + 1] ? int64_t{-1} : row_p[roff_p[r]]; };
   auto cut = cut_bands(roff_p, roff.numel() - 1, row_of, col_p, dense_width, dense_rows, csr_rows, csr_extents,
                        coordinates[mesh_dim]);
-  plan.window_rows = static_cast<int64_t>(cut.want[coordinates[mesh_dim]].size());
-  plan.halo = comm::HaloPlan({comm::HaloDim{dense_dim, mesh_dim, dense_extents, std::move(cut.want)}}, coordinates,
-                             device);
+  plan.halo = comm::HaloPlan({comm::HaloDim{2, mesh_dim, dense_extents, std::move(cut.want)}}, coordinates, device);
   // This rank's CSR rows, renumbered: rows from its block's first, columns from its band's first row.
   std::vector<int64_t> new_ker, new_row, new_col;
   for (auto z : cut.entries) {
@@ -73,13 +66,10 @@ DiscoPlan make_plan(const Psi& psi, int64_t dense_rows, int64_t dense_width, int
     new_row.push_back(row_p[z] - cut.block_first);
     new_col.push_back(col_p[z] - cut.band_first * dense_width);
   }
-  auto index = [&](const std::vector<int64_t>& v, const at::Tensor& like) {
-    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(like.device(), like.scalar_type());
-  };
-  plan.local.roff = index(cut.roff, psi.roff);
-  plan.local.ker = index(new_ker, psi.ker);
-  plan.local.row = index(new_row, psi.row);
-  plan.local.col = index(new_col, psi.col);
+  plan.local.roff = index_tensor_like(cut.roff, psi.roff);
+  plan.local.ker = index_tensor_like(new_ker, psi.ker);
+  plan.local.row = index_tensor_like(new_row, psi.row);
+  plan.local.col = index_tensor_like(new_col, psi.col);
   plan.local.vals =
       psi.vals.index_select(0, at::tensor(cut.entries, at::TensorOptions().dtype(at::kLong)).to(psi.vals.device()));
   return plan;
@@ -163,28 +153,28 @@ void contraction(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool f
                            spec.mesh->coordinate(mesh_dim)};
   key.insert(key.end(), in_ext.begin(), in_ext.end());
   auto plan = cached_for_tensors<DiscoPlan>({psi.roff, psi.ker, psi.row, psi.col, psi.vals}, key, [&] {
-    return make_plan(psi, dense_rows, dense_width, csr_rows, csr_ext, dense_ext, mesh_dim, 2,
-                     spec.mesh->coordinates(), local.device());
+    return make_plan(psi, dense_rows, dense_width, csr_rows, csr_ext, dense_ext, mesh_dim, spec.mesh->coordinates(),
+                     local.device());
   });
   const auto me = spec.mesh->coordinate(mesh_dim);
   if (forward) {
     auto window = plan->halo.gather(local, *spec.mesh);
-    auto out = call_kernel(true, window.contiguous(), plan->local, K, plan->csr_extents[me], Wo);
+    auto out = call_kernel(true, window.contiguous(), plan->local, K, csr_ext[me], Wo);
     out_pl[mesh_dim] = Placement::shard(3);
-    out_ext[3] = plan->csr_extents;
+    out_ext[3] = csr_ext;
     stack->emplace_back(wrap(out, spec.mesh, out_pl, out_shape, out_ext));
     return;
   }
-  auto out_window = call_kernel(false, local.contiguous(), plan->local, K, plan->window_rows, Wo);
+  auto out_window = call_kernel(false, local.contiguous(), plan->local, K, plan->halo.window_rows(0), Wo);
   auto out = plan->halo.scatter_add(out_window, *spec.mesh, /*consume=*/true);
   out_pl[mesh_dim] = Placement::shard(2);
-  out_ext[2] = plan->dense_extents;
+  out_ext[2] = dense_ext;
   stack->emplace_back(wrap(out, spec.mesh, out_pl, out_shape, out_ext));
 }
 
 // The custom ops torch-harmonics wraps the kernels in (its Python body: the kernel with psi's values in the compute
 // dtype, fp32 for half inputs, and the result in the input's dtype): the same on ShardTensors, the kernel's rule.
-void contraction_op(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool forward) {
+void contraction_op(torch::jit::Stack* stack, bool forward) {
   const auto base = stack->size() - 9;
   const auto input = (*stack)[base].toTensor();
   const auto itype = input.scalar_type();
@@ -194,22 +184,22 @@ void contraction_op(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
   kernel_op(forward).callBoxed(stack);
   auto& out = stack->back();
   if (out.toTensor().scalar_type() != itype) out = out.toTensor().to(itype);
-  (void)op;
 }
 
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(torch_harmonics_disco) {
-  dispatch::set_handler_when_defined(
-      "disco_kernels::forward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { contraction(op, s, true); });
-  dispatch::set_handler_when_defined(
-      "disco_kernels::backward", [](const c10::OperatorHandle& op, torch::jit::Stack* s) { contraction(op, s, false); });
+  for (bool forward : {true, false})
+    dispatch::set_handler_when_defined(forward ? "disco_kernels::forward" : "disco_kernels::backward",
+                                       [forward](const c10::OperatorHandle& op, torch::jit::Stack* s) {
+                                         contraction(op, s, forward);
+                                       });
   dispatch::set_handler_when_defined(
       "disco_kernels::_disco_s2_contraction_optimized",
-      [](const c10::OperatorHandle& op, torch::jit::Stack* s) { contraction_op(op, s, true); });
+      [](const c10::OperatorHandle&, torch::jit::Stack* s) { contraction_op(s, true); });
   dispatch::set_handler_when_defined(
       "disco_kernels::_disco_s2_transpose_contraction_optimized",
-      [](const c10::OperatorHandle& op, torch::jit::Stack* s) { contraction_op(op, s, false); });
+      [](const c10::OperatorHandle&, torch::jit::Stack* s) { contraction_op(s, false); });
 }
 
 } // namespace shardtensor::ops
