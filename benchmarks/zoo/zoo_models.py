@@ -57,7 +57,7 @@ MODELS: Dict[str, ModelSpec] = {}
 
 LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_models_pytorch",
                     "diffusers": "diffusers", "neuralop": "neuralop", "physicsnemo": "physicsnemo",
-                    "torchvision": "torchvision", "transformers": "transformers", "torch_harmonics": "torch_harmonics",
+                    "torchvision": "torchvision", "transformers": "transformers", "torch_harmonics": "torch_harmonics", "kornia": "kornia",
                     "torch": "torch"}
 
 
@@ -861,7 +861,9 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
     """max |a - b| / max(max |b|, floor): ``floor`` (a fraction of the model's gradient scale) keeps a gradient
     that is zero in exact arithmetic (a key bias under softmax) from comparing rounding noise with itself."""
     a, b = a.detach().double(), b.detach().double()
-    scale = max(b.abs().max().item() if b.numel() else 0.0, floor)
+    # NaN where one device has NaN too is equal (below); it must not make the scale NaN either.
+    finite = b.abs().nan_to_num(nan=0.0)
+    scale = max(finite.max().item() if b.numel() else 0.0, floor)
     if a.shape != b.shape:
         return float("inf")
     if not b.numel():
@@ -923,13 +925,46 @@ class _ActivationShare:
                     self.largest_whole = max(self.largest_whole, n)
 
         self.handles = [m.register_forward_hook(hook) for m in module.modules() if not list(m.children())]
+        # A module whose children its forward never calls (kornia's DenseSIFTDescriptor holds its pooling
+        # convolutions as modules but convolves with their weights functionally) reports no leaf output: its own
+        # output is then what is counted.
+        self.root = None
+
+        def root_hook(_m, _inp, out):
+            if self.total == 0 and self.mode is None:
+                saved = (self.local, self.total, self.largest, self.largest_whole)
+                hook(None, None, out)
+                self.root = (self.local, self.total, self.largest, self.largest_whole)
+                self.local, self.total, self.largest, self.largest_whole = saved
+
+        if list(module.children()):
+            self.handles.append(module.register_forward_hook(root_hook))
+        # A module wrapping library functions (the kornia set's ``Call``) has no leaf modules inside the call: its
+        # one output (often a scalar loss) says nothing of the work. Count every torch function's output instead.
+        self.mode = None
+        if getattr(module, "share_by_ops", False):
+            from torch.overrides import TorchFunctionMode
+
+            class _EveryOp(TorchFunctionMode):
+                def __torch_function__(self, func, types, args=(), kwargs=None):
+                    out = func(*args, **(kwargs or {}))
+                    hook(None, None, out)
+                    return out
+
+            self.mode = _EveryOp()
+            self.mode.__enter__()
 
     def remove(self):
         for h in self.handles:
             h.remove()
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
 
     def reduce(self):
         """Every rank's local counts summed (outside any CommCounter), so all ranks judge the same numbers."""
+        if self.total == 0 and self.root is not None:
+            self.local, self.total, self.largest, self.largest_whole = self.root
         t = torch.tensor([float(self.local)], dtype=torch.float64)
         dist.all_reduce(t)
         self.local = t.item() / dist.get_world_size()
@@ -1134,7 +1169,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to eighth sets of models (registered on import; they import this module's registry).
+# The second to ninth sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1142,6 +1177,7 @@ from benchmarks.zoo import zoo_models_fifth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_sixth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_seventh  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_eighth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_ninth  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

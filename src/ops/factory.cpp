@@ -103,6 +103,22 @@ at::Scalar item_rule(const at::Tensor& self) {
   return shard_impl(full)->local().item();
 }
 
+// _assert_async(Tensor self) / _assert_async.msg(Tensor self, str assert_msg): torch._assert_async and the
+// checks libraries write with it (kornia's KORNIA_CHECK on a reduced value). The condition is one element: completed
+// (a pending sum is all-reduced, a split one-element tensor gathered: the same value on every rank), then checked on
+// every rank alike, so all raise together or none does.
+void assert_async_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  dispatch::NamedArgs args(op, stack);
+  auto self = args.tensor("self");
+  auto* impl = shard_impl(self);
+  TORCH_INTERNAL_ASSERT(impl, dispatch::qualified_name(op), ": argument 0 must be a ShardTensor");
+  TORCH_CHECK_VALUE(self.numel() == 1, dispatch::qualified_name(op), ": the condition must have one element, got "
+                    "global shape ", self.sizes());
+  auto full = redistribute_to(self, dispatch::replicate_spec(impl->spec()->mesh, self.sizes()));
+  args.set("self", shard_impl(full)->local());
+  op.callBoxed(stack);
+}
+
 // is_same_size(Tensor self, Tensor other) -> bool
 bool is_same_size_rule(const at::Tensor& self, const at::Tensor& other) {
   return self.sizes() == other.sizes();
@@ -257,6 +273,8 @@ SHARDTENSOR_RULE_FAMILY(factory) {
     dispatch::set_handler_all_overloads(base, new_factory_handler);
   }
   dispatch::set_handler("aten::_local_scalar_dense", typed_handler(&item_rule));
+  dispatch::set_handler("aten::_assert_async", assert_async_handler);
+  dispatch::set_handler("aten::_assert_async.msg", assert_async_handler);
   dispatch::set_handler("aten::is_same_size", typed_handler(&is_same_size_rule));
   dispatch::set_handler("aten::as_strided", typed_handler(&as_strided_rule));
   dispatch::set_handler("aten::as_strided_", typed_handler(&as_strided_inplace_rule));

@@ -557,3 +557,30 @@ def case_integral_mean_and_softmax(what):
                                         ("softmax", "not implemented for 'Long'")])
 def test_integral_mean_and_softmax_raise_like_torch(what, match):
     harness.expect_error(2, case_integral_mean_and_softmax, what, match=match)
+
+
+def case_assert_async(fail):
+    """torch._assert_async on a value reduced over a split dim (a pending sum, as kornia's checks write it) and on a
+    one-element split tensor: a rule, no fallback (strict mode); a false condition raises on every rank alike."""
+    m = mesh()
+    w = m.size()
+    x = randn(7, 3, seed=1)
+    xs = st.distribute_tensor(x, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(7, w, 1)})
+    with st.use_strict():
+        total = xs.abs().sum()        # a pending sum until completed
+        torch._assert_async(total > 0)
+        torch._assert_async(total > (1e9 if fail == "msg" else 0), "sum must be positive")
+        one = st.distribute_tensor(torch.tensor([1.0]), m, [st.Shard(0)])
+        torch._assert_async(one if fail != "split" else one - 1)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_assert_async(world):
+    harness.run(world, case_assert_async, "")
+
+
+@pytest.mark.parametrize("fail,match", [("msg", "sum must be positive"), ("split", "Expected Tensor with single "
+                                                                                  "nonzero value, but got zero")])
+def test_assert_async_false_raises_everywhere(fail, match):
+    harness.expect_error(3, case_assert_async, fail, kinds=("RuntimeError",), match=match)

@@ -1,5 +1,5 @@
 """The model-zoo lane: unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers,
-neuraloperator, PhysicsNeMo, Hugging Face transformers and torch-harmonics (random init, small inputs), run by sharding only their input, against one process: one training step
+neuraloperator, PhysicsNeMo, Hugging Face transformers, torch-harmonics and kornia (random init, small inputs), run by sharding only their input, against one process: one training step
 (output, input gradient, every parameter gradient, every buffer) and one eval forward, and the work must stay
 divided (``benchmarks/zoo/zoo_models.py`` builds and judges them; ``benchmarks/zoo/bench.py`` runs the longer
 list). Uneven extents, 2 ranks mostly, some at 3, and a 2 x 2 mesh sharding H and W.
@@ -67,6 +67,9 @@ ZOO = [
     ("transformers/deformable_detr", 2, None, None),  # multi-scale deformable attention (grid_sample at offsets)
     ("torch_harmonics/SFNO", 2, None, None),  # spherical harmonic transforms over a split latitude (pending spectra)
     ("torch_harmonics/SphericalSegformer", 3, None, None),  # DISCO convolutions, neighbourhood attention on the sphere
+    ("kornia/equalize_clahe", 2, None, None),  # tiles' histograms, bilinear blending between tiles, _assert_async
+    ("kornia/LovaszSoftmaxLoss", 3, None, None),  # a loss over errors sorted across every pixel (a distributed sort)
+    ("kornia/Canny", 2, None, None),          # non-maximum suppression, hysteresis by a data-dependent loop
 ]
 XFAIL = {}
 
@@ -160,8 +163,21 @@ class _Uninitialised(torch.nn.Module):
         return self.conv(x) + self.offset
 
 
+class _GathersInCall(torch.nn.Module):
+    """A function-wrapped call (the kornia set's modules) that gathers inside and returns a scalar: no leaf module
+    shows it, the per-op count (``share_by_ops``) must."""
+
+    share_by_ops = True
+
+    def forward(self, x):
+        if st.is_shard_tensor(x):
+            x = x.redistribute([st.Replicate()])
+        return torch.nn.functional.avg_pool2d(x.exp(), 3).sum()
+
+
 for _cls in (_LocalNormalise, _Gathers, _NoRule, _Uninitialised):
     model("torch", f"judge/{_cls.__name__[1:]}", (1, 2, 12, 6))(_cls)
+model("torch", "judge/GathersInCall", (1, 2, 12, 6), spatial_out=False)(_GathersInCall)
 
 
 @pytest.mark.parametrize("name,verdict,detail", [
@@ -169,6 +185,7 @@ for _cls in (_LocalNormalise, _Gathers, _NoRule, _Uninitialised):
     ("judge/Gathers", "not-parallel", "not sharded"),
     ("judge/NoRule", "raise", "NotImplementedError"),
     ("judge/Uninitialised", "pass", ""),
+    ("judge/GathersInCall", "not-parallel", "activations 1.00"),
 ])
 def test_zoo_judge_reports(name, verdict, detail):
     results = harness.run(2, case_zoo, name)
