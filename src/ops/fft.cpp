@@ -6,9 +6,11 @@
 // transform is split into stages over disjoint dims — a multi-dim FFT is separable — and the shard moves between
 // the stages' dims: r2c = r2c(last) then c2c(rest); c2r = c2c(rest) then c2r(last); c2c = c2c(whole dims) then
 // c2c(the others). Each stage applies the normalization to its own dims, so the product is the requested one.
-// Transforms along unsharded dims only run on the local shards, layout kept.
+// A 1-D transform whose split no other dim can take (a long signal split along its only dim) runs the four-step
+// algorithm instead (fft_four_step.h). Transforms along unsharded dims only run on the local shards, layout kept.
 #include "ops/common.h"
 #include "ops/empty_shard.h"
+#include "ops/fft_four_step.h"
 
 #include <ATen/ops/_fft_c2c.h>
 #include <ATen/ops/_fft_c2r.h>
@@ -135,9 +137,12 @@ at::Tensor fft_r2c_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
     return at::_fft_r2c(l, d, normalization, onesided);
   };
   if (!any_sharded(spec_of(self), dims)) return run_local(scatter_partial(self, dims), dims, whole);
+  const auto x = scatter_partial(self, dims);
+  if (dims.size() == 1)
+    if (auto out = four_step_r2c(x, dims[0], normalization, onesided)) return *out;
   const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
   auto c2c = [=](const at::Tensor& l, const std::vector<int64_t>& d) { return at::_fft_c2c(l, d, normalization, true); };
-  return run_stages(self, dims, {{last, whole}, {rest, c2c}}, whole, "_fft_r2c");
+  return run_stages(x, dims, {{last, whole}, {rest, c2c}}, whole, "_fft_r2c");
 }
 
 // _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
@@ -148,9 +153,12 @@ at::Tensor fft_c2r_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
     return at::_fft_c2r(l, d, normalization, n);
   };
   if (!any_sharded(spec_of(self), dims)) return run_local(scatter_partial(self, dims), dims, whole);
+  const auto x = scatter_partial(self, dims);
+  if (dims.size() == 1)
+    if (auto out = four_step_c2r(x, dims[0], normalization, n)) return *out;
   const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
   auto c2c = [=](const at::Tensor& l, const std::vector<int64_t>& d) { return at::_fft_c2c(l, d, normalization, false); };
-  return run_stages(self, dims, {{rest, c2c}, {last, whole}}, whole, "_fft_c2r");
+  return run_stages(x, dims, {{rest, c2c}, {last, whole}}, whole, "_fft_c2r");
 }
 
 // _fft_c2c(Tensor self, SymInt[] dim, int normalization, bool forward) -> Tensor
@@ -161,9 +169,12 @@ at::Tensor fft_c2c_rule(const at::Tensor& self, c10::SymIntArrayRef dim, int64_t
   };
   const auto& spec = spec_of(self);
   if (!any_sharded(spec, dims)) return run_local(scatter_partial(self, dims), dims, whole);
+  const auto x = scatter_partial(self, dims);
+  if (dims.size() == 1)
+    if (auto out = four_step_c2c(x, dims[0], normalization, forward)) return *out;
   std::vector<int64_t> local_dims, sharded_dims;
-  for (auto d : dims) (spec.mesh_dim_of(d) >= 0 ? sharded_dims : local_dims).push_back(d);
-  return run_stages(self, dims, {{local_dims, whole}, {sharded_dims, whole}}, whole, "_fft_c2c");
+  for (auto d : dims) (spec_of(x).mesh_dim_of(d) >= 0 ? sharded_dims : local_dims).push_back(d);
+  return run_stages(x, dims, {{local_dims, whole}, {sharded_dims, whole}}, whole, "_fft_c2c");
 }
 
 } // namespace

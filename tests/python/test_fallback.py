@@ -265,16 +265,16 @@ def test_warning_once_per_op_and_comm_count(world):
 
 def case_strict(which):
     m = mesh()
-    xs = shard_of(randn(6, 4, seed=29), m, [st.Shard(0)], {0: uneven_extents(6, m.size(), 29)})
+    xs = shard_of(randn(7, 4, seed=29), m, [st.Shard(0)], {0: uneven_extents(7, m.size(), 29)})
     assert not st.strict()
     with st.use_strict():
         assert st.strict()
         if which == "no_rule":
             F.pdist(xs)
         elif which == "declined":
-            torch.fft.rfft(xs[:, 0])   # a 1-D signal along its sharded dim: no dim can take the shard
+            torch.fft.rfft(xs[:, 0])   # a 1-D signal of prime length along its sharded dim: no dim, no four-step
         else:
-            F.grid_sample(xs.reshape(1, 1, 6, 4), randn(1, 3, 3, 2, seed=30), mode="bicubic", padding_mode="reflection")
+            F.grid_sample(xs.reshape(1, 1, 7, 4), randn(1, 3, 3, 2, seed=30), mode="bicubic", padding_mode="reflection")
 
 
 @pytest.mark.parametrize("which,match", [("no_rule", "aten::_pdist_forward has no domain-parallel rule"),
@@ -305,7 +305,7 @@ def test_strict_from_environment():
 
 def case_refused(which):
     m = mesh()
-    xs = shard_of(randn(6, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(6, m.size(), 31)})
+    xs = shard_of(randn(7, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(7, m.size(), 31)})
     if which == "view":
         xs.as_strided((3, 4), (8, 1))                       # a view no layout of a ShardTensor can honour
     elif which == "inplace":
@@ -334,7 +334,7 @@ def case_strict_on_one_rank(which):
     """Strict mode on rank 0 only: rank 0 refused at once while the others waited in the fallback's gather until the
     process group's timeout. Now every rank raises, naming the setting."""
     m = mesh()
-    xs = shard_of(randn(6, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(6, m.size(), 31)})
+    xs = shard_of(randn(7, 4, seed=31), m, [st.Shard(0)], {0: uneven_extents(7, m.size(), 31)})
     with st.use_strict(torch.distributed.get_rank() == 0):
         if which == "no_rule":
             F.pdist(xs)

@@ -156,18 +156,55 @@ def case_fno_block(alloc):
     return True
 
 
+def case_four_step(shape):
+    """A 1-D transform along the only dim that could hold the split (a long signal; batch and channels of 1): the
+    four-step FFT on ShardTensors -- a rule (strict mode), all-to-alls only, the output split along the transformed
+    dim; forward and input gradients of every transform kind and norm against one device, uneven and tiny
+    extents, even and odd lengths."""
+    m = mesh()
+    w = m.size()
+    n = shape[-1]
+    x = randn(*shape, seed=20 + n, dtype=torch.float64)
+    z = torch.complex(x, randn(*shape, seed=21 + n, dtype=torch.float64))
+    dim = len(shape) - 1
+    tol = dict(rtol=1e-9, atol=1e-9)
+    with st.use_strict():
+        for ext in (uneven_extents(n, w, seed=n), tiny_extents(n, w)):
+            lay = ([st.Shard(dim)], {0: ext})
+            for nm in NORMS:
+                check_op(lambda t, nm=nm: _real(torch.fft.fft(t, norm=nm)), [x], [lay], m, **tol, what=f"fft {nm}")
+                check_op(lambda t, nm=nm: _real(torch.fft.ifft(torch.view_as_complex(t), norm=nm)),
+                         [torch.view_as_real(z)], [([st.Shard(dim)], {0: ext})], m, **tol, what=f"ifft {nm}")
+                check_op(lambda t, nm=nm: _real(torch.fft.rfft(t, norm=nm)), [x], [lay], m, **tol, what=f"rfft {nm}")
+                check_op(lambda t, nm=nm: torch.fft.irfft(torch.fft.rfft(t, norm=nm) * 1.5, n=n, norm=nm), [x],
+                         [lay], m, **tol, what=f"irfft of rfft {nm}")
+            # A half spectrum with imaginary DC / Nyquist parts (c2r ignores them) and hfft/ihfft through c2r/r2c.
+            half = torch.fft.rfft(x) + 0.3j
+            lay_h = ([st.Shard(dim)], {0: uneven_extents(half.shape[-1], w, seed=3)})
+            check_op(lambda t: torch.fft.irfft(torch.view_as_complex(t), n=n), [torch.view_as_real(half)],
+                     [([st.Shard(dim)], lay_h[1])], m, **tol, what="irfft of a non-Hermitian DC")
+            check_op(lambda t: torch.fft.hfft(torch.fft.ihfft(t), n=n), [x], [lay], m, **tol, what="hfft(ihfft)")
+        xs = st.distribute_tensor(x, m, [st.Shard(dim)], {0: uneven_extents(n, w, seed=n)})
+        with st.CommCounter() as c:
+            y = torch.fft.fft(xs)
+    assert st.placements(y) == (st.Shard(dim),), st.placements(y)
+    assert set(c.calls) <= {"all_to_all"}, dict(c.calls)
+    assert c.calls.get("all_to_all", 0) <= 4, dict(c.calls)
+    return True
+
+
 def refuse_no_dim_for_the_shard():
     m = mesh()
-    x = st.distribute_tensor(torch.randn(8), m, [st.Shard(0)])
+    x = st.distribute_tensor(torch.randn(7), m, [st.Shard(0)])
     with st.use_strict():
-        torch.fft.fft(x)  # a 1-D signal: no other dim can hold the shard
+        torch.fft.fft(x)  # a 1-D signal of prime length: no other dim can hold the shard, no four-step factors
 
 
 def case_no_dim_falls_back():
     """Without strict mode the declined transform runs through the gather-compute fallback: right values."""
     m = mesh()
-    f = torch.randn(9, generator=torch.Generator().manual_seed(12))
-    x = st.distribute_tensor(f, m, [st.Shard(0)], {0: uneven_extents(9, m.size(), seed=13)})
+    f = torch.randn(11, generator=torch.Generator().manual_seed(12))
+    x = st.distribute_tensor(f, m, [st.Shard(0)], {0: uneven_extents(11, m.size(), seed=13)})
     close(full(torch.fft.rfft(x)), torch.fft.rfft(f), **TOL, what="1-D rfft via the fallback")
     return True
 
@@ -196,6 +233,11 @@ def test_2d_mesh():
 @pytest.mark.parametrize("world", [2, 3])
 def test_fno_block(world, alloc):
     harness.run(world, case_fno_block, alloc)
+
+
+@pytest.mark.parametrize("world,shape", [(2, (12,)), (3, (1, 1, 45)), (4, (1, 32)), (2, (1, 1, 9))])
+def test_four_step(world, shape):
+    harness.run(world, case_four_step, shape)
 
 
 def test_refusal():

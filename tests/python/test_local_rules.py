@@ -213,8 +213,9 @@ def case_sharded_dim_refused(op):
     m = mesh()
     x = st.distribute_tensor(randn(5, 8), m, [st.Shard(1)])
     pairs = st.distribute_tensor(randn(5, 4, 2), m, [st.Shard(2)])
-    # FFTs along a sharded dim move the shard to another dim (test_fft_sharded.py); a 1-D signal has none.
-    signal = st.distribute_tensor(randn(8), m, [st.Shard(0)])
+    # FFTs along a sharded dim move the shard to another dim (test_fft_sharded.py); a 1-D signal has none, and the
+    # four-step (test_fft_sharded.py::test_four_step) needs a length with two factors at least the mesh size: 7 has none.
+    signal = st.distribute_tensor(randn(7), m, [st.Shard(0)])
     # strict: the rules' refusals, not the gather-compute fallback they would run otherwise (test_fallback.py)
     with st.use_strict():
         _sharded_dim_op(op, x, pairs, signal)

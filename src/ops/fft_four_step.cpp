@@ -1,0 +1,156 @@
+// The four-step 1-D FFT along a sharded dim (see fft_four_step.h). Every step is an op on ShardTensors that has a
+// rule (reshape, the pencil FFT of fft.cpp, transpose, redistribute), so the layouts and collectives come from
+// those rules and depend on the spec only; the one local step is the twiddle factor, computed from each rank's
+// global offsets.
+#include "ops/fft_four_step.h"
+
+#include "comm/redistribute.h"
+#include "ops/common.h"
+
+#include <ATen/ops/_fft_c2c.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/polar.h>
+#include <ATen/ops/real.h>
+#include <ATen/ops/reshape.h>
+#include <ATen/ops/slice.h>
+
+#include <c10/util/MathConstants.h>
+
+#include <cmath>
+
+namespace shardtensor::ops {
+
+namespace {
+
+struct Plan {
+  int64_t mesh_dim = -1;
+  int64_t ranks = 1;
+  int64_t rows = 0;     // N1
+  int64_t columns = 0;  // N2
+};
+
+// The rows N1 of the (N1, N2) view: the divisor of n nearest sqrt(n) (N1 <= N2) with both factors at least `p`,
+// so each of the two FFT stages has a free dim to hold the split. 0 when there is none (a prime n, n < p * p).
+int64_t row_count(int64_t n, int64_t p) {
+  for (auto a = static_cast<int64_t>(std::sqrt(static_cast<double>(n))); a >= p; --a)
+    if (n % a == 0 && n / a >= p) return a;
+  return 0;
+}
+
+// When the four-step applies to a transform of `x` along `dim` with `n` points; decided from the spec alone.
+std::optional<Plan> plan_for(const at::Tensor& x, int64_t dim, int64_t n) {
+  auto* impl = shard_impl(x);
+  if (!impl) return std::nullopt;
+  const auto& spec = *impl->spec();
+  if (spec.has_partial()) return std::nullopt;
+  Plan plan;
+  int64_t count = 0;
+  for (size_t m = 0; m < spec.placements.size(); ++m)
+    if (spec.placements[m].is_shard() && spec.placements[m].dim == dim) {
+      plan.mesh_dim = static_cast<int64_t>(m);
+      ++count;
+    }
+  if (count != 1) return std::nullopt;
+  plan.ranks = spec.mesh->size(plan.mesh_dim);
+  // Another dim that can hold the split: the pencil transpose (one all-to-all) is cheaper.
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != dim && spec.mesh_dim_of(d) < 0 && x.size(d) >= plan.ranks) return std::nullopt;
+  plan.rows = row_count(n, plan.ranks);
+  if (plan.rows == 0) return std::nullopt;
+  plan.columns = n / plan.rows;
+  return plan;
+}
+
+// `x` with the plan's mesh dim splitting `dim` by `extents`, the rest of its layout kept.
+at::Tensor split_along(const at::Tensor& x, const Plan& plan, int64_t dim, std::vector<int64_t> extents) {
+  const auto& spec = *shard_impl(x)->spec();
+  auto placements = spec.placements;
+  auto ext = spec.dim_extents();
+  const auto& old = placements[plan.mesh_dim];
+  if (old.is_shard() && old.dim == dim && ext[dim] == extents) return x;
+  if (old.is_shard()) ext.erase(old.dim);
+  placements[plan.mesh_dim] = Placement::shard(dim);
+  ext[dim] = std::move(extents);
+  return redistribute_to(x, ShardSpec::make_with_dim_extents(spec.mesh, placements, x.sizes().vec(), ext));
+}
+
+std::vector<int64_t> times(std::vector<int64_t> v, int64_t f) {
+  for (auto& e : v) e *= f;
+  return v;
+}
+
+// exp(-+2 pi i k1 n2 / N) on this rank's block of the (.., N1, N2, ..) matrix `b`, in place of its local values.
+at::Tensor twiddle(const at::Tensor& b, int64_t dim, int64_t n, bool forward) {
+  const auto& spec = shard_impl(b)->spec();
+  const auto& local = shard_impl(b)->local();
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  auto k1 = at::arange(local.size(dim), opts) + spec->local_offset(dim);
+  auto n2 = at::arange(local.size(dim + 1), opts) + spec->local_offset(dim + 1);
+  // k1 * n2 mod N in integers, so the angle keeps full precision for long signals.
+  auto angle = (k1.unsqueeze(1) * n2.unsqueeze(0)).remainder(n).to(at::kDouble) *
+               ((forward ? -2.0 : 2.0) * c10::pi<double> / static_cast<double>(n));
+  auto factor = at::polar(at::ones_like(angle), angle).to(local.scalar_type());
+  std::vector<int64_t> shape(local.dim(), 1);
+  shape[dim] = local.size(dim);
+  shape[dim + 1] = local.size(dim + 1);
+  return make_shard_tensor(local * factor.view(shape), spec);
+}
+
+at::Tensor run(const at::Tensor& x_in, int64_t dim, int64_t normalization, bool forward, const Plan& plan) {
+  const auto n = x_in.size(dim);
+  // 1. Whole rows of the (N1, N2) view on each rank: the split in multiples of N2.
+  auto x = split_along(x_in, plan, dim, times(default_split(plan.rows, plan.ranks), plan.columns));
+  auto shape = x.sizes().vec();
+  shape[dim] = plan.columns;
+  shape.insert(shape.begin() + dim, plan.rows);
+  // 2. Length-N1 transforms down the columns (the pencil moves the split to the N2 dim), 3. the twiddle,
+  // 4. length-N2 transforms along the rows (the split moves back to the N1 dim). Each stage normalizes its own
+  // length, so the product is the requested normalization of N.
+  auto b = at::_fft_c2c(at::reshape(x, shape), {dim}, normalization, forward);
+  auto c = at::_fft_c2c(twiddle(b, dim, n, forward), {dim + 1}, normalization, forward);
+  // 5. Output k = k1 + N1 * k2: the transpose, split along k2, flattened.
+  auto y = split_along(c.transpose(dim, dim + 1), plan, dim, default_split(plan.columns, plan.ranks));
+  return at::reshape(y, x_in.sizes());
+}
+
+} // namespace
+
+std::optional<at::Tensor> four_step_c2c(const at::Tensor& x, int64_t dim, int64_t normalization, bool forward) {
+  const auto plan = plan_for(x, dim, x.size(dim));
+  if (!plan) return std::nullopt;
+  return run(x, dim, normalization, forward, *plan);
+}
+
+std::optional<at::Tensor> four_step_r2c(const at::Tensor& x, int64_t dim, int64_t normalization, bool onesided) {
+  const auto n = x.size(dim);
+  const auto plan = plan_for(x, dim, n);
+  if (!plan) return std::nullopt;
+  auto full = run(x.to(c10::toComplexType(x.scalar_type())), dim, normalization, true, *plan);
+  return onesided ? at::slice(full, dim, 0, n / 2 + 1) : full;
+}
+
+std::optional<at::Tensor> four_step_c2r(const at::Tensor& x, int64_t dim, int64_t normalization, int64_t n) {
+  const auto plan = plan_for(x, dim, n);
+  if (!plan) return std::nullopt;
+  const auto half = n / 2 + 1;
+  auto z = x.size(dim) > half ? at::slice(x, dim, 0, half) : x;
+  std::vector<int64_t> pad(2 * (x.dim() - dim), 0);
+  pad.back() = n - z.size(dim);  // after `dim`; constant_pad_nd lists the last dim first
+  z = at::constant_pad_nd(z, pad, 0);
+  // The DC entry (and Nyquist's for even n) counts once in the Hermitian extension, every other entry twice.
+  const auto& spec = shard_impl(z)->spec();
+  auto local = shard_impl(z)->local();
+  auto weight = at::ones({local.size(dim)}, local.options().dtype(c10::toRealValueType(local.scalar_type())));
+  const auto offset = spec->local_offset(dim);
+  for (int64_t g : {int64_t{0}, n % 2 == 0 ? n / 2 : int64_t{-1}})
+    if (g >= offset && g < offset + local.size(dim)) weight[g - offset] = 0.5;
+  std::vector<int64_t> shape(local.dim(), 1);
+  shape[dim] = local.size(dim);
+  z = make_shard_tensor(local * weight.view(shape), spec);
+  return at::real(run(z, dim, normalization, false, *plan)) * 2;
+}
+
+} // namespace shardtensor::ops
