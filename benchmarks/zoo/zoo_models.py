@@ -48,6 +48,7 @@ class ModelSpec:
     extra: Optional[Callable[[], dict]] = None   # more forward keyword arguments (plain tensors, identical)
     spatial_out: bool = True           # the output keeps the sharded dim (so it must stay sharded)
     dtype: Optional[str] = None        # run in this dtype whatever was asked (libraries hard-coding float32)
+    forward_only: bool = False         # its output carries no gradient (a metric): values compared, no backward
     reseed: bool = False               # its forward draws from the global generator (a masked autoencoder's token
                                        # choice): every run starts from the same seed (on every rank alike)
     note: str = ""
@@ -1051,16 +1052,17 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
 
         stage = "single-process"
         model.train(), ref.train()
-        xr = x.clone().requires_grad_()
+        xr = x.clone().requires_grad_(not spec.forward_only)
         reseed = (lambda: torch.manual_seed(seed + 3)) if spec.reseed else (lambda: None)
         reseed()
         out_ref = _flat_tensors(ref(xr, **extra))
         weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in out_ref]
-        sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
+        if not spec.forward_only:
+            sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
 
         stage = "forward"
         xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims),
-                                  sharding_shapes=extents).requires_grad_()
+                                  sharding_shapes=extents).requires_grad_(not spec.forward_only)
         share = _ActivationShare(model)
         reseed()
         with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
@@ -1070,7 +1072,8 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         stage = "backward"
         with st.CommCounter() as bwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
             loss = sum((o * w).sum() for o, w in zip(out, weights) if o.is_floating_point())
-            loss.backward()
+            if not spec.forward_only:
+                loss.backward()
         res["calls_forward"], res["calls_backward"] = _calls(fwd), _calls(bwd)
         res["calls_step"] = fwd.total_calls + bwd.total_calls
         res["share"] = round(share.share, 3)
@@ -1169,7 +1172,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to ninth sets of models (registered on import; they import this module's registry).
+# The second to tenth sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1178,6 +1181,7 @@ from benchmarks.zoo import zoo_models_sixth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_seventh  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_eighth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_ninth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_tenth  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

@@ -1,5 +1,5 @@
 """The model-zoo lane: unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers,
-neuraloperator, PhysicsNeMo, Hugging Face transformers, torch-harmonics and kornia (random init, small inputs), run by sharding only their input, against one process: one training step
+neuraloperator, PhysicsNeMo, Hugging Face transformers, torch-harmonics, kornia and MONAI's losses, metrics and transforms (random init, small inputs), run by sharding only their input, against one process: one training step
 (output, input gradient, every parameter gradient, every buffer) and one eval forward, and the work must stay
 divided (``benchmarks/zoo/zoo_models.py`` builds and judges them; ``benchmarks/zoo/bench.py`` runs the longer
 list). Uneven extents, 2 ranks mostly, some at 3, and a 2 x 2 mesh sharding H and W.
@@ -70,6 +70,10 @@ ZOO = [
     ("kornia/equalize_clahe", 2, None, None),  # tiles' histograms, bilinear blending between tiles, _assert_async
     ("kornia/LovaszSoftmaxLoss", 3, None, None),  # a loss over errors sorted across every pixel (a distributed sort)
     ("kornia/Canny", 2, None, None),          # non-maximum suppression, hysteresis by a data-dependent loop
+    ("monai_losses/GlobalMutualInformationLoss", 2, None, None),  # a Parzen joint histogram over every voxel
+    ("monai_losses/SoftclDiceLoss", 3, None, None),  # soft skeletons by iterated 3-D max pooling of a split depth
+    ("monai_transforms/ScaleIntensityRangePercentiles", 2, None, None),  # global percentiles of a split volume
+    ("monai_metrics/DiceMetric", 2, None, None),  # a metric: forward only
 ]
 XFAIL = {}
 
