@@ -48,7 +48,8 @@ void like_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // whose size changed with the default split of the new size when no other dim changed (a buffer for a longer
 // sequence filled with split tokens, diffusers' Lumina2 `hidden_states.new_zeros(B, L_txt + L_img, C)`): a Replicate
 // result would be dense at the global size on every rank, and writing split values into it would gather them.
-// Another rank is Replicate.
+// More dims (a batch of such tensors, sizes kept or grown): the trailing dims keep the input's shards. Fewer dims are
+// Replicate.
 // The values are the same in any layout.
 // Every overload of new_empty, new_zeros, new_ones, new_full, new_empty_strided (the last with a `stride`).
 void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -80,6 +81,25 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
       } else if (other_dims_kept) {
         p[m] = src.placements[m];
       }
+    }
+    spec = ShardSpec::make_with_dim_extents(mesh, p, std::vector<int64_t>(size.begin(), size.end()), ext);
+  } else if (static_cast<int64_t>(size.size()) > self.dim()) {
+    // New leading dims over the input's dims: a container of such tensors -- torchvision's detection transform
+    // batches images with `images[0].new_full((N, C, H', W'), 0)`, H' and W' rounded up to a multiple of 32, then
+    // copies each image into its corner. Its trailing dims keep the input's shards (extents kept where the size is
+    // unchanged, the default split of a grown size); Replicate would put the whole batch on every rank and the
+    // copy would gather the image. Not when a trailing dim shrinks (then it is some other tensor).
+    const auto shift = static_cast<int64_t>(size.size()) - self.dim();
+    bool grown_or_kept = true;
+    for (int64_t d = 0; d < self.dim(); ++d) grown_or_kept = grown_or_kept && size[d + shift] >= self.size(d);
+    const auto& src = *impl->spec();
+    Placements p(mesh->ndim(), Placement::replicate());
+    DimExtents ext;
+    for (size_t m = 0; m < p.size() && grown_or_kept; ++m) {
+      if (!src.placements[m].is_shard()) continue;
+      const auto d = src.placements[m].dim;
+      p[m] = Placement::shard(d + shift);
+      if (size[d + shift] == self.size(d)) ext[d + shift] = src.extents[m];
     }
     spec = ShardSpec::make_with_dim_extents(mesh, p, std::vector<int64_t>(size.begin(), size.end()), ext);
   } else {

@@ -113,12 +113,17 @@ at::Tensor huber_loss_backward_rule(const at::Tensor& grad_output, const at::Ten
 //                                   int reduction=Mean): torch's stable form, -w [p t log σ(x) + (1 - t) log(1 - σ(x))]
 // = w [(1 - t) x - (1 + (p - 1) t) log σ(x)], composed from sharded ops; its gradients are autograd's formulas
 // (pointwise).
-at::Tensor bce_with_logits_rule(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-                                const std::optional<at::Tensor>& pos_weight, int64_t reduction) {
+// The in-place steps are torch's own: with a float64 input and a float32 target (torchvision's RPN passes float32
+// labels) torch computes `(1 - t) x` and the loss in the target's dtype, and so does this rule.
+at::Tensor bce_with_logits_rule(const at::Tensor& self_in, const at::Tensor& target_in,
+                                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& pos_weight,
+                                int64_t reduction) {
+  const auto mesh = shard_impl(self_in) ? shard_impl(self_in)->spec()->mesh : shard_impl(target_in)->spec()->mesh;
+  const auto self = as_shard_input(self_in, mesh), target = as_shard_input(target_in, mesh);
   auto log_sig = at::log_sigmoid(self);
-  if (pos_weight && pos_weight->defined()) log_sig = log_sig * at::add(at::sub(*pos_weight, 1) * target, 1);
-  auto loss = at::rsub(target, 1) * self - log_sig;
-  if (weight && weight->defined()) loss = loss * *weight;
+  if (pos_weight && pos_weight->defined()) log_sig.mul_(at::sub(*pos_weight, 1).mul(target).add_(1));
+  auto loss = at::rsub(target, 1).mul_(self).sub_(log_sig);
+  if (weight && weight->defined()) loss.mul_(*weight);
   return reduce_loss(loss, reduction);
 }
 

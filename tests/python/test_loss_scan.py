@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
 
 
 def case_pointwise_losses(seed):
@@ -192,6 +192,14 @@ def case_binary_cross_entropy(seed):
         check_op(lambda a, b: F.binary_cross_entropy(a, b, reduction=red), [p, t], [lay, lay], m, what=f"bce {red}")
         check_op(lambda a, b: F.binary_cross_entropy(a, b, weight=w, reduction=red), [p, t], [lay, lay], m,
                  what=f"bce weighted {red}")
+    # A float64 input with float32 targets (torchvision's RPN): torch computes in the target's dtype and returns it;
+    # so must the rule (it promoted to float64 before: a 6e-8 relative difference, a float32 result expected).
+    x64, t32 = x.double(), (t > 0.5).float()
+    for red in ("none", "mean"):
+        ref = F.binary_cross_entropy_with_logits(x64, t32, reduction=red)
+        out = F.binary_cross_entropy_with_logits(st.distribute_tensor(x64, m, *lay), t32, reduction=red)
+        assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+        close(full(out), ref, rtol=1e-7, atol=1e-7, what=f"bce logits mixed dtypes {red}")
     # A value outside [0, 1] on one rank only: every rank raises torch's error (no rank left in a collective).
     bad = p.clone()
     bad[0, 0, -1, 0] = 1.5

@@ -74,6 +74,7 @@ ZOO = [
     ("monai_losses/SoftclDiceLoss", 3, None, None),  # soft skeletons by iterated 3-D max pooling of a split depth
     ("monai_transforms/ScaleIntensityRangePercentiles", 2, None, None),  # global percentiles of a split volume
     ("monai_metrics/DiceMetric", 2, None, None),  # a metric: forward only
+    ("torchvision_det/fasterrcnn_mobilenet_v3_large_320_fpn", 2, None, None),  # RPN, NMS, RoIAlign on split features
 ]
 XFAIL = {}
 

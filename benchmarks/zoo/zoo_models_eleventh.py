@@ -1,0 +1,48 @@
+"""The model zoo's eleventh set: torchvision's object detectors on one image split along its rows (the eighteenth
+session's probe) -- high-resolution aerial or microscopy images are where a detector's input outgrows one device.
+Unmodified torchvision models with random weights: the transform's normalization and batching (a padded batch
+buffer the image is copied into), the backbone and FPN, the region proposal network (anchors, box decoding, top-k
+over every anchor, NMS), RoIAlign over the split feature maps, the box and mask heads; one training step with
+fixed targets (the losses; the proposal sampler's draws reseeded alike) and one eval forward (the detections).
+Registered like zoo_models.py's (zoo_models.py imports this module at its end).
+
+Left out: SSD-lite (ssdlite320_mobilenet_v3_large, two images): its training step equals one device's, its eval
+detections differ (boxes picked at the per-class top-k cutoff of near-equal random-init scores; not yet traced)."""
+import torch
+
+from benchmarks.zoo.zoo_models import model
+
+_IMG = (1, 3, 128, 128)
+
+
+def _targets():
+    boxes = torch.tensor([[10.0, 12.0, 60.0, 70.0], [50.0, 40.0, 120.0, 100.0], [5.0, 80.0, 40.0, 125.0]])
+    labels = torch.tensor([1, 2, 3])
+    masks = torch.zeros(3, 128, 128, dtype=torch.uint8)
+    for i, (x1, y1, x2, y2) in enumerate(boxes.long().tolist()):
+        masks[i, y1:y2, x1:x2] = 1
+    keypoints = torch.stack([torch.stack([boxes[:, 0] + 3.0 * k, boxes[:, 1] + 2.0 * k, torch.ones(3)], 1)
+                             for k in range(4)], 1)
+    return {"targets": [{"boxes": boxes, "labels": labels, "masks": masks, "keypoints": keypoints}]}
+
+
+def _det(arch, **kw):
+    import torchvision
+    return getattr(torchvision.models.detection, arch)(weights=None, weights_backbone=None, min_size=128,
+                                                       max_size=128, **kw)
+
+
+for _arch, _kw, _note in [
+    ("fasterrcnn_mobilenet_v3_large_320_fpn", {"num_classes": 5}, "RPN, RoIAlign box head"),
+    ("fasterrcnn_resnet50_fpn", {"num_classes": 5, "trainable_backbone_layers": 5}, "ResNet-50 FPN, MultiScaleRoIAlign"),
+    ("maskrcnn_resnet50_fpn", {"num_classes": 5, "trainable_backbone_layers": 5}, "mask head on RoIAlign features"),
+    ("keypointrcnn_resnet50_fpn", {"num_classes": 5, "num_keypoints": 4, "trainable_backbone_layers": 5},
+     "keypoint head"),
+    ("retinanet_resnet50_fpn", {"num_classes": 5, "trainable_backbone_layers": 5}, "dense focal-loss head over every "
+     "anchor"),
+    ("fcos_resnet50_fpn", {"num_classes": 5, "trainable_backbone_layers": 5}, "anchor-free: centerness, GIoU"),
+]:
+    @model("torchvision", f"torchvision_det/{_arch}", _IMG, spatial_out=False, reseed=True, extra=_targets,
+           note=_note)
+    def _(_arch=_arch, _kw=_kw):
+        return _det(_arch, **_kw)
