@@ -1172,7 +1172,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to eleventh sets of models (registered on import; they import this module's registry).
+# The second to twelfth sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1183,6 +1183,7 @@ from benchmarks.zoo import zoo_models_eighth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_ninth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_tenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_eleventh  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_twelfth  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

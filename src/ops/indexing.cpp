@@ -292,14 +292,22 @@ at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Te
 }
 
 // The tensor an op writes (its `self`) as a ShardTensor on `mesh`: a plain one is Replicate and is written through
-// its wrapper; in place, a Partial target raises (its terms are not the values being indexed); out of place the
-// input is completed first. Raises from inside a rule (dispatch::not_implemented names the running op).
+// its wrapper; a Partial one is completed first -- in place, the tensor itself becomes the completed value
+// (torchvision's autocontrast writes `minimum[maximum == minimum] = 0` into a per-image min that is still a pending
+// min over the split rows; its terms are not the values being indexed). Its value does not change, only how it is
+// held; every rank completes alike (the spec decides). Only a tensor that shares its terms with no other (not a view,
+// no views of it): a view's base would keep the old terms.
 at::Tensor target_of_write(const at::Tensor& written, bool in_place, const MeshPtr& mesh) {
   auto self = dispatch::as_shard(written, mesh);
-  if (in_place && shard_impl(self)->spec()->has_partial()) {
-    dispatch::not_implemented("writing into a Partial tensor; redistribute it to Replicate() first");
-  }
-  if (!in_place) self = resolve_partial(self);
+  auto* impl = shard_impl(self);
+  if (!impl->spec()->has_partial()) return self;
+  if (in_place && (self.is_view() || impl->local().storage().use_count() > 1))
+    dispatch::not_implemented("writing into a view of a pending reduction (a Partial tensor sharing its terms with "
+                              "another); complete it first (.redistribute to Replicate(), or write into the "
+                              "reduction's own result)");
+  auto done = resolve_partial(self);
+  if (!in_place) return done;
+  impl->set_local_and_spec(shard_impl(done)->local().detach(), shard_impl(done)->spec());
   return self;
 }
 

@@ -802,3 +802,44 @@ def case_index_select_0d_grad(seed):
 @pytest.mark.parametrize("world", [1, 2])
 def test_index_select_0d_grad(world):
     harness.run(world, case_index_select_0d_grad, world)
+
+
+def case_write_into_pending_reduction(world):
+    """Writes into a pending reduction (torchvision's autocontrast: `minimum[maximum == minimum] = 0` into a per-image
+    min over split rows; a masked write and a scatter into a pending sum): completed in place first, the value is one
+    device's. It raised before ("writing into a Partial tensor")."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 3, 9, 4, seed=40)
+    x[1, 2] = 0.5   # a constant image channel: its max equals its min
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: uneven_extents(9, w, 40)})
+    with st.use_strict():
+        mn, mx = xs.amin(dim=(-2, -1), keepdim=True), xs.amax(dim=(-2, -1), keepdim=True)
+        rmn, rmx = x.amin(dim=(-2, -1), keepdim=True), x.amax(dim=(-2, -1), keepdim=True)
+        eq, req = mx == mn, rmx == rmn
+        mn[eq] = 0.0
+        rmn[req] = 0.0
+        close(full(mn), rmn, rtol=0, atol=0, what="masked write into a pending min")
+        s, rs = xs.sum(dim=2), x.sum(dim=2)                       # a pending sum over the split rows
+        idx = torch.tensor([[[0, 2, 1, 1]] * 3] * 2)
+        s.scatter_(1, idx, torch.ones(2, 3, 4))
+        rs.scatter_(1, idx, torch.ones(2, 3, 4))
+        close(full(s), rs, rtol=1e-6, atol=1e-6, what="scatter_ into a pending sum")
+        mx[0, 0, 0, 0] = 7.0
+        rmx[0, 0, 0, 0] = 7.0
+        close(full(mx), rmx, rtol=0, atol=0, what="index write into a pending max")
+    return True
+
+
+def refuse_write_into_view_of_pending_sum():
+    m = mesh()
+    s = st.distribute_tensor(randn(2, 5, 4, seed=41), m, [st.Shard(1)]).sum(dim=1)   # pending sum
+    with st.use_strict():
+        s[0].scatter_(0, torch.tensor([[0, 1, 1, 0]]), torch.ones(1, 4))   # its base would keep the old terms
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_write_into_pending_reduction(world):
+    harness.run(world, case_write_into_pending_reduction, world)
+    harness.expect_error(world, refuse_write_into_view_of_pending_sum, match="a view of a pending reduction",
+                         kinds=("NotImplementedError",))
