@@ -153,8 +153,9 @@ void roi_align_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (!input_split) {
     // Whole features (Mask R-CNN's ground-truth masks cut to its proposals) with the boxes split along their list:
     // each rank cuts its own boxes, the output split alike.
-    const bool boxes_split = rois_impl && rois_impl->spec()->has_shard() &&
-                             rois_impl->spec()->mesh_dim_of(0) >= 0 && !rois_impl->spec()->has_partial();
+    bool boxes_split = rois_impl && rois_impl->spec()->mesh_dim_of(0) >= 0 && !rois_impl->spec()->has_partial();
+    for (const auto& p : boxes_split ? rois_impl->spec()->placements : Placements{})
+      boxes_split = boxes_split && (!p.is_shard() || p.dim == 0);  // whole boxes (not their coordinates) per rank
     if (!boxes_split || input.requires_grad())
       dispatch::not_implemented(op, stack, "whole features with boxes that are not split along their list (or "
                                            "features that need a gradient); split the features along H or W");
