@@ -928,15 +928,10 @@ class _ActivationShare:
         self.handles = [m.register_forward_hook(hook) for m in module.modules() if not list(m.children())]
         # A module whose children its forward never calls (kornia's DenseSIFTDescriptor holds its pooling
         # convolutions as modules but convolves with their weights functionally) reports no leaf output: its own
-        # output is then what is counted.
-        self.root = None
-
+        # output, which its hook sees after every leaf's, is then what is counted.
         def root_hook(_m, _inp, out):
             if self.total == 0 and self.mode is None:
-                saved = (self.local, self.total, self.largest, self.largest_whole)
                 hook(None, None, out)
-                self.root = (self.local, self.total, self.largest, self.largest_whole)
-                self.local, self.total, self.largest, self.largest_whole = saved
 
         if list(module.children()):
             self.handles.append(module.register_forward_hook(root_hook))
@@ -964,8 +959,6 @@ class _ActivationShare:
 
     def reduce(self):
         """Every rank's local counts summed (outside any CommCounter), so all ranks judge the same numbers."""
-        if self.total == 0 and self.root is not None:
-            self.local, self.total, self.largest, self.largest_whole = self.root
         t = torch.tensor([float(self.local)], dtype=torch.float64)
         dist.all_reduce(t)
         self.local = t.item() / dist.get_world_size()

@@ -27,6 +27,20 @@ class Call(torch.nn.Module):
         return self.fn(torch.sigmoid(x) if self.unit else x)
 
 
+def with_library(fn, library):
+    """``x -> fn(library, x)``: a closure, which the zoo's deep copy of the model shares (a module object inside a
+    ``functools.partial`` would be copied, and cannot be)."""
+    return lambda x: fn(library, x)
+
+
+def register_call(library, name, shape, make, unit=False, **kw):
+    """Register ``Call(make(), unit)`` as model ``name``: ``make`` imports the library when the model is built and
+    returns the function of the input (the ninth, tenth and twelfth sets are made of these)."""
+    @model(library, name, shape, **kw)
+    def _():
+        return Call(make(), unit)
+
+
 def _k():
     import kornia
     return kornia
@@ -34,10 +48,7 @@ def _k():
 
 def _op(name, fn, shape=_IMG, unit=False, **kw):
     """Register the call ``fn(kornia, x)`` as model ``kornia/<name>``."""
-    @model("kornia", f"kornia/{name}", shape, **kw)
-    def _():
-        k = _k()
-        return Call(lambda x: fn(k, x), unit)
+    register_call("kornia", f"kornia/{name}", shape, lambda: with_library(fn, _k()), unit, **kw)
 
 
 def _mod(name, build, shape=_IMG, unit=False, **kw):

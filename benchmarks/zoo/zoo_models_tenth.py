@@ -3,13 +3,12 @@ eighteenth session's probe) -- what a medical-imaging or registration training s
 overlap losses over every voxel (Dice and its generalized, masked, focal, Tversky, clDice forms), image similarity
 (local normalized cross-correlation, global mutual information, 3-D SSIM), deformation regularizers (bending energy,
 diffusion), multi-scale losses, and the intensity and smoothing transforms a pipeline applies to the volume itself.
-Each entry wraps one public call in a module (``zoo_models_ninth.Call``: the judge counts every torch function's
+Each entry wraps one public call in a module (``zoo_models_ninth.register_call``: the judge counts every torch function's
 output inside it). Targets are derived from the input (a thresholded or arg-maxed copy), so they are split alike.
 Registered like zoo_models.py's (zoo_models.py imports this module at its end)."""
 import torch
 
-from benchmarks.zoo.zoo_models import model
-from benchmarks.zoo.zoo_models_ninth import Call
+from benchmarks.zoo.zoo_models_ninth import register_call
 
 _VOL = (2, 3, 12, 10, 8)      # (B, C, D, H, W): D split
 # Calls that compute in float32 whatever the input's dtype (MONAI's filter kernels, focal terms, metric buffers and
@@ -29,9 +28,7 @@ _FIELD = (2, 3, 12, 10, 8)    # a displacement field (3 components) over the sam
 
 def _loss(name, fn, shape=_VOL, **kw):
     """Register ``fn(x)`` (monai imported inside) as ``monai_losses/<name>``, a scalar."""
-    @model("monai", f"monai_losses/{name}", shape, spatial_out=False, **_kw(name, kw))
-    def _():
-        return Call(fn)
+    register_call("monai", f"monai_losses/{name}", shape, lambda: fn, spatial_out=False, **_kw(name, kw))
 
 
 def _onehot_target(x):
@@ -87,9 +84,8 @@ _loss("NACLLoss", lambda x: _L().NACLLoss(classes=3, dim=3)(x, x.flip(1).argmax(
 
 
 def _metric(name, fn, shape=_VOL, **kw):
-    @model("monai", f"monai_metrics/{name}", shape, spatial_out=False, forward_only=True, **_kw(name, kw))
-    def _():
-        return Call(fn)
+    register_call("monai", f"monai_metrics/{name}", shape, lambda: fn, spatial_out=False, forward_only=True,
+                  **_kw(name, kw))
 
 
 def _M():
@@ -113,10 +109,12 @@ _metric("ConfusionMatrix", lambda x: _M().get_confusion_matrix(
 
 def _transform(name, build, shape=(3, 12, 10, 8), **kw):
     """An array transform on a channel-first volume (no batch dim): dim 1 (depth) split."""
-    @model("monai", f"monai_transforms/{name}", shape, shard_dims=(1,), spatial=(1, 2, 3), **_kw(name, kw))
-    def _():
+    def make():
         t = build()
-        return Call(lambda x: t(x.clone()))   # transforms may write into their input (a pipeline's is no leaf)
+        return lambda x: t(x.clone())   # transforms may write into their input (a pipeline's is no leaf)
+
+    register_call("monai", f"monai_transforms/{name}", shape, make, shard_dims=(1,), spatial=(1, 2, 3),
+                  **_kw(name, kw))
 
 
 def _T():

@@ -1,23 +1,24 @@
 """The model zoo's twelfth set: torchvision's v2 image transforms (functional, on tensors) and
 segmentation-models-pytorch's losses, on an image split along its rows (the eighteenth session's probe): the
 preprocessing a pipeline applies to one enormous image, and the losses segmentation training computes over every
-pixel. Each entry wraps one public call in a module (``zoo_models_ninth.Call``: the judge counts every torch
+pixel. Each entry wraps one public call in a module (``zoo_models_ninth.register_call``: the judge counts every torch
 function's output inside it); inputs in [0, 1] where the transform expects an image (``unit``). Registered like
 zoo_models.py's (zoo_models.py imports this module at its end)."""
 import torch
 
-from benchmarks.zoo.zoo_models import model
-from benchmarks.zoo.zoo_models_ninth import Call
+from benchmarks.zoo.zoo_models_ninth import register_call, with_library
 
 _IMG = (2, 3, 32, 24)
 
 
+def _functional():
+    import torchvision.transforms.v2.functional as F
+    return F
+
+
 def _tf(name, fn, shape=_IMG, unit=True, **kw):
     """``fn(F, x)`` with ``F = torchvision.transforms.v2.functional``, as ``tv_transforms/<name>``."""
-    @model("torchvision", f"tv_transforms/{name}", shape, **kw)
-    def _():
-        import torchvision.transforms.v2.functional as F
-        return Call(lambda x: fn(F, x), unit)
+    register_call("torchvision", f"tv_transforms/{name}", shape, lambda: with_library(fn, _functional()), unit, **kw)
 
 
 _tf("resize_bilinear_aa", lambda F, x: F.resize(x, [20, 16], antialias=True), spatial_out=False,
@@ -62,10 +63,11 @@ _tf("resize_blur_sharpen", lambda F, x: F.adjust_sharpness(F.gaussian_blur(F.res
 
 
 def _smp_loss(name, build, target, pred=lambda x: x, **kw):
-    @model("smp", f"smp_losses/{name}", (2, 3, 20, 16), spatial_out=False, **kw)
-    def _():
+    def make():
         loss = build()
-        return Call(lambda x: loss(pred(x), target(x)))
+        return lambda x: loss(pred(x), target(x))
+
+    register_call("smp", f"smp_losses/{name}", (2, 3, 20, 16), make, spatial_out=False, **kw)
 
 
 def _losses():

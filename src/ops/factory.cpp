@@ -114,13 +114,17 @@ void new_factory_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack
   stack->back() = make_shard_tensor(local, spec);
 }
 
+// A one-element ShardTensor's value on every rank (a pending sum all-reduced, a split element gathered), as a
+// plain tensor; `what` names the caller in the error for another size.
+at::Tensor one_element_value(const at::Tensor& self, const std::string& what) {
+  TORCH_CHECK_VALUE(self.numel() == 1, what, " needs a one-element tensor, got global shape ", self.sizes());
+  auto full = redistribute_to(self, dispatch::replicate_spec(shard_impl(self)->spec()->mesh, self.sizes()));
+  return shard_impl(full)->local();
+}
+
 // _local_scalar_dense(Tensor self) -> Scalar
 at::Scalar item_rule(const at::Tensor& self) {
-  auto* impl = shard_impl(self);
-  TORCH_CHECK_VALUE(self.numel() == 1, "ShardTensor: .item() needs a one-element tensor, got global shape ",
-                    self.sizes());
-  auto full = redistribute_to(self, dispatch::replicate_spec(impl->spec()->mesh, self.sizes()));
-  return shard_impl(full)->local().item();
+  return one_element_value(self, "ShardTensor: .item()").item();
 }
 
 // _assert_async(Tensor self) / _assert_async.msg(Tensor self, str assert_msg): torch._assert_async and the
@@ -130,12 +134,8 @@ at::Scalar item_rule(const at::Tensor& self) {
 void assert_async_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   dispatch::NamedArgs args(op, stack);
   auto self = args.tensor("self");
-  auto* impl = shard_impl(self);
-  TORCH_INTERNAL_ASSERT(impl, dispatch::qualified_name(op), ": argument 0 must be a ShardTensor");
-  TORCH_CHECK_VALUE(self.numel() == 1, dispatch::qualified_name(op), ": the condition must have one element, got "
-                    "global shape ", self.sizes());
-  auto full = redistribute_to(self, dispatch::replicate_spec(impl->spec()->mesh, self.sizes()));
-  args.set("self", shard_impl(full)->local());
+  TORCH_INTERNAL_ASSERT(shard_impl(self), dispatch::qualified_name(op), ": argument 0 must be a ShardTensor");
+  args.set("self", one_element_value(self, dispatch::qualified_name(op) + "'s condition"));
   op.callBoxed(stack);
 }
 

@@ -136,8 +136,8 @@ at::Tensor fft_r2c_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_r2c(l, d, normalization, onesided);
   };
-  if (!any_sharded(spec_of(self), dims)) return run_local(scatter_partial(self, dims), dims, whole);
   const auto x = scatter_partial(self, dims);
+  if (!any_sharded(spec_of(x), dims)) return run_local(x, dims, whole);
   if (dims.size() == 1)
     if (auto out = four_step_r2c(x, dims[0], normalization, onesided)) return *out;
   const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
@@ -152,8 +152,8 @@ at::Tensor fft_c2r_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_c2r(l, d, normalization, n);
   };
-  if (!any_sharded(spec_of(self), dims)) return run_local(scatter_partial(self, dims), dims, whole);
   const auto x = scatter_partial(self, dims);
+  if (!any_sharded(spec_of(x), dims)) return run_local(x, dims, whole);
   if (dims.size() == 1)
     if (auto out = four_step_c2r(x, dims[0], normalization, n)) return *out;
   const std::vector<int64_t> last{dims.back()}, rest(dims.begin(), dims.end() - 1);
@@ -167,9 +167,8 @@ at::Tensor fft_c2c_rule(const at::Tensor& self, c10::SymIntArrayRef dim, int64_t
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_c2c(l, d, normalization, forward);
   };
-  const auto& spec = spec_of(self);
-  if (!any_sharded(spec, dims)) return run_local(scatter_partial(self, dims), dims, whole);
   const auto x = scatter_partial(self, dims);
+  if (!any_sharded(spec_of(x), dims)) return run_local(x, dims, whole);
   if (dims.size() == 1)
     if (auto out = four_step_c2c(x, dims[0], normalization, forward)) return *out;
   std::vector<int64_t> local_dims, sharded_dims;

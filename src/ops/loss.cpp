@@ -118,7 +118,7 @@ at::Tensor huber_loss_backward_rule(const at::Tensor& grad_output, const at::Ten
 at::Tensor bce_with_logits_rule(const at::Tensor& self_in, const at::Tensor& target_in,
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& pos_weight,
                                 int64_t reduction) {
-  const auto mesh = shard_impl(self_in) ? shard_impl(self_in)->spec()->mesh : shard_impl(target_in)->spec()->mesh;
+  const auto mesh = dispatch::common_mesh("aten::binary_cross_entropy_with_logits", {self_in, target_in});
   const auto self = as_shard_input(self_in, mesh), target = as_shard_input(target_in, mesh);
   auto log_sig = at::log_sigmoid(self);
   if (pos_weight && pos_weight->defined()) log_sig.mul_(at::sub(*pos_weight, 1).mul(target).add_(1));

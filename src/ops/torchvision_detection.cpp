@@ -12,6 +12,7 @@
 // A split batch declines (boxes name their image by index): the fallback, or NotImplementedError in strict mode.
 // Whole features with the boxes split along their list (Mask R-CNN cutting its ground-truth masks to its
 // proposals): each rank cuts its own boxes. And nms (below).
+#include "comm/redistribute.h"
 #include "dispatch/args.h"
 #include "dispatch/registry.h"
 #include "dispatch/rule_family.h"
@@ -116,16 +117,10 @@ struct RoiAlignFn : torch::autograd::Function<RoiAlignFn> {
     const auto shape = ctx->saved_data["out_spec_shape"].toIntVector();
     const auto out_spec = output_spec(spec, shape[0], shape[1], shape[2]);
     // Every rank's taps need the whole (completed) gradient of every box, laid out by channels like the output.
-    Placements want(out_spec->placements.size(), Placement::replicate());
-    DimExtents ext;
-    for (size_t m = 0; m < want.size(); ++m)
-      if (out_spec->placements[m].is_shard()) {
-        want[m] = out_spec->placements[m];
-        ext[1] = out_spec->extents[m];
-      }
+    const auto want = without_partial(out_spec);
     variable_list out(8);
     if (!grads[0].defined()) return out;
-    auto g = local_in(grads[0], spec.mesh, want, ext);
+    auto g = local_in(grads[0], spec.mesh, want->placements, want->dim_extents());
     const auto& local = shard_impl(input)->local();
     at::Tensor gl;
     if (ctx->saved_data.count("out")) {
