@@ -59,6 +59,7 @@ MODELS: Dict[str, ModelSpec] = {}
 LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_models_pytorch",
                     "diffusers": "diffusers", "neuralop": "neuralop", "physicsnemo": "physicsnemo",
                     "torchvision": "torchvision", "transformers": "transformers", "torch_harmonics": "torch_harmonics", "kornia": "kornia",
+                    "torchaudio": "torchaudio",
                     "torch": "torch"}
 
 
@@ -1165,7 +1166,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to twelfth sets of models (registered on import; they import this module's registry).
+# The second to thirteenth sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1177,6 +1178,7 @@ from benchmarks.zoo import zoo_models_ninth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_tenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_eleventh  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twelfth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_thirteenth  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

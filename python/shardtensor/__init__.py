@@ -509,6 +509,8 @@ from .functions import function_handler, register_function, unregister_function 
 from .ring import ring_pass  # noqa: E402
 
 _patches.install()  # every change to torch, listed in _patches.py
+from . import integrations  # noqa: E402  (other libraries' functions that allocate global outputs, routed)
+integrations.install()
 
 # PhysicsNeMo's names, reached on the package: say where they live.
 _PHYSICSNEMO_NAMES = {
@@ -529,7 +531,7 @@ _PHYSICSNEMO_NAMES = {
 
 # The public namespace: __all__ and the documented subpackages. Everything else the package holds (its own
 # imports, internal modules) is left out of dir(shardtensor) and tab completion.
-_SUBPACKAGES = ("io", "ops", "compat", "checkpoint")
+_SUBPACKAGES = ("io", "ops", "compat", "checkpoint", "integrations")
 
 
 def __dir__():

@@ -123,7 +123,7 @@ def test_import_refuses_another_torch_build():
 def test_namespace_is_the_api():
     import shardtensor as st
     public = {n for n in dir(st) if not n.startswith("_")}
-    assert public == set(st.__all__) | {"io", "ops", "compat", "checkpoint"}
+    assert public == set(st.__all__) | {"io", "ops", "compat", "checkpoint", "integrations"}
     for name in st.__all__:
         assert hasattr(st, name), name
     # PhysicsNeMo's names live behind shardtensor.compat.physicsnemo; on the package they say where.

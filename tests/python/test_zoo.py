@@ -1,5 +1,5 @@
 """The model-zoo lane: unmodified models from timm, torchvision, MONAI, segmentation-models-pytorch, diffusers,
-neuraloperator, PhysicsNeMo, Hugging Face transformers, torch-harmonics, kornia and MONAI's losses, metrics and transforms (random init, small inputs), run by sharding only their input, against one process: one training step
+neuraloperator, PhysicsNeMo, Hugging Face transformers, torch-harmonics, kornia, MONAI's losses, metrics and transforms and torchaudio (random init, small inputs), run by sharding only their input, against one process: one training step
 (output, input gradient, every parameter gradient, every buffer) and one eval forward, and the work must stay
 divided (``benchmarks/zoo/zoo_models.py`` builds and judges them; ``benchmarks/zoo/bench.py`` runs the longer
 list). Uneven extents, 2 ranks mostly, some at 3, and a 2 x 2 mesh sharding H and W.
@@ -76,6 +76,8 @@ ZOO = [
     ("monai_metrics/DiceMetric", 2, None, None),  # a metric: forward only
     ("torchvision_det/fasterrcnn_mobilenet_v3_large_320_fpn", 2, None, None),  # RPN, NMS, RoIAlign on split features
     ("tv_transforms/autocontrast", 3, None, None),  # a masked write into a pending per-image min
+    ("torchaudio/lfilter_learnable", 3, None, None),  # IIR filters: a scan over the ranks (integrations)
+    ("torchaudio/HDemucs", 2, None, None),  # waveform and spectrogram branches (stft / istft) of a split signal
 ]
 XFAIL = {}
 

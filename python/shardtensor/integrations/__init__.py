@@ -1,0 +1,94 @@
+"""Domain-parallel versions of other libraries' Python functions, installed when those libraries are imported.
+
+Most of a library reaches ShardTensors op by op through the dispatcher. A few library functions cannot: they
+allocate their output as a plain tensor of the *global* shape (``torch.zeros(B, C, T)`` from ``x.shape``) and let a
+custom kernel fill it, so every rank would hold, and the kernel would compute, the whole result. For those the
+library routes the Python function itself (``st.register_function``) to an implementation that keeps the work
+divided. Each integration module names the functions it routes; ``INTEGRATIONS`` maps the library module that
+defines them to the module that routes them.
+
+The routing is installed the moment the library module is imported (before or after ``import shardtensor``): an
+import hook on ``sys.meta_path`` runs the integration right after the module's own code. Nothing is imported that
+the user did not import; ``SHARDTENSOR_NO_INTEGRATIONS=1`` turns every integration off.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+
+__all__ = ["INTEGRATIONS", "install", "installed"]
+
+# library module -> integration module (in this package) whose ``install(module)`` routes its functions
+INTEGRATIONS = {
+    "torchaudio.functional.filtering": "torchaudio_filtering",
+}
+
+_installed: set = set()
+_lock = threading.Lock()
+
+
+def installed() -> tuple:
+    """The library modules whose functions are routed in this process."""
+    return tuple(sorted(_installed))
+
+
+def _apply(name: str, module) -> None:
+    with _lock:
+        if name in _installed:
+            return
+        _installed.add(name)
+    integration = importlib.import_module(f"{__name__}.{INTEGRATIONS[name]}")
+    integration.install(module)
+
+
+class _Loader(importlib.abc.Loader):
+    """The library module's own loader, then the integration."""
+
+    def __init__(self, name, loader):
+        self.name, self.loader = name, loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _apply(self.name, module)
+
+    def __getattr__(self, attr):  # get_code, get_source, is_package, ... of the wrapped loader
+        return getattr(self.loader, attr)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the integrated library modules with the other finders and wraps their loaders."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in INTEGRATIONS or fullname in _installed:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(fullname, spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
+
+
+def install() -> None:
+    """Route the integrated functions of every library module already imported, and those imported later."""
+    if os.environ.get("SHARDTENSOR_NO_INTEGRATIONS", "") not in ("", "0"):
+        return
+    for name in INTEGRATIONS:
+        module = sys.modules.get(name)
+        if module is not None:
+            _apply(name, module)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
