@@ -201,3 +201,17 @@ def test_zoo_judge_reports(name, verdict, detail):
         harness.discard(2)
     for r in results:
         assert r["result"] == verdict and detail in r["detail"], r
+
+
+def test_zoo_judge_relative_error():
+    """The judge's comparison: equal non-finite values (NaN on both sides, the same infinity: a clamp bound left at
+    +-inf) are equal and do not set the scale; a non-finite value on one side only, or a different infinity, is
+    infinitely wrong."""
+    from benchmarks.zoo.zoo_models import _rel_err
+    inf, nan = float("inf"), float("nan")
+    ref = torch.tensor([-inf, 2.0, inf, nan])
+    assert _rel_err(ref.clone(), ref) == 0.0
+    assert _rel_err(torch.tensor([-inf, 2.5, inf, nan]), ref) == pytest.approx(0.25)  # scaled by the finite max
+    for wrong in ([inf, 2.0, inf, nan], [-inf, 2.0, 3.0, nan], [-inf, 2.0, inf, 1.0]):
+        assert _rel_err(torch.tensor(wrong), ref) == inf, wrong
+    assert _rel_err(torch.zeros(2), torch.zeros(3)) == inf
