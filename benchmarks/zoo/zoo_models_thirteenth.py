@@ -214,3 +214,10 @@ def _():
 _tx("detect_pitch_frequency", lambda: lambda x: _F().detect_pitch_frequency(x, _SR), shape=(2, 1, 2400),
     spatial_out=False, forward_only=True)
 _tx("Vad", lambda: _T().Vad(_SR), shape=(2, 1, 2400), spatial_out=False, forward_only=True)
+
+
+@model("torchaudio", "torchaudio/DeepSpeech", (2, 1, 48, 16), note="frames split along time (dim 2): "
+       "per-frame MLP, a bidirectional RNN relaying its state across the ranks")
+def _():
+    import torchaudio.models as M
+    return M.DeepSpeech(n_feature=16, n_hidden=24, n_class=10)

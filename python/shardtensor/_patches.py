@@ -207,6 +207,11 @@ def _data_parallel(builder_name: str):
     return build
 
 
+def _rnn_forward(original):
+    from . import rnn
+    return rnn.routed_forward(original)
+
+
 def _traced(builder_name: str):
     def build(original):
         from . import _traced
@@ -313,6 +318,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("torch._dynamo.eval_frame.OptimizeContext", "__call__",
           "torch.compile(fn)(x): the compiled function converts ShardTensor arguments at its boundary",
           _traced("wrap_optimize_context_call"), private=True),
+    *(Patch(f"torch.nn.{cls}", "forward", f"nn.{cls} on a ShardTensor sequence: each rank runs its own rows (batch "
+            "split), or the ranks relay the state along a time split, instead of gathering every gate op by op "
+            "(shardtensor/rnn.py)", _rnn_forward) for cls in ("RNN", "LSTM", "GRU")),
     Patch("torch.autograd.Function", "apply",
           "a Function taking ShardTensors and plain tensors that require grad: the plain ones are promoted (Replicate, "
           "differentiable), so plain parameters receive plain gradients", _promoting_apply),

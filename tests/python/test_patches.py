@@ -32,6 +32,9 @@ OWNERS = {
     "torch._dynamo.eval_frame.OptimizedModule": torch._dynamo.eval_frame.OptimizedModule,
     "torch._dynamo.eval_frame.OptimizeContext": torch._dynamo.eval_frame.OptimizeContext,
     "torch.autograd.Function": torch.autograd.Function,
+    "torch.nn.RNN": torch.nn.RNN,
+    "torch.nn.LSTM": torch.nn.LSTM,
+    "torch.nn.GRU": torch.nn.GRU,
 }
 def snapshot():
     return {owner: {k: id(v) for k, v in vars(obj).items() if not isinstance(v, type(sys))}

@@ -1,0 +1,229 @@
+"""``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU`` on a sequence split along time and/or batch.
+
+Why the modules are routed rather than their ops: aten's recurrent layers (``aten::lstm.input``, ``gru.input``,
+``rnn_tanh.input``, ``rnn_relu.input``) are composite: their cell adds the input's gates into the hidden state's
+gates in place, and the first step's hidden state is a plain tensor of zeros, so op by op every gate is gathered into
+it and the whole recurrence runs on every rank. The modules' ``forward`` is patched (``_patches.py``) to come here
+when the input is a ShardTensor; every other call runs torch's own ``forward``.
+
+How it runs, layer by layer and direction by direction, on this rank's rows with torch's own single-layer kernel
+(``torch._VF.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``, any backend):
+
+- **Batch split only**: each rank runs its own sequences whole; nothing crosses ranks in the forward.
+- **Time split** (one mesh dim): a recurrence cannot start before the state entering its rows exists, so the ranks
+  along the time split run one after another -- the first from the initial state, each passing its end state to
+  the next (a ring pass of one (B, H) state per layer and direction); the reverse direction of a bidirectional
+  layer relays the other way. The work stays divided (each rank computes and holds only its rows' activations); the
+  time is the sum of the ranks' times, as the recurrence is sequential on one device too.
+- Backward is the same relay reversed: the last rank's rows first, each passing the gradient of its entering state
+  to the rank before; all of it inside one autograd node per layer and direction, so every rank communicates in the
+  same order. The weights' gradients (each rank's term) are summed over every mesh dim that splits the input, the
+  initial state's over the time split (one all-reduce each per node).
+- Outputs: the sequence output keeps the input's layout; ``h_n`` (and ``c_n``) hold the whole final states, split
+  along batch like the input, completed along time (one all-reduce).
+
+Falls back to torch's own ``forward`` (op by op: right values, not divided) for packed sequences, dropout between
+layers in training, a split feature dim, and a plain initial state that requires grad.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+
+
+def routed_forward(original):
+    """``forward`` of ``nn.RNN``/``nn.LSTM``/``nn.GRU``: ShardTensor inputs go to ``sharded_forward``."""
+    @functools.wraps(original)
+    def forward(self, input, hx=None):
+        from . import _C
+        if isinstance(input, torch.Tensor) and _C.is_shard_tensor(input):
+            out = sharded_forward(self, input, hx)
+            if out is not None:
+                return out
+        return original(self, input, hx)
+    return forward
+
+
+def _sum_over(t, mesh, dims):
+    """``t`` summed over the ranks of the mesh dims ``dims`` (the library's all-reduce)."""
+    from . import Partial, Replicate, from_local, redistribute, to_local
+    if not dims:
+        return t
+    ndim = mesh.ndim
+    pl = [Partial() if d in dims else Replicate() for d in range(ndim)]
+    return to_local(redistribute(from_local(t.contiguous(), mesh, pl, sharding_shapes={}, check=False),
+                                 [Replicate()] * ndim))
+
+
+class _Plan:
+    """What one layer-and-direction node needs to know: the kernel, the relay's mesh dim and this rank's position
+    in the relay order, the mesh dims to sum the weights' gradients over."""
+
+    def __init__(self, kernel, args, mesh, time_dim, reverse, split_dims, time_axis):
+        self.kernel, self.args, self.mesh = kernel, args, mesh
+        self.time_dim, self.reverse, self.split_dims, self.time_axis = time_dim, reverse, split_dims, time_axis
+        self.ranks = 1 if time_dim is None else mesh.size(time_dim)
+        me = 0 if time_dim is None else mesh.get_coordinate()[time_dim]
+        self.pos = self.ranks - 1 - me if reverse else me
+
+    def run(self, x, states, weights):
+        """The single-layer, single-direction kernel on this rank's rows from ``states``."""
+        if x.shape[self.time_axis] == 0:  # no rows here: the state passes through unchanged
+            shape = list(x.shape)
+            shape[-1] = states[0].shape[-1]
+            return x.new_zeros(shape), [s.clone() for s in states]
+        if self.reverse:
+            x = x.flip(self.time_axis)
+        hx = tuple(states) if len(states) > 1 else states[0]
+        res = getattr(torch._VF, self.kernel)(x, hx, list(weights), *self.args)
+        out, final = res[0], list(res[1:])
+        return (out.flip(self.time_axis) if self.reverse else out), final
+
+    def relay(self, tensors, backwards):
+        """Pass ``tensors`` one position on in the relay order (``backwards``: one position back)."""
+        from .ring import ring_pass
+        direction = "forward" if (self.reverse == backwards) else "backward"
+        with torch.no_grad():
+            return list(ring_pass([t.contiguous() for t in tensors], self.mesh, self.time_dim,
+                                  recv_shapes=[t.shape for t in tensors], direction=direction))
+
+
+class _RelayLayer(torch.autograd.Function):
+    """One layer and direction over this rank's rows: (output rows, final state on the last position / zeros)."""
+
+    @staticmethod
+    def forward(ctx, plan, n_states, x, *rest):
+        states0, weights = list(rest[:n_states]), list(rest[n_states:])
+        with torch.enable_grad():
+            x_leaf = x.detach().requires_grad_(x.requires_grad)
+            w_leaf = [w.detach().requires_grad_(w.requires_grad) for w in weights]
+            entering, local = [s.detach() for s in states0], None
+            for q in range(plan.ranks):
+                if plan.pos == q:
+                    s_leaf = [s.detach().requires_grad_(True) for s in entering]
+                    out, final = plan.run(x_leaf, s_leaf, w_leaf)
+                    local = (out, final, s_leaf)
+                if q < plan.ranks - 1:
+                    sent = [f.detach() for f in local[1]] if plan.pos == q else [torch.zeros_like(s) for s in states0]
+                    received = plan.relay(sent, backwards=False)
+                    if plan.pos == q + 1:
+                        entering = received
+        ctx.plan, ctx.local, ctx.leaves = plan, local, (x_leaf, w_leaf)
+        out, final, _ = local
+        last = plan.pos == plan.ranks - 1
+        return (out.detach(), *[(f.detach() if last else torch.zeros_like(f)) for f in final])
+
+    @staticmethod
+    def backward(ctx, g_out, *g_final):
+        plan, (out, final, s_leaf), (x_leaf, w_leaf) = ctx.plan, ctx.local, ctx.leaves
+        inputs = [x_leaf, *s_leaf, *w_leaf]
+        g_end, g_x, g_entering, g_w = list(g_final), None, None, None
+        for q in reversed(range(plan.ranks)):
+            if plan.pos == q:
+                pairs = [(o, g) for o, g in zip([out, *final], [g_out, *g_end]) if o.requires_grad]
+                grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+                grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
+                g_x, g_entering, g_w = grads[0], grads[1:1 + len(s_leaf)], grads[1 + len(s_leaf):]
+            if q > 0:
+                sent = g_entering if plan.pos == q else [torch.zeros_like(s) for s in s_leaf]
+                received = plan.relay(sent, backwards=True)
+                if plan.pos == q - 1:
+                    g_end = received
+        # the initial state's gradient is position 0's: summed along the time split, every rank holds it
+        time_dims = [] if plan.time_dim is None else [plan.time_dim]
+        g_states = [None] * len(g_entering)
+        if any(ctx.needs_input_grad[3:3 + len(g_entering)]):  # the same on every rank
+            g_states = [_sum_over(g if plan.pos == 0 else torch.zeros_like(g), plan.mesh, time_dims)
+                        for g in g_entering]
+        # the weights' gradients: every rank's term, summed over every mesh dim that splits the input
+        if any(w.requires_grad for w in w_leaf):
+            flat = _sum_over(torch.cat([g.reshape(-1) for g in g_w]), plan.mesh, plan.split_dims)
+            g_w = list(torch.split(flat, [g.numel() for g in g_w]))
+            g_w = [g.view_as(w) for g, w in zip(g_w, w_leaf)]
+        return (None, None, g_x, *g_states, *g_w)
+
+
+def sharded_forward(module, input, hx):
+    """The module's forward on a ShardTensor input, or None to run torch's own (see the module docstring)."""
+    from . import (Replicate, Shard, device_mesh, from_local, full_tensor, is_shard_tensor, local_offsets,
+                   placements, redistribute, sharding_shapes, to_local)
+    from .placement import Partial
+    mode = module.mode
+    if mode not in _KERNELS or not isinstance(input, torch.Tensor) or input.dim() not in (2, 3):
+        return None
+    if module.dropout > 0 and module.training and module.num_layers > 1:
+        return None  # dropout between layers: torch's own path draws its masks alike
+    unbatched = input.dim() == 2
+    batch_first = module.batch_first and not unbatched
+    x = input.unsqueeze(1) if unbatched else input
+    pl = list(placements(x))
+    if any(p.is_partial() for p in pl):
+        x = redistribute(x, [Replicate() if p.is_partial() else p for p in pl])
+        pl = list(placements(x))
+    t_axis, b_axis = (1, 0) if batch_first else (0, 1)
+    if any(p.is_shard() and p.dim == 2 for p in pl):
+        return None  # a split feature dim: the gates mix every feature
+    lstm = mode == "LSTM"
+    n_states = 2 if lstm else 1
+    if hx is not None:
+        states = list(hx) if lstm else [hx]
+        if unbatched:
+            states = [s.unsqueeze(1) for s in states]
+        if any(not is_shard_tensor(s) and s.requires_grad for s in states):
+            return None  # a learnable plain initial state: torch's own path sums its gradient
+    mesh = device_mesh(x)
+    shapes = sharding_shapes(x)
+    time_dim = next((d for d, p in enumerate(pl) if p.is_shard() and p.dim == t_axis), None)
+    split_dims = [d for d, p in enumerate(pl) if p.is_shard()]
+    x_local = to_local(x)
+    batch_first_row = local_offsets(x)[b_axis]
+    batch_rows = x_local.shape[b_axis]
+    d_count = 2 if module.bidirectional else 1
+    hidden = [module.proj_size if (lstm and module.proj_size > 0) else module.hidden_size, module.hidden_size]
+
+    def initial(i):
+        """State ``i`` ((L * D, B_local, H)) on this rank's batch rows."""
+        if hx is None:
+            return x_local.new_zeros(module.num_layers * d_count, batch_rows, hidden[i])
+        s = states[i]
+        if is_shard_tensor(s):
+            s_pl = list(placements(s))
+            if [p for p in s_pl] != [Shard(1) if (p.is_shard() and p.dim == b_axis) else Replicate() for p in pl] \
+                    or any(sharding_shapes(s).get(d) != shapes.get(d) for d, p in enumerate(pl)
+                           if p.is_shard() and p.dim == b_axis):
+                s = full_tensor(s)
+            else:
+                return to_local(s)
+        return s.narrow(1, batch_first_row, batch_rows)
+
+    h0 = [initial(i) for i in range(n_states)]
+    per = len(module._flat_weights) // (module.num_layers * d_count)
+    args = (module.bias, 1, 0.0, module.training, False, batch_first)
+    layer_in, finals = x_local, [[] for _ in range(n_states)]
+    for layer in range(module.num_layers):
+        outs = []
+        for direction in range(d_count):
+            k = layer * d_count + direction
+            plan = _Plan(_KERNELS[mode], args, mesh, time_dim, direction == 1, split_dims, t_axis)
+            res = _RelayLayer.apply(plan, n_states, layer_in, *[h[k:k + 1] for h in h0],
+                                    *module._flat_weights[k * per:(k + 1) * per])
+            outs.append(res[0])
+            for i in range(n_states):
+                finals[i].append(res[1 + i])
+        layer_in = outs[0] if d_count == 1 else torch.cat(outs, dim=2)
+    out = from_local(layer_in, mesh, pl, sharding_shapes=shapes, check=False)
+    # final states: (L * D, B, H), batch split like the input, whole along time (the last position's, completed)
+    st_pl = [Shard(1) if (p.is_shard() and p.dim == b_axis) else Partial() if d == time_dim else Replicate()
+             for d, p in enumerate(pl)]
+    st_shapes = {d: e for d, e in shapes.items() if pl[d].is_shard() and pl[d].dim == b_axis}
+    complete = [Replicate() if p.is_partial() else p for p in st_pl]
+    final = [redistribute(from_local(torch.cat(f, dim=0), mesh, st_pl, sharding_shapes=st_shapes, check=False),
+                          complete) if time_dim is not None else
+             from_local(torch.cat(f, dim=0), mesh, st_pl, sharding_shapes=st_shapes, check=False) for f in finals]
+    if unbatched:
+        out = out.squeeze(1)
+        final = [f.squeeze(1) for f in final]
+    return out, (tuple(final) if lstm else final[0])

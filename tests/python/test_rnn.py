@@ -1,0 +1,105 @@
+"""``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on a ShardTensor sequence (``shardtensor/rnn.py``), in strict mode, against
+one device: the output, the final states, the input's gradient and every weight's gradient; a sequence split along
+time (the ranks relay the state; uneven and empty shards), along batch, or both on a 2-D mesh; one and two layers,
+bidirectional, batch_first or not, LSTM projections, a given initial state, unbatched input. The work stays divided:
+each rank's output rows are its own, and no op runs through the fallback (strict mode would raise)."""
+import copy
+
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import close, full, mesh, randn, strict, tiny_extents, uneven_extents
+
+D = torch.float64
+TOL = dict(rtol=1e-9, atol=1e-9)
+
+
+def _module(kind, **kw):
+    torch.manual_seed(0)
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[kind]
+    return cls(5, 6, **kw).to(D)
+
+
+def _states(h):
+    return list(h) if isinstance(h, tuple) else [h]
+
+
+def _compare(mod, x, layout, m, hx=None, what=""):
+    """One training step of ``mod`` on the split ``x`` against a copy on the whole ``x``: outputs, final states,
+    the input's and every parameter's gradient."""
+    ref_mod = copy.deepcopy(mod)
+    x_ref = x.detach().clone().requires_grad_(True)
+    pl, ext = layout
+    xs = st.distribute_tensor(x.detach().clone(), m, pl, sharding_shapes=ext).requires_grad_(True)
+    out_ref, h_ref = ref_mod(x_ref, hx)
+    out, h = mod(xs, hx)
+    assert st.is_shard_tensor(out) and st.placements(out) == tuple(pl), (what, st.placements(out))
+    close(full(out), out_ref, **TOL, what=f"{what} output")
+    for i, (a, b) in enumerate(zip(_states(h), _states(h_ref))):
+        close(full(a), b, **TOL, what=f"{what} final state {i}")
+    w = randn(*out_ref.shape, seed=7, dtype=D)
+    loss_ref = (out_ref * w).sum() + sum((s * (i + 2)).sum() for i, s in enumerate(_states(h_ref)))
+    loss = (out * w).sum() + sum((s * (i + 2)).sum() for i, s in enumerate(_states(h)))
+    loss_ref.backward()
+    loss.backward()
+    close(full(xs.grad), x_ref.grad, **TOL, what=f"{what} input grad")
+    for (name, p), (_, q) in zip(mod.named_parameters(), ref_mod.named_parameters()):
+        assert not st.is_shard_tensor(p.grad), f"{what}: {name}.grad is a ShardTensor"
+        close(p.grad, q.grad, **TOL, what=f"{what} grad {name}")
+
+
+def case_time_split(kind, split):
+    m = mesh()
+    w = m.size()
+    T = 13
+    ext = uneven_extents(T, w, seed=4) if split == "uneven" else tiny_extents(T, w)
+    for kw in (dict(num_layers=2), dict(bidirectional=True, batch_first=True), dict(num_layers=2, bidirectional=True)):
+        mod = _module(kind, **kw)
+        bf = kw.get("batch_first", False)
+        x = randn(*((3, T, 5) if bf else (T, 3, 5)), seed=1, dtype=D)
+        _compare(mod, x, ([st.Shard(1 if bf else 0)], {0: ext}), m, what=f"{kind} {kw}")
+    if kind == "lstm":  # projections, and a given initial state
+        mod = _module(kind, proj_size=4, num_layers=2)
+        x = randn(T, 3, 5, seed=2, dtype=D)
+        _compare(mod, x, ([st.Shard(0)], {0: ext}), m, what="lstm proj")
+        hx = (randn(2, 3, 4, seed=3, dtype=D), randn(2, 3, 6, seed=4, dtype=D))
+        _compare(_module(kind, proj_size=4, num_layers=2), x, ([st.Shard(0)], {0: ext}), m, hx=hx, what="lstm hx")
+    # unbatched (T, I): time is dim 0
+    _compare(_module(kind), randn(T, 5, seed=5, dtype=D), ([st.Shard(0)], {0: ext}), m, what=f"{kind} unbatched")
+    return True
+
+
+@pytest.mark.parametrize("world,kind,split", [(1, "lstm", "uneven"), (2, "lstm", "uneven"), (3, "gru", "tiny"),
+                                              (2, "rnn", "uneven"), (4, "lstm", "tiny")])
+def test_time_split(world, kind, split):
+    harness.run(world, strict, case_time_split, kind, split)
+
+
+def case_batch_split():
+    m = mesh()
+    w = m.size()
+    B = 5
+    ext = uneven_extents(B, w, seed=6)
+    for kind in ("lstm", "gru"):
+        mod = _module(kind, num_layers=2, bidirectional=True, batch_first=True)
+        _compare(mod, randn(B, 9, 5, seed=8, dtype=D), ([st.Shard(0)], {0: ext}), m, what=f"{kind} batch")
+    return True
+
+
+def test_batch_split():
+    harness.run(3, strict, case_batch_split)
+
+
+def case_2d_mesh():
+    """Batch over one mesh dim, time over the other (uneven)."""
+    m = mesh((2, 2))
+    mod = _module("lstm", num_layers=2, bidirectional=True)
+    _compare(mod, randn(11, 3, 5, seed=9, dtype=D), ([st.Shard(1), st.Shard(0)], {0: [2, 1], 1: [7, 4]}), m,
+             what="lstm batch x time")
+    return True
+
+
+def test_2d_mesh():
+    harness.run(4, strict, case_2d_mesh)
