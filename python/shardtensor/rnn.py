@@ -124,7 +124,10 @@ class _RelayLayer(torch.autograd.Function):
         for q in reversed(range(plan.ranks)):
             if plan.pos == q:
                 pairs = [(o, g) for o, g in zip([out, *final], [g_out, *g_end]) if o.requires_grad]
-                grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+                wanted = [t for t in inputs if t.requires_grad]
+                found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                                 allow_unused=True) if pairs and wanted else [None] * len(wanted))
+                grads = [next(found) if t.requires_grad else None for t in inputs]
                 grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
                 g_x, g_entering, g_w = grads[0], grads[1:1 + len(s_leaf)], grads[1 + len(s_leaf):]
             if q > 0:
@@ -148,10 +151,12 @@ class _RelayLayer(torch.autograd.Function):
 
 def sharded_forward(module, input, hx):
     """The module's forward on a ShardTensor input, or None to run torch's own (see the module docstring)."""
-    from . import (Replicate, Shard, device_mesh, from_local, full_tensor, is_shard_tensor, local_offsets,
-                   placements, redistribute, sharding_shapes, to_local)
+    from . import (Replicate, Shard, device_mesh, from_local, is_shard_tensor, local_offsets, placements,
+                   redistribute, sharding_shapes, to_local)
     from .placement import Partial
     mode = module.mode
+    if hasattr(module, "_update_flat_weights"):  # as torch's forward does: parameters replaced since are picked up
+        module._update_flat_weights()
     if mode not in _KERNELS or not isinstance(input, torch.Tensor) or input.dim() not in (2, 3):
         return None
     if module.dropout > 0 and module.training and module.num_layers > 1:
@@ -184,19 +189,19 @@ def sharded_forward(module, input, hx):
     d_count = 2 if module.bidirectional else 1
     hidden = [module.proj_size if (lstm and module.proj_size > 0) else module.hidden_size, module.hidden_size]
 
+    # a state (L * D, B, H) split along batch like the input, whole along every other mesh dim
+    state_pl = [Shard(1) if (p.is_shard() and p.dim == b_axis) else Replicate() for p in pl]
+    state_shapes = {d: e for d, e in shapes.items() if pl[d].is_shard() and pl[d].dim == b_axis}
+
     def initial(i):
         """State ``i`` ((L * D, B_local, H)) on this rank's batch rows."""
         if hx is None:
             return x_local.new_zeros(module.num_layers * d_count, batch_rows, hidden[i])
         s = states[i]
-        if is_shard_tensor(s):
-            s_pl = list(placements(s))
-            if [p for p in s_pl] != [Shard(1) if (p.is_shard() and p.dim == b_axis) else Replicate() for p in pl] \
-                    or any(sharding_shapes(s).get(d) != shapes.get(d) for d, p in enumerate(pl)
-                           if p.is_shard() and p.dim == b_axis):
-                s = full_tensor(s)
-            else:
-                return to_local(s)
+        if is_shard_tensor(s):  # laid out like the input's batch rows (a redistribution when it is not)
+            if list(placements(s)) != state_pl or any(sharding_shapes(s).get(d) != e for d, e in state_shapes.items()):
+                s = redistribute(s, state_pl, sharding_shapes=state_shapes)
+            return to_local(s)
         return s.narrow(1, batch_first_row, batch_rows)
 
     h0 = [initial(i) for i in range(n_states)]
@@ -218,11 +223,9 @@ def sharded_forward(module, input, hx):
     # final states: (L * D, B, H), batch split like the input, whole along time (the last position's, completed)
     st_pl = [Shard(1) if (p.is_shard() and p.dim == b_axis) else Partial() if d == time_dim else Replicate()
              for d, p in enumerate(pl)]
-    st_shapes = {d: e for d, e in shapes.items() if pl[d].is_shard() and pl[d].dim == b_axis}
-    complete = [Replicate() if p.is_partial() else p for p in st_pl]
-    final = [redistribute(from_local(torch.cat(f, dim=0), mesh, st_pl, sharding_shapes=st_shapes, check=False),
-                          complete) if time_dim is not None else
-             from_local(torch.cat(f, dim=0), mesh, st_pl, sharding_shapes=st_shapes, check=False) for f in finals]
+    final = [from_local(torch.cat(f, dim=0), mesh, st_pl, sharding_shapes=state_shapes, check=False) for f in finals]
+    if time_dim is not None:
+        final = [redistribute(f, state_pl) for f in final]
     if unbatched:
         out = out.squeeze(1)
         final = [f.squeeze(1) for f in final]

@@ -88,6 +88,35 @@ def case_batch_split():
     return True
 
 
+def case_sharded_initial_state():
+    """A learnable initial state given as a ShardTensor laid out otherwise than the input's batch rows (Replicate):
+    redistributed to them; its gradient is one device's."""
+    m = mesh()
+    w = m.size()
+    B, T = 4, 9
+    for split, dim, ext in (("batch", 0, uneven_extents(B, w, seed=10)), ("time", 1, uneven_extents(T, w, seed=11))):
+        mod = _module("lstm", batch_first=True)
+        ref = copy.deepcopy(mod)
+        x = randn(B, T, 5, seed=12, dtype=D)
+        h = [randn(1, B, 6, seed=13 + i, dtype=D) for i in range(2)]
+        h_ref = [t.clone().requires_grad_(True) for t in h]
+        h_st = [st.distribute_tensor(t.clone(), m, [st.Replicate()]).requires_grad_(True) for t in h]
+        xs = st.distribute_tensor(x.clone(), m, [st.Shard(dim)], sharding_shapes={0: ext})
+        out_ref, (hn_ref, cn_ref) = ref(x, tuple(h_ref))
+        out, (hn, cn) = mod(xs, tuple(h_st))
+        wt = randn(*out_ref.shape, seed=20, dtype=D)
+        ((out_ref * wt).sum() + hn_ref.sum() + 3 * cn_ref.sum()).backward()
+        ((out * wt).sum() + hn.sum() + 3 * cn.sum()).backward()
+        close(full(out), out_ref, **TOL, what=f"{split}: output")
+        for i, (a, b) in enumerate(zip(h_st, h_ref)):
+            close(full(a.grad), b.grad, **TOL, what=f"{split}: initial state {i} grad")
+    return True
+
+
+def test_sharded_initial_state():
+    harness.run(2, strict, case_sharded_initial_state)
+
+
 def test_batch_split():
     harness.run(3, strict, case_batch_split)
 
