@@ -102,7 +102,8 @@ def main():
              "Collectives: rank 0's per step. Times: the median of 3, the slowest rank, against one process running "
              "the whole sequence. Along time the ranks run one after another (the recurrence is sequential), so the "
              "step takes about one process's time while each rank holds its rows' activations only; along batch both "
-             "divide.", ""]
+             f"divide. With more ranks than the machine's {os.cpu_count()} cores the times are oversubscribed (the "
+             "ranks share cores); the memory ratios are not.", ""]
     for world, res in results.items():
         lines += [f"## P = {world}", "", "| model | split | collectives per step | step sharded | one process | ratio "
                   "| peak per rank / one process |", "|---|---|---|---|---|---|---|"]
