@@ -12,9 +12,11 @@ How it runs, layer by layer and direction by direction, on this rank's rows with
 - **Batch split only**: each rank runs its own sequences whole; nothing crosses ranks in the forward.
 - **Time split** (one mesh dim): a recurrence cannot start before the state entering its rows exists, so the ranks
   along the time split run one after another -- the first from the initial state, each passing its end state to
-  the next (a ring pass of one (B, H) state per layer and direction); the reverse direction of a bidirectional
-  layer relays the other way. The work stays divided (each rank computes and holds only its rows' activations); the
-  time is the sum of the ranks' times, as the recurrence is sequential on one device too.
+  the next (a ring pass of one (B, H) state per step); the reverse direction of a bidirectional layer relays the
+  other way. A unidirectional stack runs as a wavefront: while a rank runs layer l on its rows, the next runs layer
+  l - 1 on its own, so L layers over P ranks take L + P - 1 local layer times rather than L * P (a bidirectional
+  layer needs both directions' whole rows before the next, so its layers run one after another). The work stays
+  divided (each rank computes and holds only its rows' activations).
 - Backward is the same relay reversed: the last rank's rows first, each passing the gradient of its entering state
   to the rank before; all of it inside one autograd node per layer and direction, so every rank communicates in the
   same order. The weights' gradients (each rank's term) are summed over every mesh dim that splits the input, the
@@ -91,62 +93,89 @@ class _Plan:
                                   recv_shapes=[t.shape for t in tensors], direction=direction))
 
 
-class _RelayLayer(torch.autograd.Function):
-    """One layer and direction over this rank's rows: (output rows, final state on the last position / zeros)."""
+def _grads(outputs, grad_outputs, inputs):
+    """``torch.autograd.grad`` of the outputs that require grad, with respect to the inputs that do (zeros for the
+    others: a rank without rows has outputs that depend on nothing)."""
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+    wanted = [t for t in inputs if t.requires_grad]
+    found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                 if pairs and wanted else [None] * len(wanted))
+    grads = [next(found) if t.requires_grad else None for t in inputs]
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
+
+
+class _Relay(torch.autograd.Function):
+    """A stack of ``layers`` layers of one direction over this rank's rows, as a wavefront along the relay order: at
+    step ``s`` the rank at position ``p`` runs layer ``s - p``, from the state the rank before it ended that layer
+    with one step earlier (its own previous layer's rows are its input). ``L + P - 1`` steps, one ring pass of one
+    layer's state after each. Returns the last layer's output rows and every layer's final state (the last
+    position's; zeros elsewhere). Backward runs the steps in reverse, relaying the states' gradients back."""
 
     @staticmethod
-    def forward(ctx, plan, n_states, x, *rest):
-        states0, weights = list(rest[:n_states]), list(rest[n_states:])
+    def forward(ctx, plan, n_states, layers, x, *rest):
+        n_init = layers * n_states
+        states0 = [list(rest[k * n_states:(k + 1) * n_states]) for k in range(layers)]
+        per = (len(rest) - n_init) // layers
+        weights = [list(rest[n_init + k * per:n_init + (k + 1) * per]) for k in range(layers)]
+        steps = layers + plan.ranks - 1
         with torch.enable_grad():
-            x_leaf = x.detach().requires_grad_(x.requires_grad)
-            w_leaf = [w.detach().requires_grad_(w.requires_grad) for w in weights]
-            entering, local = [s.detach() for s in states0], None
-            for q in range(plan.ranks):
-                if plan.pos == q:
-                    s_leaf = [s.detach().requires_grad_(True) for s in entering]
-                    out, final = plan.run(x_leaf, s_leaf, w_leaf)
-                    local = (out, final, s_leaf)
-                if q < plan.ranks - 1:
-                    sent = [f.detach() for f in local[1]] if plan.pos == q else [torch.zeros_like(s) for s in states0]
+            w_leaf = [[w.detach().requires_grad_(w.requires_grad) for w in ws] for ws in weights]
+            entering = [[s.detach() for s in ss] for ss in states0]
+            inputs = [x.detach().requires_grad_(x.requires_grad)] + [None] * layers
+            done = [None] * layers          # (output, final states, entering-state leaves) per layer
+            for step in range(steps):
+                k = step - plan.pos
+                if 0 <= k < layers:
+                    s_leaf = [s.detach().requires_grad_(True) for s in entering[k]]
+                    out, final = plan.run(inputs[k], s_leaf, w_leaf[k])
+                    done[k] = (out, final, s_leaf)
+                    if k + 1 < layers:  # the next layer's input: its own leaf (each layer differentiated alone)
+                        inputs[k + 1] = out.detach().requires_grad_(True)
+                if step < steps - 1:
+                    sent = ([f.detach() for f in done[k][1]] if 0 <= k < layers else
+                            [torch.zeros_like(t) for t in states0[0]])
                     received = plan.relay(sent, backwards=False)
-                    if plan.pos == q + 1:
-                        entering = received
-        ctx.plan, ctx.local, ctx.leaves = plan, local, (x_leaf, w_leaf)
-        out, final, _ = local
+                    if plan.pos > 0 and 0 <= k + 1 < layers:  # the rank before ended layer k + 1 this step
+                        entering[k + 1] = received
+        ctx.plan, ctx.done, ctx.leaves = plan, done, (inputs, w_leaf)
         last = plan.pos == plan.ranks - 1
-        return (out.detach(), *[(f.detach() if last else torch.zeros_like(f)) for f in final])
+        finals = [(f.detach() if last else torch.zeros_like(f)) for _, final, _ in done for f in final]
+        return (done[-1][0].detach(), *finals)
 
     @staticmethod
     def backward(ctx, g_out, *g_final):
-        plan, (out, final, s_leaf), (x_leaf, w_leaf) = ctx.plan, ctx.local, ctx.leaves
-        inputs = [x_leaf, *s_leaf, *w_leaf]
-        g_end, g_x, g_entering, g_w = list(g_final), None, None, None
-        for q in reversed(range(plan.ranks)):
-            if plan.pos == q:
-                pairs = [(o, g) for o, g in zip([out, *final], [g_out, *g_end]) if o.requires_grad]
-                wanted = [t for t in inputs if t.requires_grad]
-                found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                                 allow_unused=True) if pairs and wanted else [None] * len(wanted))
-                grads = [next(found) if t.requires_grad else None for t in inputs]
-                grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
-                g_x, g_entering, g_w = grads[0], grads[1:1 + len(s_leaf)], grads[1 + len(s_leaf):]
-            if q > 0:
-                sent = g_entering if plan.pos == q else [torch.zeros_like(s) for s in s_leaf]
+        plan, done, (inputs, w_leaf) = ctx.plan, ctx.done, ctx.leaves
+        layers, n_states = len(done), len(done[0][2])
+        steps = layers + plan.ranks - 1
+        g_end = [list(g_final[k * n_states:(k + 1) * n_states]) for k in range(layers)]  # used by the last position
+        g_in = [None] * layers + [g_out]     # the gradient of each layer's output rows (layer k's: g_in[k + 1])
+        g_entering, g_w = [None] * layers, [None] * layers
+        for step in reversed(range(steps)):
+            k = step - plan.pos
+            if 0 <= k < layers:
+                out, final, s_leaf = done[k]
+                grads = _grads([out, *final], [g_in[k + 1], *g_end[k]], [inputs[k], *s_leaf, *w_leaf[k]])
+                g_in[k], g_entering[k], g_w[k] = grads[0], grads[1:1 + n_states], grads[1 + n_states:]
+            if step > 0:
+                sent = (g_entering[k] if 0 <= k < layers else
+                        [torch.zeros_like(s) for s in done[0][2]])
                 received = plan.relay(sent, backwards=True)
-                if plan.pos == q - 1:
-                    g_end = received
-        # the initial state's gradient is position 0's: summed along the time split, every rank holds it
-        time_dims = [] if plan.time_dim is None else [plan.time_dim]
-        g_states = [None] * len(g_entering)
-        if any(ctx.needs_input_grad[3:3 + len(g_entering)]):  # the same on every rank
+                if plan.pos < plan.ranks - 1 and 0 <= k - 1 < layers:  # the rank after began layer k - 1 this step
+                    g_end[k - 1] = received
+        # the initial states' gradients are position 0's: summed along the time split, every rank holds them
+        n_init = layers * n_states
+        g_states = [None] * n_init
+        if any(ctx.needs_input_grad[4:4 + n_init]):  # the same on every rank
+            time_dims = [] if plan.time_dim is None else [plan.time_dim]
             g_states = [_sum_over(g if plan.pos == 0 else torch.zeros_like(g), plan.mesh, time_dims)
-                        for g in g_entering]
-        # the weights' gradients: every rank's term, summed over every mesh dim that splits the input
-        if any(w.requires_grad for w in w_leaf):
-            flat = _sum_over(torch.cat([g.reshape(-1) for g in g_w]), plan.mesh, plan.split_dims)
-            g_w = list(torch.split(flat, [g.numel() for g in g_w]))
-            g_w = [g.view_as(w) for g, w in zip(g_w, w_leaf)]
-        return (None, None, g_x, *g_states, *g_w)
+                        for gs in g_entering for g in gs]
+        # the weights' gradients: every rank's term, summed over every mesh dim that splits the input (one all-reduce)
+        flat_w = [w for ws in w_leaf for w in ws]
+        flat_g = [g for gs in g_w for g in gs]
+        if any(w.requires_grad for w in flat_w):
+            flat = _sum_over(torch.cat([g.reshape(-1) for g in flat_g]), plan.mesh, plan.split_dims)
+            flat_g = [g.view_as(w) for g, w in zip(torch.split(flat, [g.numel() for g in flat_g]), flat_w)]
+        return (None, None, None, g_in[0], *g_states, *flat_g)
 
 
 def sharded_forward(module, input, hx):
@@ -207,18 +236,25 @@ def sharded_forward(module, input, hx):
     h0 = [initial(i) for i in range(n_states)]
     per = len(module._flat_weights) // (module.num_layers * d_count)
     args = (module.bias, 1, 0.0, module.training, False, batch_first)
-    layer_in, finals = x_local, [[] for _ in range(n_states)]
-    for layer in range(module.num_layers):
-        outs = []
-        for direction in range(d_count):
-            k = layer * d_count + direction
-            plan = _Plan(_KERNELS[mode], args, mesh, time_dim, direction == 1, split_dims, t_axis)
-            res = _RelayLayer.apply(plan, n_states, layer_in, *[h[k:k + 1] for h in h0],
-                                    *module._flat_weights[k * per:(k + 1) * per])
-            outs.append(res[0])
+    finals = [[] for _ in range(n_states)]
+
+    def relay(layer_in, first, layers, direction):
+        """Layers ``first .. first + layers - 1`` of one direction as one wavefront node; collects final states."""
+        plan = _Plan(_KERNELS[mode], args, mesh, time_dim, direction == 1, split_dims, t_axis)
+        index = [(first + j) * d_count + direction for j in range(layers)]
+        res = _Relay.apply(plan, n_states, layers, layer_in, *[h[k:k + 1] for k in index for h in h0],
+                           *[w for k in index for w in module._flat_weights[k * per:(k + 1) * per]])
+        for j in range(layers):
             for i in range(n_states):
-                finals[i].append(res[1 + i])
-        layer_in = outs[0] if d_count == 1 else torch.cat(outs, dim=2)
+                finals[i].append(res[1 + j * n_states + i])
+        return res[0]
+
+    if d_count == 1:  # the whole stack in one wavefront: L + P - 1 steps, not L * P
+        layer_in = relay(x_local, 0, module.num_layers, 0)
+    else:  # each layer needs both directions' whole rows before the next
+        layer_in = x_local
+        for layer in range(module.num_layers):
+            layer_in = torch.cat([relay(layer_in, layer, 1, direction) for direction in range(2)], dim=2)
     out = from_local(layer_in, mesh, pl, sharding_shapes=shapes, check=False)
     # final states: (L * D, B, H), batch split like the input, whole along time (the last position's, completed)
     st_pl = [Shard(1) if (p.is_shard() and p.dim == b_axis) else Partial() if d == time_dim else Replicate()

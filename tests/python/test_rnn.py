@@ -1,6 +1,7 @@
 """``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on a ShardTensor sequence (``shardtensor/rnn.py``), in strict mode, against
 one device: the output, the final states, the input's gradient and every weight's gradient; a sequence split along
-time (the ranks relay the state; uneven and empty shards), along batch, or both on a 2-D mesh; one and two layers,
+time (the ranks relay the state, a unidirectional stack as a wavefront; uneven and empty shards), along batch, or
+both on a 2-D mesh; one to three layers,
 bidirectional, batch_first or not, LSTM projections, a given initial state, unbatched input. The work stays divided:
 each rank's output rows are its own, and no op runs through the fallback (strict mode would raise)."""
 import copy
@@ -55,7 +56,7 @@ def case_time_split(kind, split):
     w = m.size()
     T = 13
     ext = uneven_extents(T, w, seed=4) if split == "uneven" else tiny_extents(T, w)
-    for kw in (dict(num_layers=2), dict(bidirectional=True, batch_first=True), dict(num_layers=2, bidirectional=True)):
+    for kw in (dict(num_layers=3), dict(bidirectional=True, batch_first=True), dict(num_layers=2, bidirectional=True)):
         mod = _module(kind, **kw)
         bf = kw.get("batch_first", False)
         x = randn(*((3, T, 5) if bf else (T, 3, 5)), seed=1, dtype=D)
