@@ -1,9 +1,9 @@
 """``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on a ShardTensor sequence (``shardtensor/rnn.py``), in strict mode, against
 one device: the output, the final states, the input's gradient and every weight's gradient; a sequence split along
 time (the ranks relay the state, a unidirectional stack as a wavefront; uneven and empty shards), along batch, or
-both on a 2-D mesh; one to three layers,
-bidirectional, batch_first or not, LSTM projections, a given initial state, unbatched input. The work stays divided:
-each rank's output rows are its own, and no op runs through the fallback (strict mode would raise)."""
+both on a 2-D mesh; one to three layers, bidirectional, batch_first or not, LSTM projections, a given initial
+state, unbatched input. The work stays divided: each rank's output rows are its own, and no op runs through the
+fallback (strict mode would raise)."""
 import copy
 
 import pytest
