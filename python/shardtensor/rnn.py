@@ -131,7 +131,7 @@ class _Relay(torch.autograd.Function):
                     done[k] = (out, final, s_leaf)
                     if k + 1 < layers:  # the next layer's input: its own leaf (each layer differentiated alone)
                         inputs[k + 1] = out.detach().requires_grad_(True)
-                if step < steps - 1:
+                if plan.ranks > 1 and step < steps - 1:  # nothing to relay when every rank holds whole sequences
                     sent = ([f.detach() for f in done[k][1]] if 0 <= k < layers else
                             [torch.zeros_like(t) for t in states0[0]])
                     received = plan.relay(sent, backwards=False)
@@ -156,7 +156,7 @@ class _Relay(torch.autograd.Function):
                 out, final, s_leaf = done[k]
                 grads = _grads([out, *final], [g_in[k + 1], *g_end[k]], [inputs[k], *s_leaf, *w_leaf[k]])
                 g_in[k], g_entering[k], g_w[k] = grads[0], grads[1:1 + n_states], grads[1 + n_states:]
-            if step > 0:
+            if plan.ranks > 1 and step > 0:
                 sent = (g_entering[k] if 0 <= k < layers else
                         [torch.zeros_like(s) for s in done[0][2]])
                 received = plan.relay(sent, backwards=True)

@@ -83,9 +83,10 @@ def case_batch_split():
     w = m.size()
     B = 5
     ext = uneven_extents(B, w, seed=6)
-    for kind in ("lstm", "gru"):
-        mod = _module(kind, num_layers=2, bidirectional=True, batch_first=True)
-        _compare(mod, randn(B, 9, 5, seed=8, dtype=D), ([st.Shard(0)], {0: ext}), m, what=f"{kind} batch")
+    for kind, kw in (("lstm", dict(num_layers=2, bidirectional=True)), ("gru", dict(num_layers=2)),
+                     ("rnn", dict(num_layers=3))):
+        mod = _module(kind, batch_first=True, **kw)
+        _compare(mod, randn(B, 9, 5, seed=8, dtype=D), ([st.Shard(0)], {0: ext}), m, what=f"{kind} {kw} batch")
     return True
 
 
