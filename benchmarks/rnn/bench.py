@@ -2,8 +2,8 @@
 2 and 4 CPU ranks against one process.
 
 A (B, T, F) float32 sequence through a 2-layer LSTM (and a bidirectional one), split along time (the ranks relay the
-state: the step is sequential, its time is the ranks' times added, its memory divided) and along batch (each rank
-runs its own sequences: time and memory divided). Per case: rank 0's collectives, the step's time (the slowest
+state: the recurrence is sequential, a unidirectional stack runs as a wavefront over its layers; memory divided)
+and along batch (each rank runs its own sequences: time and memory divided). Per case: rank 0's collectives, the step's time (the slowest
 rank) against one process running the whole sequence, and the per-rank peak memory against one process.
 
     .venv/bin/python benchmarks/rnn/bench.py [--out DIR] [--length 2048] [--batch 8] [--ranks 1,2,4]
@@ -100,9 +100,10 @@ def main():
              f"intra-op thread each); a training step (forward, mean-square loss, backward). torch {torch.__version__}, "
              f"commit {commit}, {meta['date']}, 1-minute load {load:.1f} on 2 cores. Command: `{command}`. "
              "Collectives: rank 0's per step. Times: the median of 3, the slowest rank, against one process running "
-             "the whole sequence. Along time the ranks run one after another (the recurrence is sequential), so the "
-             "step takes about one process's time while each rank holds its rows' activations only; along batch both "
-             f"divide. With more ranks than the machine's {os.cpu_count()} cores the times are oversubscribed (the "
+             "the whole sequence. Along time the ranks run one after another (the recurrence is sequential) while each "
+             "rank holds its rows' activations only; a unidirectional stack runs as a wavefront (a rank on layer l "
+             "while the next is on layer l - 1: L + P - 1 steps of one layer over T / P rows), a bidirectional one "
+             f"layer by layer; along batch both divide. With more ranks than the machine's {os.cpu_count()} cores the times are oversubscribed (the "
              "ranks share cores); the memory ratios are not.", ""]
     for world, res in results.items():
         lines += [f"## P = {world}", "", "| model | split | collectives per step | step sharded | one process | ratio "
