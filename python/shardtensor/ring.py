@@ -1,4 +1,6 @@
-"""``st.ring_pass``: one step of a ring along a mesh dim, on plain local tensors (the C++ ``shardtensor::ring_pass``)."""
+"""Collectives on plain local tensors along mesh dims: ``st.ring_pass``, one step of a ring (the C++
+``shardtensor::ring_pass``), and ``sum_over_mesh_dims`` (internal: the all-reduce the routed recurrences' backward
+passes use)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
@@ -57,3 +59,16 @@ def ring_pass(tensors: Union[torch.Tensor, Sequence[torch.Tensor]], mesh, mesh_d
         shapes = [[int(s) for s in shape] for shape in shapes]
     out = _C.ring_pass(items, as_cpp_mesh(mesh), _mesh_dim_index(mesh, mesh_dim), shapes, direction == "backward")
     return out[0] if single else (tuple(out) if isinstance(tensors, tuple) else list(out))
+
+
+def sum_over_mesh_dims(tensor: torch.Tensor, mesh, mesh_dims: Sequence[int]) -> torch.Tensor:
+    """``tensor`` (this rank's term, a plain tensor) summed over the ranks of the mesh dims ``mesh_dims``, through the
+    library's redistribution of a pending sum (counted like its other collectives); ``tensor`` itself when
+    ``mesh_dims`` is empty. Every rank of those dims must call it alike."""
+    if not mesh_dims:
+        return tensor
+    from . import Partial, Replicate, from_local, redistribute, to_local
+    ndim = mesh.ndim
+    pending = [Partial() if d in mesh_dims else Replicate() for d in range(ndim)]
+    return to_local(redistribute(from_local(tensor.contiguous(), mesh, pending, sharding_shapes={}, check=False),
+                                 [Replicate()] * ndim))

@@ -6,8 +6,8 @@ gates in place, and the first step's hidden state is a plain tensor of zeros, so
 it and the whole recurrence runs on every rank. The modules' ``forward`` is patched (``_patches.py``) to come here
 when the input is a ShardTensor; every other call runs torch's own ``forward``.
 
-How it runs, layer by layer and direction by direction, on this rank's rows with torch's own single-layer kernel
-(``torch._VF.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``, any backend):
+How it runs, layer by layer on this rank's rows with torch's own single-layer kernel (``torch._VF.lstm`` / ``gru``
+/ ``rnn_tanh`` / ``rnn_relu``, any backend):
 
 - **Batch split only**: each rank runs its own sequences whole; nothing crosses ranks in the forward.
 - **Time split** (one mesh dim): a recurrence cannot start before the state entering its rows exists, so the ranks
@@ -18,9 +18,10 @@ How it runs, layer by layer and direction by direction, on this rank's rows with
   layer needs both directions' whole rows before the next, so its layers run one after another). The work stays
   divided (each rank computes and holds only its rows' activations).
 - Backward is the same relay reversed: the last rank's rows first, each passing the gradient of its entering state
-  to the rank before; all of it inside one autograd node per layer and direction, so every rank communicates in the
-  same order. The weights' gradients (each rank's term) are summed over every mesh dim that splits the input, the
-  initial state's over the time split (one all-reduce each per node).
+  to the rank before; all of it inside one autograd node per direction of a stack (per layer and direction when
+  bidirectional), so every rank communicates in the same order. The weights' gradients (each rank's term) are
+  summed over every mesh dim that splits the input, the initial states' over the time split (one all-reduce each
+  per node).
 - Outputs: the sequence output keeps the input's layout; ``h_n`` (and ``c_n``) hold the whole final states, split
   along batch like the input, completed along time (one all-reduce).
 
@@ -32,6 +33,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from .ring import sum_over_mesh_dims
 
 _KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 
@@ -49,20 +52,9 @@ def routed_forward(original):
     return forward
 
 
-def _sum_over(t, mesh, dims):
-    """``t`` summed over the ranks of the mesh dims ``dims`` (the library's all-reduce)."""
-    from . import Partial, Replicate, from_local, redistribute, to_local
-    if not dims:
-        return t
-    ndim = mesh.ndim
-    pl = [Partial() if d in dims else Replicate() for d in range(ndim)]
-    return to_local(redistribute(from_local(t.contiguous(), mesh, pl, sharding_shapes={}, check=False),
-                                 [Replicate()] * ndim))
-
-
 class _Plan:
-    """What one layer-and-direction node needs to know: the kernel, the relay's mesh dim and this rank's position
-    in the relay order, the mesh dims to sum the weights' gradients over."""
+    """What one relay node (one direction of one or more layers) needs to know: the kernel, the relay's mesh dim and
+    this rank's position in the relay order, the mesh dims to sum the weights' gradients over."""
 
     def __init__(self, kernel, args, mesh, time_dim, reverse, split_dims, time_axis):
         self.kernel, self.args, self.mesh = kernel, args, mesh
@@ -102,6 +94,12 @@ def _grads(outputs, grad_outputs, inputs):
                  if pairs and wanted else [None] * len(wanted))
     grads = [next(found) if t.requires_grad else None for t in inputs]
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
+
+
+def _summed(tensors, mesh, dims):
+    """Each of ``tensors`` summed over the ranks of the mesh dims ``dims``: one all-reduce for all of them."""
+    flat = sum_over_mesh_dims(torch.cat([t.reshape(-1) for t in tensors]), mesh, dims)
+    return [f.view_as(t) for f, t in zip(torch.split(flat, [t.numel() for t in tensors]), tensors)]
 
 
 class _Relay(torch.autograd.Function):
@@ -167,14 +165,12 @@ class _Relay(torch.autograd.Function):
         g_states = [None] * n_init
         if any(ctx.needs_input_grad[4:4 + n_init]):  # the same on every rank
             time_dims = [] if plan.time_dim is None else [plan.time_dim]
-            g_states = [_sum_over(g if plan.pos == 0 else torch.zeros_like(g), plan.mesh, time_dims)
-                        for gs in g_entering for g in gs]
+            g_states = _summed([g if plan.pos == 0 else torch.zeros_like(g) for gs in g_entering for g in gs],
+                               plan.mesh, time_dims)
         # the weights' gradients: every rank's term, summed over every mesh dim that splits the input (one all-reduce)
-        flat_w = [w for ws in w_leaf for w in ws]
         flat_g = [g for gs in g_w for g in gs]
-        if any(w.requires_grad for w in flat_w):
-            flat = _sum_over(torch.cat([g.reshape(-1) for g in flat_g]), plan.mesh, plan.split_dims)
-            flat_g = [g.view_as(w) for g, w in zip(torch.split(flat, [g.numel() for g in flat_g]), flat_w)]
+        if any(w.requires_grad for ws in w_leaf for w in ws):
+            flat_g = _summed(flat_g, plan.mesh, plan.split_dims)
         return (None, None, None, g_in[0], *g_states, *flat_g)
 
 

@@ -39,8 +39,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import (Partial, Replicate, device_mesh, from_local, full_tensor, is_shard_tensor, local_offsets, placements,
+from .. import (Replicate, device_mesh, from_local, full_tensor, is_shard_tensor, local_offsets, placements,
                 redistribute, sharding_shapes, to_local)
+from ..ring import sum_over_mesh_dims
 
 _MODULE = "torchaudio.functional.filtering"
 
@@ -86,12 +87,7 @@ class _Layout:
 
     def sum_over_splits(self, t):
         """``t`` summed over every rank that holds a part of the signal (the mesh dims that split it)."""
-        split = [d for d, p in enumerate(self.placements) if p.is_shard()]
-        if not split:
-            return t
-        pl = [Partial() if d in split else Replicate() for d in range(len(self.placements))]
-        return to_local(redistribute(from_local(t.contiguous(), self.mesh, pl, sharding_shapes={}, check=False),
-                                     [Replicate()] * len(self.placements)))
+        return sum_over_mesh_dims(t, self.mesh, [d for d, p in enumerate(self.placements) if p.is_shard()])
 
 
 def _before(tails, extents, pos, n):
