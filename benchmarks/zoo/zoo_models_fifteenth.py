@@ -1,0 +1,165 @@
+"""The model zoo's fifteenth set: neuraloperator beyond its networks (the twentieth session's probe) -- what an
+operator-learning training step computes around the FNO on one field too large for a device, split along its first
+spatial dim: the relative Lp and Sobolev (H1) losses, the physics losses (Burgers' residual by finite differences,
+the initial-condition loss), the finite-difference and spectral derivatives of ``neuralop.losses.differentiation``
+(gradient, divergence, curl, Laplacian; periodic and one-sided boundaries; 1-D, 2-D and 3-D), the divergence-free spectral projection, spectral resampling, the grid
+embeddings, the finite-difference convolution layer, the attention kernel integral over a split point set, and the
+data normalizer fitted on the split field. Each entry wraps one public call in a module
+(``zoo_models_ninth.register_call``). Targets are derived from the input, so they are split alike. Registered like
+zoo_models.py's (zoo_models.py imports this module at its end).
+
+Left out: Fourier continuation (``FCLegendre``, ``FourierDiff(use_fc=...)``): neuraloperator builds a dense
+(N + k) x N extension matrix from the global length (``torch.zeros`` + ``torch.eye``, N^2 elements on one device too)
+and applies it along the split dim with a mode product -- each rank contracts its own rows into a pending sum, but
+every rank holds the whole matrix, which outweighs the field it extends; its structure (identity plus two boundary
+blocks) is not visible to an op rule. neuraloperator's LocalNO / DISCO layers import a private torch-harmonics function that the pinned
+torch-harmonics no longer has (an import error on one device too)."""
+import torch
+
+from benchmarks.zoo.zoo_models import model
+from benchmarks.zoo.zoo_models_ninth import register_call
+
+_FIELD = (2, 2, 24, 20)       # (B, C, H, W): H split
+_FIELD3 = (1, 3, 12, 10, 8)   # (B, C, D, H, W): D split; 3 components for the 3-D curl / divergence
+_LINE = (2, 1, 64)            # (B, C, X): X split
+_H = (0.1, 0.05)
+_H3 = (0.1, 0.05, 0.2)
+
+
+def _diff():
+    from neuralop.losses import differentiation
+    return differentiation
+
+
+def _losses():
+    import neuralop.losses as losses
+    return losses
+
+
+def _call(name, make, shape=_FIELD, **kw):
+    register_call("neuralop", f"neuralop_ops/{name}", shape, make, **kw)
+
+
+def _loss(name, make, shape=_FIELD, **kw):
+    register_call("neuralop", f"neuralop_losses/{name}", shape, make, spatial_out=False, **kw)
+
+
+def _target(x):
+    return torch.tanh(x.flip(1)) * 0.5 + 0.1
+
+
+# ---- finite differences (torch.roll for periodic boundaries; one-sided differences written into zeros_like rows)
+_call("FiniteDiff_dx_periodic", lambda: _diff().FiniteDiff(dim=2, h=_H).dx)
+_call("FiniteDiff_dx2_nonperiodic", lambda: (lambda fd: lambda u: fd.dx(u, order=2))(
+    _diff().FiniteDiff(dim=2, h=_H, periodic_in_x=False, periodic_in_y=False)),
+    note="second derivative along the split dim with one-sided boundary rows")
+_call("FiniteDiff_dy_nonperiodic", lambda: _diff().FiniteDiff(dim=2, h=_H, periodic_in_x=False,
+                                                              periodic_in_y=False).dy)
+_call("FiniteDiff_laplacian_mixed", lambda: _diff().FiniteDiff(dim=2, h=_H, periodic_in_x=False).laplacian)
+_call("FiniteDiff_gradient", lambda: (lambda fd: lambda u: fd.gradient(u).flatten(1, 2))(
+    _diff().FiniteDiff(dim=2, h=_H, periodic_in_y=False)))
+_call("FiniteDiff_divergence_curl", lambda: (lambda fd: lambda u: torch.stack(
+    [fd.divergence(u), fd.curl(u)], 1))(_diff().FiniteDiff(dim=2, h=_H, periodic_in_x=False, periodic_in_y=False)),
+    shape=(2, 2, 24, 20), note="a 2-component field: divergence and scalar curl")
+_call("FiniteDiff_1d_nonperiodic", lambda: (lambda fd: lambda u: fd.dx(u) + fd.dx(u, order=2))(
+    _diff().FiniteDiff(dim=1, h=0.01, periodic_in_x=False)), shape=_LINE)
+_call("FiniteDiff_3d_laplacian", lambda: _diff().FiniteDiff(dim=3, h=_H3, periodic_in_x=False).laplacian,
+      shape=_FIELD3)
+_call("FiniteDiff_3d_divergence_curl", lambda: (lambda fd: lambda u: torch.cat(
+    [fd.divergence(u).unsqueeze(1), fd.curl(u)], 1))(_diff().FiniteDiff(dim=3, h=_H3, periodic_in_x=False, periodic_in_z=False)),
+    shape=_FIELD3)
+
+# ---- spectral derivatives (FFTs over the split dim; Fourier continuation for non-periodic fields)
+_call("FourierDiff_laplacian_2d", lambda: _diff().FourierDiff(dim=2, L=(1.0, 2.0)).laplacian)
+_call("FourierDiff_gradient_2d", lambda: (lambda f: lambda u: f.gradient(u[:, :1]).flatten(1, 2))(
+    _diff().FourierDiff(dim=2, L=(1.0, 2.0))))
+_call("FourierDiff_1d_lowpass", lambda: (lambda f: lambda u: f.dx(u, order=2))(
+    _diff().FourierDiff(dim=1, L=2.0, low_pass_filter_ratio=0.5)), shape=_LINE)
+
+# ---- projections, resampling, embeddings
+_call("spectral_projection_divergence_free", lambda: (lambda sp: lambda u: sp(u, 1.0, constraint_modes=(6, 6)))(
+    __import__("neuralop.layers.spectral_projection",
+               fromlist=["spectral_projection_divergence_free"]).spectral_projection_divergence_free))
+_call("resample_up", lambda: (lambda r: lambda u: r(u, 2, [2, 3]))(
+    __import__("neuralop.layers.resample", fromlist=["resample"]).resample), note="spectral resampling x2")
+_call("resample_down", lambda: (lambda r: lambda u: r(u, 0.5, [2, 3]))(
+    __import__("neuralop.layers.resample", fromlist=["resample"]).resample))
+
+
+@model("neuralop", "neuralop_ops/GridEmbeddingND", _FIELD3, note="coordinate channels appended to a 3-D field")
+def _():
+    from neuralop.layers.embeddings import GridEmbeddingND
+    return GridEmbeddingND(in_channels=3, dim=3, grid_boundaries=[[0, 1], [0, 2], [-1, 1]])
+
+
+@model("neuralop", "neuralop_ops/GridEmbedding2D", _FIELD)
+def _():
+    from neuralop.layers.embeddings import GridEmbedding2D
+    return GridEmbedding2D(in_channels=2, grid_boundaries=[[0, 1], [0, 2]])
+
+
+@model("neuralop", "neuralop_ops/FiniteDifferenceConvolution", _FIELD, note="learned stencil, periodic padding")
+def _():
+    from neuralop.layers.differential_conv import FiniteDifferenceConvolution
+    return _GridWidth(FiniteDifferenceConvolution(2, 4, n_dim=2, kernel_size=3), 0.05)
+
+
+class _GridWidth(torch.nn.Module):
+    """forward(x) = layer(x, grid_width): a layer that takes the grid spacing as its second argument."""
+
+    def __init__(self, layer, width):
+        super().__init__()
+        self.layer, self.width = layer, width
+
+    def forward(self, x):
+        return self.layer(x, self.width)
+
+
+class _PointAttention(torch.nn.Module):
+    """AttentionKernelIntegral over a point set (B, N, 2 + C): the first two channels are the positions."""
+
+    def __init__(self):
+        super().__init__()
+        from neuralop.layers.attention_kernel_integral import AttentionKernelIntegral
+        self.attn = AttentionKernelIntegral(4, 6, n_heads=2, head_n_channels=4)
+
+    def forward(self, x):
+        return self.attn(x[..., 2:], x[..., :2])
+
+
+@model("neuralop", "neuralop_ops/AttentionKernelIntegral", (2, 40, 6), shard_dims=(1,), spatial=(1,),
+       note="linear (associative) attention over the split points")
+def _():
+    return _PointAttention()
+
+
+class _Normalized(torch.nn.Module):
+    """UnitGaussianNormalizer fitted on the batch (per-channel mean and std over the split field), then applied."""
+
+    def forward(self, x):
+        from neuralop.data.transforms.normalizers import UnitGaussianNormalizer
+        norm = UnitGaussianNormalizer(dim=[0, 2, 3])
+        norm.fit(x)
+        return norm.transform(x) + norm.inverse_transform(x * 0.5)
+
+
+@model("neuralop", "neuralop_ops/UnitGaussianNormalizer", _FIELD, note="fit on the split field, transform")
+def _():
+    return _Normalized()
+
+
+# ---- losses
+_loss("LpLoss_rel_2d", lambda: (lambda l: lambda u: l(u, _target(u)))(_losses().LpLoss(d=2, p=2)))
+_loss("LpLoss_abs_p1_mean", lambda: (lambda l: lambda u: l.abs(u, _target(u)))(
+    _losses().LpLoss(d=2, p=1, reduction="mean", measure=[1.0, 2.0])))
+_loss("H1Loss_periodic", lambda: (lambda l: lambda u: l(u, _target(u)))(_losses().H1Loss(d=2)))
+_loss("H1Loss_nonperiodic_abs", lambda: (lambda l: lambda u: l.abs(u, _target(u)))(
+    _losses().H1Loss(d=2, periodic_in_x=False, periodic_in_y=False, reduction="mean")))
+_loss("H1Loss_3d", lambda: (lambda l: lambda u: l(u, _target(u)))(_losses().H1Loss(d=3, periodic_in_z=False)),
+      shape=_FIELD3)
+_loss("BurgersEqnLoss", lambda: _losses().BurgersEqnLoss(visc=0.02), shape=(2, 1, 24, 20),
+      note="(B, 1, T, X), T split: the residual by one-sided finite differences in time")
+_loss("ICLoss", lambda: (lambda l: lambda u: l(u, _target(u)))(_losses().ICLoss()), shape=(2, 2, 24, 20),
+      note="the first time row of the split dim: one rank's rows")
+_loss("WeightedSum_Lp_H1", lambda: (lambda l: lambda u: l(u, _target(u)))(
+    _losses().WeightedSumLoss([_losses().LpLoss(d=2), _losses().H1Loss(d=2)], [1.0, 0.3])))
