@@ -4,7 +4,7 @@
 //
 // Layout rules (decided from specs only, so every rank issues the same collectives):
 //  - Partial inputs are resolved first; plain q/k/v are Replicate (plain inputs that require grad are promoted).
-//  - The head dim (last) may not be sharded. Leading dims (batch, heads) sharded on q drive k/v: k and v are
+//  - A split of the head dim (last) moves to the heads or the sequence dim first (move_head_dim_split). Leading dims (batch, heads) sharded on q drive k/v: k and v are
 //    redistributed to the same shards (heads divided by the GQA ratio), so those mesh dims are local.
 //  - At most one mesh dim shards the sequence (dim -2) of q or k/v. With q and k/v sequence-sharded there the
 //    attention is a ring (attention_ring.cpp) or the head-parallel all-to-all (attention_all_to_all.cpp, see
@@ -138,6 +138,49 @@ at::Tensor attention_with_bias_grad(const at::Tensor& query, const at::Tensor& k
   return at::matmul(at::softmax(scores, -1), v);
 }
 
+// A split of the head (embedding) dim -1 would make every score a sum over the ranks (an all-reduce of the whole
+// L x S score matrix). The split moves instead, one all-to-all of each tensor split there: to the heads dim -3 when
+// no mesh dim splits it and it is at least as long as the mesh dim (head-parallel attention: no communication in
+// the attention itself; not with grouped heads, whose key/value heads differ in number), else to the sequence dim -2
+// (the ring, or local queries against whole keys) unless another mesh dim already splits a sequence. Decided from
+// specs and shapes only, so every rank moves alike; the gradients return in the inputs' layouts.
+void move_head_dim_split(std::vector<at::Tensor>& qkv, int64_t gqa, const at::Tensor& query, const at::Tensor& key,
+                         const at::Tensor& value, const std::optional<at::Tensor>& attn_mask) {
+  const auto nd = qkv[0].dim();
+  const auto& mesh = shard_impl(qkv[0])->spec()->mesh;
+  auto splits = [&](int64_t d, int64_t except_m) {
+    for (const auto& t : qkv)
+      for (int64_t m = 0; m < mesh->ndim(); ++m)
+        if (m != except_m && shard_impl(t)->spec()->placements[m].is_shard(d)) return true;
+    return false;
+  };
+  for (int64_t m = 0; m < mesh->ndim(); ++m) {
+    bool head_split = false;
+    for (const auto& t : qkv) head_split = head_split || shard_impl(t)->spec()->placements[m].is_shard(nd - 1);
+    if (!head_split) continue;
+    int64_t target = -1;
+    if (nd >= 3 && gqa == 1 && !splits(nd - 3, -1) && query.size(nd - 3) >= mesh->size(m)) target = nd - 3;
+    else if (!splits(nd - 2, m)) target = nd - 2;
+    if (target < 0)
+      refuse(query, key, value, attn_mask,
+             "the head (embedding) dim -1 is sharded and neither the heads dim -3 nor the sequence dim -2 can take "
+             "its split (another mesh dim splits them)",
+             "redistribute query, key and value so dim -1 is Replicate (e.g. shard the sequence dim -2)");
+    for (auto& t : qkv) {
+      const auto& spec = *shard_impl(t)->spec();
+      if (!spec.placements[m].is_shard(nd - 1)) continue;
+      auto placements = spec.placements;
+      placements[m] = Placement::shard(target);
+      DimExtents extents;
+      for (size_t j = 0; j < placements.size(); ++j)
+        if (static_cast<int64_t>(j) != m && placements[j].is_shard())
+          extents[placements[j].dim] = spec.extents[j];
+      extents[target] = default_split(t.size(target), mesh->size(m));
+      t = to_layout(t, placements, extents);
+    }
+  }
+}
+
 at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                       std::optional<double> scale, bool enable_gqa) {
@@ -203,6 +246,7 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
 
   // Canonical inputs: ShardTensors without Partial.
   auto qkv = resolve_qkv({as_shard_input(query, mesh), as_shard_input(key, mesh), as_shard_input(value, mesh)});
+  move_head_dim_split(qkv, gqa, query, key, value, attn_mask);
   auto q = qkv[0], k = qkv[1], v = qkv[2];
   if (gqa > 1) {
     // Query heads split in parts that are not whole groups (multi-query attention has one group of all heads) while
@@ -228,9 +272,8 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
              ev = shard_impl(v)->spec()->dim_extents();
   const auto nm = mesh->ndim();
   for (int64_t m = 0; m < nm; ++m)
-    if (pq[m].is_shard(nd - 1) || pk[m].is_shard(nd - 1) || pv[m].is_shard(nd - 1))
-      refuse(query, key, value, attn_mask, "the head (embedding) dim -1 is sharded",
-             "redistribute query, key and value so dim -1 is Replicate (e.g. shard the sequence dim -2)");
+    TORCH_INTERNAL_ASSERT(!pq[m].is_shard(nd - 1) && !pk[m].is_shard(nd - 1) && !pv[m].is_shard(nd - 1),
+                          "scaled_dot_product_attention: a head-dim split left after move_head_dim_split");
   int64_t seq_m = -1;
   for (int64_t m = 0; m < nm; ++m)
     if (pq[m].is_shard(nd - 2) || pk[m].is_shard(nd - 2) || pv[m].is_shard(nd - 2)) {

@@ -10,9 +10,10 @@
 // first, one all-to-all): the ranks' groups are concatenated in rank
 // order and a group cut by a shard boundary is joined again.
 //
-// Declined (the fallback; strict mode: NotImplementedError): `sorted=False` (one device's hash order), an inverse of
+// `sorted=False` gives the sorted result, as aten's CPU and CUDA kernels do. Declined (the fallback; strict mode:
+// NotImplementedError): an inverse of
 // a floating tensor holding NaN (one device maps each NaN to its own entry; agreed with the sizes, so every rank
-// declines alike), unique_consecutive of other layouts; `unique_dim` has no rule.
+// declines alike), unique_consecutive of other layouts, unique_dim with another dim split.
 #include "comm/collectives.h"
 #include "ops/common.h"
 
@@ -90,8 +91,9 @@ at::Tensor empty_long(const at::Tensor& like, const MeshPtr& mesh) {
 // _unique2(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2_rule(const at::Tensor& self_in, bool sorted,
                                                             bool return_inverse, bool return_counts) {
-  if (!sorted)
-    dispatch::not_implemented("sorted=False (one device returns its hash order); pass sorted=True");
+  // sorted=False leaves the order to the kernel; aten's CPU and CUDA kernels sort either way (the CPU one since its
+  // hash path was dropped for speed), so the sorted merge is one device's result for both.
+  (void)sorted;
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique of a ShardTensor under simulation (shardtensor.simulate): "
                               "the result's size is the data");
   auto self = resolve_partial(self_in);

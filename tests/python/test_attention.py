@@ -288,8 +288,44 @@ def case_err_mha_dropout():
     mha(xs, xs, xs, need_weights=False)
 
 
+def case_head_dim_split():
+    """A split head dim moves to the heads (enough heads, no GQA) or the sequence: no all-reduce of the scores."""
+    m = mesh()
+    w = m.size()
+    q, k, v = randn(2, 4, 9, 6, seed=60), randn(2, 4, 11, 6, seed=61), randn(2, 4, 11, 6, seed=62)
+    head = ([st.Shard(3)], {0: uneven_extents(6, w, seed=3)})
+    check_op(sdpa(), [q, k, v], [head, head, head], m, **TOL, what="head dim -> heads",
+             expect_placements=[st.Shard(1)] if w > 1 else None)
+    qs, ks, vs = (st.distribute_tensor(t, m, head[0], sharding_shapes=head[1]) for t in (q, k, v))
+    with st.CommCounter() as c:
+        F.scaled_dot_product_attention(qs, ks, vs)
+    assert "all_reduce" not in dict(c.calls), dict(c.calls)  # no sum of partial scores
+    check_op(sdpa(is_causal=True), [q, k, v], [head, None, head], m, **TOL, what="q and v head dim, k plain")
+    # One key/value head (multi-query): the heads cannot take the split, the sequence does.
+    k1, v1 = randn(2, 1, 11, 6, seed=63), randn(2, 1, 11, 6, seed=64)
+    check_op(sdpa(is_causal=True), [q, k1, v1], [head, head, None], m, **TOL, what="head dim -> sequence (MQA)",
+             expect_placements=[st.Shard(2)] if w > 1 else None)
+    # Fewer heads than ranks: the sequence.
+    q2, k2, v2 = randn(1, 1, 8, 6, seed=65), randn(1, 1, 8, 6, seed=66), randn(1, 1, 8, 6, seed=67)
+    check_op(sdpa(), [q2, k2, v2], [head, head, head], m, **TOL, what="head dim -> sequence (one head)")
+    return True
+
+
+def case_head_dim_split_2d():
+    m = mesh((2, 2))
+    q, k, v = randn(2, 4, 10, 6, seed=70), randn(2, 4, 10, 6, seed=71), randn(2, 4, 10, 6, seed=72)
+    # Sequence on mesh dim 0, head dim on mesh dim 1: the head-dim split moves to the heads.
+    lay = ([st.Shard(2), st.Shard(3)], {0: [3, 7]})
+    check_op(sdpa(is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL, what="2-d seq x head dim",
+             expect_placements=[st.Shard(2), st.Shard(1)])
+    return True
+
+
 def case_err_head_dim():
-    q, k, v = _qkv(mesh(), (st.Shard(3),))
+    # The head dim split on mesh dim 1 while mesh dim 0 splits q's sequence and k's heads: neither can take it.
+    m = mesh((2, 2))
+    q, _, v = _qkv(m, (st.Shard(2), st.Shard(3)))
+    _, k, _ = _qkv(m, (st.Shard(1), st.Shard(3)))
     F.scaled_dot_product_attention(q, k, v)
 
 
@@ -416,13 +452,22 @@ def test_batch_only_is_local(world):
 def test_refusals():
     harness.expect_error(2, case_err_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
     harness.expect_error(2, case_err_mha_dropout, match="dropout_p > 0", kinds=("NotImplementedError",))
-    harness.expect_error(2, case_err_head_dim, match="dim -1 is sharded", kinds=("NotImplementedError",))
 
 
 def test_refusals_2d():
     harness.expect_error(4, case_err_meshes, match="different meshes", kinds=("NotImplementedError",))
     harness.expect_error(4, case_err_a2a_heads, match="all_to_all strategy", kinds=("NotImplementedError",))
     harness.expect_error(4, case_err_two_seq_dims, match="more than one mesh dim", kinds=("NotImplementedError",))
+    harness.expect_error(4, case_err_head_dim, match="dim -1 is sharded and neither", kinds=("NotImplementedError",))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_head_dim_split(world):
+    harness.run(world, case_head_dim_split)
+
+
+def test_head_dim_split_2d():
+    harness.run(4, case_head_dim_split_2d)
 
 
 def case_partial_qkv():
