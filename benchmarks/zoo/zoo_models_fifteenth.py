@@ -4,7 +4,8 @@ spatial dim: the relative Lp and Sobolev (H1) losses, the physics losses (Burger
 the initial-condition loss), the finite-difference and spectral derivatives of ``neuralop.losses.differentiation``
 (gradient, divergence, curl, Laplacian; periodic and one-sided boundaries; 1-D, 2-D and 3-D), the divergence-free spectral projection, spectral resampling, the grid
 embeddings, the finite-difference convolution layer, the attention kernel integral over a split point set, and the
-data normalizer fitted on the split field. Each entry wraps one public call in a module
+data normalizer fitted on the split field; and GINO on a split point cloud (its GNO blocks routed by
+``shardtensor.integrations.neuralop_gno``). Each entry wraps one public call in a module
 (``zoo_models_ninth.register_call``). Targets are derived from the input, so they are split alike. Registered like
 zoo_models.py's (zoo_models.py imports this module at its end).
 
@@ -163,3 +164,31 @@ _loss("ICLoss", lambda: (lambda l: lambda u: l(u, _target(u)))(_losses().ICLoss(
       note="the first time row of the split dim: one rank's rows")
 _loss("WeightedSum_Lp_H1", lambda: (lambda l: lambda u: l(u, _target(u)))(
     _losses().WeightedSumLoss([_losses().LpLoss(d=2), _losses().H1Loss(d=2)], [1.0, 0.3])))
+
+
+# ---- graph neural operators on a split point set (GNOBlock routed: shardtensor.integrations.neuralop_gno)
+class _GINOPoints(torch.nn.Module):
+    """GINO on a point cloud (N, 2 + 1): the first two channels (squashed into the unit square) are the points'
+    positions, the last their input feature; the output is predicted at the same points. The latent grid is the
+    model's own 8 x 8 buffer."""
+
+    def __init__(self):
+        super().__init__()
+        from neuralop.models import GINO
+        g = torch.linspace(0, 1, 8)
+        self.register_buffer("latent", torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).unsqueeze(0))
+        self.net = GINO(in_channels=1, out_channels=2, gno_coord_dim=2, fno_n_modes=(4, 4), fno_hidden_channels=8,
+                        fno_n_layers=2, in_gno_radius=0.25, out_gno_radius=0.25, gno_use_open3d=False,
+                        gno_use_torch_scatter=False, in_gno_channel_mlp_hidden_layers=[16],
+                        out_gno_channel_mlp_hidden_layers=[16], gno_embed_channels=8, fno_in_channels=3)
+
+    def forward(self, x):
+        p = torch.sigmoid(x[:, :2]).unsqueeze(0)
+        return self.net(input_geom=p, latent_queries=self.latent, output_queries=p, x=x[:, 2:].unsqueeze(0))
+
+
+@model("neuralop", "neuralop/GINO_points", (600, 3), shard_dims=(0,), spatial=(0,), dtype="float32",
+       note="input points and output queries split: GNO-in a pending sum into the latent grid, GNO-out per rank's "
+            "queries (float32: the library's segment reduction accumulates in the default dtype)")
+def _():
+    return _GINOPoints()

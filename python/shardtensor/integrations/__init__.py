@@ -25,6 +25,7 @@ __all__ = ["INTEGRATIONS", "install", "installed"]
 # library module -> integration module (in this package) whose ``install(module)`` routes its functions
 INTEGRATIONS = {
     "torchaudio.functional.filtering": "torchaudio_filtering",
+    "neuralop.layers.gno_block": "neuralop_gno",
 }
 
 _installed: set = set()
