@@ -192,3 +192,57 @@ class _GINOPoints(torch.nn.Module):
             "queries (float32: the library's segment reduction accumulates in the default dtype)")
 def _():
     return _GINOPoints()
+
+
+# ---- FNO configurations the earlier sets did not build (complex data, group norm with pre-activation, Tucker
+# reconstructed weights without a positional grid, per-dim domain padding with a tanh stabiliser, a coarser output, a
+# CP-factorised 3-D TFNO with instance norm)
+def _fno_variant(**kw):
+    from neuralop.models import FNO
+    base = dict(n_modes=(8, 8), in_channels=2, out_channels=1, hidden_channels=8, n_layers=2)
+    base.update(kw)
+    return FNO(**base)
+
+
+class _Complex(torch.nn.Module):
+    """A complex field (the two input channels as real and imaginary parts) through a complex-data FNO."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return torch.view_as_real(self.net(torch.complex(x[:, :1], x[:, 1:])))
+
+
+@model("neuralop", "neuralop/FNO_complex", (2, 2, 32, 32), dtype="float32",
+       note="complex_data=True: complex lifting, spectral convolutions and projection (float32: complex64 weights)")
+def _():
+    return _Complex(_fno_variant(in_channels=1, complex_data=True))
+
+
+@model("neuralop", "neuralop/FNO_groupnorm_preact", (2, 2, 32, 32))
+def _():
+    return _fno_variant(norm="group_norm", preactivation=True, fno_skip="identity", channel_mlp_skip="linear")
+
+
+@model("neuralop", "neuralop/FNO_tucker_nopos", (2, 2, 32, 32))
+def _():
+    return _fno_variant(factorization="tucker", rank=0.5, positional_embedding=None, implementation="reconstructed")
+
+
+@model("neuralop", "neuralop/FNO_domainpad_list", (2, 2, 32, 32))
+def _():
+    return _fno_variant(domain_padding=[0.125, 0.25], stabilizer="tanh", use_channel_mlp=False)
+
+
+@model("neuralop", "neuralop/FNO_resscale_half", (2, 2, 32, 32))
+def _():
+    return _fno_variant(resolution_scaling_factor=0.5)
+
+
+@model("neuralop", "neuralop/TFNO_cp_3d_instnorm", (1, 2, 16, 16, 16))
+def _():
+    from neuralop.models import TFNO
+    return TFNO(n_modes=(4, 4, 4), in_channels=2, out_channels=1, hidden_channels=8, n_layers=2,
+                factorization="cp", rank=0.3, norm="instance_norm")
