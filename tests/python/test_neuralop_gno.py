@@ -141,6 +141,11 @@ def case_data_split(kind):
         _compare(block, args, sharded, what,
                  expect=[st.Partial()] if w > 1 else None)
         del out
+    # whole queries given as a Replicate ShardTensor that requires grad: its gradient summed over the ranks
+    block = _block(reduction="mean")
+    _compare(block, [_leaf(y), _leaf(x), _leaf(f3)],
+             [_leaf(_layout(y, m, 0, ext)), _leaf(st.distribute_tensor(x, m, [st.Replicate()])),
+              _leaf(_layout(f3, m, 1, ext))], "data split, Replicate queries", expect=[st.Partial()] if w > 1 else None)
     return True
 
 

@@ -120,6 +120,8 @@ def gno_forward_sharded(block, y, x, f_y=None):
             _whole(y), x, _whole(f_y) if f_y is not None else None)
         return out
     f_point_dim = f_y.dim() - 2 if f_y is not None else None
+    if is_shard_tensor(x) and all(p.is_replicate() for p in placements(x)):
+        x = full_tensor(x)  # whole queries as a plain tensor: local_map then sums their gradient over the ranks
     if (is_shard_tensor(y) and y.dim() == 2 and _split_only_along(y, 0) and not is_shard_tensor(x)
             and (f_y is None or (is_shard_tensor(f_y) and placements(f_y) == tuple(
                 Shard(f_point_dim) if p.is_shard() else p for p in placements(y))
