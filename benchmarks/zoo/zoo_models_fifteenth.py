@@ -2,19 +2,24 @@
 operator-learning training step computes around the FNO on one field too large for a device, split along its first
 spatial dim: the relative Lp and Sobolev (H1) losses, the physics losses (Burgers' residual by finite differences,
 the initial-condition loss), the finite-difference and spectral derivatives of ``neuralop.losses.differentiation``
-(gradient, divergence, curl, Laplacian; periodic and one-sided boundaries; 1-D, 2-D and 3-D), the divergence-free spectral projection, spectral resampling, the grid
-embeddings, the finite-difference convolution layer, the attention kernel integral over a split point set, and the
-data normalizer fitted on the split field; and GINO on a split point cloud (its GNO blocks routed by
-``shardtensor.integrations.neuralop_gno``). Each entry wraps one public call in a module
-(``zoo_models_ninth.register_call``). Targets are derived from the input, so they are split alike. Registered like
+(gradient, divergence, curl, Laplacian; periodic and one-sided boundaries; 1-D, 2-D and 3-D), the divergence-free
+spectral projection, spectral resampling, the grid embeddings, the finite-difference convolution layer, the attention
+kernel integral over a split point set and the data normalizer fitted on the split field; GINO on a split point cloud
+(its GNO blocks routed by ``shardtensor.integrations.neuralop_gno``); six FNO configurations the earlier sets did not
+build; and two of PhysicsNeMo's experimental xDeepONet models. Calls are wrapped in a module each
+(``zoo_models_ninth.register_call``); targets are derived from the input, so they are split alike. Registered like
 zoo_models.py's (zoo_models.py imports this module at its end).
 
-Left out: Fourier continuation (``FCLegendre``, ``FourierDiff(use_fc=...)``): neuraloperator builds a dense
-(N + k) x N extension matrix from the global length (``torch.zeros`` + ``torch.eye``, N^2 elements on one device too)
-and applies it along the split dim with a mode product -- each rank contracts its own rows into a pending sum, but
-every rank holds the whole matrix, which outweighs the field it extends; its structure (identity plus two boundary
-blocks) is not visible to an op rule. neuraloperator's LocalNO / DISCO layers import a private torch-harmonics function that the pinned
-torch-harmonics no longer has (an import error on one device too)."""
+Left out:
+- Fourier continuation (``FCLegendre``, ``FourierDiff(use_fc=...)``): neuraloperator builds a dense (N + k) x N
+  extension matrix from the global length (``torch.zeros`` + ``torch.eye``, N^2 elements on one device too) and
+  applies it along the split dim with a mode product -- each rank contracts its own rows into a pending sum, but every
+  rank holds the whole matrix, which outweighs the field it extends; its structure (identity plus two boundary blocks)
+  is not visible to an op rule.
+- xDeepONet with a 2-D branch of Fourier layers and a U-Net: right values, not divided (the spectral output's channel
+  split wins the branch's sum; see docs/testing.md).
+- neuraloperator's LocalNO / DISCO layers import a private torch-harmonics function that the pinned torch-harmonics
+  no longer has (an import error on one device too)."""
 import torch
 
 from benchmarks.zoo.zoo_models import model
@@ -246,3 +251,46 @@ def _():
     from neuralop.models import TFNO
     return TFNO(n_modes=(4, 4, 4), in_channels=2, out_channels=1, hidden_channels=8, n_layers=2,
                 factorization="cp", rank=0.3, norm="instance_norm")
+
+
+# ---- PhysicsNeMo's experimental xDeepONet (DeepONet / U-FNO families), channels-last fields split along H
+def _materialized(m, shape):
+    """``m`` after one forward on zeros: xDeepONet builds lazy layers, which a copy or a parameter count cannot
+    touch before."""
+    with torch.no_grad():
+        m(torch.zeros(shape))
+    return m
+
+
+class _WithTime(torch.nn.Module):
+    """forward(x) = net(x, t): a DeepONet with a time trunk evaluated at fixed times."""
+
+    def __init__(self, net, n_t=3):
+        super().__init__()
+        self.net = net
+        self.register_buffer("t", torch.linspace(0, 1, n_t).unsqueeze(-1))
+
+    def forward(self, x):
+        return self.net(x, self.t)
+
+
+@model("physicsnemo", "physicsnemo/xDeepONet_DeepONet_unet_trunk", (2, 16, 16, 5), shard_dims=(1,), spatial=(1, 2),
+       note="channels-last (B, H, W, C), H split: a U-Net branch (the 3-D library U-Net on a tiled time axis) and an MLP trunk")
+def _():
+    from physicsnemo.experimental.models.xdeeponet import DeepONet, SpatialBranch
+    from physicsnemo.models.mlp import FullyConnected
+    b = SpatialBranch(dimension=2, in_channels=5, width=16, num_unet_layers=1, kernel_size=3, activation_fn="tanh")
+    t = FullyConnected(in_features=1, layer_size=16, out_features=16, num_layers=2, activation_fn="sin")
+    return _materialized(_WithTime(DeepONet(branch1=b, trunk=t, dimension=2, width=16, out_channels=1,
+                                            decoder_type="mlp", decoder_width=16, decoder_layers=2)), (2, 16, 16, 5))
+
+
+@model("physicsnemo", "physicsnemo/xDeepONet_UFNO3d_trunkless", (1, 16, 16, 4, 2), shard_dims=(1,), spatial=(1, 2, 3),
+       note="U-FNO branch with coordinate features, auto-padding and a time-axis extension, no trunk")
+def _():
+    from physicsnemo.experimental.models.xdeeponet import DeepONet, SpatialBranch
+    b = SpatialBranch(dimension=3, in_channels=2, width=8, num_fourier_layers=2, num_unet_layers=0, modes1=4,
+                      modes2=4, modes3=2, coord_features=True)
+    return _materialized(DeepONet(branch1=b, trunk=None, dimension=3, width=8, out_channels=1, decoder_type="mlp",
+                                  decoder_width=8, decoder_layers=2, auto_pad=True, padding=4, time_modes=2),
+                         (1, 16, 16, 4, 2))
