@@ -6,7 +6,7 @@ the initial-condition loss), the finite-difference and spectral derivatives of `
 spectral projection, spectral resampling, the grid embeddings, the finite-difference convolution layer, the attention
 kernel integral over a split point set and the data normalizer fitted on the split field; GINO on a split point cloud
 (its GNO blocks routed by ``shardtensor.integrations.neuralop_gno``); six FNO configurations the earlier sets did not
-build; and two of PhysicsNeMo's experimental xDeepONet models. Calls are wrapped in a module each
+build; and three of PhysicsNeMo's experimental xDeepONet models. Calls are wrapped in a module each
 (``zoo_models_ninth.register_call``); targets are derived from the input, so they are split alike. Registered like
 zoo_models.py's (zoo_models.py imports this module at its end).
 
@@ -16,8 +16,6 @@ Left out:
   applies it along the split dim with a mode product -- each rank contracts its own rows into a pending sum, but every
   rank holds the whole matrix, which outweighs the field it extends; its structure (identity plus two boundary blocks)
   is not visible to an op rule.
-- xDeepONet with a 2-D branch of Fourier layers and a U-Net: right values, not divided (the spectral output's channel
-  split wins the branch's sum; see docs/testing.md).
 - neuraloperator's LocalNO / DISCO layers import a private torch-harmonics function that the pinned torch-harmonics
   no longer has (an import error on one device too)."""
 import torch
@@ -294,3 +292,16 @@ def _():
     return _materialized(DeepONet(branch1=b, trunk=None, dimension=3, width=8, out_channels=1, decoder_type="mlp",
                                   decoder_width=8, decoder_layers=2, auto_pad=True, padding=4, time_modes=2),
                          (1, 16, 16, 4, 2))
+
+
+@model("physicsnemo", "physicsnemo/xDeepONet_FNO_UNet_branch", (2, 16, 16, 3), shard_dims=(1,), spatial=(1, 2),
+       note="a 2-D branch of Fourier layers and a U-Net layer (`spectral(x) + conv(x) + unet(x)`): the spectral output's "
+            "channel split wins the sum, and the next 1x1 convolution moves it back to space")
+def _():
+    from physicsnemo.experimental.models.xdeeponet import DeepONet, SpatialBranch
+    from physicsnemo.models.mlp import FullyConnected
+    b = SpatialBranch(dimension=2, in_channels=3, width=16, num_fourier_layers=2, num_unet_layers=1, modes1=4,
+                      modes2=4, kernel_size=3)
+    t = FullyConnected(in_features=1, layer_size=16, out_features=16, num_layers=2)
+    return _materialized(_WithTime(DeepONet(branch1=b, trunk=t, dimension=2, width=16, out_channels=2,
+                                            decoder_type="mlp", decoder_width=16, decoder_layers=1)), (2, 16, 16, 3))

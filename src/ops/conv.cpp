@@ -819,6 +819,25 @@ bool requires_grad(const std::optional<at::Tensor>& t) {
   return t && t->defined() && t->requires_grad();
 }
 
+// A groups == 1 convolution of an input split along its channels contracts the split into a pending sum of the
+// whole output on every rank (an all-reduce or reduce-scatter of the output to complete it). Such inputs arise
+// without anyone asking for channel parallelism: a spectral layer's output keeps the FFT's pencil layout (its split
+// moved from space to the channels), and a sum takes its first operand's layout (xDeepONet's `spectral(x) + conv(x)`
+// branch, whose next 1x1 convolution and U-Net then ran on pending sums and whole). When the input per rank is no
+// larger than the output (in channels: C_in / P <= C_out), the split moves to the largest unsplit spatial dim instead
+// (one all-to-all of the input, `split_moved_off`), and the convolution runs with a halo and a divided output.
+// Decided from the spec and the weight's shape, so the forward and its backward (which recomputes it from the saved
+// input) move alike on every rank.
+at::Tensor channel_split_to_space(const at::Tensor& xs, at::IntArrayRef wsize, bool transposed, int64_t groups) {
+  const auto& spec = *shard_impl(xs)->spec();
+  const auto m = spec.mesh_dim_of(1);
+  if (groups != 1 || m < 0 || xs.dim() < 3) return xs;
+  const auto c_in = xs.size(1), c_out = transposed ? wsize[1] : wsize[0];
+  if (c_in > c_out * spec.mesh->size(m)) return xs;  // a narrow output: its pending sum is the cheaper message
+  auto moved = split_moved_off(xs, 1, [](int64_t d) { return d >= 2; });
+  return moved ? *moved : xs;
+}
+
 // convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation,
 //             bool transposed, SymInt[] output_padding, SymInt groups)
 at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -831,7 +850,8 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
   // A pending-sum input is completed once; when a backward may follow, the complete value stays with the input,
   // which autograd saves: the weight gradient reads it without a second all-reduce.
   const bool keep = at::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad() || requires_grad(bias));
-  auto xs = resolve_partial_once(dispatch::as_shard(input, mesh), keep);
+  auto xs = channel_split_to_space(resolve_partial_once(dispatch::as_shard(input, mesh), keep), weight.sizes(),
+                                   transposed, groups);
   const auto& spec = *shard_impl(xs)->spec();
   const auto& x = shard_impl(xs)->local();
   auto planp = conv_plan(spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups, x.device());
@@ -971,7 +991,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   auto bias_sizes = bias_sizes_arg ? std::optional<std::vector<int64_t>>(bias_sizes_arg->vec()) : std::nullopt;
   const auto groups = groups_arg.expect_int();
   // The forward's complete value of a pending-sum input, and its plan: nothing is resolved or planned again.
-  auto xs = resolve_partial_once(dispatch::as_shard(input, mesh), false);
+  auto xs = channel_split_to_space(resolve_partial_once(dispatch::as_shard(input, mesh), false), weight.sizes(),
+                                   transposed, groups);
   const auto& spec = shard_impl(xs)->spec();
   const auto& x = shard_impl(xs)->local();
   auto planp = conv_plan(*spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,

@@ -932,19 +932,60 @@ at::Tensor upsample_trilinear3d_backward_rule(const at::Tensor& grad_output, c10
 // Antialiased bilinear/bicubic run locally when no spatial dim is sharded (batch/channel shards). A split spatial dim
 // (the filter's support grows with the downscale, so no fixed halo serves it) moves to the batch or the channel dim
 // first, the larger that is free and as large as the mesh dim (one all-to-all), else is refused.
-// The op's tensor (the input, or the gradient of the output) with pending sums completed.
-at::Tensor aa_tensor(const at::Tensor& t) {
-  auto x = resolve_partial(t);
+// When neither can take it (a single field: batch and channels smaller than the mesh dim), the separable filter runs
+// in two stages with the split moved between them, as the multi-dim FFT does (aa_staged_*).
+// The op's tensor (the input, or the gradient of the output) with pending sums completed and the spatial splits moved
+// to the batch or channel dim; nullopt when a split cannot move there.
+std::optional<at::Tensor> aa_tensor(const at::Tensor& x_in) {
+  auto x = x_in;
   for (int64_t d = 2; d < x.dim(); ++d) {
     if (shard_impl(x)->spec()->mesh_dim_of(d) < 0) continue;
     auto moved = split_moved_off(x, d, [](int64_t other) { return other < 2; });
-    if (!moved)
-      dispatch::not_implemented("antialiased interpolation over a sharded spatial dim with no batch or channel dim as "
-                                "large as the mesh dim to take the split; use antialias=False or redistribute the "
-                                "spatial dims first");
+    if (!moved) return std::nullopt;
     x = *moved;
   }
   return x;
+}
+
+[[noreturn]] void aa_refuse() {
+  dispatch::not_implemented("antialiased interpolation with both spatial dims sharded and no batch or channel dim as "
+                            "large as the mesh dims to take the splits; use antialias=False or redistribute one "
+                            "spatial dim first");
+}
+
+// `x` (its only sharded spatial dim `from`) with that split moved to spatial dim `to`, the default split; nullopt when
+// `to` is sharded too or has fewer rows than the mesh dim has ranks.
+std::optional<at::Tensor> aa_split_moved(const at::Tensor& x, int64_t from, int64_t to) {
+  return split_moved_off(x, from, [to](int64_t d) { return d == to; });
+}
+
+// The spatial dim (2 = H or 3 = W) a mesh dim shards in `x`, or -1 when none; aa_refuse() when both are.
+int64_t aa_split_dim(const at::Tensor& x) {
+  const auto& spec = *shard_impl(x)->spec();
+  const bool h = spec.mesh_dim_of(2) >= 0, w = spec.mesh_dim_of(3) >= 0;
+  if (h && w) aa_refuse();
+  return h ? 2 : w ? 3 : -1;
+}
+
+// aa_one_column: torch's CPU antialiased kernels resize H wrongly when the block is one column wide (every output row
+// takes one input row's value); the same pass as a W pass of the transposed block is exact, and a staged rank's block
+// can be one column wide, so the H passes of such blocks run transposed.
+// One stage on the local tensor: sizes (out_h, out_w) with the scale of the resized dim given and the other dim kept
+// (its rows map onto themselves: weights 1 and 0, so that pass is exact). A rank whose block has no elements makes an
+// empty (forward) or zero (backward) result of the stage's shape.
+at::Tensor aa_local_stage(const std::function<at::Tensor(const at::Tensor&)>& op, const at::Tensor& local,
+                          std::vector<int64_t> out_shape, bool backward) {
+  if (local.numel() == 0) return backward ? at::zeros(out_shape, local.options()) : at::empty(out_shape, local.options());
+  return op(local);
+}
+
+// The local block of `x` wrapped back with `x`'s placements and extents and global shape `shape`.
+at::Tensor aa_rewrap(const at::Tensor& out, const at::Tensor& x, std::vector<int64_t> shape) {
+  const auto& spec = shard_impl(x)->spec();
+  DimExtents ext;
+  for (size_t m = 0; m < spec->placements.size(); ++m)
+    if (spec->placements[m].is_shard()) ext[spec->placements[m].dim] = spec->extents[m];
+  return wrap(out, spec->mesh, spec->placements, shape, ext);
 }
 
 // The op's local result `out` as a ShardTensor: `x`'s layout (batch/channel shards only), global batch and channel
@@ -972,10 +1013,51 @@ std::vector<c10::SymInt> aa_local_input_size(c10::SymIntArrayRef input_size, con
 //                                                  float? scales_h=None, float? scales_w=None)
 // The two schemas are alike; `local_op` is the at:: function run on the local tensor (its type picks the overload).
 using AaOp = at::Tensor (*)(const at::Tensor&, c10::SymIntArrayRef, bool, std::optional<double>, std::optional<double>);
+// The forward in two stages, W first then H, as torch's separable kernel runs them (bit-exact with one device): the
+// split on H (moved there first if it is on W), the W stage on each rank's rows, the split moved to the output's W
+// (one all-to-all), the H stage on each rank's columns; the output is split along W.
+template <AaOp local_op>
+at::Tensor upsample_aa_staged(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
+                              std::optional<double> scales_h, std::optional<double> scales_w) {
+  const int64_t out_h = output_size[0].expect_int(), out_w = output_size[1].expect_int();
+  auto x = self;
+  if (aa_split_dim(x) == 3) {
+    auto moved = aa_split_moved(x, 3, 2);
+    if (!moved) aa_refuse();
+    x = *moved;
+  }
+  const auto& l1 = shard_impl(x)->local();
+  auto w_stage = aa_local_stage(
+      [&](const at::Tensor& l) {
+        return local_op(l, c10::SymIntArrayRef({c10::SymInt(l.size(2)), c10::SymInt(out_w)}), align_corners,
+                        std::nullopt, scales_w);
+      },
+      l1, {l1.size(0), l1.size(1), l1.size(2), out_w}, false);
+  auto y = aa_rewrap(w_stage, x, {x.size(0), x.size(1), x.size(2), out_w});
+  auto moved = aa_split_moved(y, 2, 3);
+  if (!moved) aa_refuse();
+  y = *moved;
+  const auto& l2 = shard_impl(y)->local();
+  auto h_stage = aa_local_stage(
+      [&](const at::Tensor& l) {
+        if (l.size(3) == 1)  // one column: the H pass as a W pass of the transposed block (see aa_one_column)
+          return local_op(l.transpose(2, 3).contiguous(), c10::SymIntArrayRef({c10::SymInt(1), c10::SymInt(out_h)}),
+                          align_corners, std::nullopt, scales_h)
+              .transpose(2, 3);
+        return local_op(l, c10::SymIntArrayRef({c10::SymInt(out_h), c10::SymInt(l.size(3))}), align_corners, scales_h,
+                        std::nullopt);
+      },
+      l2, {l2.size(0), l2.size(1), out_h, l2.size(3)}, false);
+  return aa_rewrap(h_stage, y, {y.size(0), y.size(1), out_h, out_w});
+}
+
 template <AaOp local_op>
 at::Tensor upsample_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
                             std::optional<double> scales_h, std::optional<double> scales_w) {
-  auto x = aa_tensor(self);
+  auto resolved = resolve_partial(self);
+  auto moved = aa_tensor(resolved);
+  if (!moved) return upsample_aa_staged<local_op>(resolved, output_size, align_corners, scales_h, scales_w);
+  auto x = *moved;
   const auto& local = shard_impl(x)->local();
   // torch's kernels accept an empty batch only: a rank without batch rows or channels makes its empty result.
   auto out = local.size(0) * local.size(1) == 0
@@ -989,11 +1071,57 @@ at::Tensor upsample_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_s
 //     SymInt[4] input_size, bool align_corners, float? scales_h=None, float? scales_w=None)
 using AaBackwardOp = at::Tensor (*)(const at::Tensor&, c10::SymIntArrayRef, c10::SymIntArrayRef, bool,
                                     std::optional<double>, std::optional<double>);
+// The backward in two stages: the unsplit spatial dim's pass first on each rank's block, the split moved to the other
+// dim's input size (one all-to-all), then that dim's pass (rounding differs from one device's by an ulp or so: its
+// backward kernel accumulates in its own order).
+template <AaBackwardOp local_op>
+at::Tensor upsample_aa_backward_staged(const at::Tensor& grad, c10::SymIntArrayRef output_size,
+                                       c10::SymIntArrayRef input_size, bool align_corners,
+                                       std::optional<double> scales_h, std::optional<double> scales_w) {
+  const int64_t in_h = input_size[2].expect_int(), in_w = input_size[3].expect_int();
+  const int64_t split = aa_split_dim(grad);
+  TORCH_INTERNAL_ASSERT(split >= 0, "antialiased interpolation backward: staged without a spatial split");
+  const int64_t first = split == 2 ? 3 : 2;  // the unsplit dim's pass runs first
+  auto stage = [&](const at::Tensor& g, int64_t dim) {
+    // the pass along `dim`: its output size to its input size, the other spatial dim kept
+    const auto& l = shard_impl(g)->local();
+    std::vector<int64_t> isize{l.size(0), l.size(1), l.size(2), l.size(3)};
+    isize[dim] = dim == 2 ? in_h : in_w;
+    auto out = aa_local_stage(
+        [&](const at::Tensor& lg) {
+          if (dim == 2 && lg.size(3) == 1)  // one column: as a W pass of the transposed block (aa_one_column)
+            return local_op(lg.transpose(2, 3).contiguous(),
+                            c10::SymIntArrayRef({c10::SymInt(1), c10::SymInt(lg.size(2))}),
+                            c10::SymIntArrayRef({c10::SymInt(isize[0]), c10::SymInt(isize[1]), c10::SymInt(1),
+                                                 c10::SymInt(in_h)}),
+                            align_corners, std::nullopt, scales_h)
+                .transpose(2, 3);
+          return local_op(lg, c10::SymIntArrayRef({c10::SymInt(lg.size(2)), c10::SymInt(lg.size(3))}),
+                          c10::SymIntArrayRef({c10::SymInt(isize[0]), c10::SymInt(isize[1]), c10::SymInt(isize[2]),
+                                               c10::SymInt(isize[3])}),
+                          align_corners, dim == 2 ? scales_h : std::nullopt, dim == 3 ? scales_w : std::nullopt);
+        },
+        l, isize, true);
+    auto shape = g.sizes().vec();
+    shape[dim] = isize[dim];
+    return aa_rewrap(out, g, shape);
+  };
+  auto g = stage(grad, first);
+  auto moved = aa_split_moved(g, split, first);
+  if (!moved) aa_refuse();
+  return stage(*moved, split);
+}
+
 template <AaBackwardOp local_op>
 at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
                                      c10::SymIntArrayRef input_size, bool align_corners,
                                      std::optional<double> scales_h, std::optional<double> scales_w) {
-  auto x = aa_tensor(grad_output);
+  auto resolved = resolve_partial(grad_output);
+  auto moved = aa_tensor(resolved);
+  if (!moved)
+    return upsample_aa_backward_staged<local_op>(resolved, output_size, input_size, align_corners, scales_h,
+                                                 scales_w);
+  auto x = *moved;
   const auto& g = shard_impl(x)->local();
   const auto isize = aa_local_input_size(input_size, g);
   auto out = g.size(0) * g.size(1) == 0

@@ -309,8 +309,16 @@ def case_conv_channel_sharded(seed):
     w = m.size()
     x = randn(2, 6, 7, 5, seed=seed)
     ch = ([st.Shard(1)], {0: uneven_extents(6, w, seed)})
-    check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(4, 6, 3, 3, seed=1), randn(4, seed=2)],
-             [ch, None, None], m, **TOL, what="conv2d channels sharded (Partial)")
+    # groups == 1 with C_in / P <= C_out: the split moves to a spatial dim first (one all-to-all of the input) and
+    # the output stays divided; a narrow output (C_in / P > C_out) keeps the cheaper pending sum.
+    out = check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(4, 6, 3, 3, seed=1), randn(4, seed=2)],
+                   [ch, None, None], m, **TOL, what="conv2d channels sharded (moved to space)")
+    if w > 1:
+        assert st.placements(out) == (st.Shard(2),), st.placements(out)
+    out = check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1), [x, randn(1, 6, 3, 3, seed=11), randn(1, seed=12)],
+                   [ch, None, None], m, **TOL, what="conv2d channels sharded, one output channel (Partial)")
+    if w > 1:
+        assert st.placements(out) == (st.Partial(),), st.placements(out)
     # Depthwise / grouped: shards aligned with whole groups run locally.
     aligned = [2 * e for e in uneven_extents(3, w, seed + 1)]
     check_op(lambda x, wt, b: F.conv2d(x, wt, b, padding=1, groups=3), [x, randn(6, 2, 3, 3, seed=3), randn(6, seed=4)],
@@ -321,7 +329,7 @@ def case_conv_channel_sharded(seed):
     with st.use_strict():
         check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, padding=1, output_padding=1),
                  [x, randn(6, 4, 3, 3, seed=6), randn(4, seed=7)], [ch, None, None], m, **TOL,
-                 what="conv_transpose2d channels sharded (Partial)")
+                 what="conv_transpose2d channels sharded (moved to space)")
         check_op(lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2, groups=3),
                  [x, randn(6, 3, 2, 2, seed=8), randn(9, seed=9)], [([st.Shard(1)], {0: aligned}), None, None], m,
                  **TOL, what="grouped conv_transpose2d channels sharded")

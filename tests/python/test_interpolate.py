@@ -2,7 +2,8 @@
 gradients: nearest, nearest-exact, linear, bilinear, trilinear, bicubic; align_corners both ways; size or
 scale_factor (with and without recompute_scale_factor, including PyTorch's output == 2 * input and
 output == input special cases); up- and down-sampling; uneven shards with zero-extent ranks; 1-D and 2-D meshes;
-batch-sharded inputs; antialias over sharded spatial dims through a re-layout onto the batch or channels."""
+batch-sharded inputs; antialias over sharded spatial dims through a re-layout onto the batch or channels, or (a single
+field) in two stages with the split moved between them."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -203,9 +204,37 @@ def case_interp_direct_ops(seed):
 
 def case_antialias_sharded_raises(seed):
     m = mesh()
-    x = st.distribute_tensor(randn(1, 1, 8, 8, seed=seed), m, [st.Shard(2)])  # no batch or channel dim takes the split
+    # no batch or channel dim takes the split, and the output's single column cannot hold it between the two passes
+    x = st.distribute_tensor(randn(1, 1, 8, 8, seed=seed), m, [st.Shard(2)])
     with st.use_strict():   # else the refusal runs the gather-compute fallback (test_fallback.py)
-        F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)
+        F.interpolate(x, size=(4, 1), mode="bilinear", antialias=True)
+
+
+def case_antialias_single_field(world):
+    """Antialiased resizing of one field (batch and channels smaller than the mesh dim, so neither takes the split):
+    the separable filter runs in two stages -- W on each rank's rows, the split moved to the output's W (one
+    all-to-all), H on each rank's columns (a split along W moves to H first) -- bit-exact with one device forward (the
+    kernel's own pass order), the gradient staged the other way round. Strict mode: no fallback, only all-to-alls,
+    the output divided; uneven and zero-extent shards, down- and up-sampling, both modes, align_corners both ways."""
+    m = mesh()
+    x = randn(1, 1, 23, 17, seed=40, dtype=torch.float64)
+    exact = dict(rtol=0, atol=0)
+    with st.use_strict():
+        for lay in (([st.Shard(2)], {0: uneven_extents(23, world, seed=41)}), ([st.Shard(2)], None),
+                    ([st.Shard(3)], {0: uneven_extents(17, world, seed=42)})):
+            for kw in (dict(mode="bilinear", antialias=True, scale_factor=0.5),
+                       dict(mode="bicubic", antialias=True, size=(9, 30), align_corners=True),
+                       dict(mode="bilinear", antialias=True, size=(40, 6)),
+                       dict(mode="bicubic", antialias=True, scale_factor=(0.3, 0.7))):
+                fn = (lambda t, kw=kw: F.interpolate(t, **kw))
+                xs = st.distribute_tensor(x, m, *lay)
+                st.reset_comm_stats()
+                out = fn(xs)
+                assert set(st.comm_stats()["calls"]) <= {"all_to_all"}, st.comm_stats()["calls"]
+                assert world == 1 or st.placements(out) == (st.Shard(3),), st.placements(out)
+                torch.testing.assert_close(st.full_tensor(out), fn(x), **exact, msg=f"{kw} {lay[0]} forward")
+                check_op(fn, [x], [lay], m, rtol=1e-12, atol=1e-12, what=f"single field {kw} {lay[0]}")
+    return True
 
 
 def case_antialias_spatial_split(world):
@@ -303,6 +332,11 @@ def test_interp_border_split_2d_mesh():
 
 def test_interp_double():
     harness.run(3, case_interp_double, 0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_antialias_single_field(world):
+    harness.run(world, case_antialias_single_field, world)
 
 
 def test_antialias_sharded_raises():
