@@ -229,3 +229,19 @@ def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", e
             assert not st.is_shard_tensor(a.grad), f"{what}: grad of plain input {i} is a ShardTensor"
         close(full(a.grad), r.grad, rtol=rtol, atol=atol * 10, what=f"{what} grad {i}")
     return out
+
+
+def check_integration_routing(first: str, second: str, module: str, function: str) -> None:
+    """A ``shardtensor.integrations`` routing is installed whichever of ``first`` / ``second`` (shardtensor and the
+    library) is imported first, and ``SHARDTENSOR_NO_INTEGRATIONS=1`` leaves ``module.function`` alone: checked in
+    fresh interpreters (the import order is per process)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (f"import {first}, {second}, shardtensor.integrations as i, {module} as m; "
+            f"print(hasattr(m.{function}, '_shardtensor_route'), {module!r} in i.installed())")
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+    for switch, expected in (("", "True True"), ("1", "False False")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env=dict(env, SHARDTENSOR_NO_INTEGRATIONS=switch))
+        assert out.stdout.strip().splitlines()[-1:] == [expected], (switch, out.stdout[-500:], out.stderr[-2000:])

@@ -5,18 +5,14 @@ and unbatched features, a distance weighting; forward, input gradients and the b
 one-point and empty shards, 1-4 ranks, a 2x2 mesh; whole GINO and FNOGNO models with their point sets split. The
 split point sets are never gathered (collectives counted)."""
 import copy
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import harness
 import shardtensor as st
-from cases_util import close, full, mesh, randn, strict, tiny_extents, uneven_extents
+from cases_util import check_integration_routing, close, full, mesh, randn, strict, tiny_extents, uneven_extents
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("neuralop", reason="neuraloperator is an optional test dependency (tests/requirements-zoo.txt)")
 
 D = torch.float64
@@ -245,13 +241,7 @@ def test_fnogno():
 def test_routing_installed_in_either_import_order(first):
     """GNOBlock.forward is routed whichever library is imported first; SHARDTENSOR_NO_INTEGRATIONS=1 leaves it."""
     second = "shardtensor" if first == "neuralop" else "neuralop"
-    code = (f"import {first}, {second}, shardtensor.integrations as i, neuralop.layers.gno_block as g; "
-            "print(hasattr(g.GNOBlock.forward, '_shardtensor_route'), 'neuralop.layers.gno_block' in i.installed())")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    for switch, expected in (("", "True True"), ("1", "False False")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                             env=dict(env, SHARDTENSOR_NO_INTEGRATIONS=switch))
-        assert out.stdout.strip().splitlines()[-1:] == [expected], (out.stdout[-500:], out.stderr[-2000:])
+    check_integration_routing(first, second, "neuralop.layers.gno_block", "GNOBlock.forward")
 
 
 def case_2d_mesh():

@@ -4,18 +4,14 @@ channels, coefficients that require grad (their gradients summed over the ranks'
 of the split signal between two passes), a biquad; uneven, zero and one-sample shards (shorter than the filter's
 order), 1-4 ranks, a 2-D mesh splitting batch and time; the output keeps the signal's layout and stays divided.
 Also: the routing is installed whether torchaudio is imported before or after shardtensor."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_op, mesh, randn, strict, tiny_extents, uneven_extents
+from cases_util import check_integration_routing, check_op, mesh, randn, strict, tiny_extents, uneven_extents
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("torchaudio", reason="torchaudio is an optional test dependency (tests/requirements-zoo.txt)")
 import torchaudio.functional as AF  # noqa: E402
 
@@ -97,10 +93,4 @@ def test_routing_installed_in_either_import_order(first):
     """The integration routes torchaudio's filter core whichever library is imported first (an import hook when
     torchaudio comes second), and SHARDTENSOR_NO_INTEGRATIONS=1 leaves it alone."""
     second = "shardtensor" if first == "torchaudio" else "torchaudio.functional"
-    code = (f"import {first}, {second}, shardtensor.integrations as i, torchaudio.functional.filtering as f; "
-            "print(hasattr(f._lfilter, '_shardtensor_route'), i.installed())")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    for switch, expected in (("", "True ('torchaudio.functional.filtering',)"), ("1", "False ()")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                             env=dict(env, SHARDTENSOR_NO_INTEGRATIONS=switch))
-        assert out.stdout.strip() == expected, out.stderr[-2000:]
+    check_integration_routing(first, second, "torchaudio.functional.filtering", "_lfilter")
