@@ -1021,7 +1021,11 @@ at::Tensor upsample_aa_staged(const at::Tensor& self, c10::SymIntArrayRef output
                               std::optional<double> scales_h, std::optional<double> scales_w) {
   const int64_t out_h = output_size[0].expect_int(), out_w = output_size[1].expect_int();
   auto x = self;
-  if (aa_split_dim(x) == 3) {
+  const auto split = aa_split_dim(x);
+  // The output's W takes the split between the passes: too few columns refuse before anything moves.
+  const auto& spec = *shard_impl(x)->spec();
+  if (split >= 0 && out_w < spec.mesh->size(spec.mesh_dim_of(split))) aa_refuse();
+  if (split == 3) {
     auto moved = aa_split_moved(x, 3, 2);
     if (!moved) aa_refuse();
     x = *moved;
