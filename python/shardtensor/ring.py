@@ -1,6 +1,6 @@
-"""Collectives on plain local tensors along mesh dims: ``st.ring_pass``, one step of a ring (the C++
-``shardtensor::ring_pass``), and ``sum_over_mesh_dims`` (internal: the all-reduce the routed recurrences' backward
-passes use)."""
+"""Collectives along mesh dims: ``st.ring_pass``, one step of a ring on plain local tensors (the C++
+``shardtensor::ring_pass``), and the internal helpers the routed library functions share (``rnn.py``, the
+integrations): ``sum_over_mesh_dims`` (the all-reduce of their backward passes), ``completed`` and ``whole``."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
@@ -72,3 +72,19 @@ def sum_over_mesh_dims(tensor: torch.Tensor, mesh, mesh_dims: Sequence[int]) -> 
     pending = [Partial() if d in mesh_dims else Replicate() for d in range(ndim)]
     return to_local(redistribute(from_local(tensor.contiguous(), mesh, pending, sharding_shapes={}, check=False),
                                  [Replicate()] * ndim))
+
+
+def completed(t):
+    """``t`` with its pending sums completed (``Partial`` mesh dims made ``Replicate``; the shards kept), for routed
+    code that works on whole values; ``t`` itself when it is plain or has none. Differentiable."""
+    from . import Replicate, is_shard_tensor, placements, redistribute
+    if not is_shard_tensor(t) or not any(p.is_partial() for p in placements(t)):
+        return t
+    return redistribute(t, [Replicate() if p.is_partial() else p for p in placements(t)])
+
+
+def whole(t):
+    """``t`` whole on every rank as a plain tensor (a ShardTensor is assembled: a collective); a plain ``t`` as it
+    is. Differentiable."""
+    from . import full_tensor, is_shard_tensor
+    return full_tensor(t) if is_shard_tensor(t) else t

@@ -34,7 +34,7 @@ import functools
 
 import torch
 
-from .ring import sum_over_mesh_dims
+from .ring import completed, sum_over_mesh_dims
 
 _KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 
@@ -189,10 +189,8 @@ def sharded_forward(module, input, hx):
     unbatched = input.dim() == 2
     batch_first = module.batch_first and not unbatched
     x = input.unsqueeze(1) if unbatched else input
+    x = completed(x)
     pl = list(placements(x))
-    if any(p.is_partial() for p in pl):
-        x = redistribute(x, [Replicate() if p.is_partial() else p for p in pl])
-        pl = list(placements(x))
     t_axis, b_axis = (1, 0) if batch_first else (0, 1)
     if any(p.is_shard() and p.dim == 2 for p in pl):
         return None  # a split feature dim: the gates mix every feature

@@ -171,10 +171,8 @@ void move_head_dim_split(std::vector<at::Tensor>& qkv, int64_t gqa, const at::Te
       if (!spec.placements[m].is_shard(nd - 1)) continue;
       auto placements = spec.placements;
       placements[m] = Placement::shard(target);
-      DimExtents extents;
-      for (size_t j = 0; j < placements.size(); ++j)
-        if (static_cast<int64_t>(j) != m && placements[j].is_shard())
-          extents[placements[j].dim] = spec.extents[j];
+      auto extents = spec.dim_extents();
+      extents.erase(nd - 1);
       extents[target] = default_split(t.size(target), mesh->size(m));
       t = to_layout(t, placements, extents);
     }

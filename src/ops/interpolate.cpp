@@ -948,9 +948,10 @@ std::optional<at::Tensor> aa_tensor(const at::Tensor& x_in) {
 }
 
 [[noreturn]] void aa_refuse() {
-  dispatch::not_implemented("antialiased interpolation with both spatial dims sharded and no batch or channel dim as "
-                            "large as the mesh dims to take the splits; use antialias=False or redistribute one "
-                            "spatial dim first");
+  dispatch::not_implemented("antialiased interpolation of a spatially sharded input whose split neither the batch or "
+                            "channel dim nor the other spatial dim can take (both spatial dims sharded, or the other "
+                            "one shorter than the mesh dim); use antialias=False or redistribute the spatial dims "
+                            "first");
 }
 
 // `x` (its only sharded spatial dim `from`) with that split moved to spatial dim `to`, the default split; nullopt when
@@ -991,13 +992,9 @@ at::Tensor aa_rewrap(const at::Tensor& out, const at::Tensor& x, std::vector<int
 // The op's local result `out` as a ShardTensor: `x`'s layout (batch/channel shards only), global batch and channel
 // sizes `lead`, whole spatial dims.
 at::Tensor aa_wrap(const at::Tensor& out, const at::Tensor& x, at::IntArrayRef lead) {
-  const auto& spec = shard_impl(x)->spec();
   auto shape = out.sizes().vec();
   for (int64_t d = 0; d < 2; ++d) shape[d] = lead[d];
-  DimExtents ext;
-  for (size_t m = 0; m < spec->placements.size(); ++m)
-    if (spec->placements[m].is_shard()) ext[spec->placements[m].dim] = spec->extents[m];
-  return wrap(out, spec->mesh, spec->placements, shape, ext);
+  return aa_rewrap(out, x, shape);
 }
 
 // A backward's input_size on this rank: output sizes and spatial input sizes are global (the spatial dims are whole

@@ -27,11 +27,9 @@ from __future__ import annotations
 import torch
 
 from ..compile import local_map
+from ..ring import completed, whole
 from .. import (Partial, Replicate, Shard, full_tensor, is_shard_tensor, placements, redistribute,
                 sharding_shapes)
-
-_MODULE = "neuralop.layers.gno_block"
-
 
 def install(module) -> None:
     """Route ``GNOBlock.forward`` of the imported ``neuralop.layers.gno_block``."""
@@ -86,18 +84,6 @@ def _embedded(embedding, points):
     return embedding(points.new_zeros((1,) + tuple(points.shape[1:])))[:0]
 
 
-def _whole(t):
-    """``t`` whole on every rank (differentiable; a split tensor is gathered)."""
-    return full_tensor(t) if is_shard_tensor(t) else t
-
-
-def _complete(t):
-    """A pending sum completed first (the block works on whole values)."""
-    if not is_shard_tensor(t) or not any(p.is_partial() for p in placements(t)):
-        return t
-    return redistribute(t, [Replicate() if p.is_partial() else p for p in placements(t)])
-
-
 def _split_only_along(t, dim):
     """True when ``t`` is a ShardTensor split along ``dim`` (and no other dim), with no pending sum."""
     pl = placements(t)
@@ -106,8 +92,8 @@ def _split_only_along(t, dim):
 
 def gno_forward_sharded(block, y, x, f_y=None):
     """``GNOBlock.forward(y, x, f_y)`` with ShardTensor arguments (see the module's docstring)."""
-    y, x = _complete(y), _complete(x)
-    f_y = _complete(f_y) if f_y is not None else None
+    y, x = completed(y), completed(x)
+    f_y = completed(f_y) if f_y is not None else None
     body = type(block).forward  # its own body: routed calls made from here run it
     batched = f_y is not None and f_y.dim() == 3
     out_point_dim = 1 if batched else 0
@@ -117,7 +103,7 @@ def gno_forward_sharded(block, y, x, f_y=None):
         shapes = sharding_shapes(x)
         local = _LocalBlock(block, block.integral_transform.reduction)
         out, _ = local_map(local, out_placements=[pl, None], sharding_shapes=shapes)(
-            _whole(y), x, _whole(f_y) if f_y is not None else None)
+            whole(y), x, whole(f_y) if f_y is not None else None)
         return out
     f_point_dim = f_y.dim() - 2 if f_y is not None else None
     if is_shard_tensor(x) and all(p.is_replicate() for p in placements(x)):
@@ -133,7 +119,7 @@ def gno_forward_sharded(block, y, x, f_y=None):
         out, counts = local_map(_LocalBlock(block, "sum"), out_placements=[partial, partial],
                                 sharding_shapes={})(y, x, f_y)
         if mean:
-            whole = redistribute(counts, [Replicate()] * len(partial)).clamp(min=1).unsqueeze(-1)
-            out = out / whole
+            total = redistribute(counts, [Replicate()] * len(partial)).clamp(min=1).unsqueeze(-1)
+            out = out / total
         return out
     return body(block, y, x, f_y)

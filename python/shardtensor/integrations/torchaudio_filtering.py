@@ -39,9 +39,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import (Replicate, device_mesh, from_local, full_tensor, is_shard_tensor, local_offsets, placements,
+from .. import (Replicate, device_mesh, from_local, is_shard_tensor, local_offsets, placements,
                 redistribute, sharding_shapes, to_local)
-from ..ring import sum_over_mesh_dims
+from ..ring import completed, sum_over_mesh_dims, whole
 
 _MODULE = "torchaudio.functional.filtering"
 
@@ -183,25 +183,18 @@ class _ScanLFilter(torch.autograd.Function):
         return gx_rev.flip(-1), da, db, None, None
 
 
-def _plain(c):
-    """A coefficient tensor whole on every rank (a ShardTensor coefficient is assembled)."""
-    return full_tensor(c) if is_shard_tensor(c) else c
-
-
 def lfilter_sharded(waveform, a_coeffs, b_coeffs):
     """``torchaudio.functional.filtering._lfilter`` for a ShardTensor ``waveform`` of shape (B, C, T) and
     coefficients (C, N + 1) (see the module's docstring)."""
     module = sys.modules[_MODULE]
     if not is_shard_tensor(waveform):  # a ShardTensor coefficient on a plain signal: one device's filter
-        return module._lfilter(waveform, _plain(a_coeffs), _plain(b_coeffs))
+        return module._lfilter(waveform, whole(a_coeffs), whole(b_coeffs))
     mesh = device_mesh(waveform)
+    waveform = completed(waveform)  # a pending sum: complete it first, the scan works on whole values
     pl = tuple(placements(waveform))
-    if any(p.is_partial() for p in pl):  # a pending sum: complete it first, the scan works on whole values
-        waveform = redistribute(waveform, [Replicate() if p.is_partial() else p for p in pl])
-        pl = tuple(placements(waveform))
     # the mesh dim splitting time, if any (the library splits a tensor dim over one mesh dim at most)
     time_dim = next((d for d, p in enumerate(pl) if p.is_shard() and p.dim == waveform.dim() - 1), None)
-    a, b = _plain(a_coeffs), _plain(b_coeffs)
+    a, b = whole(a_coeffs), whole(b_coeffs)
     b, a = b / a[:, 0:1], a / a[:, 0:1]
     x = to_local(waveform).contiguous()
     channels = slice(None)
