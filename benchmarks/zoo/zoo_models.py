@@ -1165,7 +1165,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to fifteenth sets of models (registered on import; they import this module's registry).
+# The second to sixteenth sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1180,6 +1180,7 @@ from benchmarks.zoo import zoo_models_twelfth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_thirteenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourteenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fifteenth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_sixteenth  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

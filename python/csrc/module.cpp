@@ -13,6 +13,7 @@
 #include "comm/comm_timing.h"
 #include "comm/functional.h"
 #include "comm/halo_plan.h"
+#include "comm/peer_exchange_fn.h"
 #include "comm/shm_transport.h"
 #include "comm/wait.h"
 #include "dispatch/consistency.h"
@@ -215,6 +216,13 @@ PYBIND11_MODULE(_C, m) {
                                            backward ? RingDirection::Backward : RingDirection::Forward);
                         });
   }, py::arg("tensors"), py::arg("mesh"), py::arg("mesh_dim"), py::arg("recv_shapes"), py::arg("backward"),
+        py::call_guard<py::gil_scoped_release>());
+
+  // Internal: routed Python code's exchange of pieces whose shapes every rank derives from layouts (no agreement).
+  m.def("_peer_exchange", [](const std::vector<at::Tensor>& send, const std::vector<std::vector<int64_t>>& recv_shapes,
+                             const at::Tensor& like, const std::shared_ptr<Mesh>& mesh, int64_t mesh_dim) {
+    return comm::differentiable_peer_exchange(send, recv_shapes, like, mesh, mesh_dim);
+  }, py::arg("send"), py::arg("recv_shapes"), py::arg("like"), py::arg("mesh"), py::arg("mesh_dim"),
         py::call_guard<py::gil_scoped_release>());
 
   m.def("register_handler", [](const std::string& name, py::function fn) {

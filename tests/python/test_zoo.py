@@ -79,6 +79,7 @@ ZOO = [
     ("torchaudio/lfilter_learnable", 3, None, None),  # IIR filters: a scan over the ranks (integrations)
     ("torchaudio/HDemucs", 2, None, None),  # waveform and spectrogram branches (stft / istft) of a split signal
     ("neuralop_losses/H1Loss_nonperiodic_abs", 3, None, None),  # one-sided differences written into zeros_like rows
+    ("physicsnemo_healpix/HEALPixUNet", 4, (2, 2), None),  # every face split along H and W: HEALPix padding routed
 ]
 XFAIL = {}
 

@@ -26,6 +26,7 @@ __all__ = ["INTEGRATIONS", "install", "installed"]
 INTEGRATIONS = {
     "torchaudio.functional.filtering": "torchaudio_filtering",
     "neuralop.layers.gno_block": "neuralop_gno",
+    "physicsnemo.nn.module.hpx.padding": "physicsnemo_healpix",
 }
 
 _installed: set = set()
