@@ -141,8 +141,16 @@ class _Stage:
     local coordinates into its block at the first stage, row indices after), how many elements it receives from
     each, and which rows of its current table it keeps (the elements its own coordinate owns)."""
 
-    def __init__(self, m, send, recv, own):
-        self.m, self.send, self.recv, self.own = m, send, recv, own
+    def __init__(self, m, me, send, recv, own):
+        self.m, self.me, self.send, self.recv, self.own = m, me, send, recv, own
+
+    def pieces(self):
+        """The rows of the table after this stage, by coordinate (the own rows at this rank's)."""
+        return [_count(self.own) if s == self.me else k for s, k in enumerate(self.recv)]
+
+
+def _count(idx):
+    return int(idx[0].numel() if isinstance(idx, tuple) else idx.numel())
 
 
 class _Plan:
@@ -237,7 +245,7 @@ def _make_plan(fmap, p, BF, H, W, splits, me):
         e, o = needed(k, me[k])
         pieces = [e[o[:, k] == s] for s in range(n)]
         recv = [int(t.numel()) if s != me[k] else 0 for s, t in enumerate(pieces)]
-        stages.append(_Stage(m, send, recv, lookup(table, pieces[me[k]])))
+        stages.append(_Stage(m, me[k], send, recv, lookup(table, pieces[me[k]])))
         table = torch.cat(pieces)
     plan = _Plan()
     plan.stages = stages
@@ -297,6 +305,71 @@ def _take(x, table, idx):
     return table[idx]
 
 
+def _give(gx, gtable, idx, rows):
+    """Adds ``rows`` to the gradient of the rows ``_take`` read: ``gx`` (the block's) or ``gtable``."""
+    if isinstance(idx, tuple):
+        gx.permute(0, 2, 3, 1).index_put_(idx, rows, accumulate=True)
+    else:
+        gtable.index_add_(0, idx, rows)
+
+
+class _Padding(torch.autograd.Function):
+    """The padding of one rank's block by its plan, with a backward that touches the output gradient once (its
+    interior is the block's gradient) plus the border strips (autograd of the forward's slice writes would clone the
+    whole gradient twice)."""
+
+    @staticmethod
+    def forward(ctx, x, plan, cpp_mesh, fmt):
+        ctx.plan, ctx.mesh = plan, cpp_mesh
+        last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        ctx.block = (tuple(x.shape), torch.channels_last if last else torch.contiguous_format)
+        C = x.shape[1]
+        out = torch.empty([plan.out_sizes[0], C, plan.out_sizes[1], plan.out_sizes[2]], dtype=x.dtype,
+                          device=x.device, memory_format=fmt)
+        i0, i1, i2 = plan.interior
+        out[i0:i0 + x.shape[0], :, i1:i1 + x.shape[2], i2:i2 + x.shape[3]] = x
+        table = None
+        for stage in plan.stages:
+            send = [x.new_empty((0, C)) if s is None else _take(x, table, s) for s in stage.send]
+            got = _C._peer_exchange(send, [[k, C] for k in stage.recv], x, cpp_mesh, stage.m)
+            got[stage.me] = _take(x, table, stage.own)
+            table = torch.cat(got)
+        table = torch.cat([table, x.new_zeros((1, C))])
+        vals = table[plan.i1] * plan.w1.to(x.dtype)[:, None] + table[plan.i2] * plan.w2.to(x.dtype)[:, None]
+        out[plan.pos[0], :, plan.pos[1], plan.pos[2]] = vals
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        plan = ctx.plan
+        shape, block_format = ctx.block
+        C = shape[1]
+        i0, i1, i2 = plan.interior
+        gx = torch.empty(shape, dtype=g.dtype, device=g.device, memory_format=block_format)
+        gx.copy_(g[i0:i0 + shape[0], :, i1:i1 + shape[2], i2:i2 + shape[3]])
+        gv = g[plan.pos[0], :, plan.pos[1], plan.pos[2]]
+        sizes = [sum(st_.pieces()) for st_ in plan.stages]
+        gtable = g.new_zeros((sizes[-1] + 1, C))
+        gtable.index_add_(0, plan.i1, gv * plan.w1.to(g.dtype)[:, None])
+        gtable.index_add_(0, plan.i2, gv * plan.w2.to(g.dtype)[:, None])
+        gtable = gtable[:-1]
+        # The stages backwards: each piece's gradient goes back to the rank it came from.
+        for k in reversed(range(len(plan.stages))):
+            stage = plan.stages[k]
+            gprev = g.new_zeros((sizes[k - 1], C)) if k > 0 else None
+            pieces = list(gtable.split(stage.pieces()))
+            _give(gx, gprev, stage.own, pieces[stage.me])
+            pieces[stage.me] = g.new_empty((0, C))
+            got = _C._peer_exchange(pieces, [[0 if s is None else _count(s), C] for s in stage.send], g, ctx.mesh,
+                                    stage.m)
+            for q, idx in enumerate(stage.send):
+                if idx is not None and _count(idx):
+                    _give(gx, gprev, idx, got[q])
+            gtable = gprev
+        return gx, None, None, None
+
+
 def padding_forward_sharded(pad, data):
     """``HEALPixPadding.forward(data)`` with a ShardTensor ``data`` (see the module's docstring)."""
     body = type(pad).forward
@@ -322,20 +395,7 @@ def padding_forward_sharded(pad, data):
     splits = [(m, {0: 0, 2: 1, 3: 2}[d], list(shapes[m])) for m, d in split_dims]
     me = [int(cpp_mesh.coordinate[m]) for m, _ in split_dims]
     plan = _plan(fmap, pad, BF, H, W, splits, me, x.device)
-    C = x.shape[1]
-    out = torch.empty([plan.out_sizes[0], C, plan.out_sizes[1], plan.out_sizes[2]], dtype=x.dtype, device=x.device,
-                      memory_format=fmt)
-    i0, i1, i2 = plan.interior
-    out[i0:i0 + x.shape[0], :, i1:i1 + x.shape[2], i2:i2 + x.shape[3]] = x
-    table = None
-    for stage in plan.stages:
-        send = [x.new_empty((0, C)) if s is None else _take(x, table, s) for s in stage.send]
-        got = _C._peer_exchange(send, [[k, C] for k in stage.recv], x, cpp_mesh, stage.m)
-        own = _take(x, table, stage.own)
-        table = torch.cat([own if s == int(cpp_mesh.coordinate[stage.m]) else got[s] for s in range(len(got))])
-    table = torch.cat([table, x.new_zeros((1, C))])
-    vals = table[plan.i1] * plan.w1.to(x.dtype)[:, None] + table[plan.i2] * plan.w2.to(x.dtype)[:, None]
-    out[plan.pos[0], :, plan.pos[1], plan.pos[2]] = vals
+    out = _Padding.apply(x, plan, cpp_mesh, fmt)
     ext = dict(shapes)
     ext.update(plan.ext_out)
     return from_local(out, mesh, list(pl), sharding_shapes=ext, check=False)
