@@ -353,12 +353,54 @@ at::Tensor apply_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   return LinearNoBiasFn::apply(x, w);
 }
 
+// A Linear of a tensor split along its features (the contracted last dim: a channels-last field whose channels
+// came split out of a spectral layer, a spectrogram split along its frequencies) would leave a pending sum of the
+// whole output on every rank, completed later by a reduce-scatter of the output. When the input per rank is no
+// larger than the output (C_in / P <= C_out) moving the split to the largest leading dim first is the smaller
+// message (one all-to-all of the input) and keeps the output divided; the token-local path then runs. One mesh dim
+// splits the features, no pending sum, the weight and bias whole; nullopt otherwise, or when no leading dim has a
+// row per rank. The same decision as the convolution's (conv.cpp, channel_split_to_space), from global shapes.
+std::optional<at::Tensor> features_split_to_rows(const at::Tensor& x, const at::Tensor& w,
+                                                 const std::optional<at::Tensor>& b) {
+  auto* xi = shard_impl(x);
+  if (!xi || x.dim() < 2 || w.dim() != 2) return std::nullopt;
+  const auto& spec = *xi->spec();
+  const auto last = x.dim() - 1;
+  int64_t m = -1;
+  for (size_t j = 0; j < spec.placements.size(); ++j) {
+    const auto& p = spec.placements[j];
+    if (p.is_partial()) return std::nullopt;
+    if (p.is_shard() && p.dim == last) {
+      if (m >= 0) return std::nullopt;
+      m = static_cast<int64_t>(j);
+    }
+  }
+  auto replicated = [](const at::Tensor& t) {
+    auto* i = shard_impl(t);
+    return !i || i->spec()->all_replicate();
+  };
+  if (m < 0 || !replicated(w) || (b && b->defined() && !replicated(*b))) return std::nullopt;
+  const auto n = spec.mesh->size(m);
+  if (x.size(last) > w.size(0) * n) return std::nullopt;  // a narrow output: its pending sum is the smaller message
+  const auto other = largest_dim_for_split(x.sizes(), n, [&](int64_t d) { return d != last && spec.mesh_dim_of(d) < 0; });
+  if (other < 0) return std::nullopt;
+  Placements p = spec.placements;
+  p[m] = Placement::shard(other);
+  auto ext = spec.dim_extents();
+  ext.erase(last);
+  ext[other] = default_split(x.size(other), n);
+  return to_layout(x, p, ext);
+}
+
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   check_linear_args(x, w, b);
   // Held until the op below has recorded its graph edges.
   auto acc_x = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(x) : nullptr;
   auto acc_w = at::GradMode::is_enabled() ? dispatch::ensure_grad_layout_hook(w) : nullptr;
   if (token_local_linear(x, w, b)) return apply_linear(x, w, b);
+  if (auto moved = features_split_to_rows(x, w, b)) {
+    if (token_local_linear(*moved, w, b)) return apply_linear(*moved, w, b);
+  }
   return at::native::linear(x, w, b);
 }
 

@@ -22,9 +22,20 @@ def case_linear(seed):
     check_op(lambda x, w: F.linear(x, w), [x, wt], [tok, None], m, what="linear no bias")
     check_op(lambda x, w: x @ w.t(), [x, wt], [tok, None], m, what="matmul 3-d @ 2-d")
     check_op(lambda x, q: x @ q, [x, b.new_ones(6)], [tok, None], m, what="matmul 3-d @ 1-d")
-    # Contracted dim sharded: the result is Partial(sum), resolved on use.
+    # Contracted dim sharded. An output at least as wide as the input per rank (C_in / P <= C_out): the split moves to
+    # the largest leading dim first (the tokens; one all-to-all) and the output is divided; a narrow output keeps a
+    # pending sum, resolved on use.
     feat = ([st.Shard(2)], {0: uneven_extents(6, w, seed + 3)})
-    check_op(F.linear, [x, wt, b], [feat, None, None], m, what="linear contracted sharded")
+    moved = [st.Shard(1)] if w > 1 else [st.Partial()]
+    check_op(F.linear, [x, wt, b], [feat, None, None], m, what="linear contracted sharded", expect_placements=moved)
+    check_op(lambda x, w: F.linear(x, w), [x, wt], [feat, None], m, what="no bias", expect_placements=moved)
+    if w > 1:
+        check_op(F.linear, [x, wt[:1], b[:1]], [feat, None, None], m, what="linear contracted sharded, narrow",
+                 expect_placements=[st.Partial()])
+        xs = st.distribute_tensor(x, m, *feat[:1], sharding_shapes=feat[1])
+        with st.CommCounter() as c:
+            F.linear(xs, wt, b)
+        assert c.calls == {"all_to_all": 1}, c.calls
     a2, b2 = randn(7, 6, seed=seed + 4), randn(6, 4, seed=seed + 5)
     check_op(torch.mm, [a2, b2], [([st.Shard(0)], None), None], m, what="mm rows")
     check_op(torch.mm, [a2, b2], [None, ([st.Shard(1)], None)], m, what="mm cols")
