@@ -4,8 +4,8 @@
 // shards stay batch shards: each rank computes its own block, no communication (the other operand is read whole on
 // that mesh dim; a point cloud sharded on both is gathered on the x2 side, the smaller of the two reads). The
 // backward of x1 (`_cdist_backward`) follows the gradient's rows; the transposed call that gives x2's gradient sums
-// over the sharded rows of x1: Partial(sum). A sharded feature dim M is declined (a distance is not a sum of
-// per-rank terms for every p): the fallback, or NotImplementedError in strict mode.
+// over the sharded rows of x1: Partial(sum). A sharded feature dim M moves to that operand's rows first (a distance is
+// not a sum of per-rank terms for every p; one all-to-all), and the output is split along them.
 #include "ops/arg_checks.h"
 #include "ops/common.h"
 
@@ -31,11 +31,23 @@ PairPlan plan_pairs(const char* op, const at::Tensor& a, const at::Tensor& b, co
   for (size_t m = 0; m < nm; ++m) {
     const auto& sa = pa[m];
     const auto& sb = pb[m];
-    if ((sa.is_shard() && sa.dim == na - 1) || (sb.is_shard() && sb.dim == nb - 1))
-      dispatch::not_implemented(std::string(op) + ": the feature dim (the last) is sharded; a distance needs every "
-                                "feature of a pair on one rank: redistribute it to Replicate() first");
+    const auto n = mesh->size(m);
+    const bool a_features = sa.is_shard() && sa.dim == na - 1, b_features = sb.is_shard() && sb.dim == nb - 1;
+    if (a_features || (b_features && !sa.is_shard())) {
+      // A split feature dim: a distance needs every feature of a pair on one rank (it is not a sum of per-rank
+      // terms for every p), so the split moves to that operand's rows (one all-to-all; the other operand is read
+      // whole on this mesh dim), and the output is split along them: divided, as for split rows.
+      const auto& t = a_features ? a : b;
+      const auto rows = t.dim() - 2;
+      auto ext = default_split(t.size(rows), n);
+      (a_features ? plan.p1 : plan.p2)[m] = Placement::shard(rows);
+      (a_features ? plan.e1 : plan.e2)[rows] = ext;
+      plan.po[m] = Placement::shard(a_features ? no - 2 : no - 1);
+      plan.eo[a_features ? no - 2 : no - 1] = ext;
+      continue;
+    }
     const auto& ea = sa.is_shard() ? shard_impl(a)->spec()->extents[m] : std::vector<int64_t>{};
-    const auto& eb = sb.is_shard() ? shard_impl(b)->spec()->extents[m] : std::vector<int64_t>{};
+    const auto& eb = sb.is_shard() && !b_features ? shard_impl(b)->spec()->extents[m] : std::vector<int64_t>{};
     if (sa.is_shard() && sa.dim == na - 2) { // a's rows -> the output's rows
       plan.p1[m] = sa;
       plan.e1[sa.dim] = ea;
@@ -46,7 +58,7 @@ PairPlan plan_pairs(const char* op, const at::Tensor& a, const at::Tensor& b, co
       plan.e2[sb.dim] = eb;
       plan.po[m] = Placement::shard(no - 1);
       plan.eo[no - 1] = eb;
-    } else if (sa.is_shard() || sb.is_shard()) { // a batch dim, aligned from the right
+    } else if (sa.is_shard() || (sb.is_shard() && !b_features)) { // a batch dim, aligned from the right
       const bool from_a = sa.is_shard();
       const auto d_out = (from_a ? sa.dim : sb.dim) + no - (from_a ? na : nb);
       const auto& ext = from_a ? ea : eb;
@@ -121,15 +133,13 @@ at::Tensor cdist_backward_rule(const at::Tensor& grad_in, const at::Tensor& x1_i
   DimExtents eg, ea, eb, eo;
   const auto n1 = x1_in.dim(), n2 = x2_in.dim();
   for (size_t m = 0; m < nm; ++m) {
-    if ((p1[m].is_shard() && p1[m].dim == n1 - 1) || (p2[m].is_shard() && p2[m].dim == n2 - 1))
-      dispatch::not_implemented("aten::_cdist_backward: the feature dim (the last) is sharded; redistribute it to "
-                                "Replicate() first");
+    // A split feature dim is read whole here (the forward moved it to the rows, which the gradient's layout gives).
     int64_t d = -1; // the grad's dim that mesh dim m shards
     std::vector<int64_t> ext;
     if (gp[m].is_shard()) {
       d = gp[m].dim;
       ext = shard_impl(grad)->spec()->extents[m];
-    } else if (p1[m].is_shard() && p1[m].dim + no - n1 >= 0) {
+    } else if (p1[m].is_shard() && p1[m].dim < n1 - 1 && p1[m].dim + no - n1 >= 0) {
       d = p1[m].dim + no - n1;
       ext = shard_impl(x1_in)->spec()->extents[m];
     } else if (p2[m].is_shard() && p2[m].dim == n2 - 2) {

@@ -56,14 +56,15 @@ def case_quantile(world):
 
 
 def case_cdist(world):
-    """cdist with its feature dim sharded: the rule declines (a distance is not a sum of per-rank terms for every
-    p), the fallback computes it (rows and batch shards have a rule: test_vector_ops.py::test_cdist)."""
+    """cdist with its feature dim sharded: no longer a fallback (the split moves to the rows first; a distance is not
+    a sum of per-rank terms for every p): test_vector_ops.py::test_cdist has the rule's cases; here the layouts the
+    fallback used to take."""
     m = mesh()
     x1, x2 = randn(7, 3, seed=3), randn(5, 3, seed=4)
     lay = _sharded(3, world, 1, seed=3)
     for p in (1.0, 2.0, 3.0):
         out = check_op(lambda a, b: torch.cdist(a, b, p=p), [x1, x2], [lay, None], m, what=f"cdist p={p}")
-        assert st.placements(out) == (st.Replicate(),)
+        assert st.placements(out) == (st.Shard(0),), st.placements(out)
     check_op(lambda a, b: torch.cdist(a, b), [x1, x2], [lay, _sharded(3, world, 1, seed=5)], m, what="cdist both")
 
 
@@ -226,20 +227,19 @@ def test_declined_rules_fall_back(world):
 def case_warning_once_and_count(world):
     m = mesh()
     x = randn(8, 3, seed=27)
-    xs = shard_of(x, m, [st.Shard(1)])          # features sharded (cdist declines); even: padded to the largest extent
-    y = randn(5, 3, seed=28)
+    xs = shard_of(x, m, [st.Shard(1)])          # even: padded to the largest extent
     st._C._reset_fallback_warnings()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         with st.CommCounter() as first:
-            torch.cdist(xs, y, p=1.0)
+            F.pdist(xs, p=1.0)                   # no rule: the fallback
         with st.CommCounter() as second:
-            torch.cdist(xs, y, p=1.0)
-        F.pdist(xs)                              # another op warns once too
-    ours = _fallback_warnings(record, "aten::_cdist_forward")  # declined: its feature dim is sharded
+            F.pdist(xs, p=1.0)
+        torch.block_diag(xs, xs)                 # another op warns once too
+    ours = _fallback_warnings(record, "aten::_pdist_forward")
     assert len(ours) == 1, [str(w.message) for w in record]
     msg = str(ours[0].message)
-    assert "once per op" in msg and "SHARDTENSOR_STRICT=1" in msg and "x1: (Shard(1))" in msg, msg
+    assert "once per op" in msg and "SHARDTENSOR_STRICT=1" in msg and "self: (Shard(1))" in msg, msg
     nbytes = int(re.search(r"(\d+) bytes collected", msg).group(1))
     largest = -(-3 // world)
     expected = largest * 8 * 4 * world if world > 1 else 0   # all_gather counts the padded input times the group
@@ -248,11 +248,11 @@ def case_warning_once_and_count(world):
     assert first.calls == second.calls == ({"fallback_all_gather": 1, "fallback_all_reduce": 1} if world > 1 else {}), \
         first.calls
     assert first.bytes == second.bytes
-    assert len(_fallback_warnings(record, "aten::_pdist_forward")) == 1
+    assert len(_fallback_warnings(record, "aten::block_diag")) == 1
     # a backward through the fallback is counted as well (its gathers are the fallback's)
     a = shard_of(x, m, [st.Shard(1)]).requires_grad_()
     with st.CommCounter() as c:
-        torch.cdist(a, y, p=1.0).sum().backward()
+        F.pdist(a, p=1.0).sum().backward()
     if world > 1:
         assert c.calls.get("fallback_all_gather", 0) >= 2, c.calls
 

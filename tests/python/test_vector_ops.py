@@ -237,7 +237,8 @@ def test_view_scatters(world):
 
 
 def case_cdist(seed):
-    """torch.cdist with point rows sharded: each rank its own block of the distance matrix, no communication."""
+    """torch.cdist with point rows sharded: each rank its own block of the distance matrix, no communication; a split
+    feature dim moved to the rows first."""
     m = mesh()
     w = m.size()
     B, P, R, M = 2, 30, 9, 3  # P > 25: p = 2 takes the matrix-product form (_euclidean_dist)
@@ -268,9 +269,21 @@ def case_cdist(seed):
             return dd.min(dim=2).values.mean() + dd.min(dim=1).values.mean()
         check_op(chamfer, [x1, x2], [rows1, None], m, rtol=1e-4, atol=1e-5, what="chamfer")
     if w > 1:
+        # A split feature dim moves to that operand's rows (one all-to-all; a distance is not a sum of per-rank
+        # terms for every p): the output is split along them, forward and backward.
         feat = ([st.Shard(2)], {0: uneven_extents(M, w, seed)})
-        with st.use_strict(), pytest.raises(NotImplementedError, match="feature dim"):
-            torch.cdist(st.distribute_tensor(x1, m, *feat), x2)
+        with st.use_strict():
+            for p in (2.0, 1.0, float("inf")):
+                check_op(lambda a, b: torch.cdist(a, b, p=p), [x1, x2], [feat, None], m, rtol=1e-4, atol=1e-5,
+                         what=f"cdist x1 features p={p}", expect_placements=[st.Shard(1)])
+            check_op(lambda a, b: torch.cdist(a, b), [x1[:, :7], x2], [None, feat], m, rtol=1e-4, atol=1e-5,
+                     what="cdist x2 features", expect_placements=[st.Shard(2)])
+            check_op(lambda a, b: torch.cdist(a, b, p=1.0), [x1, x2], [feat, feat], m, rtol=1e-4, atol=1e-5,
+                     what="cdist both features (x2 gathered)", expect_placements=[st.Shard(1)])
+            s1 = st.distribute_tensor(x1, m, *feat)
+            with st.CommCounter() as c:
+                torch.cdist(s1, x2, p=1.0)
+            assert c.calls == {"all_to_all": 1}, c.calls
     with pytest.raises((ValueError, RuntimeError), match="same number of columns"):  # cdist checks first
         torch.cdist(st.distribute_tensor(x1, m, *rows1), randn(B, R, M + 1, seed=2))
     return True
