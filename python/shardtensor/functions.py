@@ -8,7 +8,10 @@ imported name, a dict of callbacks) reaches the router. The router calls ``handl
 the arguments and ``fn``'s own body otherwise. Inside the handler, calls of ``fn`` on the same thread run the
 body, so a handler can call ``fn`` on local shards (or hand the ShardTensors back to the op-by-op path).
 
-The router costs one scan of the arguments (top level, and one level into lists, tuples and dicts) per call.
+The router costs one scan of the arguments (top level, and one level into lists, tuples and dicts) per call. It
+reaches its route through a global of the function's module (``__shardtensor_dispatch__``) and a literal key, so
+torch.compile can trace it: there a call with (traced) ShardTensors breaks the graph and runs the handler eagerly, a
+call without runs the body in the graph.
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from . import _C
 
 __all__ = ["register_function", "function_handler", "unregister_function", "has_shard_tensor"]
 
-_PLACEHOLDER = "__shardtensor_function_router__"
+_DISPATCH = "__shardtensor_dispatch__"   # the name the router calls, set in the routed function's module globals
+_KEY = 0x5eed_0000_0000                    # a literal in the template, replaced by the route's key
 _active = threading.local()
+_routes: dict = {}                         # key -> _Route
 
 
 def has_shard_tensor(args=(), kwargs=None) -> bool:
@@ -48,6 +53,9 @@ class _Route:
 
     def __init__(self, fn, body, handler):
         self.fn, self.body, self.handler = fn, body, handler
+        # Run from compiled code: behind torch.compiler.disable (a graph break), built here rather than while Dynamo
+        # traces (it imports Dynamo once, ~1 s, when the first function is routed).
+        self.eager = torch.compiler.disable(_eager_route, recursive=True)
 
     def call(self, args, kwargs):
         running = getattr(_active, "routes", None)
@@ -62,17 +70,65 @@ class _Route:
             running.discard(id(self))
 
 
+def _traced_among(args, kwargs) -> bool:
+    """True when a ShardTensor in its traced representation (``_traced.TracedShard``, what torch.compile traces) is
+    among the arguments (top level, or one level inside a list, tuple or dict); Dynamo traces the checks."""
+    from ._traced import TracedShard
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, TracedShard):
+            return True
+        if isinstance(v, (list, tuple)) and any(isinstance(e, TracedShard) for e in v):
+            return True
+        if isinstance(v, dict) and any(isinstance(e, TracedShard) for e in v.values()):
+            return True
+    return False
+
+
+def _converted(value, convert):
+    if isinstance(value, (list, tuple)):
+        out = [_converted(v, convert) for v in value]
+        return type(value)(out) if isinstance(value, tuple) and not hasattr(value, "_fields") else (
+            type(value)(*out) if isinstance(value, tuple) else out)
+    if isinstance(value, dict):
+        return {k: _converted(v, convert) for k, v in value.items()}
+    return convert(value)
+
+
+def _eager_route(route, args, kwargs):
+    """The route, run eagerly from inside a compiled region (a graph break): traced ShardTensors become C++ ones for
+    the handler and its results traced again (both differentiable)."""
+    from ._traced import from_traced, to_traced
+    args = tuple(_converted(a, from_traced) for a in args)
+    kwargs = {k: _converted(v, from_traced) for k, v in kwargs.items()}
+    return _converted(route.call(args, kwargs), to_traced)
+
+
+def _dispatch(key, args, kwargs):
+    """What every router calls. While torch.compile traces (Dynamo inlines the router and this function), a call with
+    ShardTensors breaks the graph and runs the route eagerly (the routed implementations issue collectives and read
+    layouts a graph cannot hold); a call without runs the function's own body, traced as without the library. No
+    Python object of ours becomes a graph constant (Dynamo traces only literal constants)."""
+    route = _routes[key]
+    if torch.compiler.is_compiling():
+        if _traced_among(args, kwargs):
+            return route.eager(route, args, kwargs)
+        return route.body(*args, **kwargs)
+    return route.call(args, kwargs)
+
+
 def _router_code(freevars: tuple) -> types.CodeType:
-    """The code of ``def f(*args, **kwargs): return ROUTE.call(args, kwargs)``, with ``freevars`` as free
-    variables: a function's ``__code__`` may only be replaced by code with as many free variables as the function
-    has closure cells. They are named in dead code, so the router never reads the (possibly empty) cells."""
+    """The code of ``def f(*args, **kwargs): return __shardtensor_dispatch__(KEY, args, kwargs)``, with ``freevars``
+    as free variables: a function's ``__code__`` may only be replaced by code with as many free variables as the
+    function has closure cells. They are named in dead code, so the router never reads the (possibly empty) cells.
+    The route is reached through a global and a literal key, not a constant object: Dynamo traces only literal
+    constants."""
     names = ", ".join(freevars)
     src = ["def _outer():"]
     src += [f"    {n} = None" for n in freevars]
     src += ["    def _router(*args, **kwargs):"]
     if freevars:
         src += ["        if False:", f"            ({names},)"]
-    src += [f"        return {_PLACEHOLDER!r}.call(args, kwargs)", "    return _router"]
+    src += [f"        return {_DISPATCH}({_KEY}, args, kwargs)", "    return _router"]
     namespace: dict = {}
     exec("\n".join(src), namespace)
     code = namespace["_outer"]().__code__
@@ -124,7 +180,10 @@ def register_function(fn, handler):
     body = _copy_function(fn)
     route = _Route(fn, body, handler)
     template = _router_code(fn.__code__.co_freevars)
-    consts = tuple(route if c == _PLACEHOLDER else c for c in template.co_consts)
+    key = id(route)
+    _routes[key] = route
+    fn.__globals__[_DISPATCH] = _dispatch
+    consts = tuple(key if (type(c) is int and c == _KEY) else c for c in template.co_consts)
     names = {"co_name": fn.__code__.co_name, "co_filename": fn.__code__.co_filename,
              "co_firstlineno": fn.__code__.co_firstlineno}
     if hasattr(fn.__code__, "co_qualname"):  # Python 3.11+
@@ -153,5 +212,6 @@ def unregister_function(fn) -> None:
     if route is None:
         raise ValueError(f"unregister_function: {getattr(fn, '__qualname__', fn)!r} has no registered handler")
     fn.__code__ = route.body.__code__
+    _routes.pop(id(route), None)
     for name in ("_shardtensor_route", "__wrapped__", "__signature__"):
         fn.__dict__.pop(name, None)
