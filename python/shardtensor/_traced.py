@@ -79,13 +79,21 @@ class TracedShard(torch.Tensor):
     @torch.compiler.disable
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        _refuse_write_into_select_copy(func, args, kwargs)
+        copy_of_select = _is_select_copy(func, args) or (func.is_view and any(
+            getattr(t, "_select_copy", False) for t in tree_leaves((args, kwargs))))
         unwrap = lambda t: _to_cpp(t._local, t._layout) if isinstance(t, TracedShard) else t  # noqa: E731
         args, kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
         # none for the ShardTensor key; the C++ dispatcher does.
         with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((args, kwargs))) as rule:
             out = rule.tie(func(*args, **kwargs))
-        return tree_map(_to_traced, out)
+        out = tree_map(_to_traced, out)
+        if copy_of_select:
+            for t in tree_leaves(out):
+                if isinstance(t, TracedShard):
+                    t._select_copy = True
+        return out
 
     # The gradient of a Partial output is complete: tangents are traced as Replicate on those mesh dims (as DTensor
     # does), and _FromTraced.backward brings every runtime gradient to exactly the traced tangent's layout.
@@ -102,6 +110,37 @@ class TracedShard(torch.Tensor):
         if expected_type not in (None, TracedShard):
             return None
         return self if flatten_spec is None or flatten_spec[1] == self._layout else None
+
+
+_SELECTS = ("aten::select.int", "aten::unbind.int")
+
+
+def _is_select_copy(func, args) -> bool:
+    """``x[i]`` / ``unbind`` along a dim a mesh dim splits: eagerly a copy whose writes the library carries back to
+    ``x`` (dispatch/write_back.h), which a traced graph cannot do."""
+    if func.name() not in _SELECTS or not args or not isinstance(args[0], TracedShard):
+        return False
+    x = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    dim = dim % x.dim() if x.dim() else 0
+    return any(kind == 1 and d == dim for kind, d, _ in x._layout[1])   # wire placements: (1, dim, "") is Shard(dim)
+
+
+def _refuse_write_into_select_copy(func, args, kwargs) -> None:
+    """An in-place write into ``x[i]`` along a split dim (or a view of it) inside a compiled region would be lost: the
+    write-through to ``x`` is eager-only. Refuse it (every rank traces alike) rather than compute a wrong result."""
+    schema = func._schema
+    if not schema.is_mutable:
+        return
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        t = args[i] if i < len(args) else kwargs.get(a.name)
+        if getattr(t, "_select_copy", False):
+            raise NotImplementedError(
+                f"{func.name()}: an in-place write into x[i] taken along a split dim (a copy on every rank, whose "
+                "writes the library carries back to x only eagerly) inside a torch.compile'd region; write x itself "
+                "(index_put / a masked or sliced write along that dim), or run this part eagerly")
 
 
 def _zero_from(tensors):

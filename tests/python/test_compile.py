@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import close, mesh, randn, uneven_extents
+from cases_util import close, full, mesh, randn, uneven_extents
 
 BACKEND = "aot_eager"
 
@@ -284,6 +284,29 @@ def case_layout_api_in_compiled_code():
 
 def test_layout_api_in_compiled_code_refused():
     harness.expect_error(2, case_layout_api_in_compiled_code, match="inside a torch.compile'd region is not supported yet",
+                         kinds=("NotImplementedError", "InternalTorchDynamoError"))
+
+
+def _write_columns(x):
+    y = x * 1
+    y[:, 2] = 5.0           # x[i] along the split dim 1 is a copy; eagerly its write is carried back to y
+    return y
+
+
+def case_write_into_select_copy_in_compiled_code():
+    """An in-place write into x[i] along a split dim inside a compiled region: its write-through to x is eager-only,
+    and was silently lost in the graph (a wrong result); it raises a clear error on every rank instead (eagerly it
+    is right: test_write_through.py)."""
+    m = mesh()
+    torch._dynamo.reset()
+    x = st.distribute_tensor(randn(3, 6, 4, seed=3), m, [st.Shard(1)])
+    close(full(_write_columns(x)), _write_columns(randn(3, 6, 4, seed=3)), what="eager")
+    torch.compile(_write_columns, backend="aot_eager")(x)
+
+
+def test_write_into_select_copy_in_compiled_code_refused():
+    harness.expect_error(2, case_write_into_select_copy_in_compiled_code,
+                         match="in-place write into x[i] taken along a split dim",
                          kinds=("NotImplementedError", "InternalTorchDynamoError"))
 
 
