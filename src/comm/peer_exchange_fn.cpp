@@ -2,6 +2,7 @@
 #include "comm/peer_exchange_fn.h"
 
 #include "comm/collectives.h"
+#include "comm/shape_lists.h"
 #include "comm/spec_holder.h"
 
 #include <ATen/ATen.h>
@@ -28,25 +29,6 @@ std::vector<at::Tensor> exchange(const std::vector<at::Tensor>& send, const std:
   return out;
 }
 
-std::vector<int64_t> flat_shapes(const std::vector<std::vector<int64_t>>& shapes) {
-  std::vector<int64_t> flat;
-  for (const auto& s : shapes) {
-    flat.push_back(static_cast<int64_t>(s.size()));
-    flat.insert(flat.end(), s.begin(), s.end());
-  }
-  return flat;
-}
-
-std::vector<std::vector<int64_t>> unflat_shapes(const std::vector<int64_t>& flat) {
-  std::vector<std::vector<int64_t>> out;
-  for (size_t i = 0; i < flat.size();) {
-    const auto n = static_cast<size_t>(flat[i++]);
-    out.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(i), flat.begin() + static_cast<std::ptrdiff_t>(i + n));
-    i += n;
-  }
-  return out;
-}
-
 struct PeerExchangeFn : torch::autograd::Function<PeerExchangeFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList send, const at::Tensor& like, MeshPtr mesh,
                                int64_t mesh_dim, std::vector<std::vector<int64_t>> recv_shapes) {
@@ -56,7 +38,7 @@ struct PeerExchangeFn : torch::autograd::Function<PeerExchangeFn> {
     for (const auto& t : send) send_shapes.push_back(t.sizes().vec());
     ctx->saved_data["mesh"] = mesh_ivalue(mesh);
     ctx->saved_data["mesh_dim"] = mesh_dim;
-    ctx->saved_data["send_shapes"] = flat_shapes(send_shapes);
+    ctx->saved_data["send_shapes"] = flatten_shapes(send_shapes);
     ctx->save_for_backward({like});
     return exchange({send.begin(), send.end()}, recv_shapes, like, *mesh, mesh_dim);
   }
@@ -64,7 +46,7 @@ struct PeerExchangeFn : torch::autograd::Function<PeerExchangeFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto mesh = mesh_from_ivalue(ctx->saved_data["mesh"]);
     const auto mesh_dim = ctx->saved_data["mesh_dim"].toInt();
-    const auto send_shapes = unflat_shapes(ctx->saved_data["send_shapes"].toIntVector());
+    const auto send_shapes = unflatten_shapes(ctx->saved_data["send_shapes"].toIntVector());
     const auto like = ctx->get_saved_variables()[0];
     std::vector<at::Tensor> g;
     for (size_t j = 0; j < grads.size(); ++j) g.push_back(j == static_cast<size_t>(mesh->coordinate(mesh_dim))

@@ -6,6 +6,7 @@
 #include "comm/agreement.h"
 #include "comm/collectives.h"
 #include "comm/functional.h"
+#include "comm/shape_lists.h"
 #include "comm/spec_holder.h"
 
 #include <ATen/ATen.h>
@@ -18,32 +19,14 @@ namespace shardtensor {
 
 namespace {
 
+using comm::flatten_shapes;
+using comm::unflatten_shapes;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::vector<std::vector<int64_t>> shapes_of(at::TensorList ts) {
   std::vector<std::vector<int64_t>> out;
   for (const auto& t : ts) out.push_back(t.sizes().vec());
-  return out;
-}
-
-// Shapes saved as one int list: ndim, sizes..., ndim, sizes...
-std::vector<int64_t> flatten_shapes(const std::vector<std::vector<int64_t>>& shapes) {
-  std::vector<int64_t> flat;
-  for (const auto& s : shapes) {
-    flat.push_back(static_cast<int64_t>(s.size()));
-    flat.insert(flat.end(), s.begin(), s.end());
-  }
-  return flat;
-}
-
-std::vector<std::vector<int64_t>> unflatten_shapes(const std::vector<int64_t>& flat) {
-  std::vector<std::vector<int64_t>> out;
-  for (size_t i = 0; i < flat.size();) {
-    const auto n = static_cast<size_t>(flat[i++]);
-    out.emplace_back(flat.begin() + i, flat.begin() + i + n);
-    i += n;
-  }
   return out;
 }
 

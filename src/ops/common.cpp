@@ -273,13 +273,13 @@ std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t) {
   return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
 }
 
-std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
-                                          const std::function<bool(int64_t)>& may_take) {
-  const auto& spec = *shard_impl(t)->spec();
+std::optional<std::pair<Placements, DimExtents>> split_moved_layout(const ShardSpec& spec, at::IntArrayRef sizes,
+                                                                    int64_t dim,
+                                                                    const std::function<bool(int64_t)>& may_take) {
   const auto m = spec.mesh_dim_of(dim);
   if (m < 0) return std::nullopt;
   const auto P = spec.mesh->size(m);
-  const auto other = largest_dim_for_split(t.sizes(), P, [&](int64_t d) {
+  const auto other = largest_dim_for_split(sizes, P, [&](int64_t d) {
     return d != dim && spec.mesh_dim_of(d) < 0 && (!may_take || may_take(d));
   });
   if (other < 0) return std::nullopt;
@@ -287,7 +287,16 @@ std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
   p[m] = Placement::shard(other);
   auto ext = spec.dim_extents();
   ext.erase(dim);
-  ext[other] = default_split(t.size(other), P);
+  ext[other] = default_split(sizes[other], P);
+  return std::make_pair(std::move(p), std::move(ext));
+}
+
+std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
+                                          const std::function<bool(int64_t)>& may_take) {
+  const auto& spec = *shard_impl(t)->spec();
+  auto layout = split_moved_layout(spec, t.sizes(), dim, may_take);
+  if (!layout) return std::nullopt;
+  const auto& [p, ext] = *layout;
   return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
 }
 

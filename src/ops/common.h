@@ -10,6 +10,8 @@
 
 #include <functional>
 #include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace shardtensor::ops {
@@ -127,6 +129,11 @@ std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t);
 // nullopt when no mesh dim splits `dim` or no dim can take it.
 std::optional<at::Tensor> split_moved_off(const at::Tensor& t, int64_t dim,
                                           const std::function<bool(int64_t)>& may_take = nullptr);
+// The layout split_moved_off moves to (placements and extents), for callers that re-lay out differentiably
+// (to_layout, above autograd); nullopt as there.
+std::optional<std::pair<Placements, DimExtents>> split_moved_layout(const ShardSpec& spec, at::IntArrayRef sizes,
+                                                                    int64_t dim,
+                                                                    const std::function<bool(int64_t)>& may_take = nullptr);
 // `extents` (summing to `n`, a multiple of `q`) moved to the nearest multiples of `q`: each shard boundary rounds to
 // the nearest multiple (ties down), so a boundary moves by at most q/2 rows and aligned extents stay as they are
 // (views whose blocks must not straddle ranks, pixel_unshuffle's r x r blocks).

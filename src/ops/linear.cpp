@@ -380,16 +380,10 @@ std::optional<at::Tensor> features_split_to_rows(const at::Tensor& x, const at::
     return !i || i->spec()->all_replicate();
   };
   if (m < 0 || !replicated(w) || (b && b->defined() && !replicated(*b))) return std::nullopt;
-  const auto n = spec.mesh->size(m);
-  if (x.size(last) > w.size(0) * n) return std::nullopt;  // a narrow output: its pending sum is the smaller message
-  const auto other = largest_dim_for_split(x.sizes(), n, [&](int64_t d) { return d != last && spec.mesh_dim_of(d) < 0; });
-  if (other < 0) return std::nullopt;
-  Placements p = spec.placements;
-  p[m] = Placement::shard(other);
-  auto ext = spec.dim_extents();
-  ext.erase(last);
-  ext[other] = default_split(x.size(other), n);
-  return to_layout(x, p, ext);
+  if (x.size(last) > w.size(0) * spec.mesh->size(m)) return std::nullopt;  // a narrow output: its pending sum is smaller
+  auto layout = split_moved_layout(spec, x.sizes(), last);
+  if (!layout) return std::nullopt;
+  return to_layout(x, layout->first, layout->second);
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
