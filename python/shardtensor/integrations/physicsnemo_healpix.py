@@ -178,7 +178,7 @@ def _make_plan(fmap, p, BF, H, W, splits, me):
         starts_in.append([sum(ext[:c]) for c in range(n)])
         starts_out.append([sum(eo[:c]) for c in range(n)])
         ends_in.append(torch.tensor([sum(ext[:c + 1]) for c in range(n)]))
-    B, N = BF // _FACES, BF * H * W
+    B = BF // _FACES
     K0 = fmap.pos.shape[0]
     # The border of every sample: positions (bf, row, col) in the global output, sources flat in (BF, H, W).
     sample = torch.arange(B).repeat_interleave(K0)
