@@ -29,14 +29,11 @@ _DISPATCH = "__shardtensor_dispatch__"   # the name the router calls, set in the
 _KEY = 0x5eed_0000_0000                    # a literal in the template, replaced by the route's key
 _active = threading.local()
 _routes: dict = {}                         # key -> _Route
+_eager_route_disabled = None               # _eager_route behind torch.compiler.disable (set by register_function)
 
 
-def has_shard_tensor(args=(), kwargs=None) -> bool:
-    """True when a ShardTensor is among ``args``/``kwargs`` (top level, or one level inside a list, tuple or
-    dict)."""
-    def hit(v):
-        return isinstance(v, torch.Tensor) and _C.is_shard_tensor(v)
-
+def _any_argument(args, kwargs, hit) -> bool:
+    """True when ``hit`` holds for an argument: top level, or one level inside a list, tuple or dict."""
     for v in list(args) + list((kwargs or {}).values()):
         if hit(v):
             return True
@@ -47,15 +44,18 @@ def has_shard_tensor(args=(), kwargs=None) -> bool:
     return False
 
 
+def has_shard_tensor(args=(), kwargs=None) -> bool:
+    """True when a ShardTensor is among ``args``/``kwargs`` (top level, or one level inside a list, tuple or
+    dict)."""
+    return _any_argument(args, kwargs, lambda v: isinstance(v, torch.Tensor) and _C.is_shard_tensor(v))
+
+
 class _Route:
     """What the router of one function needs: the function's own body (a copy of the original function object)
     and the handler."""
 
     def __init__(self, fn, body, handler):
         self.fn, self.body, self.handler = fn, body, handler
-        # Run from compiled code: behind torch.compiler.disable (a graph break), built here rather than while Dynamo
-        # traces (it imports Dynamo once, ~1 s, when the first function is routed).
-        self.eager = torch.compiler.disable(_eager_route, recursive=True)
 
     def call(self, args, kwargs):
         running = getattr(_active, "routes", None)
@@ -72,35 +72,18 @@ class _Route:
 
 def _traced_among(args, kwargs) -> bool:
     """True when a ShardTensor in its traced representation (``_traced.TracedShard``, what torch.compile traces) is
-    among the arguments (top level, or one level inside a list, tuple or dict); Dynamo traces the checks."""
+    among the arguments, where ``has_shard_tensor`` looks; Dynamo traces the checks."""
     from ._traced import TracedShard
-    for v in list(args) + list(kwargs.values()):
-        if isinstance(v, TracedShard):
-            return True
-        if isinstance(v, (list, tuple)) and any(isinstance(e, TracedShard) for e in v):
-            return True
-        if isinstance(v, dict) and any(isinstance(e, TracedShard) for e in v.values()):
-            return True
-    return False
-
-
-def _converted(value, convert):
-    if isinstance(value, (list, tuple)):
-        out = [_converted(v, convert) for v in value]
-        return type(value)(out) if isinstance(value, tuple) and not hasattr(value, "_fields") else (
-            type(value)(*out) if isinstance(value, tuple) else out)
-    if isinstance(value, dict):
-        return {k: _converted(v, convert) for k, v in value.items()}
-    return convert(value)
+    return _any_argument(args, kwargs, lambda v: isinstance(v, TracedShard))
 
 
 def _eager_route(route, args, kwargs):
     """The route, run eagerly from inside a compiled region (a graph break): traced ShardTensors become C++ ones for
     the handler and its results traced again (both differentiable)."""
+    from torch.utils._pytree import tree_map
     from ._traced import from_traced, to_traced
-    args = tuple(_converted(a, from_traced) for a in args)
-    kwargs = {k: _converted(v, from_traced) for k, v in kwargs.items()}
-    return _converted(route.call(args, kwargs), to_traced)
+    args, kwargs = tree_map(from_traced, (args, kwargs))
+    return tree_map(to_traced, route.call(args, kwargs))
 
 
 def _dispatch(key, args, kwargs):
@@ -111,7 +94,7 @@ def _dispatch(key, args, kwargs):
     route = _routes[key]
     if torch.compiler.is_compiling():
         if _traced_among(args, kwargs):
-            return route.eager(route, args, kwargs)
+            return _eager_route_disabled(route, args, kwargs)
         return route.body(*args, **kwargs)
     return route.call(args, kwargs)
 
@@ -180,6 +163,11 @@ def register_function(fn, handler):
     body = _copy_function(fn)
     route = _Route(fn, body, handler)
     template = _router_code(fn.__code__.co_freevars)
+    global _eager_route_disabled
+    if _eager_route_disabled is None:
+        # Behind torch.compiler.disable (a graph break when compiled code calls it), built here rather than while
+        # Dynamo traces (it imports Dynamo once, ~1 s, when the first function is routed).
+        _eager_route_disabled = torch.compiler.disable(_eager_route, recursive=True)
     key = id(route)
     _routes[key] = route
     fn.__globals__[_DISPATCH] = _dispatch

@@ -39,7 +39,6 @@ struct PeerExchangeFn : torch::autograd::Function<PeerExchangeFn> {
     ctx->saved_data["mesh"] = mesh_ivalue(mesh);
     ctx->saved_data["mesh_dim"] = mesh_dim;
     ctx->saved_data["send_shapes"] = flatten_shapes(send_shapes);
-    ctx->save_for_backward({like});
     return exchange({send.begin(), send.end()}, recv_shapes, like, *mesh, mesh_dim);
   }
 
@@ -47,11 +46,12 @@ struct PeerExchangeFn : torch::autograd::Function<PeerExchangeFn> {
     auto mesh = mesh_from_ivalue(ctx->saved_data["mesh"]);
     const auto mesh_dim = ctx->saved_data["mesh_dim"].toInt();
     const auto send_shapes = unflatten_shapes(ctx->saved_data["send_shapes"].toIntVector());
-    const auto like = ctx->get_saved_variables()[0];
+    // The gradients (materialized: one per coordinate) have the received pieces' dtype and device, like the
+    // forward's `like`; nothing of the forward is kept for the backward but shapes.
+    const auto me = static_cast<size_t>(mesh->coordinate(mesh_dim));
     std::vector<at::Tensor> g;
-    for (size_t j = 0; j < grads.size(); ++j) g.push_back(j == static_cast<size_t>(mesh->coordinate(mesh_dim))
-                                                              ? grads[j].new_empty({0}) : grads[j]);
-    auto back = exchange(g, send_shapes, like, *mesh, mesh_dim);
+    for (size_t j = 0; j < grads.size(); ++j) g.push_back(j == me ? grads[j].new_empty({0}) : grads[j]);
+    auto back = exchange(g, send_shapes, grads[me], *mesh, mesh_dim);
     variable_list out(back.begin(), back.end());
     out.resize(back.size() + 4);  // like, mesh, mesh_dim, recv_shapes
     return out;

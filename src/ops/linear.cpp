@@ -218,6 +218,15 @@ using torch::autograd::variable_list;
 
 // Is `x @ w.T + b` computable on local tokens? x sharded only on leading (non-contracted) dims, no Partial;
 // w and b plain or fully replicated.
+// The weight and bias whole on every rank: plain or fully replicated.
+bool whole_params(const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  auto replicated = [](const at::Tensor& t) {
+    auto* i = shard_impl(t);
+    return !i || i->spec()->all_replicate();
+  };
+  return replicated(w) && (!b || !b->defined() || replicated(*b));
+}
+
 bool token_local_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   auto* xi = shard_impl(x);
   if (!xi || x.dim() < 2) return false;
@@ -225,11 +234,7 @@ bool token_local_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
     if (p.is_partial()) return false;
     if (p.is_shard() && p.dim == x.dim() - 1) return false;
   }
-  auto replicated = [](const at::Tensor& t) {
-    auto* i = shard_impl(t);
-    return !i || i->spec()->all_replicate();
-  };
-  return replicated(w) && (!b || !b->defined() || replicated(*b));
+  return whole_params(w, b);
 }
 
 at::Tensor plain_of(const at::Tensor& t) {
@@ -375,11 +380,7 @@ std::optional<at::Tensor> features_split_to_rows(const at::Tensor& x, const at::
       m = static_cast<int64_t>(j);
     }
   }
-  auto replicated = [](const at::Tensor& t) {
-    auto* i = shard_impl(t);
-    return !i || i->spec()->all_replicate();
-  };
-  if (m < 0 || !replicated(w) || (b && b->defined() && !replicated(*b))) return std::nullopt;
+  if (m < 0 || !whole_params(w, b)) return std::nullopt;
   if (x.size(last) > w.size(0) * spec.mesh->size(m)) return std::nullopt;  // a narrow output: its pending sum is smaller
   auto layout = split_moved_layout(spec, x.sizes(), last);
   if (!layout) return std::nullopt;

@@ -225,40 +225,43 @@ def _make_plan(fmap, p, BF, H, W, splits, me):
     for k, a in enumerate(axes):
         offset[a] = starts_in[k][me[k]]
 
-    def lookup(table, e):
-        if table is None:  # the local block: local coordinates
-            return (coords(e) - torch.tensor(offset)).unbind(1)
-        perm = table.argsort()
-        return perm[torch.searchsorted(table[perm], e)]
+    def lookup(table):
+        """Where each of the sources ``e`` sits in ``table``: local coordinates of the block (no table yet: the
+        first stage) or row indices, a source of -1 at the row after the table (the zero row the forward appends)."""
+        if table is None:
+            return lambda e: (coords(e) - torch.tensor(offset)).unbind(1)
+        order, n_rows = table.argsort(), table.numel()
+        keys = table[order]
+
+        def rows(e):
+            if n_rows == 0:  # nothing read from anywhere (every source is "none"): the zero row
+                return torch.full_like(e, n_rows)
+            at = torch.searchsorted(keys, e.clamp(min=0)).clamp(max=n_rows - 1)
+            return torch.where(e < 0, n_rows, order[at])
+        return rows
 
     table = None
     stages = []
     for k in reversed(range(K)):
         m, n = splits[k][0], len(splits[k][2])
-        send, recv = [], []
+        find = lookup(table)
+        send = []
         for q in range(n):
             if q == me[k]:
                 send.append(None)
                 continue
             e, o = needed(k, q)
-            send.append(lookup(table, e[o[:, k] == me[k]]))
+            send.append(find(e[o[:, k] == me[k]]))
         e, o = needed(k, me[k])
         pieces = [e[o[:, k] == s] for s in range(n)]
         recv = [int(t.numel()) if s != me[k] else 0 for s, t in enumerate(pieces)]
-        stages.append(_Stage(m, me[k], send, recv, lookup(table, pieces[me[k]])))
+        stages.append(_Stage(m, me[k], send, recv, find(pieces[me[k]])))
         table = torch.cat(pieces)
     plan = _Plan()
     plan.stages = stages
     plan.ext_out = {splits[k][0]: ext_out[k] for k in range(K)}
     mask = reading(me)
-    zero = table.numel()
-    order = table.argsort()
-
-    def rows(s):
-        if zero == 0:  # nothing read from anywhere (every source is "none"): the zero row
-            return torch.full_like(s, zero)
-        at = torch.searchsorted(table[order], s.clamp(min=0)).clamp(max=zero - 1)
-        return torch.where(s < 0, zero, order[at])
+    rows = lookup(table)
 
     plan.i1, plan.i2 = rows(src1[mask]), rows(src2[mask])
     plan.w1, plan.w2 = w1[mask], w2[mask]
@@ -387,7 +390,6 @@ def padding_forward_sharded(pad, data):
     mesh = device_mesh(data)
     shapes = sharding_shapes(data)
     x = to_local(data)
-    fmt = torch.channels_last if getattr(pad, "enable_nhwc", False) else torch.contiguous_format
     if not split_dims:
         # Only the channels are split (or nothing): every rank pads its own channels whole.
         return from_local(body(pad, x), mesh, list(pl), sharding_shapes=shapes, check=False)
@@ -395,6 +397,7 @@ def padding_forward_sharded(pad, data):
     splits = [(m, {0: 0, 2: 1, 3: 2}[d], list(shapes[m])) for m, d in split_dims]
     me = [int(cpp_mesh.coordinate[m]) for m, _ in split_dims]
     plan = _plan(fmap, pad, BF, H, W, splits, me, x.device)
+    fmt = torch.channels_last if getattr(pad, "enable_nhwc", False) else torch.contiguous_format
     out = _Padding.apply(x, plan, cpp_mesh, fmt)
     ext = dict(shapes)
     ext.update(plan.ext_out)
