@@ -5,8 +5,8 @@ FasterNet, LowFormer, iFormer, CSATv2, ViT variants (MAP head, mixed RoPE, PE-co
 Swin-V2-CR, Hiera-Det, ViTamin, Next-ViT, CoAtNet-rMLP, PNASNet; torchvision FPN backbones, DeepLabV3 with its aux
 head, MViT-v1, Inception-v3; smp architectures x encoders (MiT, MobileOne, timm-universal, DPN, ...). Not here:
 EfficientFormer-L1 at batch 1 (PyTorch's own CPU batch_norm backward mis-reads the gradient that reaches it; at
-batch 2 it is here), torchvision's deform_conv2d (no rule: the fallback, whose weight gradients come back as
-ShardTensors)."""
+batch 2 it is here). torchvision's deform_conv2d came later, with its rule (src/ops/deform_conv.cpp): a small net
+around `DeformConv2d` with offsets predicted by a convolution."""
 import functools
 
 import torch
@@ -254,6 +254,12 @@ def _():
     return MViT(spatial_size=(32, 32), temporal_size=4, block_setting=bs, residual_pool=False,
                 residual_with_cls_embed=True, rel_pos_embed=False, proj_after_attn=False, dropout=0.0,
                 num_classes=10)
+
+@model("torchvision", "torchvision/deform_conv_net", (2, 3, 64, 64),
+       note="DeformConv2d, offsets from a conv: data-dependent windows")
+def _():
+    return _Deform()
+
 
 class _Deform(torch.nn.Module):
     """A small net with a deformable 3x3 conv (offsets predicted by a conv), torchvision.ops.DeformConv2d."""

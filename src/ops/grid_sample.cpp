@@ -22,8 +22,8 @@
 // grid is reflected here (in global pixels, torch's reflect-then-clip) and the kernel runs with border padding, the
 // grid gradient carrying the reflection's sign. Bicubic sampling reflects each of its taps, not the point: with
 // reflection padding over a split input it declines (the fallback; strict mode: NotImplementedError).
-#include "comm/halo_plan.h"
 #include "ops/common.h"
+#include "ops/data_windows.h"
 
 #include <deque>
 #include <limits>
@@ -179,68 +179,24 @@ std::vector<Pixels> pixels_of(const GridLayout& l, const at::Tensor& input, cons
   return px;
 }
 
-// [lo, hi): the input rows this rank's points (pixels `p`) read along a dim of `size` rows (with a margin of one row
-// each side), at least min(2, size) rows so a window never has the degenerate one-row normalization; [0, min(2,
-// size)) when no point reads any row.
-std::pair<int64_t, int64_t> rows_read(const at::Tensor& pixels, int64_t size, int64_t interpolation_mode,
-                                      int64_t padding_mode) {
-  int64_t lo = 0, hi = 0;
-  if (pixels.numel() > 0) {
-    auto p = padding_mode == kBorder ? pixels.clamp(0, static_cast<double>(size - 1)) : pixels;
-    const auto below = interpolation_mode == kBicubic ? 2 : 1, above = interpolation_mode == kBicubic ? 3 : 2;
-    auto f = at::floor(p).clamp(-4.0 * static_cast<double>(size) - 8, 4.0 * static_cast<double>(size) + 8);
-    auto t_lo = f - below, t_hi = f + above;
-    auto valid = at::isfinite(p).logical_and_(t_hi >= 0).logical_and_(t_lo <= static_cast<double>(size - 1));
-    constexpr double big = 1e300;
-    auto ends = at::stack({at::where(valid, t_lo, big).min(), at::where(valid, t_hi, -big).max()}).cpu();
-    const auto a = ends[0].item<double>(), b = ends[1].item<double>();
-    if (a <= b) {
-      lo = std::max<int64_t>(0, static_cast<int64_t>(a));
-      hi = std::min<int64_t>(size - 1, static_cast<int64_t>(b)) + 1;
-    }
-  }
-  if (hi <= lo) return {0, std::min<int64_t>(2, size)};
-  if (hi - lo < 2 && size >= 2) {
-    if (hi < size) ++hi;
-    else --lo;
-  }
-  return {lo, hi};
-}
-
 // The windows of this rank along the sharded input dims: their halo plan and each window's start and length.
-struct Windows {
-  comm::HaloPlan plan;
-  std::vector<std::pair<int64_t, int64_t>> range;  // per GridLayout::windows entry: [lo, hi) of this rank
-};
+using Windows = DataWindows;
 
 Windows plan_windows(const GridLayout& l, const at::Tensor& input, const std::vector<Pixels>& px,
                      const c10::Device& device, int64_t interpolation_mode, int64_t padding_mode) {
-  Windows w;
-  const auto& mesh = *l.mesh;
-  std::vector<comm::HaloDim> dims;
-  for (size_t k = 0; k < l.windows.size(); ++k) {
-    const auto& wd = l.windows[k];
+  std::vector<DataWindowDim> dims;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  // Taps at floor(p) .. floor(p) + 1 (bicubic: - 1 .. + 2), a row of margin each side for the kernel's rounding; at
+  // least two rows, so a window never has the degenerate one-row normalization.
+  const int64_t below = interpolation_mode == kBicubic ? 2 : 1, above = interpolation_mode == kBicubic ? 3 : 2;
+  for (const auto& wd : l.windows) {
     const auto size = input.size(wd.dim);
-    auto [lo, hi] = rows_read(px[wd.component].p, size, interpolation_mode, padding_mode);
-    // A later exchange moves this dim's window between the ranks of the later mesh dims: they must all hold the
-    // same rows along it, so it is widened to the union over them.
-    for (size_t j = k + 1; j < l.windows.size(); ++j) {
-      const auto all = comm::all_gather_ints({lo, hi}, mesh, l.windows[j].mesh_dim,
-                                             "grid_sample over a split input (window union)");
-      for (const auto& r : all) {
-        lo = std::min(lo, r[0]);
-        hi = std::max(hi, r[1]);
-      }
-    }
-    const auto all = comm::all_gather_ints({lo, hi}, mesh, wd.mesh_dim, "grid_sample over a split input (windows)");
-    comm::RowRequests want(all.size());
-    for (size_t c = 0; c < all.size(); ++c)
-      for (int64_t r = all[c][0]; r < all[c][1]; ++r) want[c].push_back(r);
-    dims.push_back({wd.dim, wd.mesh_dim, l.in_ext.at(wd.dim), std::move(want)});
-    w.range.emplace_back(lo, hi);
+    auto p = px[wd.component].p;
+    if (padding_mode == kBorder) p = p.clamp(0, static_cast<double>(size - 1));
+    ranges.push_back(rows_read(p, size, below, above, 2));
+    dims.push_back({wd.dim, wd.mesh_dim, l.in_ext.at(wd.dim)});
   }
-  if (!dims.empty()) w.plan = comm::HaloPlan(dims, mesh.coordinates(), device);
-  return w;
+  return plan_data_windows(dims, std::move(ranges), *l.mesh, device, "grid_sample over a split input (windows)");
 }
 
 // The windows of the last forward calls, for their backward: the same grid (the tensor autograd saved, not modified
