@@ -779,6 +779,9 @@ def _():
 
 RTOL = {torch.float64: 1e-9, torch.float32: 2e-4}
 # SHARDTENSOR_ZOO_ANOMALY=1: a backward error also prints the forward stack of the op whose backward failed.
+# SHARDTENSOR_ZOO_COMPILE=<backend> (aot_eager, inductor): the sharded model and the one-process reference run as
+# torch.compile(model, backend=...) in the training step and the eval forward; activations are not measured then
+# (forward hooks inside compiled code), the outputs' layout still is.
 ANOMALY = os.environ.get("SHARDTENSOR_ZOO_ANOMALY", "") not in ("", "0")
 # A parameter gradient is compared relative to at least this fraction of the largest one: a gradient that is zero in
 # exact arithmetic (a conv bias before InstanceNorm, a key bias under softmax) holds only rounding noise, and in
@@ -1044,11 +1047,15 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         res["extents"] = extents
 
         stage = "single-process"
+        backend = os.environ.get("SHARDTENSOR_ZOO_COMPILE")
+        # Compiled, the reference is compiled too: a library may take another path under torch.compile
+        # (kornia's crops gather where eagerly they slice), which need not agree with its eager one.
+        run_ref = torch.compile(ref, backend=backend) if backend else ref
         model.train(), ref.train()
         xr = x.clone().requires_grad_(not spec.forward_only)
         reseed = (lambda: torch.manual_seed(seed + 3)) if spec.reseed else (lambda: None)
         reseed()
-        out_ref = _flat_tensors(ref(xr, **extra))
+        out_ref = _flat_tensors(run_ref(xr, **extra))
         weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in out_ref]
         if not spec.forward_only:
             sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
@@ -1056,10 +1063,11 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         stage = "forward"
         xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims),
                                   sharding_shapes=extents).requires_grad_(not spec.forward_only)
-        share = _ActivationShare(model)
+        share = _ActivationShare(model if not backend else torch.nn.Identity())
+        run = torch.compile(model, backend=backend) if backend else model
         reseed()
         with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
-            out = _flat_tensors(model(xs, **extra))
+            out = _flat_tensors(run(xs, **extra))
         share.remove()
         share.reduce()
         stage = "backward"
@@ -1111,10 +1119,10 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         model.eval(), ref.eval()
         with torch.no_grad():
             reseed()
-            out_eval_ref = _flat_tensors(ref(x, **extra))
+            out_eval_ref = _flat_tensors(run_ref(x, **extra))
             reseed()
             with st.CommCounter() as ev:
-                out_eval = _flat_tensors(model(xs.detach(), **extra))
+                out_eval = _flat_tensors(run(xs.detach(), **extra))
         res["calls_eval"] = _calls(ev)
         stage = "compare eval"
         for i, (o, r) in enumerate(zip(out_eval, out_eval_ref)):
@@ -1127,7 +1135,8 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
                        max_err=worst[1], wrong=[p[0] for p in problems[:20]])
         else:
             res.update(result="pass", detail="", max_err=0.0)
-            why = _not_parallel(spec, out, res["share"], int(torch.tensor(mesh_shape).prod()))
+            # Compiled (SHARDTENSOR_ZOO_COMPILE): activations are not measured, the outputs' layout still is.
+            why = _not_parallel(spec, out, res["share"] if not backend else 0.0, int(torch.tensor(mesh_shape).prod()))
             if why:
                 res.update(result="not-parallel", detail=why)
     except Exception as e:  # noqa: BLE001 -- the verdict of a model that does not run

@@ -79,20 +79,29 @@ class TracedShard(torch.Tensor):
     @torch.compiler.disable
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        _refuse_write_into_select_copy(func, args, kwargs)
-        copy_of_select = _is_select_copy(func, args) or (func.is_view and any(
-            getattr(t, "_select_copy", False) for t in tree_leaves((args, kwargs))))
+        written = _written_select_copies(func, args, kwargs)
+        source = _select_source(func, args)
+        view_root = None
+        if source is None and func.is_view:
+            view_root = next((_copy_root(t) for t in tree_leaves((args, kwargs)) if _copy_root(t) is not None), None)
         unwrap = lambda t: _to_cpp(t._local, t._layout) if isinstance(t, TracedShard) else t  # noqa: E731
-        args, kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+        cargs, ckwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
         # none for the ShardTensor key; the C++ dispatcher does.
-        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((args, kwargs))) as rule:
-            out = rule.tie(func(*args, **kwargs))
+        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((cargs, ckwargs))) as rule:
+            out = rule.tie(func(*cargs, **ckwargs))
         out = tree_map(_to_traced, out)
-        if copy_of_select:
+        if source is not None:
+            base, dim, index = source
             for t in tree_leaves(out):
                 if isinstance(t, TracedShard):
-                    t._select_copy = True
+                    t._select_source = (base, dim, index)
+        elif view_root is not None:
+            for t in tree_leaves(out):
+                if isinstance(t, TracedShard):
+                    t._select_root = view_root
+        for root in written:
+            _write_back(root)
         return out
 
     # The gradient of a Partial output is complete: tangents are traced as Replicate on those mesh dims (as DTensor
@@ -112,35 +121,52 @@ class TracedShard(torch.Tensor):
         return self if flatten_spec is None or flatten_spec[1] == self._layout else None
 
 
-_SELECTS = ("aten::select.int", "aten::unbind.int")
-
-
-def _is_select_copy(func, args) -> bool:
-    """``x[i]`` / ``unbind`` along a dim a mesh dim splits: eagerly a copy whose writes the library carries back to
-    ``x`` (dispatch/write_back.h), which a traced graph cannot do."""
-    if func.name() not in _SELECTS or not args or not isinstance(args[0], TracedShard):
-        return False
+def _select_source(func, args):
+    """``x[i]`` along a dim a mesh dim splits: a copy on every rank (the owner's row), eagerly carried back to ``x``
+    after a write into it by the library (dispatch/write_back.h), here by ``_write_back``. Returns (x, dim, index) or
+    None. (unbind's outputs are not tracked: functionalization may replay them as fresh tensors, so a write into one
+    -- possible only without autograd -- is not seen here.)"""
+    if func.name() != "aten::select.int" or not args or not isinstance(args[0], TracedShard):
+        return None
     x = args[0]
     dim = args[1] if len(args) > 1 else 0
     dim = dim % x.dim() if x.dim() else 0
-    return any(kind == 1 and d == dim for kind, d, _ in x._layout[1])   # wire placements: (1, dim, "") is Shard(dim)
+    if not any(kind == 1 and d == dim for kind, d, _ in x._layout[1]):   # wire placements: (1, dim, "") is Shard(dim)
+        return None
+    return x, dim, args[2] % x.shape[dim]
 
 
-def _refuse_write_into_select_copy(func, args, kwargs) -> None:
-    """An in-place write into ``x[i]`` along a split dim (or a view of it) inside a compiled region would be lost: the
-    write-through to ``x`` is eager-only. Refuse it (every rank traces alike) rather than compute a wrong result."""
+def _copy_root(t):
+    """The select copy ``t`` is, or is a view of (None: neither)."""
+    if getattr(t, "_select_source", None) is not None:
+        return t
+    return getattr(t, "_select_root", None)
+
+
+def _written_select_copies(func, args, kwargs) -> list:
+    """The select copies an in-place or out= op writes (directly or through a view of them)."""
     schema = func._schema
     if not schema.is_mutable:
-        return
+        return []
+    roots = []
     for i, a in enumerate(schema.arguments):
         if a.alias_info is None or not a.alias_info.is_write:
             continue
-        t = args[i] if i < len(args) else kwargs.get(a.name)
-        if getattr(t, "_select_copy", False):
-            raise NotImplementedError(
-                f"{func.name()}: an in-place write into x[i] taken along a split dim (a copy on every rank, whose "
-                "writes the library carries back to x only eagerly) inside a torch.compile'd region; write x itself "
-                "(index_put / a masked or sliced write along that dim), or run this part eagerly")
+        root = _copy_root(args[i] if i < len(args) else kwargs.get(a.name))
+        if root is not None and all(r is not root for r in roots):
+            roots.append(root)
+    return roots
+
+
+def _write_back(root) -> None:
+    """Carry a written select copy back into its row of ``x``: a write into x's one-row slice along the split dim (a
+    view of each rank's own rows: only the row's owner writes, nothing communicated), recorded by the tracer as an
+    in-place write into x's local tensor, as any in-place op on x is."""
+    base, dim, index = root._select_source
+    b, r = _to_cpp(base._local, base._layout), _to_cpp(root._local, root._layout)
+    with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([base._local, root._local]):
+        row = torch.ops.aten.slice.Tensor(b, dim, index, index + 1)
+        torch.ops.aten.copy_.default(row, torch.ops.aten.unsqueeze.default(r, dim))
 
 
 def _zero_from(tensors):

@@ -289,25 +289,56 @@ def test_layout_api_in_compiled_code_refused():
 
 def _write_columns(x):
     y = x * 1
-    y[:, 2] = 5.0           # x[i] along the split dim 1 is a copy; eagerly its write is carried back to y
+    y[:, 2] = 5.0           # x[i] along the split dim 1 is a copy; its write is carried back to y
     return y
 
 
-def case_write_into_select_copy_in_compiled_code():
-    """An in-place write into x[i] along a split dim inside a compiled region: its write-through to x is eager-only,
-    and was silently lost in the graph (a wrong result); it raises a clear error on every rank instead (eagerly it
-    is right: test_write_through.py)."""
-    m = mesh()
+def _write_through_view(x):
+    y = x * 1
+    y[:, 4][1:, :2] = -1.0  # a view of the copy, written
+    return y
+
+
+def _accumulate_into_column(x):
+    y = x.sin()
+    y[:, -1] += 2.0         # select, add_ into the copy, setitem's copy_ into it again
+    y[:, 0].mul_(3.0)
+    return y * 2
+
+
+def _scale_column(x):
+    y = x * 1
+    y[:, 1] = y[:, 1] * 3.0  # differentiable: x's gradient is 3 in that column
+    return y
+
+
+def case_write_into_select_copy_in_compiled_code(world_dims):
+    """An in-place write into x[i] along a split dim inside a compiled region: eagerly the library carries the copy's
+    write back to x (dispatch/write_back.h); in the traced graph the write into the copy is followed by a write of
+    the copy into x's one-row slice (only the row's owner writes). Was silently lost, then refused; now equal to one
+    device, forward and gradient, for direct writes, writes through a view of the copy and in-place accumulation, on
+    1-D and 2-D meshes."""
+    m = mesh(world_dims) if world_dims else mesh()
+    placements = [st.Shard(1)] if not world_dims else [st.Shard(1), st.Shard(2)]
     torch._dynamo.reset()
-    x = st.distribute_tensor(randn(3, 6, 4, seed=3), m, [st.Shard(1)])
-    close(full(_write_columns(x)), _write_columns(randn(3, 6, 4, seed=3)), what="eager")
-    torch.compile(_write_columns, backend="aot_eager")(x)
+    full_x = randn(3, 6, 4, seed=3)
+    for fn in (_write_columns, _write_through_view, _accumulate_into_column, _scale_column):
+        x = st.distribute_tensor(full_x, m, placements,
+                                 sharding_shapes={0: uneven_extents(6, m.size(0), seed=4)}).requires_grad_()
+        ref_x = full_x.clone().requires_grad_()
+        out = torch.compile(fn, backend="aot_eager")(x)
+        ref = fn(ref_x)
+        close(full(out), ref, what=fn.__name__)
+        w = randn(3, 6, 4, seed=5)
+        (out * w).sum().backward()
+        (ref * w).sum().backward()
+        close(full(x.grad), ref_x.grad, what=f"{fn.__name__} grad")
+    return True
 
 
-def test_write_into_select_copy_in_compiled_code_refused():
-    harness.expect_error(2, case_write_into_select_copy_in_compiled_code,
-                         match="in-place write into x[i] taken along a split dim",
-                         kinds=("NotImplementedError", "InternalTorchDynamoError"))
+@pytest.mark.parametrize("world_dims", [None, (2, 2)])
+def test_write_into_select_copy_in_compiled_code(world_dims):
+    harness.run(4 if world_dims else 2, case_write_into_select_copy_in_compiled_code, world_dims)
 
 
 class ChannelMlp(torch.nn.Module):
