@@ -150,6 +150,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_rule(
         g, x, local_norm, mean.reshape(flat_shape), rstd.reshape(flat_shape),
         w.defined() ? std::optional<at::Tensor>(w) : std::nullopt,
         bias && bias->defined() ? std::optional<at::Tensor>(local_param(bias, l, input)) : std::nullopt, mask);
+    // The kernels return a contiguous input gradient, but torch.compile's tracer gives it the input's strides (a
+    // permuted input: a channels-first LayerNorm, PVT, FocalNet, HuBERT): the traced graph then views it as if it
+    // had those strides and fails at runtime. Contiguous makes both agree (eagerly a no-op).
+    if (gi.defined()) gi = gi.contiguous();
   } else {
     const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
     auto xf = x.to(acc), gf = g.to(acc);

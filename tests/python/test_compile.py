@@ -341,6 +341,47 @@ def test_write_into_select_copy_in_compiled_code(world_dims):
     harness.run(4 if world_dims else 2, case_write_into_select_copy_in_compiled_code, world_dims)
 
 
+class _ChannelsFirstNorm(torch.nn.Module):
+    """A LayerNorm over the channels of a (B, C, T) signal through transposes (PVT, FocalNet, ConvNeXt, HuBERT)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 32, 3, padding=1)
+        self.ln = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.ln(self.conv(x).transpose(1, 2)).transpose(1, 2)
+
+
+def case_compiled_channels_first_layer_norm():
+    """The LayerNorm backward's input gradient is contiguous at runtime while the tracer gave it the permuted input's
+    strides: the compiled backward viewed it with the traced strides and failed (four zoo models under compile).
+    Training step against one device."""
+    m = mesh()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = _ChannelsFirstNorm().double()
+    ref = _ChannelsFirstNorm().double()
+    ref.load_state_dict(net.state_dict())
+    x = randn(2, 4, 20, seed=1, dtype=torch.float64)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: uneven_extents(20, m.size(), seed=1)})
+    out = torch.compile(net, backend="aot_eager")(xs.requires_grad_())
+    rx = x.clone().requires_grad_()
+    r = ref(rx)
+    close(full(out), r, rtol=1e-9, atol=1e-9, what="output")
+    w = randn(*r.shape, seed=2, dtype=torch.float64)
+    (out * w).sum().backward()
+    (r * w).sum().backward()
+    close(full(xs.grad), rx.grad, rtol=1e-9, atol=1e-9, what="input grad")
+    for (n, p), q in zip(net.named_parameters(), ref.parameters()):
+        close(p.grad, q.grad, rtol=1e-9, atol=1e-9, what=n)
+    return True
+
+
+def test_compiled_channels_first_layer_norm():
+    harness.run(2, case_compiled_channels_first_layer_norm)
+
+
 class ChannelMlp(torch.nn.Module):
     """Per-position MLP over the last (channel) dim: local under any sharding of the other dims."""
 
