@@ -104,21 +104,22 @@ TEST(RuleFamily, EveryFamilyInstalledAtLoad) {
     EXPECT_TRUE(has_handler(op)) << op;
   }
   // Families without an aten op of their own (physicsnemo_neighbors, physicsnemo_grid_derivatives,
-  // torch_harmonics_disco, torch_harmonics_attention, torchvision_detection: rules for other libraries' ops, bound
-  // when those are defined, so none here).
+  // torch_harmonics_disco, torch_harmonics_attention, torchvision_detection, deform_conv: rules for other libraries'
+  // ops, bound when those are defined, so none here).
   for (const char* family : {"group_norm (src/ops/norm.cpp)", "point_search (src/ops/point_search_shard.cpp)",
                              "physicsnemo_neighbors (src/ops/physicsnemo_neighbors.cpp)",
                              "physicsnemo_grid_derivatives (src/ops/physicsnemo_grid_derivatives.cpp)",
                              "torch_harmonics_disco (src/ops/torch_harmonics_disco.cpp)",
                              "torch_harmonics_attention (src/ops/torch_harmonics_attention.cpp)",
                              "torchvision_detection (src/ops/torchvision_detection.cpp)",
+                             "deform_conv (src/ops/deform_conv.cpp)",
                              "reduction_grad (src/ops/reduction_grad.cpp)",
                              "selection_grad (src/ops/selection_grad.cpp)",
                              "sort_sharded (src/ops/sort_sharded.cpp)"})
     EXPECT_TRUE(contains(installed, family)) << family << " is not installed";
   EXPECT_EQ(dispatch::rule_family_of("aten::native_group_norm"), "group_norm (src/ops/norm.cpp)");
   EXPECT_EQ(dispatch::rule_family_of("shardtensor::knn"), "point_search (src/ops/point_search_shard.cpp)");
-  EXPECT_EQ(installed.size(), owned_ops().size() + 10);
+  EXPECT_EQ(installed.size(), owned_ops().size() + 11);
   EXPECT_GT(registered_handlers().size(), 1000u);
 }
 
