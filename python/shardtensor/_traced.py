@@ -162,11 +162,13 @@ def _write_back(root) -> None:
     """Carry a written select copy back into its row of ``x``: a write into x's one-row slice along the split dim (a
     view of each rank's own rows: only the row's owner writes, nothing communicated), recorded by the tracer as an
     in-place write into x's local tensor, as any in-place op on x is."""
-    base, dim, index = root._select_source
-    b, r = _to_cpp(base._local, base._layout), _to_cpp(root._local, root._layout)
-    with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([base._local, root._local]):
-        row = torch.ops.aten.slice.Tensor(b, dim, index, index + 1)
-        torch.ops.aten.copy_.default(row, torch.ops.aten.unsqueeze.default(r, dim))
+    while root is not None:
+        base, dim, index = root._select_source
+        b, r = _to_cpp(base._local, base._layout), _to_cpp(root._local, root._layout)
+        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([base._local, root._local]):
+            row = torch.ops.aten.slice.Tensor(b, dim, index, index + 1)
+            torch.ops.aten.copy_.default(row, torch.ops.aten.unsqueeze.default(r, dim))
+        root = _copy_root(base)     # x[i][j] along two split dims: the outer copy goes home too
 
 
 def _zero_from(tensors):

@@ -306,6 +306,12 @@ def _accumulate_into_column(x):
     return y * 2
 
 
+def _write_nested(x):
+    y = x * 1
+    y[:, 2][:, 1] = 5.0      # on a 2x2 mesh a copy of a copy (dims 1 and 2 both split)
+    return y
+
+
 def _scale_column(x):
     y = x * 1
     y[:, 1] = y[:, 1] * 3.0  # differentiable: x's gradient is 3 in that column
@@ -322,7 +328,7 @@ def case_write_into_select_copy_in_compiled_code(world_dims):
     placements = [st.Shard(1)] if not world_dims else [st.Shard(1), st.Shard(2)]
     torch._dynamo.reset()
     full_x = randn(3, 6, 4, seed=3)
-    for fn in (_write_columns, _write_through_view, _accumulate_into_column, _scale_column):
+    for fn in (_write_columns, _write_through_view, _accumulate_into_column, _write_nested, _scale_column):
         x = st.distribute_tensor(full_x, m, placements,
                                  sharding_shapes={0: uneven_extents(6, m.size(0), seed=4)}).requires_grad_()
         ref_x = full_x.clone().requires_grad_()
