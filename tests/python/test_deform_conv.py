@@ -180,3 +180,12 @@ def test_module(world):
 
 def test_channels_refused():
     harness.expect_error(2, refuse_channels, match="channels are split", kinds=("NotImplementedError",))
+
+
+def test_simulation_refuses_spatial_split():
+    """The windows are data: a simulated rank cannot know its peers' ranges, so the rule refuses with the remedy
+    (in this process: st.simulate needs no pool)."""
+    with st.simulate(1, 4, warn=False) as sim:
+        xs = st.distribute_tensor(torch.randn(1, 4, 32, 32), sim.mesh, [st.Shard(2)])
+        with pytest.raises(NotImplementedError, match="needs the values of other ranks"):
+            tv_ops.deform_conv2d(xs, torch.randn(1, 18, 32, 32), torch.randn(4, 4, 3, 3), padding=1)
