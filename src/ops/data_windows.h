@@ -14,7 +14,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -51,5 +53,36 @@ struct DataWindows {
 DataWindows plan_data_windows(const std::vector<DataWindowDim>& dims, std::vector<std::pair<int64_t, int64_t>> ranges,
                               const Mesh& mesh, const c10::Device& device, const char* what,
                               const WindowRows& rows = {});
+
+// The windows of the last forward calls, for their backward: the same data tensor (a grid, offsets: the tensor
+// autograd saved, not modified since: its version), input and parameters give the same ranges, so the backward skips
+// the range pass and its all-gathers. Weak references: an entry whose tensors died never matches a new tensor at the
+// same address. Entries are added and dropped in program order, which every rank shares, so every rank hits or
+// misses alike. One thread-local cache of 16 entries per window type W; `make` builds W on a miss (a collective).
+template <class W>
+std::shared_ptr<const W> cached_windows(const at::Tensor& data, const at::Tensor& input, std::vector<int64_t> params,
+                                        const std::function<std::shared_ptr<const W>()>& make) {
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> data, input;
+    uint32_t data_version = 0, input_version = 0;
+    std::vector<int64_t> params;
+    std::shared_ptr<const W> windows;
+  };
+  thread_local std::deque<Entry> recent;
+  constexpr size_t kEntries = 16;
+  for (const auto& e : recent) {
+    auto d = e.data.lock(), x = e.input.lock();
+    if (d && x && d.get() == data.unsafeGetTensorImpl() && x.get() == input.unsafeGetTensorImpl() &&
+        e.data_version == data._version() && e.input_version == input._version() && e.params == params)
+      return e.windows;
+  }
+  auto w = make();
+  if (recent.size() == kEntries) recent.pop_front();
+  recent.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(data.getIntrusivePtr()),
+                    c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr()),
+                    static_cast<uint32_t>(data._version()), static_cast<uint32_t>(input._version()), std::move(params),
+                    w});
+  return w;
+}
 
 } // namespace shardtensor::ops

@@ -31,7 +31,6 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <deque>
 #include <memory>
 
 namespace shardtensor::ops {
@@ -209,39 +208,15 @@ at::Tensor tap_pixels(const at::Tensor& off, int64_t dim, int64_t o0, const Para
   return (base + o).to(at::kDouble);
 }
 
-// This rank's windows and frames. Cached for the backward like grid_sample's windows: the same offsets (not
-// modified since: their version) and input give the same ranges, so the backward skips the ranges' pass and their
-// all-gathers. Entries are added in program order, which every rank shares, so every rank hits or misses alike.
+// This rank's windows and frames.
 struct Windows {
   DataWindows data;
   std::vector<Frame> frame;  // per layout window, this rank's
 };
 
-struct CachedWindows {
-  c10::weak_intrusive_ptr<c10::TensorImpl> offset, input;
-  uint32_t offset_version = 0, input_version = 0;
-  std::vector<int64_t> params;
-  std::shared_ptr<const Windows> windows;
-};
-thread_local std::deque<CachedWindows> recent_windows;
-constexpr size_t kCachedWindows = 16;
-
-std::vector<int64_t> param_key(const Params& p, const at::Tensor& weight) {
-  return {p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dil[0], p.dil[1], p.offset_groups,
-          weight.size(2), weight.size(3)};
-}
-
-std::shared_ptr<const Windows> windows_for(const DeformLayout& l, const Params& p, const at::Tensor& input,
-                                           const at::Tensor& weight, const at::Tensor& offset,
-                                           const at::Tensor& off_local) {
-  const auto key = param_key(p, weight);
-  for (const auto& c : recent_windows) {
-    auto o = c.offset.lock(), x = c.input.lock();
-    if (o && x && o.get() == offset.unsafeGetTensorImpl() && x.get() == input.unsafeGetTensorImpl() &&
-        c.offset_version == offset._version() && c.input_version == input._version() && c.params == key)
-      return c.windows;
-  }
-  auto w = std::make_shared<Windows>();
+Windows plan_windows(const DeformLayout& l, const Params& p, const at::Tensor& input, const at::Tensor& weight,
+                     const at::Tensor& off_local) {
+  Windows w;
   const auto& mesh = *l.mesh;
   std::vector<DataWindowDim> dims;
   std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -267,26 +242,33 @@ std::shared_ptr<const Windows> windows_for(const DeformLayout& l, const Params& 
     }
     return r;
   };
-  w->data = plan_data_windows(dims, std::move(ranges), mesh, off_local.device(),
-                              "torchvision::deform_conv2d over a split input (windows)", rows);
+  w.data = plan_data_windows(dims, std::move(ranges), mesh, off_local.device(),
+                             "torchvision::deform_conv2d over a split input (windows)", rows);
   for (size_t k = 0; k < l.windows.size(); ++k) {
     const auto& ext = l.out_ext.at(l.windows[k].dim);
     const auto me = mesh.coordinate(l.windows[k].mesh_dim);
-    w->frame.push_back(frame_of(offset_of(ext, me), ext[me], w->data.range[k].first, w->data.range[k].second, sw[k]));
+    w.frame.push_back(frame_of(offset_of(ext, me), ext[me], w.data.range[k].first, w.data.range[k].second, sw[k]));
   }
-  if (recent_windows.size() == kCachedWindows) recent_windows.pop_front();
-  recent_windows.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(offset.getIntrusivePtr()),
-                            c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr()),
-                            static_cast<uint32_t>(offset._version()), static_cast<uint32_t>(input._version()), key,
-                            w});
   return w;
+}
+
+// The windows of a call, reused by its backward (cached_windows: the same offsets and input, not modified since).
+std::shared_ptr<const Windows> windows_for(const DeformLayout& l, const Params& p, const at::Tensor& input,
+                                           const at::Tensor& weight, const at::Tensor& offset,
+                                           const at::Tensor& off_local) {
+  return cached_windows<Windows>(offset, input,
+                                 {p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dil[0], p.dil[1], p.offset_groups,
+                                  weight.size(2), weight.size(3)},
+                                 [&] {
+                                   return std::make_shared<const Windows>(plan_windows(l, p, input, weight, off_local));
+                                 });
 }
 
 // One call's local pieces: the window, the offsets / mask with the frames' extra rows, the kernel's padding.
 struct LocalCall {
   at::Tensor x, weight, offset, mask, bias;
   int64_t pad[2] = {0, 0};
-  int64_t before[2] = {0, 0}, outputs[2] = {0, 0};
+  int64_t before[2] = {0, 0}, after[2] = {0, 0}, outputs[2] = {0, 0};  // the frames' extra rows, the rank's own
   bool empty = false;  // no output position here: the kernel is not run
   std::shared_ptr<const Windows> windows;
 };
@@ -315,17 +297,16 @@ LocalCall local_call(const DeformLayout& l, const Params& p, const at::Tensor& i
   if (l.windows.empty()) return c;
   c.windows = windows_for(l, p, input_in, weight, offset_in, c.offset);
   c.x = c.windows->data.plan.gather(c.x, *mesh);
-  int64_t after[2] = {0, 0};
   for (size_t k = 0; k < l.windows.size(); ++k) {
     const auto i = l.windows[k].dim - 2;
     const auto& f = c.windows->frame[k];
     c.pad[i] = f.pad;
     c.before[i] = f.before;
-    after[i] = f.after;
+    c.after[i] = f.after;
   }
   if (c.empty) return c;
-  c.offset = padded(c.offset, c.before, after);
-  if (p.use_mask) c.mask = padded(c.mask, c.before, after);  // an unused mask is (N, 1)
+  c.offset = padded(c.offset, c.before, c.after);
+  if (p.use_mask) c.mask = padded(c.mask, c.before, c.after);  // an unused mask is (N, 1)
   return c;
 }
 
@@ -383,10 +364,7 @@ void deform_conv2d_backward_handler(const c10::OperatorHandle& op, torch::jit::S
     gmask = at::zeros_like(c.mask);
     gb = at::zeros_like(c.bias);
   } else {
-    auto g = local_in(grad, l.mesh, l.out_pl, l.out_ext);
-    int64_t after[2];
-    for (int64_t i = 0; i < 2; ++i) after[i] = c.offset.size(2 + i) - c.before[i] - c.outputs[i];
-    g = padded(g, c.before, after);
+    auto g = padded(local_in(grad, l.mesh, l.out_pl, l.out_ext), c.before, c.after);
     torch::jit::Stack local{g, c.x, c.weight, c.offset, c.mask, c.bias};
     for (auto& v : scalar_args(c, p)) local.push_back(std::move(v));
     op.callBoxed(&local);

@@ -25,7 +25,6 @@
 #include "ops/common.h"
 #include "ops/data_windows.h"
 
-#include <deque>
 #include <limits>
 #include <memory>
 
@@ -199,38 +198,13 @@ Windows plan_windows(const GridLayout& l, const at::Tensor& input, const std::ve
   return plan_data_windows(dims, std::move(ranges), *l.mesh, device, "grid_sample over a split input (windows)");
 }
 
-// The windows of the last forward calls, for their backward: the same grid (the tensor autograd saved, not modified
-// since: its version) and input give the same ranges, so the backward skips the range computation and its
-// all-gather. Weak references: an entry whose tensors died never matches a new tensor at the same address. Entries
-// are added and dropped in program order, which every rank shares, so every rank hits or misses alike.
-struct CachedWindows {
-  c10::weak_intrusive_ptr<c10::TensorImpl> grid, input;
-  uint32_t grid_version = 0, input_version = 0;
-  int64_t interpolation_mode = 0, padding_mode = 0;
-  bool align_corners = false;
-  std::shared_ptr<const Windows> windows;
-};
-thread_local std::deque<CachedWindows> recent_windows;
-constexpr size_t kCachedWindows = 16;
-
+// The windows of a call, reused by its backward (cached_windows: the same grid and input, not modified since).
 std::shared_ptr<const Windows> windows_for(const GridLayout& l, const at::Tensor& input, const at::Tensor& grid,
                                            const std::vector<Pixels>& px, const c10::Device& device,
                                            int64_t interpolation_mode, int64_t padding_mode, bool align_corners) {
-  for (const auto& c : recent_windows) {
-    auto g = c.grid.lock(), x = c.input.lock();
-    if (g && x && g.get() == grid.unsafeGetTensorImpl() && x.get() == input.unsafeGetTensorImpl() &&
-        c.grid_version == grid._version() && c.input_version == input._version() &&
-        c.interpolation_mode == interpolation_mode && c.padding_mode == padding_mode &&
-        c.align_corners == align_corners)
-      return c.windows;
-  }
-  auto w = std::make_shared<const Windows>(plan_windows(l, input, px, device, interpolation_mode, padding_mode));
-  if (recent_windows.size() == kCachedWindows) recent_windows.pop_front();
-  recent_windows.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(grid.getIntrusivePtr()),
-                            c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr()),
-                            static_cast<uint32_t>(grid._version()), static_cast<uint32_t>(input._version()),
-                            interpolation_mode, padding_mode, align_corners, w});
-  return w;
+  return cached_windows<Windows>(grid, input, {interpolation_mode, padding_mode, align_corners ? 1 : 0}, [&] {
+    return std::make_shared<const Windows>(plan_windows(l, input, px, device, interpolation_mode, padding_mode));
+  });
 }
 
 // The grid with the components of windowed dims re-normalized to the windows (the grid itself when every window is
