@@ -83,7 +83,7 @@ class TracedShard(torch.Tensor):
         source = _select_source(func, args)
         view_root = None
         if source is None and func.is_view:
-            view_root = next((_copy_root(t) for t in tree_leaves((args, kwargs)) if _copy_root(t) is not None), None)
+            view_root = next((r for r in map(_copy_root, tree_leaves((args, kwargs))) if r is not None), None)
         unwrap = lambda t: _to_cpp(t._local, t._layout) if isinstance(t, TracedShard) else t  # noqa: E731
         cargs, ckwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
