@@ -315,6 +315,10 @@ PATCHES: tuple[Patch, ...] = (
     Patch("torch._dynamo.eval_frame.OptimizedModule", "__call__",
           "torch.compile(model)(x): ShardTensor arguments enter compiled code as TracedShards",
           _traced("wrap_optimized_module_call"), private=True),
+    Patch("torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd", "process_runtime_tangent",
+          "torch.compile: the plain zeros autograd gives a compiled graph's ShardTensor output that took no part in the "
+          "loss become a ShardTensor gradient of the traced layout (AOTAutograd raised: tangent metadata guessed wrong)",
+          _traced("materialized_tangent"), private=True),
     Patch("torch._dynamo.eval_frame.OptimizeContext", "__call__",
           "torch.compile(fn)(x): the compiled function converts ShardTensor arguments at its boundary",
           _traced("wrap_optimize_context_call"), private=True),

@@ -79,13 +79,21 @@ class TracedShard(torch.Tensor):
     @torch.compiler.disable
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        unwrap = lambda t: _to_cpp(t._local, t._layout) if isinstance(t, TracedShard) else t  # noqa: E731
+        cargs, ckwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+        if not _recording(args, kwargs):
+            # A frame of compiled code that runs eagerly (Dynamo skipped it: a graph break in a loop, the recompile
+            # limit): the locals are real, and the C++ rules run exactly as on ShardTensors -- their write-back of
+            # select copies included (keyed by the local's buffer, which the wrapper shares). No graph, so no ties
+            # (they would replace an output's buffer on ranks with an empty shard only, making aliasing and the
+            # C++ write-back differ between ranks) and no second, Python write-back.
+            with torch._C._DisablePythonDispatcher(), _RuleMode():
+                return tree_map(_to_traced, func(*cargs, **ckwargs))
         written = _written_select_copies(func, args, kwargs)
         source = _select_source(func, args)
         view_root = None
         if source is None and func.is_view:
             view_root = next((r for r in map(_copy_root, tree_leaves((args, kwargs))) if r is not None), None)
-        unwrap = lambda t: _to_cpp(t._local, t._layout) if isinstance(t, TracedShard) else t  # noqa: E731
-        cargs, ckwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
         # none for the ShardTensor key; the C++ dispatcher does.
         with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((cargs, ckwargs))) as rule:
@@ -115,10 +123,27 @@ class TracedShard(torch.Tensor):
                 _C.redistribute(_to_cpp(self._local, self._layout), [tuple(p) for p in want[1]], dict(want[2])))
         return _to_traced(cpp)
 
-    def __coerce_same_metadata_as_tangent__(self, flatten_spec, expected_type=None):
+    # A runtime gradient in another layout than the traced tangent (it comes from code that ran eagerly: a skipped
+    # frame, a graph break) is redistributed to it: the layouts are global, so every rank moves alike.
+    def __coerce_same_metadata_as_tangent__(self, expected_layout, expected_type=None):
         if expected_type not in (None, TracedShard):
             return None
-        return self if flatten_spec is None or flatten_spec[1] == self._layout else None
+        if expected_layout is None or expected_layout == self._layout:
+            return self
+        if not isinstance(expected_layout, tuple) or len(expected_layout) != 4 or \
+                expected_layout[0] != self._layout[0] or tuple(expected_layout[3]) != tuple(self._layout[3]):
+            return None
+        with torch._C._DisablePythonDispatcher(), _RuleMode():
+            return _to_traced(_as_layout(_to_cpp(self._local, self._layout), expected_layout))
+
+
+def _recording(args, kwargs) -> bool:
+    """True while a tracer records the op (a local is a fake or functional tensor); False where the locals are real
+    tensors: compiled code's frame running eagerly."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return any(isinstance(t._local, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(t._local)
+               for t in tree_leaves((args, kwargs)) if isinstance(t, TracedShard))
 
 
 def _select_source(func, args):
@@ -463,6 +488,22 @@ def install_autograd_bridge() -> None:
 # torch.compile(model)(x) and torch.compile(fn)(x) take ShardTensors: compiled modules (OptimizedModule.__call__) and
 # compiled functions (what OptimizeContext returns) convert at their boundary (_patches.py installs both). Nothing
 # changes for calls without ShardTensor arguments.
+
+def materialized_tangent(original):
+    """AOTAutograd's ``process_runtime_tangent``: a plain tensor where a traced shard's tangent was traced is the zeros
+    autograd inserts for a graph output that took no part in the gradient (torch's note "AOTAutograd Backward
+    Guards", case 2: AOTAutograd then raises); like any plain gradient of a ShardTensor here it is the whole gradient,
+    alike on every rank, so it is distributed to the traced layout (from the layouts alone: every rank alike)."""
+    func = original.__func__ if isinstance(original, staticmethod) else original
+
+    @functools.wraps(func)
+    def process_runtime_tangent(x, meta):
+        if getattr(meta, "original_subclass_type", None) is TracedShard and type(x) is torch.Tensor:
+            with torch._C._DisablePythonDispatcher(), _RuleMode():
+                x = _to_traced(_as_layout(x, meta.meta))
+        return func(x, meta)
+    return staticmethod(process_runtime_tangent)
+
 
 def wrap_optimized_module_call(module_call):
     @functools.wraps(module_call)

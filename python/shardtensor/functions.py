@@ -29,7 +29,6 @@ _DISPATCH = "__shardtensor_dispatch__"   # the name the router calls, set in the
 _KEY = 0x5eed_0000_0000                    # a literal in the template, replaced by the route's key
 _active = threading.local()
 _routes: dict = {}                         # key -> _Route
-_eager_route_disabled = None               # _eager_route behind torch.compiler.disable (set by register_function)
 
 
 def _any_argument(args, kwargs, hit) -> bool:
@@ -77,13 +76,20 @@ def _traced_among(args, kwargs) -> bool:
     return _any_argument(args, kwargs, lambda v: isinstance(v, TracedShard))
 
 
-def _eager_route(route, args, kwargs):
-    """The route, run eagerly from inside a compiled region (a graph break): traced ShardTensors become C++ ones for
-    the handler and its results traced again (both differentiable)."""
+def _eager_call(fn, args, kwargs):
+    """``fn(*args, **kwargs)`` on C++ ShardTensors where traced ones (``_traced.TracedShard``) are given, its results
+    traced again (both differentiable): what routed code runs from inside compiled code -- at a graph break, or in a
+    frame Dynamo skipped (graph breaks in a loop, the recompile limit), which runs eagerly on traced ShardTensors."""
     from torch.utils._pytree import tree_map
     from ._traced import from_traced, to_traced
     args, kwargs = tree_map(from_traced, (args, kwargs))
-    return tree_map(to_traced, route.call(args, kwargs))
+    return tree_map(to_traced, fn(*args, **kwargs))
+
+
+# _eager_call behind torch.compiler.disable: called from code Dynamo traces, it breaks the graph; called from a frame
+# Dynamo skipped, it keeps Dynamo from compiling the frames it calls on C++ ShardTensors (which it cannot fakeify).
+# (Built at import: shardtensor imports Dynamo anyway, for its torch.compile boundary.)
+call_eagerly = torch.compiler.disable(_eager_call, recursive=True)
 
 
 def _dispatch(key, args, kwargs):
@@ -92,9 +98,9 @@ def _dispatch(key, args, kwargs):
     layouts a graph cannot hold); a call without runs the function's own body, traced as without the library. No
     Python object of ours becomes a graph constant (Dynamo traces only literal constants)."""
     route = _routes[key]
+    if _traced_among(args, kwargs):     # compiled code: Dynamo tracing it, or a frame it skipped running eagerly
+        return call_eagerly(route.call, (args, kwargs), {})
     if torch.compiler.is_compiling():
-        if _traced_among(args, kwargs):
-            return _eager_route_disabled(route, args, kwargs)
         return route.body(*args, **kwargs)
     return route.call(args, kwargs)
 
@@ -163,11 +169,6 @@ def register_function(fn, handler):
     body = _copy_function(fn)
     route = _Route(fn, body, handler)
     template = _router_code(fn.__code__.co_freevars)
-    global _eager_route_disabled
-    if _eager_route_disabled is None:
-        # Behind torch.compiler.disable (a graph break when compiled code calls it), built here rather than while
-        # Dynamo traces (it imports Dynamo once, ~1 s, when the first function is routed).
-        _eager_route_disabled = torch.compiler.disable(_eager_route, recursive=True)
     key = id(route)
     _routes[key] = route
     fn.__globals__[_DISPATCH] = _dispatch

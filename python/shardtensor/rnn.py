@@ -40,15 +40,27 @@ _KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "r
 
 
 def routed_forward(original):
-    """``forward`` of ``nn.RNN``/``nn.LSTM``/``nn.GRU``: ShardTensor inputs go to ``sharded_forward``."""
-    @functools.wraps(original)
-    def forward(self, input, hx=None):
+    """``forward`` of ``nn.RNN``/``nn.LSTM``/``nn.GRU``: ShardTensor inputs go to ``sharded_forward``. Inside
+    compiled code (a traced ShardTensor input) the relay runs eagerly: at a graph break while Dynamo traces, directly
+    in a frame Dynamo skipped (functions.call_eagerly); compiled op by op, the recurrence would gather every gate."""
+    from . import functions
+    from ._traced import TracedShard
+
+    def sharded_or_original(self, input, hx=None):
         from . import _C
         if isinstance(input, torch.Tensor) and _C.is_shard_tensor(input):
             out = sharded_forward(self, input, hx)
             if out is not None:
                 return out
         return original(self, input, hx)
+
+    @functools.wraps(original)
+    def forward(self, input, hx=None):
+        if isinstance(input, TracedShard):
+            return functions.call_eagerly(sharded_or_original, (self, input, hx), {})
+        if torch.compiler.is_compiling():
+            return original(self, input, hx)
+        return sharded_or_original(self, input, hx)
     return forward
 
 

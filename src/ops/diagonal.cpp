@@ -18,6 +18,7 @@
 // a and column b that is the local tril/triu at k + a - b, for any layout (no communication; Partial kept).
 #include "dispatch/write_back.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <algorithm>
 
@@ -106,7 +107,7 @@ at::Tensor diagonal_rule(const at::Tensor& self_in, int64_t offset, int64_t dim1
 // diagonal_backward(Tensor grad_output, SymInt[] input_sizes, int offset, int dim1, int dim2) -> Tensor
 at::Tensor diagonal_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef input_sizes, int64_t offset,
                                   int64_t dim1, int64_t dim2) {
-  const auto sizes = C10_AS_INTARRAYREF_SLOW(input_sizes).vec();
+  const auto sizes = concrete_ints(input_sizes);
   const auto nd = static_cast<int64_t>(sizes.size());
   const auto g = diag_of(nd, offset, dim1, dim2);
   const auto& spec = *shard_impl(grad_output)->spec();
@@ -170,7 +171,7 @@ int64_t local_triangle_offset(const at::Tensor& self, int64_t k) {
 // tril(Tensor self, SymInt diagonal=0) -> Tensor, triu likewise
 template <bool Lower>
 at::Tensor triangle_rule(const at::Tensor& self, c10::SymInt diagonal) {
-  const auto k = local_triangle_offset(self, diagonal.expect_int());
+  const auto k = local_triangle_offset(self, concrete_int(diagonal));
   const auto& x = shard_impl(self)->local();
   return make_shard_tensor(Lower ? at::tril(x, k) : at::triu(x, k), shard_impl(self)->spec());
 }
@@ -178,7 +179,7 @@ at::Tensor triangle_rule(const at::Tensor& self, c10::SymInt diagonal) {
 // tril_(Tensor(a!) self, SymInt diagonal=0) -> Tensor(a!), triu_ likewise
 template <bool Lower>
 at::Tensor& triangle_inplace_rule(at::Tensor& self, c10::SymInt diagonal) {
-  const auto k = local_triangle_offset(self, diagonal.expect_int());
+  const auto k = local_triangle_offset(self, concrete_int(diagonal));
   auto x = shard_impl(self)->local();
   if (Lower) x.tril_(k);
   else x.triu_(k);

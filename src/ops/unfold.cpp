@@ -13,6 +13,7 @@
 #include "dispatch/args.h"
 #include "dispatch/write_back.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
@@ -180,7 +181,7 @@ std::vector<int64_t> rows_for_windows(const std::vector<int64_t>& windows, int64
 // gradient's windows redistributed to match): the local unfold_backward of the window, then the halo rows home.
 at::Tensor unfold_backward_rule(const at::Tensor& grad_in, c10::SymIntArrayRef input_sizes, int64_t dim, int64_t size,
                                 int64_t step) {
-  const auto sizes = C10_AS_INTARRAYREF_SLOW(input_sizes).vec();
+  const auto sizes = concrete_ints(input_sizes);
   const auto d = sizes.empty() ? 0 : wrap_dim(dim, static_cast<int64_t>(sizes.size()));
   auto g = resolve_partial(grad_in);
   // A gradient split along the window dim (a later op's gradient laid out by its own default split) has that split

@@ -5,6 +5,7 @@
 // other inputs are whole along it (they join the edge ranks), else gathers that dim.
 #include "comm/halo.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include "dispatch/write_back.h"
 
@@ -234,7 +235,7 @@ std::optional<ViewLayout> inner_split_layout(const ViewLayout& layout, at::IntAr
 // That redistribution runs below autograd and changes no values; the view's backward (a reshape of the gradient back
 // to the input shape) goes through this rule again and re-lays the gradient out as it needs.
 at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIntArrayRef size, bool unsafe) {
-  auto out_shape = at::infer_size(C10_AS_INTARRAYREF_SLOW(size), self_arg.numel());
+  auto out_shape = at::infer_size(concrete_ints(size), self_arg.numel());
   auto groups = view_groups(self_arg.sizes(), out_shape);
   auto self = self_arg;
   auto layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
@@ -410,7 +411,7 @@ at::Tensor squeeze_dims_rule(const at::Tensor& self, at::IntArrayRef dim) {
 // expand(Tensor(a) self, SymInt[] size, *, bool implicit=False)
 at::Tensor expand_rule(const at::Tensor& self, c10::SymIntArrayRef sym_size, bool /*implicit*/) {
   const auto& spec = spec_of(self);
-  const auto size = C10_AS_INTARRAYREF_SLOW(sym_size).vec();
+  const auto size = concrete_ints(sym_size);
   const auto shift = static_cast<int64_t>(size.size()) - self.dim();
   std::vector<int64_t> out_shape(size.begin(), size.end());
   for (int64_t k = 0; k < self.dim(); ++k)
@@ -466,9 +467,9 @@ at::Tensor slice_rule(const at::Tensor& self, int64_t dim_arg, std::optional<c10
   const auto& spec = spec_of(self);
   const auto dim = wrap_dim(dim_arg, self.dim());
   std::optional<int64_t> start, end;
-  if (start_arg) start = start_arg->expect_int();
-  if (end_arg) end = end_arg->expect_int();
-  const auto step = step_arg.expect_int();
+  if (start_arg) start = concrete_int(*start_arg);
+  if (end_arg) end = concrete_int(*end_arg);
+  const auto step = concrete_int(step_arg);
   TORCH_CHECK_VALUE(step > 0, "slice step must be positive");
   const auto r = normalize_slice(self.size(dim), start, end, step);
   const auto count = r.end > r.start ? (r.end - r.start + step - 1) / step : 0;
@@ -529,7 +530,7 @@ int64_t select_landing_dim(const ShardSpec& spec, int64_t dim, int64_t ranks) {
 // select.int(Tensor(a) self, int dim, SymInt index)
 at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt index_arg) {
   const auto dim = wrap_dim(dim_arg, self.dim());
-  auto index = index_arg.expect_int();
+  auto index = concrete_int(index_arg);
   TORCH_CHECK_INDEX(index >= -self.size(dim) && index < self.size(dim), "select: index ", index,
                     " out of range for dim ", dim, " of size ", self.size(dim));
   if (index < 0) index += self.size(dim);
@@ -597,7 +598,7 @@ std::vector<at::Tensor> slices_of(const at::Tensor& self, int64_t dim, const std
 // split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
 std::vector<at::Tensor> split_rule(const at::Tensor& self, c10::SymInt split_size, int64_t dim_arg) {
   const auto dim = wrap_dim(dim_arg, self.dim());
-  const auto s = split_size.expect_int();
+  const auto s = concrete_int(split_size);
   const auto n = self.size(dim);
   std::vector<int64_t> sizes;
   for (int64_t off = 0; off < n || (n == 0 && sizes.empty()); off += std::max<int64_t>(s, 1))
@@ -608,7 +609,7 @@ std::vector<at::Tensor> split_rule(const at::Tensor& self, c10::SymInt split_siz
 // split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
 std::vector<at::Tensor> split_with_sizes_rule(const at::Tensor& self, c10::SymIntArrayRef split_sizes,
                                               int64_t dim_arg) {
-  return slices_of(self, wrap_dim(dim_arg, self.dim()), C10_AS_INTARRAYREF_SLOW(split_sizes).vec());
+  return slices_of(self, wrap_dim(dim_arg, self.dim()), concrete_ints(split_sizes));
 }
 
 // unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
@@ -776,7 +777,7 @@ at::Tensor stack_rule(at::TensorList tensors, int64_t dim_arg) {
 // after the other. The backward (aten's formula: a view of the copies and a sum) runs on the same rules.
 at::Tensor repeat_rule(const at::Tensor& self, c10::SymIntArrayRef repeats) {
   const auto& spec = spec_of(self);
-  auto reps = C10_AS_INTARRAYREF_SLOW(repeats).vec();
+  auto reps = concrete_ints(repeats);
   TORCH_CHECK_VALUE(static_cast<int64_t>(reps.size()) >= self.dim(),
                     "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor");
   const auto shift = static_cast<int64_t>(reps.size()) - self.dim();
@@ -819,11 +820,11 @@ at::Tensor repeat_rule(const at::Tensor& self, c10::SymIntArrayRef repeats) {
 at::Tensor slice_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef sym_sizes, int64_t dim_arg,
                                c10::SymInt start, c10::SymInt end, c10::SymInt step_arg) {
   auto grad = resolve_partial(grad_output);
-  const auto input_sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes).vec();
+  const auto input_sizes = concrete_ints(sym_sizes);
   const auto ndim = static_cast<int64_t>(input_sizes.size());
   const auto dim = wrap_dim(dim_arg, ndim);
-  const auto step = step_arg.expect_int();
-  const auto r = normalize_slice(input_sizes[dim], start.expect_int(), end.expect_int(), step);
+  const auto step = concrete_int(step_arg);
+  const auto r = normalize_slice(input_sizes[dim], concrete_int(start), concrete_int(end), step);
   const auto& spec = spec_of(grad);
   const auto& mesh = *spec.mesh;
   std::vector<int64_t> out_shape(input_sizes.begin(), input_sizes.end());
@@ -859,10 +860,10 @@ at::Tensor slice_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRe
 at::Tensor select_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef sym_sizes, int64_t dim_arg,
                                 c10::SymInt index_arg) {
   auto grad = resolve_partial(grad_output);
-  const auto input_sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes).vec();
+  const auto input_sizes = concrete_ints(sym_sizes);
   const auto ndim = static_cast<int64_t>(input_sizes.size());
   const auto dim = wrap_dim(dim_arg, ndim);
-  auto index = index_arg.expect_int();
+  auto index = concrete_int(index_arg);
   if (index < 0) index += input_sizes[dim];
   const auto& gspec = spec_of(grad);
   Placements out_p = gspec.placements;

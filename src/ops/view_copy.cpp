@@ -12,6 +12,7 @@
 // what `src` needs to match. select_scatter writes through a one-wide slice (select along a sharded dim would move
 // the row to every rank first).
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
@@ -108,7 +109,7 @@ at::Tensor slice_scatter_rule(const at::Tensor& self, const at::Tensor& src, int
 // select_scatter(Tensor self, Tensor src, int dim, SymInt index)
 at::Tensor select_scatter_rule(const at::Tensor& self, const at::Tensor& src, int64_t dim_arg, c10::SymInt index_arg) {
   const auto dim = c10::maybe_wrap_dim(dim_arg, self.dim());
-  auto index = index_arg.expect_int();
+  auto index = concrete_int(index_arg);
   TORCH_CHECK_INDEX(index >= -self.size(dim) && index < self.size(dim), "select_scatter: index ", index,
                     " out of range for dim ", dim, " of size ", self.size(dim));
   if (index < 0) index += self.size(dim);

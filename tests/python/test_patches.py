@@ -31,6 +31,8 @@ OWNERS = {
     "torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup": fsdp2_group.FSDPParamGroup,
     "torch._dynamo.eval_frame.OptimizedModule": torch._dynamo.eval_frame.OptimizedModule,
     "torch._dynamo.eval_frame.OptimizeContext": torch._dynamo.eval_frame.OptimizeContext,
+    "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd":
+        torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd,
     "torch.autograd.Function": torch.autograd.Function,
     "torch.nn.RNN": torch.nn.RNN,
     "torch.nn.LSTM": torch.nn.LSTM,

@@ -1,0 +1,169 @@
+"""Compiled code that runs partly eagerly on traced ShardTensors (shardtensor/_traced.py's TracedShard): a frame
+Dynamo skips (a graph break inside a loop, the recompile limit) runs op by op on them, and every rank must issue the
+same collectives and get the single-device values, as with C++ ShardTensors. Found by the model zoo under
+torch.compile (benchmarks/results/zoo_compile_probe): PhysicsNeMo's HEALPix padding writes corner patches into
+`x[..., i, j]` in a loop (the ranks issued different collectives: the write-back of the select copies ran twice on
+ranks holding rows and once on a rank without), torchaudio's DeepSpeech runs a bidirectional nn.RNN (op by op in
+compiled code its gradient came back plain), a gradient reaching a graph in another layout than traced, a graph
+output outside the loss (autograd's plain zeros as its gradient) and view rules given symbolic sizes (RT-DETR)."""
+import pytest
+import torch
+
+import harness
+import shardtensor as st
+from cases_util import close, full, mesh
+
+BACKEND = "aot_eager"
+
+
+def corners(x):
+    """HEALPix-padding-like corner writes along the split dim (H), in a loop with a graph break: Dynamo skips the
+    frame and runs it eagerly on the traced shards."""
+    ret = torch.zeros_like(x)[..., :2, :2]
+    ret[..., -1, -1] = 0.5 * x[..., -1, 0] + 0.5 * x[..., 0, -1]
+    for i in range(1, 2):
+        ret[..., -i - 1, -i:] = x[..., -i - 1, :i]
+        ret[..., -i:, -i - 1] = x[..., :i, -i - 1]
+        torch._dynamo.graph_break()
+    return torch.cat((ret, x[..., :2, :2]), dim=-1) * 2
+
+
+def case_skipped_frame(extents):
+    torch._dynamo.reset()
+    m = mesh()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: list(extents)}).requires_grad_()
+    xr = x.clone().requires_grad_()
+    y_ref = corners(xr)
+    y = torch.compile(corners, backend=BACKEND)(xs)
+    close(full(y), y_ref, what="output")
+    w = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (y_ref * w).sum().backward()
+    (y * st.distribute_tensor(w, m, st.placements(y), sharding_shapes=st.sharding_shapes(y))).sum().backward()
+    close(full(xs.grad), xr.grad, what="input gradient")
+    return True
+
+
+@pytest.mark.parametrize("extents", [(5, 3), (8, 0)], ids=["uneven", "empty"])
+def test_skipped_frame_runs_like_eager(extents):
+    harness.run(2, case_skipped_frame, extents)
+
+
+class _RNNNet(torch.nn.Module):
+    """DeepSpeech's pattern: a linear layer, a bidirectional RNN over a time-split sequence, the directions summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 6)
+        self.rnn = torch.nn.RNN(6, 5, bidirectional=True, nonlinearity="relu")
+        self.out = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        h, _ = self.rnn(torch.relu(self.fc(x)))
+        return self.out(h[..., :5] + h[..., 5:])
+
+
+def case_rnn_in_compiled_model(extents):
+    torch._dynamo.reset()
+    m = mesh()
+    torch.manual_seed(0)
+    net = _RNNNet().double()
+    ref = _RNNNet().double()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(8, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(0)], sharding_shapes={0: list(extents)}).requires_grad_()
+    xr = x.clone().requires_grad_()
+    with st.CommCounter() as eager:
+        net(xs.detach())
+    with st.CommCounter() as compiled:
+        y = torch.compile(net, backend=BACKEND)(xs)
+    assert st.placements(y) == (st.Shard(0),)
+    assert compiled.calls == eager.calls, (compiled.calls, eager.calls)    # the relay, as eagerly (not op by op)
+    y_ref = ref(xr)
+    close(full(y), y_ref, what="output")
+    w = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (y_ref * w).sum().backward()
+    (y * st.distribute_tensor(w, m, [st.Shard(0)], sharding_shapes=st.sharding_shapes(y))).sum().backward()
+    close(full(xs.grad), xr.grad, what="input gradient")
+    for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters()):
+        close(full(p.grad), pr.grad, what=n)
+    return True
+
+
+@pytest.mark.parametrize("extents", [(5, 3), (8, 0)], ids=["uneven", "empty"])
+def test_rnn_in_compiled_model(extents):
+    harness.run(2, case_rnn_in_compiled_model, extents)
+
+
+def case_tangent_in_another_layout():
+    """AOTAutograd hands a graph's backward the runtime gradient of an output; one in another layout than the traced
+    tangent (from code that ran eagerly) is redistributed to it, values unchanged, on every rank alike."""
+    from shardtensor import _traced
+    m = mesh()
+    x = torch.randn(4, 8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    a = _traced.to_traced(st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [7, 1]}))
+    b = _traced.to_traced(st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [8, 0]}))
+    assert a.__coerce_same_metadata_as_tangent__(a._layout) is a
+    moved = b.__coerce_same_metadata_as_tangent__(a._layout)
+    assert isinstance(moved, _traced.TracedShard) and moved._layout == a._layout
+    close(full(_traced.from_traced(moved)), x, what="moved gradient")
+    other_shape = _traced.to_traced(st.distribute_tensor(x[:2], m, [st.Shard(1)]))
+    assert other_shape.__coerce_same_metadata_as_tangent__(a._layout) is None   # not a layout change: refuse
+    assert b.__coerce_same_metadata_as_tangent__(a._layout, torch.Tensor) is None
+    return True
+
+
+def test_tangent_in_another_layout():
+    harness.run(2, case_tangent_in_another_layout)
+
+
+def partly_unused(x):
+    a = x * 2
+    b = torch.sin(x)
+    torch._dynamo.graph_break()
+    return b * a.detach()
+
+
+def case_output_outside_the_loss():
+    """A graph's ShardTensor output that takes no part in the loss (used detached after a graph break, as RT-DETR's
+    encoder memory in its query selection) receives autograd's plain zeros as its gradient; AOTAutograd traced a
+    ShardTensor tangent and raised ("a tensor subclass where we guessed its metadata incorrectly")."""
+    torch._dynamo.reset()
+    m = mesh()
+    x = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [4, 2]}).requires_grad_()
+    xr = x.clone().requires_grad_()
+    y = torch.compile(partly_unused, backend=BACKEND)(xs)
+    y_ref = partly_unused(xr)
+    close(full(y), y_ref, what="output")
+    y.sum().backward()
+    y_ref.sum().backward()
+    close(full(xs.grad), xr.grad, what="input gradient")
+    return True
+
+
+def test_output_outside_the_loss():
+    harness.run(2, case_output_outside_the_loss)
+
+
+def case_symbolic_view_sizes():
+    """Dynamo fakeifies a graph input that is a view of a traced shard by replaying the view on its base with
+    symbolic sizes once a dim turned dynamic (RT-DETR under torch.compile raised there: "SymIntArrayRef expected to
+    contain only concrete integers"). The view rules plan from concrete values, so they specialize each (a guard)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    env = ShapeEnv()
+    s = env.create_unspecified_symint_and_symbol(4, ConstantSource("s"), DimDynamic.DYNAMIC)
+    m = mesh()
+    x = torch.randn(2, 4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [3, 1]})
+    close(full(xs.view(2, s * 6)), x.view(2, 24), what="view")
+    close(full(xs[:, : s - 1]), x[:, :3], what="slice")
+    close(full(xs.select(1, s - 2)), x[:, 2], what="select")
+    close(full(xs.expand(3, 2, s, 6)), x.expand(3, 2, 4, 6), what="expand")
+    assert env.guards, "the symbolic sizes were not specialized"
+    return True
+
+
+def test_symbolic_view_sizes():
+    harness.run(2, case_symbolic_view_sizes)
