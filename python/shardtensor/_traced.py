@@ -490,17 +490,26 @@ def install_autograd_bridge() -> None:
 # changes for calls without ShardTensor arguments.
 
 def materialized_tangent(original):
-    """AOTAutograd's ``process_runtime_tangent``: a plain tensor where a traced shard's tangent was traced is the zeros
-    autograd inserts for a graph output that took no part in the gradient (torch's note "AOTAutograd Backward
-    Guards", case 2: AOTAutograd then raises); like any plain gradient of a ShardTensor here it is the whole gradient,
-    alike on every rank, so it is distributed to the traced layout (from the layouts alone: every rank alike)."""
+    """AOTAutograd's ``process_runtime_tangent``, where a graph's runtime gradient is not of the traced kind (torch's
+    note "AOTAutograd Backward Guards": AOTAutograd raises then). Both cases are whole gradients, alike on every
+    rank, and each is converted from the layouts alone (every rank alike):
+    - plain where a traced shard's tangent was traced: the zeros autograd inserts for a graph output that took no
+      part in the loss (or any plain gradient of a ShardTensor): distributed to the traced layout;
+    - a traced shard where a plain tangent was traced: a plain output (computed alike on every rank, as RT-DETR's and
+      Deformable DETR's query-side offsets) used with ShardTensors by a later graph or eager code: made whole."""
     func = original.__func__ if isinstance(original, staticmethod) else original
 
     @functools.wraps(func)
     def process_runtime_tangent(x, meta):
-        if getattr(meta, "original_subclass_type", None) is TracedShard and type(x) is torch.Tensor:
+        expected = getattr(meta, "original_subclass_type", None)
+        if expected is TracedShard and type(x) is torch.Tensor:
             with torch._C._DisablePythonDispatcher(), _RuleMode():
                 x = _to_traced(_as_layout(x, meta.meta))
+        elif expected is None and isinstance(x, TracedShard):
+            mesh_id, wire, _, shape = x._layout
+            whole = (mesh_id, tuple((0, -1, "") for _ in wire), (), shape)
+            with torch._C._DisablePythonDispatcher(), _RuleMode():
+                x = _C._local_of(_as_layout(_to_cpp(x._local, x._layout), whole))
         return func(x, meta)
     return staticmethod(process_runtime_tangent)
 

@@ -17,6 +17,7 @@
 #include "ops/attention_ring.h"
 #include "ops/attention_seq.h"
 #include "ops/common.h"
+#include "ops/describe.h"
 #include "ops/once_differentiable.h"
 
 #include <ATen/ATen.h>
@@ -34,16 +35,6 @@ using attention::CanonicalQkv;
 using attention::layout_of;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "None";
-  auto* i = shard_impl(t);
-  std::ostringstream os;
-  if (i) os << to_string(i->spec()->placements);
-  else os << "plain";
-  os << " " << t.sizes();
-  return os.str();
-}
 
 [[noreturn]] void refuse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, const std::string& why, const std::string& remedy) {

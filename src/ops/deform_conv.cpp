@@ -28,6 +28,7 @@
 // mesh dims. The ranges are data: under st.simulate a spatial split refuses.
 #include "ops/common.h"
 #include "ops/data_windows.h"
+#include "ops/describe.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -76,13 +77,8 @@ struct DeformLayout {
   std::vector<int64_t> out_shape;
 };
 
-std::string placements_str(const at::Tensor& t) {
-  auto* impl = shard_impl(t);
-  return impl ? impl->spec()->str() : std::string("plain");
-}
-
 [[noreturn]] void decline(const at::Tensor& input, const at::Tensor& offset, const std::string& why) {
-  dispatch::not_implemented(c10::str(kOp, " with input ", placements_str(input), " and offset ", placements_str(offset),
+  dispatch::not_implemented(c10::str(kOp, " with input ", describe_spec(input), " and offset ", describe_spec(offset),
                                      ": ", why));
 }
 

@@ -24,6 +24,7 @@
 // reflection padding over a split input it declines (the fallback; strict mode: NotImplementedError).
 #include "ops/common.h"
 #include "ops/data_windows.h"
+#include "ops/describe.h"
 
 #include <limits>
 #include <memory>
@@ -54,14 +55,9 @@ struct GridLayout {
   std::vector<int64_t> out_shape;
 };
 
-std::string placements_str(const at::Tensor& t) {
-  auto* impl = shard_impl(t);
-  return impl ? impl->spec()->str() : std::string("plain");
-}
-
 [[noreturn]] void decline(const std::string& op, const at::Tensor& input, const at::Tensor& grid,
                           const std::string& why) {
-  dispatch::not_implemented(c10::str(op, " with input ", placements_str(input), " and grid ", placements_str(grid),
+  dispatch::not_implemented(c10::str(op, " with input ", describe_spec(input), " and grid ", describe_spec(grid),
                                      ": ", why));
 }
 

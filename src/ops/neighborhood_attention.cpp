@@ -28,6 +28,7 @@
 #include "comm/halo_plan.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
+#include "ops/describe.h"
 #include "ops/neighborhood_kernels.h"
 #include "ops/once_differentiable.h"
 
@@ -274,14 +275,6 @@ at::Tensor na_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 }
 
 // ---- ShardTensors ----
-
-std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
-  if (auto* i = shard_impl(t)) os << to_string(i->spec()->placements);
-  else os << "plain";
-  os << " " << t.sizes();
-  return os.str();
-}
 
 [[noreturn]] void refuse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& why,
                          const std::string& remedy) {

@@ -24,6 +24,7 @@
 #include "dispatch/args.h"
 #include "dispatch/promote.h"
 #include "ops/common.h"
+#include "ops/describe.h"
 #include "ops/point_search_kernels.h"
 #include "ops/once_differentiable.h"
 
@@ -39,14 +40,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using SearchResult = std::tuple<at::Tensor, at::Tensor>;
-
-std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
-  if (auto* i = shard_impl(t)) os << to_string(i->spec()->placements);
-  else os << "plain";
-  os << " " << t.sizes();
-  return os.str();
-}
 
 [[noreturn]] void refuse(const char* op, const at::Tensor& points, const at::Tensor& queries, const std::string& why,
                          const std::string& remedy) {

@@ -5,7 +5,8 @@ torch.compile (benchmarks/results/zoo_compile_probe): PhysicsNeMo's HEALPix padd
 `x[..., i, j]` in a loop (the ranks issued different collectives: the write-back of the select copies ran twice on
 ranks holding rows and once on a rank without), torchaudio's DeepSpeech runs a bidirectional nn.RNN (op by op in
 compiled code its gradient came back plain), a gradient reaching a graph in another layout than traced, a graph
-output outside the loss (autograd's plain zeros as its gradient) and view rules given symbolic sizes (RT-DETR)."""
+output outside the loss (autograd's plain zeros as its gradient), a plain output whose gradient comes back sharded
+(Deformable DETR) and view rules given symbolic sizes (RT-DETR)."""
 import pytest
 import torch
 
@@ -144,6 +145,45 @@ def case_output_outside_the_loss():
 
 def test_output_outside_the_loss():
     harness.run(2, case_output_outside_the_loss)
+
+
+class _PlainThenSharded(torch.nn.Module):
+    """A plain tensor from parameters only (a query-side projection, as Deformable DETR's sampling offsets) meets
+    the ShardTensor after a graph break: the first graph traced a plain tangent for it, the second returns the
+    gradient as a ShardTensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.query = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+        self.lin = torch.nn.Linear(3, 3).double()
+
+    def forward(self, x):
+        q = self.lin(self.query)
+        torch._dynamo.graph_break()
+        return x * q
+
+
+def case_plain_output_used_with_shards():
+    torch._dynamo.reset()
+    m = mesh()
+    torch.manual_seed(0)
+    net = _PlainThenSharded()
+    ref = _PlainThenSharded()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [4, 2]}).requires_grad_()
+    y = torch.compile(net, backend=BACKEND)(xs)
+    y_ref = ref(x)
+    close(full(y), y_ref, what="output")
+    y.sum().backward()
+    y_ref.sum().backward()
+    for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters()):
+        close(full(p.grad), pr.grad, what=n)
+    return True
+
+
+def test_plain_output_used_with_shards():
+    harness.run(2, case_plain_output_used_with_shards)
 
 
 def case_symbolic_view_sizes():
