@@ -104,6 +104,10 @@ class TracedShard(torch.Tensor):
             for t in tree_leaves(out):
                 if isinstance(t, TracedShard):
                     t._select_source = (base, dim, index)
+        elif _unbinds_split_dim(func, args):
+            base, dim = args[0], (args[1] if len(args) > 1 else 0) % args[0].dim()
+            for index, t in enumerate(out):     # each output is x.select(dim, index): carried home alike
+                t._select_source = (base, dim, index)
         elif view_root is not None:
             for t in tree_leaves(out):
                 if isinstance(t, TracedShard):
@@ -149,8 +153,7 @@ def _recording(args, kwargs) -> bool:
 def _select_source(func, args):
     """``x[i]`` along a dim a mesh dim splits: a copy on every rank (the owner's row), eagerly carried back to ``x``
     after a write into it by the library (dispatch/write_back.h), here by ``_write_back``. Returns (x, dim, index) or
-    None. (unbind's outputs are not tracked: functionalization may replay them as fresh tensors, so a write into one
-    -- possible only without autograd -- is not seen here.)"""
+    None. (unbind's outputs along such a dim are tracked alike: ``_unbinds_split_dim``.)"""
     if func.name() != "aten::select.int" or not args or not isinstance(args[0], TracedShard):
         return None
     x = args[0]
@@ -159,6 +162,14 @@ def _select_source(func, args):
     if not any(kind == 1 and d == dim for kind, d, _ in x._layout[1]):   # wire placements: (1, dim, "") is Shard(dim)
         return None
     return x, dim, args[2] % x.shape[dim]
+
+
+def _unbinds_split_dim(func, args) -> bool:
+    """``x.unbind(dim)`` along a dim a mesh dim splits (its outputs are copies of the owners' rows, as ``x[i]``)."""
+    if func.name() != "aten::unbind.int" or not args or not isinstance(args[0], TracedShard) or not args[0].dim():
+        return False
+    dim = (args[1] if len(args) > 1 else 0) % args[0].dim()
+    return any(kind == 1 and d == dim for kind, d, _ in args[0]._layout[1])
 
 
 def _copy_root(t):

@@ -1,5 +1,6 @@
 #include "dispatch/write_back.h"
 
+#include "comm/functional.h"
 #include "comm/redistribute.h"
 
 #include <shardtensor/shard_tensor.h>
@@ -179,6 +180,9 @@ void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_
   auto* bimpl = shard_impl(base);
   auto* cimpl = shard_impl(copy);
   TORCH_INTERNAL_ASSERT(bimpl && cimpl);
+  // While torch.compile traces, python/shardtensor/_traced.py carries writes home in the graph; a tracer's tensors
+  // have no buffer to key on (registering one made a traced write replay the write-back on fake storage).
+  if (comm::tracing(cimpl->local())) return;
   const auto* key = storage_key(cimpl->local());
   const auto* base_key = storage_key(bimpl->local());
   // A copy that aliases the base (e.g. a size-1 mesh dim) is a real view already: writes reach the base.

@@ -347,6 +347,36 @@ def test_write_into_select_copy_in_compiled_code(world_dims):
     harness.run(4 if world_dims else 2, case_write_into_select_copy_in_compiled_code, world_dims)
 
 
+def _write_unbound_rows(x):
+    rows = x.unbind(1)
+    rows[1].mul_(2)                  # an output of unbind along the split dim
+    rows[4][0].add_(1)               # through a view of one
+    x.unbind(1)[2].unbind(0)[1].fill_(3)   # an unbind along another dim of one
+    return x * 1
+
+
+def case_write_into_unbind_output_in_compiled_code(world_dims):
+    """Without autograd (with it torch refuses such writes on one device too), `x.unbind(dim)[i]` along a split dim
+    may be written in place: eagerly the library carries it home as for x[i]; in compiled code it was silently lost
+    (the outputs were not tracked, and tracking them alone replayed the C++ write-back on the tracer's storage)."""
+    m = mesh(world_dims) if world_dims else mesh()
+    placements = [st.Shard(1)] if not world_dims else [st.Shard(1), st.Shard(2)]
+    torch._dynamo.reset()
+    full_x = randn(3, 6, 4, seed=3)
+    x = st.distribute_tensor(full_x, m, placements, sharding_shapes={0: uneven_extents(6, m.size(0), seed=4)})
+    ref_x = full_x.clone()
+    out = torch.compile(_write_unbound_rows, backend="aot_eager")(x)
+    ref = _write_unbound_rows(ref_x)
+    close(full(out), ref, what="output")
+    close(full(x), ref_x, what="x written")
+    return True
+
+
+@pytest.mark.parametrize("world_dims", [None, (2, 2)])
+def test_write_into_unbind_output_in_compiled_code(world_dims):
+    harness.run(4 if world_dims else 2, case_write_into_unbind_output_in_compiled_code, world_dims)
+
+
 class _ChannelsFirstNorm(torch.nn.Module):
     """A LayerNorm over the channels of a (B, C, T) signal through transposes (PVT, FocalNet, ConvNeXt, HuBERT)."""
 
