@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -144,8 +146,6 @@ class TracedShard(torch.Tensor):
 def _recording(args, kwargs) -> bool:
     """True while a tracer records the op (a local is a fake or functional tensor); False where the locals are real
     tensors: compiled code's frame running eagerly."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
     return any(isinstance(t._local, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(t._local)
                for t in tree_leaves((args, kwargs)) if isinstance(t, TracedShard))
 
@@ -159,17 +159,21 @@ def _select_source(func, args):
     x = args[0]
     dim = args[1] if len(args) > 1 else 0
     dim = dim % x.dim() if x.dim() else 0
-    if not any(kind == 1 and d == dim for kind, d, _ in x._layout[1]):   # wire placements: (1, dim, "") is Shard(dim)
+    if not _split_along(x, dim):
         return None
     return x, dim, args[2] % x.shape[dim]
+
+
+def _split_along(x, dim: int) -> bool:
+    """Whether a mesh dim splits dim ``dim`` of the traced shard ``x`` (wire placements: (1, dim, "") is Shard)."""
+    return any(kind == 1 and d == dim for kind, d, _ in x._layout[1])
 
 
 def _unbinds_split_dim(func, args) -> bool:
     """``x.unbind(dim)`` along a dim a mesh dim splits (its outputs are copies of the owners' rows, as ``x[i]``)."""
     if func.name() != "aten::unbind.int" or not args or not isinstance(args[0], TracedShard) or not args[0].dim():
         return False
-    dim = (args[1] if len(args) > 1 else 0) % args[0].dim()
-    return any(kind == 1 and d == dim for kind, d, _ in args[0]._layout[1])
+    return _split_along(args[0], (args[1] if len(args) > 1 else 0) % args[0].dim())
 
 
 def _copy_root(t):
@@ -506,8 +510,8 @@ def materialized_tangent(original):
     rank, and each is converted from the layouts alone (every rank alike):
     - plain where a traced shard's tangent was traced: the zeros autograd inserts for a graph output that took no
       part in the loss (or any plain gradient of a ShardTensor): distributed to the traced layout;
-    - a traced shard where a plain tangent was traced: a plain output (computed alike on every rank, as RT-DETR's and
-      Deformable DETR's query-side offsets) used with ShardTensors by a later graph or eager code: made whole."""
+    - a traced shard where a plain tangent was traced: a plain output (computed alike on every rank, as Deformable
+      DETR's query-side sampling offsets) used with ShardTensors by a later graph or eager code: made whole."""
     func = original.__func__ if isinstance(original, staticmethod) else original
 
     @functools.wraps(func)

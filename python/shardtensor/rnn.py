@@ -41,8 +41,8 @@ _KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "r
 
 def routed_forward(original):
     """``forward`` of ``nn.RNN``/``nn.LSTM``/``nn.GRU``: ShardTensor inputs go to ``sharded_forward``. Inside
-    compiled code (a traced ShardTensor input) the relay runs eagerly: at a graph break while Dynamo traces, directly
-    in a frame Dynamo skipped (functions.call_eagerly); compiled op by op, the recurrence would gather every gate."""
+    compiled code (a traced ShardTensor input) the relay runs eagerly on C++ ShardTensors (functions.call_eagerly: a
+    graph break while Dynamo traces); compiled op by op, the recurrence would gather every gate."""
     from . import functions
     from ._traced import TracedShard
 

@@ -79,8 +79,14 @@ at::Tensor log_softmax_rule(const at::Tensor& self, int64_t dim, bool half_to_fl
 // The input gradient of softmax (or, with `log`, log_softmax) from its output; `op_name` names the op in errors.
 at::Tensor softmax_backward_along(const char* op_name, const at::Tensor& grad_output, const at::Tensor& output_arg,
                                   int64_t dim_arg, at::ScalarType input_dtype, bool log) {
-  auto output = resolve_partial(output_arg);
   auto mesh = dispatch::common_mesh(op_name, {grad_output, output_arg});
+  // A plain output (a softmax of plain values: ConViT's positional attention) whose gradient comes back sharded,
+  // because it met ShardTensors afterwards (in compiled code, where no promotion turned it back plain first):
+  // Replicate, as every plain tensor mixed with ShardTensors (detached: this rule runs below autograd).
+  auto output = is_shard_tensor(output_arg)
+                    ? resolve_partial(output_arg)
+                    : wrap(output_arg.detach(), mesh, Placements(mesh->ndim(), Placement::replicate()),
+                           output_arg.sizes().vec(), {});
   auto spec = shard_impl(output)->spec();
   auto g = local_aligned(resolve_partial(grad_output), mesh, output.sizes(), spec->placements, spec->dim_extents());
   const auto dim = wrap_dim(dim_arg, std::max<int64_t>(output.dim(), 1));

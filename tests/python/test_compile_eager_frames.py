@@ -6,7 +6,7 @@ torch.compile (benchmarks/results/zoo_compile_probe): PhysicsNeMo's HEALPix padd
 ranks holding rows and once on a rank without), torchaudio's DeepSpeech runs a bidirectional nn.RNN (op by op in
 compiled code its gradient came back plain), a gradient reaching a graph in another layout than traced, a graph
 output outside the loss (autograd's plain zeros as its gradient), a plain output whose gradient comes back sharded
-(Deformable DETR) and view rules given symbolic sizes (RT-DETR)."""
+(Deformable DETR; ConViT's softmax of plain positional scores, a crash) and view rules given symbolic sizes (RT-DETR)."""
 import pytest
 import torch
 
@@ -184,6 +184,52 @@ def case_plain_output_used_with_shards():
 
 def test_plain_output_used_with_shards():
     harness.run(2, case_plain_output_used_with_shards)
+
+
+class _PositionalAttention(torch.nn.Module):
+    """ConViT's gated positional attention in miniature: a softmax of plain positional scores (parameters only)
+    applied to the sharded tokens; compiled, its gradient reaches the softmax's backward sharded while the softmax's
+    output is plain (eagerly the promotion of the plain scores turns it plain first). The rule dereferenced the
+    plain output's missing layout: a segmentation fault."""
+
+    def __init__(self):
+        super().__init__()
+        self.scores = torch.nn.Parameter(torch.randn(4, 6, 6, dtype=torch.float64))
+
+    def forward(self, x):
+        return self.scores.softmax(-1) @ x
+
+
+def case_softmax_of_plain_values_in_compiled_model():
+    torch._dynamo.reset()
+    m = mesh()
+    torch.manual_seed(0)
+    net, ref = _PositionalAttention(), _PositionalAttention()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(4, 6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: [3, 2]}).requires_grad_()
+    xr = x.clone().requires_grad_()
+    y = torch.compile(net, backend=BACKEND)(xs)
+    y_ref = ref(xr)
+    close(full(y), y_ref, what="output")
+    y.sum().backward()
+    y_ref.sum().backward()
+    close(full(xs.grad), xr.grad, what="input gradient")
+    close(full(net.scores.grad), ref.scores.grad, what="scores gradient")
+    # The rule itself, eagerly: a sharded gradient (Shard, Partial) with a plain output, softmax and log_softmax.
+    y_plain = torch.randn(4, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).softmax(-1)
+    g = torch.randn(4, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for op in (torch.ops.aten._softmax_backward_data.default, torch.ops.aten._log_softmax_backward_data.default):
+        want = op(g, y_plain, -1, torch.float64)
+        for gs in (st.distribute_tensor(g, m, [st.Shard(1)]),
+                   st.distribute_tensor(g, m, [st.Shard(2)]),
+                   st.from_local(g / m.size(), m, [st.Partial()])):
+            close(full(op(gs, y_plain, -1, torch.float64)), want, what=f"{op} {st.placements(gs)}")
+    return True
+
+
+def test_softmax_of_plain_values_in_compiled_model():
+    harness.run(2, case_softmax_of_plain_values_in_compiled_model)
 
 
 def case_symbolic_view_sizes():
