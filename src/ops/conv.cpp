@@ -15,6 +15,7 @@
 // the rank gathers its window and runs the local convolution with zero padding on sharded dims. Batch-sharded inputs are local; weight and bias gradients are per-rank terms summed by
 // one fused all-reduce. The plan (comm/halo_plan) is cached: the backward reuses the forward's, and a pending-sum
 // input is completed once, in the forward.
+#include "comm/functional.h"
 #include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "ops/arg_checks.h"
@@ -1066,6 +1067,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     gb = g_bias_source.sum(red);
   }
   at::Tensor grad_input, grad_weight, grad_bias;
+  // While torch.compile traces, the meta kernel may give the local input gradient strides that the CPU kernel does
+  // not (channels-last where it returns contiguous, for an input whose strides fit both: diffusers' Wan VAE), and a
+  // compiled backward that views the gradient with the traced strides fails at run time: a non-contiguous traced
+  // result is made contiguous in the graph (a recorded copy; eager code is unchanged).
+  if (mask[0] && gi.defined() && comm::tracing(gi)) gi = gi.contiguous();
   if (mask[0] && gi.defined()) grad_input = make_shard_tensor(gi, spec);
   // Parameter gradients: each rank's term over its outputs; pending sums over every sharding mesh dim.
   // Sharded channels: the weight gradient is sharded like the weight slice each rank used (dim 1 for groups == 1,

@@ -232,6 +232,50 @@ def test_softmax_of_plain_values_in_compiled_model():
     harness.run(2, case_softmax_of_plain_values_in_compiled_model)
 
 
+class _WanAttention(torch.nn.Module):
+    """diffusers' Wan VAE attention block (1x1 convolutions around attention over the pixels): compiled, the output
+    projection's input gradient got channels-last strides from the meta kernel and contiguous ones from the CPU
+    kernel, and the compiled backward's view of it failed at run time."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.to_qkv = torch.nn.Conv2d(dim, dim * 3, 1).double()
+        self.proj = torch.nn.Conv2d(dim, dim, 1).double()
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        qkv = self.to_qkv(x).reshape(b, 1, c * 3, -1).permute(0, 1, 3, 2).contiguous()
+        q, k, v = qkv.chunk(3, dim=-1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        y = y.squeeze(1).permute(0, 2, 1).reshape(b, c, h, w)
+        return self.proj(y) + x
+
+
+def case_wan_attention_in_compiled_model():
+    torch._dynamo.reset()
+    m = mesh()
+    torch.manual_seed(0)
+    net, ref = _WanAttention(), _WanAttention()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(1, 8, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(2)]).requires_grad_()
+    xr = x.clone().requires_grad_()
+    y = torch.compile(net, backend=BACKEND)(xs)
+    y_ref = ref(xr)
+    close(full(y), y_ref, what="output")
+    w = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (y_ref * w).sum().backward()
+    (y * st.distribute_tensor(w, m, st.placements(y), sharding_shapes=st.sharding_shapes(y))).sum().backward()
+    close(full(xs.grad), xr.grad, what="input gradient")
+    for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters()):
+        close(full(p.grad), pr.grad, what=n)
+    return True
+
+
+def test_wan_attention_in_compiled_model():
+    harness.run(2, case_wan_attention_in_compiled_model)
+
+
 def case_symbolic_view_sizes():
     """Dynamo fakeifies a graph input that is a view of a traced shard by replaying the view on its base with
     symbolic sizes once a dim turned dynamic (RT-DETR under torch.compile raised there: "SymIntArrayRef expected to
