@@ -17,6 +17,33 @@ from cases_util import close, full, mesh
 BACKEND = "aot_eager"
 
 
+def check_compiled(make, shape, dim, extents=None):
+    """``make()`` (a module, built twice from one seed, or a function) compiled on ``x`` split along ``dim`` against
+    one device: output, input gradient and parameter gradients under a random weighting of the output."""
+    torch._dynamo.reset()
+    m = mesh()
+    torch.manual_seed(0)
+    net = make()
+    ref = make() if isinstance(net, torch.nn.Module) else net
+    if isinstance(net, torch.nn.Module):
+        ref.load_state_dict(net.state_dict())
+    x = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    xs = st.distribute_tensor(x, m, [st.Shard(dim)], sharding_shapes={0: list(extents)} if extents else None)
+    xs.requires_grad_()
+    xr = x.clone().requires_grad_()
+    y = torch.compile(net, backend=BACKEND)(xs)
+    y_ref = ref(xr)
+    close(full(y), y_ref, what="output")
+    w = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (y_ref * w).sum().backward()
+    (y * st.distribute_tensor(w, m, st.placements(y), sharding_shapes=st.sharding_shapes(y))).sum().backward()
+    close(full(xs.grad), xr.grad, what="input gradient")
+    if isinstance(net, torch.nn.Module):
+        for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters()):
+            close(full(p.grad), pr.grad, what=n)
+    return m
+
+
 def corners(x):
     """HEALPix-padding-like corner writes along the split dim (H), in a loop with a graph break: Dynamo skips the
     frame and runs it eagerly on the traced shards."""
@@ -30,18 +57,7 @@ def corners(x):
 
 
 def case_skipped_frame(extents):
-    torch._dynamo.reset()
-    m = mesh()
-    x = torch.randn(2, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: list(extents)}).requires_grad_()
-    xr = x.clone().requires_grad_()
-    y_ref = corners(xr)
-    y = torch.compile(corners, backend=BACKEND)(xs)
-    close(full(y), y_ref, what="output")
-    w = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    (y_ref * w).sum().backward()
-    (y * st.distribute_tensor(w, m, st.placements(y), sharding_shapes=st.sharding_shapes(y))).sum().backward()
-    close(full(xs.grad), xr.grad, what="input gradient")
+    check_compiled(lambda: corners, (2, 3, 8, 8), 2, extents)
     return True
 
 
@@ -129,17 +145,7 @@ def case_output_outside_the_loss():
     """A graph's ShardTensor output that takes no part in the loss (used detached after a graph break, as RT-DETR's
     encoder memory in its query selection) receives autograd's plain zeros as its gradient; AOTAutograd traced a
     ShardTensor tangent and raised ("a tensor subclass where we guessed its metadata incorrectly")."""
-    torch._dynamo.reset()
-    m = mesh()
-    x = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    xs = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [4, 2]}).requires_grad_()
-    xr = x.clone().requires_grad_()
-    y = torch.compile(partly_unused, backend=BACKEND)(xs)
-    y_ref = partly_unused(xr)
-    close(full(y), y_ref, what="output")
-    y.sum().backward()
-    y_ref.sum().backward()
-    close(full(xs.grad), xr.grad, what="input gradient")
+    check_compiled(lambda: partly_unused, (2, 6, 3), 1, (4, 2))
     return True
 
 
@@ -164,21 +170,7 @@ class _PlainThenSharded(torch.nn.Module):
 
 
 def case_plain_output_used_with_shards():
-    torch._dynamo.reset()
-    m = mesh()
-    torch.manual_seed(0)
-    net = _PlainThenSharded()
-    ref = _PlainThenSharded()
-    ref.load_state_dict(net.state_dict())
-    x = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    xs = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [4, 2]}).requires_grad_()
-    y = torch.compile(net, backend=BACKEND)(xs)
-    y_ref = ref(x)
-    close(full(y), y_ref, what="output")
-    y.sum().backward()
-    y_ref.sum().backward()
-    for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters()):
-        close(full(p.grad), pr.grad, what=n)
+    check_compiled(_PlainThenSharded, (2, 6, 3), 1, (4, 2))
     return True
 
 
@@ -201,21 +193,7 @@ class _PositionalAttention(torch.nn.Module):
 
 
 def case_softmax_of_plain_values_in_compiled_model():
-    torch._dynamo.reset()
-    m = mesh()
-    torch.manual_seed(0)
-    net, ref = _PositionalAttention(), _PositionalAttention()
-    ref.load_state_dict(net.state_dict())
-    x = torch.randn(4, 6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    xs = st.distribute_tensor(x, m, [st.Shard(2)], sharding_shapes={0: [3, 2]}).requires_grad_()
-    xr = x.clone().requires_grad_()
-    y = torch.compile(net, backend=BACKEND)(xs)
-    y_ref = ref(xr)
-    close(full(y), y_ref, what="output")
-    y.sum().backward()
-    y_ref.sum().backward()
-    close(full(xs.grad), xr.grad, what="input gradient")
-    close(full(net.scores.grad), ref.scores.grad, what="scores gradient")
+    m = check_compiled(_PositionalAttention, (4, 6, 5), 2, (3, 2))
     # The rule itself, eagerly: a sharded gradient (Shard, Partial) with a plain output, softmax and log_softmax.
     y_plain = torch.randn(4, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).softmax(-1)
     g = torch.randn(4, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -252,23 +230,7 @@ class _WanAttention(torch.nn.Module):
 
 
 def case_wan_attention_in_compiled_model():
-    torch._dynamo.reset()
-    m = mesh()
-    torch.manual_seed(0)
-    net, ref = _WanAttention(), _WanAttention()
-    ref.load_state_dict(net.state_dict())
-    x = torch.randn(1, 8, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    xs = st.distribute_tensor(x, m, [st.Shard(2)]).requires_grad_()
-    xr = x.clone().requires_grad_()
-    y = torch.compile(net, backend=BACKEND)(xs)
-    y_ref = ref(xr)
-    close(full(y), y_ref, what="output")
-    w = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    (y_ref * w).sum().backward()
-    (y * st.distribute_tensor(w, m, st.placements(y), sharding_shapes=st.sharding_shapes(y))).sum().backward()
-    close(full(xs.grad), xr.grad, what="input gradient")
-    for (n, p), (_, pr) in zip(net.named_parameters(), ref.named_parameters()):
-        close(full(p.grad), pr.grad, what=n)
+    check_compiled(_WanAttention, (1, 8, 4, 8), 2)
     return True
 
 
