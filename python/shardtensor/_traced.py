@@ -521,10 +521,8 @@ def materialized_tangent(original):
             with torch._C._DisablePythonDispatcher(), _RuleMode():
                 x = _to_traced(_as_layout(x, meta.meta))
         elif expected is None and isinstance(x, TracedShard):
-            mesh_id, wire, _, shape = x._layout
-            whole = (mesh_id, tuple((0, -1, "") for _ in wire), (), shape)
             with torch._C._DisablePythonDispatcher(), _RuleMode():
-                x = _C._local_of(_as_layout(_to_cpp(x._local, x._layout), whole))
+                x = _C.full_tensor(_to_cpp(x._local, x._layout))
         return func(x, meta)
     return staticmethod(process_runtime_tangent)
 

@@ -82,11 +82,8 @@ at::Tensor softmax_backward_along(const char* op_name, const at::Tensor& grad_ou
   auto mesh = dispatch::common_mesh(op_name, {grad_output, output_arg});
   // A plain output (a softmax of plain values: ConViT's positional attention) whose gradient comes back sharded,
   // because it met ShardTensors afterwards (in compiled code, where no promotion turned it back plain first):
-  // Replicate, as every plain tensor mixed with ShardTensors (detached: this rule runs below autograd).
-  auto output = is_shard_tensor(output_arg)
-                    ? resolve_partial(output_arg)
-                    : wrap(output_arg.detach(), mesh, Placements(mesh->ndim(), Placement::replicate()),
-                           output_arg.sizes().vec(), {});
+  // Replicate, as every plain tensor mixed with ShardTensors (dispatch::as_shard: this rule runs below autograd).
+  auto output = resolve_partial(dispatch::as_shard(output_arg, mesh));
   auto spec = shard_impl(output)->spec();
   auto g = local_aligned(resolve_partial(grad_output), mesh, output.sizes(), spec->placements, spec->dim_extents());
   const auto dim = wrap_dim(dim_arg, std::max<int64_t>(output.dim(), 1));
