@@ -22,10 +22,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 namespace shardtensor::ops {
 
@@ -170,9 +172,11 @@ void move_head_dim_split(std::vector<at::Tensor>& qkv, int64_t gqa, const at::Te
   }
 }
 
-at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                      const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                      std::optional<double> scale, bool enable_gqa) {
+// `lse`: when given, the attention runs without autograd as the ring (whatever the strategy) and *lse receives the
+// log-sum-exp of every query (the fused kernels' second output), in the output's layout but the head dim.
+at::Tensor sdpa_core(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                     std::optional<double> scale, bool enable_gqa, at::Tensor* lse = nullptr) {
   const at::Tensor mask_t = attn_mask && attn_mask->defined() ? *attn_mask : at::Tensor();
   MeshPtr mesh;
   for (const auto* t : {&query, &key, &value, &mask_t}) {
@@ -227,7 +231,7 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
                       " (global shapes: query ", query.sizes(), ", key ", key.sizes(), ")");
   }
   const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
-  if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled()) {
+  if (mask_t.defined() && mask_t.requires_grad() && at::GradMode::is_enabled() && !lse) {
     TORCH_CHECK_VALUE(at::isFloatingType(mask_t.scalar_type()),
                       "scaled_dot_product_attention: an attn_mask that requires grad must be floating point");
     return attention_with_bias_grad(query, key, value, mask_t, is_causal, sc, gqa);
@@ -335,7 +339,9 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
     refuse(query, key, value, attn_mask, "the all_to_all strategy needs a heads dim (dim -3) that no mesh dim shards",
            "set_attention_strategy('ring') or 'auto', or redistribute the heads dim to Replicate");
   };
-  if (attention::use_all_to_all(l, canon, is_causal, refuse_heads))
+  if (lse)
+    std::tie(out, *lse) = attention::ring_attention_with_lse(qc, kc, vc, attn_mask, sc, is_causal, gqa);
+  else if (attention::use_all_to_all(l, canon, is_causal, refuse_heads))
     out = attention::all_to_all_attention(l, canon, attn_mask, is_causal, sc, enable_gqa);
   else
     out = attention::ring_attention(qc, kc, vc, attn_mask, sc, is_causal, gqa);
@@ -343,14 +349,63 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
     // Back to q's own layout (after Partial resolution).
     const auto& qspec = *shard_impl(q)->spec();
     out = to_layout(out, qspec.placements, qspec.dim_extents());
+    if (lse) *lse = to_layout(*lse, qspec.placements, qspec.dim_extents());
   }
   return out;
+}
+
+at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                      const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                      std::optional<double> scale, bool enable_gqa) {
+  return sdpa_core(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+// The fused CPU kernel SDPA decomposes to (_scaled_dot_product_flash_attention_for_cpu), reached by a ShardTensor
+// where SDPA itself was not bound: compiled code that runs eagerly on traced shards (a frame Dynamo skipped, where
+// SDPA decomposes before the traced shard sees it), or a direct call. Below autograd: the ring without autograd,
+// returning the output and every query's log-sum-exp as the kernel does. Grouped heads as SDPA's enable_gqa.
+std::tuple<at::Tensor, at::Tensor> flash_attention_cpu_rule(const at::Tensor& query, const at::Tensor& key,
+                                                            const at::Tensor& value, double dropout_p, bool is_causal,
+                                                            const std::optional<at::Tensor>& attn_mask,
+                                                            std::optional<double> scale) {
+  at::NoGradGuard no_grad;
+  at::Tensor lse;
+  const bool gqa = query.dim() >= 3 && key.dim() == query.dim() && query.size(-3) != key.size(-3);
+  auto out = sdpa_core(query, key, value, attn_mask, dropout_p, is_causal, scale, gqa, &lse);
+  return {out, lse};
+}
+
+// Its backward recomputes the forward with autograd (the differentiable entry above, so every layout, grouped heads
+// and Partial inputs take their own backward) and differentiates it: one more forward ring than the entry's own
+// backward, on a path that only compiled code running eagerly or a direct call of the fused kernel takes. The given
+// output and log-sum-exp are what that forward recomputes (dropout is refused), so they are not read.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward_rule(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& /*out*/, const at::Tensor& /*logsumexp*/, double dropout_p, bool is_causal,
+    const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  // Rules run below autograd (the autograd keys excluded): include them again for the recomputation.
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  c10::impl::ForceDispatchKeyGuard with_autograd(tls.included_,
+                                                 tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  at::AutoGradMode grad_mode(true);
+  auto leaf = [](const at::Tensor& t) { return t.detach().requires_grad_(true); };
+  std::vector<at::Tensor> inputs{leaf(query), leaf(key), leaf(value)};
+  std::optional<at::Tensor> mask;
+  if (attn_mask && attn_mask->defined()) mask = attn_mask->detach();
+  const bool gqa = query.dim() >= 3 && key.dim() == query.dim() && query.size(-3) != key.size(-3);
+  auto out = sdpa_core(inputs[0], inputs[1], inputs[2], mask, dropout_p, is_causal, scale, gqa);
+  auto g = torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
+                                 /*allow_unused=*/true);
+  return {g[0], g[1], g[2]};
 }
 
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(attention) {
   dispatch::set_handler("aten::scaled_dot_product_attention", typed_handler(&sdpa_entry), dispatch::RuleLevel::above_autograd);
+  dispatch::set_handler("aten::_scaled_dot_product_flash_attention_for_cpu", typed_handler(&flash_attention_cpu_rule));
+  dispatch::set_handler("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                        typed_handler(&flash_attention_cpu_backward_rule));
 }
 
 } // namespace shardtensor::ops

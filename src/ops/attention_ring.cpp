@@ -68,60 +68,80 @@ at::Tensor local_mask_bias(const at::Tensor& mask, const at::Tensor& q, const at
   return ml;
 }
 
+// The forward ring without autograd: the merged output and log-sum-exp of the local queries in the accumulate dtype
+// and the computing layout (zigzag when used), and the setup that derived it.
+struct RingForward {
+  RingSetup s;
+  at::Tensor acc, lse;
+};
+
+RingForward ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {
+  at::NoGradGuard no_grad;
+  BlockCfg cfg;
+  cfg.scale = scale;
+  cfg.causal = causal;
+  cfg.gqa = gqa;
+  if (mask && mask->defined()) cfg.mask = local_mask_bias(*mask, q, k, layout_of(q, k));
+  RingForward f{ring_setup(q, k, std::move(cfg)), {}, {}};
+  auto& s = f.s;
+  const auto nd = s.l.nd;
+  // One dense copy of a strided local up front (the fused block kernels need a unit-stride head dim), not one
+  // per block and step.
+  at::Tensor ql = unit_stride_head(shard_impl(q)->local()), kb = unit_stride_head(shard_impl(k)->local()),
+             vb = unit_stride_head(shard_impl(v)->local());
+  if (s.zigzag) {
+    auto z = to_zigzag({ql, kb, vb}, s.sl, s.l);
+    ql = z[0];
+    kb = z[1];
+    vb = z[2];
+  }
+  const auto acc_type = accumulate_type(ql);
+  f.acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(acc_type));
+  f.lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(acc_type)).squeeze(-1);
+  comm::ring_loop(ring_of(s), {kb, vb}, {}, [&](int64_t, int64_t owner, const auto& kv, auto&) {
+    // No batch rows or heads here (an empty block along another mesh dim): the blocks still travel, nothing to
+    // compute (the fused CPU kernel divides by the head count).
+    if (ql.numel() == 0 || kv[0].numel() == 0) return;
+    for (const auto& qg : s.qseg)
+      for (const auto& kg : s.sl.segments[owner]) {
+        s.c.qo = qg.global;
+        auto vis = visibility(s.c, qg.len, kg.global, kg.len);
+        if (vis == Visibility::None) continue;
+        const BlockRange r{qg.start, qg.len, kg.global, kg.len};
+        auto [o, lse] = block_forward(ql.narrow(nd - 2, qg.start, qg.len), kv[0].narrow(nd - 2, kg.start, kg.len),
+                                      kv[1].narrow(nd - 2, kg.start, kg.len), s.c, vis, r);
+        merge(f.acc.narrow(nd - 2, qg.start, qg.len), f.lse.narrow(nd - 2, qg.start, qg.len), o, lse);
+      }
+  });
+  return f;
+}
+
+// The output ShardTensor (q's layout, q's dtype) from the forward's accumulator.
+at::Tensor ring_output(const RingForward& f, const at::Tensor& q, const at::Tensor& v) {
+  const auto nd = f.s.l.nd;
+  const auto& qs = *shard_impl(q)->spec();
+  auto out_local = f.acc.to(q.scalar_type());
+  if (f.s.zigzag) out_local = to_contiguous({out_local}, f.s.sl, f.s.l)[0];
+  auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
+  return make_shard_tensor(out_local,
+                           ShardSpec::make_with_dim_extents(f.s.l.mesh, qs.placements, out_shape, qs.dim_extents()));
+}
+
 struct RingFn : torch::autograd::Function<RingFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {
     ctx->set_materialize_grads(false);
-    at::NoGradGuard no_grad;
-    BlockCfg cfg;
-    cfg.scale = scale;
-    cfg.causal = causal;
-    cfg.gqa = gqa;
-    if (mask && mask->defined()) cfg.mask = local_mask_bias(*mask, q, k, layout_of(q, k));
-    auto s = ring_setup(q, k, std::move(cfg));
-    const auto nd = s.l.nd;
-    const auto& qs = *shard_impl(q)->spec();
-    // One dense copy of a strided local up front (the fused block kernels need a unit-stride head dim), not one
-    // per block and step.
-    at::Tensor ql = unit_stride_head(shard_impl(q)->local()), kb = unit_stride_head(shard_impl(k)->local()),
-               vb = unit_stride_head(shard_impl(v)->local());
-    if (s.zigzag) {
-      auto z = to_zigzag({ql, kb, vb}, s.sl, s.l);
-      ql = z[0];
-      kb = z[1];
-      vb = z[2];
-    }
-    const auto acc_type = accumulate_type(ql);
-    auto acc = at::zeros(with_dim(ql.sizes(), nd - 1, v.size(nd - 1)), ql.options().dtype(acc_type));
-    auto acc_lse = at::full(with_dim(ql.sizes(), nd - 1, 1), kNegInf, ql.options().dtype(acc_type)).squeeze(-1);
-    comm::ring_loop(ring_of(s), {kb, vb}, {}, [&](int64_t, int64_t owner, const auto& kv, auto&) {
-      // No batch rows or heads here (an empty block along another mesh dim): the blocks still travel, nothing to
-      // compute (the fused CPU kernel divides by the head count).
-      if (ql.numel() == 0 || kv[0].numel() == 0) return;
-      for (const auto& qg : s.qseg)
-        for (const auto& kg : s.sl.segments[owner]) {
-          s.c.qo = qg.global;
-          auto vis = visibility(s.c, qg.len, kg.global, kg.len);
-          if (vis == Visibility::None) continue;
-          const BlockRange r{qg.start, qg.len, kg.global, kg.len};
-          auto [o, lse] = block_forward(ql.narrow(nd - 2, qg.start, qg.len), kv[0].narrow(nd - 2, kg.start, kg.len),
-                                        kv[1].narrow(nd - 2, kg.start, kg.len), s.c, vis, r);
-          merge(acc.narrow(nd - 2, qg.start, qg.len), acc_lse.narrow(nd - 2, qg.start, qg.len), o, lse);
-        }
-    });
+    auto f = ring_forward(q, k, v, mask, scale, causal, gqa);
     ctx->save_for_backward({q, k, v});
-    ctx->saved_data["out"] = acc;  // in the computing layout (zigzag when used)
-    ctx->saved_data["lse"] = acc_lse;
-    ctx->saved_data["mask"] = s.c.mask.defined() ? c10::IValue(s.c.mask) : c10::IValue();
+    ctx->saved_data["out"] = f.acc;  // in the computing layout (zigzag when used)
+    ctx->saved_data["lse"] = f.lse;
+    ctx->saved_data["mask"] = f.s.c.mask.defined() ? c10::IValue(f.s.c.mask) : c10::IValue();
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["gqa"] = gqa;
-    ctx->saved_data["zigzag"] = s.zigzag;
-    auto out_local = acc.to(ql.scalar_type());
-    if (s.zigzag) out_local = to_contiguous({out_local}, s.sl, s.l)[0];
-    auto out_shape = with_dim(q.sizes(), nd - 1, v.size(nd - 1));
-    return make_shard_tensor(out_local,
-                             ShardSpec::make_with_dim_extents(s.l.mesh, qs.placements, out_shape, qs.dim_extents()));
+    ctx->saved_data["zigzag"] = f.s.zigzag;
+    return ring_output(f, q, v);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -207,6 +227,20 @@ struct RingFn : torch::autograd::Function<RingFn> {
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {
   return RingFn::apply(q, k, v, mask, scale, causal, gqa);
+}
+
+std::pair<at::Tensor, at::Tensor> ring_attention_with_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const std::optional<at::Tensor>& mask, double scale,
+                                                          bool causal, int64_t gqa) {
+  auto f = ring_forward(q, k, v, mask, scale, causal, gqa);
+  const auto nd = f.s.l.nd;
+  const auto& qs = *shard_impl(q)->spec();
+  // The log-sum-exp has q's dims but the last, the sequence dim (nd - 2) among them, and q's layout there.
+  auto lse = f.lse;
+  if (f.s.zigzag) lse = to_contiguous({lse.unsqueeze(-1)}, f.s.sl, f.s.l)[0].squeeze(-1);
+  auto lse_shape = q.sizes().slice(0, nd - 1).vec();
+  auto lse_spec = ShardSpec::make_with_dim_extents(f.s.l.mesh, qs.placements, lse_shape, qs.dim_extents());
+  return {ring_output(f, q, v), make_shard_tensor(lse, lse_spec)};
 }
 
 } // namespace shardtensor::ops::attention

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <utility>
 
 namespace shardtensor::ops::attention {
 
@@ -12,5 +13,11 @@ namespace shardtensor::ops::attention {
 // key/value head.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa);
+
+// The same forward without autograd, with the log-sum-exp of every query over all keys (q's dims but the head dim,
+// q's layout there; the accumulate dtype): what the fused attention kernels return (their backward takes it).
+std::pair<at::Tensor, at::Tensor> ring_attention_with_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const std::optional<at::Tensor>& mask, double scale,
+                                                          bool causal, int64_t gqa);
 
 } // namespace shardtensor::ops::attention

@@ -369,6 +369,34 @@ def case_zigzag():
     return calls
 
 
+def fused_cpu(**kw):
+    return lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, **kw)
+
+
+def case_fused_cpu_kernel(kind):
+    """The fused CPU kernel SDPA decomposes to, called on ShardTensors (compiled code that runs eagerly reaches it
+    where SDPA was not bound): the output and every query's log-sum-exp, and the q/k/v gradients through its
+    backward op, as on one device; strict mode: no gather fallback."""
+    with st.use_strict():
+        return _fused_cpu_kernel(kind)
+
+
+def _fused_cpu_kernel(kind):
+    m = mesh()
+    w = m.size()
+    q, k, v = randn(2, 4, 11, 8, seed=21), randn(2, 4, 11, 8, seed=22), randn(2, 4, 11, 8, seed=23)
+    lay = seq(11, w, kind)
+    for causal in (False, True):
+        out = check_op(fused_cpu(is_causal=causal), [q, k, v], [lay, lay, lay], m, **TOL,
+                       what=f"fused {kind} causal={causal}")
+        assert st.placements(out[1]) == tuple(lay[0]), st.placements(out[1])   # the lse split like the queries
+    check_op(fused_cpu(attn_mask=randn(11, 11, seed=24), scale=0.5), [q, k, v], [lay, lay, lay], m, **TOL,
+             what=f"fused {kind} additive mask")
+    # Queries whole, keys/values split (the output and lse come back whole).
+    check_op(fused_cpu(), [q, k, v], [None, lay, lay], m, **TOL, what=f"fused {kind} q replicated")
+    return True
+
+
 # ---- tests ----
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -598,3 +626,8 @@ def test_strategy_is_per_thread(world):
 @pytest.mark.parametrize("strategy", ["ring", "ring_contiguous"])
 def test_backward_follows_forward_strategy(strategy):
     harness.run(3, case_backward_after_strategy_block, strategy)
+
+
+@pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
+def test_fused_cpu_kernel(world, kind):
+    harness.run(world, case_fused_cpu_kernel, kind)

@@ -259,3 +259,54 @@ def case_symbolic_view_sizes():
 
 def test_symbolic_view_sizes():
     harness.run(2, case_symbolic_view_sizes)
+
+
+class _OptEinsumNet(torch.nn.Module):
+    """neuraloperator's spectral weights contracted through tensorly's opt_einsum plugin: opt_einsum picks its array
+    library from the operand's class, and inside compiled code the operand is a traced shard."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+
+    def forward(self, x):
+        import opt_einsum
+        return opt_einsum.contract("bchw,co->bohw", x, self.w)
+
+
+def case_opt_einsum(extents):
+    check_compiled(_OptEinsumNet, (2, 3, 8, 5), 2, extents)
+    return True
+
+
+def test_opt_einsum_in_compiled_model():
+    pytest.importorskip("opt_einsum", reason="opt_einsum (a zoo dependency, through tensorly) is not installed")
+    harness.run(2, case_opt_einsum, (5, 3))
+
+
+class _LoopAttention(torch.nn.Module):
+    """Attention over a sequence-split (B, H, L, E) input in a loop with a graph break (Dynamo skips the frame):
+    scaled_dot_product_attention, bound above autograd, decomposes there to the fused CPU kernel before the traced
+    shard sees it (diffusers' Wan VAE eval forward raised at that kernel on every rank); the ring runs on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.wq = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+        self.wk = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+
+    def forward(self, x):
+        for causal in (False, True):
+            y = torch.nn.functional.scaled_dot_product_attention(x * self.wq, x * self.wk, torch.tanh(x),
+                                                                 is_causal=causal)
+            x = x + y
+            torch._dynamo.graph_break()
+        return x
+
+
+def case_loop_attention(extents):
+    check_compiled(_LoopAttention, (2, 2, 9, 4), 2, extents)
+    return True
+
+
+def test_attention_in_skipped_frame():
+    harness.run(2, case_loop_attention, (6, 3))

@@ -4,7 +4,8 @@ Most of a library reaches ShardTensors op by op through the dispatcher. A few li
 allocate their output as a plain tensor of the *global* shape (``torch.zeros(B, C, T)`` from ``x.shape``) and let a
 custom kernel fill it, so every rank would hold, and the kernel would compute, the whole result. For those the
 library routes the Python function itself (``st.register_function``) to an implementation that keeps the work
-divided. Each integration module names the functions it routes; ``INTEGRATIONS`` maps the library module that
+divided. (One integration routes nothing: it tells opt_einsum which backend serves a traced shard inside
+torch.compile.) Each integration module names the functions it routes; ``INTEGRATIONS`` maps the library module that
 defines them to the module that routes them.
 
 The routing is installed the moment the library module is imported (before or after ``import shardtensor``): an
@@ -26,7 +27,9 @@ __all__ = ["INTEGRATIONS", "install", "installed"]
 INTEGRATIONS = {
     "torchaudio.functional.filtering": "torchaudio_filtering",
     "neuralop.layers.gno_block": "neuralop_gno",
+    "neuralop.layers.spectral_convolution": "neuralop_spectral",
     "physicsnemo.nn.module.hpx.padding": "physicsnemo_healpix",
+    "opt_einsum.backends.dispatch": "opt_einsum_backend",
 }
 
 _installed: set = set()
