@@ -929,6 +929,23 @@ class _ActivationShare:
                     self.largest_whole = max(self.largest_whole, n)
 
         self.handles = [m.register_forward_hook(hook) for m in module.modules() if not list(m.children())]
+        # Every module (leaf or not) that returns a plain tensor of at least half its largest ShardTensor input's size
+        # from ShardTensor inputs: every op on a ShardTensor returns one, so such an output came from a write into a
+        # plain buffer (``out = torch.zeros(global shape); out[...] = f(x)``) or an explicit gather -- whole on every
+        # rank. The largest (its size over that input's, and the module's class) is reported, not judged: a
+        # position table computed from the input's shape alone would be one too.
+        self.plain_from_sharded = (0.0, "")
+
+        def audit(m, inp, out):
+            sharded = [t.numel() for t in _flat_tensors(inp) if st.is_shard_tensor(t)]
+            if not sharded or max(sharded) == 0:
+                return
+            for t in _flat_tensors(out):
+                ratio = t.numel() / max(sharded)
+                if not st.is_shard_tensor(t) and ratio >= 0.5 and ratio > self.plain_from_sharded[0]:
+                    self.plain_from_sharded = (ratio, type(m).__name__)
+
+        self.handles += [m.register_forward_hook(audit) for m in module.modules()]
         # A module whose children its forward never calls (kornia's DenseSIFTDescriptor holds its pooling
         # convolutions as modules but convolves with their weights functionally) reports no leaf output: its own
         # output, which its hook sees after every leaf's, is then what is counted.
@@ -1080,6 +1097,8 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         res["share"] = round(share.share, 3)
         res["largest_whole"] = round(share.largest_whole / max(share.largest, 1), 3)
         res["plain_share"] = round(share.plain / max(share.plain + share.total, 1), 3)
+        if share.plain_from_sharded[1]:
+            res["plain_from_sharded"] = f"{share.plain_from_sharded[1]} {share.plain_from_sharded[0]:.2f}"
         res["out_placements"] = [str(st.placements(o)) if st.is_shard_tensor(o) else "plain" for o in out]
 
         stage = "compare"

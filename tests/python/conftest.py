@@ -90,7 +90,7 @@ QUICK = {
     "test_rnn.py": ["test_time_split[3-gru-tiny]", "test_sharded_initial_state"],
     "test_torchaudio_filtering.py": ["test_lfilter[3-tiny]"],
     "test_neuralop_gno.py": ["test_gino[3-tiny]"],
-    "test_neuralop_spectral.py": ["test_spectral_conv_layers[2-uneven]"],
+    "test_spectral_layers.py": ["test_neuralop_layers[2-uneven]", "test_physicsnemo_layers[2-uneven]"],
     "test_smoke.py": ["test_roundtrip"],
     "test_strided_inputs.py": ["test_halo_ops_strided"],
     "test_torch_harmonics.py": ["test_disco_layers[2-uneven]"],

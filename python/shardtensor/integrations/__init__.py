@@ -29,6 +29,8 @@ INTEGRATIONS = {
     "neuralop.layers.gno_block": "neuralop_gno",
     "neuralop.layers.spectral_convolution": "neuralop_spectral",
     "physicsnemo.nn.module.hpx.padding": "physicsnemo_healpix",
+    "physicsnemo.nn.module.spectral_layers": "physicsnemo_spectral",
+    "physicsnemo.nn.module.afno_layers": "physicsnemo_spectral",
     "opt_einsum.backends.dispatch": "opt_einsum_backend",
 }
 

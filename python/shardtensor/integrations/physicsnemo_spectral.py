@@ -1,0 +1,36 @@
+"""PhysicsNeMo's Fourier layers with their spectrum buffers kept divided: the FNO's ``SpectralConv1d`` ... ``4d``
+(``physicsnemo.nn.module.spectral_layers``) and AFNO's ``AFNO2DLayer`` / ``ModAFNO2DLayer``
+(``physicsnemo.nn.module.afno_layers``: FourCastNet's token mixer).
+
+Each allocates the spectrum it fills with ``torch.zeros`` of the global shape after transforming its input. The 1-D
+spectral convolution and AFNO write the retained modes into it by slices (the buffer then held the whole value on
+every rank, and every rank ran the inverse transform and the rest of the layer on the whole field); the 2-D to 4-D
+spectral convolutions add padded modes to it (a global-size buffer filled on every rank). Routed here
+(``st.register_function``) when a ShardTensor is among a layer's arguments, the layer's own forward runs with those
+buffers laid out like the transformed field (``spectral_buffers``)."""
+from __future__ import annotations
+
+from .spectral_buffers import run_with_sharded_buffers
+
+# library module -> the classes whose forward is routed
+_LAYERS = {
+    "physicsnemo.nn.module.spectral_layers": ("SpectralConv1d", "SpectralConv2d", "SpectralConv3d", "SpectralConv4d"),
+    "physicsnemo.nn.module.afno_layers": ("AFNO2DLayer", "ModAFNO2DLayer"),
+}
+
+
+def install(module) -> None:
+    """Route the forward of every layer of ``_LAYERS`` that the imported module defines."""
+    from ..functions import register_function
+    for name in _LAYERS[module.__name__]:
+        cls = getattr(module, name, None)
+        forward = cls.__dict__.get("forward") if cls is not None else None
+        if forward is not None:
+            register_function(forward, _routed(forward))
+
+
+def _routed(forward):
+    def handler(*args, **kwargs):
+        return run_with_sharded_buffers(forward, *args, **kwargs)
+    handler.__name__ = f"{forward.__qualname__}_sharded"
+    return handler
