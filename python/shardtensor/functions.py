@@ -80,10 +80,14 @@ def _eager_call(fn, args, kwargs):
     """``fn(*args, **kwargs)`` on C++ ShardTensors where traced ones (``_traced.TracedShard``) are given, its results
     traced again (both differentiable): what routed code runs from inside compiled code -- at a graph break, or in a
     frame Dynamo skipped (graph breaks in a loop, the recompile limit), which runs eagerly on traced ShardTensors."""
-    from torch.utils._pytree import tree_map
-    from ._traced import from_traced, to_traced
+    from torch.utils._pytree import tree_leaves, tree_map
+    from ._traced import _hook_plain_grads, from_traced, to_traced
     args, kwargs = tree_map(from_traced, (args, kwargs))
-    return tree_map(to_traced, fn(*args, **kwargs))
+    out = fn(*args, **kwargs)
+    # A plain result that requires grad (a routed layer whose output is whole) meets traced shards in the compiled
+    # code after it, whose backward then hands it a traced gradient: made plain before it enters the eager graph.
+    _hook_plain_grads(tree_leaves(out))
+    return tree_map(to_traced, out)
 
 
 # _eager_call behind torch.compiler.disable: called from code Dynamo traces, it breaks the graph; called from a frame

@@ -107,8 +107,12 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& src, con
       // expanded from a scalar: stride 0, less memory than it covers) stays a view. A slice covering its whole buffer
       // (a mesh dim of size 1) is copied too: it would alias the source, which a user may write to afterwards.
       auto slice = t.narrow(target.dim, off, dst.extents[m][mesh.coordinate(mi)]);
+      // (A traced tensor's storage may have a symbolic size, which nbytes() refuses: copied then, as a tracer's
+      // storage is no memory anyway.)
       const auto needed = static_cast<size_t>(slice.numel()) * slice.element_size();
-      t = slice.has_storage() && slice.storage().nbytes() < needed ? slice : slice.clone();
+      const bool keep_view = slice.has_storage() && !slice.storage().sym_nbytes().is_heap_allocated() &&
+                             slice.storage().nbytes() < needed;
+      t = keep_view ? slice : slice.clone();
       cur[m] = target;
       cur_ext[m] = dst.extents[m];
     } else if (target.is_partial()) {

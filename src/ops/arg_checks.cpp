@@ -1,4 +1,5 @@
 #include "ops/arg_checks.h"
+#include "ops/concrete_ints.h"
 
 #include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>
@@ -190,7 +191,7 @@ void check_layer_norm_args(const at::Tensor& input, c10::SymIntArrayRef normaliz
   const auto all = shapes({{"input", &input}, {"weight", w}, {"bias", b}});
   const auto k = static_cast<int64_t>(normalized_shape.size());
   std::vector<int64_t> ns;
-  for (const auto& s : normalized_shape) ns.push_back(s.expect_int());
+  for (const auto& s : normalized_shape) ns.push_back(concrete_int(s));
   bool fits = k >= 1 && k <= input.dim();
   for (int64_t i = 0; fits && i < k; ++i) fits = input.size(input.dim() - k + i) == ns[i];
   TORCH_CHECK_VALUE(fits, "ShardTensor layer_norm: normalized_shape=", c10::IntArrayRef(ns),

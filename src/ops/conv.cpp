@@ -19,6 +19,7 @@
 #include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "ops/arg_checks.h"
+#include "ops/concrete_ints.h"
 #include "ops/common.h"
 
 #include <c10/util/irange.h>
@@ -845,7 +846,7 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                             at::IntArrayRef output_padding, c10::SymInt groups_arg) {
   auto mesh = dispatch::common_mesh("aten::convolution", {input, weight, bias.value_or(at::Tensor())});
-  const auto groups = groups_arg.expect_int();
+  const auto groups = concrete_int(groups_arg);
   check_convolution_args(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
   // A pending-sum input is completed once; when a backward may follow, the complete value stays with the input,
@@ -990,7 +991,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     bool transposed, at::IntArrayRef output_padding, c10::SymInt groups_arg, std::array<bool, 3> mask) {
   auto mesh = dispatch::common_mesh("aten::convolution_backward", {grad_output, input, weight});
   auto bias_sizes = bias_sizes_arg ? std::optional<std::vector<int64_t>>(bias_sizes_arg->vec()) : std::nullopt;
-  const auto groups = groups_arg.expect_int();
+  const auto groups = concrete_int(groups_arg);
   // The forward's complete value of a pending-sum input, and its plan: nothing is resolved or planned again.
   auto xs = channel_split_to_space(resolve_partial_once(dispatch::as_shard(input, mesh), false), weight.sizes(),
                                    transposed, groups);

@@ -12,6 +12,7 @@
 // decline there to the fallback).
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 namespace shardtensor::ops {
 
@@ -58,7 +59,7 @@ at::Tensor embedding_rule(const at::Tensor& weight, const at::Tensor& indices, c
   }
   for (const auto& [d, e] : iext) oext[d] = e;
   auto idx_local = local_as(idx, mesh, ip, iext);
-  auto out = at::embedding(w_local, idx_local, padding_idx.expect_int(), scale_grad_by_freq, sparse);
+  auto out = at::embedding(w_local, idx_local, concrete_int(padding_idx), scale_grad_by_freq, sparse);
   auto shape = indices.sizes().vec();
   shape.push_back(weight.size(1));
   return wrap(out, mesh, op, shape, oext);
@@ -95,8 +96,8 @@ at::Tensor embedding_backward_rule(const at::Tensor& grad_output, const at::Tens
   if (out_ext.count(1)) gext[last] = out_ext[1];
   auto g = local_as(grad, mesh, gp, gext);
   auto idx_local = local_as(indices, mesh, ip, iext);
-  const auto num_weights = num_weights_arg.expect_int();
-  auto out = at::embedding_dense_backward(g, idx_local, num_weights, padding_idx.expect_int(), scale);
+  const auto num_weights = concrete_int(num_weights_arg);
+  auto out = at::embedding_dense_backward(g, idx_local, num_weights, concrete_int(padding_idx), scale);
   return wrap(out, mesh, out_p, {num_weights, grad_output.size(last)}, out_ext);
 }
 
@@ -109,7 +110,7 @@ bool embedding_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   const auto weight = args.tensor("weight"), indices = args.tensor("indices");
   if (!at::GradMode::is_enabled() || !shard_impl(weight) || !weight.requires_grad()) return false;
   if (!rows_sharded(table_placements(weight, shard_impl(weight)->spec()->mesh))) return false;
-  if (args["padding_idx"].toSymInt().expect_int() >= 0 || args["scale_grad_by_freq"].toBool() ||
+  if (concrete_int(args["padding_idx"].toSymInt()) >= 0 || args["scale_grad_by_freq"].toBool() ||
       args["sparse"].toBool())
     return false;
   auto out = lookup_rows(weight, indices);

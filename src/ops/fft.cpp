@@ -9,6 +9,7 @@
 // A 1-D transform whose split no other dim can take (a long signal split along its only dim) runs the four-step
 // algorithm instead (fft_four_step.h). Transforms along unsharded dims only run on the local shards, layout kept.
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/empty_shard.h"
 #include "ops/fft_four_step.h"
 
@@ -148,7 +149,7 @@ at::Tensor fft_r2c_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
 // _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
 at::Tensor fft_c2r_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t normalization, c10::SymInt last_dim_size) {
   const auto dims = wrapped(dim, self.dim());
-  const auto n = last_dim_size.expect_int();
+  const auto n = concrete_int(last_dim_size);
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_c2r(l, d, normalization, n);
   };
@@ -163,7 +164,7 @@ at::Tensor fft_c2r_rule(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
 
 // _fft_c2c(Tensor self, SymInt[] dim, int normalization, bool forward) -> Tensor
 at::Tensor fft_c2c_rule(const at::Tensor& self, c10::SymIntArrayRef dim, int64_t normalization, bool forward) {
-  const auto dims = wrapped(C10_AS_INTARRAYREF_SLOW(dim), self.dim());
+  const auto dims = wrapped(c10::IntArrayRef(concrete_ints(dim)), self.dim());
   auto whole = [=](const at::Tensor& l, const std::vector<int64_t>& d) {
     return at::_fft_c2c(l, d, normalization, forward);
   };

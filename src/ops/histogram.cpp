@@ -6,6 +6,7 @@
 // histogram's range=None), bincount's global max. density normalizes the completed counts.
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <shardtensor/simulation.h>
 
@@ -238,7 +239,7 @@ at::Tensor histogramdd_bin_tensors_rule(const at::Tensor& self, at::TensorList b
 
 // bincount(Tensor self, Tensor? weights=None, SymInt minlength=0): the length follows the global max.
 at::Tensor bincount_rule(const at::Tensor& self, const std::optional<at::Tensor>& weights, c10::SymInt minlength_s) {
-  const auto minlength = minlength_s.expect_int();
+  const auto minlength = concrete_int(minlength_s);
   TORCH_CHECK_VALUE(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs.");
   TORCH_CHECK_VALUE(minlength >= 0, "minlength should be >= 0");
   // The result's length is the other ranks' max, which the fake process group of a simulation does not deliver.

@@ -21,6 +21,7 @@
 #include "comm/spec_holder.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
@@ -285,7 +286,7 @@ at::Tensor col2im_rule(const at::Tensor& self_in, c10::SymIntArrayRef output_siz
   if (self_in.dim() == 2)
     return col2im_rule(self_in.unsqueeze(0), output_size, kernel_size, dilation, padding, stride).squeeze(0);
   const auto b = blocks_of(kernel_size, dilation, padding, stride);
-  const auto size = C10_AS_INTARRAYREF_SLOW(output_size).vec();
+  const auto size = concrete_ints(output_size);
   TORCH_CHECK_VALUE(size.size() == 2, "col2im: output_size must have 2 elements");
   const auto H = size[0], W = size[1];
   const auto oh = b.out_h(H), ow = b.out_w(W);

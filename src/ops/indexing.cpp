@@ -10,6 +10,7 @@
 #include "comm/collectives.h"
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/element_routing.h"
 #include "ops/index_routed.h"
 #include "comm/spec_holder.h"
@@ -164,7 +165,7 @@ at::Tensor index_select_rule(const at::Tensor& self_arg, int64_t dim_arg, const 
 // adds its own rows: Partial(sum) on that mesh dim.
 at::Tensor index_select_backward(const at::Tensor& grad_in, c10::SymIntArrayRef sym_sizes, int64_t dim,
                                  const at::Tensor& index) {
-  const auto sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes).vec();
+  const auto sizes = concrete_ints(sym_sizes);
   dim = wrap_dim(dim, std::max<int64_t>(static_cast<int64_t>(sizes.size()), 1));
   auto* gi = shard_impl(grad_in);
   const auto& mesh = (gi ? gi : shard_impl(index))->spec()->mesh;
@@ -793,7 +794,7 @@ at::Tensor nonzero_rule(const at::Tensor& self_arg) {
 // fill_value up to `size` (a static shape for compiled code): the nonzero rule's result cut by the slice rule, or
 // padded by the padding rule (the fill rows join the last rank's block).
 at::Tensor nonzero_static_rule(const at::Tensor& self, c10::SymInt size_arg, int64_t fill_value) {
-  const auto size = size_arg.expect_int();
+  const auto size = concrete_int(size_arg);
   TORCH_CHECK_VALUE(size >= 0, "nonzero_static: 'size' must be an non-negative integer");
   auto nz = at::nonzero(self);
   const auto n = nz.size(0);

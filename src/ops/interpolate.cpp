@@ -33,6 +33,7 @@
 #include "comm/host_metadata.h"
 #include "comm/spec_holder.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
@@ -773,7 +774,7 @@ at::Tensor vec_entry(const OpInfo& info, const at::Tensor& input, at::OptionalSy
   std::vector<int64_t> osize;
   std::vector<double> scales(info.nd, 0.0);
   if (has_size) {
-    osize = C10_AS_INTARRAYREF_SLOW(*output_size).vec();
+    osize = concrete_ints(*output_size);
     TORCH_CHECK_VALUE(static_cast<int64_t>(osize.size()) == info.nd, "output_size must have ", info.nd, " entries");
   } else {
     const auto& f = *scale_factors;
@@ -806,7 +807,7 @@ at::Tensor upsample_vec_align_rule(const at::Tensor& input, at::OptionalSymIntAr
 at::Tensor forward_entry(const OpInfo& info, const at::Tensor& self, c10::SymIntArrayRef output_size, bool ac,
                          const std::vector<double>& scales) {
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor interpolate: the input must be the ShardTensor");
-  return interp_forward(self, info, C10_AS_INTARRAYREF_SLOW(output_size).vec(), ac, scales);
+  return interp_forward(self, info, concrete_ints(output_size), ac, scales);
 }
 
 // upsample_nearest1d(Tensor self, SymInt[1] output_size, float? scales=None), _upsample_nearest_exact1d likewise
@@ -868,8 +869,8 @@ at::Tensor backward_entry(const OpInfo& info, const at::Tensor& grad_output, c10
     if (gspec->placements[m].is_shard() && gspec->placements[m].dim < 2)
       ext[gspec->placements[m].dim] = gspec->extents[m];
   auto in_spec =
-      ShardSpec::make_with_dim_extents(mesh, gspec->placements, C10_AS_INTARRAYREF_SLOW(input_size).vec(), ext);
-  return interp_backward(grad, in_spec, info, C10_AS_INTARRAYREF_SLOW(output_size).vec(), ac, scales);
+      ShardSpec::make_with_dim_extents(mesh, gspec->placements, concrete_ints(input_size), ext);
+  return interp_backward(grad, in_spec, info, concrete_ints(output_size), ac, scales);
 }
 
 // upsample_nearest1d_backward(Tensor grad_output, SymInt[1] output_size, SymInt[3] input_size, float? scales=None),
@@ -1016,7 +1017,7 @@ using AaOp = at::Tensor (*)(const at::Tensor&, c10::SymIntArrayRef, bool, std::o
 template <AaOp local_op>
 at::Tensor upsample_aa_staged(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
                               std::optional<double> scales_h, std::optional<double> scales_w) {
-  const int64_t out_h = output_size[0].expect_int(), out_w = output_size[1].expect_int();
+  const int64_t out_h = concrete_int(output_size[0]), out_w = concrete_int(output_size[1]);
   auto x = self;
   const auto split = aa_split_dim(x);
   // The output's W takes the split between the passes: too few columns refuse before anything moves.
@@ -1062,7 +1063,7 @@ at::Tensor upsample_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_s
   const auto& local = shard_impl(x)->local();
   // torch's kernels accept an empty batch only: a rank without batch rows or channels makes its empty result.
   auto out = local.size(0) * local.size(1) == 0
-      ? at::empty({local.size(0), local.size(1), output_size[0].expect_int(), output_size[1].expect_int()},
+      ? at::empty({local.size(0), local.size(1), concrete_int(output_size[0]), concrete_int(output_size[1])},
                   local.options())
       : local_op(local, output_size, align_corners, scales_h, scales_w);
   return aa_wrap(out, x, x.sizes());
@@ -1079,7 +1080,7 @@ template <AaBackwardOp local_op>
 at::Tensor upsample_aa_backward_staged(const at::Tensor& grad, c10::SymIntArrayRef output_size,
                                        c10::SymIntArrayRef input_size, bool align_corners,
                                        std::optional<double> scales_h, std::optional<double> scales_w) {
-  const int64_t in_h = input_size[2].expect_int(), in_w = input_size[3].expect_int();
+  const int64_t in_h = concrete_int(input_size[2]), in_w = concrete_int(input_size[3]);
   const int64_t split = aa_split_dim(grad);
   TORCH_INTERNAL_ASSERT(split >= 0, "antialiased interpolation backward: staged without a spatial split");
   const int64_t first = split == 2 ? 3 : 2;  // the unsplit dim's pass runs first
@@ -1126,9 +1127,9 @@ at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntA
   const auto& g = shard_impl(x)->local();
   const auto isize = aa_local_input_size(input_size, g);
   auto out = g.size(0) * g.size(1) == 0
-      ? at::zeros(C10_AS_INTARRAYREF_SLOW(isize), g.options())
+      ? at::zeros(c10::IntArrayRef(concrete_ints(isize)), g.options())
       : local_op(g, output_size, isize, align_corners, scales_h, scales_w);
-  return aa_wrap(out, x, C10_AS_INTARRAYREF_SLOW(input_size));
+  return aa_wrap(out, x, c10::IntArrayRef(concrete_ints(input_size)));
 }
 
 } // namespace

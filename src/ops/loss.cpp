@@ -9,6 +9,7 @@
 #include "comm/functional.h"
 #include "comm/stat_reduce.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <torch/autograd.h>
 
@@ -269,7 +270,7 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward_rule(const at::Tensor& self,
                                                          const std::optional<at::Tensor>& weight, int64_t reduction,
                                                          c10::SymInt ignore_index) {
   auto mesh = dispatch::common_mesh("aten::nll_loss_forward", {self, target, weight.value_or(at::Tensor())});
-  return nll_forward(NllKernel::plain, mesh, self, target, weight, reduction, ignore_index.expect_int());
+  return nll_forward(NllKernel::plain, mesh, self, target, weight, reduction, concrete_int(ignore_index));
 }
 
 // nll_loss2d_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index)
@@ -277,7 +278,7 @@ std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward_rule(const at::Tensor& sel
                                                            const std::optional<at::Tensor>& weight, int64_t reduction,
                                                            c10::SymInt ignore_index) {
   auto mesh = dispatch::common_mesh("aten::nll_loss2d_forward", {self, target, weight.value_or(at::Tensor())});
-  return nll_forward(NllKernel::two_d, mesh, self, target, weight, reduction, ignore_index.expect_int());
+  return nll_forward(NllKernel::two_d, mesh, self, target, weight, reduction, concrete_int(ignore_index));
 }
 
 // nll_loss_backward / nll_loss2d_backward on `mesh` (the arguments' common mesh) -> grad_input
@@ -310,7 +311,7 @@ at::Tensor nll_loss_backward_rule(const at::Tensor& grad_output, const at::Tenso
                                   const at::Tensor& total_weight) {
   auto mesh = dispatch::common_mesh("aten::nll_loss_backward",
                                     {grad_output, self, target, weight.value_or(at::Tensor()), total_weight});
-  return nll_backward(NllKernel::plain, mesh, grad_output, self, target, weight, reduction, ignore_index.expect_int(),
+  return nll_backward(NllKernel::plain, mesh, grad_output, self, target, weight, reduction, concrete_int(ignore_index),
                       total_weight);
 }
 
@@ -321,7 +322,7 @@ at::Tensor nll_loss2d_backward_rule(const at::Tensor& grad_output, const at::Ten
                                     c10::SymInt ignore_index, const at::Tensor& total_weight) {
   auto mesh = dispatch::common_mesh("aten::nll_loss2d_backward",
                                     {grad_output, self, target, weight.value_or(at::Tensor()), total_weight});
-  return nll_backward(NllKernel::two_d, mesh, grad_output, self, target, weight, reduction, ignore_index.expect_int(),
+  return nll_backward(NllKernel::two_d, mesh, grad_output, self, target, weight, reduction, concrete_int(ignore_index),
                       total_weight);
 }
 

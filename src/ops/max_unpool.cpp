@@ -13,6 +13,7 @@
 #include "comm/collectives.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/element_routing.h"
 #include "ops/once_differentiable.h"
 
@@ -202,13 +203,13 @@ at::Tensor pooled_shard(const at::Tensor& self) {
 
 // max_unpool2d(Tensor self, Tensor indices, SymInt[2] output_size)
 at::Tensor max_unpool2d_rule(const at::Tensor& self, const at::Tensor& indices, c10::SymIntArrayRef output_size) {
-  return unpool_forward(pooled_shard(self), indices, C10_AS_INTARRAYREF_SLOW(output_size), {}, {});
+  return unpool_forward(pooled_shard(self), indices, c10::IntArrayRef(concrete_ints(output_size)), {}, {});
 }
 
 // max_unpool3d(Tensor self, Tensor indices, SymInt[3] output_size, int[3] stride, int[3] padding)
 at::Tensor max_unpool3d_rule(const at::Tensor& self, const at::Tensor& indices, c10::SymIntArrayRef output_size,
                              at::IntArrayRef stride, at::IntArrayRef padding) {
-  return unpool_forward(pooled_shard(self), indices, C10_AS_INTARRAYREF_SLOW(output_size), stride, padding);
+  return unpool_forward(pooled_shard(self), indices, c10::IntArrayRef(concrete_ints(output_size)), stride, padding);
 }
 
 // The autograd rule, for a pooled tensor split along a spatial dim that requires grad (the derivative formula would
@@ -221,7 +222,7 @@ bool max_unpool_autograd(int64_t spatial, const c10::OperatorHandle& op, torch::
   for (int64_t d = self.dim() - spatial; d < self.dim(); ++d)
     split = split || shard_impl(self)->spec()->mesh_dim_of(d) >= 0;
   if (!split) return false;
-  auto output_size = C10_AS_INTARRAYREF_SLOW(args["output_size"].toSymIntVector()).vec();
+  auto output_size = concrete_ints(args["output_size"].toSymIntVector());
   std::vector<int64_t> stride, padding;
   if (spatial == 3) {
     stride = args["stride"].toIntVector();

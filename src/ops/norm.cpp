@@ -4,6 +4,7 @@
 // shard the leading dims, reduced once by the parameter's promotion.
 #include "comm/collectives.h"
 #include "ops/arg_checks.h"
+#include "ops/concrete_ints.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -286,7 +287,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
                                                                double eps) {
   auto mesh = dispatch::common_mesh("aten::native_group_norm",
                                     {input, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-  const auto N = N_arg.expect_int(), C_all = C_arg.expect_int(), G_all = G;
+  const auto N = concrete_int(N_arg), C_all = concrete_int(C_arg), G_all = G;
   auto l = group_norm_layout(input, mesh, C_all, G_all);
   const auto C = l.channels;  // this rank's channels and groups (all of them unless the channels are sharded)
   G = l.groups;
@@ -323,7 +324,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
     std::array<bool, 3> mask) {
   auto mesh = dispatch::common_mesh("aten::native_group_norm_backward",
                                     {grad_out, input, mean_arg, rstd_arg, weight.value_or(at::Tensor())});
-  const auto N = N_arg.expect_int(), C_all = C_arg.expect_int(), HxW = HxW_arg.expect_int(), G_all = G;
+  const auto N = concrete_int(N_arg), C_all = concrete_int(C_arg), HxW = concrete_int(HxW_arg), G_all = G;
   auto l = group_norm_layout(input, mesh, C_all, G_all);
   const auto C = l.channels;  // this rank's channels and groups
   G = l.groups;

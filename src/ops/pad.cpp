@@ -6,6 +6,7 @@
 #include "comm/redistribute.h"
 #include "comm/spec_holder.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
@@ -94,14 +95,14 @@ SpecPtr resolved_spec(const at::Tensor& t) {
 
 // constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0)
 at::Tensor constant_pad_rule(const at::Tensor& self, c10::SymIntArrayRef pad, const at::Scalar& value) {
-  return pad_forward(self, C10_AS_INTARRAYREF_SLOW(pad).vec(), comm::PadMode::Constant, value.toDouble());
+  return pad_forward(self, concrete_ints(pad), comm::PadMode::Constant, value.toDouble());
 }
 
 // reflection_pad{1,2,3}d(Tensor self, SymInt[2|4|6] padding), replication_pad{1,2,3}d likewise: a mode's three
 // schemas differ only in the length of `padding`, which pad_dims reads from the list, so one rule serves them.
 template <comm::PadMode Mode>
 at::Tensor mode_pad_rule(const at::Tensor& self, c10::SymIntArrayRef padding) {
-  const auto pad = C10_AS_INTARRAYREF_SLOW(padding).vec();
+  const auto pad = concrete_ints(padding);
   // torch's own checks (the kernel that would make them does not run on a ShardTensor), from global sizes.
   const char* name = Mode == comm::PadMode::Reflect ? "reflection_pad" : "replication_pad";
   for (const auto& d : pad_dims(pad, self.dim())) {
@@ -127,7 +128,7 @@ at::Tensor mode_pad_backward_rule(const at::Tensor& grad_output, const at::Tenso
   static const auto name = pad_backward_name(Mode, Rank);
   auto mesh = dispatch::common_mesh(name, {grad_output, self});
   return pad_backward(grad_output, resolved_spec(dispatch::as_shard(self, mesh)),
-                      C10_AS_INTARRAYREF_SLOW(padding).vec(), Mode);
+                      concrete_ints(padding), Mode);
 }
 
 // _pad_circular is composite-implicit (slices and cat, which would gather the sharded dim): bound above autograd
@@ -154,7 +155,7 @@ struct PadCircularFn : torch::autograd::Function<PadCircularFn> {
 // [1, 2, 3, 1], not the rows (o - left) mod L of the whole input ([1, 2, 3, 0]). So the negative parts are a
 // crop (a constant pad by them: a local slice, recorded by autograd as usual) and only the positive parts wrap.
 at::Tensor pad_circular_entry(const at::Tensor& self, c10::SymIntArrayRef pad) {
-  auto p = C10_AS_INTARRAYREF_SLOW(pad).vec();
+  auto p = concrete_ints(pad);
   TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor _pad_circular: the input must be the ShardTensor");
   std::vector<int64_t> crop(p.size()), wrap(p.size());
   bool crops = false;

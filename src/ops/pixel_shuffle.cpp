@@ -7,6 +7,7 @@
 // of r^2 channels; otherwise (and for channel_shuffle, whose permutation spans every channel) the split moves to the
 // largest other dim first (one all-to-all).
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <functional>
 
@@ -117,11 +118,11 @@ at::Tensor channel_shuffle_on(const char* op, const at::Tensor& self_arg, int64_
 }
 
 at::Tensor channel_shuffle_rule(const at::Tensor& self, c10::SymInt groups) {
-  return channel_shuffle_on("channel_shuffle", self, groups.expect_int());
+  return channel_shuffle_on("channel_shuffle", self, concrete_int(groups));
 }
 
 at::Tensor native_channel_shuffle_rule(const at::Tensor& self, c10::SymInt groups) {
-  return channel_shuffle_on("native_channel_shuffle", self, groups.expect_int());
+  return channel_shuffle_on("native_channel_shuffle", self, concrete_int(groups));
 }
 
 } // namespace

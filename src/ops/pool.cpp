@@ -25,6 +25,7 @@
 #include "comm/host_metadata.h"
 #include "comm/redistribute.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <c10/util/irange.h>
 
@@ -744,9 +745,9 @@ std::optional<std::vector<int64_t>> uniform_cells(const at::Tensor& self, int64_
 }
 
 at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArrayRef output_size) {
-  if (auto k = uniform_cells(self, nsp, C10_AS_INTARRAYREF_SLOW(output_size)))
+  if (auto k = uniform_cells(self, nsp, c10::IntArrayRef(concrete_ints(output_size))))
     return avg_pool(nsp, self, avg_args(nsp, *k, *k, {0}, false, true, std::nullopt));
-  auto a = adaptive_args(PoolKind::AdaptiveAvg, C10_AS_INTARRAYREF_SLOW(output_size));
+  auto a = adaptive_args(PoolKind::AdaptiveAvg, c10::IntArrayRef(concrete_ints(output_size)));
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   if (adaptive_avg_direct(plan)) {

@@ -8,6 +8,7 @@
 // values. A Partial written tensor raises (a pending sum cannot take a write).
 #include "comm/redistribute.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 namespace shardtensor::ops {
 
@@ -85,7 +86,7 @@ at::Tensor masked_scatter_functional_rule(const at::Tensor& self, const at::Tens
 // elements at their running-count positions: a Partial(sum) over the mesh dims that shard the gradient.
 at::Tensor masked_scatter_backward_rule(const at::Tensor& grad_output, const at::Tensor& mask_in,
                                         c10::SymIntArrayRef sizes_in) {
-  const auto sizes = C10_AS_INTARRAYREF_SLOW(sizes_in).vec();
+  const auto sizes = concrete_ints(sizes_in);
   auto grad = resolve_partial(grad_output);
   const auto& spec = *shard_impl(grad)->spec();
   auto b = block_of(grad, "masked_scatter_backward");

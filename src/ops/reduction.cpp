@@ -4,6 +4,7 @@
 #include "comm/collectives.h"
 #include "comm/stat_reduce.h"
 #include "ops/arg_checks.h"
+#include "ops/concrete_ints.h"
 #include "ops/common.h"
 #include "ops/moments.h"
 
@@ -489,7 +490,7 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
                                     c10::SymIntArrayRef sym_sizes, bool keepdim) {
   auto* gi = shard_impl(grad_in);
   auto* ii = shard_impl(indices_in);
-  const auto sizes = C10_AS_INTARRAYREF_SLOW(sym_sizes);
+  const auto sizes = concrete_ints(sym_sizes);
   const auto ndim = static_cast<int64_t>(sizes.size());
   dim = wrap_dim(dim, std::max<int64_t>(ndim, 1));
   const auto& mesh = (gi ? gi : ii)->spec()->mesh;
@@ -507,7 +508,7 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
   auto idx = local_as(indices_in, mesh, gspec->placements, gspec->dim_extents());
   Placements out_p = gspec->placements;
   DimExtents out_ext;
-  auto local_sizes = sizes.vec();
+  auto local_sizes = sizes;
   for (size_t m = 0; m < out_p.size(); ++m) {
     if (!out_p[m].is_shard()) continue;
     auto nd = (!keepdim && out_p[m].dim >= dim) ? out_p[m].dim + 1 : out_p[m].dim;
@@ -516,7 +517,7 @@ at::Tensor value_selecting_backward(const at::Tensor& grad_in, int64_t dim, cons
     out_p[m] = Placement::shard(nd);
   }
   auto out = at::value_selecting_reduction_backward(shard_impl(grad)->local(), dim, idx, local_sizes, keepdim);
-  return wrap(out, mesh, out_p, sizes.vec(), out_ext);
+  return wrap(out, mesh, out_p, sizes, out_ext);
 }
 
 // The legacy torch.norm overloads are linalg_vector_norm with p's default (2) spelled out; its rule (and, through

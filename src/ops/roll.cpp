@@ -6,6 +6,7 @@
 // (aten's formula: a roll by the negated shifts) comes back through this rule.
 #include "comm/halo_plan.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 
 #include <c10/core/SymIntArrayRef.h>
 
@@ -112,7 +113,7 @@ at::Tensor flat_roll(const at::Tensor& self, int64_t shift) {
 
 // roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
 at::Tensor roll_rule(const at::Tensor& self, c10::SymIntArrayRef shifts_arg, at::IntArrayRef dims_arg) {
-  const auto shifts = C10_AS_INTARRAYREF_SLOW(shifts_arg).vec();
+  const auto shifts = concrete_ints(shifts_arg);
   TORCH_CHECK_VALUE(!shifts.empty(), "roll: `shifts` required");
   if (dims_arg.empty()) {
     TORCH_CHECK_VALUE(shifts.size() == 1, "roll: shifts and dimensions must align. shifts: ", shifts.size(), ", dims:0");

@@ -11,6 +11,7 @@
 #include "comm/stat_reduce.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
+#include "ops/concrete_ints.h"
 #include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
@@ -115,7 +116,7 @@ bool selection_autograd(Selection kind, const c10::OperatorHandle& op, torch::ji
   const bool scan = kind == Selection::cummax || kind == Selection::cummin;
   const bool keepdim = kind == Selection::topk || scan || args["keepdim"].toBool();
   const int64_t k =
-      kind == Selection::topk || kind == Selection::kthvalue ? args["k"].toSymInt().expect_int() : 1;
+      kind == Selection::topk || kind == Selection::kthvalue ? concrete_int(args["k"].toSymInt()) : 1;
   const bool largest = kind == Selection::topk ? args["largest"].toBool() : true;
   auto out = SelectionFn::apply(self, static_cast<int64_t>(kind), dim, keepdim, k, largest);
   torch::jit::drop(*stack, args.all().size());

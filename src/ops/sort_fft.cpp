@@ -6,6 +6,7 @@
 // The FFT kernels behind torch.fft.* have their own rule (fft.cpp).
 #include "comm/stat_reduce.h"
 #include "ops/arg_checks.h"
+#include "ops/concrete_ints.h"
 #include "ops/common.h"
 #include "ops/empty_shard.h"
 #include "ops/sort_sharded.h"
@@ -194,7 +195,7 @@ void topk_handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto dim = wrap_dim(args["dim"].toInt(), ndim);
   if (self.dim() == 0 || shard_impl(self)->spec()->mesh_dim_of(dim) < 0)
     return along_dims_handler(Along::dim_arg, /*linear=*/false, op, stack);
-  const auto k = args["k"].toSymInt().expect_int();
+  const auto k = concrete_int(args["k"].toSymInt());
   const bool largest = args["largest"].toBool();
   check_topk_args(self, k, dim);
   auto [v, i] = topk_sharded(self, k, dim, largest);

@@ -15,6 +15,7 @@
 // Also here: the order statistics (kthvalue, median.dim, nanmedian.dim) through that sort, and mode, which re-lays
 // its input out with the dim whole instead (see mode_rule).
 #include "ops/sort_sharded.h"
+#include "ops/concrete_ints.h"
 
 #include "comm/collectives.h"
 #include "comm/ring_loop.h"
@@ -290,7 +291,7 @@ std::tuple<at::Tensor, at::Tensor> order_statistic(Order kind, const at::Tensor&
 
 // kthvalue(Tensor self, SymInt k, int dim=-1, bool keepdim=False)
 std::tuple<at::Tensor, at::Tensor> kthvalue_rule(const at::Tensor& self, c10::SymInt k, int64_t dim, bool keepdim) {
-  return order_statistic(Order::kth, self, k.expect_int(), dim, keepdim);
+  return order_statistic(Order::kth, self, concrete_int(k), dim, keepdim);
 }
 // median.dim(Tensor self, int dim, bool keepdim=False)
 std::tuple<at::Tensor, at::Tensor> median_dim_rule(const at::Tensor& self, int64_t dim, bool keepdim) {

@@ -310,3 +310,60 @@ def case_loop_attention(extents):
 
 def test_attention_in_skipped_frame():
     harness.run(2, case_loop_attention, (6, 3))
+
+
+def _weighted(x, w):
+    """A Python function routed (below) to a handler whose result is plain and whole: what a routed layer returns when
+    its input is replicated (GINO's latent spectral layers)."""
+    return x * w
+
+
+st.register_function(_weighted, lambda x, w: st.full_tensor(x) * w)
+
+
+class _RoutedPlainNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.tanh(x + _weighted(x, self.w))     # the plain result meets the traced shard after it
+
+
+def case_routed_plain_result(extents):
+    check_compiled(_RoutedPlainNet, (6, 8), 0, extents)
+    return True
+
+
+def test_routed_plain_result_in_compiled_model():
+    """The compiled backward hands the routed call's plain result a traced gradient: it must be made plain before it
+    enters the eager graph (neuraloperator's GINO raised in bmm's backward, a traced shard next to ShardTensors)."""
+    harness.run(2, case_routed_plain_result, (4, 2))
+
+
+def _grid_and_resample(x, s):
+    """neuraloperator's pattern: a positional grid (plain, from the input's shape) joined to the field, then a resample
+    to sizes computed from a float scale."""
+    g = torch.linspace(0, 1, x.shape[-2], dtype=x.dtype).view(1, 1, -1, 1).expand(x.shape[0], 1, *x.shape[-2:])
+    y = torch.cat((x, g), dim=1)
+    return torch.nn.functional.interpolate(y, size=(round(x.shape[-2] * s), round(x.shape[-1] * s)),
+                                           mode="bilinear", align_corners=True)
+
+
+def case_symbolic_sizes():
+    m = mesh()
+    x = torch.randn(2, 3, 8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for dim in (2, 3):
+        torch._dynamo.reset()
+        xs = st.distribute_tensor(x, m, [st.Shard(dim)])
+        compiled = torch.compile(_grid_and_resample, backend=BACKEND)
+        for s in (2.0, 1.5, 0.5):
+            close(full(compiled(xs, s)), _grid_and_resample(x, s), what=f"dim {dim} scale {s}")
+    return True
+
+
+def test_sizes_from_a_dynamic_float():
+    """A second call with another scale recompiles with the scale symbolic (Dynamo does not specialize floats), so
+    the interpolation's output sizes reach the rule as symbols (neuraloperator's UNO raised "SymIntArrayRef expected
+    to contain only concrete integers"); the rules specialize them (ops/concrete_ints.h)."""
+    harness.run(2, case_symbolic_sizes)
