@@ -1,6 +1,6 @@
 """Fourier layers on a split field with their own spectrum buffers laid out like the transformed field
 (``shardtensor.integrations.spectral_buffers``), against one device: neuraloperator's ``SpectralConv``
-(``neuralop_spectral``) and PhysicsNeMo's ``SpectralConv1d``-``3d`` and AFNO layers (``physicsnemo_spectral``). Each
+(``neuralop_spectral``) and PhysicsNeMo's ``SpectralConv1d``-``3d`` and AFNO layers and DPOT's AFNO mixers (``physicsnemo_spectral``). Each
 layer's output stays a ShardTensor split along some dim (with a plain global-size buffer written by slices it was a
 plain tensor on every rank: the inverse transform and the rest of the layer ran whole). Forward, input gradient and
 every parameter gradient (complex weights); 1-D, 2-D and 3-D layers, truncated and full mode counts, separable and
@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import harness
 import shardtensor as st
@@ -25,6 +26,24 @@ def _f64(module):
     for p in module.parameters():
         p.data = p.data.to(torch.complex128 if p.is_complex() else D)
     return module
+
+
+_FFTS = {getattr(torch.fft, n) for n in dir(torch.fft) if "fft" in n}
+
+
+class _PlainTransforms(TorchFunctionMode):
+    """The torch.fft functions whose result was a plain tensor (the transform ran on the whole field on every rank)."""
+
+    def __init__(self):
+        super().__init__()
+        self.plain = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _FFTS and isinstance(out, torch.Tensor) \
+                and not st.is_shard_tensor(out):
+            self.plain.append(func.__name__)
+        return out
 
 
 def _compare(make, shape, placements, extents=None, compiled=False, complex_data=False, extra=(), tol=TOL,
@@ -52,7 +71,12 @@ def _compare(make, shape, placements, extents=None, compiled=False, complex_data
             if isinstance(mod, layer_type):
                 mod.register_forward_hook(lambda _m, _a, out: split.append(
                     st.is_shard_tensor(out) and any(p.is_shard() for p in st.placements(out))))
-    y = (torch.compile(net, backend="aot_eager") if compiled else net)(xs, *extra)
+    if compiled:
+        y = torch.compile(net, backend="aot_eager")(xs, *extra)
+    else:
+        with _PlainTransforms() as transforms:
+            y = net(xs, *extra)
+        assert not transforms.plain, f"transforms ran whole on every rank (plain results): {transforms.plain}"
     assert all(split), f"a spectral layer's output is not split: {split}"
     assert st.is_shard_tensor(y) and any(p.is_shard() for p in st.placements(y)), \
         "the layer's output is not split (the spectrum was made whole)"
@@ -105,6 +129,12 @@ def case_physicsnemo_layers(kind):
     for fraction in (1.0, 0.5):
         _compare(lambda: afno_layers.AFNO2DLayer(8, num_blocks=4, hard_thresholding_fraction=fraction),
                  (2, 12, 10, 8), [st.Shard(1)], ext(12), **F32, layer_type=afno_layers.AFNO2DLayer)
+    # DPOT's AFNO mixers (channels last): 2-D split H, 3-D split X.
+    from physicsnemo.models.dpot import dpot, dpot3d
+    _compare(lambda: dpot.DPOT2DLayer(width=8, num_blocks=4, modes=4), (2, 12, 10, 8), [st.Shard(1)], ext(12),
+             **F32, layer_type=dpot.DPOT2DLayer)
+    _compare(lambda: dpot3d.AFNO3DLayer(width=8, num_blocks=4, modes=3, temporal_modes=3, channel_first=False), (1, 8, 6, 6, 8), [st.Shard(1)], ext(8),
+             **F32, layer_type=dpot3d.AFNO3DLayer)
     mod = torch.randn(2, 5, generator=torch.Generator().manual_seed(3))
     _compare(lambda: afno_layers.ModAFNO2DLayer(8, 5, num_blocks=4), (2, 12, 10, 8), [st.Shard(1)], ext(12),
              extra=(mod,), **F32, layer_type=afno_layers.AFNO2DLayer)

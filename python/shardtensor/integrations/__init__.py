@@ -31,6 +31,8 @@ INTEGRATIONS = {
     "physicsnemo.nn.module.hpx.padding": "physicsnemo_healpix",
     "physicsnemo.nn.module.spectral_layers": "physicsnemo_spectral",
     "physicsnemo.nn.module.afno_layers": "physicsnemo_spectral",
+    "physicsnemo.models.dpot.dpot": "physicsnemo_spectral",
+    "physicsnemo.models.dpot.dpot3d": "physicsnemo_spectral",
     "opt_einsum.backends.dispatch": "opt_einsum_backend",
 }
 

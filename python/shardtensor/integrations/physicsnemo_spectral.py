@@ -1,9 +1,10 @@
 """PhysicsNeMo's Fourier layers with their spectrum buffers kept divided: the FNO's ``SpectralConv1d`` ... ``4d``
 (``physicsnemo.nn.module.spectral_layers``) and AFNO's ``AFNO2DLayer`` / ``ModAFNO2DLayer``
-(``physicsnemo.nn.module.afno_layers``: FourCastNet's token mixer).
+(``physicsnemo.nn.module.afno_layers``: FourCastNet's token mixer), and DPOT's AFNO mixers ``DPOT2DLayer`` /
+``AFNO3DLayer`` (``physicsnemo.models.dpot``).
 
 Each allocates the spectrum it fills with ``torch.zeros`` of the global shape after transforming its input. The 1-D
-spectral convolution and AFNO write the retained modes into it by slices (the buffer then held the whole value on
+spectral convolution and the AFNO layers write the retained modes into it by slices (the buffer then held the whole value on
 every rank, and every rank ran the inverse transform and the rest of the layer on the whole field); the 2-D to 4-D
 spectral convolutions add padded modes to it (a global-size buffer filled on every rank). Routed here
 (``st.register_function``) when a ShardTensor is among a layer's arguments, the layer's own forward runs with those
@@ -16,6 +17,8 @@ from .spectral_buffers import run_with_sharded_buffers
 _LAYERS = {
     "physicsnemo.nn.module.spectral_layers": ("SpectralConv1d", "SpectralConv2d", "SpectralConv3d", "SpectralConv4d"),
     "physicsnemo.nn.module.afno_layers": ("AFNO2DLayer", "ModAFNO2DLayer"),
+    "physicsnemo.models.dpot.dpot": ("DPOT2DLayer",),
+    "physicsnemo.models.dpot.dpot3d": ("AFNO3DLayer",),
 }
 
 
