@@ -22,13 +22,14 @@ struct EmptyShardStandIn {
   }
 };
 
+// Decided from the layout, not the local's sizes: a traced local's may be symbolic (torch.compile with a dim made
+// dynamic), which numel() refuses; the layout's local shape is the local's, concretely.
 inline EmptyShardStandIn stand_in_for_empty_shard(const at::Tensor& local, const ShardSpec& spec) {
   EmptyShardStandIn s{local, {}};
-  if (local.numel() != 0) return s;
   for (const auto& [d, e] : spec.dim_extents())
-    if (local.size(d) == 0) s.emptied.push_back(d);
+    if (spec.local_shape[d] == 0) s.emptied.push_back(d);
   if (s.emptied.empty()) return s;
-  auto shape = local.sizes().vec();
+  auto shape = spec.local_shape;
   for (auto d : s.emptied) shape[d] = 1;
   if (std::all_of(shape.begin(), shape.end(), [](int64_t n) { return n > 0; }))
     s.local = at::zeros(shape, local.options());

@@ -367,3 +367,52 @@ def test_sizes_from_a_dynamic_float():
     the interpolation's output sizes reach the rule as symbols (neuraloperator's UNO raised "SymIntArrayRef expected
     to contain only concrete integers"); the rules specialize them (ops/concrete_ints.h)."""
     harness.run(2, case_symbolic_sizes)
+
+
+def _spectrum_magnitude(x):
+    return torch.fft.rfft(x, dim=-1).abs() * 2
+
+
+def case_dynamic_local_sizes():
+    torch._dynamo.reset()
+    m = mesh()
+    compiled = torch.compile(_spectrum_magnitude, backend=BACKEND)
+    for n in (8, 10, 12):
+        x = torch.randn(2, n, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+        close(full(compiled(st.distribute_tensor(x, m, [st.Shard(1)]))), _spectrum_magnitude(x), what=f"length {n}")
+    return True
+
+
+def test_transform_of_a_dynamic_local():
+    """A second global length recompiles with the split dim dynamic, so the traced local's sizes are symbolic: the FFT
+    rule's empty-shard check read the local's numel() (neuraloperator's SFNO raised "Cannot call numel() on tensor
+    with symbolic sizes"); it reads the layout's local shape."""
+    harness.run(2, case_dynamic_local_sizes)
+
+
+class _DiscoNet(torch.nn.Module):
+    """torch-harmonics' DISCO convolution and its transpose (custom ops whose rule reads the filter's CSR indices,
+    which a tracer's fake tensors do not hold) between traced ops."""
+
+    def __init__(self):
+        super().__init__()
+        import torch_harmonics as th
+        kw = dict(kernel_shape=(3, 3), basis_type="morlet", bias=True)
+        self.down = th.DiscreteContinuousConvS2(2, 3, in_shape=(16, 32), out_shape=(8, 16), **kw).double()
+        self.up = th.DiscreteContinuousConvTransposeS2(3, 2, in_shape=(8, 16), out_shape=(16, 32), **kw).double()
+
+    def forward(self, x):
+        return self.up(torch.tanh(self.down(x * 2)))
+
+
+def case_disco(extents):
+    check_compiled(_DiscoNet, (2, 2, 16, 32), 2, extents)
+    return True
+
+
+def test_disco_layers_in_compiled_model():
+    """The layers are routed to their own bodies (shardtensor.integrations.torch_harmonics_disco): eagerly nothing
+    changes, and compiled code breaks the graph around them and runs them eagerly (a spherical U-Net raised "data is
+    not allocated yet" in the rule)."""
+    pytest.importorskip("torch_harmonics", reason="torch-harmonics is an optional test dependency (the zoo's)")
+    harness.run(2, case_disco, (10, 6))

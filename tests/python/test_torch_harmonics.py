@@ -204,3 +204,13 @@ def case_neighborhood_attention(kind):
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
 def test_neighborhood_attention(world, kind):
     assert all(harness.run(world, case_neighborhood_attention, kind))
+
+
+@pytest.mark.parametrize("first", ["torch_harmonics", "shardtensor"])
+def test_disco_layers_routed_in_either_import_order(first):
+    """The DISCO layers' forward is routed to its own body (for torch.compile: shardtensor.integrations.
+    torch_harmonics_disco) whichever library is imported first; SHARDTENSOR_NO_INTEGRATIONS=1 leaves it."""
+    from cases_util import check_integration_routing
+    second = "shardtensor" if first == "torch_harmonics" else "torch_harmonics"
+    check_integration_routing(first, second, "torch_harmonics.disco.convolution", "DiscreteContinuousConvS2.forward",
+                              disabled_too=first == "shardtensor")

@@ -33,6 +33,7 @@ INTEGRATIONS = {
     "physicsnemo.nn.module.afno_layers": "physicsnemo_spectral",
     "physicsnemo.models.dpot.dpot": "physicsnemo_spectral",
     "physicsnemo.models.dpot.dpot3d": "physicsnemo_spectral",
+    "torch_harmonics.disco.convolution": "torch_harmonics_disco",
     "opt_einsum.backends.dispatch": "opt_einsum_backend",
 }
 
