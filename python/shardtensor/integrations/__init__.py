@@ -41,6 +41,16 @@ _installed: set = set()
 _lock = threading.Lock()
 
 
+def _route_forwards(module, class_names, handler_for) -> None:
+    """Route the ``forward`` each named class of ``module`` defines itself to ``handler_for(forward)``."""
+    from ..functions import register_function
+    for name in class_names:
+        cls = getattr(module, name, None)
+        forward = cls.__dict__.get("forward") if cls is not None else None
+        if forward is not None:
+            register_function(forward, handler_for(forward))
+
+
 def installed() -> tuple:
     """The library modules whose functions are routed in this process."""
     return tuple(sorted(_installed))

@@ -24,12 +24,8 @@ _LAYERS = {
 
 def install(module) -> None:
     """Route the forward of every layer of ``_LAYERS`` that the imported module defines."""
-    from ..functions import register_function
-    for name in _LAYERS[module.__name__]:
-        cls = getattr(module, name, None)
-        forward = cls.__dict__.get("forward") if cls is not None else None
-        if forward is not None:
-            register_function(forward, _routed(forward))
+    from . import _route_forwards
+    _route_forwards(module, _LAYERS[module.__name__], _routed)
 
 
 def _routed(forward):

@@ -7,14 +7,17 @@ a ShardTensor input the buffer is a plain tensor of the global shape on every ra
 value and every rank runs the inverse transform and the rest of the layer on the whole field (right values, work not
 divided), and even the padded sum fills a global-size buffer on every rank.
 
-``run_with_sharded_buffers(fn, *args, **kwargs)`` runs a layer's own forward unchanged but for those buffers: inside
-it, a ``torch.zeros`` called without tensor arguments is a ShardTensor laid out like a ShardTensor the layer computed
-just before (the newest of them whose split dims exist in the buffer's shape; preferring one whose split dims have
-the buffer's sizes; a pending sum's mesh dims read as Replicate): the same placements, that tensor's extents where
-the sizes agree and the default split where they differ (the output channels). Only this rank's part is allocated.
+``run_with_sharded_buffers(fn, *args, **kwargs)`` runs a layer's own forward unchanged but for those buffers: a
+``torch.zeros`` that the forward's own code calls without tensor arguments is a ShardTensor laid out like a
+ShardTensor the layer computed just before (the newest of them whose split dims exist in the buffer's shape;
+preferring one whose split dims have the buffer's sizes; a pending sum's mesh dims read as Replicate): the same
+placements, that tensor's extents where the sizes agree and the default split where they differ (the output
+channels). Only this rank's part is allocated.
 The ops that follow are the layer's own, on ShardTensors, so the values are the single-device ones. Without such a
 tensor before it (nothing split yet), a buffer stays plain."""
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -25,8 +28,10 @@ _HISTORY = 16     # how many of the layer's newest split results a buffer may ta
 
 
 def run_with_sharded_buffers(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with its ``torch.zeros`` buffers laid out like the split field (module docstring)."""
-    with _ShardedBuffers():
+    """``fn(*args, **kwargs)`` with its ``torch.zeros`` buffers laid out like the split field (module docstring).
+    Only the zeros ``fn``'s own code allocates: helpers it calls (a factorised weight's reconstruction, ...) keep
+    their plain ones. ``fn`` may be routed (``register_function``): its own body's code is then ``__wrapped__``'s."""
+    with _ShardedBuffers(getattr(fn, "__wrapped__", fn).__code__):
         return fn(*args, **kwargs)
 
 
@@ -67,8 +72,9 @@ def _zeros_like_layout(size, source, dtype, device, requires_grad):
 class _ShardedBuffers(TorchFunctionMode):
     """The layer's newest split results, and ``torch.zeros`` laid out like one of them."""
 
-    def __init__(self):
+    def __init__(self, code):
         super().__init__()
+        self.code = code    # the layer's forward: only the zeros it allocates itself are laid out
         self.recent = []    # newest last
 
     def _source(self, size):
@@ -79,7 +85,7 @@ class _ShardedBuffers(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.zeros and self.recent and kwargs.get("out") is None \
-                and not any(isinstance(a, torch.Tensor) for a in args):
+                and not any(isinstance(a, torch.Tensor) for a in args) and sys._getframe(1).f_code is self.code:
             size = _size_of(args)
             source = self._source(size)
             if source is not None:

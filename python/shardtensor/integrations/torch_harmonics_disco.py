@@ -15,12 +15,8 @@ _LAYERS = ("DiscreteContinuousConvS2", "DiscreteContinuousConvTransposeS2")
 
 def install(module) -> None:
     """Route the forward of both DISCO layers of the imported ``torch_harmonics.disco.convolution``."""
-    from ..functions import register_function
-    for name in _LAYERS:
-        cls = getattr(module, name, None)
-        forward = cls.__dict__.get("forward") if cls is not None else None
-        if forward is not None:
-            register_function(forward, _own_body(forward))
+    from . import _route_forwards
+    _route_forwards(module, _LAYERS, _own_body)
 
 
 def _own_body(forward):
