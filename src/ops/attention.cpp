@@ -360,6 +360,11 @@ at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::
   return sdpa_core(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
+// Whether the fused kernels' query has more heads than key (SDPA's enable_gqa, which their schemas do not carry).
+bool grouped_heads(const at::Tensor& query, const at::Tensor& key) {
+  return query.dim() >= 3 && key.dim() == query.dim() && query.size(-3) != key.size(-3);
+}
+
 // The fused CPU kernel SDPA decomposes to (_scaled_dot_product_flash_attention_for_cpu), reached by a ShardTensor
 // where SDPA itself was not bound: compiled code that runs eagerly on traced shards (a frame Dynamo skipped, where
 // SDPA decomposes before the traced shard sees it), or a direct call. Below autograd: the ring without autograd,
@@ -370,8 +375,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_cpu_rule(const at::Tensor& qu
                                                             std::optional<double> scale) {
   at::NoGradGuard no_grad;
   at::Tensor lse;
-  const bool gqa = query.dim() >= 3 && key.dim() == query.dim() && query.size(-3) != key.size(-3);
-  auto out = sdpa_core(query, key, value, attn_mask, dropout_p, is_causal, scale, gqa, &lse);
+  auto out = sdpa_core(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped_heads(query, key), &lse);
   return {out, lse};
 }
 
@@ -392,8 +396,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward_rule
   std::vector<at::Tensor> inputs{leaf(query), leaf(key), leaf(value)};
   std::optional<at::Tensor> mask;
   if (attn_mask && attn_mask->defined()) mask = attn_mask->detach();
-  const bool gqa = query.dim() >= 3 && key.dim() == query.dim() && query.size(-3) != key.size(-3);
-  auto out = sdpa_core(inputs[0], inputs[1], inputs[2], mask, dropout_p, is_causal, scale, gqa);
+  auto out = sdpa_core(inputs[0], inputs[1], inputs[2], mask, dropout_p, is_causal, scale, grouped_heads(query, key));
   auto g = torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
                                  /*allow_unused=*/true);
   return {g[0], g[1], g[2]};

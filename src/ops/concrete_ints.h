@@ -1,7 +1,9 @@
-// Symbolic sizes and indices reach a view rule while torch.compile fakeifies an input that is a view of a traced
-// shard: Dynamo replays the view on the fake base with symbolic sizes once it has made a dim dynamic. The rules
-// compute plans from concrete values, so each is specialized (a guard on its value: a recompile if it changes,
-// as the layout's global shape already implies); outside tracing these are plain ints and nothing is guarded.
+// Symbolic sizes and integers reach the rules while torch.compile traces: a view rule when Dynamo fakeifies an input
+// that is a view of a traced shard (it replays the view on the fake base with symbolic sizes once it has made a dim
+// dynamic), any rule taking sizes or integers (interpolation sizes, padding, groups, k, ...) when they were computed
+// from a value Dynamo made symbolic (a float scale on a recompile). The rules compute plans from concrete values, so
+// each is specialized (a guard on its value: a recompile if it changes, as the layout's global shape already
+// implies); outside tracing these are plain ints and nothing is guarded.
 #pragma once
 
 #include <c10/core/SymInt.h>

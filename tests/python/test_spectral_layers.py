@@ -8,6 +8,7 @@ factorised weights, complex data, more output than input channels, AFNO's block-
 uneven and one-row shards, 2-3 ranks, a 2x2 mesh; a whole FNO eager and compiled; the routing in either import
 order."""
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -16,6 +17,14 @@ from torch.overrides import TorchFunctionMode
 import harness
 import shardtensor as st
 from cases_util import check_integration_routing, close, full, mesh, tiny_extents, uneven_extents
+
+def _needs(module: str, what: str):
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"{what} is an optional test dependency (tests/requirements-zoo.txt)")
+
+
+needs_neuralop = _needs("neuralop", "neuraloperator")
+needs_physicsnemo = _needs("physicsnemo", "PhysicsNeMo")
 
 D = torch.float64
 TOL = dict(rtol=1e-9, atol=1e-10)
@@ -91,7 +100,6 @@ def _compare(make, shape, placements, extents=None, compiled=False, complex_data
 
 
 def _conv(in_ch=3, out_ch=5, modes=(4, 3), **kw):
-    pytest.importorskip("neuralop", reason="neuraloperator is an optional test dependency (tests/requirements-zoo.txt)")
     from neuralop.layers.spectral_convolution import SpectralConv
     return lambda: SpectralConv(in_ch, out_ch, n_modes=modes, **kw)
 
@@ -153,40 +161,40 @@ def case_fno(compiled):
     return True
 
 
+@needs_neuralop
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
 def test_neuralop_layers(world, kind):
-    pytest.importorskip("neuralop", reason="neuraloperator is an optional test dependency (tests/requirements-zoo.txt)")
     harness.run(world, case_neuralop_layers, kind)
 
 
+@needs_physicsnemo
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
 def test_physicsnemo_layers(world, kind):
-    pytest.importorskip("physicsnemo", reason="PhysicsNeMo is an optional test dependency (tests/requirements-zoo.txt)")
     harness.run(world, case_physicsnemo_layers, kind)
 
 
+@needs_neuralop
 def test_spectral_conv_2d_mesh():
-    pytest.importorskip("neuralop", reason="neuraloperator is an optional test dependency (tests/requirements-zoo.txt)")
     harness.run(4, case_mesh_2d)
 
 
+@needs_neuralop
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_fno(compiled):
-    pytest.importorskip("neuralop", reason="neuraloperator is an optional test dependency (tests/requirements-zoo.txt)")
     harness.run(2, case_fno, compiled)
 
 
+@needs_neuralop
 @pytest.mark.parametrize("first", ["neuralop", "shardtensor"])
 def test_routing_installed_in_either_import_order(first):
     """SpectralConv.forward is routed whichever library is imported first; SHARDTENSOR_NO_INTEGRATIONS=1 leaves it."""
-    pytest.importorskip("neuralop", reason="neuraloperator is an optional test dependency (tests/requirements-zoo.txt)")
     second = "shardtensor" if first == "neuralop" else "neuralop"
     check_integration_routing(first, second, "neuralop.layers.spectral_convolution", "SpectralConv.forward",
                               disabled_too=first == "shardtensor")
 
 
+@needs_physicsnemo
 def test_physicsnemo_routing_installed():
     """AFNO2DLayer.forward is routed when PhysicsNeMo's AFNO layers are imported after shardtensor."""
-    pytest.importorskip("physicsnemo", reason="PhysicsNeMo is an optional test dependency (tests/requirements-zoo.txt)")
     check_integration_routing("shardtensor", "physicsnemo.nn.module.afno_layers", "physicsnemo.nn.module.afno_layers",
                               "AFNO2DLayer.forward", disabled_too=False)

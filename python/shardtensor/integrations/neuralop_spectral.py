@@ -9,19 +9,10 @@ write gave it the whole value on every rank and every rank ran the inverse trans
 laid out like the transformed field (``spectral_buffers``)."""
 from __future__ import annotations
 
-from .spectral_buffers import run_with_sharded_buffers
-
-_spectral_forward = None    # SpectralConv.forward: inside the handler, calls of it run its own body
+from .spectral_buffers import sharded_buffers_handler
 
 
 def install(module) -> None:
     """Route ``SpectralConv.forward`` of the imported ``neuralop.layers.spectral_convolution``."""
-    global _spectral_forward
-    from ..functions import register_function
-    _spectral_forward = module.SpectralConv.forward
-    register_function(module.SpectralConv.forward, spectral_forward_sharded)
-
-
-def spectral_forward_sharded(conv, x, *args, **kwargs):
-    """``SpectralConv.forward(x, ...)`` with a ShardTensor among its arguments (see the module's docstring)."""
-    return run_with_sharded_buffers(_spectral_forward, conv, x, *args, **kwargs)
+    from . import _route_forwards
+    _route_forwards(module, ("SpectralConv",), sharded_buffers_handler)

@@ -11,7 +11,7 @@ spectral convolutions add padded modes to it (a global-size buffer filled on eve
 buffers laid out like the transformed field (``spectral_buffers``)."""
 from __future__ import annotations
 
-from .spectral_buffers import run_with_sharded_buffers
+from .spectral_buffers import sharded_buffers_handler
 
 # library module -> the classes whose forward is routed
 _LAYERS = {
@@ -25,11 +25,4 @@ _LAYERS = {
 def install(module) -> None:
     """Route the forward of every layer of ``_LAYERS`` that the imported module defines."""
     from . import _route_forwards
-    _route_forwards(module, _LAYERS[module.__name__], _routed)
-
-
-def _routed(forward):
-    def handler(*args, **kwargs):
-        return run_with_sharded_buffers(forward, *args, **kwargs)
-    handler.__name__ = f"{forward.__qualname__}_sharded"
-    return handler
+    _route_forwards(module, _LAYERS[module.__name__], sharded_buffers_handler)

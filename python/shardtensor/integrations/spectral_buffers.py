@@ -35,6 +35,14 @@ def run_with_sharded_buffers(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+def sharded_buffers_handler(forward):
+    """The route for a layer's ``forward`` (``register_function``): its own body under ``run_with_sharded_buffers``."""
+    def handler(*args, **kwargs):
+        return run_with_sharded_buffers(forward, *args, **kwargs)
+    handler.__name__ = f"{forward.__qualname__}_sharded"
+    return handler
+
+
 def _default_extents(n: int, k: int) -> list:
     """The library's default split of ``n`` over ``k`` ranks (torch.tensor_split's sizes)."""
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
