@@ -394,6 +394,21 @@ def _fused_cpu_kernel(kind):
              what=f"fused {kind} additive mask")
     # Queries whole, keys/values split (the output and lse come back whole).
     check_op(fused_cpu(), [q, k, v], [None, lay, lay], m, **TOL, what=f"fused {kind} q replicated")
+    # Dropout: refused on every rank, as by SDPA itself.
+    qs, ks, vs = (st.distribute_tensor(t, m, lay[0], sharding_shapes=lay[1]) for t in (q, k, v))
+    with pytest.raises(NotImplementedError, match="dropout_p > 0"):
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.1)
+    return True
+
+
+def case_fused_cpu_kernel_2d():
+    """The fused CPU kernel on a 2x2 mesh: batch on one mesh dim, the sequence on the other."""
+    m = mesh((2, 2))
+    q, k, v = randn(2, 4, 9, 8, seed=25), randn(2, 4, 9, 8, seed=26), randn(2, 4, 9, 8, seed=27)
+    lay = ([st.Shard(0), st.Shard(2)], {1: [6, 3]})
+    with st.use_strict():
+        for causal in (False, True):
+            check_op(fused_cpu(is_causal=causal), [q, k, v], [lay, lay, lay], m, **TOL, what=f"fused 2x2 {causal}")
     return True
 
 
@@ -631,3 +646,7 @@ def test_backward_follows_forward_strategy(strategy):
 @pytest.mark.parametrize("world,kind", [(2, "uneven"), (3, "tiny")])
 def test_fused_cpu_kernel(world, kind):
     harness.run(world, case_fused_cpu_kernel, kind)
+
+
+def test_fused_cpu_kernel_2d_mesh():
+    harness.run(4, case_fused_cpu_kernel_2d)
