@@ -35,6 +35,8 @@ INTEGRATIONS = {
     "physicsnemo.models.dpot.dpot3d": "physicsnemo_spectral",
     "torch_harmonics.disco.convolution": "torch_harmonics_disco",
     "opt_einsum.backends.dispatch": "opt_einsum_backend",
+    "transformers.models.wavlm.modeling_wavlm": "relative_position_bias",
+    "torchaudio.models.wav2vec2.wavlm_attention": "relative_position_bias",
 }
 
 _installed: set = set()
