@@ -16,6 +16,7 @@ become C++ ShardTensors again.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -89,7 +90,7 @@ class TracedShard(torch.Tensor):
             # select copies included (keyed by the local's buffer, which the wrapper shares). No graph, so no ties
             # (they would replace an output's buffer on ranks with an empty shard only, making aliasing and the
             # C++ write-back differ between ranks) and no second, Python write-back.
-            with torch._C._DisablePythonDispatcher(), _RuleMode():
+            with _rules_running():
                 return tree_map(_to_traced, func(*cargs, **ckwargs))
         written = _written_select_copies(func, args, kwargs)
         source = _select_source(func, args)
@@ -98,7 +99,7 @@ class TracedShard(torch.Tensor):
             view_root = next((r for r in map(_copy_root, tree_leaves((args, kwargs))) if r is not None), None)
         # The Python dispatcher (on while Dynamo fakeifies inputs and AOT traces) resolves kernels in Python and has
         # none for the ShardTensor key; the C++ dispatcher does.
-        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of((cargs, ckwargs))) as rule:
+        with _rules_running(), _RuleBoundary(_locals_of((cargs, ckwargs))) as rule:
             out = rule.tie(func(*cargs, **ckwargs))
         out = tree_map(_to_traced, out)
         if source is not None:
@@ -124,7 +125,7 @@ class TracedShard(torch.Tensor):
         want = _tangent_layout(self._layout)
         if want == self._layout:
             return self
-        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([self._local]) as rule:
+        with _rules_running(), _RuleBoundary([self._local]) as rule:
             cpp = rule.tie(
                 _C.redistribute(_to_cpp(self._local, self._layout), [tuple(p) for p in want[1]], dict(want[2])))
         return _to_traced(cpp)
@@ -139,7 +140,7 @@ class TracedShard(torch.Tensor):
         if not isinstance(expected_layout, tuple) or len(expected_layout) != 4 or \
                 expected_layout[0] != self._layout[0] or tuple(expected_layout[3]) != tuple(self._layout[3]):
             return None
-        with torch._C._DisablePythonDispatcher(), _RuleMode():
+        with _rules_running():
             return _to_traced(_as_layout(_to_cpp(self._local, self._layout), expected_layout))
 
 
@@ -205,7 +206,7 @@ def _write_back(root) -> None:
     while root is not None:
         base, dim, index = root._select_source
         b, r = _to_cpp(base._local, base._layout), _to_cpp(root._local, root._layout)
-        with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary([base._local, root._local]):
+        with _rules_running(), _RuleBoundary([base._local, root._local]):
             row = torch.ops.aten.slice.Tensor(b, dim, index, index + 1)
             torch.ops.aten.copy_.default(row, torch.ops.aten.unsqueeze.default(r, dim))
         root = _copy_root(base)     # x[i][j] along two split dims: the outer copy goes home too
@@ -289,14 +290,34 @@ def _has_cpp_shard(args, kwargs) -> bool:
 
 class _RuleMode(TorchDispatchMode):
     """On top of the tracer's modes while a rule runs: ShardTensor ops to the ShardTensor slot (with this mode
-    active again for the rule's own nested ops), local ops to the modes below."""
+    active again for the rule's own nested ops), local ops to the modes below -- with the Python dispatcher as the
+    tracer had it (``python_dispatcher``): the rule runs without it (the C++ dispatcher resolves the ShardTensor
+    key), but a fake tensor's Python meta kernels need it for their own nested ops (``lerp``'s meta broadcasts by
+    ``expand``, whose C++ kernel takes concrete sizes only: a local whose size is a symbol raised "SymIntArrayRef
+    expected to contain only concrete integers")."""
+
+    def __init__(self, python_dispatcher: bool = False):
+        super().__init__()
+        self.python_dispatcher = python_dispatcher
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if _has_cpp_shard(args, kwargs):
             with self:
                 return func.redispatch(_SLOT, *args, **kwargs)
+        if self.python_dispatcher:
+            with torch._C._EnablePythonDispatcher():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _rules_running():
+    """While a rule runs: the Python dispatcher off (it has no kernel for the ShardTensor key; the C++ dispatcher
+    does) and ``_RuleMode`` on, which gives local ops the Python dispatcher back if the tracer had it on."""
+    tracer_had_it = torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+    with torch._C._DisablePythonDispatcher(), _RuleMode(tracer_had_it):
+        yield
 
 
 class _ToTraced(torch.autograd.Function):
@@ -433,7 +454,7 @@ class _AboveAutograd(torch.autograd.Function):
     def forward(ctx, op, rebuild, *tensors):
         cpp = [_to_cpp_arg(t, ctx.needs_input_grad[2 + i]) for i, t in enumerate(tensors)]
         args, kwargs = rebuild(cpp)
-        with torch.enable_grad(), torch._C._DisablePythonDispatcher(), _RuleMode(), \
+        with torch.enable_grad(), _rules_running(), \
                 _RuleBoundary(_locals_of(cpp)) as rule:
             out = op(*args, **kwargs)
             tied = rule.tie(out)    # the C++ graph keeps `out`; the traced results carry the tie
@@ -454,7 +475,7 @@ class _AboveAutograd(torch.autograd.Function):
         result = [None] * len(ctx.cpp_inputs)
         if pairs and wanted:
             gs = [_to_cpp(g._local, g._layout) if isinstance(g, TracedShard) else g for _, g in pairs]
-            with torch._C._DisablePythonDispatcher(), _RuleMode(), _RuleBoundary(_locals_of(gs)) as rule:
+            with _rules_running(), _RuleBoundary(_locals_of(gs)) as rule:
                 got = torch.autograd.grad([o for o, _ in pairs], [ctx.cpp_inputs[i] for i in wanted], gs,
                                           allow_unused=True)
                 got = rule.tie(list(got))
@@ -518,10 +539,10 @@ def materialized_tangent(original):
     def process_runtime_tangent(x, meta):
         expected = getattr(meta, "original_subclass_type", None)
         if expected is TracedShard and type(x) is torch.Tensor:
-            with torch._C._DisablePythonDispatcher(), _RuleMode():
+            with _rules_running():
                 x = _to_traced(_as_layout(x, meta.meta))
         elif expected is None and isinstance(x, TracedShard):
-            with torch._C._DisablePythonDispatcher(), _RuleMode():
+            with _rules_running():
                 x = _C.full_tensor(_to_cpp(x._local, x._layout))
         return func(x, meta)
     return staticmethod(process_runtime_tangent)

@@ -390,6 +390,32 @@ def test_transform_of_a_dynamic_local():
     harness.run(2, case_dynamic_local_sizes)
 
 
+def _lerp_rows(x, idx, w):
+    return torch.lerp(x[..., idx, :], x[..., idx + 1, :], w)
+
+
+def case_lerp_dynamic_locals():
+    torch._dynamo.reset()
+    m = mesh()
+    compiled = torch.compile(_lerp_rows, backend=BACKEND)
+    for n in (8, 10, 12):
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(2, n, 6, dtype=torch.float64, generator=g)
+        idx = torch.arange(0, n - 1, 2)
+        w = torch.rand(idx.numel(), 1, dtype=torch.float64, generator=g)
+        close(full(compiled(st.distribute_tensor(x, m, [st.Shard(1)]), idx, w)), _lerp_rows(x, idx, w),
+              what=f"length {n}")
+    return True
+
+
+def test_lerp_of_dynamic_locals():
+    """torch-harmonics' latitude upsampling (a spherical U-Net's eval forward): ``lerp`` of rows picked along the split
+    dim with a plain weight, on a second global length (the locals' sizes symbols). Its Python meta kernel broadcasts
+    by ``expand``, which ran without the tracer's Python dispatcher inside the rule (the C++ kernel: "SymIntArrayRef
+    expected to contain only concrete integers"); local ops get it back (``_traced._RuleMode``)."""
+    harness.run(2, case_lerp_dynamic_locals)
+
+
 class _DiscoNet(torch.nn.Module):
     """torch-harmonics' DISCO convolution and its transpose (custom ops whose rule reads the filter's CSR indices,
     which a tracer's fake tensors do not hold) between traced ops."""
