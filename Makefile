@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
 
-.PHONY: demo test test-quick op-sweep op-sweep-update build venv zoo-deps system-deps cpp-test py-test bench zoo clean
+.PHONY: demo test test-quick op-sweep op-sweep-update module-sweep module-sweep-update build venv zoo-deps system-deps cpp-test py-test bench zoo clean
 
 # Each stage says what it does, how long it roughly takes on 2 cores, and how long it took.
 # A stage's recipe starts with  @echo "== <what, and how long it roughly takes>"; date +%s > .stage-start
@@ -93,6 +93,13 @@ op-sweep: build
 
 op-sweep-update: build
 	$(PY) tests/python/op_sweep.py --update
+
+# The whole ModuleInfo sweep (tests/python/module_sweep.py; `make test` runs a subset), likewise.
+module-sweep: build
+	$(PY) tests/python/module_sweep.py --check
+
+module-sweep-update: build
+	$(PY) tests/python/module_sweep.py --update
 
 bench: build
 	$(PY) benchmarks/dispatch_overhead/bench.py

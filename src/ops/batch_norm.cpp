@@ -142,7 +142,9 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
       mean = mom.mean.flatten();
       auto var = mom.m2.flatten() / l.count;
       invstd = (var + eps).rsqrt();
-      if (running_mean && running_mean->defined()) {
+      // An empty batch leaves the running statistics alone, as torch's batch_norm does (its unbiased variance
+      // would be 0/0).
+      if (running_mean && running_mean->defined() && l.count > 0) {
         at::NoGradGuard no_grad;
         auto full_mean = all_channels(mean, l);
         auto full_var = all_channels(var, l) * (l.count / std::max(l.count - 1, 1.0));
@@ -241,6 +243,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_with_stats(
   const auto input = input_on_mesh(op, input_arg, {weight.value_or(at::Tensor()), bias.value_or(at::Tensor()),
                                                     running_mean.value_or(at::Tensor()), running_var.value_or(at::Tensor())});
   check_batch_norm_args(input, weight, bias, running_mean, running_var);
+  // torch's kernels refuse an empty input here (only the batch_norm entry above handles one): the same error
+  TORCH_CHECK(input.sym_numel() != 0, "input tensor must have at least one element, but got input_sizes = ",
+              input.sym_sizes());
   const bool has_running = running_mean && running_mean->defined() && running_var && running_var->defined();
   TORCH_CHECK_VALUE(training || has_running, op, ": evaluation needs running_mean and running_var");
   auto outs = BatchNormFn::apply(input, weight, bias, running_mean, running_var, training, momentum, eps);

@@ -64,6 +64,7 @@ QUICK = {
     "test_neighborhood_attention.py": ["test_sharded_2d"],
     "test_norm.py": ["test_gn_bn_model"],
     "test_op_sweep.py": ["test_docs_section_current"],
+    "test_module_sweep.py": ["test_docs_section_current"],
     "test_optim_sharded.py": ["test_optimizer"],
     "test_pad_negative.py": ["test_issue_example"],
     "test_comm_timing.py": ["test_records"],

@@ -261,17 +261,19 @@ def case_sweep(pattern, keys, log_path=None):
     return results
 
 
-def sweep_pattern(pattern, keys, world=WORLD):
+def sweep_pattern(pattern, keys, world=WORLD, case=None):
     """{op: outcome} for one pattern. A case that hangs or kills the ranks is recorded as `diverged`; the pool is
-    replaced and the sweep goes on after it."""
+    replaced and the sweep goes on after it. ``case``: the per-rank loop (default ``case_sweep``; the module sweep
+    passes its own, with the same protocol)."""
     import tempfile
 
     import harness
+    case = case or case_sweep
     results, remaining = {}, list(keys)
     while remaining:
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as log:
             try:
-                results.update(harness.run(world, case_sweep, pattern, remaining, log.name, timeout=3600)[0])
+                results.update(harness.run(world, case, pattern, remaining, log.name, timeout=3600)[0])
                 break
             except (harness.RankError, harness.CaseTimeout):
                 entries = [json.loads(line) for line in open(log.name) if line.strip()]

@@ -653,3 +653,35 @@ def case_batch_norm_of_pending_sum(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_batch_norm_of_pending_sum(world):
     harness.run(world, case_batch_norm_of_pending_sum, world)
+
+
+def case_batch_norm_empty_batch(dim):
+    """A batch of zero samples split along a spatial dim (or the channels): as torch's batch_norm, the output is empty
+    and the running statistics stay (the unbiased variance divided 0 by -1 and made them NaN); the internal
+    `native_batch_norm` raises as on one device, on every rank."""
+    m = mesh()
+    torch.manual_seed(0)
+    ref, net = torch.nn.BatchNorm2d(3).double(), torch.nn.BatchNorm2d(3).double()
+    x = torch.randn(0, 3, 4, 5, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    xs = st.distribute_tensor(x, m, [st.Shard(dim)]).requires_grad_()
+    y_ref, y = ref(xr), net(xs)
+    assert tuple(y.shape) == tuple(y_ref.shape)
+    y_ref.sum().backward()
+    y.sum().backward()
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        close(full(getattr(net, name)), getattr(ref, name), what=name)
+    close(full(net.weight.grad), ref.weight.grad, what="weight grad")
+    with pytest.raises(RuntimeError, match="at least one element") as ref_error:
+        torch.native_batch_norm(x, None, None, torch.zeros(3, dtype=torch.float64),
+                                torch.ones(3, dtype=torch.float64), True, 0.1, 1e-5)
+    with pytest.raises(RuntimeError, match="at least one element") as error:
+        torch.native_batch_norm(st.distribute_tensor(x, m, [st.Shard(dim)]), None, None,
+                                torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), True, 0.1, 1e-5)
+    assert type(error.value) is type(ref_error.value)
+    return True
+
+
+@pytest.mark.parametrize("dim", [1, 3])
+def test_batch_norm_empty_batch(dim):
+    assert all(harness.run(2, case_batch_norm_empty_batch, dim))
