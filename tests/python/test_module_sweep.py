@@ -1,5 +1,5 @@
 """The ModuleInfo sweep (tests/python/module_sweep.py) inside `make test`: a fixed subset of the modules, sharded along
-their first and last dims, must give the outcomes recorded in module_sweep_expected.json (a better outcome fails too,
+their first and last dims (2 ranks) and along both over a 2x2 mesh, must give the outcomes recorded in module_sweep_expected.json (a better outcome fails too,
 so the file and the docs stay true: regenerate them with `.venv/bin/python tests/python/module_sweep.py --update`);
 the expected file covers every float64 module of this torch's ModuleInfo database; docs/supported-ops.md's
 generated module list is current."""
@@ -24,9 +24,9 @@ def test_docs_section_current():
                 "`.venv/bin/python tests/python/module_sweep.py --docs`")
 
 
-@pytest.mark.parametrize("pattern", ["first", "last"])
-def test_sweep_subset(pattern):
-    keys = list(module_sweep.float64_modules())[::STRIDE]
+@pytest.mark.parametrize("pattern,stride", [("first", STRIDE), ("last", STRIDE), (module_sweep.MESH_2D, 2 * STRIDE)])
+def test_sweep_subset(pattern, stride):
+    keys = list(module_sweep.float64_modules())[::stride]
     got = module_sweep.sweep_pattern(pattern, keys)
     diff = module_sweep.op_sweep.differences(module_sweep.load_expected(), {pattern: got})
     assert not diff, ("the sweep's outcomes changed (run `.venv/bin/python tests/python/module_sweep.py --update` "
