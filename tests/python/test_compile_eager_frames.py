@@ -12,7 +12,7 @@ import torch
 
 import harness
 import shardtensor as st
-from cases_util import close, full, mesh
+from cases_util import close, full, mesh, uneven_extents
 
 BACKEND = "aot_eager"
 
@@ -414,6 +414,48 @@ def test_lerp_of_dynamic_locals():
     by ``expand``, which ran without the tracer's Python dispatcher inside the rule (the C++ kernel: "SymIntArrayRef
     expected to contain only concrete integers"); local ops get it back (``_traced._RuleMode``)."""
     harness.run(2, case_lerp_dynamic_locals)
+
+
+def _grow_until_stable(seeds, mask):
+    """A hysteresis-like propagation (kornia's Canny): dilate the seeds inside the mask until nothing changes."""
+    def changed(old, new):
+        return ((old - new).abs() != 0).any()
+
+    def step(old, new):
+        return new.clone(), torch.nn.functional.max_pool2d(new, 3, 1, 1) * mask
+
+    _, grown = torch.while_loop(changed, step, (-torch.ones_like(seeds), seeds))
+    return grown
+
+
+def case_while_loop(compiled):
+    torch._dynamo.reset()
+    m = mesh()
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(1, 1, 13, 9, generator=g) > 0.3).double()
+    seeds = (torch.rand(1, 1, 13, 9, generator=g) > 0.95).double() * mask
+    fn = torch.compile(_grow_until_stable, backend=BACKEND) if compiled else _grow_until_stable
+    ext = {0: uneven_extents(13, m.size(), seed=5)}
+    seeds_ref = seeds.clone().requires_grad_()
+    seeds_split = st.distribute_tensor(seeds, m, [st.Shard(2)], ext).requires_grad_()
+    out = fn(seeds_split, st.distribute_tensor(mask, m, [st.Shard(2)], ext))
+    ref = _grow_until_stable(seeds_ref, mask)
+    assert st.is_shard_tensor(out) and st.placements(out) == (st.Shard(2),)
+    close(full(out), ref, what="grown")
+    w = torch.randn(ref.shape, dtype=ref.dtype, generator=g)      # the gradient through the iterations run
+    (ref * w).sum().backward()
+    (out * st.distribute_tensor(w, m, [st.Shard(2)], ext)).sum().backward()
+    close(full(seeds_split.grad), seeds_ref.grad, what="seeds' gradient")
+    return True
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_while_loop_of_shards(compiled):
+    """``torch.while_loop`` with split carried values (kornia's Canny hysteresis when compiled): a higher-order op
+    whose subgraphs Dynamo speculates on plain fake tensors ("Expected FakeTensor, got TracedShard"), and which
+    compiles itself when called eagerly; routed (``shardtensor.integrations.torch_while_loop``), the loop runs in
+    Python, every rank the same iterations."""
+    harness.run(2, case_while_loop, compiled)
 
 
 class _DiscoNet(torch.nn.Module):

@@ -37,6 +37,7 @@ INTEGRATIONS = {
     "opt_einsum.backends.dispatch": "opt_einsum_backend",
     "transformers.models.wavlm.modeling_wavlm": "relative_position_bias",
     "torchaudio.models.wav2vec2.wavlm_attention": "relative_position_bias",
+    "torch._higher_order_ops.while_loop": "torch_while_loop",
 }
 
 _installed: set = set()
