@@ -453,9 +453,41 @@ def case_while_loop(compiled):
 def test_while_loop_of_shards(compiled):
     """``torch.while_loop`` with split carried values (kornia's Canny hysteresis when compiled): a higher-order op
     whose subgraphs Dynamo speculates on plain fake tensors ("Expected FakeTensor, got TracedShard"), and which
-    compiles itself when called eagerly; routed (``shardtensor.integrations.torch_while_loop``), the loop runs in
+    compiles itself when called eagerly; routed (``shardtensor.integrations.torch_control_flow``), the loop runs in
     Python, every rank the same iterations."""
     harness.run(2, case_while_loop, compiled)
+
+
+def _branch_on_split_values(x, w):
+    """``torch.cond`` on a condition reduced over a split tensor, each branch using a captured split tensor."""
+    return torch.cond(x.sum() > 0, lambda a: torch.sin(a) * w, lambda a: torch.nn.functional.avg_pool1d(a, 3, 1, 1) - w,
+                      (x,))
+
+
+def case_cond(compiled):
+    torch._dynamo.reset()
+    m = mesh()
+    fn = torch.compile(_branch_on_split_values, backend=BACKEND) if compiled else _branch_on_split_values
+    ext = {0: uneven_extents(11, m.size(), seed=2)}
+    for sign in (1.0, -1.0):     # both branches
+        g = torch.Generator().manual_seed(4)
+        x = torch.rand(2, 11, dtype=torch.float64, generator=g) * sign
+        w = torch.randn(2, 11, dtype=torch.float64, generator=g)
+        xr, xs = x.clone().requires_grad_(), st.distribute_tensor(x, m, [st.Shard(1)], ext).requires_grad_()
+        ref, out = _branch_on_split_values(xr, w), fn(xs, st.distribute_tensor(w, m, [st.Shard(1)], ext))
+        assert st.is_shard_tensor(out) and st.placements(out) == (st.Shard(1),)
+        close(full(out), ref, what=f"branch {sign}")
+        ref.sum().backward()
+        out.sum().backward()
+        close(full(xs.grad), xr.grad, what=f"gradient, branch {sign}")
+    return True
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_cond_of_shards(compiled):
+    """``torch.cond`` with split operands and a condition reduced over them: routed like ``torch.while_loop``
+    (``shardtensor.integrations.torch_control_flow``), the branch runs in Python, every rank the same one."""
+    harness.run(2, case_cond, compiled)
 
 
 class _DiscoNet(torch.nn.Module):

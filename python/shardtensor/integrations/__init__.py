@@ -37,7 +37,8 @@ INTEGRATIONS = {
     "opt_einsum.backends.dispatch": "opt_einsum_backend",
     "transformers.models.wavlm.modeling_wavlm": "relative_position_bias",
     "torchaudio.models.wav2vec2.wavlm_attention": "relative_position_bias",
-    "torch._higher_order_ops.while_loop": "torch_while_loop",
+    "torch._higher_order_ops.while_loop": "torch_control_flow",
+    "torch._higher_order_ops.cond": "torch_control_flow",
 }
 
 _installed: set = set()
