@@ -197,7 +197,10 @@ SHARDTENSOR_RULE_FAMILY(norm) {
 // group_norm: statistics per (sample, group) over the group's channels and all spatial positions. Spatial and
 // batch dims may be sharded (uneven); the channel dim too when every shard holds whole groups (each rank normalizes
 // its own groups: no communication for them; the statistics and parameter gradients are sharded with the groups).
-// A shard that splits a group is declined.
+// Channel shards that split a group (extents not multiples of C / groups: GroupNorm(4, 6) over 4 ranks, a (N, C)
+// input split along C) combine each group's per-rank parts: one small all-reduce of per-(sample, group) sums, one of
+// the centred squares about the group means (the same in the backward); the statistics are then whole over the
+// channel mesh dim (Replicate), every rank holding all groups.
 namespace shardtensor::ops {
 namespace {
 
@@ -209,6 +212,8 @@ struct GroupNormLayout {
   int64_t channel_mesh_dim = -1;          // the mesh dim sharding the channels (whole groups per rank), or -1
   int64_t channel_offset = 0, channels = 0, groups = 0; // this rank's channels and groups
   int64_t per_group = 0;                                // channels per group (C / groups)
+  bool split_groups = false;  // a channel shard cuts a group: groups combined over channel_mesh_dim (see above)
+  at::Tensor channel_group;   // split_groups: the global group of each of this rank's channels (int64, [channels])
 };
 
 GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh, int64_t C, int64_t G) {
@@ -223,17 +228,18 @@ GroupNormLayout group_norm_layout(const at::Tensor& input, const MeshPtr& mesh, 
     const auto& p = l.spec->placements[m];
     if (!p.is_shard()) continue;
     if (p.dim == 1) {
-      for (auto e : l.spec->extents[m])
-        if (e % per_group != 0)
-          dispatch::not_implemented("group_norm with channel shards that split a group (extents must be multiples of "
-                                    "C / groups = " + std::to_string(per_group) + "); align them or shard a spatial "
-                                    "or the batch dim");
       const auto mi = static_cast<int64_t>(m);
       const auto coord = l.spec->mesh->coordinate(mi);
       l.channel_mesh_dim = mi;
       l.channel_offset = l.spec->offset_of(mi, coord);
       l.channels = l.spec->extents[m][coord];
-      l.groups = l.channels / per_group;
+      for (auto e : l.spec->extents[m]) l.split_groups = l.split_groups || e % per_group != 0;
+      if (l.split_groups) {
+        l.channel_group = at::arange(l.channel_offset, l.channel_offset + l.channels, at::kLong)
+                              .div(per_group, "floor").to(input.device());
+      } else {
+        l.groups = l.channels / per_group;
+      }
       continue;
     }
     (p.dim == 0 ? l.batch_mesh_dims : l.spatial_mesh_dims).push_back(static_cast<int64_t>(m));
@@ -249,22 +255,66 @@ at::Tensor wrap_group_stats(const at::Tensor& local, const GroupNormLayout& l, i
     p[m] = Placement::shard(0);
     ext[0] = l.spec->extents[m];
   }
-  if (l.channel_mesh_dim >= 0) {
+  if (l.channel_mesh_dim >= 0 && !l.split_groups) {
     p[l.channel_mesh_dim] = Placement::shard(1);
     for (auto e : l.spec->extents[l.channel_mesh_dim]) ext[1].push_back(e / l.per_group);
   }
   return wrap(local, l.spec->mesh, p, {n, g}, ext);
 }
 
+// Per (sample, channel) values of this rank's channels from per-(sample, group) [n, G, 1] values: the groups are
+// consecutive runs of per_group channels, or (split_groups) looked up by each channel's global group.
+at::Tensor group_to_channels(const at::Tensor& ng1, const GroupNormLayout& l, int64_t n) {
+  if (l.split_groups) return ng1.reshape({n, l.groups}).index_select(1, l.channel_group);
+  return ng1.expand({n, l.groups, l.per_group}).reshape({n, l.groups * l.per_group});
+}
+
+// Per (sample, group) sums [n, G, 1] of per-(sample, channel) values [n, channels] of this rank's channels.
+at::Tensor channels_to_groups(const at::Tensor& nc, const GroupNormLayout& l, int64_t n) {
+  if (l.split_groups)
+    return at::zeros({n, l.groups}, nc.options()).index_add_(1, l.channel_group, nc).reshape({n, l.groups, 1});
+  return nc.reshape({n, l.groups, l.per_group}).sum(2, true);
+}
+
+// The mesh dims a per-(sample, group) sum is completed over: the spatial ones, and the channel one when it cuts
+// groups.
+std::vector<int64_t> group_sum_mesh_dims(const GroupNormLayout& l) {
+  auto dims = l.spatial_mesh_dims;
+  if (l.split_groups) dims.push_back(l.channel_mesh_dim);
+  return dims;
+}
+
+// split_groups: per-(sample, group) mean and biased variance [n, G, 1] of the groups this rank's channels belong
+// to (zeros for the others), combined over the channel and spatial mesh dims: the group sums, then the centred
+// squares about the group means (each channel's own centred squares plus its count times its mean's distance from
+// the group's, Chan's combination: no cancellation of large sums of squares).
+std::pair<at::Tensor, at::Tensor> split_group_moments(const at::Tensor& xa, const GroupNormLayout& l, int64_t n,
+                                                      double count, const Mesh& mesh) {
+  std::vector<int64_t> positions_dims;
+  for (int64_t d = 2; d < xa.dim(); ++d) positions_dims.push_back(d);
+  const auto positions = n * l.channels == 0 ? 0 : xa.numel() / (n * l.channels);
+  auto xc = xa.reshape({n, l.channels, positions});
+  auto channel_sum = xc.sum(2);
+  auto dims = group_sum_mesh_dims(l);
+  auto mean = sum_over_mesh_dims(channels_to_groups(channel_sum, l, n), dims, mesh) / count;
+  // each channel's own mean and centred squares over this rank's positions (a Welford reduction: no temporary of
+  // the activation's size); none without positions
+  auto channel_mean = at::zeros_like(channel_sum), channel_m2 = at::zeros_like(channel_sum);
+  if (positions > 0) {
+    auto [var, m] = at::var_mean(xc, {2}, /*correction=*/0, /*keepdim=*/false);
+    channel_mean = m;
+    channel_m2 = var * static_cast<double>(positions);
+  }
+  auto offset = channel_mean - group_to_channels(mean, l, n);
+  auto m2 = sum_over_mesh_dims(channels_to_groups(channel_m2 + offset * offset * static_cast<double>(positions), l, n),
+                               dims, mesh);
+  return {mean, m2 / count};
+}
+
 // This rank's channels of a per-channel parameter (plain or replicated), in `dtype`.
 at::Tensor local_channels(const at::Tensor& t, const GroupNormLayout& l, const MeshPtr& mesh, at::ScalarType dtype) {
   auto v = shard_impl(resolve_partial(dispatch::as_shard(t, mesh)))->local().to(dtype);
   return l.channel_mesh_dim >= 0 ? v.narrow(0, l.channel_offset, l.channels) : v;
-}
-
-// Per (sample, channel) values of a per-(sample, group) [n, G, 1] tensor, as [n, G * per_group].
-at::Tensor per_channel(const at::Tensor& ng1, int64_t n, int64_t G, int64_t per_group) {
-  return ng1.expand({n, G, per_group}).reshape({n, G * per_group});
 }
 
 // [n, C] as [n, C, 1, ...] against an ndim-d activation.
@@ -283,7 +333,7 @@ at::Tensor against(const at::Tensor& nc, int64_t ndim) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor& input,
                                                                const std::optional<at::Tensor>& weight,
                                                                const std::optional<at::Tensor>& bias, c10::SymInt N_arg,
-                                                               c10::SymInt C_arg, c10::SymInt /*HxW*/, int64_t G,
+                                                               c10::SymInt C_arg, c10::SymInt HxW_arg, int64_t G,
                                                                double eps) {
   auto mesh = dispatch::common_mesh("aten::native_group_norm",
                                     {input, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
@@ -294,20 +344,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_rule(const at::Tensor&
   const auto& x = shard_impl(l.x)->local();
   const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
   const auto n_local = x.size(0);
-  // Moments over the group's channels and every spatial position: view as [n, G, C/G, spatial...].
-  auto shape = std::vector<int64_t>{n_local, G, l.per_group};
-  for (int64_t d = 2; d < x.dim(); ++d) shape.push_back(x.size(d));
-  std::vector<int64_t> dims;
-  for (int64_t d = 2; d < static_cast<int64_t>(shape.size()); ++d) dims.push_back(d);
-  std::vector<ShardedDim> sharded;
-  for (auto m : l.spatial_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim + 1, l.spec->extents[m]});
-  auto mom = global_moments(x.to(acc).reshape(shape), dims, sharded, *mesh);
-  auto mean = mom.mean.reshape({n_local, G, 1});
-  auto var = mom.m2.reshape({n_local, G, 1}) / mom.count;
+  at::Tensor mean, var;
+  if (l.split_groups) {
+    const double count = static_cast<double>(l.per_group) * static_cast<double>(concrete_int(HxW_arg));
+    std::tie(mean, var) = split_group_moments(x.to(acc), l, n_local, count, *mesh);
+  } else {
+    // Moments over the group's channels and every spatial position: view as [n, G, C/G, spatial...].
+    auto shape = std::vector<int64_t>{n_local, G, l.per_group};
+    for (int64_t d = 2; d < x.dim(); ++d) shape.push_back(x.size(d));
+    std::vector<int64_t> dims;
+    for (int64_t d = 2; d < static_cast<int64_t>(shape.size()); ++d) dims.push_back(d);
+    std::vector<ShardedDim> sharded;
+    for (auto m : l.spatial_mesh_dims) sharded.push_back({m, l.spec->placements[m].dim + 1, l.spec->extents[m]});
+    auto mom = global_moments(x.to(acc).reshape(shape), dims, sharded, *mesh);
+    mean = mom.mean.reshape({n_local, G, 1});
+    var = mom.m2.reshape({n_local, G, 1}) / mom.count;
+  }
   auto rstd = (var + eps).rsqrt();
-  auto scale = per_channel(rstd, n_local, G, l.per_group);
+  auto scale = group_to_channels(rstd, l, n_local);
   if (weight && weight->defined()) scale = scale * local_channels(*weight, l, mesh, acc).view({1, C});
-  auto shift = -per_channel(mean, n_local, G, l.per_group) * scale;
+  auto shift = -group_to_channels(mean, l, n_local) * scale;
   if (bias && bias->defined()) shift = shift + local_channels(*bias, l, mesh, acc).view({1, C});
   auto out = at::addcmul(against(shift, x.dim()), x.to(acc), against(scale, x.dim()));  // one pass, one buffer
   return {make_shard_tensor(out.to(x.scalar_type()), l.spec),
@@ -344,19 +400,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_rule(
   auto gx = at::bmm(g3, xa.reshape({n_local * C, positions, 1})).reshape({n_local, C});
   at::Tensor w;
   if (weight && weight->defined()) w = local_channels(*weight, l, mesh, acc).view({1, C});
-  auto mean_c = per_channel(mean, n_local, G, l.per_group), rstd_c = per_channel(rstd, n_local, G, l.per_group);
+  auto mean_c = group_to_channels(mean, l, n_local), rstd_c = group_to_channels(rstd, l, n_local);
   at::Tensor gi, gw, gb;
   if (mask[0]) {
     // Per (sample, group): sum of grad*w and of grad*w*xhat, where xhat = (x - mean) * rstd; one fused all-reduce.
-    auto gws = (w.defined() ? gs * w : gs).reshape({n_local, G, l.per_group}).sum(2, true);
-    auto gwx = (w.defined() ? gx * w : gx).reshape({n_local, G, l.per_group}).sum(2, true);
-    auto sums = sum_over_mesh_dims(at::cat({gws, rstd * (gwx - mean * gws)}, 2), l.spatial_mesh_dims, *mesh);
+    auto gws = channels_to_groups(w.defined() ? gs * w : gs, l, n_local);
+    auto gwx = channels_to_groups(w.defined() ? gx * w : gx, l, n_local);
+    auto sums = sum_over_mesh_dims(at::cat({gws, rstd * (gwx - mean * gws)}, 2), group_sum_mesh_dims(l), *mesh);
     const double count = static_cast<double>(l.per_group) * static_cast<double>(HxW);
     auto s1 = sums.narrow(2, 0, 1) / count, s2 = sums.narrow(2, 1, 1) / count;
     // grad_input = rstd * (grad*w - s1 - xhat*s2) = grad * a + x * b + c.
     auto a = w.defined() ? rstd_c * w : rstd_c;
-    auto b = per_channel(-rstd * rstd * s2, n_local, G, l.per_group);
-    auto c = per_channel(rstd * rstd * s2 * mean - rstd * s1, n_local, G, l.per_group);
+    auto b = group_to_channels(-rstd * rstd * s2, l, n_local);
+    auto c = group_to_channels(rstd * rstd * s2 * mean - rstd * s1, l, n_local);
     gi = g * against(a, x.dim());
     gi.addcmul_(xa, against(b, x.dim()));
     gi.add_(against(c, x.dim()));

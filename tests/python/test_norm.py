@@ -93,11 +93,52 @@ def case_group_norm_2d(seed):
     return True
 
 
-def group_norm_channel_sharded():
-    # 4 channels in 2 groups split as [1, 3]: a group would span ranks.
-    x = st.distribute_tensor(torch.randn(2, 4, 3), mesh(), [st.Shard(1)], sharding_shapes={0: [1, 3]})
-    with st.use_strict():   # else the refusal runs the gather-compute fallback (test_fallback.py)
-        F.group_norm(x, 2)
+def case_group_norm_split_groups(seed):
+    """Channel shards that cut groups (a group's channels on two or three ranks, one-channel and empty shards): each
+    group's sums and centred squares combined over the channel mesh dim by two small all-reduces, the statistics
+    whole there; forward, input and parameter gradients in strict mode (no fallback), against one device, with a
+    large mean (the centred combination keeps the variance exact); a (N, C) input split along C; a 2x2 mesh of
+    channels x height."""
+    m = mesh()
+    w = m.size()
+    x = randn(2, 6, 5, 4, seed=seed, dtype=torch.float64) * 2 + 1000
+    wt, b = randn(6, seed=seed + 1, dtype=torch.float64), randn(6, seed=seed + 2, dtype=torch.float64)
+    with st.use_strict():
+        for extents in ([1, 5], [4, 2], [3, 0, 3], [1, 2, 3], [0, 1, 5], [2, 2, 2], [1, 1, 4]):
+            if len(extents) != w:
+                continue
+            lay = ([st.Shard(1)], {0: extents})
+            check_op(lambda x, w, b: F.group_norm(x, 2, w, b), [x, wt, b], [lay, None, None], m, rtol=1e-9,
+                     atol=1e-10, what=f"group_norm, 2 groups over {extents}")
+            check_op(lambda x: F.group_norm(x, 3), [x], [lay], m, rtol=1e-9, atol=1e-10,
+                     what=f"group_norm no affine, 3 groups over {extents}")
+        x2 = randn(5, 6, seed=seed + 3, dtype=torch.float64)
+        check_op(lambda x, w, b: F.group_norm(x, 2, w, b), [x2, wt, b],
+                 [([st.Shard(1)], {0: uneven_extents(6, w, seed + 4)}), None, None], m, rtol=1e-9, atol=1e-10,
+                 what="group_norm of (N, C) split along C")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_group_norm_split_groups(world):
+    harness.run(world, case_group_norm_split_groups, world)
+
+
+def case_group_norm_split_groups_2d(seed):
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 6, 7, 3, seed=seed, dtype=torch.float64)
+    wt, b = randn(6, seed=1, dtype=torch.float64), randn(6, seed=2, dtype=torch.float64)
+    with st.use_strict():
+        for what, lay in (("channels x height", ([st.Shard(1), st.Shard(2)], {0: [1, 5], 1: uneven_extents(7, 2, seed)})),
+                          # a rank pair without samples (its sums are empty: it skips the channel all-reduce)
+                          ("batch with an empty shard x channels", ([st.Shard(0), st.Shard(1)], {0: [2, 0], 1: [1, 5]}))):
+            check_op(lambda x, w, b: F.group_norm(x, 3, w, b), [x, wt, b], [lay, None, None], m, rtol=1e-9,
+                     atol=1e-10, what=f"group_norm split groups, {what}")
+    return True
+
+
+def test_group_norm_split_groups_2d():
+    harness.run(4, case_group_norm_split_groups_2d, 3)
 
 
 def case_group_norm_channels(seed):
@@ -147,10 +188,6 @@ def test_group_norm(world):
 
 def test_group_norm_2d():
     harness.run(4, case_group_norm_2d, 3)
-
-
-def test_group_norm_channel_sharded_raises():
-    harness.expect_error(2, group_norm_channel_sharded, match="split a group")
 
 
 def case_batch_norm_module(dim_sharded, momentum, seed):
