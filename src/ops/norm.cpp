@@ -209,8 +209,8 @@ struct GroupNormLayout {
   SpecPtr spec;
   std::vector<int64_t> spatial_mesh_dims; // mesh dims sharding a spatial dim (statistics are all-reduced)
   std::vector<int64_t> batch_mesh_dims;   // mesh dims sharding dim 0
-  int64_t channel_mesh_dim = -1;          // the mesh dim sharding the channels (whole groups per rank), or -1
-  int64_t channel_offset = 0, channels = 0, groups = 0; // this rank's channels and groups
+  int64_t channel_mesh_dim = -1;          // the mesh dim sharding the channels, or -1
+  int64_t channel_offset = 0, channels = 0, groups = 0; // this rank's channels and groups (split_groups: all G)
   int64_t per_group = 0;                                // channels per group (C / groups)
   bool split_groups = false;  // a channel shard cuts a group: groups combined over channel_mesh_dim (see above)
   at::Tensor channel_group;   // split_groups: the global group of each of this rank's channels (int64, [channels])
@@ -284,14 +284,12 @@ std::vector<int64_t> group_sum_mesh_dims(const GroupNormLayout& l) {
   return dims;
 }
 
-// split_groups: per-(sample, group) mean and biased variance [n, G, 1] of the groups this rank's channels belong
-// to (zeros for the others), combined over the channel and spatial mesh dims: the group sums, then the centred
+// split_groups: per-(sample, group) mean and biased variance [n, G, 1] of every group, this rank's parts combined
+// with the other ranks' over the channel and spatial mesh dims: the group sums, then the centred
 // squares about the group means (each channel's own centred squares plus its count times its mean's distance from
 // the group's, Chan's combination: no cancellation of large sums of squares).
 std::pair<at::Tensor, at::Tensor> split_group_moments(const at::Tensor& xa, const GroupNormLayout& l, int64_t n,
                                                       double count, const Mesh& mesh) {
-  std::vector<int64_t> positions_dims;
-  for (int64_t d = 2; d < xa.dim(); ++d) positions_dims.push_back(d);
   const auto positions = n * l.channels == 0 ? 0 : xa.numel() / (n * l.channels);
   auto xc = xa.reshape({n, l.channels, positions});
   auto channel_sum = xc.sum(2);

@@ -490,6 +490,26 @@ def test_cond_of_shards(compiled):
     harness.run(2, case_cond, compiled)
 
 
+def _plain_control_flow(x):
+    y = torch.cond(x.sum() > 0, lambda a: a * 2, lambda a: a - 1, (x,))
+    _, z = torch.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 2), (torch.tensor(0), y))
+    return z
+
+
+def case_plain_control_flow():
+    torch._dynamo.reset()
+    compiled = torch.compile(_plain_control_flow, backend=BACKEND, fullgraph=True)
+    for x in (torch.rand(4), -torch.rand(4)):
+        close(compiled(x), _plain_control_flow(x), what="plain control flow")
+    return True
+
+
+def test_plain_control_flow_unchanged():
+    """Without ShardTensors the routed ``torch.cond`` / ``torch.while_loop`` run their own bodies: plain code keeps
+    compiling them into one graph (``fullgraph=True``)."""
+    harness.run(1, case_plain_control_flow)
+
+
 class _DiscoNet(torch.nn.Module):
     """torch-harmonics' DISCO convolution and its transpose (custom ops whose rule reads the filter's CSR indices,
     which a tracer's fake tensors do not hold) between traced ops."""
