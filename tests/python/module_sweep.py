@@ -27,12 +27,10 @@ tests/python/test_module_sweep.py runs a fixed subset inside `make test` and che
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
 import sys
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -82,8 +80,7 @@ def _samples(info, pattern):
     return out
 
 
-class ReferenceFails(Exception):
-    """The module raised on one device with plain tensors: the sample does not apply."""
+ReferenceFails = op_sweep.ReferenceFails   # the module raised on one device with plain tensors: not applicable
 
 
 def _build(info, sample):
@@ -167,20 +164,7 @@ def _run(info, sample, pattern, m, strict):
 
 
 def _sample_outcome(info, sample, pattern, m):
-    try:
-        return "rule" if _run(info, sample, pattern, m, strict=True) == "ok" else "wrong"
-    except ReferenceFails:
-        return "n/a"
-    except NotImplementedError:
-        pass                 # a refusal in strict mode: does the fallback give the right answer?
-    except Exception as e:   # noqa: BLE001  (any error is an outcome)
-        return f"raises {type(e).__name__}"
-    try:
-        return "fallback" if _run(info, sample, pattern, m, strict=False) == "ok" else "wrong"
-    except ReferenceFails:
-        return "n/a"
-    except Exception as e:   # noqa: BLE001
-        return f"raises {type(e).__name__}"
+    return op_sweep.strict_then_fallback(lambda strict: _run(info, sample, pattern, m, strict))
 
 
 def run_case(info, pattern, m):
@@ -200,26 +184,11 @@ def run_case(info, pattern, m):
 
 
 def case_sweep(pattern, keys, log_path=None):
-    """Runs on every rank of the harness (op_sweep.case_sweep's protocol): every module of `keys`, agreed."""
-    import torch.distributed as dist
+    """Runs on every rank of the harness: every module of `keys`, agreed (``op_sweep.agreed_outcomes``)."""
     from cases_util import mesh
-    warnings.simplefilter("ignore")
     m = mesh((2, 2)) if pattern == MESH_2D else mesh()
     modules = float64_modules()
-    results = {}
-
-    def log(entry):
-        if log_path and dist.get_rank() == 0:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-    for key in keys:
-        log({"start": key})
-        outcome = run_case(modules[key], pattern, m)
-        seen = [None] * dist.get_world_size()
-        dist.all_gather_object(seen, outcome)
-        results[key] = outcome if len(set(seen)) == 1 else "diverged"
-        log({"op": key, "outcome": results[key]})
-    return results
+    return op_sweep.agreed_outcomes(keys, lambda key: run_case(modules[key], pattern, m), log_path)
 
 
 def sweep_pattern(pattern, keys, world=None):
@@ -239,18 +208,7 @@ def load_expected():
         return json.load(f)
 
 
-def summary(expected):
-    """Per module: its best outcome over the patterns it applies to, counted."""
-    order = ["rule", "fallback", "raises", "wrong", "diverged", "random"]
-    best = {}
-    for pattern in expected:
-        for key, outcome in expected[pattern].items():
-            if outcome == "n/a":
-                continue
-            kind = outcome.split()[0]
-            if key not in best or order.index(kind) < order.index(best[key]):
-                best[key] = kind
-    return {k: sum(1 for v in best.values() if v == k) for k in order}, best
+summary = op_sweep.summary   # per module: its best outcome over the patterns, counted
 
 
 def render(expected):
@@ -275,58 +233,20 @@ def render(expected):
 
 
 def docs_section_current() -> tuple[bool, str]:
-    text = open(DOCS).read()
     want = render(load_expected())
-    if BEGIN not in text or END not in text:
-        return False, want
-    return text[text.index(BEGIN):text.index(END) + len(END)] == want, want
+    return op_sweep.section_current(want, BEGIN, END), want
 
 
 def write_docs():
-    text = open(DOCS).read()
-    want = render(load_expected())
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + want + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n## Every ModuleInfo module\n\n" + want + "\n"
-    with open(DOCS, "w") as f:
-        f.write(text)
+    op_sweep.write_section(render(load_expected()), BEGIN, END, "Every ModuleInfo module")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--update", action="store_true", help="run the whole sweep, rewrite the expected file and docs")
-    group.add_argument("--check", action="store_true", help="run the whole sweep, compare with the expected file")
-    group.add_argument("--docs", action="store_true", help="re-render the docs section from the expected file")
-    parser.add_argument("--modules", help="comma-separated module names such as nn.Conv2d (default: every module)")
-    args = parser.parse_args()
-    import harness
     import module_sweep  # this file as a module: the ranks look case_sweep up by its module's name
-    try:
-        if args.docs:
-            write_docs()
-            return 0
-        keys = args.modules.split(",") if args.modules else None
-        unknown = sorted(set(keys or ()) - set(float64_modules()))
-        if unknown:
-            parser.error(f"not ModuleInfo modules with float64 samples: {', '.join(unknown)}")
-        got = module_sweep.sweep(keys)
-        if args.update:
-            expected = load_expected() if keys and os.path.exists(EXPECTED) else {}
-            for pattern, results in got.items():
-                expected.setdefault(pattern, {}).update(results)
-            with open(EXPECTED, "w") as f:
-                json.dump(expected, f, indent=1, sort_keys=True)
-                f.write("\n")
-            write_docs()
-            print("best outcome per module:", summary(expected)[0])
-            return 0
-        diff = op_sweep.differences(load_expected(), got)
-        print("\n".join(diff) or "the sweep matches the expected file")
-        return 1 if diff else 0
-    finally:
-        harness.close_all()
+    return op_sweep.run_cli(__doc__.split("\n")[0], ("modules", "comma-separated module names such as nn.Conv2d "
+                                                      "(default: every module)"),
+                            float64_modules, "ModuleInfo modules with float64 samples", module_sweep.sweep, EXPECTED,
+                            write_docs, "module")
 
 
 if __name__ == "__main__":

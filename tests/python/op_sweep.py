@@ -222,8 +222,14 @@ def run_case(info, pattern, m):
         return "n/a"
     if _random(info, sample):
         return "random"
+    return strict_then_fallback(lambda strict: _run(info, sample, pattern, m, strict))
+
+
+def strict_then_fallback(attempt):
+    """The outcome of ``attempt(strict)`` ('ok' or 'wrong'; ReferenceFails when one device raises): tried in strict
+    mode, then, if that refused, with the gather fallback (the module's docstring names the outcomes)."""
     try:
-        return "rule" if _run(info, sample, pattern, m, strict=True) == "ok" else "wrong"
+        return "rule" if attempt(True) == "ok" else "wrong"
     except ReferenceFails:
         return "n/a"
     except NotImplementedError:
@@ -231,20 +237,19 @@ def run_case(info, pattern, m):
     except Exception as e:   # noqa: BLE001  (any error is an outcome)
         return f"raises {type(e).__name__}"
     try:
-        return "fallback" if _run(info, sample, pattern, m, strict=False) == "ok" else "wrong"
+        return "fallback" if attempt(False) == "ok" else "wrong"
+    except ReferenceFails:
+        return "n/a"
     except Exception as e:   # noqa: BLE001
         return f"raises {type(e).__name__}"
 
 
-def case_sweep(pattern, keys, log_path=None):
-    """Runs on every rank of the harness: the outcome of every op in `keys`, agreed across ranks. With `log_path`,
-    rank 0 also appends each case's start and outcome to that file as it goes, so a case that desynchronises the
-    ranks (a collective one rank never reaches) is known after the pool is lost."""
+def agreed_outcomes(keys, outcome_of, log_path=None):
+    """Runs on every rank of the harness: ``outcome_of(key)`` for every key, agreed across ranks (``diverged`` where
+    they differ). With `log_path`, rank 0 also appends each case's start and outcome to that file as it goes, so a
+    case that desynchronises the ranks (a collective one rank never reaches) is known after the pool is lost."""
     import torch.distributed as dist
-    from cases_util import mesh
     warnings.simplefilter("ignore")
-    m = mesh()
-    ops = float32_ops()
     results = {}
 
     def log(entry):
@@ -253,12 +258,20 @@ def case_sweep(pattern, keys, log_path=None):
                 f.write(json.dumps(entry) + "\n")
     for key in keys:
         log({"start": key})
-        outcome = run_case(ops[key], pattern, m)
+        outcome = outcome_of(key)
         seen = [None] * dist.get_world_size()
         dist.all_gather_object(seen, outcome)
         results[key] = outcome if len(set(seen)) == 1 else "diverged"
         log({"op": key, "outcome": results[key]})
     return results
+
+
+def case_sweep(pattern, keys, log_path=None):
+    """Runs on every rank of the harness: the outcome of every op in `keys` (``agreed_outcomes``)."""
+    from cases_util import mesh
+    m = mesh()
+    ops = float32_ops()
+    return agreed_outcomes(keys, lambda key: run_case(ops[key], pattern, m), log_path)
 
 
 def sweep_pattern(pattern, keys, world=WORLD, case=None):
@@ -343,24 +356,30 @@ def registered_handlers():
     return sorted(h for h in _C.registered_handlers() if h.startswith("aten::"))
 
 
-def docs_section_current() -> tuple[bool, str]:
+def section_current(want: str, begin: str, end: str) -> bool:
+    """True when docs/supported-ops.md holds ``want`` between ``begin`` and ``end`` (both included in ``want``)."""
     text = open(DOCS).read()
+    return begin in text and end in text and text[text.index(begin):text.index(end) + len(end)] == want
+
+
+def write_section(want: str, begin: str, end: str, heading: str) -> None:
+    """Put ``want`` between ``begin`` and ``end`` in docs/supported-ops.md, or append it under ``heading``."""
+    text = open(DOCS).read()
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + want + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + f"\n\n## {heading}\n\n" + want + "\n"
+    with open(DOCS, "w") as f:
+        f.write(text)
+
+
+def docs_section_current() -> tuple[bool, str]:
     want = render(load_expected(), registered_handlers())
-    if BEGIN not in text or END not in text:
-        return False, want
-    have = text[text.index(BEGIN):text.index(END) + len(END)]
-    return have == want, want
+    return section_current(want, BEGIN, END), want
 
 
 def write_docs():
-    text = open(DOCS).read()
-    want = render(load_expected(), registered_handlers())
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + want + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n## Every OpInfo op\n\n" + want + "\n"
-    with open(DOCS, "w") as f:
-        f.write(text)
+    write_section(render(load_expected(), registered_handlers()), BEGIN, END, "Every OpInfo op")
 
 
 def differences(expected, got):
@@ -373,42 +392,51 @@ def differences(expected, got):
     return out
 
 
-def main():
-    sys.path.insert(0, HERE)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_cli(description, keys_help, known_keys, unknown_what, sweep_keys, expected_path, docs_writer, what):
+    """The command line both sweeps share: --update / --check / --docs, and a comma-separated key list."""
+    parser = argparse.ArgumentParser(description=description)
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--update", action="store_true", help="run the whole sweep, rewrite the expected file and docs")
     group.add_argument("--check", action="store_true", help="run the whole sweep, compare with the expected file")
     group.add_argument("--docs", action="store_true", help="re-render the docs section from the expected file")
-    parser.add_argument("--ops", help="comma-separated op keys (default: every op)")
+    parser.add_argument("--" + keys_help[0], help=keys_help[1])
     args = parser.parse_args()
     import harness
-    import op_sweep  # this file as a module: the ranks look case_sweep up by its module's name
     try:
         if args.docs:
-            write_docs()
+            docs_writer()
             return 0
-        keys = args.ops.split(",") if args.ops else None
-        unknown = sorted(set(keys or ()) - set(float32_ops()))
+        keys = getattr(args, keys_help[0]).split(",") if getattr(args, keys_help[0]) else None
+        unknown = sorted(set(keys or ()) - set(known_keys()))
         if unknown:
-            parser.error(f"not OpInfo ops with float32 samples: {', '.join(unknown)}")
-        got = op_sweep.sweep(keys)
+            parser.error(f"not {unknown_what}: {', '.join(unknown)}")
+        got = sweep_keys(keys)
+        expected = {}
+        if os.path.exists(expected_path):
+            with open(expected_path) as f:
+                expected = json.load(f)
         if args.update:
-            expected = load_expected() if keys and os.path.exists(EXPECTED) else {}
+            expected = expected if keys else {}
             for pattern, results in got.items():
                 expected.setdefault(pattern, {}).update(results)
-            with open(EXPECTED, "w") as f:
+            with open(expected_path, "w") as f:
                 json.dump(expected, f, indent=1, sort_keys=True)
                 f.write("\n")
-            write_docs()
-            counts, _ = summary(expected)
-            print("best outcome per op:", counts)
+            docs_writer()
+            print(f"best outcome per {what}:", summary(expected)[0])
             return 0
-        diff = differences(load_expected(), got)
+        diff = differences(expected, got)
         print("\n".join(diff) or "the sweep matches the expected file")
         return 1 if diff else 0
     finally:
         harness.close_all()
+
+
+def main():
+    sys.path.insert(0, HERE)
+    import op_sweep  # this file as a module: the ranks look case_sweep up by its module's name
+    return run_cli(__doc__.split("\n")[0], ("ops", "comma-separated op keys (default: every op)"), float32_ops,
+                   "OpInfo ops with float32 samples", op_sweep.sweep, EXPECTED, write_docs, "op")
 
 
 if __name__ == "__main__":
