@@ -291,18 +291,17 @@ std::vector<int64_t> group_sum_mesh_dims(const GroupNormLayout& l) {
 std::pair<at::Tensor, at::Tensor> split_group_moments(const at::Tensor& xa, const GroupNormLayout& l, int64_t n,
                                                       double count, const Mesh& mesh) {
   const auto positions = n * l.channels == 0 ? 0 : xa.numel() / (n * l.channels);
-  auto xc = xa.reshape({n, l.channels, positions});
-  auto channel_sum = xc.sum(2);
-  auto dims = group_sum_mesh_dims(l);
-  auto mean = sum_over_mesh_dims(channels_to_groups(channel_sum, l, n), dims, mesh) / count;
-  // each channel's own mean and centred squares over this rank's positions (a Welford reduction: no temporary of
-  // the activation's size); none without positions
-  auto channel_mean = at::zeros_like(channel_sum), channel_m2 = at::zeros_like(channel_sum);
+  // each channel's own mean and centred squares over this rank's positions, in one pass (a Welford reduction: no
+  // temporary of the activation's size); none without positions
+  auto channel_mean = at::zeros({n, l.channels}, xa.options()), channel_m2 = at::zeros_like(channel_mean);
   if (positions > 0) {
-    auto [var, m] = at::var_mean(xc, {2}, /*correction=*/0, /*keepdim=*/false);
+    auto [var, m] = at::var_mean(xa.reshape({n, l.channels, positions}), {2}, /*correction=*/0, /*keepdim=*/false);
     channel_mean = m;
     channel_m2 = var * static_cast<double>(positions);
   }
+  auto dims = group_sum_mesh_dims(l);
+  auto mean = sum_over_mesh_dims(channels_to_groups(channel_mean * static_cast<double>(positions), l, n), dims, mesh) /
+              count;
   auto offset = channel_mean - group_to_channels(mean, l, n);
   auto m2 = sum_over_mesh_dims(channels_to_groups(channel_m2 + offset * offset * static_cast<double>(positions), l, n),
                                dims, mesh);

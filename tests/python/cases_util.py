@@ -231,6 +231,14 @@ def check_op(fn, inputs, layouts, m, grad=True, rtol=1e-5, atol=1e-6, what="", e
     return out
 
 
+def needs_library(module: str, what: str):
+    """A pytest skip mark for a test of an optional library (the zoo's dependencies, tests/requirements-zoo.txt)."""
+    import importlib.util
+    import pytest
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"{what} is an optional test dependency (tests/requirements-zoo.txt)")
+
+
 def check_integration_routing(first: str, second: str, module: str, function: str, disabled_too: bool = True) -> None:
     """A ``shardtensor.integrations`` routing is installed whichever of ``first`` / ``second`` (shardtensor and the
     library) is imported first, and (``disabled_too``) ``SHARDTENSOR_NO_INTEGRATIONS=1`` leaves ``module.function``

@@ -7,19 +7,16 @@ queries with this rank's rows only, the attention output, the input gradient and
 embedding's included) equal one device's, with no gather fallback and no tensor made whole on the way, through a first layer and a second one that receives the bias; uneven and
 one-row shards, 2-3 ranks, a 2x2 mesh (batch x frames); the routing in either import order."""
 import copy
-import importlib.util
 
 import pytest
 import torch
 
 import harness
 import shardtensor as st
-from cases_util import check_integration_routing, close, full, mesh, tiny_extents, uneven_extents
+from cases_util import check_integration_routing, close, full, mesh, needs_library, tiny_extents, uneven_extents
 
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                        reason="transformers is an optional test dependency (tests/requirements-zoo.txt)")
-needs_torchaudio = pytest.mark.skipif(importlib.util.find_spec("torchaudio") is None,
-                                      reason="torchaudio is an optional test dependency (tests/requirements-zoo.txt)")
+needs_transformers = needs_library("transformers", "transformers")
+needs_torchaudio = needs_library("torchaudio", "torchaudio")
 
 D = torch.float64
 TOL = dict(rtol=1e-9, atol=1e-10)

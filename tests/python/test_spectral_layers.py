@@ -8,7 +8,6 @@ factorised weights, complex data, more output than input channels, AFNO's block-
 uneven and one-row shards, 2-3 ranks, a 2x2 mesh; a whole FNO eager and compiled; the routing in either import
 order."""
 import copy
-import importlib.util
 
 import pytest
 import torch
@@ -16,15 +15,10 @@ from torch.overrides import TorchFunctionMode
 
 import harness
 import shardtensor as st
-from cases_util import check_integration_routing, close, full, mesh, tiny_extents, uneven_extents
+from cases_util import check_integration_routing, close, full, mesh, needs_library, tiny_extents, uneven_extents
 
-def _needs(module: str, what: str):
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                              reason=f"{what} is an optional test dependency (tests/requirements-zoo.txt)")
-
-
-needs_neuralop = _needs("neuralop", "neuraloperator")
-needs_physicsnemo = _needs("physicsnemo", "PhysicsNeMo")
+needs_neuralop = needs_library("neuralop", "neuraloperator")
+needs_physicsnemo = needs_library("physicsnemo", "PhysicsNeMo")
 
 D = torch.float64
 TOL = dict(rtol=1e-9, atol=1e-10)

@@ -21,13 +21,6 @@ import torch
 from .. import Replicate, Shard, device_mesh, from_local, is_shard_tensor, local_offsets, placements, \
     sharding_shapes, to_local
 
-# library module -> (the attention class, its queries' argument, whether its bucket function takes ``bidirectional``)
-_LAYERS = {
-    "transformers.models.wavlm.modeling_wavlm": ("WavLMAttention", "hidden_states", False),
-    "torchaudio.models.wav2vec2.wavlm_attention": ("WavLMSelfAttention", "query", True),
-}
-
-
 def query_positions(x, dim: int):
     """The global positions along ``dim`` of the rows of ``x`` this rank holds: a 1-D int64 ShardTensor split like
     that dim (Replicate over the mesh dims that split other dims), or None unless exactly one mesh dim splits it."""
@@ -83,15 +76,16 @@ def _torchaudio_repeat(bias, batch: int, heads: int):
     return bias.unsqueeze(0).repeat(batch, 1, 1, 1)
 
 
-_REPEAT = {"transformers.models.wavlm.modeling_wavlm": _transformers_repeat,
-           "torchaudio.models.wav2vec2.wavlm_attention": _torchaudio_repeat}
+# library module -> (the attention class, its queries' argument, whether its bucket function takes
+# ``bidirectional``, the library's repeat of the bias)
+_LAYERS = {
+    "transformers.models.wavlm.modeling_wavlm": ("WavLMAttention", "hidden_states", False, _transformers_repeat),
+    "torchaudio.models.wav2vec2.wavlm_attention": ("WavLMSelfAttention", "query", True, _torchaudio_repeat),
+}
 
 
 def install(module) -> None:
     """Route the WavLM attention layer's forward that the imported module defines."""
-    from ..functions import register_function
-    class_name, queries_name, bidirectional = _LAYERS[module.__name__]
-    cls = getattr(module, class_name, None)
-    forward = cls.__dict__.get("forward") if cls is not None else None
-    if forward is not None:
-        register_function(forward, _handler_for(forward, queries_name, bidirectional, _REPEAT[module.__name__]))
+    from . import _route_forwards
+    class_name, queries_name, bidirectional, repeat = _LAYERS[module.__name__]
+    _route_forwards(module, (class_name,), lambda forward: _handler_for(forward, queries_name, bidirectional, repeat))
