@@ -100,21 +100,29 @@ void update_running(const at::Tensor& running, const at::Tensor& stat, double mo
 // from the input, so their dependence on it is part of the graph), so a second derivative sees them. (A third
 // derivative through it is exact too; torch's own batch-norm double backward is not differentiable exactly once more,
 // so on one device the third derivative differs.)
+// In evaluation (`eval_stats`: the running mean and 1/sqrt(var + eps) of every channel, kept at the forward) the map
+// is affine per channel: the input's gradient is the output's scaled, the weight's the scaled sum of g * xhat.
 variable_list batch_norm_backward_recorded(const at::Tensor& g_in, const at::Tensor& x, const at::Tensor& weight,
                                            const at::Tensor& bias, bool want_x, bool want_w, bool want_b,
-                                           double eps) {
+                                           double eps, const at::Tensor& eval_stats = {}) {
   auto g = resolve_partial_diff(g_in);
   std::vector<int64_t> dims, cshape(x.dim(), 1);
   for (int64_t d = 0; d < x.dim(); ++d)
     if (d != 1) dims.push_back(d);
   cshape[1] = x.size(1);
-  auto xc = x - x.mean(dims, /*keepdim=*/true);
-  auto invstd = (xc.pow(2).mean(dims, /*keepdim=*/true) + eps).rsqrt();
-  auto xhat = xc * invstd;
+  at::Tensor xhat, invstd;
+  if (eval_stats.defined()) {
+    invstd = eval_stats[1].to(x.scalar_type()).reshape(cshape);
+    if (want_w) xhat = (x - eval_stats[0].to(x.scalar_type()).reshape(cshape)) * invstd;
+  } else {
+    auto xc = x - x.mean(dims, /*keepdim=*/true);
+    invstd = (xc.pow(2).mean(dims, /*keepdim=*/true) + eps).rsqrt();
+    xhat = xc * invstd;
+  }
   variable_list out(8);
   if (want_x) {
     auto scale = weight.defined() ? invstd * weight.reshape(cshape) : invstd;
-    out[0] = scale * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
+    out[0] = eval_stats.defined() ? scale * g : scale * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
   }
   if (want_w) out[1] = recorded_param_grad((g * xhat).sum(dims), weight);
   if (want_b) out[2] = recorded_param_grad(g.sum(dims), bias);
@@ -154,6 +162,9 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     } else {
       mean = local_channels(*running_mean, l).to(acc);
       invstd = (local_channels(*running_var, l).to(acc) + eps).rsqrt();
+      // Every channel's (a few numbers, a copy: the buffers may change before the backward) for a recorded backward.
+      ctx->saved_data["eval_stats"] = at::stack({buffer_storage(*running_mean).to(acc),
+                                                 (buffer_storage(*running_var).to(acc) + eps).rsqrt()});
     }
     auto xhat = (xf - channel_view(mean, x.dim())) * channel_view(invstd, x.dim());
     auto out = xhat;
@@ -178,10 +189,13 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
     variable_list out(8);
     if (!grads[0].defined()) return out;
     // (Not for a Partial input: the completed value saved in the forward has no graph back to it.)
-    if (recording && batch_stats && x_shard.requires_grad())
-      return batch_norm_backward_recorded(grads[0], x_shard, weight, bias, ctx->needs_input_grad(0),
-                                          weight.defined() && ctx->needs_input_grad(1),
-                                          bias.defined() && ctx->needs_input_grad(2), ctx->saved_data["eps"].toDouble());
+    // In evaluation the input's gradient does not depend on it: recorded unless the weight's would need a graph
+    // back to a Partial input.
+    const bool want_w = weight.defined() && ctx->needs_input_grad(1);
+    if (recording && (x_shard.requires_grad() || (!batch_stats && !(want_w && ctx->needs_input_grad(0)))))
+      return batch_norm_backward_recorded(grads[0], x_shard, weight, bias, ctx->needs_input_grad(0), want_w,
+                                          bias.defined() && ctx->needs_input_grad(2), ctx->saved_data["eps"].toDouble(),
+                                          batch_stats ? at::Tensor() : ctx->saved_data["eval_stats"].toTensor());
     at::NoGradGuard no_grad;
     auto l = bn_layout(x_shard);
     const auto& x = shard_impl(x_shard)->local();

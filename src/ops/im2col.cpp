@@ -189,40 +189,47 @@ at::Tensor col2im_local(const at::Tensor& cols, const ShardSpec& img, const Bloc
   return plan->halo.scatter_add(window, *img.mesh, /*consume=*/true);
 }
 
+// im2col is linear in its input: the backward is col2im (the adjoint, the window's halo rows returned to their
+// owners), whose own backward is im2col again.
+struct Im2colMap : LinearMap {
+  SpecPtr spec, img;  // the input's layout (Partial read as Replicate) and the one im2col runs in
+  Blocks b;
+  Im2colMap(SpecPtr s, SpecPtr i, Blocks bl) : spec(std::move(s)), img(std::move(i)), b(bl) {}
+  SpecPtr cols(c10::Device device) const {
+    const auto m = img->mesh_dim_of(2);
+    std::vector<int64_t> rows;
+    if (m >= 0) rows = im2col_plan(*img, b, device)->block_rows;
+    return cols_spec(*img, b, m >= 0 ? &rows : nullptr);
+  }
+  at::Tensor apply(const at::Tensor& x) const override {
+    const auto xl = shard_impl(grad_to_spec(x, img))->local();
+    return make_shard_tensor(im2col_local(xl, *img, b), cols(xl.device()));
+  }
+  at::Tensor adjoint(const at::Tensor& grad) const override {
+    auto cspec = cols(grad.device());
+    auto g = local_in(grad, spec->mesh, cspec->placements, cspec->dim_extents());
+    return redistribute_to(make_shard_tensor(col2im_local(g, *img, b), img), spec);
+  }
+};
+
 struct Im2colFn : torch::autograd::Function<Im2colFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, Blocks b) {
     ctx->set_materialize_grads(false);
     const auto& spec = shard_impl(self)->spec();
     auto img = im2col_layout(*spec);
     auto x = local_as(self, spec->mesh, img->placements, img->dim_extents());
-    ctx->saved_data["spec"] = spec_ivalue(without_partial(spec));
-    ctx->saved_data["img"] = spec_ivalue(img);
-    ctx->saved_data["blocks"] = std::vector<int64_t>{b.kernel[0], b.kernel[1], b.dilation[0], b.dilation[1],
-                                                     b.padding[0], b.padding[1], b.stride[0], b.stride[1]};
-    auto out = im2col_local(x, *img, b);
-    const auto m = img->mesh_dim_of(2);
-    std::vector<int64_t> rows;
-    if (m >= 0) rows = im2col_plan(*img, b, x.device())->block_rows;
-    return make_shard_tensor(out, cols_spec(*img, b, m >= 0 ? &rows : nullptr));
+    auto map = c10::make_intrusive<Im2colMap>(without_partial(spec), img, b);
+    auto out = make_shard_tensor(im2col_local(x, *img, b), map->cols(x.device()));
+    ctx->saved_data["map"] = map_ivalue(std::move(map));
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     variable_list out(2);
     if (!grads[0].defined()) return out;
-    const auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
-    const auto img = spec_from_ivalue(ctx->saved_data["img"]);
-    const auto v = ctx->saved_data["blocks"].toIntVector();
-    const Blocks b{{v[0], v[1]}, {v[2], v[3]}, {v[4], v[5]}, {v[6], v[7]}};
-    const auto m = img->mesh_dim_of(2);
-    std::vector<int64_t> rows;
-    if (m >= 0) rows = im2col_plan(*img, b, grads[0].device())->block_rows;
-    auto cspec = cols_spec(*img, b, m >= 0 ? &rows : nullptr);
-    auto g = local_in(grads[0], spec->mesh, cspec->placements,
-                      cspec->dim_extents());
-    auto gi = make_shard_tensor(col2im_local(g, *img, b), img);
-    out[0] = redistribute_to(gi, spec);
-    return once_differentiable(std::move(out), "im2col (F.unfold)", recording);
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

@@ -269,25 +269,33 @@ at::Tensor& index_reduce_inplace_rule(at::Tensor& self, int64_t dim, const at::T
 // from their owners) or whole with an entry per rank (indexing.cpp's routed read): its derivative formula would build the gradient whole along the dim on every rank; this
 // autograd rule sends each gradient row home instead — index_add into zeros laid out like the input, the rule above
 // with a source sharded on the dim (one all-to-all of the gradient rows).
+struct IndexSelectMap : LinearMap {
+  SpecPtr spec;
+  int64_t dim;
+  at::Tensor index;
+  IndexSelectMap(SpecPtr s, int64_t d, at::Tensor i) : spec(std::move(s)), dim(d), index(std::move(i)) {}
+  at::Tensor apply(const at::Tensor& x) const override { return at::index_select(grad_to_spec(x, spec), dim, index); }
+  at::Tensor adjoint(const at::Tensor& g) const override {
+    auto zeros = make_shard_tensor(at::zeros(spec->local_shape, g.options()), spec);
+    return zeros.index_add_(dim, index, g);
+  }
+};
+
 struct IndexSelectFn : torch::autograd::Function<IndexSelectFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t dim,
                             const at::Tensor& index) {
-    ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
-    ctx->saved_data["dim"] = dim;
-    ctx->save_for_backward({index});
+    ctx->saved_data["map"] =
+        map_ivalue(c10::make_intrusive<IndexSelectMap>(without_partial(shard_impl(self)->spec()), dim, index));
     return at::index_select(self, dim, index);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     torch::autograd::variable_list out(3);
     if (!grads[0].defined()) return out;
-    at::NoGradGuard no_grad;
-    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
-    auto zeros = make_shard_tensor(at::zeros(spec->local_shape, grads[0].options()), spec);
-    out[0] = zeros.index_add_(ctx->saved_data["dim"].toInt(), ctx->get_saved_variables()[0], grads[0]);
-    return once_differentiable(std::move(out), "index_select along a sharded dim", recording);
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

@@ -940,35 +940,44 @@ at::Tensor gradient_home(const RoutedRead& r, const at::Tensor& block, const Spe
   return make_shard_tensor(zeros, xspec);
 }
 
-struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self,
-                            const c10::List<std::optional<at::Tensor>>& indices) {
-    auto out = at::index(self, indices);
-    ctx->saved_data["x"] = spec_ivalue(shard_impl(self)->spec());
-    ctx->saved_data["out"] = spec_ivalue(shard_impl(out)->spec());
-    ctx->saved_data["indices"] = indices;
-    return out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
-    torch::autograd::variable_list out(2);
-    if (!grads[0].defined()) return out;
-    at::NoGradGuard no_grad;
-    const auto xspec = spec_from_ivalue(ctx->saved_data["x"]);
-    const auto indices = ctx->saved_data["indices"].to<c10::List<std::optional<at::Tensor>>>();
+// A read is linear in the tensor read (the index fixed): its backward is the adjoint (each gradient entry sent home),
+// whose own backward is the read again.
+struct IndexReadMap : LinearMap {
+  SpecPtr xspec, out_spec;
+  c10::List<std::optional<at::Tensor>> indices;
+  IndexReadMap(SpecPtr x, SpecPtr o, c10::List<std::optional<at::Tensor>> i)
+      : xspec(std::move(x)), out_spec(std::move(o)), indices(std::move(i)) {}
+  at::Tensor apply(const at::Tensor& x) const override { return at::index(grad_to_spec(x, xspec), indices); }
+  at::Tensor adjoint(const at::Tensor& grad) const override {
     auto a = advanced_index(at::empty(xspec->global_shape, at::TensorOptions().device(at::kMeta)), indices);
     std::vector<OwnedDim> owned;
     result_layout(*xspec, a, &owned);
     const auto r = index_read_plan(xspec, a, owned, {});
     TORCH_INTERNAL_ASSERT(r, "index: the routed read's plan changed between forward and backward");
-    auto g = result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"]));
+    auto g = result_block(grad, out_spec);
     const auto perm = routed_result_order(a, *r, g.dim());
     std::vector<int64_t> back(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) back[perm[i]] = static_cast<int64_t>(i);
-    out[0] = gradient_home(*r, g.permute(back), xspec);
-    return once_differentiable(std::move(out), "an index read (x[idx]) along a sharded dim", recording);
+    return gradient_home(*r, g.permute(back), xspec);
+  }
+};
+
+struct IndexReadFn : torch::autograd::Function<IndexReadFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self,
+                            const c10::List<std::optional<at::Tensor>>& indices) {
+    auto out = at::index(self, indices);
+    ctx->saved_data["map"] =
+        map_ivalue(c10::make_intrusive<IndexReadMap>(shard_impl(self)->spec(), shard_impl(out)->spec(), indices));
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph
+    torch::autograd::variable_list out(2);
+    if (!grads[0].defined()) return out;
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 
@@ -999,35 +1008,42 @@ bool index_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
-struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t dim,
-                            const at::Tensor& index) {
-    auto out = at::gather(self, dim, index);
-    ctx->saved_data["x"] = spec_ivalue(shard_impl(self)->spec());
-    ctx->saved_data["out"] = spec_ivalue(shard_impl(out)->spec());
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["index"] = index;
-    return out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
-    torch::autograd::variable_list out(3);
-    if (!grads[0].defined()) return out;
-    at::NoGradGuard no_grad;
-    const auto xspec = spec_from_ivalue(ctx->saved_data["x"]);
-    const auto dim = ctx->saved_data["dim"].toInt();
+struct GatherReadMap : LinearMap {
+  SpecPtr xspec, out_spec;
+  int64_t dim;
+  at::Tensor index;
+  GatherReadMap(SpecPtr x, SpecPtr o, int64_t d, at::Tensor i)
+      : xspec(std::move(x)), out_spec(std::move(o)), dim(d), index(std::move(i)) {}
+  at::Tensor apply(const at::Tensor& x) const override { return at::gather(grad_to_spec(x, xspec), dim, index); }
+  at::Tensor adjoint(const at::Tensor& grad) const override {
     // The index as the forward read it: whole along `dim`, aligned to the input's shards elsewhere.
     Placements ip = xspec->placements;
     ip[xspec->mesh_dim_of(dim)] = Placement::replicate();
     auto iext = xspec->dim_extents();
     iext.erase(dim);
-    const auto idx = local_as(ctx->saved_data["index"].toTensor(), xspec->mesh, ip, iext);
+    const auto idx = local_as(index, xspec->mesh, ip, iext);
     const auto r = gather_read_plan(xspec, xspec->placements, dim, idx, {});
     TORCH_INTERNAL_ASSERT(r, "gather: the routed read's plan changed between forward and backward");
-    out[0] = gradient_home(*r, result_block(grads[0], spec_from_ivalue(ctx->saved_data["out"])), xspec);
-    return once_differentiable(std::move(out), "gather along a sharded dim", recording);
+    return gradient_home(*r, result_block(grad, out_spec), xspec);
+  }
+};
+
+struct GatherReadFn : torch::autograd::Function<GatherReadFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t dim,
+                            const at::Tensor& index) {
+    auto out = at::gather(self, dim, index);
+    ctx->saved_data["map"] = map_ivalue(
+        c10::make_intrusive<GatherReadMap>(shard_impl(self)->spec(), shard_impl(out)->spec(), dim, index));
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph
+    torch::autograd::variable_list out(3);
+    if (!grads[0].defined()) return out;
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

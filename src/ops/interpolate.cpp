@@ -728,31 +728,40 @@ OpInfo info_from(int64_t mode, int64_t nd) {
   return {static_cast<Mode>(mode), nd, mode == static_cast<int64_t>(Mode::Linear) || mode == static_cast<int64_t>(Mode::Cubic)};
 }
 
+// Interpolation is linear in its input: its backward is the adjoint (interp_backward), and that adjoint's own
+// backward is the interpolation again (a second derivative through an upsampling U-Net).
+struct InterpMap : LinearMap {
+  SpecPtr in_spec;
+  OpInfo info;
+  std::vector<int64_t> osize;
+  bool ac;
+  std::vector<double> scales;
+  InterpMap(SpecPtr s, OpInfo i, std::vector<int64_t> o, bool a, std::vector<double> sc)
+      : in_spec(std::move(s)), info(i), osize(std::move(o)), ac(a), scales(std::move(sc)) {}
+  at::Tensor apply(const at::Tensor& x) const override {
+    return interp_forward(grad_to_spec(x, in_spec), info, osize, ac, scales);
+  }
+  at::Tensor adjoint(const at::Tensor& g) const override { return interp_backward(g, in_spec, info, osize, ac, scales); }
+};
+
 struct InterpFn : torch::autograd::Function<InterpFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, int64_t mode, int64_t nd,
                             std::vector<int64_t> osize, bool ac, std::vector<double> scales) {
     ctx->set_materialize_grads(false);
     auto x = resolve_partial_once(self, false);
-    auto out = interp_forward(x, info_from(mode, nd), osize, ac, scales);
-    ctx->saved_data["spec"] = spec_ivalue(shard_impl(x)->spec());
-    ctx->saved_data["mode"] = mode;
-    ctx->saved_data["nd"] = nd;
-    ctx->saved_data["osize"] = osize;
-    ctx->saved_data["ac"] = ac;
-    ctx->saved_data["scales"] = scales;
+    const auto info = info_from(mode, nd);
+    auto out = interp_forward(x, info, osize, ac, scales);
+    ctx->saved_data["map"] =
+        map_ivalue(c10::make_intrusive<InterpMap>(shard_impl(x)->spec(), info, std::move(osize), ac, std::move(scales)));
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     torch::autograd::variable_list out(6);
     if (!g[0].defined()) return out;
-    at::NoGradGuard no_grad;
-    out[0] = interp_backward(g[0], spec_from_ivalue(ctx->saved_data["spec"]),
-                             info_from(ctx->saved_data["mode"].toInt(), ctx->saved_data["nd"].toInt()),
-                             ctx->saved_data["osize"].toIntVector(), ctx->saved_data["ac"].toBool(),
-                             ctx->saved_data["scales"].toDoubleVector());
-    return once_differentiable(std::move(out), "interpolation", recording);
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), g[0], recording);
+    return out;
   }
 };
 

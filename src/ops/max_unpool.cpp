@@ -174,25 +174,37 @@ at::Tensor unpool_backward(const at::Tensor& grad_in, const at::Tensor& indices,
   return make_shard_tensor(out.view(idx.sizes()), l.self_spec);
 }
 
+// max_unpool is linear in the pooled values (the indices fixed): the backward is the adjoint (each value's gradient
+// fetched from where it went), whose own backward is the unpooling again.
+struct MaxUnpoolMap : LinearMap {
+  at::Tensor indices;
+  std::vector<int64_t> output_size, stride, padding;
+  UnpoolLayout l;
+  MaxUnpoolMap(const at::Tensor& self, at::Tensor idx, std::vector<int64_t> os, std::vector<int64_t> st,
+               std::vector<int64_t> pd)
+      : indices(std::move(idx)), output_size(std::move(os)), stride(std::move(st)), padding(std::move(pd)),
+        l(unpool_layout(self, output_size)) {}
+  at::Tensor apply(const at::Tensor& x) const override {
+    return unpool_forward(grad_to_spec(x, l.self_spec), indices, output_size, stride, padding);
+  }
+  at::Tensor adjoint(const at::Tensor& g) const override { return unpool_backward(g, indices, l); }
+};
+
 struct MaxUnpoolFn : torch::autograd::Function<MaxUnpoolFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, const at::Tensor& indices,
                             std::vector<int64_t> output_size, std::vector<int64_t> stride,
                             std::vector<int64_t> padding) {
     at::NoGradGuard no_grad;
-    ctx->saved_data["output_size"] = output_size;
-    ctx->save_for_backward({self, indices});
+    ctx->saved_data["map"] = map_ivalue(c10::make_intrusive<MaxUnpoolMap>(self, indices, output_size, stride, padding));
     return unpool_forward(self, indices, output_size, stride, padding);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     variable_list out(5);
     if (!grads[0].defined()) return out;
-    at::NoGradGuard no_grad;
-    auto saved = ctx->get_saved_variables();
-    const auto l = unpool_layout(saved[0], ctx->saved_data["output_size"].toIntVector());
-    out[0] = unpool_backward(grads[0], saved[1], l);
-    return once_differentiable(std::move(out), "max_unpool", recording);
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

@@ -25,13 +25,58 @@ torch::autograd::variable_list once_differentiable(torch::autograd::variable_lis
   auto node = std::make_shared<torch::autograd::DelayedError>(
       std::string("ShardTensor: the gradient of ") + op +
           " on ShardTensors is not differentiable: a second derivative through it (create_graph=True, e.g. a loss "
-          "on a gradient) is not supported on sharded inputs. Differentiable twice: convolutions, normalizations "
-          "other than batch/instance norm, pointwise ops, padding, max pooling, FFTs; compute this op on "
+          "on a gradient) is not supported on sharded inputs. Differentiable twice: convolutions, normalizations, "
+          "pointwise ops, padding, max pooling, interpolation, unfold / fold, max_unpool, FFTs; compute this op on "
           "to_local()/full_tensor() values if its second derivative is needed",
       static_cast<int64_t>(inputs.size()));
   auto wrapped = node->apply(std::move(inputs));
   for (size_t k = 0; k < where.size(); ++k) grads[where[k]] = std::move(wrapped[k]);
   return grads;
+}
+
+} // namespace shardtensor::ops
+
+namespace shardtensor::ops {
+
+namespace {
+
+// One direction of a LinearMap (`adjoint` picks which), whose backward is the other direction.
+struct LinearFn : torch::autograd::Function<LinearFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const LinearMapPtr& map,
+                            bool adjoint) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["map"] = map_ivalue(map);
+    ctx->saved_data["adjoint"] = adjoint;
+    return adjoint ? map->adjoint(x) : map->apply(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    torch::autograd::variable_list out(3);
+    if (!g[0].defined()) return out;
+    auto map = map_from_ivalue(ctx->saved_data["map"]);
+    // Recorded again only if this backward is (create_graph of a higher derivative): grad mode says which.
+    out[0] = LinearFn::apply(g[0], map, !ctx->saved_data["adjoint"].toBool());
+    return out;
+  }
+};
+
+} // namespace
+
+c10::IValue map_ivalue(LinearMapPtr map) {
+  return c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(std::move(map)));
+}
+
+LinearMapPtr map_from_ivalue(const c10::IValue& v) {
+  return c10::static_intrusive_pointer_cast<LinearMap>(v.toCapsule());
+}
+
+at::Tensor linear_backward(const LinearMapPtr& map, const at::Tensor& g, bool recording) {
+  if (!recording) {
+    at::NoGradGuard no_grad;
+    return map->adjoint(g);
+  }
+  at::AutoGradMode record(true);
+  return LinearFn::apply(g, map, /*adjoint=*/true);
 }
 
 } // namespace shardtensor::ops

@@ -132,22 +132,28 @@ at::Tensor mode_pad_backward_rule(const at::Tensor& grad_output, const at::Tenso
 }
 
 // _pad_circular is composite-implicit (slices and cat, which would gather the sharded dim): bound above autograd
-// with its own backward.
+// with its own backward. Linear in the input: the backward is the adjoint below, whose own backward is the padding
+// again (second derivatives of a periodic-domain PINN).
+struct PadCircularMap : LinearMap {
+  SpecPtr spec;  // the input's layout: the data is not kept
+  std::vector<int64_t> pad;
+  PadCircularMap(SpecPtr s, std::vector<int64_t> p) : spec(std::move(s)), pad(std::move(p)) {}
+  at::Tensor apply(const at::Tensor& x) const override {
+    return pad_forward(grad_to_spec(x, spec), pad, comm::PadMode::Circular, 0.0);
+  }
+  at::Tensor adjoint(const at::Tensor& g) const override { return pad_backward(g, spec, pad, comm::PadMode::Circular); }
+};
+
 struct PadCircularFn : torch::autograd::Function<PadCircularFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, std::vector<int64_t> pad) {
     ctx->set_materialize_grads(false);
-    // The backward needs the layout only: the input's data is not kept.
-    ctx->saved_data["spec"] = spec_ivalue(resolved_spec(self));
-    ctx->saved_data["pad"] = pad;
+    ctx->saved_data["map"] = map_ivalue(c10::make_intrusive<PadCircularMap>(resolved_spec(self), pad));
     return pad_forward(self, pad, comm::PadMode::Circular, 0.0);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     if (!g[0].defined()) return {at::Tensor(), at::Tensor()};
-    return once_differentiable({pad_backward(g[0], spec_from_ivalue(ctx->saved_data["spec"]),
-                                             ctx->saved_data["pad"].toIntVector(), comm::PadMode::Circular),
-                                at::Tensor()},
-                               "circular padding", recording);
+    return {linear_backward(map_from_ivalue(ctx->saved_data["map"]), g[0], recording), at::Tensor()};
   }
 };
 

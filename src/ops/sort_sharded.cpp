@@ -110,29 +110,35 @@ at::Tensor unsort(const at::Tensor& grad_local, const at::Tensor& indices_local,
   return unrows(out, g, dim, grad_local);
 }
 
+// The sorted values are linear in the input (the permutation fixed): the backward is the adjoint (each gradient
+// back at its original index), whose own backward is the permutation's read again (a gather along the dim).
+struct SortMap : LinearMap {
+  SpecPtr spec;
+  int64_t dim;
+  at::Tensor indices;
+  SortMap(SpecPtr s, int64_t d, at::Tensor i) : spec(std::move(s)), dim(d), indices(std::move(i)) {}
+  at::Tensor apply(const at::Tensor& x) const override { return at::gather(grad_to_spec(x, spec), dim, indices); }
+  at::Tensor adjoint(const at::Tensor& grad) const override {
+    auto g = local_in(grad, spec->mesh, spec->placements, spec->dim_extents());
+    return make_shard_tensor(unsort(g, shard_impl(indices)->local(), *spec, dim), spec);
+  }
+};
+
 struct SortFn : torch::autograd::Function<SortFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& self, int64_t dim, bool descending) {
     auto [values, indices] = sort_sharded(self, dim, descending);
-    ctx->saved_data["spec"] = spec_ivalue(without_partial(shard_impl(self)->spec()));
-    ctx->saved_data["dim"] = dim;
-    ctx->save_for_backward({indices});
+    ctx->saved_data["map"] =
+        map_ivalue(c10::make_intrusive<SortMap>(without_partial(shard_impl(self)->spec()), dim, indices));
     ctx->mark_non_differentiable({indices});
     return {values, indices};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     variable_list out(3);
     if (!grads[0].defined()) return out;
-    at::NoGradGuard no_grad;
-    auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
-    const auto dim = ctx->saved_data["dim"].toInt();
-    auto indices = ctx->get_saved_variables()[0];
-    const auto& mesh = spec->mesh;
-    auto g = local_in(grads[0], mesh, spec->placements,
-                      spec->dim_extents());
-    out[0] = make_shard_tensor(unsort(g, shard_impl(indices)->local(), *spec, dim), spec);
-    return once_differentiable(std::move(out), "sort along a sharded dim", recording);
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

@@ -87,27 +87,18 @@ at::Tensor sharded_unfold(const at::Tensor& self, int64_t dim, int64_t size, int
   return make_shard_tensor(out, unfold_spec(*spec, dim, size, step, &plan->out_extents));
 }
 
-struct UnfoldFn : torch::autograd::Function<UnfoldFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self_in, int64_t dim, int64_t size, int64_t step) {
-    ctx->set_materialize_grads(false);
-    auto self = resolve_partial(self_in);
-    ctx->saved_data["spec"] = spec_ivalue(shard_impl(self)->spec());
-    ctx->saved_data["args"] = std::vector<int64_t>{dim, size, step};
-    return sharded_unfold(self, dim, size, step);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
-    variable_list out(4);
-    if (!grads[0].defined()) return out;
-    const auto spec = spec_from_ivalue(ctx->saved_data["spec"]);
-    const auto a = ctx->saved_data["args"].toIntVector();
-    const auto dim = a[0], size = a[1], step = a[2];
+// Tensor.unfold is linear in its input: the backward is the adjoint (the windows' gradients summed home, their halo
+// rows returned), whose own backward is the unfold again.
+struct UnfoldMap : LinearMap {
+  SpecPtr spec;  // the (completed) input's layout
+  int64_t dim, size, step;
+  UnfoldMap(SpecPtr s, int64_t d, int64_t sz, int64_t st) : spec(std::move(s)), dim(d), size(sz), step(st) {}
+  at::Tensor apply(const at::Tensor& x) const override { return sharded_unfold(grad_to_spec(x, spec), dim, size, step); }
+  at::Tensor adjoint(const at::Tensor& grad) const override {
     const auto& mesh = *spec->mesh;
-    auto plan = unfold_plan(*spec, dim, size, step, grads[0].device());
+    auto plan = unfold_plan(*spec, dim, size, step, grad.device());
     auto out_spec = unfold_spec(*spec, dim, size, step, &plan->out_extents);
-    auto g = local_in(grads[0], spec->mesh, out_spec->placements,
-                      out_spec->dim_extents());
+    auto g = local_in(grad, spec->mesh, out_spec->placements, out_spec->dim_extents());
     auto window_shape = spec->local_shape;
     window_shape[dim] = plan->halo.window_rows(0);
     at::Tensor window_grad;
@@ -116,8 +107,24 @@ struct UnfoldFn : torch::autograd::Function<UnfoldFn> {
     } else {
       window_grad = at::zeros(window_shape, g.options());
     }
-    out[0] = make_shard_tensor(plan->halo.scatter_add(window_grad, mesh, /*consume=*/true), spec);
-    return once_differentiable(std::move(out), "unfold along a sharded dim", recording);
+    return make_shard_tensor(plan->halo.scatter_add(window_grad, mesh, /*consume=*/true), spec);
+  }
+};
+
+struct UnfoldFn : torch::autograd::Function<UnfoldFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self_in, int64_t dim, int64_t size, int64_t step) {
+    ctx->set_materialize_grads(false);
+    auto self = resolve_partial(self_in);
+    ctx->saved_data["map"] = map_ivalue(c10::make_intrusive<UnfoldMap>(shard_impl(self)->spec(), dim, size, step));
+    return sharded_unfold(self, dim, size, step);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool recording = at::GradMode::is_enabled();  // create_graph
+    variable_list out(4);
+    if (!grads[0].defined()) return out;
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

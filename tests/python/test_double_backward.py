@@ -6,8 +6,11 @@ library's autograd rule for convolution_backward (src/ops/conv.cpp, ConvBackward
 forward and backward rules instead. Float64, uneven extents, 2 and 3 ranks and a 2x2 mesh, strict mode; the output,
 the first derivative, the input's and every parameter's gradient against one device. Also an MLP over split points
 (a PINN: nn.Linear's rule above autograd records its gradients under create_graph), and the ops whose backward is
-computed on local tensors (batch norm with running statistics, interpolation, ring attention, ...): a second
-derivative through them raises on every rank instead of silently dropping their terms (it was wrong before: 0.5-2 relative error). Third
+computed on local tensors (topk, attention, ...): a second derivative through them raises on every rank instead of
+silently dropping their terms (it was wrong before: 0.5-2 relative error). Ops linear in their input (interpolation,
+circular padding, Tensor.unfold, F.unfold / F.fold, max_unpool, sorted values, x[idx], gather, index_select along
+the split dim) and batch norm in evaluation record their backward
+(the adjoint, whose own backward is the op again): `test_double_backward_linear_ops*`, first to third derivatives. Third
 derivatives through means and sums over a split dim (the placement transitions' own backwards recorded under
 create_graph): `test_third_derivative_reductions`."""
 import copy
@@ -35,13 +38,86 @@ def make_net(kind):
         net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.Tanh(),
                             nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.InstanceNorm2d(4, affine=True), nn.SiLU(),
                             nn.Conv2d(4, 1, 1))
+    elif kind == "upsample":  # a U-Net decoder: bilinear, bicubic and nearest upsampling
+        net = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.Tanh(), nn.Upsample(scale_factor=2, mode="bilinear"),
+                            nn.Conv2d(3, 3, 3, padding=1), nn.SiLU(), nn.Upsample(size=(13, 9), mode="bicubic"),
+                            nn.Conv2d(3, 1, 1), nn.Softplus(), nn.Upsample(scale_factor=2, mode="nearest"))
+    elif kind == "periodic":  # a periodic domain: circular padding
+        net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1, padding_mode="circular"), nn.Tanh(),
+                            nn.Conv2d(4, 1, 3, padding=2, dilation=2, padding_mode="circular"))
+    elif kind == "eval_norm":  # batch norm with running statistics (evaluation mode: an affine map per channel)
+        net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Tanh(), nn.Conv2d(4, 1, 1))
+        with torch.no_grad():
+            net[1].running_mean.uniform_(-0.5, 0.5)
+            net[1].running_var.uniform_(0.5, 2.0)
+            net[1].weight.uniform_(0.5, 1.5)
+            net[1].bias.uniform_(-0.5, 0.5)
+        net.eval()
+    elif kind == "unpool":
+        net = PoolUnpool()
+    elif kind == "im2col":
+        net = Im2colNet()
+    elif kind == "unfold":
+        net = WindowNet()
+    elif kind == "reads":
+        net = ReadsNet()
     else:                     # 1-D: a PINN over a split line, reflect padding
         net = nn.Sequential(nn.Conv1d(1, 5, 5, padding=2, padding_mode="reflect"), nn.Tanh(),
                             nn.Conv1d(5, 5, 3, padding=1, groups=5), nn.Tanh(), nn.Conv1d(5, 1, 1))
     return net.double()
 
 
-SHAPES = {"conv": (2, 2, 12, 10), "strided": (1, 2, 12, 8), "line": (2, 1, 24), "norms": (2, 2, 10, 8)}
+class PoolUnpool(nn.Module):
+    """max pooling with its indices, then max_unpool: linear in the pooled values, the indices fixed."""
+    def __init__(self):
+        super().__init__()
+        self.conv, self.out = nn.Conv2d(2, 3, 3, padding=1), nn.Conv2d(3, 1, 3, padding=1)
+
+    def forward(self, x):
+        y, idx = F.max_pool2d(torch.tanh(self.conv(x)), 2, return_indices=True)
+        return self.out(F.max_unpool2d(y.sin(), idx, 2, output_size=x.shape[-2:]))
+
+
+class Im2colNet(nn.Module):
+    """A convolution written as F.unfold (im2col) and a matrix product, then F.fold (col2im) of the columns."""
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 2 * 9) * 0.3)
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        y = torch.tanh(self.weight @ F.unfold(x, 3, padding=1)).reshape(n, 3, h, w)
+        return F.fold(F.unfold(y, 3, padding=1).sin(), (h, w), 3, padding=1)
+
+
+class WindowNet(nn.Module):
+    """Tensor.unfold along the split dim: sliding windows of rows, weighted and summed."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.taps = nn.Parameter(torch.tensor([0.5, -1.0, 0.7]))
+
+    def forward(self, x):
+        return (torch.tanh(self.conv(x)).unfold(2, 3, 1) * self.taps).sum(-1).pow(2)
+
+
+class ReadsNet(nn.Module):
+    """Reads along the split dim, each linear in the tensor read: sorted values, x[idx], gather, index_select."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        idx = torch.tensor([9, 0, 3, 3, 7, 1])
+        rows = torch.arange(10).flip(0).view(1, 1, 10, 1).expand(1, 3, 10, 4)
+        return (torch.sort(y, dim=2).values.sin() + torch.gather(y, 2, rows).cos() * y
+                + (y[:, :, idx] ** 2).mean(2, keepdim=True) + y.index_select(2, idx).exp().mean(2, keepdim=True))
+
+
+SHAPES = {"conv": (2, 2, 12, 10), "strided": (1, 2, 12, 8), "line": (2, 1, 24), "norms": (2, 2, 10, 8),
+          "upsample": (1, 2, 7, 5), "periodic": (2, 2, 10, 6), "eval_norm": (2, 2, 8, 6), "unpool": (1, 2, 8, 6),
+          "im2col": (1, 2, 8, 5), "unfold": (1, 2, 9, 4), "reads": (1, 2, 10, 4)}
 
 
 def _losses(net, x, which):
@@ -54,7 +130,7 @@ def _losses(net, x, which):
         (g2,) = torch.autograd.grad(g.sum(), x, create_graph=True)
         return u, g2, (g2 ** 2).mean() + (u ** 2).mean()
     # a gradient penalty on the first layer's weight gradient
-    (gw,) = torch.autograd.grad((u ** 2).sum(), net[0].weight, create_graph=True)
+    (gw,) = torch.autograd.grad((u ** 2).sum(), next(net.parameters()), create_graph=True)
     return u, gw, (gw ** 2).sum() + u.mean()
 
 
@@ -96,6 +172,19 @@ def test_double_backward(kind, which):
         pytest.skip("no single-device reference: torch's own batch-norm double backward is not exactly differentiable "
                     "once more (its third derivative differs from the formula's on one device)")
     harness.run(2, case_double_backward, kind, which, (2,))
+
+
+@pytest.mark.parametrize("which", ["du", "d2u", "weight"])
+@pytest.mark.parametrize("kind", ["upsample", "periodic", "eval_norm", "unpool", "im2col", "unfold", "reads"])
+def test_double_backward_linear_ops(kind, which):
+    """Ops linear in their input (the backward their adjoint, recorded with the op as its own backward): first,
+    second and third derivatives through them."""
+    harness.run(2, case_double_backward, kind, which, (2,))
+
+
+@pytest.mark.parametrize("kind", ["upsample", "periodic", "unpool", "reads"])
+def test_double_backward_linear_ops_2d_mesh(kind):
+    harness.run(4, case_double_backward, kind, "d2u", (2, 2))
 
 
 @pytest.mark.parametrize("kind", ["conv", "line"])
@@ -147,31 +236,23 @@ def test_pinn_mlp(shape, which):
 def case_once_differentiable_raises(kind):
     m = mesh((2,))
     torch.manual_seed(1)
-    if kind == "batch_norm":   # evaluation mode: running statistics (training mode is differentiable twice)
-        net, x, d = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Tanh()).eval(), \
-            randn(2, 2, 8, 6), 2
-    elif kind == "interpolate":
-        net, x, d = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.Upsample(scale_factor=2, mode="bilinear")), \
-            randn(1, 2, 8, 6), 2
+    lin = nn.Linear(4, 12).double()
+    if kind == "topk":   # the largest values along the split dim (selected across ranks)
+        def net(t):
+            return torch.topk(torch.tanh(t), 3, dim=1).values * torch.arange(3, dtype=t.dtype).view(1, 3, 1)
     else:   # attention over split tokens
-        lin = nn.Linear(4, 12)
-
         def net(t):
             q, k, v = lin(t).unsqueeze(1).chunk(3, -1)
             return F.scaled_dot_product_attention(q, k, v)
-        x, d = randn(2, 10, 4), 1
-    net_ = net.double() if isinstance(net, nn.Module) else net
-    lin_ = None if isinstance(net, nn.Module) else lin.double()
-    xs = st.distribute_tensor(x.double(), m, [st.Shard(d)]).requires_grad_()
-    u = net_(xs)
+    xs = st.distribute_tensor(randn(2, 10, 4).double(), m, [st.Shard(1)]).requires_grad_()
+    u = net(xs)
     (g,) = torch.autograd.grad(u.square().sum(), xs, create_graph=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
         (g ** 2).sum().backward()
-    del lin_
     return True
 
 
-@pytest.mark.parametrize("kind", ["batch_norm", "interpolate", "attention"])
+@pytest.mark.parametrize("kind", ["topk", "attention"])
 def test_once_differentiable_raises(kind):
     harness.run(2, case_once_differentiable_raises, kind)
 
