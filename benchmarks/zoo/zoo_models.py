@@ -937,10 +937,14 @@ class _ActivationShare:
         self.plain_from_sharded = (0.0, "")
 
         def audit(m, inp, out):
-            sharded = [t.numel() for t in _flat_tensors(inp) if st.is_shard_tensor(t)]
+            flat_in = _flat_tensors(inp)
+            sharded = [t.numel() for t in flat_in if st.is_shard_tensor(t)]
             if not sharded or max(sharded) == 0:
                 return
+            passed_through = {id(t) for t in flat_in}  # plain inputs handed on (a detector's targets), not made here
             for t in _flat_tensors(out):
+                if id(t) in passed_through:
+                    continue
                 ratio = t.numel() / max(sharded)
                 if not st.is_shard_tensor(t) and ratio >= 0.5 and ratio > self.plain_from_sharded[0]:
                     self.plain_from_sharded = (ratio, type(m).__name__)

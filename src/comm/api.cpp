@@ -32,7 +32,6 @@ at::Tensor local_of(const at::Tensor& shard) {
 // Under create_graph a gradient has a graph of its own; the backwards below then make the same placement
 // transitions through these Functions again (defined after them), so a higher derivative sees them. The raw
 // transitions would cut the graph and drop that order's terms silently.
-at::Tensor recorded_grad_to_spec(const at::Tensor& grad, const SpecPtr& spec);
 at::Tensor recorded_from_local(const at::Tensor& local, SpecPtr spec);
 at::Tensor recorded_to_local(const at::Tensor& shard);
 
@@ -91,7 +90,9 @@ at::Tensor recorded_to_local(const at::Tensor& shard) {
   return ToLocalFn::apply(shard);
 }
 
-// grad_to_spec (comm/redistribute.h) through the Functions above.
+} // namespace
+
+// grad_to_spec through the Functions above.
 at::Tensor recorded_grad_to_spec(const at::Tensor& grad, const SpecPtr& spec) {
   auto g = is_shard_tensor(grad)
                ? grad
@@ -100,8 +101,6 @@ at::Tensor recorded_grad_to_spec(const at::Tensor& grad, const SpecPtr& spec) {
                                                            spec->global_shape));
   return RedistributeFn::apply(g, without_partial(spec));
 }
-
-} // namespace
 
 namespace {
 

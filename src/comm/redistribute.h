@@ -25,6 +25,10 @@ SpecPtr without_partial(const SpecPtr& spec);
 // the shards); a plain gradient is taken as the full replicated value and sliced locally.
 at::Tensor grad_to_spec(const at::Tensor& grad, const SpecPtr& spec);
 
+// grad_to_spec recorded by autograd (comm/api.cpp's transition Functions): for a backward under create_graph, whose
+// gradient has a graph of its own that a higher derivative must see.
+at::Tensor recorded_grad_to_spec(const at::Tensor& grad, const SpecPtr& spec);
+
 // Told before a shard is gathered to Replicate (`src`: the layout being moved; `mesh_dim`: the mesh dim whose shard
 // of tensor dim `dim` is gathered; `element_size`: bytes per element), so the dispatch layer can count, warn or refuse (src/dispatch/replication.h)
 // before anything moves. It decides from the spec alone, so every rank decides alike.

@@ -18,7 +18,6 @@
 #include "ops/attention_seq.h"
 #include "ops/common.h"
 #include "ops/describe.h"
-#include "ops/once_differentiable.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
@@ -70,19 +69,15 @@ struct FusedResolveFn : torch::autograd::Function<FusedResolveFn> {
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
+    // A layout change: under create_graph recorded as one (a higher derivative sees it).
+    const bool recording = at::GradMode::is_enabled();
     variable_list res(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) continue;
       auto spec = spec_from_ivalue(ctx->saved_data["spec" + std::to_string(i)]);
-      auto g = shard_impl(grads[i])
-                   ? grads[i]
-                   : make_shard_tensor(grads[i], ShardSpec::make(spec->mesh,
-                                                                 Placements(spec->mesh->ndim(), Placement::replicate()),
-                                                                 spec->global_shape));
-      res[i] = redistribute_to(g, spec);
+      res[i] = recording ? recorded_grad_to_spec(grads[i], spec) : grad_to_spec(grads[i], spec);
     }
-    return once_differentiable(std::move(res), "attention's fused layout change", recording);
+    return res;
   }
 };
 

@@ -10,7 +10,6 @@
 #include "ops/attention_block.h"
 #include "ops/attention_seq.h"
 #include "ops/common.h"
-#include "ops/once_differentiable.h"
 
 #include <torch/autograd.h>
 
@@ -137,6 +136,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     ctx->saved_data["out"] = f.acc;  // in the computing layout (zigzag when used)
     ctx->saved_data["lse"] = f.lse;
     ctx->saved_data["mask"] = f.s.c.mask.defined() ? c10::IValue(f.s.c.mask) : c10::IValue();
+    ctx->saved_data["mask_arg"] = mask && mask->defined() ? c10::IValue(*mask) : c10::IValue();  // as the user gave it
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["gqa"] = gqa;
@@ -148,6 +148,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
     const bool recording = at::GradMode::is_enabled();  // create_graph: read before any NoGradGuard
     variable_list res(7);
     if (!grads[0].defined()) return res;
+    if (recording) return recorded_backward(ctx, grads[0]);
     at::NoGradGuard no_grad;
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
@@ -218,7 +219,49 @@ struct RingFn : torch::autograd::Function<RingFn> {
     if (q.requires_grad()) res[0] = make_shard_tensor(dq.to(q.scalar_type()), shard_impl(q)->spec());
     if (k.requires_grad()) res[1] = make_shard_tensor(dkb.to(k.scalar_type()), shard_impl(k)->spec());
     if (v.requires_grad()) res[2] = make_shard_tensor(dvb.to(v.scalar_type()), shard_impl(v)->spec());
-    return once_differentiable(std::move(res), "ring attention", recording);
+    return res;
+  }
+
+  // create_graph (a loss on a gradient through attention): the gradients of the attention written as ops with
+  // rules -- scores of this rank's queries against every key (the matmul rule gathers the keys and values: L_own x L
+  // scores, the math path's memory, paid only when a second derivative is asked for), the masks, the softmax, the
+  // product with v -- differentiated with a graph, so higher derivatives run on those rules too.
+  static variable_list recorded_backward(AutogradContext* ctx, const at::Tensor& g) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    const auto scale = ctx->saved_data["scale"].toDouble();
+    const auto gqa = ctx->saved_data["gqa"].toInt();
+    const auto nd = q.dim();
+    at::AutoGradMode record(true);
+    auto kk = k, vv = v;
+    if (gqa > 1) {
+      kk = kk.repeat_interleave(gqa, nd - 3);
+      vv = vv.repeat_interleave(gqa, nd - 3);
+    }
+    auto scores = at::matmul(q, kk.transpose(-2, -1)).mul(scale);
+    if (ctx->saved_data["causal"].toBool()) {
+      // torch's is_causal: query i sees keys j <= i (top-left aligned).
+      auto keep = at::ones({q.size(nd - 2), k.size(nd - 2)}, at::TensorOptions().dtype(at::kBool).device(q.device()));
+      scores = scores.masked_fill(keep.tril().logical_not(), kNegInf);
+    }
+    if (!ctx->saved_data["mask_arg"].isNone()) {
+      const auto mask = ctx->saved_data["mask_arg"].toTensor();
+      scores = mask.scalar_type() == at::kBool ? scores.masked_fill(mask.logical_not(), kNegInf) : scores.add(mask);
+    }
+    auto out = at::matmul(at::softmax(scores, -1), vv);
+    std::vector<at::Tensor> inputs;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < 3; ++i)
+      if (saved[i].requires_grad()) {
+        inputs.push_back(saved[i]);
+        where.push_back(i);
+      }
+    variable_list res(7);
+    if (inputs.empty()) return res;
+    auto grads = torch::autograd::grad({out}, inputs, {g}, /*retain_graph=*/true, /*create_graph=*/true,
+                                       /*allow_unused=*/true);
+    for (size_t j = 0; j < where.size(); ++j) res[where[j]] = grads[j];
+    return res;
   }
 };
 

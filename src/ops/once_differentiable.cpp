@@ -26,7 +26,8 @@ torch::autograd::variable_list once_differentiable(torch::autograd::variable_lis
       std::string("ShardTensor: the gradient of ") + op +
           " on ShardTensors is not differentiable: a second derivative through it (create_graph=True, e.g. a loss "
           "on a gradient) is not supported on sharded inputs. Differentiable twice: convolutions, normalizations, "
-          "pointwise ops, padding, max pooling, interpolation, unfold / fold, max_unpool, FFTs; compute this op on "
+          "pointwise ops, padding, max pooling, interpolation, unfold / fold, max_unpool, sorting, reads and "
+          "top-k / max / median along a split dim, attention, FFTs; compute this op on "
           "to_local()/full_tensor() values if its second derivative is needed",
       static_cast<int64_t>(inputs.size()));
   auto wrapped = node->apply(std::move(inputs));

@@ -1,24 +1,31 @@
-"""Second derivatives through sharded convolutions and batch/instance norms: a physics-informed loss on du/dx (autograd.grad with
-create_graph=True, then backward), a gradient penalty on a weight's gradient, and a second input derivative
-(d2u/dx2, a third-order graph). aten's own double backward of a convolution convolves the sharded input gradient
-with the sharded output gradient as if one were a weight (refused: "sharded weights are not supported"); the
-library's autograd rule for convolution_backward (src/ops/conv.cpp, ConvBackwardFn) writes the three terms with the
-forward and backward rules instead. Float64, uneven extents, 2 and 3 ranks and a 2x2 mesh, strict mode; the output,
-the first derivative, the input's and every parameter's gradient against one device. Also an MLP over split points
-(a PINN: nn.Linear's rule above autograd records its gradients under create_graph), and the ops whose backward is
-computed on local tensors (topk, attention, ...): a second derivative through them raises on every rank instead of
-silently dropping their terms (it was wrong before: 0.5-2 relative error). Ops linear in their input (interpolation,
-circular padding, Tensor.unfold, F.unfold / F.fold, max_unpool, sorted values, x[idx], gather, index_select along
-the split dim) and batch norm in evaluation record their backward
-(the adjoint, whose own backward is the op again): `test_double_backward_linear_ops*`, first to third derivatives. Third
-derivatives through means and sums over a split dim (the placement transitions' own backwards recorded under
-create_graph): `test_third_derivative_reductions`."""
+"""Second derivatives through sharded ops: a physics-informed loss on du/dx (autograd.grad with create_graph=True,
+then backward), a gradient penalty on a weight's gradient, and a second input derivative (d2u/dx2, a third-order
+graph), against one device: float64, uneven extents, 2 and 3 ranks and a 2x2 mesh, strict mode; the output, the first
+derivative, the input's and every parameter's gradient.
+
+- Convolutions and batch/instance norms: aten's own double backward of a convolution convolves the sharded input
+  gradient with the sharded output gradient as if one were a weight (refused: "sharded weights are not supported");
+  the library's autograd rule for convolution_backward (src/ops/conv.cpp, ConvBackwardFn) writes the three terms with
+  the forward and backward rules instead.
+- An MLP over split points (a PINN: nn.Linear's rule above autograd records its gradients under create_graph).
+- Ops linear in their input (interpolation, circular padding, Tensor.unfold, F.unfold / F.fold, max_unpool, sorted
+  values, x[idx], gather, index_select, top-k, max and median along the split dim) and batch norm in evaluation record
+  their backward (the adjoint, whose own backward is the op again): `test_double_backward_linear_ops*`, first to
+  third derivatives.
+- Attention over split tokens (the ring, the all-to-all; causal, masked, grouped heads) takes its gradients under
+  create_graph from the attention written as ops with rules (`test_double_backward_attention*`).
+- Ops whose backward is still computed on local tensors (cummax along a split dim, ...): a second derivative through
+  them raises on every rank instead of silently dropping their terms (it was wrong before: 0.5-2 relative error).
+- Third derivatives through means and sums over a split dim (the placement transitions' own backwards recorded under
+  create_graph): `test_third_derivative_reductions`."""
+import contextlib
 import copy
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import harness
 import shardtensor as st
@@ -61,6 +68,10 @@ def make_net(kind):
         net = WindowNet()
     elif kind == "reads":
         net = ReadsNet()
+    elif kind == "selections":
+        net = SelectionsNet()
+    elif kind.startswith("attention"):
+        net = AttentionNet(kind)
     else:                     # 1-D: a PINN over a split line, reflect padding
         net = nn.Sequential(nn.Conv1d(1, 5, 5, padding=2, padding_mode="reflect"), nn.Tanh(),
                             nn.Conv1d(5, 5, 3, padding=1, groups=5), nn.Tanh(), nn.Conv1d(5, 1, 1))
@@ -115,9 +126,59 @@ class ReadsNet(nn.Module):
                 + (y[:, :, idx] ** 2).mean(2, keepdim=True) + y.index_select(2, idx).exp().mean(2, keepdim=True))
 
 
+class SelectionsNet(nn.Module):
+    """Selections along the split dim (values linear in the input, the indices fixed): top-k, max, median."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        top = torch.topk(y, 3, dim=2).values.sum(2, keepdim=True)
+        return (top * y.max(dim=2, keepdim=True).values + y.median(dim=2).values.unsqueeze(2).sin()) * y
+
+
+class AttentionNet(nn.Module):
+    """Self-attention over split tokens (the ring; the all-to-all to head shards): plain, causal, with a boolean mask,
+    with grouped key heads."""
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.qkv = nn.Linear(4, 8 * 3 if kind != "attention_gqa" else 8 * 2)
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        h = self.qkv(x)
+        if self.kind == "attention_gqa":   # 2 query heads share 1 key/value head
+            q, k, v = h[..., :8].view(b, n, 2, 4), h[..., 8:12].view(b, n, 1, 4), h[..., 12:].view(b, n, 1, 4)
+        else:
+            q, k, v = (t.view(b, n, 2, 4) for t in h.chunk(3, -1))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        kw = {}
+        if self.kind == "attention_causal":
+            kw["is_causal"] = True
+        elif self.kind == "attention_mask":
+            kw["attn_mask"] = (torch.arange(n).view(n, 1) - torch.arange(n).view(1, n)).abs() <= 3   # a band
+        elif self.kind == "attention_gqa":
+            kw["enable_gqa"] = True
+        # The math kernel, as one device needs for a double backward (torch's fused kernels have none); sharded: the
+        # ring (or the all-to-all to head shards), whose backward under create_graph is the math form on rules.
+        # ("attention_fused": the ring with the fused kernels allowed, which one device cannot differentiate twice)
+        strategy = "all_to_all" if self.kind == "attention_a2a" else "ring"
+        sharded = st.is_shard_tensor(x)
+        fused_allowed = sharded and self.kind == "attention_fused"
+        with (contextlib.nullcontext() if fused_allowed else sdpa_kernel(SDPBackend.MATH)), \
+                (st.use_attention_strategy(strategy) if sharded else contextlib.nullcontext()):
+            o = F.scaled_dot_product_attention(q, k, v, **kw)
+        return self.out(torch.tanh(o.transpose(1, 2).reshape(b, n, 8)))
+
+
 SHAPES = {"conv": (2, 2, 12, 10), "strided": (1, 2, 12, 8), "line": (2, 1, 24), "norms": (2, 2, 10, 8),
           "upsample": (1, 2, 7, 5), "periodic": (2, 2, 10, 6), "eval_norm": (2, 2, 8, 6), "unpool": (1, 2, 8, 6),
-          "im2col": (1, 2, 8, 5), "unfold": (1, 2, 9, 4), "reads": (1, 2, 10, 4)}
+          "im2col": (1, 2, 8, 5), "unfold": (1, 2, 9, 4), "reads": (1, 2, 10, 4), "selections": (1, 2, 10, 4),
+          **{k: (2, 10, 4) for k in ("attention", "attention_a2a", "attention_fused", "attention_causal",
+                                    "attention_mask", "attention_gqa")}}
 
 
 def _losses(net, x, which):
@@ -140,6 +201,8 @@ def case_double_backward(kind, which, mesh_shape):
     shape = SHAPES[kind]
     x = randn(*shape, seed=7, dtype=torch.float64)
     dims = [2] if len(mesh_shape) == 1 else ([2, 3] if len(shape) == 4 else [0, 2])
+    if kind.startswith("attention"):   # tokens split (batch x tokens on a 2-D mesh)
+        dims = [1] if len(mesh_shape) == 1 else [0, 1]
     ext = {i: uneven_extents(shape[d], mesh_shape[i], 11 + i) for i, d in enumerate(dims)}
     xs = st.distribute_tensor(x, m, [st.Shard(d) for d in dims], sharding_shapes=ext).requires_grad_()
     _compare_with_one_device(lambda n, t: _losses(n, t, which), net, x, xs, (kind, which))
@@ -175,7 +238,8 @@ def test_double_backward(kind, which):
 
 
 @pytest.mark.parametrize("which", ["du", "d2u", "weight"])
-@pytest.mark.parametrize("kind", ["upsample", "periodic", "eval_norm", "unpool", "im2col", "unfold", "reads"])
+@pytest.mark.parametrize("kind", ["upsample", "periodic", "eval_norm", "unpool", "im2col", "unfold", "reads",
+                                  "selections"])
 def test_double_backward_linear_ops(kind, which):
     """Ops linear in their input (the backward their adjoint, recorded with the op as its own backward): first,
     second and third derivatives through them."""
@@ -185,6 +249,19 @@ def test_double_backward_linear_ops(kind, which):
 @pytest.mark.parametrize("kind", ["upsample", "periodic", "unpool", "reads"])
 def test_double_backward_linear_ops_2d_mesh(kind):
     harness.run(4, case_double_backward, kind, "d2u", (2, 2))
+
+
+@pytest.mark.parametrize("which", ["du", "d2u", "weight"])
+@pytest.mark.parametrize("kind", ["attention", "attention_a2a", "attention_fused", "attention_causal",
+                                  "attention_mask", "attention_gqa"])
+def test_double_backward_attention(kind, which):
+    """Attention over split tokens (the ring): under create_graph its gradients come from the attention written as
+    ops with rules, differentiated with a graph."""
+    harness.run(2, case_double_backward, kind, which, (2,))
+
+
+def test_double_backward_attention_2d_mesh():
+    harness.run(4, case_double_backward, "attention_causal", "du", (2, 2))
 
 
 @pytest.mark.parametrize("kind", ["conv", "line"])
@@ -233,28 +310,18 @@ def test_pinn_mlp(shape, which):
     harness.run(2, case_pinn_mlp, shape, which)
 
 
-def case_once_differentiable_raises(kind):
+def case_once_differentiable_raises():
     m = mesh((2,))
-    torch.manual_seed(1)
-    lin = nn.Linear(4, 12).double()
-    if kind == "topk":   # the largest values along the split dim (selected across ranks)
-        def net(t):
-            return torch.topk(torch.tanh(t), 3, dim=1).values * torch.arange(3, dtype=t.dtype).view(1, 3, 1)
-    else:   # attention over split tokens
-        def net(t):
-            q, k, v = lin(t).unsqueeze(1).chunk(3, -1)
-            return F.scaled_dot_product_attention(q, k, v)
     xs = st.distribute_tensor(randn(2, 10, 4).double(), m, [st.Shard(1)]).requires_grad_()
-    u = net(xs)
+    u = torch.cummax(torch.tanh(xs), dim=1).values   # a running maximum along the split dim
     (g,) = torch.autograd.grad(u.square().sum(), xs, create_graph=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
         (g ** 2).sum().backward()
     return True
 
 
-@pytest.mark.parametrize("kind", ["topk", "attention"])
-def test_once_differentiable_raises(kind):
-    harness.run(2, case_once_differentiable_raises, kind)
+def test_once_differentiable_raises():
+    harness.run(2, case_once_differentiable_raises)
 
 
 def case_third_derivative_reductions(name):

@@ -39,6 +39,7 @@ INTEGRATIONS = {
     "torchaudio.models.wav2vec2.wavlm_attention": "relative_position_bias",
     "torch._higher_order_ops.while_loop": "torch_control_flow",
     "torch._higher_order_ops.cond": "torch_control_flow",
+    "torchvision.ops.poolers": "torchvision_roi_pooling",
 }
 
 _installed: set = set()
