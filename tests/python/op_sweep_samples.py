@@ -1,0 +1,92 @@
+"""The OpInfo sweep over every sample, a probe (not part of `make test`): where tests/python/op_sweep.py judges each
+op on its first suitable sample, this runs up to `--samples N` of its samples per pattern (sharded unevenly along the
+first, last or a middle dim on 2 ranks, forward and input gradient against one device; op_sweep's outcomes) and
+reports each op whose samples disagree with its first: a `wrong`, `raises` or `diverged` sample, or a `fallback`
+where the first sample ran on a rule. Other samples carry the kwargs and shapes the first does not (a dim argument,
+keepdim, broadcasting operands, scalars), so this finds what the committed sweep cannot.
+
+  PYTHONPATH=python .venv/bin/python tests/python/op_sweep_samples.py --samples 8 --out report.json [--ops a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _samples(info, pattern, limit):
+    import torch
+    from op_sweep import _shard_dim
+    out = []
+    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+        x = sample.input
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float32 and _shard_dim(x, pattern) is not None:
+            out.append(sample)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def run_samples(info, pattern, m, limit):
+    """Every sample's outcome, as one string (agreed across ranks like op_sweep's single outcome)."""
+    from op_sweep import _random, _run, strict_then_fallback
+    outcomes = []
+    for sample in _samples(info, pattern, limit):
+        if _random(info, sample):
+            outcomes.append("random")
+            continue
+        outcomes.append(strict_then_fallback(lambda strict, s=sample: _run(info, s, pattern, m, strict)))
+    return "|".join(outcomes) or "n/a"
+
+
+def case_samples(pattern, keys, log_path=None):
+    from cases_util import mesh
+    from op_sweep import agreed_outcomes, float32_ops
+    limit = int(os.environ.get("SHARDTENSOR_SWEEP_SAMPLES", "8"))  # set before the rank pool starts
+    m = mesh()
+    ops = float32_ops()
+    return agreed_outcomes(keys, lambda key: run_samples(ops[key], pattern, m, limit), log_path)
+
+
+def findings(report):
+    """(pattern, op, sample index, outcome) where a sample's outcome is worse than the op's first."""
+    bad = []
+    for pattern, ops in report.items():
+        for op, joined in ops.items():
+            outcomes = joined.split("|")
+            first = outcomes[0]
+            for i, o in enumerate(outcomes):
+                if o.startswith("raises") or o in ("wrong", "diverged") or (o == "fallback" and first == "rule"):
+                    if o != first or o in ("wrong", "diverged"):
+                        bad.append((pattern, op, i, o))
+    return bad
+
+
+def main():
+    sys.path.insert(0, HERE)
+    import op_sweep
+    import op_sweep_samples  # this file as a module: the ranks look case_samples up by its module's name
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--samples", type=int, default=8, help="samples per op and pattern (default 8)")
+    parser.add_argument("--ops", help="comma-separated op keys (default: every op)")
+    parser.add_argument("--out", required=True, help="the JSON report: {pattern: {op: 'outcome|outcome|...'}}")
+    args = parser.parse_args()
+    import harness
+    try:
+        keys = args.ops.split(",") if args.ops else list(op_sweep.float32_ops())
+        os.environ["SHARDTENSOR_SWEEP_SAMPLES"] = str(args.samples)
+        report = {p: op_sweep.sweep_pattern(p, keys, case=op_sweep_samples.case_samples) for p in op_sweep.PATTERNS}
+    finally:
+        harness.close_all()
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1, sort_keys=True)
+    for pattern, op, i, o in findings(report):
+        print(f"{pattern:6} {op:40} sample {i}: {o}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
