@@ -121,7 +121,7 @@ def summary(rows) -> str:
 def by_pattern(rows) -> str:
     groups = {}
     for r in rows:
-        if r["result"] in ("pass", "skip"):
+        if r["result"] in ("pass", "skip", "n/a"):
             continue
         groups.setdefault(r.get("pattern") or "unclassified", []).append(r)
     lines = []

@@ -1045,6 +1045,11 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
     t0 = time.perf_counter()
     res = {"model": name, "library": spec.library, "world": world, "mesh": list(mesh_shape),
            "shard_dims": list(shard_dims), "dtype": dtype}
+    if len(set(shard_dims)) < len(shard_dims):
+        # One shardable dim (a point cloud's points): a 2-D mesh would split it twice, which no layout allows.
+        res.update(result="n/a", detail=f"one shardable dim: a {len(mesh_shape)}-D mesh would split dim "
+                   f"{shard_dims[0]} over several mesh dims", seconds=0.0)
+        return res
     stage = "build"
     try:
         m = _mesh(mesh_shape)
