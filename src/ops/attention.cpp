@@ -352,6 +352,26 @@ at::Tensor sdpa_core(const at::Tensor& query, const at::Tensor& key, const at::T
 at::Tensor sdpa_entry(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                       std::optional<double> scale, bool enable_gqa) {
+  if ((query.dim() != key.dim() || key.dim() != value.dim()) && query.dim() >= 2 && key.dim() >= 2 &&
+      value.dim() >= 2) {
+    // torch broadcasts the leading (batch) dims of query, key and value as matmul does (a 3-D query against 4-D
+    // keys): leading dims of size 1 first, then each expanded to the common batch shape (views on the rules).
+    const auto nd = std::max({query.dim(), key.dim(), value.dim()});
+    auto lead = [&](at::Tensor t) {
+      while (t.dim() < nd) t = t.unsqueeze(0);
+      return t;
+    };
+    auto q = lead(query), k = lead(key), v = lead(value);
+    auto batch = at::infer_size(q.sizes().slice(0, nd - 2), k.sizes().slice(0, nd - 2));
+    batch = at::infer_size(batch, v.sizes().slice(0, nd - 2));
+    auto grow = [&](const at::Tensor& t) {
+      auto shape = batch;
+      shape.push_back(t.size(-2));
+      shape.push_back(t.size(-1));
+      return t.sizes() == c10::IntArrayRef(shape) ? t : t.expand(shape);
+    };
+    return sdpa_core(grow(q), grow(k), grow(v), attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  }
   return sdpa_core(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 

@@ -67,15 +67,16 @@ bool aligned_causal(const BlockCfg& c, Visibility vis, const BlockRange& r) {
 }
 
 // Can the CPU flash forward kernel compute a block of these tensors?
+// (3-D inputs, batch x sequence x head dim, run as one head: the kernels take 4-D.)
 bool flash_forward_ok(const at::Tensor& q, const at::Tensor& vb, const BlockCfg& c) {
-  return c.nd == 4 && q.size(-1) == vb.size(-1) && q.device().is_cpu() &&
+  return (c.nd == 4 || c.nd == 3) && q.size(-1) == vb.size(-1) && q.device().is_cpu() &&
       (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kBFloat16 ||
        q.scalar_type() == at::kHalf);
 }
 
 // The CPU flash backward: fp32 only.
 bool flash_backward_ok(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockCfg& c) {
-  return c.nd == 4 && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && q.size(-1) == v.size(-1) &&
+  return (c.nd == 4 || c.nd == 3) && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && q.size(-1) == v.size(-1) &&
       q.device().is_cpu();
 }
 
@@ -123,6 +124,10 @@ std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor& q, const
     return {std::get<0>(o).to(at::kFloat), std::get<1>(o).narrow(-1, 0, q.size(-2)).to(at::kFloat)};
   }
   const auto acc = accumulate_type(q);
+  if (q.dim() == 3) {  // one head
+    auto [o, lse] = fused_block_forward(q.unsqueeze(1), ke.unsqueeze(1), ve.unsqueeze(1), c, diag);
+    return {o.squeeze(1), lse.squeeze(1)};
+  }
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, diag, std::nullopt, c.scale);
   return {o.to(acc), lse.to(acc)};
 }
@@ -157,11 +162,16 @@ std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::T
     ve = unit_stride_head(ve);
     return fused_block_forward(qd, ke, ve, c, diag);
   }
+  // Normalized by the row's sum about its maximum, as softmax is: exp(s - lse) would carry the rounding of the
+  // log-sum-exp (an ulp of |lse|, 1e-5 relative at logits of 200 in fp32) into every weight. A row with a finite
+  // score sums to at least 1 (its maximum's term); a fully masked row sums to 0 and gives 0 with lse = -inf.
   auto s = block_scores(q.to(acc), ke.to(acc), bias, c.scale);
-  auto lse = s.logsumexp(-1);
-  auto safe = at::where(at::isinf(lse), at::zeros_like(lse), lse);
-  auto p = (s - safe.unsqueeze(-1)).exp_();
-  return {at::matmul(p, ve.to(acc)), lse};
+  auto mx = std::get<0>(s.max(-1, /*keepdim=*/true));
+  auto safe = at::where(at::isinf(mx), at::zeros_like(mx), mx);
+  auto e = (s - safe).exp_();
+  auto sum = e.sum(-1, /*keepdim=*/true);
+  auto lse = (safe + sum.log()).squeeze(-1);
+  return {at::matmul(e, ve.to(acc)).div_(sum.clamp_min(1.0)), lse};
 }
 
 void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis, const BlockRange& r,
@@ -179,16 +189,26 @@ void block_backward(const BlockGradInputs& in, const BlockCfg& c, Visibility vis
   } else if (flash && !bias.defined()) {
     // Fully visible fp32 block: the CPU flash backward, given the global output and log-sum-exp, yields this
     // block's exact contributions in O(S) memory (no score matrix).
+    const bool one_head = in.q.dim() == 3;  // run as 4-D, one head
+    auto four = [&](const at::Tensor& t) { return (one_head ? t.unsqueeze(1) : t).contiguous(); };
     auto [dq_b, dk_e, dv_e] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        in.g.contiguous(), in.q.contiguous(), expand_heads(in.k, c).contiguous(), expand_heads(in.v, c).contiguous(),
-        in.out.contiguous(), in.lse.contiguous(), 0.0, diag, std::nullopt, c.scale);
+        four(in.g), four(in.q), four(expand_heads(in.k, c)), four(expand_heads(in.v, c)), four(in.out),
+        four(in.lse), 0.0, diag, std::nullopt, c.scale);
+    if (one_head) {
+      dq_b = dq_b.squeeze(1);
+      dk_e = dk_e.squeeze(1);
+      dv_e = dv_e.squeeze(1);
+    }
     dq.add_(dq_b);
     dk.add_(reduce_heads(dk_e.to(dk.scalar_type()), c));
     dv.add_(reduce_heads(dv_e.to(dv.scalar_type()), c));
   } else {
     const auto acc = in.qf.scalar_type();
     auto kf = expand_heads(in.k, c).to(acc), vf = expand_heads(in.v, c).to(acc);
-    auto p = (block_scores(in.qf, kf, bias, c.scale) - in.lse_safe).exp_();
+    // A block of every key is the whole softmax row: normalized by its own sum (exact to an ulp), not by
+    // exp(-lse), which carries the log-sum-exp's rounding into every weight.
+    auto s = block_scores(in.qf, kf, bias, c.scale);
+    auto p = r.ko == 0 && r.nk == c.keys ? at::softmax(s, -1).nan_to_num_(0.0) : (s - in.lse_safe).exp_();
     auto dv_e = at::matmul(p.transpose(-1, -2), in.g);
     auto dp = at::matmul(in.g, vf.transpose(-1, -2));
     auto ds = p.mul_(dp.sub_(in.dsum));

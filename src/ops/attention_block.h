@@ -19,6 +19,7 @@ struct BlockCfg {
   int64_t qo = 0;    // global offset of the local queries (set per query segment)
   at::Tensor mask;   // additive (accumulate dtype), ndim = q.dim(), last dim the full key length (or 1); undefined if none
   int64_t nd = 4;
+  int64_t keys = 0;  // the global key length (a block of all of them is the whole softmax row)
 };
 
 enum class Visibility { None, Full, Partial };

@@ -38,6 +38,7 @@ RingSetup ring_setup(const at::Tensor& q, const at::Tensor& k, BlockCfg c, std::
   const auto& qs = *shard_impl(q)->spec();
   const auto& ks = *shard_impl(k)->spec();
   c.nd = s.l.nd;
+  c.keys = k.size(s.l.nd - 2);
   s.c = std::move(c);
   s.zigzag = zigzag ? *zigzag : use_zigzag(s.l, qs, ks, s.c.causal, s.c.mask.defined());
   s.sl = seq_layout(s.l, ks, s.zigzag);

@@ -232,6 +232,11 @@ at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Te
   const auto ndim = std::max<int64_t>(self.dim(), 1);
   const auto dim = wrap_dim(dim_arg, ndim);
   auto index = resolve_partial(index_arg);
+  // An empty index: torch checks nothing else and returns an empty tensor of its shape (any number of dims).
+  if (index.numel() == 0) {
+    const auto& local = shard_impl(self)->local();
+    return make_shard_tensor(at::empty(index.sizes(), local.options()), dispatch::replicate_spec(mesh, index.sizes()));
+  }
   TORCH_CHECK_VALUE(index.dim() == self.dim() || (index.dim() <= 1 && self.dim() <= 1),
                     "gather(): Index tensor must have the same number of dimensions as input tensor");
   const auto index_p = placements_of(index, mesh);

@@ -8,7 +8,8 @@
 // neighbour's, one beyond it reads nothing; the global image edges keep torchvision's clamping (no zero row there).
 // No communication: the result is a pending sum (Partial) over the mesh dims that split H or W, completed when read
 // (K x C x ph x pw values, not the feature map). Split channels are local (the output split alike). Backward: the
-// kernel's own backward on the same window, the zero rows dropped; the incoming gradient is completed first.
+// kernel's own backward on the same window's geometry, the zero rows dropped; the incoming gradient is completed
+// first; linear in the features, so differentiable again (ops/once_differentiable.h's LinearMap).
 // A split batch declines (boxes name their image by index): the fallback, or NotImplementedError in strict mode.
 // Whole features with the boxes split along their list (Mask R-CNN cutting its ground-truth masks to its
 // proposals): each rank cuts its own boxes. And nms (below).
@@ -80,60 +81,67 @@ SpecPtr output_spec(const ShardSpec& in, int64_t boxes, int64_t ph, int64_t pw) 
   return ShardSpec::make_with_dim_extents(in.mesh, p, {boxes, in.global_shape[1], ph, pw}, ext);
 }
 
+// roi_align is linear in the features (the boxes fixed): the forward runs torchvision's kernel on this rank's window,
+// the backward (the adjoint) torchvision's backward kernel on the same window's geometry with the zero rows dropped
+// -- nothing of the features kept for it -- and a second derivative records the one with the other.
+struct RoiAlignMap : LinearMap {
+  c10::OperatorHandle op;  // torchvision::roi_align
+  SpecPtr spec;            // the (completed) features' layout
+  at::Tensor rois;         // every box, whole, in image coordinates
+  double spatial_scale;
+  int64_t ph, pw, sampling_ratio;
+  bool aligned;
+  RoiAlignMap(c10::OperatorHandle o, SpecPtr s, at::Tensor r, double sc, int64_t h, int64_t w, int64_t sr, bool al)
+      : op(o), spec(std::move(s)), rois(std::move(r)), spatial_scale(sc), ph(h), pw(w), sampling_ratio(sr),
+        aligned(al) {}
+  SpecPtr out_spec() const { return output_spec(*spec, rois.size(0), ph, pw); }
+  at::Tensor apply(const at::Tensor& x) const override {
+    const auto local = shard_impl(grad_to_spec(x, spec))->local();
+    const auto w = window_of(*spec);
+    const auto os = out_spec();
+    if (w.empty || rois.size(0) == 0) return make_shard_tensor(at::zeros(os->local_shape, local.options()), os);
+    auto padded = at::constant_pad_nd(local, {w.before[1], w.after[1], w.before[0], w.after[0]}, 0);
+    torch::jit::Stack stack{padded, shifted_rois(rois, w, spatial_scale), spatial_scale, ph, pw, sampling_ratio,
+                            aligned};
+    op.callBoxed(&stack);
+    return make_shard_tensor(stack.back().toTensor(), os);
+  }
+  at::Tensor adjoint(const at::Tensor& grad) const override {
+    // Every rank's taps need the whole (completed) gradient of every box, laid out by channels like the output.
+    const auto want = without_partial(out_spec());
+    auto g = local_in(grad, spec->mesh, want->placements, want->dim_extents());
+    const auto& shape = spec->local_shape;
+    const auto w = window_of(*spec);
+    if (w.empty || rois.size(0) == 0) return make_shard_tensor(at::zeros(shape, g.options()), spec);
+    static const auto backward_op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("torchvision::_roi_align_backward", "");
+    torch::jit::Stack stack{g.contiguous(), shifted_rois(rois, w, spatial_scale), spatial_scale, ph, pw, shape[0],
+                            shape[1], shape[2] + w.before[0] + w.after[0], shape[3] + w.before[1] + w.after[1],
+                            sampling_ratio, aligned};
+    backward_op.callBoxed(&stack);
+    auto gl = stack.back().toTensor().narrow(2, w.before[0], shape[2]).narrow(3, w.before[1], shape[3]);
+    return make_shard_tensor(gl.contiguous(), spec);
+  }
+};
+
 struct RoiAlignFn : torch::autograd::Function<RoiAlignFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
                             const c10::OperatorHandle& op, double spatial_scale, int64_t ph, int64_t pw,
                             int64_t sampling_ratio, bool aligned) {
-    const auto& spec = *shard_impl(input)->spec();
-    const auto w = window_of(spec);
-    const auto local = shard_impl(input)->local().detach();
-    const auto out_spec = output_spec(spec, rois.size(0), ph, pw);
-    at::Tensor out;
-    if (w.empty || rois.size(0) == 0) {
-      out = at::zeros(out_spec->local_shape, local.options());
-    } else {
-      auto padded = at::constant_pad_nd(local, {w.before[1], w.after[1], w.before[0], w.after[0]}, 0);
-      const bool grad = input.requires_grad();
-      at::AutoGradMode local_graph(grad);  // the local call's own graph is the backward's
-      if (grad) padded.requires_grad_();
-      torch::jit::Stack stack{padded, shifted_rois(rois, w, spatial_scale), spatial_scale, ph, pw, sampling_ratio,
-                              aligned};
-      op.callBoxed(&stack);
-      out = stack.back().toTensor();
-      if (grad) {
-        ctx->saved_data["out"] = out;
-        ctx->saved_data["padded"] = padded;
-      }
-    }
-    ctx->saved_data["input"] = input;
-    ctx->saved_data["out_spec_shape"] = std::vector<int64_t>{rois.size(0), ph, pw};
-    return make_shard_tensor(out.detach(), out_spec);
+    ctx->set_materialize_grads(false);
+    auto map = c10::make_intrusive<RoiAlignMap>(op, shard_impl(input)->spec(), rois, spatial_scale, ph, pw,
+                                                sampling_ratio, aligned);
+    auto out = map->apply(input);
+    ctx->saved_data["map"] = map_ivalue(std::move(map));
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();
-    auto input = ctx->saved_data["input"].toTensor();
-    const auto& spec = *shard_impl(input)->spec();
-    const auto shape = ctx->saved_data["out_spec_shape"].toIntVector();
-    const auto out_spec = output_spec(spec, shape[0], shape[1], shape[2]);
-    // Every rank's taps need the whole (completed) gradient of every box, laid out by channels like the output.
-    const auto want = without_partial(out_spec);
+    const bool recording = at::GradMode::is_enabled();  // create_graph
     variable_list out(8);
     if (!grads[0].defined()) return out;
-    auto g = local_in(grads[0], spec.mesh, want->placements, want->dim_extents());
-    const auto& local = shard_impl(input)->local();
-    at::Tensor gl;
-    if (ctx->saved_data.count("out")) {
-      auto padded = ctx->saved_data["padded"].toTensor();
-      gl = torch::autograd::grad({ctx->saved_data["out"].toTensor()}, {padded}, {g.contiguous()}, false, false,
-                                 true)[0];
-      const auto w = window_of(spec);
-      if (gl.defined())
-        gl = gl.narrow(2, w.before[0], local.size(2)).narrow(3, w.before[1], local.size(3)).contiguous();
-    }
-    if (!gl.defined()) gl = at::zeros_like(local);
-    out[0] = make_shard_tensor(gl, shard_impl(input)->spec());
-    return once_differentiable(std::move(out), "torchvision::roi_align", recording);
+    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+    return out;
   }
 };
 

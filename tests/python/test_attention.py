@@ -575,6 +575,48 @@ def test_float64(strategy):
     harness.run(3, case_float64, strategy)
 
 
+def case_large_logits(dim):
+    """fp32 logits of a few hundred: OpInfo's own samples for SDPA (inputs in [-9, 9], a 3-D query, 3-D or 4-D key
+    and value broadcast against it; the query split along `dim`, key and value plain): output and dq within 5x
+    torch's own fp32 error against fp64 (plus 1e-6 of the largest value). The blocks' weights were exp(s - lse), which
+    carries the log-sum-exp's rounding (an ulp of |lse|) into every weight: 10-20x torch's error, "wrong" in the
+    OpInfo probe beyond the first sample (tests/python/op_sweep_samples.py); now normalized by the row's sum about its
+    maximum (a block of every key: softmax in the backward too), and 3-D inputs take the fused kernel as one head.
+    A 3-D query against 4-D keys raised (torch broadcasts the batch dims)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    m = mesh()
+    info = next(o for o in op_db if o.name == "nn.functional.scaled_dot_product_attention")
+    torch.manual_seed(0)
+    checked = 0
+    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+        q, k, v = sample.input, *sample.args[:2]
+        if q.dim() != 3 or sample.kwargs.get("dropout_p", 0.0) != 0.0 or q.size(dim) < 2:
+            continue
+        qs = st.distribute_tensor(q, m, [st.Shard(dim)], {0: uneven_extents(q.size(dim), m.size(), q.numel())})
+        qs.requires_grad_()
+        q32, q64 = q.clone().requires_grad_(), q.double().requires_grad_()
+        with st.use_strict():
+            out = F.scaled_dot_product_attention(qs, k, v, **sample.kwargs)
+        ref32 = F.scaled_dot_product_attention(q32, k, v, **sample.kwargs)
+        ref64 = F.scaled_dot_product_attention(q64, k.double(), v.double(), **sample.kwargs)
+        w = torch.randn(ref32.shape, generator=torch.Generator().manual_seed(7))
+        (out * st.distribute_tensor(w, m, st.placements(out), st.sharding_shapes(out))).sum().backward()
+        (ref32 * w).sum().backward()
+        (ref64 * w.double()).sum().backward()
+        for what, ours, theirs, exact in (("output", full(out), ref32, ref64), ("dq", full(qs.grad), q32.grad, q64.grad)):
+            err = (ours.double() - exact).abs().max().item()
+            bound = 5 * (theirs.double() - exact).abs().max().item() + 1e-6 * exact.abs().max().item()
+            assert err <= bound, (what, sample.kwargs, tuple(k.shape), err, bound)
+        checked += 1
+    assert checked >= 4, checked
+    return True
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_large_logits_precision(dim):
+    harness.run(2, case_large_logits, dim)
+
+
 # ---- the strategy setting: per thread, and captured per call (issue 30 item 1) ----
 
 def case_strategy_block_in_another_thread():

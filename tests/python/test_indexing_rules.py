@@ -540,6 +540,25 @@ def test_gather(world):
     harness.run(world, case_gather, world + 10, world >= 3)
 
 
+def case_gather_empty_index():
+    """An empty index of any number of dims (torch checks nothing else and returns an empty tensor of its shape): it
+    raised "Index tensor must have the same number of dimensions" (found by the OpInfo probe beyond the first sample)."""
+    m = mesh()
+    x = randn(5, 4, seed=3)
+    xs = st.distribute_tensor(x, m, [st.Shard(0)], {0: uneven_extents(5, m.size(), 1)})
+    with st.use_strict():
+        for index in (torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                      torch.zeros(3, 0, 2, dtype=torch.long)):
+            out = torch.gather(xs, 0, index)
+            ref = torch.gather(x, 0, index)
+            assert full(out).shape == ref.shape and full(out).dtype == ref.dtype, (out.shape, ref.shape)
+    return True
+
+
+def test_gather_empty_index():
+    harness.run(2, case_gather_empty_index)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_scatter(world):
     harness.run(world, case_scatter, world + 20, world == 3)

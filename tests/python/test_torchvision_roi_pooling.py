@@ -8,8 +8,8 @@ Checked: the pooled features are a ShardTensor split along the boxes (each rank 
 channels split as the features are; a box head (two linear layers) and a convolution after it, the features' and
 every parameter's gradients equal one device's in strict mode with nothing made whole; a pyramid of three levels and
 one level, two images, uneven and one-row feature shards, 2-3 ranks, H x W and channels x H on a 2x2 mesh; features
-split along the batch keep torchvision's body (roi_align's refusal on every rank); the routing in either import
-order."""
+split along the batch keep torchvision's body (roi_align's refusal on every rank); a gradient penalty through the
+pooling (roi_align's backward recorded: it is linear in the features); the routing in either import order."""
 import copy
 
 import pytest
@@ -112,6 +112,50 @@ def case_batch_split():
     with pytest.raises(NotImplementedError, match="split batch"):
         _compare(list(LEVELS), [st.Shard(0)], lambda v: {0: [1, 1]}, batch_split=True)
     return True
+
+
+def case_double_backward():
+    """A gradient penalty through the pooling (roi_align is linear in the features: its backward is recorded)."""
+    m = mesh()
+    torch.manual_seed(0)
+    ref = _Heads(list(LEVELS)).to(D)
+    net = copy.deepcopy(ref)
+    g = torch.Generator().manual_seed(1)
+    feats = {k: torch.randn(2, C, LEVELS[k], LEVELS[k], dtype=D, generator=g) for k in LEVELS}
+    # One device: torchvision's kernel has no double backward; its pure-torch roi_align (the same sampling, written
+    # with differentiable ops) is the reference.
+    import sys
+    import torchvision.ops.poolers as poolers
+    pure = sys.modules["torchvision.ops.roi_align"]._roi_align
+    pure = getattr(pure, "__wrapped__", pure)   # the function itself, not torchvision's lazy torch.compile of it
+
+    def differentiable_roi_align(x, rois, output_size, spatial_scale, sampling_ratio, aligned=False):
+        return pure(x, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio, aligned)
+    results = []
+    for model, inputs in ((ref, {k: v.clone().requires_grad_() for k, v in feats.items()}),
+                          (net, {k: st.distribute_tensor(v, m, [st.Shard(2)],
+                                                         sharding_shapes={0: uneven_extents(v.shape[2], m.size(), 4)})
+                                 .requires_grad_() for k, v in feats.items()})):
+        kernel = poolers.roi_align
+        poolers.roi_align = differentiable_roi_align if model is ref else kernel
+        try:
+            with st.use_strict():
+                y, _ = model(inputs, _boxes())
+                grads = torch.autograd.grad(y.square().sum(), list(inputs.values()), create_graph=True)
+                sum(gr.square().sum() for gr in grads).backward()
+        finally:
+            poolers.roi_align = kernel
+        results.append(([full(gr) for gr in grads], [full(t.grad) for t in inputs.values()],
+                        [full(p.grad) for p in model.parameters()]))
+    for what, a, b in zip(("first derivative", "feature gradient", "parameter gradient"), results[1], results[0]):
+        for x, y in zip(a, b):
+            close(x, y, what=what, **TOL)
+    return True
+
+
+@needs_torchvision
+def test_double_backward():
+    assert all(harness.run(2, case_double_backward))
 
 
 @needs_torchvision
