@@ -4,7 +4,8 @@
 // shards stay batch shards: each rank computes its own block, no communication (the other operand is read whole on
 // that mesh dim; a point cloud sharded on both is gathered on the x2 side, the smaller of the two reads). The
 // backward of x1 (`_cdist_backward`) follows the gradient's rows; the transposed call that gives x2's gradient sums
-// over the sharded rows of x1: Partial(sum). A sharded feature dim M moves to that operand's rows first (a distance is
+// over the sharded rows of x1: Partial(sum); with broadcast batch dims x1's gradient comes at the broadcast shape
+// (autograd sums it, as on one device). A sharded feature dim M moves to that operand's rows first (a distance is
 // not a sum of per-rank terms for every p; one all-to-all), and the output is split along them.
 #include "ops/arg_checks.h"
 #include "ops/common.h"
@@ -155,12 +156,15 @@ at::Tensor cdist_backward_rule(const at::Tensor& grad_in, const at::Tensor& x1_i
       po[m] = Placement::partial(ReduceOp::Sum);
       continue;
     }
-    // rows or a batch dim: x1 alike (its dims align to the grad's from the right), x2 on a batch dim it has whole
+    // rows or a batch dim: x1 alike where it has that dim whole-sized (its dims align to the grad's from the right;
+    // a broadcast dim is read whole), x2 on a batch dim it has whole-sized
+    po[m] = Placement::shard(d);
+    eo[d] = ext;
     const auto d1 = d - (no - n1);
-    pa[m] = Placement::shard(d1);
-    ea[d1] = ext;
-    po[m] = Placement::shard(d1);
-    eo[d1] = ext;
+    if (d1 >= 0 && x1_in.size(d1) == grad.size(d)) {
+      pa[m] = Placement::shard(d1);
+      ea[d1] = ext;
+    }
     const auto d2 = d - (no - n2);
     if (d < no - 2 && d2 >= 0 && x2_in.size(d2) == grad.size(d)) {
       pb[m] = Placement::shard(d2);
@@ -171,7 +175,20 @@ at::Tensor cdist_backward_rule(const at::Tensor& grad_in, const at::Tensor& x1_i
   auto c = local_in(cdist_in, mesh, pg, eg).contiguous();
   auto a = local_as(resolve_partial(x1_in), mesh, pa, ea).contiguous();
   auto b = local_as(resolve_partial(x2_in), mesh, pb, eb).contiguous();
-  return wrap(at::_cdist_backward(g, a, b, p, c), mesh, po, x1_in.sizes().vec(), eo);
+  // The kernel returns x1's gradient at the broadcast batch shape (the gradient's, with x1's rows and features):
+  // autograd sums it to x1's shape, as on one device.
+  auto shape = grad.sizes().vec();
+  shape.back() = x1_in.size(-1);
+  auto spec = ShardSpec::make_with_dim_extents(mesh, po, shape, eo);
+  auto out = at::_cdist_backward(g, a, b, p, c);
+  // With no pair on this rank (its block of rows or columns empty) torch returns zeros of the local x1's own shape,
+  // not the broadcast one: the same zeros at the block's shape (a rank-local shape, so no rank may raise on it).
+  if (out.sizes() != c10::IntArrayRef(spec->local_shape)) {
+    TORCH_INTERNAL_ASSERT(g.numel() == 0 || a.numel() == 0 || b.numel() == 0,
+                          "_cdist_backward: a block of shape ", out.sizes(), " for ", spec->local_shape);
+    out = at::zeros(spec->local_shape, out.options());
+  }
+  return make_shard_tensor(out, spec);
 }
 
 } // namespace

@@ -294,6 +294,28 @@ def test_cdist(world):
     harness.run(world, case_cdist, world)
 
 
+def case_cdist_broadcast(world):
+    """Batch dims that broadcast (x1 [1, P, M] or [P, M] against x2 [B, 1, R, M]; OpInfo's samples): x1's gradient
+    comes from the kernel at the broadcast shape and is summed to x1's by autograd, as on one device. It was wrapped
+    at x1's shape: an internal assert on the ranks whose block did not match, and a hang (found by the OpInfo probe
+    beyond the first sample)."""
+    m = mesh()
+    cases = [((1, 3, 2), (2, 1, 4, 2)), ((3, 2), (2, 4, 2)), ((2, 1, 3, 2), (1, 4, 2))]
+    with st.use_strict():
+        for i, (s1, s2) in enumerate(cases):
+            x1, x2 = randn(*s1, seed=i), randn(*s2, seed=10 + i)
+            for d in (len(s1) - 2, len(s1) - 1):   # x1's rows, x1's features (moved to its rows)
+                lay = ([st.Shard(d)], {0: uneven_extents(s1[d], world, i + d)})
+                check_op(lambda a, b: torch.cdist(a, b), [x1, x2], [lay, None], m, rtol=1e-4, atol=1e-5,
+                         what=f"cdist broadcast {s1} x {s2} split {d}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cdist_broadcast(world):
+    harness.run(world, case_cdist_broadcast, world)
+
+
 def case_cdist_mesh2d(seed):
     m = mesh((2, 2), ("a", "b"))
     x1, x2 = randn(3, 28, 4, seed=seed), randn(3, 6, 4, seed=seed + 1)
