@@ -5,7 +5,7 @@ reports each op whose samples disagree with its first: a `wrong`, `raises` or `d
 where the first sample ran on a rule. Other samples carry the kwargs and shapes the first does not (a dim argument,
 keepdim, broadcasting operands, scalars), so this finds what the committed sweep cannot.
 
-  PYTHONPATH=python .venv/bin/python tests/python/op_sweep_samples.py --samples 8 --out report.json [--ops a,b]
+  PYTHONPATH=python .venv/bin/python tests/python/op_sweep_samples.py --samples 8 --out report.json [--ops a,b] [--world 3]
 """
 from __future__ import annotations
 
@@ -18,8 +18,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _samples(info, pattern, limit):
+    import random
+
     import torch
     from op_sweep import _shard_dim
+    # Sample generators may draw from Python's `random` or torch's generator: every rank must build the same samples.
+    random.seed(0)
+    torch.manual_seed(0)
     out = []
     for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
         x = sample.input
@@ -72,13 +77,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=8, help="samples per op and pattern (default 8)")
     parser.add_argument("--ops", help="comma-separated op keys (default: every op)")
+    parser.add_argument("--world", type=int, default=op_sweep.WORLD, help="ranks (default 2)")
     parser.add_argument("--out", required=True, help="the JSON report: {pattern: {op: 'outcome|outcome|...'}}")
     args = parser.parse_args()
     import harness
     try:
         keys = args.ops.split(",") if args.ops else list(op_sweep.float32_ops())
         os.environ["SHARDTENSOR_SWEEP_SAMPLES"] = str(args.samples)
-        report = {p: op_sweep.sweep_pattern(p, keys, case=op_sweep_samples.case_samples) for p in op_sweep.PATTERNS}
+        # Some generators iterate a set of strings (meshgrid's indexing), whose order follows the per-process string
+        # hash: the ranks (spawned after this) must hash alike to build the same samples.
+        os.environ["PYTHONHASHSEED"] = "0"
+        report = {p: op_sweep.sweep_pattern(p, keys, world=args.world, case=op_sweep_samples.case_samples)
+                  for p in op_sweep.PATTERNS}
     finally:
         harness.close_all()
     with open(args.out, "w") as f:
