@@ -224,12 +224,9 @@ struct Im2colFn : torch::autograd::Function<Im2colFn> {
     return out;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph
-    variable_list out(2);
-    if (!grads[0].defined()) return out;
-    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
-    return out;
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return linear_map_backward(ctx, grads, 2);
   }
 };
 

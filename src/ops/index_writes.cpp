@@ -291,11 +291,7 @@ struct IndexSelectFn : torch::autograd::Function<IndexSelectFn> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph
-    torch::autograd::variable_list out(3);
-    if (!grads[0].defined()) return out;
-    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
-    return out;
+    return linear_map_backward(ctx, grads, 3);
   }
 };
 

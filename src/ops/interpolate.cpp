@@ -757,11 +757,7 @@ struct InterpFn : torch::autograd::Function<InterpFn> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph
-    torch::autograd::variable_list out(6);
-    if (!g[0].defined()) return out;
-    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), g[0], recording);
-    return out;
+    return linear_map_backward(ctx, g, 6);
   }
 };
 

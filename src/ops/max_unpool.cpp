@@ -199,12 +199,9 @@ struct MaxUnpoolFn : torch::autograd::Function<MaxUnpoolFn> {
     return unpool_forward(self, indices, output_size, stride, padding);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph
-    variable_list out(5);
-    if (!grads[0].defined()) return out;
-    out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
-    return out;
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return linear_map_backward(ctx, grads, 5);
   }
 };
 

@@ -80,4 +80,12 @@ at::Tensor linear_backward(const LinearMapPtr& map, const at::Tensor& g, bool re
   return LinearFn::apply(g, map, /*adjoint=*/true);
 }
 
+torch::autograd::variable_list linear_map_backward(torch::autograd::AutogradContext* ctx,
+                                                   const torch::autograd::variable_list& grads, size_t inputs) {
+  const bool recording = at::GradMode::is_enabled();  // create_graph: grad mode at the backward's entry
+  torch::autograd::variable_list out(inputs);
+  if (grads[0].defined()) out[0] = linear_backward(map_from_ivalue(ctx->saved_data["map"]), grads[0], recording);
+  return out;
+}
+
 } // namespace shardtensor::ops

@@ -43,4 +43,9 @@ LinearMapPtr map_from_ivalue(const c10::IValue& v);
 // with the map itself as its backward (and that with the adjoint again), so every derivative order runs on rules.
 at::Tensor linear_backward(const LinearMapPtr& map, const at::Tensor& g, bool recording);
 
+// The whole backward of a Function whose forward kept its map in saved_data["map"] (map_ivalue) and whose first of
+// `inputs` arguments is the map's: the gradient of that argument, none for the rest.
+torch::autograd::variable_list linear_map_backward(torch::autograd::AutogradContext* ctx,
+                                                   const torch::autograd::variable_list& grads, size_t inputs);
+
 } // namespace shardtensor::ops

@@ -151,9 +151,7 @@ struct PadCircularFn : torch::autograd::Function<PadCircularFn> {
     return pad_forward(self, pad, comm::PadMode::Circular, 0.0);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
-    const bool recording = at::GradMode::is_enabled();  // create_graph
-    if (!g[0].defined()) return {at::Tensor(), at::Tensor()};
-    return {linear_backward(map_from_ivalue(ctx->saved_data["map"]), g[0], recording), at::Tensor()};
+    return linear_map_backward(ctx, g, 2);
   }
 };
 
