@@ -104,8 +104,8 @@ def case_2d_mesh(kind):
     if kind == "hw":
         return _compare(list(LEVELS), [st.Shard(2), st.Shard(3)],
                         lambda v: {0: uneven_extents(v.shape[2], 2, 1), 1: uneven_extents(v.shape[3], 2, 2)})
-    return _compare(list(LEVELS), [st.Shard(1), st.Shard(2)],
-                    lambda v: {0: [2, 1], 1: uneven_extents(v.shape[2], 2, 3)})
+    return _compare(list(LEVELS), [st.Shard(1), st.Shard(2)],   # channel extents other than the default split
+                    lambda v: {0: [1, 2], 1: uneven_extents(v.shape[2], 2, 3)})
 
 
 def case_batch_split():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Replicate, Shard, device_mesh, from_local, is_shard_tensor, placements, redistribute
+from .. import Replicate, Shard, device_mesh, from_local, is_shard_tensor, placements, redistribute, sharding_shapes
 
 
 def _box_layout(features):
@@ -43,14 +43,16 @@ def _box_layout(features):
 
 
 def _zeros_split(shape, layout, like):
-    """Zeros of ``shape`` laid out as ``layout`` (the default split of each split dim), built from local blocks."""
+    """Zeros of ``shape`` laid out as ``layout``, built from local blocks: the boxes split by the default split, the
+    channels as ``like``'s (so each level's pooled features are written without moving their channels)."""
     mesh = device_mesh(like)
     coords = mesh.get_coordinate()
+    like_shapes = sharding_shapes(like)
     local, shapes = list(shape), {}
     for m, p in enumerate(layout):
         if p.is_shard():
             n, k = shape[p.dim], mesh.size(m)
-            extents = [n // k + (1 if i < n % k else 0) for i in range(k)]
+            extents = list(like_shapes[m]) if p.dim == 1 else [n // k + (1 if i < n % k else 0) for i in range(k)]
             shapes[m] = extents
             local[p.dim] = extents[coords[m]]
     return from_local(torch.zeros(local, dtype=like.dtype, device=like.device), mesh, layout, sharding_shapes=shapes,
