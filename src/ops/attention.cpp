@@ -109,21 +109,13 @@ std::vector<at::Tensor> resolve_qkv(const std::vector<at::Tensor>& ts) {
 
 // A learned additive bias (a relative position bias gathered from a parameter table) needs the gradient of the
 // scores, which the fused block kernels do not return. Such calls are the math form through ops that have rules
-// and their own backward: scores = q k^T * scale + bias, softmax over the keys, times v. With the sequence whole
-// on every rank (windows or grids folded into the batch dim, as in Swin/CoAtNet/MaxViT) every op is local; with
-// the key sequence sharded the score contraction gathers the keys (the matmul rule), so memory grows with the
-// full key length on each rank.
+// and their own backward (attention::attention_by_rules). With the sequence whole on every rank (windows or grids
+// folded into the batch dim, as in Swin/CoAtNet/MaxViT) every op is local; with the key sequence sharded the score
+// contraction gathers the keys (the matmul rule), so memory grows with the full key length on each rank.
 at::Tensor attention_with_bias_grad(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                     const at::Tensor& bias, bool is_causal, double scale, int64_t gqa) {
   TORCH_CHECK_VALUE(!is_causal, "scaled_dot_product_attention: attn_mask and is_causal cannot both be set");
-  const auto nd = query.dim();
-  auto k = key, v = value;
-  if (gqa > 1) {
-    k = k.repeat_interleave(gqa, nd - 3);
-    v = v.repeat_interleave(gqa, nd - 3);
-  }
-  auto scores = at::matmul(query, k.transpose(-2, -1)).mul(scale).add(bias);
-  return at::matmul(at::softmax(scores, -1), v);
+  return attention::attention_by_rules(query, key, value, bias, /*causal=*/false, scale, gqa);
 }
 
 // A split of the head (embedding) dim -1 would make every score a sum over the ranks (an all-reduce of the whole

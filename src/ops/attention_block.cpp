@@ -76,8 +76,8 @@ bool flash_forward_ok(const at::Tensor& q, const at::Tensor& vb, const BlockCfg&
 
 // The CPU flash backward: fp32 only.
 bool flash_backward_ok(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockCfg& c) {
-  return (c.nd == 4 || c.nd == 3) && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && q.size(-1) == v.size(-1) &&
-      q.device().is_cpu();
+  return (c.nd == 4 || c.nd == 3) && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+      q.size(-1) == v.size(-1) && q.device().is_cpu();
 }
 
 // CUDA blocks without a bias run PyTorch's fused kernels, which return the log-sum-exp: flash (fp16/bf16) or

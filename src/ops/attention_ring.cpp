@@ -223,33 +223,16 @@ struct RingFn : torch::autograd::Function<RingFn> {
     return res;
   }
 
-  // create_graph (a loss on a gradient through attention): the gradients of the attention written as ops with
-  // rules -- scores of this rank's queries against every key (the matmul rule gathers the keys and values: L_own x L
-  // scores, the math path's memory, paid only when a second derivative is asked for), the masks, the softmax, the
-  // product with v -- differentiated with a graph, so higher derivatives run on those rules too.
+  // create_graph (a loss on a gradient through attention): the gradients of attention_by_rules (scores of this
+  // rank's queries against every key: L_own x L, the math path's memory, paid only when a second derivative is asked
+  // for) differentiated with a graph, so higher derivatives run on those rules too.
   static variable_list recorded_backward(AutogradContext* ctx, const at::Tensor& g) {
     auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2];
-    const auto scale = ctx->saved_data["scale"].toDouble();
-    const auto gqa = ctx->saved_data["gqa"].toInt();
-    const auto nd = q.dim();
     at::AutoGradMode record(true);
-    auto kk = k, vv = v;
-    if (gqa > 1) {
-      kk = kk.repeat_interleave(gqa, nd - 3);
-      vv = vv.repeat_interleave(gqa, nd - 3);
-    }
-    auto scores = at::matmul(q, kk.transpose(-2, -1)).mul(scale);
-    if (ctx->saved_data["causal"].toBool()) {
-      // torch's is_causal: query i sees keys j <= i (top-left aligned).
-      auto keep = at::ones({q.size(nd - 2), k.size(nd - 2)}, at::TensorOptions().dtype(at::kBool).device(q.device()));
-      scores = scores.masked_fill(keep.tril().logical_not(), kNegInf);
-    }
-    if (!ctx->saved_data["mask_arg"].isNone()) {
-      const auto mask = ctx->saved_data["mask_arg"].toTensor();
-      scores = mask.scalar_type() == at::kBool ? scores.masked_fill(mask.logical_not(), kNegInf) : scores.add(mask);
-    }
-    auto out = at::matmul(at::softmax(scores, -1), vv);
+    const auto& mask = ctx->saved_data["mask_arg"];
+    auto out = attention_by_rules(saved[0], saved[1], saved[2], mask.isNone() ? at::Tensor() : mask.toTensor(),
+                                  ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(),
+                                  ctx->saved_data["gqa"].toInt());
     std::vector<at::Tensor> inputs;
     std::vector<size_t> where;
     for (size_t i = 0; i < 3; ++i)
@@ -267,6 +250,25 @@ struct RingFn : torch::autograd::Function<RingFn> {
 };
 
 } // namespace
+
+at::Tensor attention_by_rules(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                              bool causal, double scale, int64_t gqa) {
+  const auto nd = q.dim();
+  auto kk = k, vv = v;
+  if (gqa > 1) {
+    kk = kk.repeat_interleave(gqa, nd - 3);
+    vv = vv.repeat_interleave(gqa, nd - 3);
+  }
+  auto scores = at::matmul(q, kk.transpose(-2, -1)).mul(scale);
+  if (causal) {
+    // torch's is_causal: query i sees keys j <= i (top-left aligned).
+    auto keep = at::ones({q.size(nd - 2), k.size(nd - 2)}, at::TensorOptions().dtype(at::kBool).device(q.device()));
+    scores = scores.masked_fill(keep.tril().logical_not(), kNegInf);
+  }
+  if (mask.defined())
+    scores = mask.scalar_type() == at::kBool ? scores.masked_fill(mask.logical_not(), kNegInf) : scores.add(mask);
+  return at::matmul(at::softmax(scores, -1), vv);
+}
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double scale, bool causal, int64_t gqa) {

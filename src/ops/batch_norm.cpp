@@ -160,11 +160,12 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
         update_running(*running_var, full_var, momentum);
       }
     } else {
-      mean = local_channels(*running_mean, l).to(acc);
-      invstd = (local_channels(*running_var, l).to(acc) + eps).rsqrt();
-      // Every channel's (a few numbers, a copy: the buffers may change before the backward) for a recorded backward.
-      ctx->saved_data["eval_stats"] = at::stack({buffer_storage(*running_mean).to(acc),
-                                                 (buffer_storage(*running_var).to(acc) + eps).rsqrt()});
+      // Every channel's statistics, once (a few numbers, in a tensor of their own: the buffers may change before the
+      // backward): this rank's channels for the forward, all of them for a recorded backward.
+      auto stats = at::stack({whole_value(*running_mean).to(acc), (whole_value(*running_var).to(acc) + eps).rsqrt()});
+      mean = local_channels(stats[0], l);
+      invstd = local_channels(stats[1], l);
+      ctx->saved_data["eval_stats"] = stats;
     }
     auto xhat = (xf - channel_view(mean, x.dim())) * channel_view(invstd, x.dim());
     auto out = xhat;

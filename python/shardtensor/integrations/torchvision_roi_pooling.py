@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import Replicate, Shard, device_mesh, from_local, is_shard_tensor, placements, redistribute, sharding_shapes
+from ..io.layout import default_split
 
 
 def _box_layout(features):
@@ -52,7 +53,7 @@ def _zeros_split(shape, layout, like):
     for m, p in enumerate(layout):
         if p.is_shard():
             n, k = shape[p.dim], mesh.size(m)
-            extents = list(like_shapes[m]) if p.dim == 1 else [n // k + (1 if i < n % k else 0) for i in range(k)]
+            extents = list(like_shapes[m]) if p.dim == 1 else default_split(n, k)
             shapes[m] = extents
             local[p.dim] = extents[coords[m]]
     return from_local(torch.zeros(local, dtype=like.dtype, device=like.device), mesh, layout, sharding_shapes=shapes,
