@@ -197,7 +197,7 @@ def render(ranks_data, meta) -> str:
         row_bytes = 4
         for e in r0["sharded_block"][1:]:
             row_bytes *= e
-        row_bytes //= r0["sharded_block"][2]
+        row_bytes //= r0["sharded_block"][1 if meta.get("layer") == "na" else 2]   # the first split dim
     split_text = ("split on the first spatial dim" if len(mesh) == 1 else
                   f"mesh {'x'.join(map(str, mesh))} splitting the first {len(mesh)} spatial dims "
                   f"(rank 0's block {r0.get('sharded_block')})")
@@ -238,7 +238,7 @@ def main():
     ap.add_argument("--channels", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--mesh", default="", help="a mesh shape such as 2x2: its dims split the first spatial dims "
-                    "(conv and tconv; overrides --ranks)")
+                    "(conv, tconv and na; overrides --ranks)")
     ap.add_argument("--layer", default="conv", choices=("conv", "na", "interp", "tconv"))
     ap.add_argument("--kernel", type=int, default=7, help="neighbourhood attention's kernel size")
     ap.add_argument("--mode", default="bilinear", help="interpolation mode (a suffix -ac: align_corners=True)")
@@ -246,8 +246,8 @@ def main():
     args = ap.parse_args()
     prepare(args.out)
     if args.mesh:
-        if args.layer not in ("conv", "tconv"):
-            ap.error("--mesh: conv and tconv layers only")
+        if args.layer not in ("conv", "tconv", "na"):
+            ap.error("--mesh: conv, tconv and na layers only")
         args.ranks = 1
         for e in mesh_shape(args):
             args.ranks *= e

@@ -711,9 +711,51 @@ std::vector<std::vector<at::Tensor>> HaloPlan::zero_pieces(at::IntArrayRef local
   return out;
 }
 
+at::Tensor HaloPlan::region(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received,
+                            const std::vector<std::pair<int64_t, int64_t>>& ranges, size_t stop, bool zero_own) const {
+  const auto n = steps_.size();
+  TORCH_INTERNAL_ASSERT(ranges.size() == n && stop <= n && received.size() >= stop,
+                        "halo plan: a region needs one range per step");
+  // Per step: the local rows the region holds (its own part along a windowed dim), and where they start.
+  std::vector<std::pair<int64_t, int64_t>> own(n);
+  for (size_t d = 0; d < n; ++d) {
+    const auto [b, l] = ranges[d];
+    if (d >= stop) {
+      own[d] = {b, l};
+      continue;
+    }
+    const auto [p, r0, cnt] = own_run(d);
+    const auto lo = std::max(b, p), hi = std::min(b + l, p + cnt);
+    own[d] = hi > lo ? std::make_pair(r0 + lo - p, hi - lo) : std::make_pair<int64_t, int64_t>(0, 0);
+  }
+  auto t = local;
+  for (size_t d = 0; d < n; ++d) t = t.narrow(steps_[d].geometry.dim, own[d].first, own[d].second);
+  if (zero_own) t = at::zeros(t.sizes(), t.options());  // the halo alone (a few rows: the region's own part)
+  for (size_t k = 0; k < stop; ++k) {
+    const auto dim = steps_[k].geometry.dim;
+    std::vector<at::Tensor> pieces;
+    for (const auto& piece : received[k]) {
+      if (!piece.defined() || piece.dim() == 0 || piece.size(dim) == 0) {
+        pieces.push_back(piece);
+        continue;
+      }
+      // A step-k piece holds window positions along the earlier steps' dims and local rows along the later ones.
+      auto q = piece;
+      for (size_t d = 0; d < n; ++d) {
+        if (d == k) continue;
+        const auto [f, c] = d < k ? ranges[d] : own[d];
+        q = q.narrow(steps_[d].geometry.dim, f, c);
+      }
+      pieces.push_back(q);
+    }
+    t = window_slice(k, t, pieces, ranges[k].first, ranges[k].second, own[k].first);
+  }
+  return t;
+}
+
 void HaloPlan::add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, size_t steps,
                           const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad,
-                          bool skip_own) const {
+                          bool skip_own, bool skip_halo) const {
   TORCH_INTERNAL_ASSERT(ranges.size() == steps_.size() && steps <= steps_.size() && halo.size() == steps_.size(),
                         "halo plan: a region needs one range per step");
   // Per step before `steps`: the parts of the range's window positions that rows hold — this rank's own (source -1,
@@ -743,7 +785,7 @@ void HaloPlan::add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>&
     int64_t last = -1;
     for (size_t j = 0; j < steps; ++j)
       if (segments[j][pick[j]].source >= 0) last = static_cast<int64_t>(j);
-    if (last >= 0 || !skip_own) {
+    if (last >= 0 ? !skip_halo : !skip_own) {
       auto dst = last < 0 ? own : halo[last][segments[last][pick[last]].source];
       auto src = grad;
       for (size_t j = 0; j < steps_.size(); ++j) {

@@ -168,6 +168,13 @@ class HaloPlan {
   // instead of a fresh local tensor next to the window (one activation less at a backward's peak).
   at::Tensor scatter_add(const at::Tensor& window, const Mesh& mesh, bool consume = false) const;
 
+  // A region of the window without the window (the border executions over several dims): `ranges`, one per step,
+  // window positions along the first `stop` steps' dims and local rows along the others; built from `local`'s rows
+  // and `received` (exchange_all's pieces, or a post_rows exchange's; a step whose rows the region does not read may
+  // be empty). `zero_own`: the own rows read as zeros (the halo's terms alone). A fresh tensor of the region's size.
+  at::Tensor region(const at::Tensor& local, const std::vector<std::vector<at::Tensor>>& received,
+                    const std::vector<std::pair<int64_t, int64_t>>& ranges, size_t stop, bool zero_own = false) const;
+
   // A window's gradient held as pieces instead of a window (the backward of a border execution over several dims,
   // ops/conv.cpp): `own`, the local tensor's gradient, and `halo[k][r]`, the gradient of the piece exchange_all
   // received from peer r at step k (its shape: window positions along the dims of earlier steps, the peer's rows
@@ -179,8 +186,10 @@ class HaloPlan {
   // messages, so ranks on either path match) and what returns is added into `own` and the earlier steps' pieces
   // (a corner's gradient travels back its two hops). Need all_runs.
   std::vector<std::vector<at::Tensor>> zero_pieces(const at::Tensor& local) const;
+  // `skip_halo`: only the own rows' part (the halo pieces were posted already).
   void add_region(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, size_t steps,
-                  const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad, bool skip_own) const;
+                  const std::vector<std::pair<int64_t, int64_t>>& ranges, const at::Tensor& grad, bool skip_own,
+                  bool skip_halo = false) const;
   void scatter_pieces(at::Tensor& own, std::vector<std::vector<at::Tensor>>& halo, const Mesh& mesh) const;
   // One step of it, split around its exchange so the caller can compute meanwhile: post_pieces sends step k's
   // pieces home (nothing when the step exchanges nothing); `back[r]`, what peer r returned (its halo[k] piece of this

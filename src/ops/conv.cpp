@@ -556,41 +556,7 @@ struct Region {
 
 at::Tensor build_region(const ConvPlan& plan, const at::Tensor& x, const std::vector<std::vector<at::Tensor>>& received,
                         const Region& region, bool zero_own = false) {
-  const auto n = plan.dims.size();
-  // Per dim: the local rows the region holds before that dim's step (its own part), and the local row they start at.
-  std::vector<std::pair<int64_t, int64_t>> own(n);
-  for (size_t d = 0; d < n; ++d) {
-    const auto [b, l] = region.range[d];
-    if (d >= region.stop) {
-      own[d] = {b, l};
-      continue;
-    }
-    const auto [p, r0, cnt] = plan.halo.own_run(d);
-    const auto lo = std::max(b, p), hi = std::min(b + l, p + cnt);
-    own[d] = hi > lo ? std::make_pair(r0 + lo - p, hi - lo) : std::make_pair<int64_t, int64_t>(0, 0);
-  }
-  auto t = x;
-  for (size_t d = 0; d < n; ++d) t = t.narrow(plan.dims[d].dim, own[d].first, own[d].second);
-  if (zero_own) t = at::zeros(t.sizes(), t.options());  // the halo alone (a few rows: the region's own part)
-  for (size_t k = 0; k < region.stop; ++k) {
-    const auto dim = plan.dims[k].dim;
-    std::vector<at::Tensor> pieces;
-    for (const auto& piece : received[k]) {
-      if (!piece.defined() || piece.dim() == 0 || piece.size(dim) == 0) {
-        pieces.push_back(piece);
-        continue;
-      }
-      auto q = piece;
-      for (size_t d = 0; d < n; ++d) {
-        if (d == k) continue;
-        const auto [f, c] = d < k ? region.range[d] : own[d];
-        q = q.narrow(plan.dims[d].dim, f, c);
-      }
-      pieces.push_back(q);
-    }
-    t = plan.halo.window_slice(k, t, pieces, region.range[k].first, region.range[k].second, own[k].first);
-  }
-  return t;
+  return plan.halo.region(x, received, region.range, region.stop, zero_own);
 }
 
 // Its backward: the gradient's halo (the window path's gather messages) travels while the main call's backward runs

@@ -22,8 +22,11 @@
 // every local query against the rank's own keys while the halo travels; the border queries run again against
 // small border windows and are written over their rows. The backward is the adjoint: the main call's dk/dv are
 // the own rows' (the border queries' terms masked out), the border calls add theirs, and only the halo rows'
-// dk/dv go home. Several sharded spatial dims: the key window is gathered dim by dim (corners come along) and its
-// dk/dv go home with the plan's scatter_add.
+// dk/dv go home. Several sharded spatial dims, no window either when every dim has an interior (na_multi_forward):
+// the main call on the own block, the border queries in disjoint slabs against key regions built from the halo
+// pieces (corners travel as a second hop), their dk/dv's halo parts home as pieces. Otherwise (a rank with too few
+// rows along some dim) the key window is gathered dim by dim and its dk/dv go home with the plan's scatter_add; the
+// messages are the same either way, so ranks on different paths match.
 #include "comm/halo_borders.h"
 #include "comm/halo_plan.h"
 #include "dispatch/promote.h"
@@ -287,11 +290,20 @@ at::Tensor na_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 // The key windows of q's layout: for each sharded spatial dim (mesh-dim order) the global key rows every
 // coordinate's queries read, and this rank's local geometry. Specs only, cached, shared by forward and backward.
 // With one sharded spatial dim, also the border split of this rank's queries (na_split).
+// With several sharded spatial dims, the border queries are computed in slabs (na_multi_forward).
+struct NaSlab {
+  size_t step = 0;                                   // the plan dim whose border it is
+  std::vector<std::pair<int64_t, int64_t>> queries;  // per plan dim: local rows
+  std::vector<std::pair<int64_t, int64_t>> keys;     // per plan dim: window positions their windows cover
+};
+
 struct NaPlan {
   comm::HaloPlan halo;
   na::Geometry geometry;       // the rank's queries against its key window (k_offset: the window's first row)
-  na::Geometry main_geometry;  // the main call: the rank's rows as a tensor of their own along the split dim
-  comm::BorderSplit split;     // direct: the copy-free execution applies
+  na::Geometry main_geometry;  // the main call: the rank's rows as a tensor of their own along the split dims
+  comm::BorderSplit split;     // one sharded dim; direct: the copy-free execution applies
+  bool multi_direct = false;   // several sharded dims, each with an interior: the copy-free execution applies
+  std::vector<NaSlab> slabs;   // its border slabs, in plan-dim order
 };
 
 // Border queries read a key row of another rank, or get another window when the rank's rows are taken as a whole
@@ -334,6 +346,61 @@ comm::BorderSplit na_split(const na::Geometry& g, const na::Geometry& main, int6
   return split;
 }
 
+// Several sharded spatial dims without the window (na_multi_forward): the main call takes the rank's block as a
+// tensor of its own along every split dim, and the queries that are border queries along some dim (na_split's,
+// per dim: the windows are products of per-dim windows) are computed again in disjoint slabs: step k's slab holds
+// its border queries along k, every query along the earlier dims and the interior ones along the later dims (whose
+// windows are own rows), so it reads the halo of steps <= k only. Together the slabs cover every border query once.
+// Applies when every dim has an interior (split.main); otherwise the rank gathers its window (a few rows then).
+void plan_slabs(NaPlan& plan, const ShardSpec& spec) {
+  const auto n = plan.halo.size();
+  std::vector<comm::BorderSplit> splits;
+  std::vector<std::pair<int64_t, int64_t>> interior;  // per plan dim: local rows [lo, hi)
+  for (size_t k = 0; k < n; ++k) {
+    const auto i = plan.halo.dim(k).dim - 1;
+    const auto e = spec.local_shape[1 + i];
+    plan.main_geometry.q_offset[i] = 0;
+    plan.main_geometry.k_offset[i] = 0;
+    plan.main_geometry.extent[i] = e;
+    splits.push_back(na_split(plan.geometry, plan.main_geometry, i, e, plan.halo.window_rows(k)));
+    if (!splits.back().direct || !splits.back().main) return;
+    int64_t lo = 0, hi = e;
+    for (const auto& b : splits.back().borders) {
+      if (b.out_begin == lo) lo = b.out_begin + b.out_len;
+      else hi = std::min(hi, b.out_begin);
+    }
+    interior.emplace_back(lo, std::max(lo, hi));
+  }
+  const auto& g = plan.geometry;
+  for (size_t k = 0; k < n; ++k)
+    for (const auto& b : splits[k].borders) {
+      NaSlab slab;
+      slab.step = k;
+      bool empty = false;
+      for (size_t d = 0; d < n; ++d) {
+        const auto i = plan.halo.dim(d).dim - 1;
+        const auto rows = d == k  ? std::make_pair(b.out_begin, b.out_len)
+                          : d < k ? std::make_pair(int64_t{0}, spec.local_shape[1 + i])
+                                  : std::make_pair(interior[d].first, interior[d].second - interior[d].first);
+        empty = empty || rows.second == 0;
+        slab.queries.push_back(rows);
+        if (rows.second == 0) {
+          slab.keys.emplace_back(0, 0);
+          continue;
+        }
+        const auto [lo, hi] =
+            na::window_union(g.q_offset[i] + rows.first, rows.second, g.kernel[i], g.extent[i], g.dilation[i]);
+        slab.keys.emplace_back(lo - g.k_offset[i], hi - lo);
+      }
+      if (empty) continue;
+      TORCH_INTERNAL_ASSERT(slab.keys[k] == std::make_pair(b.win_begin, b.win_len),
+                            "neighborhood_attention: border slab keys [", slab.keys[k].first, ", +",
+                            slab.keys[k].second, ") for [", b.win_begin, ", +", b.win_len, ")");
+      plan.slabs.push_back(std::move(slab));
+    }
+  plan.multi_direct = true;
+}
+
 NaPlan make_na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation,
                     c10::Device device) {
   auto g = unpack(kernel, dilation);
@@ -370,6 +437,7 @@ NaPlan make_na_plan(const ShardSpec& spec, const std::vector<int64_t>& kernel, c
     plan.main_geometry.extent[i] = e;
     plan.split = na_split(g, plan.main_geometry, i, e, plan.halo.window_rows(0));
   }
+  if (plan.halo.size() >= 2 && plan.halo.all_runs()) plan_slabs(plan, spec);
   return plan;
 }
 
@@ -460,7 +528,171 @@ std::vector<at::Tensor> na_border_backward(const NaPlan& plan, const at::Tensor&
   return comm::border_backward(plan.halo, plan.split, {kl, vl}, received, 1, mesh, kernel);
 }
 
-// The general path (several sharded spatial dims): this rank's key window, gathered dim by dim (corners come
+// ---- several sharded spatial dims without the window ----
+
+at::Tensor narrow_rows(at::Tensor t, const NaPlan& plan, const std::vector<std::pair<int64_t, int64_t>>& rows) {
+  for (size_t d = 0; d < rows.size(); ++d) t = t.narrow(plan.halo.dim(d).dim, rows[d].first, rows[d].second);
+  return t;
+}
+
+na::Geometry slab_geometry(const NaPlan& plan, const NaSlab& slab) {
+  auto g = plan.geometry;
+  for (size_t d = 0; d < slab.queries.size(); ++d) {
+    const auto i = plan.halo.dim(d).dim - 1;
+    g.q_offset[i] += slab.queries[d].first;
+    g.k_offset[i] += slab.keys[d].first;
+  }
+  return g;
+}
+
+// k and v travel together, concatenated on the last dim: one message per peer and step (the gather path's
+// messages). The key's or the value's part of the received pieces (views).
+std::vector<std::vector<at::Tensor>> part_of(const std::vector<std::vector<at::Tensor>>& received, int64_t begin,
+                                             int64_t len) {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& step : received) {
+    out.emplace_back();
+    for (const auto& p : step)
+      out.back().push_back(p.defined() && p.dim() > 1 ? p.narrow(-1, begin, len) : at::Tensor());
+  }
+  return out;
+}
+
+struct MultiForwardResult {
+  at::Tensor out, lse;                             // lse: the slabs' rows +inf
+  std::vector<at::Tensor> border_lse;              // by slab
+  std::vector<std::vector<at::Tensor>> received;   // [step][peer]: k and v's halo, for the backward's slabs
+};
+
+// The forward over several sharded dims (NaPlan::slabs): the main call on the rank's own block while the first
+// dim's halo travels; each further step sends the earlier dims' windows of its rows (the corners travel as a
+// second hop, the gather path's messages), posted before the previous step's slabs are computed so it travels
+// meanwhile. Each slab runs its queries against a region of the key window (halo-sized along its dim) and is
+// written over the main call's rows; its log-sum-exps are kept aside and the main call's set to +inf, so the
+// backward's main call gives those queries no terms. Memory traffic beyond the single-device op: the slabs.
+MultiForwardResult na_multi_forward(const NaPlan& plan, const at::Tensor& ql, const at::Tensor& kl,
+                                    const at::Tensor& vl, const Mesh& mesh, double scale) {
+  const auto& halo = plan.halo;
+  const auto n = halo.size();
+  const bool overlap = overlap_enabled();
+  const auto dk = kl.size(-1), dv = vl.size(-1);
+  MultiForwardResult r;
+  r.received.resize(n);
+  auto post = [&](size_t s) {
+    auto shape = kl.sizes().vec();
+    for (size_t j = 0; j < s; ++j) shape[halo.dim(j).dim] = halo.window_rows(j);
+    shape.back() = dk + dv;
+    const auto rk = part_of(r.received, 0, dk), rv = part_of(r.received, dk, dv);
+    return halo.post_rows(
+        s,
+        [&](int64_t first, int64_t count) {
+          return at::cat({halo.assemble(kl, rk, s, first, count), halo.assemble(vl, rv, s, first, count)}, -1);
+        },
+        shape, kl, mesh);
+  };
+  auto first = post(0);
+  if (!overlap) r.received[0] = first.wait();
+  std::tie(r.out, r.lse) = local_forward(ql, kl, vl, plan.main_geometry, scale);
+  if (overlap) r.received[0] = first.wait();
+  for (size_t s = 0; s < n; ++s) {
+    comm::PeerExchange next;
+    if (s + 1 < n) {
+      next = post(s + 1);
+      if (!overlap) r.received[s + 1] = next.wait();
+    }
+    const auto rk = part_of(r.received, 0, dk), rv = part_of(r.received, dk, dv);
+    for (const auto& slab : plan.slabs) {
+      if (slab.step != s) continue;
+      auto [o, l] = local_forward(narrow_rows(ql, plan, slab.queries), halo.region(kl, rk, slab.keys, n),
+                                  halo.region(vl, rv, slab.keys, n), slab_geometry(plan, slab), scale);
+      narrow_rows(r.out, plan, slab.queries).copy_(o);
+      narrow_rows(r.lse, plan, slab.queries).fill_(std::numeric_limits<double>::infinity());
+      r.border_lse.push_back(l);
+    }
+    if (s + 1 < n && overlap) r.received[s + 1] = next.wait();
+  }
+  return r;
+}
+
+// Its backward: each slab's backward on its key region (the forward's halo, saved: nothing travels twice) gives its
+// queries' dq and its dk/dv over the region, whose halo positions are gradient pieces that go home through the
+// steps in reverse (HaloPlan::post_pieces, the gather path's scatter_add messages, k and v together); the last
+// step's pieces travel while the main call's backward runs on the own block (the slabs' queries have no terms
+// there: their lse is +inf). The slabs' dq are written over the main call's, their own rows' dk/dv added.
+std::vector<at::Tensor> na_multi_backward(const NaPlan& plan, const at::Tensor& go, const at::Tensor& ql,
+                                          const at::Tensor& kl, const at::Tensor& vl, const at::Tensor& out,
+                                          const at::Tensor& lse, const std::vector<at::Tensor>& border_lse,
+                                          const std::vector<std::vector<at::Tensor>>& received, const Mesh& mesh,
+                                          double scale) {
+  const auto& halo = plan.halo;
+  const auto n = halo.size();
+  const auto dk_len = kl.size(-1), dv_len = vl.size(-1);
+  const auto rk = part_of(received, 0, dk_len), rv = part_of(received, dk_len, dv_len);
+  auto dk_halo = halo.zero_pieces(kl), dv_halo = halo.zero_pieces(vl);
+  std::vector<std::array<at::Tensor, 3>> slab_grads;
+  at::Tensor none;
+  for (size_t j = 0; j < plan.slabs.size(); ++j) {
+    const auto& slab = plan.slabs[j];
+    auto rows = [&](const at::Tensor& t) { return narrow_rows(t, plan, slab.queries); };
+    auto [dq, dkr, dvr] = local_backward(rows(go), rows(ql), halo.region(kl, rk, slab.keys, n),
+                                         halo.region(vl, rv, slab.keys, n), rows(out), border_lse.at(j),
+                                         slab_geometry(plan, slab), scale);
+    halo.add_region(none, dk_halo, n, slab.keys, dkr, /*skip_own=*/true);
+    halo.add_region(none, dv_halo, n, slab.keys, dvr, /*skip_own=*/true);
+    slab_grads.push_back({dq, dkr, dvr});
+  }
+  auto own_shape = kl.sizes().vec();
+  own_shape.back() = dk_len + dv_len;
+  auto post = [&](size_t s) {
+    std::vector<std::vector<at::Tensor>> pieces(n);
+    for (size_t p = 0; p < dk_halo[s].size(); ++p) pieces[s].push_back(at::cat({dk_halo[s][p], dv_halo[s][p]}, -1));
+    return halo.post_pieces(s, own_shape, kl, pieces, mesh);
+  };
+  auto back = post(n - 1);
+  auto [dq, dk, dv] = local_backward(go, ql, kl, vl, out, lse, plan.main_geometry, scale);
+  for (size_t j = 0; j < plan.slabs.size(); ++j) {
+    const auto& slab = plan.slabs[j];
+    narrow_rows(dq, plan, slab.queries).copy_(slab_grads[j][0]);
+    halo.add_region(dk, dk_halo, n, slab.keys, slab_grads[j][1], /*skip_own=*/false, /*skip_halo=*/true);
+    halo.add_region(dv, dv_halo, n, slab.keys, slab_grads[j][2], /*skip_own=*/false, /*skip_halo=*/true);
+  }
+  for (size_t s = n; s-- > 0;) {
+    if (s + 1 < n) back = post(s);
+    std::vector<at::Tensor> bk, bv;
+    for (const auto& b : back.wait()) {
+      const bool rows = b.defined() && b.dim() > 1;
+      bk.push_back(rows ? b.narrow(-1, 0, dk_len) : b);
+      bv.push_back(rows ? b.narrow(-1, dk_len, dv_len) : b);
+    }
+    halo.add_piece_returns(s, dk, dk_halo, bk);
+    halo.add_piece_returns(s, dv, dv_halo, bv);
+  }
+  return {dq, dk, dv};
+}
+
+// Saved pieces: a list of tensors holds no undefined one, and the steps' peer counts are kept to split it again.
+std::vector<at::Tensor> flat_pieces(const std::vector<std::vector<at::Tensor>>& received) {
+  std::vector<at::Tensor> out;
+  for (const auto& step : received) {
+    auto defined = defined_pieces(step);
+    out.insert(out.end(), defined.begin(), defined.end());
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> unflat_pieces(const std::vector<at::Tensor>& flat, const NaPlan& plan,
+                                                   const std::vector<int64_t>& counts) {
+  std::vector<std::vector<at::Tensor>> out;
+  size_t at = 0;
+  for (auto c : counts) {
+    out.emplace_back(flat.begin() + static_cast<int64_t>(at), flat.begin() + static_cast<int64_t>(at + c));
+    at += c;
+  }
+  TORCH_INTERNAL_ASSERT(at == flat.size() && out.size() == plan.halo.size(), "neighborhood_attention: saved halo");
+  return out;
+}
+
+// The general path (several sharded spatial dims, some without an interior): this rank's key window, gathered dim by dim (corners come
 // along), k and v together (concatenated on the feature dim: one exchange per sharded dim).
 std::pair<at::Tensor, at::Tensor> gather_kv(const NaPlan& plan, const at::Tensor& kl, const at::Tensor& vl,
                                             const Mesh& mesh) {
@@ -488,6 +720,15 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
       ctx->saved_data["border_lse"] = r.border_lse;
       ctx->saved_data["k_halo"] = r.received[0];
       ctx->saved_data["v_halo"] = r.received[1];
+    } else if (plan.multi_direct) {
+      auto r = na_multi_forward(plan, ql, kl, vl, mesh, scale);
+      out = r.out;
+      lse = r.lse;
+      ctx->saved_data["border_lse"] = r.border_lse;
+      ctx->saved_data["kv_halo"] = flat_pieces(r.received);
+      std::vector<int64_t> counts;
+      for (const auto& step : r.received) counts.push_back(static_cast<int64_t>(step.size()));
+      ctx->saved_data["kv_halo_counts"] = counts;
     } else {
       auto [kw, vw] = gather_kv(plan, kl, vl, mesh);
       std::tie(out, lse) = local_forward(ql, kw, vw, plan.geometry, scale);
@@ -535,6 +776,14 @@ struct ShardFn : torch::autograd::Function<ShardFn> {
                                   {ctx->saved_data["k_halo"].toTensorVector(),
                                    ctx->saved_data["v_halo"].toTensorVector()},
                                   *mesh, scale);
+      dq = g[0];
+      dk = g[1];
+      dv = g[2];
+    } else if (plan.multi_direct) {
+      auto g = na_multi_backward(plan, go, ql, kl, vl, out, lse, ctx->saved_data["border_lse"].toTensorVector(),
+                                 unflat_pieces(ctx->saved_data["kv_halo"].toTensorVector(), plan,
+                                               ctx->saved_data["kv_halo_counts"].toIntVector()),
+                                 *mesh, scale);
       dq = g[0];
       dk = g[1];
       dv = g[2];

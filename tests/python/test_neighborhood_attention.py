@@ -409,6 +409,30 @@ def case_border_split_2d_mesh(seed):
     return True
 
 
+def case_border_split_two_dims(seed):
+    """2x2 mesh, two sharded spatial dims wide enough for interiors: the main call on the own block, the border
+    queries in slabs against key regions (corners from the diagonal ranks over two hops), no key window built;
+    ranks without an interior along a dim (one row, zero rows) gather their window in the same exchange, so both
+    paths meet; dilation; two of three spatial dims sharded."""
+    m = mesh((2, 2))
+    q, k, v = qkv((2, 18, 16, 2, 3), 4, seed=seed)
+    for kernel, dil, eh, ew in (((3, 3), (1, 1), [10, 8], [9, 7]), ((5, 3), (1, 1), [7, 11], [8, 8]),
+                                ((5, 5), (2, 1), [9, 9], [10, 6]), ((3, 5), (1, 2), [17, 1], [8, 8]),
+                                ((5, 3), (1, 1), [0, 18], [12, 4]), ((7, 3), (1, 1), [9, 9], [3, 13])):
+        check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, kernel, dilation=dil), [q, k, v],
+                 [([st.Shard(1), st.Shard(2)], {0: eh, 1: ew})] * 3, m, rtol=1e-5, atol=1e-5,
+                 what=f"two dims K={kernel} d={dil} {eh} {ew}")
+    # Width on mesh dim 0 and height on mesh dim 1 (the plan's order is the mesh's).
+    check_op(lambda a, b, c: neighborhood_attention2d(a, b, c, (3, 5)), [q, k, v],
+             [([st.Shard(2), st.Shard(1)], {0: [7, 9], 1: [11, 7]})] * 3, m, rtol=1e-5, atol=1e-5,
+             what="width x height")
+    q3, k3, v3 = qkv((1, 12, 3, 14, 1, 2), 2, seed=seed + 1)
+    check_op(lambda a, b, c: neighborhood_attention3d(a, b, c, (3, 3, 5)), [q3, k3, v3],
+             [([st.Shard(1), st.Shard(3)], {0: [5, 7], 1: [8, 6]})] * 3, m, rtol=1e-5, atol=1e-5,
+             what="3d depth x width")
+    return True
+
+
 def case_head_dim_sharded(seed):
     m = mesh()
     q, k, v = qkv((1, 5, 4, 2, 4), 4, seed=seed)
@@ -465,6 +489,10 @@ def test_partial_grads(world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_border_split(world):
     harness.run(world, case_border_split, world, timeout=300)
+
+
+def test_border_split_two_dims():
+    harness.run(4, case_border_split_two_dims, 1, timeout=300)
 
 
 def test_border_split_2d_mesh():
