@@ -37,14 +37,32 @@ PairPlan plan_pairs(const char* op, const at::Tensor& a, const at::Tensor& b, co
     if (a_features || (b_features && !sa.is_shard())) {
       // A split feature dim: a distance needs every feature of a pair on one rank (it is not a sum of per-rank
       // terms for every p), so the split moves to that operand's rows (one all-to-all; the other operand is read
-      // whole on this mesh dim), and the output is split along them: divided, as for split rows.
-      const auto& t = a_features ? a : b;
-      const auto rows = t.dim() - 2;
-      auto ext = default_split(t.size(rows), n);
-      (a_features ? plan.p1 : plan.p2)[m] = Placement::shard(rows);
-      (a_features ? plan.e1 : plan.e2)[rows] = ext;
-      plan.po[m] = Placement::shard(a_features ? no - 2 : no - 1);
-      plan.eo[a_features ? no - 2 : no - 1] = ext;
+      // whole on this mesh dim), and the output is split along them: divided, as for split rows. Rows another mesh
+      // dim splits already (one tensor dim takes one mesh dim) leave the other operand's rows, or none (this mesh
+      // dim's ranks then compute the same block).
+      auto rows_taken = [&](bool of_a) {
+        const auto rows = (of_a ? na : nb) - 2;
+        const auto& planned = of_a ? plan.p1 : plan.p2;
+        const auto& given = of_a ? pa : pb;
+        for (size_t j = 0; j < nm; ++j) {
+          if (j == m) continue;
+          if (j < m ? planned[j].is_shard() && planned[j].dim == rows
+                    : given[j].is_shard() && given[j].dim == rows)
+            return true;
+        }
+        return false;
+      };
+      bool onto_a = a_features;
+      if (rows_taken(onto_a)) onto_a = !onto_a;
+      if (!rows_taken(onto_a)) {
+        const auto& t = onto_a ? a : b;
+        const auto rows = t.dim() - 2;
+        auto ext = default_split(t.size(rows), n);
+        (onto_a ? plan.p1 : plan.p2)[m] = Placement::shard(rows);
+        (onto_a ? plan.e1 : plan.e2)[rows] = ext;
+        plan.po[m] = Placement::shard(onto_a ? no - 2 : no - 1);
+        plan.eo[onto_a ? no - 2 : no - 1] = ext;
+      }
       continue;
     }
     const auto& ea = sa.is_shard() ? shard_impl(a)->spec()->extents[m] : std::vector<int64_t>{};

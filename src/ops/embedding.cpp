@@ -13,6 +13,9 @@
 #include "dispatch/args.h"
 #include "ops/common.h"
 #include "ops/concrete_ints.h"
+#include "comm/collectives.h"
+
+#include <cmath>
 
 namespace shardtensor::ops {
 
@@ -119,12 +122,55 @@ bool embedding_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   return true;
 }
 
+// embedding_renorm_(Tensor(a!) self, Tensor indices, float max_norm, float norm_type) -> Tensor(a!): what
+// F.embedding(max_norm=) runs first, without grad: the table rows the indices name whose norm exceeds max_norm are
+// scaled to it, in place. The indices are read whole (a few integers), so every rank renormalizes the same rows: a
+// replicated table stays the same on every rank when the token ids are split (renormalizing each rank's own ids
+// would let the copies drift apart). A table split along its rows renormalizes the rows it holds; split along its
+// columns, each row's norm is completed over those mesh dims (one all-reduce of the named rows' |w|^p sums, or of
+// their maxima for the infinity norm), the same rows on every rank of the reduction.
+at::Tensor& embedding_renorm_rule(at::Tensor& self, const at::Tensor& indices, double max_norm, double norm_type) {
+  auto mesh = dispatch::common_mesh("aten::embedding_renorm_", {self, indices});
+  const auto idx = whole_value(indices).reshape({-1});
+  auto* wi = shard_impl(self);
+  if (!wi) {  // a plain table, the indices sharded
+    at::embedding_renorm_(self, idx, max_norm, norm_type);
+    return self;
+  }
+  const auto& spec = *wi->spec();
+  for (const auto& p : spec.placements)
+    if (p.is_partial())
+      dispatch::not_implemented("embedding_renorm_ of a table with a pending sum (its rows' norms are not known); "
+                                "complete it first (redistribute to Replicate())");
+  auto local = wi->local();
+  const auto row0 = spec.local_offset(0), rows = local.size(0);
+  std::vector<int64_t> column_dims;
+  for (int64_t m = 0; m < mesh->ndim(); ++m)
+    if (spec.placements[m].is_shard(1)) column_dims.push_back(m);
+  // This rank's rows among the named ones (each once, as torch takes them), as local row numbers.
+  auto named = std::get<0>(at::_unique(idx, /*sorted=*/true));
+  const auto mine = named.ge(row0).logical_and(named.lt(row0 + rows));
+  const auto local_rows = named.masked_select(mine).sub(row0);
+  const bool inf = std::isinf(norm_type);
+  auto selected = local.index_select(0, local_rows);
+  auto acc = selected.abs().to(at::kDouble);
+  auto partial = inf ? (acc.size(1) > 0 ? acc.amax(1) : at::zeros({acc.size(0)}, acc.options()))
+                     : acc.pow(norm_type).sum(1);
+  for (auto m : column_dims)
+    partial = comm::all_reduce(partial, inf ? ReduceOp::Max : ReduceOp::Sum, *mesh, m);
+  const auto norms = inf ? partial : partial.pow(1.0 / norm_type);
+  const auto scale = at::where(norms.gt(max_norm), max_norm / (norms + 1e-7), at::ones_like(norms));
+  local.index_copy_(0, local_rows, selected.mul(scale.unsqueeze(1).to(selected.scalar_type())));
+  return self;
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(embedding) {
   dispatch::set_handler("aten::embedding", typed_handler(&embedding_rule));
   dispatch::set_handler("aten::embedding_dense_backward", typed_handler(&embedding_backward_rule));
   dispatch::set_autograd_handler("aten::embedding", &embedding_autograd);
+  dispatch::set_handler("aten::embedding_renorm_", typed_handler(&embedding_renorm_rule));
 }
 
 } // namespace shardtensor::ops

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <set>
 
 namespace shardtensor::ops {
@@ -44,8 +45,9 @@ bool any_sharded(const ShardSpec& spec, const std::vector<int64_t>& dims) {
 // Moves every shard of the `stage` dims onto another dim: first choice a dim no transform of this call touches
 // (`transformed`), the largest; else a transformed dim outside this stage, the largest; ties to the lower dim. The
 // choice depends on the spec only, so every rank issues the same all-to-alls.
-at::Tensor make_local(const at::Tensor& x, const std::vector<int64_t>& stage, const std::vector<int64_t>& transformed,
-                      const char* op) {
+// Without a target for some shard: nullopt (`op` null) or the not-implemented error naming `op`.
+std::optional<at::Tensor> try_make_local(const at::Tensor& x, const std::vector<int64_t>& stage,
+                                         const std::vector<int64_t>& transformed, const char* op) {
   const auto& spec = spec_of(x);
   auto placements = spec.placements;
   auto ext = spec.dim_extents();
@@ -73,6 +75,7 @@ at::Tensor make_local(const at::Tensor& x, const std::vector<int64_t>& stage, co
       if (busy.count(d) || std::find(stage.begin(), stage.end(), d) != stage.end()) continue;
       if (better(d)) best = d;
     }
+    if (best < 0 && !op) return std::nullopt;
     if (best < 0)
       dispatch::not_implemented(std::string("the FFT (") + op + ") transforms sharded dim " +
                                 std::to_string(placements[m].dim) +
@@ -86,6 +89,11 @@ at::Tensor make_local(const at::Tensor& x, const std::vector<int64_t>& stage, co
   }
   if (!moved) return x;
   return redistribute_to(x, ShardSpec::make_with_dim_extents(spec.mesh, placements, x.sizes().vec(), ext));
+}
+
+at::Tensor make_local(const at::Tensor& x, const std::vector<int64_t>& stage, const std::vector<int64_t>& transformed,
+                      const char* op) {
+  return *try_make_local(x, stage, transformed, op);
 }
 
 // Runs `fn` on the local tensor of `x` (no transformed dim sharded) and wraps the result in `x`'s layout; the
@@ -126,6 +134,25 @@ at::Tensor run_stages(const at::Tensor& self, const std::vector<int64_t>& dims, 
   if (free_dims >= sharded_transformed) return run_local(make_local(x, dims, dims, op), dims, whole);
   for (const auto& s : staged) {
     if (s.dims.empty()) continue;
+    // A stage whose shards cannot all move at once (a pencil: a 3-D transform of a volume split along two dims,
+    // every other dim transformed or split) runs dim by dim -- the transforms are separable, normalization
+    // included -- its unsplit dims first, then each split one after its shard moves to a dim transformed already
+    // (one all-to-all each). Decided from the spec alone.
+    if (s.dims.size() > 1) {
+      if (auto local = try_make_local(x, s.dims, dims, nullptr)) {
+        x = run_local(*local, s.dims, s.fn);
+        continue;
+      }
+      std::vector<int64_t> unsplit;
+      std::vector<std::vector<int64_t>> parts;
+      for (auto d : s.dims) {
+        if (spec_of(x).mesh_dim_of(d) >= 0) parts.push_back({d});
+        else unsplit.push_back(d);
+      }
+      if (!unsplit.empty()) x = run_local(x, unsplit, s.fn);
+      for (const auto& part : parts) x = run_local(make_local(x, part, dims, op), part, s.fn);
+      continue;
+    }
     x = run_local(make_local(x, s.dims, dims, op), s.dims, s.fn);
   }
   return x;

@@ -406,6 +406,9 @@ SHARDTENSOR_RULE_FAMILY(pointwise) {
       // floor_divide (Tensor and Scalar): elementwise, untagged. _conj_physical: conj_physical's kernel (the
       // Hermitian FFTs' ihfft2/ihfftn call it on their complex output).
       "aten::floor_divide",      "aten::_conj_physical",
+      // masked_fill.Tensor (the value a 0-dim tensor: `x.masked_fill(mask, torch.tensor(v))`) has no tag, unlike
+      // its .Scalar overload; the value broadcasts like any 0-dim operand.
+      "aten::masked_fill",
   };
   auto& d = c10::Dispatcher::singleton();
   auto bindable = [&](const c10::OperatorName& name) -> std::optional<c10::OperatorHandle> {

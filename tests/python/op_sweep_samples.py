@@ -6,6 +6,7 @@ where the first sample ran on a rule. Other samples carry the kwargs and shapes 
 keepdim, broadcasting operands, scalars), so this finds what the committed sweep cannot.
 
   PYTHONPATH=python .venv/bin/python tests/python/op_sweep_samples.py --samples 8 --out report.json [--ops a,b] [--world 3]
+      [--patterns 'first x last']   # a 2x2 mesh splitting the first and the last dim
 """
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ def _samples(info, pattern, limit):
     import random
 
     import torch
-    from op_sweep import _shard_dim
+    from op_sweep import _shard_dims
     # Sample generators may draw from Python's `random` or torch's generator: every rank must build the same samples.
     random.seed(0)
     torch.manual_seed(0)
     out = []
     for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
         x = sample.input
-        if isinstance(x, torch.Tensor) and x.dtype == torch.float32 and _shard_dim(x, pattern) is not None:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float32 and _shard_dims(x, pattern) is not None:
             out.append(sample)
             if len(out) >= limit:
                 break
@@ -48,10 +49,9 @@ def run_samples(info, pattern, m, limit):
 
 
 def case_samples(pattern, keys, log_path=None):
-    from cases_util import mesh
-    from op_sweep import agreed_outcomes, float32_ops
+    from op_sweep import agreed_outcomes, float32_ops, pattern_mesh
     limit = int(os.environ.get("SHARDTENSOR_SWEEP_SAMPLES", "8"))  # set before the rank pool starts
-    m = mesh()
+    m = pattern_mesh(pattern)
     ops = float32_ops()
     return agreed_outcomes(keys, lambda key: run_samples(ops[key], pattern, m, limit), log_path)
 
@@ -77,7 +77,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=8, help="samples per op and pattern (default 8)")
     parser.add_argument("--ops", help="comma-separated op keys (default: every op)")
-    parser.add_argument("--world", type=int, default=op_sweep.WORLD, help="ranks (default 2)")
+    parser.add_argument("--world", type=int, default=op_sweep.WORLD, help="ranks of the 1-D patterns (default 2)")
+    parser.add_argument("--patterns", default=",".join(op_sweep.PATTERNS),
+                        help=f"comma-separated patterns (default: the 1-D ones; '{op_sweep.MESH_2D}': a 2x2 mesh)")
     parser.add_argument("--out", required=True, help="the JSON report: {pattern: {op: 'outcome|outcome|...'}}")
     args = parser.parse_args()
     import harness
@@ -87,8 +89,9 @@ def main():
         # Some generators iterate a set of strings (meshgrid's indexing), whose order follows the per-process string
         # hash: the ranks (spawned after this) must hash alike to build the same samples.
         os.environ["PYTHONHASHSEED"] = "0"
-        report = {p: op_sweep.sweep_pattern(p, keys, world=args.world, case=op_sweep_samples.case_samples)
-                  for p in op_sweep.PATTERNS}
+        report = {p: op_sweep.sweep_pattern(p, keys, world=4 if p == op_sweep.MESH_2D else args.world,
+                                            case=op_sweep_samples.case_samples)
+                  for p in args.patterns.split(",")}
     finally:
         harness.close_all()
     with open(args.out, "w") as f:

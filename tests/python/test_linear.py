@@ -3,11 +3,12 @@ tokens are never flattened away), contracted-dim sharding (Partial), bmm/baddbmm
 gradients reduced exactly once, softmax over sharded and unsharded dims, embedding with sharded indices."""
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import harness
 import shardtensor as st
-from cases_util import check_op, close, mesh, randn, uneven_extents
+from cases_util import check_op, close, full, mesh, randn, uneven_extents
 
 
 def case_linear(seed):
@@ -196,6 +197,45 @@ def case_embedding(seed):
     check_op(lambda i, t: F.embedding(i, t, padding_idx=2), [idx, table], [None, rows], m,
              what="row-sharded table, padding_idx")
     return True
+
+
+def case_embedding_max_norm(seed):
+    """F.embedding(max_norm=): the rows the ids name are renormalized in place first (embedding_renorm_, which had no
+    rule: it raised). Ids split with a plain table: every rank renormalizes the rows of every rank's ids, so the
+    table copies stay equal; a table split along rows, columns (the norms completed over the column ranks) or both
+    on a 2x2 mesh: each rank its own part. The table after the call and the lookup against one device."""
+    world = dist.get_world_size()
+    m = mesh((2, 2)) if world == 4 else mesh()
+    w = world if world != 4 else 2
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 10, (3, 7), generator=g)
+    table = 2 * randn(10, 6, seed=seed)
+    layouts = {"ids split, table plain": ((st.Shard(1),) * m.ndim, None, {0: uneven_extents(7, w, seed)}),
+               "rows": (None, (st.Shard(0),) + (st.Replicate(),) * (m.ndim - 1), {0: uneven_extents(10, w, seed)}),
+               "columns": (None, (st.Shard(1),) + (st.Replicate(),) * (m.ndim - 1), {0: uneven_extents(6, w, seed)})}
+    if m.ndim == 2:
+        layouts = {"ids split, table plain": ((st.Shard(0), st.Shard(1)), None, {0: [1, 2], 1: [5, 2]}),
+                   "rows x columns": (None, (st.Shard(0), st.Shard(1)), {0: [7, 3], 1: [0, 6]}),
+                   "ids split, table columns": ((st.Shard(1), st.Replicate()), (st.Replicate(), st.Shard(1)),
+                                                {0: [2, 5], 1: [4, 2]})}
+    for p in (2.0, 1.0, float("inf")):
+        for what, (ids_pl, table_pl, ext) in layouts.items():
+            ref_table = table.clone()
+            ref = F.embedding(idx, ref_table, max_norm=1.5, norm_type=p)
+            ids = idx if ids_pl is None else st.distribute_tensor(
+                idx, m, list(ids_pl), {k: v for k, v in ext.items() if ids_pl[k].is_shard()})
+            t = table.clone() if table_pl is None else st.distribute_tensor(
+                table, m, list(table_pl), {k: v for k, v in ext.items() if table_pl[k].is_shard()})
+            with st.use_strict():
+                out = F.embedding(ids, t, max_norm=1.5, norm_type=p)
+            close(full(out), ref, rtol=1e-5, atol=1e-6, what=f"max_norm lookup, {what}, p={p}")
+            close(full(t), ref_table, rtol=1e-5, atol=1e-6, what=f"max_norm table, {what}, p={p}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_embedding_max_norm(world):
+    harness.run(world, case_embedding_max_norm, world)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

@@ -1,5 +1,5 @@
 """The OpInfo sweep (tests/python/op_sweep.py) inside `make test`: a fixed subset of the ops, sharded along their first
-and last dims, must give the outcomes recorded in op_sweep_expected.json (a better outcome fails too, so the file and
+and last dims (2 ranks) and along both on a 2x2 mesh, must give the outcomes recorded in op_sweep_expected.json (a better outcome fails too, so the file and
 the docs stay true: regenerate them with `.venv/bin/python tests/python/op_sweep.py --update`); the expected file
 covers every float32 op of this torch's OpInfo database; docs/supported-ops.md's generated op list is current."""
 import pytest
@@ -23,10 +23,10 @@ def test_docs_section_current():
                 "`.venv/bin/python tests/python/op_sweep.py --docs`")
 
 
-@pytest.mark.parametrize("pattern", ["first", "last"])
+@pytest.mark.parametrize("pattern", ["first", "last", op_sweep.MESH_2D])
 def test_sweep_subset(pattern):
     keys = list(op_sweep.float32_ops())[::STRIDE]
-    got = op_sweep.sweep_pattern(pattern, keys)
+    got = op_sweep.sweep_pattern(pattern, keys, op_sweep._world(pattern))
     diff = op_sweep.differences(op_sweep.load_expected(), {pattern: got})
     assert not diff, ("the sweep's outcomes changed (run `.venv/bin/python tests/python/op_sweep.py --update` if "
                       "the change is an improvement):\n" + "\n".join(diff))

@@ -69,6 +69,14 @@ def case_untagged_elementwise(seed):
         check_op(lambda a, b: torch.view_as_real(torch.complex(a, b)), [x, y], [lay, lay], m, what="complex")
         check_op(lambda a, b: torch.view_as_real(torch.polar(a, b)), [x, y], [lay, None], m, what="polar")
         check_op(lambda a: torch.fill(a, torch.tensor(0.25)) * a, [x], [lay], m, what="fill")
+        # masked_fill with a 0-dim tensor value (untagged, unlike its .Scalar overload: it fell back), the value's
+        # gradient a sum over the masked positions of every rank; the mask plain or sharded like the input.
+        mask = randn(5, 8, seed=seed + 3) > 0
+        for mlay in (None, lay):
+            check_op(lambda a, mk, v: a.masked_fill(mk, v) * a, [x, mask, torch.tensor(0.75)], [lay, mlay, None], m,
+                     what=f"masked_fill.Tensor mask {'sharded' if mlay else 'plain'}")
+            check_op(lambda a, mk, v: a.clone().masked_fill_(mk, v), [x, mask, torch.tensor(0.75)], [lay, mlay, None],
+                     m, what="masked_fill_.Tensor")
         check_op(lambda a: F.glu(a, 1), [x], [lay], m, what="glu")
         z = randn(8, 3, seed=seed + 2)
         zlay = ([st.Shard(0)], {0: uneven_extents(8, m.size(), seed + 2)})
@@ -122,6 +130,9 @@ def case_2d_mesh(seed):
     lay = ([st.Shard(0), st.Shard(1)], {0: uneven_extents(5, 2, seed), 1: uneven_extents(6, 2, seed + 1)})
     check_op(lambda x, y: (x * y).tanh() + x, [x, y], [lay, None], m, what="2-D mesh")
     check_op(lambda x, y: x / (y.abs() + 1), [x, y], [lay, ([st.Replicate(), st.Shard(0)], None)], m, what="2-D mixed")
+    with st.use_strict():
+        check_op(lambda x, v: x.masked_fill(x > 0.5, v), [x, torch.tensor(-2.0)], [lay, None], m,
+                 what="2-D masked_fill.Tensor")
     return True
 
 

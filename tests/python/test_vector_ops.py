@@ -325,6 +325,17 @@ def case_cdist_mesh2d(seed):
                  expect_placements=[st.Shard(1), st.Shard(0)])
         check_op(lambda a, b: torch.cdist(a, b, p=1.0), [x1, x2], [lay, ([st.Replicate(), st.Shard(0)], {1: [1, 2]})],
                  m, rtol=1e-4, atol=1e-5, what="cdist 2x2, x2 batch-sharded")
+        # Rows on one mesh dim, features on the other (both operands; the OpInfo 2x2 probe): the feature split
+        # cannot move to the rows the first mesh dim splits, so it moves to the other operand's rows (it raised
+        # "tensor dim 0 is sharded on mesh dims 0 and 1", with the fallback too).
+        y1, y2 = randn(7, 5, seed=seed + 2), randn(6, 5, seed=seed + 3)
+        rows_feat = ([st.Shard(0), st.Shard(1)], {0: [5, 2], 1: [3, 2]})
+        for p in (2.0, 1.0):
+            check_op(lambda a, b: torch.cdist(a, b, p=p), [y1, y2], [rows_feat, ([st.Shard(0), st.Shard(1)],
+                     {0: [1, 5], 1: [0, 5]})], m, rtol=1e-4, atol=1e-5, what=f"cdist 2x2 rows x features p={p}",
+                     expect_placements=[st.Shard(0), st.Shard(1)])
+            check_op(lambda a, b: torch.cdist(a, b, p=p), [y1, y2], [rows_feat, None], m, rtol=1e-4, atol=1e-5,
+                     what=f"cdist 2x2 rows x features, x2 whole p={p}", expect_placements=[st.Shard(0), st.Shard(1)])
     return True
 
 
