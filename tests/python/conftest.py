@@ -80,6 +80,7 @@ QUICK = {
     "test_profiling.py": ["test_peak_memory_threads_and_nesting"],
     "test_reduction.py": ["test_reductions[0-3]"],
     "test_relative_position_bias.py": ["test_transformers_wavlm[2-uneven]"],
+    "test_rotary_positions.py": ["test_ltx_video_rope[2-uneven]"],
     "test_projection.py": ["test_least_share_over_workloads"],
     "test_roll.py": ["test_roll_sharded_dim[3]"],
     "test_torchvision_roi_pooling.py": ["test_multiscale_roi_align[2-pyramid-uneven]"],

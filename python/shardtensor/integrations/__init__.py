@@ -40,6 +40,8 @@ INTEGRATIONS = {
     "torch._higher_order_ops.while_loop": "torch_control_flow",
     "torch._higher_order_ops.cond": "torch_control_flow",
     "torchvision.ops.poolers": "torchvision_roi_pooling",
+    "diffusers.models.transformers.transformer_ltx": "rotary_positions",
+    "timm.models.gemma4_vit": "rotary_positions",
 }
 
 _installed: set = set()
