@@ -783,8 +783,11 @@ at::Tensor nonzero_rule(const at::Tensor& self_arg) {
   const auto mesh_dim = leading_split(spec);
   if (mesh_dim < 0) {
     // Split along a later dim, the ranks' rows would interleave in row-major order: re-laid out on the leading dim
-    // first (prod's backward calls nonzero on `input == 0` whatever the layout).
+    // first (prod's backward calls nonzero on `input == 0` whatever the layout); split by several mesh dims, the
+    // one that splits the leading dim keeps it and the others are gathered (a mask of the leading split's rows, not
+    // the whole tensor on every rank), so the result stays divided over that mesh dim.
     if (auto relaid = split_on_leading_dim(self)) return nonzero_rule(*relaid);
+    if (auto relaid = one_split_on_leading_dim(self)) return nonzero_rule(*relaid);
     dispatch::not_implemented("nonzero of a tensor split by two mesh dims, not only on its leading dim (its rows would "
                               "interleave the ranks in row-major order); redistribute to Shard() of the first dim "
                               "larger than 1 on one mesh dim");

@@ -134,8 +134,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at:
   const auto m = leading_split(spec);
   if (spec.has_shard() && m < 0) {
     // Split along a later dim the row-major order interleaves the ranks: re-laid out on the leading dim (one
-    // all-to-all), the inverse comes back in that layout.
+    // all-to-all), the inverse comes back in that layout; split by several mesh dims, the leading dim's keeps it
+    // and the others are gathered (one_split_on_leading_dim).
     auto relaid = split_on_leading_dim(self);
+    if (!relaid) relaid = one_split_on_leading_dim(self);
     if (!relaid)
       dispatch::not_implemented("unique_consecutive of a tensor split by two mesh dims, not only on its leading dim "
                                 "(the row-major order interleaves the ranks); redistribute to Shard() of the first "

@@ -401,6 +401,36 @@ def test_nonzero(world, tiny):
     harness.run(world, case_nonzero, world, tiny)
 
 
+def case_nonzero_2d_mesh(seed):
+    """nonzero of a tensor split by both mesh dims of a 2x2 mesh (rows x columns: the row-major order interleaves the
+    column ranks): the rows' mesh dim keeps its split and the columns are gathered within it, so the result is split
+    over the rows' mesh dim (it refused, and the fallback gathered the whole tensor on every rank); prod's backward
+    over that layout (the OpInfo 2x2 sweep's `prod`)."""
+    m = mesh((2, 2))
+    x = randn(7, 6, seed=seed)
+    x[x.abs() < 0.5] = 0
+    with st.use_strict():
+        for pl, ext in (((st.Shard(0), st.Shard(1)), {0: [3, 4], 1: [6, 0]}), ((st.Shard(1), st.Shard(0)), {0: [2, 4], 1: [7, 0]})):
+            xs = st.distribute_tensor(x, m, list(pl), ext)
+            out = torch.nonzero(xs)
+            assert torch.equal(full(out), torch.nonzero(x)), pl
+            rows = [i for i, p in enumerate(pl) if p.dim == 0][0]
+            assert st.placements(out)[rows] == st.Shard(0), st.placements(out)
+            assert torch.equal(full(torch.argwhere(xs)), torch.argwhere(x))
+        z = randn(4, 5, seed=seed + 1, dtype=torch.float64)
+        zs = st.distribute_tensor(z, m, [st.Shard(0), st.Shard(1)], {0: [1, 3], 1: [2, 3]}).requires_grad_()
+        zr = z.clone().requires_grad_()
+        p, pr = zs.prod(), zr.prod()
+        close(full(p), pr, rtol=1e-12, atol=1e-12, what="prod on a 2x2 mesh")
+        p.backward(), pr.backward()
+        close(full(zs.grad), zr.grad, rtol=1e-12, atol=1e-12, what="prod's gradient on a 2x2 mesh")
+    return True
+
+
+def test_nonzero_2d_mesh():
+    harness.run(4, case_nonzero_2d_mesh, 4)
+
+
 def case_masked_select(seed):
     """masked_select (and `x[mask]`) over sharded dims: owners read their selected elements (one all-reduce of the
     result); its backward scatters into the input's layout."""

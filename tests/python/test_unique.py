@@ -99,8 +99,15 @@ def case_unique_2d_mesh():
     x = torch.randint(0, 9, (5, 6), generator=g)
     _check_unique(shard_of(x, m, [st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}), x, "2x2")
     _check_unique(shard_of(x, m, [st.Replicate(), st.Shard(0)], {1: [1, 4]}), x, "replicate x rows")
-    with pytest.raises(NotImplementedError, match="two mesh dims"):  # the row-major order interleaves both splits
-        torch.unique_consecutive(shard_of(x, m, [st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}))
+    # unique_consecutive follows the row-major order, which interleaves both splits: the rows' mesh dim keeps its
+    # split and the other is gathered (it refused), the inverse laid out that way; the columns' split moves to the
+    # rows when only the other mesh dim splits.
+    for lay in (([st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}), ([st.Shard(1), st.Shard(0)], {0: [4, 2], 1: [1, 4]})):
+        xs = shard_of(x, m, *lay)
+        got = torch.unique_consecutive(xs, return_inverse=True, return_counts=True)
+        for a, b in zip(got, torch.unique_consecutive(x, return_inverse=True, return_counts=True)):
+            assert torch.equal(full(a), b), lay
+        assert st.placements(got[1])[[p.dim for p in lay[0]].index(0)] == st.Shard(0), st.placements(got[1])
     return True
 
 
