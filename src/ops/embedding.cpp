@@ -10,10 +10,10 @@
 // a gradient to take, an autograd rule composes it differentiably so the gradient rows go home through index_select's
 // rule instead of a table-sized gradient on every rank (padding_idx, scale_grad_by_freq and sparse gradients
 // decline there to the fallback).
+#include "comm/collectives.h"
 #include "dispatch/args.h"
 #include "ops/common.h"
 #include "ops/concrete_ints.h"
-#include "comm/collectives.h"
 
 #include <cmath>
 
@@ -154,11 +154,12 @@ at::Tensor& embedding_renorm_rule(at::Tensor& self, const at::Tensor& indices, d
   const bool inf = std::isinf(norm_type);
   auto selected = local.index_select(0, local_rows);
   auto acc = selected.abs().to(at::kDouble);
+  // p = 0 counts the nonzero entries (as torch's norm does); p = inf takes the largest.
   auto partial = inf ? (acc.size(1) > 0 ? acc.amax(1) : at::zeros({acc.size(0)}, acc.options()))
-                     : acc.pow(norm_type).sum(1);
+                     : norm_type == 0 ? acc.ne(0).to(at::kDouble).sum(1) : acc.pow(norm_type).sum(1);
   for (auto m : column_dims)
     partial = comm::all_reduce(partial, inf ? ReduceOp::Max : ReduceOp::Sum, *mesh, m);
-  const auto norms = inf ? partial : partial.pow(1.0 / norm_type);
+  const auto norms = inf || norm_type == 0 ? partial : partial.pow(1.0 / norm_type);
   const auto scale = at::where(norms.gt(max_norm), max_norm / (norms + 1e-7), at::ones_like(norms));
   local.index_copy_(0, local_rows, selected.mul(scale.unsqueeze(1).to(selected.scalar_type())));
   return self;

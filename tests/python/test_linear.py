@@ -203,7 +203,7 @@ def case_embedding_max_norm(seed):
     """F.embedding(max_norm=): the rows the ids name are renormalized in place first (embedding_renorm_, which had no
     rule: it raised). Ids split with a plain table: every rank renormalizes the rows of every rank's ids, so the
     table copies stay equal; a table split along rows, columns (the norms completed over the column ranks) or both
-    on a 2x2 mesh: each rank its own part. The table after the call and the lookup against one device."""
+    on a 2x2 mesh: each rank its own part. The table after the call and the lookup against one device (p = 2, 1, inf, 0)."""
     world = dist.get_world_size()
     m = mesh((2, 2)) if world == 4 else mesh()
     w = world if world != 4 else 2
@@ -218,7 +218,7 @@ def case_embedding_max_norm(seed):
                    "rows x columns": (None, (st.Shard(0), st.Shard(1)), {0: [7, 3], 1: [0, 6]}),
                    "ids split, table columns": ((st.Shard(1), st.Replicate()), (st.Replicate(), st.Shard(1)),
                                                 {0: [2, 5], 1: [4, 2]})}
-    for p in (2.0, 1.0, float("inf")):
+    for p in (2.0, 1.0, float("inf"), 0.0):
         for what, (ids_pl, table_pl, ext) in layouts.items():
             ref_table = table.clone()
             ref = F.embedding(idx, ref_table, max_norm=1.5, norm_type=p)
