@@ -449,6 +449,89 @@ TEST(HaloPlan, GradientPiecesMatchScatterAdd) {
   }
 }
 
+// HaloPlan::region (the multi-dim border slabs of ops/conv.cpp and ops/neighborhood_attention.cpp): any block of
+// the window, built from the own rows and the pieces each step received (exchange_all's: step k's pieces are the
+// rows peers send of their windows over the earlier dims), equals that block of the gathered window -- window
+// positions along the first `stop` steps, local rows along the others, corners through the second dim; with
+// `zero_own` the own rows read as zeros. Narrow and empty shards on a 2 x 3 mesh.
+TEST(HaloPlan, RegionMatchesWindowBlocks) {
+  for (const auto& [eh, ew] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{3, 4}, {2, 0, 5}}, {{1, 6}, {1, 1, 5}}}) {
+    SlidingWindow w3{3, 1, 1, 1}, w5{5, 1, 2, 1};
+    auto ph = sliding_window_partition(eh, 7, conv_output_size(7, w3), w3, PadMode::Zeros);
+    auto pw = sliding_window_partition(ew, 7, conv_output_size(7, w5), w5, PadMode::Zeros);
+    std::vector<HaloDim> dims{{2, 0, eh, ph.want}, {3, 1, ew, pw.want}};
+    const std::vector<int64_t> mesh_shape{2, 3};
+    const auto coords = all_coordinates(mesh_shape);
+    auto global = at::randn({2, 3, 7, 7}, at::kDouble);
+    std::map<std::vector<int64_t>, HaloPlan> plans;
+    PerCoord cur, locals;
+    std::map<std::vector<int64_t>, std::vector<std::vector<at::Tensor>>> received;
+    std::vector<PerCoord> after;  // after[k]: every coordinate's tensor extended by the windows of the first k dims
+    for (const auto& c : coords) {
+      plans.emplace(c, HaloPlan(dims, c, at::kCPU));
+      locals[c] = cur[c] = local_of(global, dims, c);
+      received[c].resize(dims.size());
+    }
+    after.push_back(cur);
+    for (size_t k = 0; k < dims.size(); ++k) {
+      const auto m = dims[k].mesh_dim;
+      PerCoord next;
+      std::map<std::vector<int64_t>, std::vector<at::Tensor>> sent;
+      for (const auto& c : coords) {
+        next[c] = plans.at(c).own_window(k, cur[c]);
+        if (plans.at(c).exchanges(k)) sent[c] = plans.at(c).sends(k, cur[c]);
+      }
+      for (const auto& c : coords) {
+        if (!plans.at(c).exchanges(k)) continue;
+        for (int64_t r = 0; r < mesh_shape[m]; ++r) {
+          auto peer = c;
+          peer[m] = r;
+          received[c][k].push_back(sent.at(peer)[c[m]]);
+        }
+        plans.at(c).receive(k, next[c], received[c][k]);
+      }
+      cur = next;
+      after.push_back(cur);
+    }
+    for (const auto& c : coords) {
+      const auto& plan = plans.at(c);
+      for (size_t stop = 0; stop <= dims.size(); ++stop) {
+        const auto& block = after[stop].at(c);  // window positions along the first `stop` dims, local rows after
+        // Every range of every dim: [b, b + l) with l >= 1 (a few per dim).
+        std::vector<std::vector<std::pair<int64_t, int64_t>>> choices(dims.size());
+        for (size_t d = 0; d < dims.size(); ++d) {
+          const auto n = block.size(dims[d].dim);
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t l : {int64_t{1}, n - b})
+              if (l >= 1) choices[d].emplace_back(b, l);
+        }
+        for (const auto& r0 : choices[0])
+          for (const auto& r1 : choices[1]) {
+            const std::vector<std::pair<int64_t, int64_t>> ranges{r0, r1};
+            auto expect = block.narrow(2, r0.first, r0.second).narrow(3, r1.first, r1.second);
+            auto got = plan.region(locals.at(c), received.at(c), ranges, stop);
+            ASSERT_TRUE(at::equal(got, expect)) << "H " << str(eh) << " W " << str(ew) << " at " << str(c)
+                                                << " stop " << stop << " [" << r0.first << "+" << r0.second << ", "
+                                                << r1.first << "+" << r1.second << ")";
+            // zero_own: the positions every one of whose coordinates is an own row read as zeros.
+            auto zeroed = block.clone();
+            auto own = zeroed;
+            for (size_t d = 0; d < dims.size(); ++d) {
+              if (d >= stop) continue;
+              const auto [p, row, cnt] = plan.own_run(d);
+              own = own.narrow(dims[d].dim, p, cnt);
+            }
+            own.zero_();
+            auto zexpect = zeroed.narrow(2, r0.first, r0.second).narrow(3, r1.first, r1.second);
+            ASSERT_TRUE(at::equal(plan.region(locals.at(c), received.at(c), ranges, stop, true), zexpect))
+                << "zero_own at " << str(c) << " stop " << stop;
+          }
+      }
+    }
+  }
+}
+
 // start / finish give what gather gives, over every dim (here two locally padded dims: no collective).
 TEST(HaloPlan, StartFinishMatchesGather) {
   std::vector<int64_t> r1, r2;
