@@ -172,7 +172,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive_rule(const at:
 // distinct slices along `dim` (the distinct points of a point set split by points: voxel coordinates). With `dim` the
 // only split dim, each rank's distinct slices and counts are merged as above (the slices, never the elements); the
 // inverse of each local slice is its position among the merged ones (a unique of the merged and the local slices
-// together, which adds none). Values and counts Replicate, the inverse split like the slices.
+// together, which adds none). Values and counts Replicate, the inverse split like the slices. Another dim split:
+// the slices are made whole first (below).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_dim_rule(const at::Tensor& self_in, int64_t dim, bool sorted,
                                                                bool return_inverse, bool return_counts) {
   auto self = resolve_partial(self_in);
@@ -185,12 +186,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_dim_rule(const at::Tensor&
     return {replicated(v, mesh), replicated(inv, mesh), replicated(c, mesh)};
   }
   int64_t m = -1;
+  bool other_split = false;
   for (size_t j = 0; j < spec.placements.size(); ++j) {
     if (!spec.placements[j].is_shard()) continue;
-    if (!spec.placements[j].is_shard(d))
-      dispatch::not_implemented("unique along a dim with another dim sharded (its slices are split across ranks); "
-                                "redistribute the other dims to Replicate()");
-    m = static_cast<int64_t>(j);
+    if (!spec.placements[j].is_shard(d)) other_split = true;
+    else m = static_cast<int64_t>(j);
+  }
+  if (other_split) {
+    // Another dim split cuts every slice across ranks: the slices are made whole first -- the mesh dim that splits
+    // `dim` keeps it, or the first split moves onto `dim` (one all-to-all of the input, each rank then holding whole
+    // slices), any other split is gathered -- and the distinct slices merged as below (no gather of the tensor).
+    auto keep = m;
+    for (size_t j = 0; j < spec.placements.size() && keep < 0; ++j)
+      if (spec.placements[j].is_shard()) keep = static_cast<int64_t>(j);
+    Placements p(spec.placements.size(), Placement::replicate());
+    p[keep] = Placement::shard(d);
+    DimExtents ext{{d, m >= 0 ? spec.extents[m] : default_split(self.size(d), mesh->size(keep))}};
+    auto whole_slices = wrap(local_as(self, mesh, p, ext), mesh, p, self.sizes().vec(), ext);
+    return unique_dim_rule(whole_slices, dim, sorted, return_inverse, return_counts);
   }
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique(dim=...) of a ShardTensor under simulation "
                               "(shardtensor.simulate): the result's size is the data");

@@ -62,7 +62,7 @@ def case_unique(kind):
 
 def case_unique_rows(kind):
     """torch.unique(dim=0) of points split by points (voxel coordinates deduplicated): the distinct rows merged, the
-    inverse of each local row, the counts; a dim other than the split one declines."""
+    inverse of each local row, the counts; along a dim other than the split one, the split moved onto it first."""
     m = mesh()
     w = m.size()
     g = torch.Generator().manual_seed(7)
@@ -77,9 +77,18 @@ def case_unique_rows(kind):
             assert torch.equal(full(a), b), (kw, full(a), b)
         if kw.get("return_inverse"):
             assert st.placements(got[1]) == (st.Shard(0),) and st.sharding_shapes(got[1]) == st.sharding_shapes(cs)
-    # columns of a row-split matrix (dim 1): each column is split across ranks
-    with pytest.raises(NotImplementedError, match="another dim sharded"):
-        torch.unique(shard_of(coords.t().contiguous(), m, [st.Shard(1)], ext), dim=0)
+    # Another dim split (points stored as columns, split along the points, unique over the coordinate rows; rows
+    # split, unique over the columns): every slice is cut across ranks, so the split moves onto the unique's dim
+    # first (one all-to-all; it refused and fell back), values and counts whole, the inverse split like the slices.
+    for t, d in ((coords.t().contiguous(), 0), (coords, 1), (coords.t().contiguous(), 1)):
+        split = 1 if t.size(0) == 3 else 0
+        ts = shard_of(t, m, [st.Shard(split)], ext)
+        for kw in (dict(), dict(return_inverse=True, return_counts=True)):
+            got = torch.unique(ts, dim=d, **kw)
+            ref = torch.unique(t, dim=d, **kw)
+            got, ref = (got, ref) if isinstance(ref, tuple) else ((got,), (ref,))
+            for a, b in zip(got, ref):
+                assert torch.equal(full(a), b), (d, kw, full(a), b)
     return True
 
 
@@ -97,6 +106,14 @@ def case_unique_2d_mesh():
     m = mesh((2, 2))
     g = torch.Generator().manual_seed(6)
     x = torch.randint(0, 9, (5, 6), generator=g)
+    # unique along a dim of a tensor split by both mesh dims: the dim's own split kept, the other gathered
+    for d in (0, 1):
+        for kw in (dict(), dict(return_inverse=True, return_counts=True)):
+            got = torch.unique(shard_of(x % 3, m, [st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}), dim=d, **kw)
+            ref = torch.unique(x % 3, dim=d, **kw)
+            got, ref = (got, ref) if isinstance(ref, tuple) else ((got,), (ref,))
+            for a, b in zip(got, ref):
+                assert torch.equal(full(a), b), (d, kw)
     _check_unique(shard_of(x, m, [st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}), x, "2x2")
     _check_unique(shard_of(x, m, [st.Replicate(), st.Shard(0)], {1: [1, 4]}), x, "replicate x rows")
     # unique_consecutive follows the row-major order, which interleaves both splits: the rows' mesh dim keeps its
