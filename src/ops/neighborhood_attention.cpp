@@ -692,8 +692,8 @@ std::vector<std::vector<at::Tensor>> unflat_pieces(const std::vector<at::Tensor>
   return out;
 }
 
-// The general path (several sharded spatial dims, some without an interior): this rank's key window, gathered dim by dim (corners come
-// along), k and v together (concatenated on the feature dim: one exchange per sharded dim).
+// The general path (several sharded spatial dims, some without an interior): this rank's key window, gathered dim
+// by dim (corners come along), k and v together (concatenated on the feature dim: one exchange per sharded dim).
 std::pair<at::Tensor, at::Tensor> gather_kv(const NaPlan& plan, const at::Tensor& kl, const at::Tensor& vl,
                                             const Mesh& mesh) {
   auto kv = plan.halo.gather(at::cat({kl, vl}, -1), mesh);

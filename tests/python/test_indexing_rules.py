@@ -410,7 +410,8 @@ def case_nonzero_2d_mesh(seed):
     x = randn(7, 6, seed=seed)
     x[x.abs() < 0.5] = 0
     with st.use_strict():
-        for pl, ext in (((st.Shard(0), st.Shard(1)), {0: [3, 4], 1: [6, 0]}), ((st.Shard(1), st.Shard(0)), {0: [2, 4], 1: [7, 0]})):
+        for pl, ext in (((st.Shard(0), st.Shard(1)), {0: [3, 4], 1: [6, 0]}),
+                        ((st.Shard(1), st.Shard(0)), {0: [2, 4], 1: [7, 0]})):
             xs = st.distribute_tensor(x, m, list(pl), ext)
             out = torch.nonzero(xs)
             assert torch.equal(full(out), torch.nonzero(x)), pl

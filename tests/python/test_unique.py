@@ -119,7 +119,8 @@ def case_unique_2d_mesh():
     # unique_consecutive follows the row-major order, which interleaves both splits: the rows' mesh dim keeps its
     # split and the other is gathered (it refused), the inverse laid out that way; the columns' split moves to the
     # rows when only the other mesh dim splits.
-    for lay in (([st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}), ([st.Shard(1), st.Shard(0)], {0: [4, 2], 1: [1, 4]})):
+    for lay in (([st.Shard(0), st.Shard(1)], {0: [2, 3], 1: [6, 0]}),
+                ([st.Shard(1), st.Shard(0)], {0: [4, 2], 1: [1, 4]})):
         xs = shard_of(x, m, *lay)
         got = torch.unique_consecutive(xs, return_inverse=True, return_counts=True)
         for a, b in zip(got, torch.unique_consecutive(x, return_inverse=True, return_counts=True)):
