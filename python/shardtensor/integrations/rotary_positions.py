@@ -52,25 +52,29 @@ def _ltx_video_coords(rope, tokens, num_frames: int, height: int, width: int, sc
     return torch.stack(coords, 0).unsqueeze(0).expand(batch, 3, -1)
 
 
-def _ltx_handler(forward):
+def _routed(forward, fill, suffix: str):
+    """The handler of a routed forward: its arguments bound, ``fill`` sets the positions argument when it applies."""
     signature = inspect.signature(forward)
 
     def handler(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        a = bound.arguments
-        rope, hidden = a["self"], a["hidden_states"]
-        sizes = [a.get(k) for k in ("num_frames", "height", "width")]
-        if a.get("video_coords") is None and is_shard_tensor(hidden) and hidden.dim() == 3 and \
-                all(isinstance(s, int) for s in sizes) and sizes[0] * sizes[1] * sizes[2] == hidden.shape[1]:
-            tokens = query_positions(hidden, 1)
-            if tokens is not None:
-                coords = _ltx_video_coords(rope, tokens, *sizes, a.get("rope_interpolation_scale"), hidden.shape[0])
-                if coords is not None:
-                    a["video_coords"] = coords
+        fill(bound.arguments)
         return forward(*bound.args, **bound.kwargs)
 
-    handler.__name__ = f"{forward.__qualname__}_own_tokens"
+    handler.__name__ = f"{forward.__qualname__}_{suffix}"
     return handler
+
+
+def _ltx_fill(a) -> None:
+    rope, hidden = a["self"], a["hidden_states"]
+    sizes = [a.get(k) for k in ("num_frames", "height", "width")]
+    if a.get("video_coords") is None and is_shard_tensor(hidden) and hidden.dim() == 3 and \
+            all(isinstance(s, int) for s in sizes) and sizes[0] * sizes[1] * sizes[2] == hidden.shape[1]:
+        tokens = query_positions(hidden, 1)
+        if tokens is not None:
+            coords = _ltx_video_coords(rope, tokens, *sizes, a.get("rope_interpolation_scale"), hidden.shape[0])
+            if coords is not None:
+                a["video_coords"] = coords
 
 
 def _gemma4_patch_coord(x, ph: int, pw: int):
@@ -104,34 +108,25 @@ def _gemma4_patch_coord(x, ph: int, pw: int):
     return coords.reshape(x.shape[0], rows * cols, 2)
 
 
-def _gemma4_handler(forward):
-    signature = inspect.signature(forward)
-
-    def handler(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        a = bound.arguments
-        embed, x = a["self"], a["x"]
-        if is_shard_tensor(x) and x.dim() == 4 and a.get("patch_coord") is None and a.get("patch_valid") is None:
-            ph, pw = embed.patch_size
-            if x.shape[2] % ph == 0 and x.shape[3] % pw == 0:
-                coords = _gemma4_patch_coord(x, ph, pw)
-                if coords is not None:
-                    a["patch_coord"] = coords
-        return forward(*bound.args, **bound.kwargs)
-
-    handler.__name__ = f"{forward.__qualname__}_own_patches"
-    return handler
+def _gemma4_fill(a) -> None:
+    embed, x = a["self"], a["x"]
+    if is_shard_tensor(x) and x.dim() == 4 and a.get("patch_coord") is None and a.get("patch_valid") is None:
+        ph, pw = embed.patch_size
+        if x.shape[2] % ph == 0 and x.shape[3] % pw == 0:
+            coords = _gemma4_patch_coord(x, ph, pw)
+            if coords is not None:
+                a["patch_coord"] = coords
 
 
-# library module -> (class, handler factory)
+# library module -> (class, what sets its positions argument, the handler's name suffix)
 _MODULES = {
-    "diffusers.models.transformers.transformer_ltx": ("LTXVideoRotaryPosEmbed", _ltx_handler),
-    "timm.models.gemma4_vit": ("Gemma4PatchEmbed", _gemma4_handler),
+    "diffusers.models.transformers.transformer_ltx": ("LTXVideoRotaryPosEmbed", _ltx_fill, "own_tokens"),
+    "timm.models.gemma4_vit": ("Gemma4PatchEmbed", _gemma4_fill, "own_patches"),
 }
 
 
 def install(module) -> None:
     """Route the position module's forward that the imported library module defines."""
     from . import _route_forwards
-    class_name, handler_for = _MODULES[module.__name__]
-    _route_forwards(module, (class_name,), handler_for)
+    class_name, fill, suffix = _MODULES[module.__name__]
+    _route_forwards(module, (class_name,), lambda forward: _routed(forward, fill, suffix))
