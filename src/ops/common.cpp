@@ -273,21 +273,26 @@ std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t) {
   return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
 }
 
+std::optional<at::Tensor> one_split_on(const at::Tensor& t, int64_t dim) {
+  const auto& spec = *shard_impl(t)->spec();
+  int64_t keep = spec.mesh_dim_of(dim);
+  for (size_t j = 0; j < spec.placements.size() && keep < 0; ++j)
+    if (spec.placements[j].is_shard()) keep = static_cast<int64_t>(j);
+  if (keep < 0) return std::nullopt;
+  Placements p(spec.placements.size(), Placement::replicate());
+  p[keep] = Placement::shard(dim);
+  DimExtents ext{{dim, spec.mesh_dim_of(dim) == keep ? spec.extents[keep]
+                                                     : default_split(spec.global_shape[dim], spec.mesh->size(keep))}};
+  if (p == spec.placements) return std::nullopt;
+  return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
+}
+
 std::optional<at::Tensor> one_split_on_leading_dim(const at::Tensor& t) {
   const auto& spec = *shard_impl(t)->spec();
   int64_t lead = 0;
   while (lead < t.dim() && spec.global_shape[lead] == 1) ++lead;
   if (lead >= t.dim()) return std::nullopt;
-  int64_t keep = spec.mesh_dim_of(lead);
-  for (size_t j = 0; j < spec.placements.size() && keep < 0; ++j)
-    if (spec.placements[j].is_shard()) keep = static_cast<int64_t>(j);
-  if (keep < 0) return std::nullopt;
-  Placements p(spec.placements.size(), Placement::replicate());
-  p[keep] = Placement::shard(lead);
-  DimExtents ext{{lead, spec.mesh_dim_of(lead) == keep ? spec.extents[keep]
-                                                       : default_split(spec.global_shape[lead], spec.mesh->size(keep))}};
-  if (p == spec.placements) return std::nullopt;
-  return wrap(local_as(t, spec.mesh, p, ext), spec.mesh, p, spec.global_shape, ext);
+  return one_split_on(t, lead);
 }
 
 std::optional<std::pair<Placements, DimExtents>> split_moved_layout(const ShardSpec& spec, at::IntArrayRef sizes,

@@ -124,9 +124,11 @@ int64_t largest_dim_for_split(at::IntArrayRef sizes, int64_t at_least, const std
 // nullopt when two mesh dims split it or none does.
 std::optional<at::Tensor> split_on_leading_dim(const at::Tensor& t);
 
-// Split by several mesh dims (a 2-D mesh): the mesh dim that splits the leading dim (the first of size > 1) keeps
-// it -- or the first sharded mesh dim moves there -- and the others are gathered, so a row-major enumeration (nonzero,
-// unique_consecutive) stays divided over that mesh dim. Nullopt when nothing changes or no dim is larger than 1.
+// `t` (no Partial) split along `dim` by one mesh dim only: the mesh dim that splits `dim` keeps it -- or the first
+// sharded mesh dim moves there (default split; one all-to-all) -- and every other split is gathered, for ops that need
+// whole slices across `dim` (unique(dim)) or a row-major order (nonzero, unique_consecutive on the leading dim: the
+// first of size > 1). Nullopt when nothing changes, nothing is split, or (leading) no dim is larger than 1.
+std::optional<at::Tensor> one_split_on(const at::Tensor& t, int64_t dim);
 std::optional<at::Tensor> one_split_on_leading_dim(const at::Tensor& t);
 // A ShardTensor (no Partial) with the mesh dim that splits `dim` moved to the largest other dim no mesh dim splits
 // and at least as large as that mesh dim (default split; one all-to-all, not a gather), for ops that need `dim` whole

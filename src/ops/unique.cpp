@@ -196,14 +196,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_dim_rule(const at::Tensor&
     // Another dim split cuts every slice across ranks: the slices are made whole first -- the mesh dim that splits
     // `dim` keeps it, or the first split moves onto `dim` (one all-to-all of the input, each rank then holding whole
     // slices), any other split is gathered -- and the distinct slices merged as below (no gather of the tensor).
-    auto keep = m;
-    for (size_t j = 0; j < spec.placements.size() && keep < 0; ++j)
-      if (spec.placements[j].is_shard()) keep = static_cast<int64_t>(j);
-    Placements p(spec.placements.size(), Placement::replicate());
-    p[keep] = Placement::shard(d);
-    DimExtents ext{{d, m >= 0 ? spec.extents[m] : default_split(self.size(d), mesh->size(keep))}};
-    auto whole_slices = wrap(local_as(self, mesh, p, ext), mesh, p, self.sizes().vec(), ext);
-    return unique_dim_rule(whole_slices, dim, sorted, return_inverse, return_counts);
+    auto whole_slices = one_split_on(self, d);
+    TORCH_INTERNAL_ASSERT(whole_slices, "unique_dim: another dim's split left the layout unchanged");
+    return unique_dim_rule(*whole_slices, dim, sorted, return_inverse, return_counts);
   }
   TORCH_CHECK_NOT_IMPLEMENTED(!simulating(), "torch.unique(dim=...) of a ShardTensor under simulation "
                               "(shardtensor.simulate): the result's size is the data");
