@@ -544,11 +544,8 @@ at::Tensor transposed_multi_forward(const ConvPlan& plan, const at::Tensor& x, c
   return out;
 }
 
-// A region of the window over every sharded dim, built from this rank's rows and the rows each exchange step
-// received, without the window: dims before `stop` are window positions [begin, begin + len) (assembled through
-// window_slice, dim by dim in exchange order: step k's pieces hold the earlier dims' window, so the corners come
-// along), dims from `stop` on are local rows [begin, begin + len) (rows of a tensor a later step sends).
-// `zero_own`: this rank's own rows read as zeros (the halo's terms alone).
+// A region of the window over every plan dim (HaloPlan::region: window positions along the dims before `stop`,
+// local rows after; `zero_own`: the halo's terms alone).
 struct Region {
   std::vector<std::pair<int64_t, int64_t>> range;  // per plan dim
   size_t stop = 0;

@@ -578,11 +578,12 @@ MultiForwardResult na_multi_forward(const NaPlan& plan, const at::Tensor& ql, co
   const auto dk = kl.size(-1), dv = vl.size(-1);
   MultiForwardResult r;
   r.received.resize(n);
-  auto post = [&](size_t s) {
+  // k's and v's parts of what has arrived (steps < s): what step s sends and step s - 1's slabs read.
+  using Parts = std::vector<std::vector<at::Tensor>>;
+  auto post = [&](size_t s, const Parts& rk, const Parts& rv) {
     auto shape = kl.sizes().vec();
     for (size_t j = 0; j < s; ++j) shape[halo.dim(j).dim] = halo.window_rows(j);
     shape.back() = dk + dv;
-    const auto rk = part_of(r.received, 0, dk), rv = part_of(r.received, dk, dv);
     return halo.post_rows(
         s,
         [&](int64_t first, int64_t count) {
@@ -590,17 +591,17 @@ MultiForwardResult na_multi_forward(const NaPlan& plan, const at::Tensor& ql, co
         },
         shape, kl, mesh);
   };
-  auto first = post(0);
+  auto first = post(0, {}, {});
   if (!overlap) r.received[0] = first.wait();
   std::tie(r.out, r.lse) = local_forward(ql, kl, vl, plan.main_geometry, scale);
   if (overlap) r.received[0] = first.wait();
   for (size_t s = 0; s < n; ++s) {
+    const auto rk = part_of(r.received, 0, dk), rv = part_of(r.received, dk, dv);
     comm::PeerExchange next;
     if (s + 1 < n) {
-      next = post(s + 1);
+      next = post(s + 1, rk, rv);
       if (!overlap) r.received[s + 1] = next.wait();
     }
-    const auto rk = part_of(r.received, 0, dk), rv = part_of(r.received, dk, dv);
     for (const auto& slab : plan.slabs) {
       if (slab.step != s) continue;
       auto [o, l] = local_forward(narrow_rows(ql, plan, slab.queries), halo.region(kl, rk, slab.keys, n),
