@@ -46,6 +46,21 @@ double fill_value(PadMode mode, double constant) {
   }
 }
 
+// The fill as a value of dtype `t`: max pooling's -inf padding is the dtype's lowest value for integral tensors
+// (torch's integer max pooling reads only the input's rows, and the lowest value never wins a window that holds
+// one), +inf its largest. Filling an integral tensor with an infinity raises (on the ranks with padding rows only).
+namespace {
+
+at::Scalar fill_scalar(at::ScalarType t, double fill) {
+  if (!std::isinf(fill) || at::isFloatingType(t) || at::isComplexType(t)) return fill;
+  if (t == at::kBool) return fill > 0;
+  return AT_DISPATCH_INTEGRAL_TYPES(t, "halo fill", [&] {
+    return at::Scalar(fill < 0 ? std::numeric_limits<scalar_t>::lowest() : std::numeric_limits<scalar_t>::max());
+  });
+}
+
+} // namespace
+
 // ---- the window partition rule ------------------------------------------------------------------------------------
 
 namespace {
@@ -317,9 +332,9 @@ at::Tensor HaloPlan::own_window(size_t i, const at::Tensor& local) const {
   // Only the padding rows are filled; the own rows are copied below and the peers' rows arrive in `receive`.
   auto window = at::empty(shape, local.options());
   if (s.fill_t.defined()) {
-    window.index_fill_(dim, comm::plan_constant(s.fill_t, window), fill_);
+    window.index_fill_(dim, comm::plan_constant(s.fill_t, window), fill_scalar(window.scalar_type(), fill_));
   } else {
-    for (const auto& [p, n] : s.fill_runs) window.narrow(dim, p, n).fill_(fill_);
+    for (const auto& [p, n] : s.fill_runs) window.narrow(dim, p, n).fill_(fill_scalar(window.scalar_type(), fill_));
   }
   const auto& o = s.own;
   if (o.size() == 0) return window;
@@ -451,7 +466,7 @@ at::Tensor HaloPlan::window_slice(size_t i, const at::Tensor& local, const std::
     if (hi <= lo) return;
     auto dst = out.narrow(dim, lo - begin, hi - lo);
     if (src) dst.copy_(src->narrow(dim, r0 + lo - p, hi - lo));
-    else dst.fill_(value);
+    else dst.fill_(fill_scalar(dst.scalar_type(), value));
   };
   for (const auto& [p, n] : s.fill_runs) place(p, n, nullptr, 0, fill_);
   const auto& o = s.own;
@@ -618,7 +633,7 @@ at::Tensor HaloPlan::assemble(const at::Tensor& local, const std::vector<std::ve
   };
   for (size_t j = 0; j < steps; ++j) {
     const auto& s = steps_[j];
-    for (const auto& [p, n] : s.fill_runs) block(j, p, n).fill_(fill_);
+    for (const auto& [p, n] : s.fill_runs) block(j, p, n).fill_(fill_scalar(out.scalar_type(), fill_));
     for (size_t r = 0; r < s.from.size(); ++r) {
       const auto& f = s.from[r];
       if (f.size() > 0) block(j, f.pos[0], f.size()).copy_(cut(j, received.at(j).at(r)));

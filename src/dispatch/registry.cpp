@@ -196,6 +196,61 @@ std::vector<std::shared_ptr<torch::autograd::Node>> leaf_hooks(const c10::Operat
   return out;
 }
 
+// Whether `v` (a tensor or a list of them) holds a ShardTensor, and whether every ShardTensor in it is Replicate on
+// every mesh dim (no split, no pending sum).
+void scan_replicas(const c10::IValue& v, bool& any_shard, bool& all_replicate) {
+  auto one = [&](const at::Tensor& t) {
+    if (!t.defined() || !shard_impl(t)) return;
+    any_shard = true;
+    all_replicate = all_replicate && shard_impl(t)->spec()->all_replicate();
+  };
+  if (v.isTensor()) one(v.toTensor());
+  else if (v.isTensorList()) for (const auto& t : v.toTensorList()) one(t);
+  else if (v.isOptionalTensorList())
+    for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
+      if (t) one(*t);
+}
+
+// An out= or in-place op without a rule that writes only plain tensors, every ShardTensor it reads Replicate
+// (torch.linalg.matrix_rank's sum(S > tol, out=...) over a gathered svd's values): every rank holds the whole
+// values, so the op runs on them as on one device and writes the same into its plain outputs on every rank — no
+// communication, nothing gathered. Decided from the layouts and the schema alone (every rank alike). Not for ops
+// that draw random numbers (each rank's generator), nor for views or fresh results (they would come back plain).
+bool run_on_replicas(const Slot& slot, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (slot.written.empty() || slot.seeded) return false;
+  for (const auto& r : op.schema().returns())
+    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
+  const auto n = op.schema().arguments().size();
+  const auto base = stack->size() - n;
+  bool any_shard = false, all_replicate = true;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = (*stack)[base + i];
+    const bool written = std::find(slot.written.begin(), slot.written.end(), i) != slot.written.end();
+    if (written && v.isTensor() && v.toTensor().defined() && shard_impl(v.toTensor())) return false;
+    scan_replicas(v, any_shard, all_replicate);
+  }
+  if (!any_shard || !all_replicate) return false;
+  auto local = [](const at::Tensor& t) { return t.defined() && shard_impl(t) ? shard_impl(t)->local() : t; };
+  for (size_t i = 0; i < n; ++i) {
+    auto& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      v = local(v.toTensor());
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const auto& t : v.toTensorList()) ts.push_back(local(t));
+      v = c10::List<at::Tensor>(ts);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> ts;
+      for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
+        ts.push_back(t ? std::optional<at::Tensor>(local(*t)) : t);
+      v = ts;
+    }
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  op.callBoxed(stack);
+  return true;
+}
+
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -223,6 +278,7 @@ struct SlotKernel final : c10::OperatorKernel {
     const bool fallback_op = slot->fallback && slot->level == RuleLevel::below_autograd;
     const bool may_fall_back = fallback_op && !strict();
     if (!rule) {
+      if (run_on_replicas(*slot, op, stack)) return;
       if (!fallback_op) not_implemented(op, stack);
       if (consistency_check_enabled()) check_op_consistency(op, stack);
       if (!may_fall_back) {

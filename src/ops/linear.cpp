@@ -206,9 +206,12 @@ at::Tensor addbmm_rule(const at::Tensor& self, const at::Tensor& batch1, const a
                        const at::Scalar& beta, const at::Scalar& alpha) {
   TORCH_CHECK_VALUE(batch1.dim() == 3 && batch2.dim() == 3, "addbmm: batch1 and batch2 must be 3-D tensors, got ",
                     batch1.dim(), "-D and ", batch2.dim(), "-D");
+  // Integer tensors: torch's kernel takes beta and alpha as the integer type (0.6 -> 0), so the terms stay integers.
+  const bool integral = at::isIntegralType(self.scalar_type(), /*includeBool=*/false);
+  const auto b_ = integral ? at::Scalar(beta.to<int64_t>()) : beta, a_ = integral ? at::Scalar(alpha.to<int64_t>()) : alpha;
   auto products = at::sum(at::bmm(batch1, batch2), 0);
-  auto scaled = beta.toComplexDouble() == 0.0 ? at::zeros_like(self) : at::mul(self, beta);
-  return at::add(scaled, products, alpha);
+  auto scaled = b_.toComplexDouble() == 0.0 ? at::zeros_like(self) : at::mul(self, b_);
+  return at::add(scaled, products, a_);
 }
 
 // ---- linear above autograd ----
@@ -262,6 +265,12 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Te
                                                 xi->spec()->sharding_shapes()));
 }
 
+// A complex operand's conjugate (torch's mm gradients are grad @ b^H and a^H @ grad); a real one itself. A physical
+// conjugate (pointwise, it has a rule) since the operand may be a ShardTensor.
+at::Tensor conj_of(const at::Tensor& t) {
+  return t.is_complex() ? at::conj_physical(t) : t;
+}
+
 // Gradients of x, w and (when defined) b.
 // create_graph=True (a physics-informed loss on du/dx through an MLP over split points): the same gradients from
 // recorded ShardTensor ops, so that a second derivative sees them. Costlier than the path below (views merging the
@@ -270,11 +279,11 @@ variable_list linear_backward_recorded(const at::Tensor& g_in, const at::Tensor&
                                        const at::Tensor& b) {
   const auto g = resolve_partial_diff(g_in);
   at::Tensor gx, gw, gb;
-  if (x.requires_grad()) gx = at::matmul(g, w);
+  if (x.requires_grad()) gx = at::matmul(g, conj_of(w));
   const bool want_w = w.requires_grad(), want_b = b.defined() && b.requires_grad();
   if (!want_w && !want_b) return {gx, gw, gb};
   auto g2 = g.reshape({-1, g.size(-1)});
-  if (want_w) gw = recorded_param_grad(at::mm(g2.t(), x.reshape({-1, x.size(-1)})), w);
+  if (want_w) gw = recorded_param_grad(at::mm(g2.t(), conj_of(x).reshape({-1, x.size(-1)})), w);
   if (want_b) gb = recorded_param_grad(g2.sum(0), b);
   return {gx, gw, gb};
 }
@@ -289,10 +298,10 @@ variable_list linear_backward(const at::Tensor& g, const at::Tensor& x, const at
   auto g_local = local_aligned(resolve_partial(g), x_spec.mesh, g.sizes(), x_spec.placements, x_spec.dim_extents());
   auto x_local = shard_impl(x)->local();
   at::Tensor gx, gw, gb;
-  if (x.requires_grad()) gx = make_shard_tensor(at::matmul(g_local, plain_of(w)), shard_impl(x)->spec());
+  if (x.requires_grad()) gx = make_shard_tensor(at::matmul(g_local, plain_of(w).conj()), shard_impl(x)->spec());
   auto g2 = g_local.reshape({-1, g_local.size(-1)});
   const bool want_w = w.requires_grad(), want_b = b.defined() && b.requires_grad();
-  at::Tensor tw = want_w ? at::mm(g2.t(), x_local.reshape({-1, x_local.size(-1)})) : at::Tensor();
+  at::Tensor tw = want_w ? at::mm(g2.t(), x_local.conj().reshape({-1, x_local.size(-1)})) : at::Tensor();
   at::Tensor tb = want_b ? g2.sum(0) : at::Tensor();
   std::vector<int64_t> token_dims;
   for (size_t m = 0; m < x_spec.placements.size(); ++m)

@@ -415,13 +415,32 @@ bool cumprod_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
+// log(exp(a) + exp(b)) about the operand with the larger real part, as the single-device scan steps: torch's
+// complex logaddexp exponentiates directly (NaN at a real-part gap of ~90 in complex64, where the scan is finite).
+at::Tensor scan_log_add_exp(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.is_complex()) return at::logaddexp(a, b);
+  const auto a_leads = at::real(a) >= at::real(b);
+  const auto hi = at::where(a_leads, a, b), lo = at::where(a_leads, b, a);
+  // A -inf term (a rank without rows, an empty prefix) adds nothing; -inf - -inf would be NaN.
+  const auto nothing = at::logical_and(at::isinf(at::real(lo)), at::real(lo) < 0);
+  // log(1 + z), not log1p: torch's complex log1p returns NaN for a subnormal z (a gap of ~90 in complex64); the
+  // absolute error of log(1 + z) is below the rounding of `hi` itself.
+  return at::where(nothing, hi, hi + at::log(at::exp(lo - hi) + 1));
+}
+
 // logcumsumexp(Tensor self, int dim)
 at::Tensor logcumsumexp_rule(const at::Tensor& self, int64_t dim) {
   return sharded_scan(
       self, dim, -std::numeric_limits<double>::infinity(),
       [](const at::Tensor& x, int64_t d) { return at::logcumsumexp(x, d); },
-      [](const at::Tensor& lower) { return at::logsumexp(lower, 0); },
-      [](const at::Tensor& out, const at::Tensor& prefix) { return at::logaddexp(out, prefix); });
+      // The lower totals folded one by one with logaddexp, as the single-device scan runs: for complex inputs each
+      // step keeps the dominant term's imaginary part (logsumexp's log of a sum would fold it into (-pi, pi]).
+      [](const at::Tensor& lower) {
+        auto acc = lower.select(0, 0);
+        for (int64_t j = 1; j < lower.size(0); ++j) acc = scan_log_add_exp(acc, lower.select(0, j));
+        return acc;
+      },
+      [](const at::Tensor& out, const at::Tensor& prefix) { return scan_log_add_exp(out, prefix); });
 }
 
 // flip(Tensor self, int[] dims): along a sharded dim, rank c's flipped data belongs to coordinate n-1-c.

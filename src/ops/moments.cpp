@@ -8,6 +8,12 @@ namespace shardtensor::ops {
 
 Moments global_moments(const at::Tensor& x, const std::vector<int64_t>& dims, const std::vector<ShardedDim>& sharded,
                        const Mesh& mesh) {
+  if (x.is_complex()) {
+    // E|x - mean|^2 is the real and imaginary parts' variances added: their moments travel as two real channels (a
+    // real M2 on every rank, also on one without elements), the mean is their pair.
+    auto parts = global_moments(at::view_as_real(x), dims, sharded, mesh);
+    return {at::view_as_complex(parts.mean.contiguous()), parts.m2.sum(-1), parts.count};
+  }
   std::vector<int64_t> cur(x.dim());
   for (int64_t d = 0; d < x.dim(); ++d) cur[d] = x.size(d);
   double count = 1;

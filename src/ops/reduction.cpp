@@ -222,7 +222,7 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
                                        : (p > 0 ? at::amax(a, dims, keepdim) : at::amin(a, dims, keepdim));
         if (p < 0 && empty_reduction(x, dims)) out.fill_(std::numeric_limits<double>::infinity());
       } else if (p == 0) {
-        out = at::sum(x.ne(0).to(x.scalar_type()), dims, keepdim);
+        out = at::sum(x.ne(0).to(c10::toRealValueType(x.scalar_type())), dims, keepdim);  // a count: real
       } else {
         out = at::sum(x.abs().pow(p), dims, keepdim);
       }
@@ -271,7 +271,7 @@ void decomposable_handler(Kind kind, const c10::OperatorHandle& op, torch::jit::
   }
   if (norm_in_float) {
     auto* r = shard_impl(result);
-    result = make_shard_tensor(r->local().to(dtype.value_or(self.scalar_type())), r->spec());
+    result = make_shard_tensor(r->local().to(c10::toRealValueType(dtype.value_or(self.scalar_type()))), r->spec());
   }
   if (bool_out && need_resolve) {
     auto* r = shard_impl(result);
@@ -451,7 +451,7 @@ std::tuple<at::Tensor, at::Tensor> moments(bool is_std, const at::Tensor& self_i
     mean = mean.squeeze(sq);
     layout = reduce_layout(spec, dims, false);
   }
-  out = out.to(in_type);
+  out = out.to(c10::toRealValueType(in_type));  // a complex input's variance is real, as on one device
   mean = mean.to(in_type);
   return {wrap(out, mesh, layout.placements, layout.out_shape, layout.ext),
           wrap(mean, mesh, layout.placements, layout.out_shape, layout.ext)};

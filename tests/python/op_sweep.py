@@ -149,7 +149,8 @@ def _run(info, sample, pattern, m, strict):
     dims = _shard_dims(x, pattern)
     layout = [st.Shard(d) for d in dims]
     ext = {i: uneven_extents(x.size(d), m.size(i), seed=x.numel() + i) for i, d in enumerate(dims)}
-    differentiable = info.supports_autograd
+    # Integer and bool samples (the probe's --dtype) cannot require grad: forward only.
+    differentiable = info.supports_autograd and (x.is_floating_point() or x.is_complex())
 
     def plain(a):  # every run gets its own copy of plain tensor arguments (batch_norm updates its running stats)
         return a.detach().clone() if isinstance(a, torch.Tensor) else a
@@ -193,7 +194,9 @@ def _run(info, sample, pattern, m, strict):
         if not ref_outs:
             return "ok"
         g = torch.Generator().manual_seed(7)
-        cot = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype) for t in ref_outs]
+        # Complex outputs get complex cotangents: a real one would leave the imaginary part's gradient untested.
+        cot = [torch.randn(t.shape, generator=g, dtype=torch.complex128 if t.is_complex() else torch.float64)
+               .to(t.dtype) for t in ref_outs]
         # The gradient of an output laid out like it; a pending sum's (Partial) gradient is the whole value.
         sh_cot = [st.distribute_tensor(c, m, [st.Replicate() if p.is_partial() else p for p in st.placements(o)],
                                        st.sharding_shapes(o))

@@ -7,6 +7,7 @@ keepdim, broadcasting operands, scalars), so this finds what the committed sweep
 
   PYTHONPATH=python .venv/bin/python tests/python/op_sweep_samples.py --samples 8 --out report.json [--ops a,b] [--world 3]
       [--patterns 'first x last']   # a 2x2 mesh splitting the first and the last dim
+      [--dtype complex64]           # the samples of another dtype (float64, complex64, int64, bool, ...)
 """
 from __future__ import annotations
 
@@ -18,6 +19,23 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _dtype():
+    """The samples' dtype (`--dtype`, set before the rank pool starts)."""
+    import torch
+    return getattr(torch, os.environ.get("SHARDTENSOR_SWEEP_DTYPE", "float32"))
+
+
+def dtype_ops(dtype):
+    """The OpInfos with CPU samples of `dtype`, in the database's order, by key."""
+    from op_sweep import op_key
+    from torch.testing._internal.common_methods_invocations import op_db
+    out = {}
+    for info in op_db:
+        if dtype in info.supported_dtypes("cpu") and op_key(info) not in out:
+            out[op_key(info)] = info
+    return out
+
+
 def _samples(info, pattern, limit):
     import random
 
@@ -27,9 +45,10 @@ def _samples(info, pattern, limit):
     random.seed(0)
     torch.manual_seed(0)
     out = []
-    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+    dtype = _dtype()
+    for sample in info.sample_inputs("cpu", dtype, requires_grad=False):
         x = sample.input
-        if isinstance(x, torch.Tensor) and x.dtype == torch.float32 and _shard_dims(x, pattern) is not None:
+        if isinstance(x, torch.Tensor) and x.dtype == dtype and _shard_dims(x, pattern) is not None:
             out.append(sample)
             if len(out) >= limit:
                 break
@@ -49,10 +68,10 @@ def run_samples(info, pattern, m, limit):
 
 
 def case_samples(pattern, keys, log_path=None):
-    from op_sweep import agreed_outcomes, float32_ops, pattern_mesh
+    from op_sweep import agreed_outcomes, pattern_mesh
     limit = int(os.environ.get("SHARDTENSOR_SWEEP_SAMPLES", "8"))  # set before the rank pool starts
     m = pattern_mesh(pattern)
-    ops = float32_ops()
+    ops = dtype_ops(_dtype())
     return agreed_outcomes(keys, lambda key: run_samples(ops[key], pattern, m, limit), log_path)
 
 
@@ -80,12 +99,15 @@ def main():
     parser.add_argument("--world", type=int, default=op_sweep.WORLD, help="ranks of the 1-D patterns (default 2)")
     parser.add_argument("--patterns", default=",".join(op_sweep.PATTERNS),
                         help=f"comma-separated patterns (default: the 1-D ones; '{op_sweep.MESH_2D}': a 2x2 mesh)")
+    parser.add_argument("--dtype", default="float32", help="the samples' dtype (default float32)")
     parser.add_argument("--out", required=True, help="the JSON report: {pattern: {op: 'outcome|outcome|...'}}")
     args = parser.parse_args()
     import harness
     try:
-        keys = args.ops.split(",") if args.ops else list(op_sweep.float32_ops())
+        import torch
+        keys = args.ops.split(",") if args.ops else list(dtype_ops(getattr(torch, args.dtype)))
         os.environ["SHARDTENSOR_SWEEP_SAMPLES"] = str(args.samples)
+        os.environ["SHARDTENSOR_SWEEP_DTYPE"] = args.dtype
         # Some generators iterate a set of strings (meshgrid's indexing), whose order follows the per-process string
         # hash: the ranks (spawned after this) must hash alike to build the same samples.
         os.environ["PYTHONHASHSEED"] = "0"

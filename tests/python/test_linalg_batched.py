@@ -187,3 +187,31 @@ def case_declines():
 
 def test_declines():
     harness.run(2, case_declines)
+
+
+def case_out_on_replicas():
+    """An out= op without a rule that writes a plain tensor from replicated ShardTensors runs on the replicas, as on one
+    device (no communication): torch.linalg.matrix_rank's sum(S > tol, out=...) after the fallback's gathered svd
+    (a matrix dim split) raised "no domain-parallel rule"; strict mode too for a direct out= call."""
+    import warnings
+    m = mesh()
+    a = randn(3, 5, 5, seed=21, **D64)
+    a[1, :, 4] = a[1, :, 0]  # rank 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning
+        got = torch.linalg.matrix_rank(shard_of(a, m, [st.Shard(1)]))
+    assert torch.equal(st.full_tensor(got) if st.is_shard_tensor(got) else got, torch.linalg.matrix_rank(a))
+    r = shard_of(a, m, [st.Replicate()])
+    with st.use_strict():
+        out = torch.empty(3, 5, dtype=torch.float64)
+        res = torch.sum(r, -1, out=out)
+        assert res is out and not st.is_shard_tensor(out)
+        assert torch.equal(out, a.sum(-1))
+        # A split input still has no rule for out=: refused (its value is not whole on any rank).
+        with pytest.raises(NotImplementedError, match="sum"):
+            torch.sum(shard_of(a, m, [st.Shard(1)]), -1, out=torch.empty(3, 5, dtype=torch.float64))
+    return True
+
+
+def test_out_on_replicas():
+    harness.run(2, case_out_on_replicas)

@@ -327,6 +327,14 @@ def case_addbmm(world):
         bad[1, 2] = float("nan")
         got = torch.addbmm(st.distribute_tensor(bad, m, *rows), b1, b2, beta=0)
         close(st.full_tensor(got), torch.addbmm(bad, b1, b2, beta=0), what="addbmm beta=0")
+        # Integer tensors: torch takes beta and alpha as integers (0.6 -> 0, 2.7 -> 2); the result stays int64.
+        g = torch.Generator().manual_seed(85)
+        si, p1, p2 = (torch.randint(-4, 5, t.shape, generator=g) for t in (s, b1, b2))
+        for beta, alpha in [(0.6, 2.7), (3, 1)]:
+            got = torch.addbmm(st.distribute_tensor(si, m, *rows), p1, p2, beta=beta, alpha=alpha)
+            want = torch.addbmm(si, p1, p2, beta=beta, alpha=alpha)
+            assert got.dtype == want.dtype, (got.dtype, want.dtype)
+            assert torch.equal(st.full_tensor(got), want), f"integer addbmm beta={beta} alpha={alpha}"
     return True
 
 

@@ -93,6 +93,27 @@ def case_pool2d(seed):
     return True
 
 
+def case_integer_max_pool(seed):
+    """Integer max pooling whose windows overhang (ceil_mode, padding): the padding rows are the dtype's lowest value
+    (an infinity cannot fill an integer tensor, and only the ranks with padding rows fill: they raised alone, and the
+    next collective paired different messages). Strict mode, values and indices against one device."""
+    m = mesh()
+    w = m.size()
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-50, 50, (1, 2, 3, 7), generator=g)
+    with st.use_strict():
+        for lay in (([st.Shard(3)], {0: uneven_extents(7, w, seed)}), ([st.Shard(2)], {0: uneven_extents(3, w, seed)})):
+            for k, s_, p, ceil in [(3, 2, 0, True), (3, 2, 1, False), (2, 2, 1, True)]:
+                check_op(lambda t: F.max_pool2d(t, k, s_, p, ceil_mode=ceil, return_indices=True), [x], [lay], m,
+                         grad=False, what=f"int max_pool2d k{k} s{s_} p{p} ceil={ceil} {lay[0]}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_integer_max_pool(world):
+    harness.run(world, case_integer_max_pool, world)
+
+
 def case_pool3d(seed):
     m = mesh()
     w = m.size()
