@@ -29,6 +29,23 @@ namespace shardtensor::ops {
 
 namespace {
 
+// at::convolution_backward on local blocks. torch's CPU half / bfloat16 transposed-convolution backward (oneDNN)
+// returns a wrong input gradient for some of the odd shapes a rank's block has where the whole tensor's does not
+// (a (1, 3, 3, 4, 1) input against a (1, 3, 7, 6, 3) gradient, stride 2: off by ~30 where the values are ~10; one
+// thread or several): there the gradients are computed in float and rounded once.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> local_conv_backward(
+    const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, at::OptionalIntArrayRef bias_sizes,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+    at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
+  if (!transposed || !x.device().is_cpu() || !at::isReducedFloatingType(x.scalar_type()))
+    return at::convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                                    mask);
+  auto [gi, gw, gb] = at::convolution_backward(g.to(at::kFloat), x.to(at::kFloat), w.to(at::kFloat), bias_sizes,
+                                               stride, padding, dilation, true, output_padding, groups, mask);
+  return {gi.defined() ? gi.to(x.scalar_type()) : gi, gw.defined() ? gw.to(w.scalar_type()) : gw,
+          gb.defined() ? gb.to(g.scalar_type()) : gb};
+}
+
 // One sharded spatial dim.
 struct ConvDim {
   int64_t dim;  // tensor dim
@@ -425,7 +442,7 @@ std::pair<at::Tensor, at::Tensor> transposed_direct_backward(const ConvPlan& pla
   output_padding[dim - 2] = plan.crop_left - plan.crop_right;
   at::Tensor gi, gw;
   if (want_input || want_weight)
-    std::tie(gi, gw, std::ignore) = at::convolution_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
+    std::tie(gi, gw, std::ignore) = local_conv_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
                                                              output_padding, groups, {want_input, want_weight, false});
   if (!exchange) return {gi, gw};
   auto received = rows.wait();
@@ -438,7 +455,7 @@ std::pair<at::Tensor, at::Tensor> transposed_direct_backward(const ConvPlan& pla
     pad[2 * (g.dim() - 1 - dim)] = before;
     pad[2 * (g.dim() - 1 - dim) + 1] = after;
     gt = at::constant_pad_nd(gt, pad, 0);
-    auto [bi, bw, unused2] = at::convolution_backward(gt, x.narrow(dim, first, inputs), w, std::nullopt, stride,
+    auto [bi, bw, unused2] = local_conv_backward(gt, x.narrow(dim, first, inputs), w, std::nullopt, stride,
                                                       plan.local_padding, dilation, true, plan.local_output_padding,
                                                       groups, {want_input, want_weight, false});
     if (want_input) gi.narrow(dim, first, inputs).add_(bi);
@@ -569,7 +586,7 @@ std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan
   at::Tensor gi, gw;
   auto received = plan.halo.exchange_all(g, mesh, [&] {
     if (want_input || want_weight)
-      std::tie(gi, gw, std::ignore) = at::convolution_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
+      std::tie(gi, gw, std::ignore) = local_conv_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
                                                                output_padding, groups, {want_input, want_weight, false});
   });
   if (!want_input && !want_weight) return {gi, gw};
@@ -583,7 +600,7 @@ std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan
     std::vector<int64_t> pad(2 * (g.dim() - dim), 0);
     pad[2 * (g.dim() - 1 - dim) + (r.left ? 1 : 0)] = r.produced - len;
     gr = at::constant_pad_nd(gr, pad, 0);
-    auto [bi, bw, unused] = at::convolution_backward(gr, x.narrow(dim, r.first_input, r.inputs), w, std::nullopt, stride,
+    auto [bi, bw, unused] = local_conv_backward(gr, x.narrow(dim, r.first_input, r.inputs), w, std::nullopt, stride,
                                                      r.padding, dilation, true, r.output_padding, groups,
                                                      {want_input, want_weight, false});
     if (want_input) gi.narrow(dim, r.first_input, r.inputs).add_(bi);
@@ -707,7 +724,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
   for (size_t k = 0; k < n; ++k) padding[plan.dims[k].dim - 2] = plan.splits[k].padding;
   at::Tensor gi, gw, gb;
   auto main_call = [&] {
-    std::tie(gi, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, false,
+    std::tie(gi, gw, gb) = local_conv_backward(g, x, w, bias_sizes, stride, padding, dilation, false,
                                                     plan.local_output_padding, groups, mask);
   };
   // The input gradient reads no input values: without a weight gradient the halo does not travel (as on the window
@@ -752,7 +769,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
         halo_only = at::empty(shape, x.options());
       }
       auto [gri, grw, unused] =
-          at::convolution_backward(slab, halo_only, w, std::nullopt, stride, plan.local_padding, dilation, false,
+          local_conv_backward(slab, halo_only, w, std::nullopt, stride, plan.local_padding, dilation, false,
                                    plan.local_output_padding, groups, {mask[0], mask[1], false});
       if (mask[1]) gw.add_(grw);
       if (mask[0]) plan.halo.add_region(gi, halo_grad, n, r.range, gri, /*skip_own=*/true);
@@ -915,12 +932,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& p
     if (mask[1]) gw = at::zeros_like(w);
     if (mask[2] && bias_sizes) gb = at::zeros(*bias_sizes, w.options());
   } else if (plan.split.direct) {
-    std::tie(gi, gw, gb) = at::convolution_backward(g, x, w, bias_sizes, stride,
+    std::tie(gi, gw, gb) = local_conv_backward(g, x, w, bias_sizes, stride,
                                                     padding_on_split_dim(plan, plan.split.padding), dilation, false,
                                                     plan.local_output_padding, groups, mask);
   } else {
     auto window = plan.halo.window_slice(0, x, {}, 0, plan.halo.window_rows(0));  // the neighbours' rows zero
-    std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bias_sizes, stride, plan.local_padding, dilation,
+    std::tie(gi, gw, gb) = local_conv_backward(g, window, w, bias_sizes, stride, plan.local_padding, dilation,
                                                     false, plan.local_output_padding, groups, mask);
     if (mask[0]) gi = plan.halo.own_sum(0, gi, /*reuse=*/true);
   }
@@ -935,7 +952,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& p
       for (int64_t tap = 0; tap < win.kernel; ++tap) {
         const auto q = t.row_begin + i * win.stride + tap * win.dilation - terms.own_begin;
         if (q < 0 || q >= terms.own_rows) continue;
-        auto [gti, gtw, unused] = at::convolution_backward(
+        auto [gti, gtw, unused] = local_conv_backward(
             row_of(plan, received[r], i), row_of(plan, x, q), row_of(plan, w, tap), std::nullopt, plan.row_stride,
             plan.row_padding, plan.row_dilation, false, plan.row_output_padding, groups, {mask[0], mask[1], false});
         if (mask[0]) gi.select(dim, q).add_(as_row(plan, gti));
@@ -993,13 +1010,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     auto window = at::empty(window_shape(plan, x), x.options());
     auto received = plan.halo.exchange_all(x, *mesh, [&] {
       if (mask[0] || mask[2])
-        std::tie(gi, std::ignore, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation,
+        std::tie(gi, std::ignore, gb) = local_conv_backward(g, window, w, bs, stride, plan.local_padding, dilation,
                                                                  false, plan.local_output_padding, local_groups,
                                                                  {mask[0], false, mask[2]});
     });
     {
       plan.halo.assemble(x, received, plan.halo.size(), 0, 0, window);
-      gw = std::get<1>(at::convolution_backward(g, window, w, std::nullopt, stride, plan.local_padding, dilation,
+      gw = std::get<1>(local_conv_backward(g, window, w, std::nullopt, stride, plan.local_padding, dilation,
                                                 false, plan.local_output_padding, local_groups, {false, true, false}));
       window = at::Tensor();
     }
@@ -1014,7 +1031,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
       gw = at::zeros_like(w);
       if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
     } else {
-      std::tie(gi, gw, gb) = at::convolution_backward(g, window, w, bs, stride, plan.local_padding, dilation,
+      std::tie(gi, gw, gb) = local_conv_backward(g, window, w, bs, stride, plan.local_padding, dilation,
                                                       transposed, plan.local_output_padding, local_groups, mask);
     }
     // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at
@@ -1110,7 +1127,7 @@ at::Tensor conv_with(const ConvParams& p, const at::Tensor& x, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_with(const ConvParams& p, const at::Tensor& go,
                                                                   const at::Tensor& x, const at::Tensor& w,
                                                                   std::array<bool, 3> mask) {
-  return at::convolution_backward(go, x, w, std::nullopt, p.stride, p.padding, p.dilation, p.transposed,
+  return local_conv_backward(go, x, w, std::nullopt, p.stride, p.padding, p.dilation, p.transposed,
                                   p.output_padding, p.groups, mask);
 }
 
@@ -1127,7 +1144,7 @@ struct ConvBackwardFn : torch::autograd::Function<ConvBackwardFn> {
     ctx->saved_data["params"] = params;
     ctx->saved_data["mask"] = c10::List<bool>({mask[0], mask[1], mask[2]});
     ctx->save_for_backward({go, x, w});
-    auto [gi, gw, gb] = at::convolution_backward(
+    auto [gi, gw, gb] = local_conv_backward(
         go, x, w, bias_sizes ? std::optional<at::IntArrayRef>(*bias_sizes) : std::nullopt, p.stride, p.padding,
         p.dilation, p.transposed, p.output_padding, p.groups, {mask[0], mask[1], mask[2]});
     // Only the asked gradients are outputs (a Function's outputs must be defined).

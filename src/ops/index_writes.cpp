@@ -49,7 +49,17 @@ struct IndexWrite {
     switch (kind) {
       case Write::Add: out.index_add_(dim, index, rows, alpha); break;
       case Write::Copy: out.index_copy_(dim, index, rows); break;
-      case Write::Reduce: out.index_reduce_(dim, index, rows, reduce, include_self); break;
+      case Write::Reduce:
+        if (reduce == "prod" && at::isReducedFloatingType(out.scalar_type())) {
+          // torch's half / bfloat16 prod kernel fails an internal assert on some shapes (one row of (1, 5), which a
+          // rank's block can be while the whole (5, 5) runs): in float, rounded once. Only that rank would raise.
+          auto wide = out.to(at::kFloat);
+          wide.index_reduce_(dim, index, rows.to(at::kFloat), reduce, include_self);
+          out.copy_(wide);
+        } else {
+          out.index_reduce_(dim, index, rows, reduce, include_self);
+        }
+        break;
     }
   }
 };

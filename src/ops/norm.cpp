@@ -104,6 +104,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_rule(const at::Tensor&
     if (w.defined()) out.mul_(w);
     if (b.defined()) out.add_(b);
     out = out.to(x.scalar_type());
+    // The statistics in the dtype the device's kernel returns: the input's on CPU, the accumulation type on CUDA
+    // (half / bfloat16 inputs).
+    if (x.device().is_cpu()) {
+      mean = mean.to(x.scalar_type());
+      rstd = rstd.to(x.scalar_type());
+    }
   }
   return {make_shard_tensor(out, l.spec), wrap_stats(mean, l, input), wrap_stats(rstd, l, input)};
 }

@@ -8,6 +8,7 @@ keepdim, broadcasting operands, scalars), so this finds what the committed sweep
   PYTHONPATH=python .venv/bin/python tests/python/op_sweep_samples.py --samples 8 --out report.json [--ops a,b] [--world 3]
       [--patterns 'first x last']   # a 2x2 mesh splitting the first and the last dim
       [--dtype complex64]           # the samples of another dtype (float64, complex64, int64, bool, ...)
+      [--errors]                    # OpInfo's error inputs: refused as on one device, on every rank, no hang
 """
 from __future__ import annotations
 
@@ -67,6 +68,50 @@ def run_samples(info, pattern, m, limit):
     return "|".join(outcomes) or "n/a"
 
 
+def run_error_inputs(info, pattern, m):
+    """OpInfo's error inputs (arguments torch refuses), sharded like the samples: 'refused' when the op raises an
+    exception of the type torch raises on one device (every rank: outcomes are agreed), 'no error' when it runs,
+    'raises T' for another type, 'n/a' when one device does not raise or the input cannot be split."""
+    import torch
+    import shardtensor as st
+    from cases_util import uneven_extents
+    from op_sweep import _shard_dims
+    outcomes = []
+    try:
+        errors = list(info.error_inputs("cpu"))
+    except Exception:  # noqa: BLE001  (no error inputs on this device)
+        return "n/a"
+    for e in errors:
+        sample = e.sample_input
+        x = sample.input
+        dims = _shard_dims(x, pattern) if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+        if dims is None or not (x.is_floating_point() or x.is_complex() or x.dtype in (torch.long, torch.bool)):
+            outcomes.append("n/a")
+            continue
+        try:
+            info.op(x.clone(), *sample.args, **sample.kwargs)
+            outcomes.append("n/a")  # one device accepts it here
+            continue
+        except Exception as ref_error:  # noqa: BLE001
+            ref_type = type(ref_error)
+        ext = {i: uneven_extents(x.size(d), m.size(i), seed=x.numel() + i) for i, d in enumerate(dims)}
+        xs = st.distribute_tensor(x.detach().clone(), m, [st.Shard(d) for d in dims], ext)
+        try:
+            info.op(xs, *sample.args, **sample.kwargs)
+            outcomes.append("no error")
+        except Exception as err:  # noqa: BLE001
+            outcomes.append("refused" if isinstance(err, ref_type) or isinstance(err, e.error_type)
+                            else f"raises {type(err).__name__} for {ref_type.__name__}")
+    return "|".join(outcomes) or "n/a"
+
+
+def case_errors(pattern, keys, log_path=None):
+    from op_sweep import agreed_outcomes, pattern_mesh
+    m = pattern_mesh(pattern)
+    ops = dtype_ops(_dtype())
+    return agreed_outcomes(keys, lambda key: run_error_inputs(ops[key], pattern, m), log_path)
+
+
 def case_samples(pattern, keys, log_path=None):
     from op_sweep import agreed_outcomes, pattern_mesh
     limit = int(os.environ.get("SHARDTENSOR_SWEEP_SAMPLES", "8"))  # set before the rank pool starts
@@ -100,6 +145,8 @@ def main():
     parser.add_argument("--patterns", default=",".join(op_sweep.PATTERNS),
                         help=f"comma-separated patterns (default: the 1-D ones; '{op_sweep.MESH_2D}': a 2x2 mesh)")
     parser.add_argument("--dtype", default="float32", help="the samples' dtype (default float32)")
+    parser.add_argument("--errors", action="store_true",
+                        help="OpInfo's error inputs instead: refused like one device, on every rank?")
     parser.add_argument("--out", required=True, help="the JSON report: {pattern: {op: 'outcome|outcome|...'}}")
     args = parser.parse_args()
     import harness
@@ -111,13 +158,20 @@ def main():
         # Some generators iterate a set of strings (meshgrid's indexing), whose order follows the per-process string
         # hash: the ranks (spawned after this) must hash alike to build the same samples.
         os.environ["PYTHONHASHSEED"] = "0"
-        report = {p: op_sweep.sweep_pattern(p, keys, world=4 if p == op_sweep.MESH_2D else args.world,
-                                            case=op_sweep_samples.case_samples)
+        case = op_sweep_samples.case_errors if args.errors else op_sweep_samples.case_samples
+        report = {p: op_sweep.sweep_pattern(p, keys, world=4 if p == op_sweep.MESH_2D else args.world, case=case)
                   for p in args.patterns.split(",")}
     finally:
         harness.close_all()
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
+    if args.errors:
+        for pattern, ops in report.items():
+            for op, joined in ops.items():
+                for i, o in enumerate(joined.split("|")):
+                    if o not in ("refused", "n/a"):
+                        print(f"{pattern:6} {op:40} error input {i}: {o}")
+        return 0
     for pattern, op, i, o in findings(report):
         print(f"{pattern:6} {op:40} sample {i}: {o}")
     return 0
