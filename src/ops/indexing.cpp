@@ -239,10 +239,15 @@ at::Tensor gather_rule(const at::Tensor& self_arg, int64_t dim_arg, const at::Te
   }
   TORCH_CHECK_VALUE(index.dim() == self.dim() || (index.dim() <= 1 && self.dim() <= 1),
                     "gather(): Index tensor must have the same number of dimensions as input tensor");
+  // torch's shape check, on the global shapes before any collective (every rank alike).
+  for (int64_t d = 0; d < index.dim() && index.dim() == self.dim(); ++d)
+    TORCH_CHECK_VALUE(d == dim || index.size(d) <= self.size(d), "Size does not match at dimension ", d,
+                      " expected index ", index.sizes(), " to be no larger than self ", self.sizes(),
+                      " apart from dimension ", dim);
   const auto index_p = placements_of(index, mesh);
   // A plain index is whole on every rank: checked whole here, so every rank raises alike (each rank's block of it
-  // along another split dim would hold different entries).
-  if (!shard_impl(index) && spec.mesh_dim_of(dim) >= 0) check_indices_in_range(index, self.size(dim), "gather");
+  // along another split dim holds different entries: one rank's local gather would raise alone).
+  if (!shard_impl(index)) check_indices_in_range(index, self.size(dim), "gather");
   Placements self_p = spec.placements, idx_p = all_replicate(mesh), out_p = all_replicate(mesh);
   DimExtents self_ext, idx_ext;
   int64_t owner_m = -1;

@@ -73,12 +73,14 @@ at::Tensor huber_terms(const at::Tensor& d, const at::Tensor& a, double delta) {
 
 // smooth_l1_loss(Tensor self, Tensor target, int reduction=Mean, float beta=1.0)
 at::Tensor smooth_l1_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
+  TORCH_CHECK_VALUE(beta >= 0, "smooth_l1_loss does not support negative values for beta.");
   auto d = at::sub(self, target);
   return reduce_loss(smooth_l1_terms(d, at::abs(d), beta), reduction);
 }
 
 // huber_loss(Tensor self, Tensor target, int reduction=Mean, float delta=1.0)
 at::Tensor huber_loss_rule(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  TORCH_CHECK_VALUE(delta > 0, "huber_loss does not support non-positive values for delta.");
   auto d = at::sub(self, target);
   return reduce_loss(huber_terms(d, at::abs(d), delta), reduction);
 }

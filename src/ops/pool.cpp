@@ -248,6 +248,10 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
   const auto what = name_of(a.kind);
   const auto nd = spec.ndim();
   TORCH_CHECK(nd == nsp + 1 || nd == nsp + 2, what, ": expected a ", nsp + 1, "-D or ", nsp + 2, "-D input, got ", nd, "-D");
+  // As on one device: only a batch dim may be empty (an unbatched input has none).
+  for (int64_t d = nd == nsp + 2 ? 1 : 0; d < nd; ++d)
+    TORCH_CHECK(spec.global_shape[d] > 0, what, ": expected the input's non-batch dimensions to have positive length, "
+                "but the input has a shape of ", at::IntArrayRef(spec.global_shape));
   check_args(a, nsp);
   const auto& mesh = *spec.mesh;
   PoolPlan plan;

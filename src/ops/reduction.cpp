@@ -23,7 +23,10 @@ std::vector<int64_t> reduced_dims(at::OptionalIntArrayRef given, int64_t ndim) {
   if (dims.empty())
     for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
   std::sort(dims.begin(), dims.end());
-  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  // A dim named twice is an error on one device (sum, amax, var, norm, ...): refused alike on every rank.
+  const auto twice = std::adjacent_find(dims.begin(), dims.end());
+  TORCH_CHECK_VALUE(twice == dims.end(), "dim ", twice == dims.end() ? 0 : *twice,
+                    " appears multiple times in the list of dims");
   return dims;
 }
 

@@ -329,6 +329,7 @@ at::Tensor transpose_rule(const at::Tensor& self, int64_t dim0, int64_t dim1) {
 
 // t(Tensor(a) self): 0-, 1- and 2-D.
 at::Tensor t_rule(const at::Tensor& self) {
+  TORCH_CHECK_VALUE(self.dim() <= 2, "t() expects a tensor with <= 2 dimensions, but self is ", self.dim(), "D");
   auto dims = identity_dims(self.dim());
   if (self.dim() == 2) std::swap(dims[0], dims[1]);
   return permute_local(self, dims);

@@ -61,6 +61,21 @@ def _cases():
         "max_pool padding": (lambda x: F.max_pool2d(x, 2, padding=2), x4, [st.Shard(2)], "pad"),
         "avg_pool kernel larger than the input": (lambda x: F.avg_pool2d(x, 10), x4, [st.Shard(2)], "input 8"),
         "interpolate non-positive size": (lambda x: F.interpolate(x, size=(-1, 4)), x4, [st.Shard(2)], "> 0"),
+        # Found by the OpInfo probe's error inputs (op_sweep_samples.py --errors): accepted, or refused on some ranks.
+        "gather index out of range along an unsplit dim": (
+            lambda x: torch.gather(x, 1, torch.tensor([[0, 23], [1, 0], [0, 0], [1, 1]])), randn(4, 3),
+            [st.Shard(0)], "size 3"),
+        "gather index larger than self": (
+            lambda x: torch.gather(x, 1, torch.zeros(4, 2, dtype=torch.long)), randn(2, 3), [st.Shard(0)], "[4, 2]"),
+        "t of a 3-D tensor": (lambda x: x.t(), seq, [st.Shard(1)], "3D"),
+        "amax over a dim named twice": (lambda x: x.amax((0, 0)), seq, [st.Shard(1)], "dim 0 appears"),
+        "sum over dims 1 and -2": (lambda x: x.sum((1, -2)), seq, [st.Shard(1)], "dim 1 appears"),
+        "huber_loss delta 0": (lambda x: F.huber_loss(x, x + 1, delta=0.0), seq, [st.Shard(1)], "delta"),
+        "smooth_l1_loss negative beta": (lambda x: F.smooth_l1_loss(x, x + 1, beta=-1.0), seq, [st.Shard(1)], "beta"),
+        "max_pool1d of an input without channels": (
+            lambda x: F.max_pool1d(x, 1), torch.zeros(0, 10), [st.Shard(1)], "positive length"),
+        "max_pool3d of an input without depth": (
+            lambda x: F.max_pool3d(x, 1), torch.zeros(1, 0, 2, 10), [st.Shard(3)], "positive length"),
     }
 
 
@@ -80,7 +95,7 @@ def case_argument_checks():
         before = st.comm_stats()["calls"]
         try:
             fn(xs)
-        except (RuntimeError, ValueError, NotImplementedError) as e:
+        except (RuntimeError, ValueError, IndexError, NotImplementedError) as e:
             after = st.comm_stats()["calls"]
             calls = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
             out.append((name, type(e).__name__, str(e).splitlines()[0], named, calls))
