@@ -11,6 +11,7 @@
 // then runs the op's own autograd kernel.
 #include "dispatch/registry.h"
 
+#include "comm/redistribute.h"
 #include "comm/wait.h"
 
 #include "dispatch/args.h"
@@ -27,6 +28,7 @@
 #include <shardtensor/shard_tensor.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/function.h>
@@ -251,6 +253,79 @@ bool run_on_replicas(const Slot& slot, const c10::OperatorHandle& op, torch::jit
   return true;
 }
 
+// The functional overload of an out= op (`sum.IntList_out` -> `sum.dim_IntList`): the overload of the same name
+// whose arguments are the out= op's without its written keyword-only ones. Found from the schemas (overload names
+// do not map), once per op.
+std::optional<c10::OperatorHandle> functional_overload(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorName>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& d = c10::Dispatcher::singleton();
+  auto it = cache.find(op.operator_name());
+  if (it == cache.end()) {
+    std::vector<const c10::Argument*> wanted;
+    for (const auto& a : op.schema().arguments())
+      if (!(a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite())) wanted.push_back(&a);
+    std::optional<c10::OperatorName> found;
+    for (const auto& name : d.getAllOpNames()) {
+      if (name.name != op.operator_name().name || name == op.operator_name()) continue;
+      auto h = d.findOp(name);
+      if (!h) continue;
+      const auto& args = h->schema().arguments();
+      bool same = args.size() == wanted.size() && h->schema().returns().size() == op.schema().returns().size();
+      for (size_t i = 0; same && i < args.size(); ++i)
+        same = args[i].name() == wanted[i]->name() && *args[i].type() == *wanted[i]->type() && !args[i].alias_info();
+      if (same) found = name;
+    }
+    it = cache.emplace(op.operator_name(), found).first;
+  }
+  if (!it->second) return std::nullopt;
+  return d.findOp(*it->second);
+}
+
+// An out= op without a rule whose outputs are plain tensors, some input split (torch.linalg.matrix_rank of a batch
+// of matrices split along the batch: its sum(S > tol, out=...) into a plain tensor): the functional overload runs on
+// its rule, and each plain output receives the whole result (gathered on every rank), as a plain tensor written
+// from ShardTensors does elsewhere. Decided from the schema and the layouts (every rank alike).
+bool run_functional_into_plain_outs(const Slot& slot, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (slot.written.empty() || slot.seeded) return false;
+  for (const auto& r : op.schema().returns())
+    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
+  const auto& args = op.schema().arguments();
+  const auto n = args.size();
+  const auto base = stack->size() - n;
+  bool any_shard = false, all_replicate = true;
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = (*stack)[base + i];
+    if (std::find(slot.written.begin(), slot.written.end(), i) != slot.written.end()) {
+      if (!args[i].kwarg_only() || !v.isTensor() || !v.toTensor().defined() || shard_impl(v.toTensor())) return false;
+      outs.push_back(v.toTensor());
+      continue;
+    }
+    scan_replicas(v, any_shard, all_replicate);
+  }
+  if (!any_shard) return false;
+  auto functional = functional_overload(op);
+  if (!functional) return false;
+  torch::jit::Stack fstack;
+  for (size_t i = 0; i < n; ++i)
+    if (std::find(slot.written.begin(), slot.written.end(), i) == slot.written.end()) fstack.push_back((*stack)[base + i]);
+  functional->callBoxed(fstack);
+  TORCH_INTERNAL_ASSERT(fstack.size() == outs.size(), dispatch::qualified_name(op), ": ", fstack.size(),
+                        " results for ", outs.size(), " outputs");
+  for (size_t k = 0; k < outs.size(); ++k) {
+    auto r = fstack[k].toTensor();
+    if (shard_impl(r)) r = shard_impl(redistribute_to(r, replicate_spec(shard_impl(r)->spec()->mesh, r.sizes())))->local();
+    at::NoGradGuard no_grad;
+    at::native::resize_output(outs[k], r.sizes());
+    outs[k].copy_(r);
+  }
+  torch::jit::drop(*stack, n);
+  for (const auto& o : outs) torch::jit::push(*stack, o);
+  return true;
+}
+
 struct SlotKernel final : c10::OperatorKernel {
   explicit SlotKernel(Slot* s) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -278,7 +353,7 @@ struct SlotKernel final : c10::OperatorKernel {
     const bool fallback_op = slot->fallback && slot->level == RuleLevel::below_autograd;
     const bool may_fall_back = fallback_op && !strict();
     if (!rule) {
-      if (run_on_replicas(*slot, op, stack)) return;
+      if (run_on_replicas(*slot, op, stack) || run_functional_into_plain_outs(*slot, op, stack)) return;
       if (!fallback_op) not_implemented(op, stack);
       if (consistency_check_enabled()) check_op_consistency(op, stack);
       if (!may_fall_back) {

@@ -443,7 +443,7 @@ std::pair<at::Tensor, at::Tensor> transposed_direct_backward(const ConvPlan& pla
   at::Tensor gi, gw;
   if (want_input || want_weight)
     std::tie(gi, gw, std::ignore) = local_conv_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
-                                                             output_padding, groups, {want_input, want_weight, false});
+                                                        output_padding, groups, {want_input, want_weight, false});
   if (!exchange) return {gi, gw};
   auto received = rows.wait();
   if (!want_input && !want_weight) return {gi, gw};
@@ -456,8 +456,8 @@ std::pair<at::Tensor, at::Tensor> transposed_direct_backward(const ConvPlan& pla
     pad[2 * (g.dim() - 1 - dim) + 1] = after;
     gt = at::constant_pad_nd(gt, pad, 0);
     auto [bi, bw, unused2] = local_conv_backward(gt, x.narrow(dim, first, inputs), w, std::nullopt, stride,
-                                                      plan.local_padding, dilation, true, plan.local_output_padding,
-                                                      groups, {want_input, want_weight, false});
+                                                 plan.local_padding, dilation, true, plan.local_output_padding,
+                                                 groups, {want_input, want_weight, false});
     if (want_input) gi.narrow(dim, first, inputs).add_(bi);
     if (want_weight) gw.add_(bw);
   };
@@ -587,7 +587,7 @@ std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan
   auto received = plan.halo.exchange_all(g, mesh, [&] {
     if (want_input || want_weight)
       std::tie(gi, gw, std::ignore) = local_conv_backward(g, x, w, std::nullopt, stride, padding, dilation, true,
-                                                               output_padding, groups, {want_input, want_weight, false});
+                                                          output_padding, groups, {want_input, want_weight, false});
   });
   if (!want_input && !want_weight) return {gi, gw};
   for (const auto& r : transposed_regions(plan)) {
@@ -601,8 +601,8 @@ std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan
     pad[2 * (g.dim() - 1 - dim) + (r.left ? 1 : 0)] = r.produced - len;
     gr = at::constant_pad_nd(gr, pad, 0);
     auto [bi, bw, unused] = local_conv_backward(gr, x.narrow(dim, r.first_input, r.inputs), w, std::nullopt, stride,
-                                                     r.padding, dilation, true, r.output_padding, groups,
-                                                     {want_input, want_weight, false});
+                                                r.padding, dilation, true, r.output_padding, groups,
+                                                {want_input, want_weight, false});
     if (want_input) gi.narrow(dim, r.first_input, r.inputs).add_(bi);
     if (want_weight) gw.add_(bw);
   }
@@ -725,7 +725,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
   at::Tensor gi, gw, gb;
   auto main_call = [&] {
     std::tie(gi, gw, gb) = local_conv_backward(g, x, w, bias_sizes, stride, padding, dilation, false,
-                                                    plan.local_output_padding, groups, mask);
+                                               plan.local_output_padding, groups, mask);
   };
   // The input gradient reads no input values: without a weight gradient the halo does not travel (as on the window
   // path, whose window is then only a shape).
@@ -770,7 +770,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
       }
       auto [gri, grw, unused] =
           local_conv_backward(slab, halo_only, w, std::nullopt, stride, plan.local_padding, dilation, false,
-                                   plan.local_output_padding, groups, {mask[0], mask[1], false});
+                              plan.local_output_padding, groups, {mask[0], mask[1], false});
       if (mask[1]) gw.add_(grw);
       if (mask[0]) plan.halo.add_region(gi, halo_grad, n, r.range, gri, /*skip_own=*/true);
     }
@@ -933,12 +933,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& p
     if (mask[2] && bias_sizes) gb = at::zeros(*bias_sizes, w.options());
   } else if (plan.split.direct) {
     std::tie(gi, gw, gb) = local_conv_backward(g, x, w, bias_sizes, stride,
-                                                    padding_on_split_dim(plan, plan.split.padding), dilation, false,
-                                                    plan.local_output_padding, groups, mask);
+                                               padding_on_split_dim(plan, plan.split.padding), dilation, false,
+                                               plan.local_output_padding, groups, mask);
   } else {
     auto window = plan.halo.window_slice(0, x, {}, 0, plan.halo.window_rows(0));  // the neighbours' rows zero
     std::tie(gi, gw, gb) = local_conv_backward(g, window, w, bias_sizes, stride, plan.local_padding, dilation,
-                                                    false, plan.local_output_padding, groups, mask);
+                                               false, plan.local_output_padding, groups, mask);
     if (mask[0]) gi = plan.halo.own_sum(0, gi, /*reuse=*/true);
   }
   if (!exchange) return {gi, gw, gb};
@@ -1011,13 +1011,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     auto received = plan.halo.exchange_all(x, *mesh, [&] {
       if (mask[0] || mask[2])
         std::tie(gi, std::ignore, gb) = local_conv_backward(g, window, w, bs, stride, plan.local_padding, dilation,
-                                                                 false, plan.local_output_padding, local_groups,
-                                                                 {mask[0], false, mask[2]});
+                                                            false, plan.local_output_padding, local_groups,
+                                                            {mask[0], false, mask[2]});
     });
     {
       plan.halo.assemble(x, received, plan.halo.size(), 0, 0, window);
       gw = std::get<1>(local_conv_backward(g, window, w, std::nullopt, stride, plan.local_padding, dilation,
-                                                false, plan.local_output_padding, local_groups, {false, true, false}));
+                                           false, plan.local_output_padding, local_groups, {false, true, false}));
       window = at::Tensor();
     }
     if (mask[0]) gi = plan.halo.scatter_add(gi, *mesh, /*consume=*/true);
@@ -1032,7 +1032,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
       if (bias_sizes) gb = at::zeros(*bias_sizes, w.options());
     } else {
       std::tie(gi, gw, gb) = local_conv_backward(g, window, w, bs, stride, plan.local_padding, dilation,
-                                                      transposed, plan.local_output_padding, local_groups, mask);
+                                                 transposed, plan.local_output_padding, local_groups, mask);
     }
     // The gathered input window is dead now: freed before the window gradient goes home, so a backward holds at
     // most the window gradient and the local one (the saved input stays with autograd).
@@ -1128,7 +1128,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_with(const ConvPara
                                                                   const at::Tensor& x, const at::Tensor& w,
                                                                   std::array<bool, 3> mask) {
   return local_conv_backward(go, x, w, std::nullopt, p.stride, p.padding, p.dilation, p.transposed,
-                                  p.output_padding, p.groups, mask);
+                             p.output_padding, p.groups, mask);
 }
 
 at::Tensor add_defined(const at::Tensor& a, const at::Tensor& b) {

@@ -208,7 +208,8 @@ at::Tensor addbmm_rule(const at::Tensor& self, const at::Tensor& batch1, const a
                     batch1.dim(), "-D and ", batch2.dim(), "-D");
   // Integer tensors: torch's kernel takes beta and alpha as the integer type (0.6 -> 0), so the terms stay integers.
   const bool integral = at::isIntegralType(self.scalar_type(), /*includeBool=*/false);
-  const auto b_ = integral ? at::Scalar(beta.to<int64_t>()) : beta, a_ = integral ? at::Scalar(alpha.to<int64_t>()) : alpha;
+  const auto b_ = integral ? at::Scalar(beta.to<int64_t>()) : beta;
+  const auto a_ = integral ? at::Scalar(alpha.to<int64_t>()) : alpha;
   auto products = at::sum(at::bmm(batch1, batch2), 0);
   auto scaled = b_.toComplexDouble() == 0.0 ? at::zeros_like(self) : at::mul(self, b_);
   return at::add(scaled, products, a_);

@@ -241,7 +241,10 @@ at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIn
   auto layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
   const bool relaid = !layout;
   if (!layout) {
-    self = redistribute_to(self, view_aligned_spec(spec_of(self), self.sizes(), out_shape, groups));
+    // An empty tensor (a zero-size dim) holds nothing to align: whole on every rank, which is every layout's content.
+    self = redistribute_to(self, self_arg.numel() == 0
+                                     ? dispatch::replicate_spec(spec_of(self).mesh, self.sizes())
+                                     : view_aligned_spec(spec_of(self), self.sizes(), out_shape, groups));
     layout = local_view_layout(spec_of(self), self.sizes(), out_shape, groups);
     TORCH_INTERNAL_ASSERT(layout, op_name, " from ", self.sizes(), " to ", c10::IntArrayRef(out_shape),
                           ": the re-aligned layout ", to_string(spec_of(self).placements), " is not local");

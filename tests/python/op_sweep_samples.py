@@ -9,6 +9,7 @@ keepdim, broadcasting operands, scalars), so this finds what the committed sweep
       [--patterns 'first x last']   # a 2x2 mesh splitting the first and the last dim
       [--dtype complex64]           # the samples of another dtype (float64, complex64, int64, bool, ...)
       [--errors]                    # OpInfo's error inputs: refused as on one device, on every rank, no hang
+      [--reference]                 # OpInfo's reference inputs (larger and edge-case samples) instead
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def _samples(info, pattern, limit):
     torch.manual_seed(0)
     out = []
     dtype = _dtype()
-    for sample in info.sample_inputs("cpu", dtype, requires_grad=False):
+    # --reference: OpInfo's reference inputs (the samples plus larger and edge-case ones, where an op defines them).
+    source = info.reference_inputs if os.environ.get("SHARDTENSOR_SWEEP_REFERENCE") else info.sample_inputs
+    for sample in source("cpu", dtype, requires_grad=False):
         x = sample.input
         if isinstance(x, torch.Tensor) and x.dtype == dtype and _shard_dims(x, pattern) is not None:
             out.append(sample)
@@ -145,6 +148,8 @@ def main():
     parser.add_argument("--patterns", default=",".join(op_sweep.PATTERNS),
                         help=f"comma-separated patterns (default: the 1-D ones; '{op_sweep.MESH_2D}': a 2x2 mesh)")
     parser.add_argument("--dtype", default="float32", help="the samples' dtype (default float32)")
+    parser.add_argument("--reference", action="store_true",
+                        help="OpInfo's reference inputs (samples plus larger and edge-case ones), not its samples")
     parser.add_argument("--errors", action="store_true",
                         help="OpInfo's error inputs instead: refused like one device, on every rank?")
     parser.add_argument("--out", required=True, help="the JSON report: {pattern: {op: 'outcome|outcome|...'}}")
@@ -155,6 +160,8 @@ def main():
         keys = args.ops.split(",") if args.ops else list(dtype_ops(getattr(torch, args.dtype)))
         os.environ["SHARDTENSOR_SWEEP_SAMPLES"] = str(args.samples)
         os.environ["SHARDTENSOR_SWEEP_DTYPE"] = args.dtype
+        if args.reference:
+            os.environ["SHARDTENSOR_SWEEP_REFERENCE"] = "1"
         # Some generators iterate a set of strings (meshgrid's indexing), whose order follows the per-process string
         # hash: the ranks (spawned after this) must hash alike to build the same samples.
         os.environ["PYTHONHASHSEED"] = "0"

@@ -68,3 +68,21 @@ def case_empty_blocks(layout):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_empty_blocks(layout):
     harness.run(4, case_empty_blocks, layout)
+
+
+def case_view_of_empty_tensor():
+    """A view of a tensor with a zero-size dim whose split no local layout keeps (flatten(1, 3) of (5, 4, 0, 1, 3, 7)
+    split along dim 1, one of OpInfo's reference inputs): raised an internal assert ("the re-aligned layout is not
+    local"); there is nothing to align, so the view runs on the (empty) whole. Forward and gradient shapes."""
+    m = mesh()
+    x = torch.zeros(5, 4, 0, 1, 3, 7)
+    xs = st.distribute_tensor(x, m, [st.Shard(1)]).requires_grad_()
+    out = xs.flatten(1, 3)
+    assert tuple(out.shape) == (5, 0, 3, 7)
+    (g,) = torch.autograd.grad(out, [xs], torch.zeros(5, 0, 3, 7))
+    assert tuple(g.shape) == tuple(x.shape)
+    return True
+
+
+def test_view_of_empty_tensor():
+    harness.run(2, case_view_of_empty_tensor)

@@ -192,7 +192,8 @@ def test_declines():
 def case_out_on_replicas():
     """An out= op without a rule that writes a plain tensor from replicated ShardTensors runs on the replicas, as on one
     device (no communication): torch.linalg.matrix_rank's sum(S > tol, out=...) after the fallback's gathered svd
-    (a matrix dim split) raised "no domain-parallel rule"; strict mode too for a direct out= call."""
+    (a matrix dim split) raised "no domain-parallel rule"; strict mode too for a direct out= call. From split inputs
+    the functional overload runs on its rule and the plain output receives the whole result."""
     import warnings
     m = mesh()
     a = randn(3, 5, 5, seed=21, **D64)
@@ -207,9 +208,16 @@ def case_out_on_replicas():
         res = torch.sum(r, -1, out=out)
         assert res is out and not st.is_shard_tensor(out)
         assert torch.equal(out, a.sum(-1))
-        # A split input still has no rule for out=: refused (its value is not whole on any rank).
-        with pytest.raises(NotImplementedError, match="sum"):
-            torch.sum(shard_of(a, m, [st.Shard(1)]), -1, out=torch.empty(3, 5, dtype=torch.float64))
+        # A split input: the functional overload (sum.dim_IntList for sum.IntList_out) runs on its rule and the
+        # plain output receives the whole result on every rank.
+        for pl in ([st.Shard(1)], [st.Shard(2)]):
+            out = torch.full((7,), 9.0, dtype=torch.float64)  # resized as torch resizes it
+            res = torch.sum(shard_of(a, m, pl), -1, out=out)
+            assert res is out and not st.is_shard_tensor(out) and out.shape == (3, 5)
+            close(out, a.sum(-1), rtol=1e-12, atol=1e-12, what=f"sum(out=) of {pl}")
+    # matrix_rank of a batch of matrices split along the batch: the batched svd is local, its sum(out=) as above.
+    got = torch.linalg.matrix_rank(shard_of(a, m, [st.Shard(0)]))
+    assert torch.equal(st.full_tensor(got) if st.is_shard_tensor(got) else got, torch.linalg.matrix_rank(a))
     return True
 
 
