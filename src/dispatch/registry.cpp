@@ -198,6 +198,11 @@ std::vector<std::shared_ptr<torch::autograd::Node>> leaf_hooks(const c10::Operat
   return out;
 }
 
+// Whether the op writes its argument `i` in place (Tensor(a!)).
+bool writes(const Slot& slot, size_t i) {
+  return std::find(slot.written.begin(), slot.written.end(), i) != slot.written.end();
+}
+
 // Whether `v` (a tensor or a list of them) holds a ShardTensor, and whether every ShardTensor in it is Replicate on
 // every mesh dim (no split, no pending sum).
 void scan_replicas(const c10::IValue& v, bool& any_shard, bool& all_replicate) {
@@ -227,8 +232,7 @@ bool run_on_replicas(const Slot& slot, const c10::OperatorHandle& op, torch::jit
   bool any_shard = false, all_replicate = true;
   for (size_t i = 0; i < n; ++i) {
     const auto& v = (*stack)[base + i];
-    const bool written = std::find(slot.written.begin(), slot.written.end(), i) != slot.written.end();
-    if (written && v.isTensor() && v.toTensor().defined() && shard_impl(v.toTensor())) return false;
+    if (writes(slot, i) && v.isTensor() && v.toTensor().defined() && shard_impl(v.toTensor())) return false;
     scan_replicas(v, any_shard, all_replicate);
   }
   if (!any_shard || !all_replicate) return false;
@@ -298,7 +302,7 @@ bool run_functional_into_plain_outs(const Slot& slot, const c10::OperatorHandle&
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < n; ++i) {
     const auto& v = (*stack)[base + i];
-    if (std::find(slot.written.begin(), slot.written.end(), i) != slot.written.end()) {
+    if (writes(slot, i)) {
       if (!args[i].kwarg_only() || !v.isTensor() || !v.toTensor().defined() || shard_impl(v.toTensor())) return false;
       outs.push_back(v.toTensor());
       continue;
@@ -310,13 +314,16 @@ bool run_functional_into_plain_outs(const Slot& slot, const c10::OperatorHandle&
   if (!functional) return false;
   torch::jit::Stack fstack;
   for (size_t i = 0; i < n; ++i)
-    if (std::find(slot.written.begin(), slot.written.end(), i) == slot.written.end()) fstack.push_back((*stack)[base + i]);
+    if (!writes(slot, i)) fstack.push_back((*stack)[base + i]);
   functional->callBoxed(fstack);
   TORCH_INTERNAL_ASSERT(fstack.size() == outs.size(), dispatch::qualified_name(op), ": ", fstack.size(),
                         " results for ", outs.size(), " outputs");
   for (size_t k = 0; k < outs.size(); ++k) {
     auto r = fstack[k].toTensor();
-    if (shard_impl(r)) r = shard_impl(redistribute_to(r, replicate_spec(shard_impl(r)->spec()->mesh, r.sizes())))->local();
+    if (shard_impl(r)) {
+      const auto whole = replicate_spec(shard_impl(r)->spec()->mesh, r.sizes());
+      r = shard_impl(redistribute_to(r, whole))->local();
+    }
     at::NoGradGuard no_grad;
     at::native::resize_output(outs[k], r.sizes());
     outs[k].copy_(r);
