@@ -122,24 +122,6 @@ bool has_alias(const c10::Argument& a) {
   return a.alias_info() != nullptr;
 }
 
-// The argument with every ShardTensor inside it (Tensor, Tensor?, Tensor[], Tensor?[]) replaced by `f(tensor)`.
-template <typename F>
-c10::IValue map_shard_tensors(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) return shard_impl(v.toTensor()) ? c10::IValue(f(v.toTensor())) : v;
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(shard_impl(t) ? f(t) : t);
-    return out;
-  }
-  if (v.isList()) {
-    auto in = v.toList();
-    c10::impl::GenericList out(in.elementType());
-    for (const c10::IValue& e : in) out.push_back(e.isTensor() && shard_impl(e.toTensor()) ? c10::IValue(f(e.toTensor())) : e);
-    return out;
-  }
-  return v;
-}
-
 // A return of the op, run on plain full tensors, as a ShardTensor.
 struct OutputWrapper {
   const c10::OperatorHandle& op;

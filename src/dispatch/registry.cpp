@@ -23,6 +23,7 @@
 #include "dispatch/shard_random.h"
 #include "dispatch/view_replay.h"
 #include "dispatch/write_back.h"
+#include "ops/schema_util.h"
 
 #include <shardtensor/fallback.h>
 #include <shardtensor/shard_tensor.h>
@@ -198,65 +199,6 @@ std::vector<std::shared_ptr<torch::autograd::Node>> leaf_hooks(const c10::Operat
   return out;
 }
 
-// Whether the op writes its argument `i` in place (Tensor(a!)).
-bool writes(const Slot& slot, size_t i) {
-  return std::find(slot.written.begin(), slot.written.end(), i) != slot.written.end();
-}
-
-// Whether `v` (a tensor or a list of them) holds a ShardTensor, and whether every ShardTensor in it is Replicate on
-// every mesh dim (no split, no pending sum).
-void scan_replicas(const c10::IValue& v, bool& any_shard, bool& all_replicate) {
-  auto one = [&](const at::Tensor& t) {
-    if (!t.defined() || !shard_impl(t)) return;
-    any_shard = true;
-    all_replicate = all_replicate && shard_impl(t)->spec()->all_replicate();
-  };
-  if (v.isTensor()) one(v.toTensor());
-  else if (v.isTensorList()) for (const auto& t : v.toTensorList()) one(t);
-  else if (v.isOptionalTensorList())
-    for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
-      if (t) one(*t);
-}
-
-// An out= or in-place op without a rule that writes only plain tensors, every ShardTensor it reads Replicate
-// (torch.linalg.matrix_rank's sum(S > tol, out=...) over a gathered svd's values): every rank holds the whole
-// values, so the op runs on them as on one device and writes the same into its plain outputs on every rank — no
-// communication, nothing gathered. Decided from the layouts and the schema alone (every rank alike). Not for ops
-// that draw random numbers (each rank's generator), nor for views or fresh results (they would come back plain).
-bool run_on_replicas(const Slot& slot, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (slot.written.empty() || slot.seeded) return false;
-  for (const auto& r : op.schema().returns())
-    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
-  const auto n = op.schema().arguments().size();
-  const auto base = stack->size() - n;
-  bool any_shard = false, all_replicate = true;
-  for (size_t i = 0; i < n; ++i) {
-    const auto& v = (*stack)[base + i];
-    if (writes(slot, i) && v.isTensor() && v.toTensor().defined() && shard_impl(v.toTensor())) return false;
-    scan_replicas(v, any_shard, all_replicate);
-  }
-  if (!any_shard || !all_replicate) return false;
-  auto local = [](const at::Tensor& t) { return t.defined() && shard_impl(t) ? shard_impl(t)->local() : t; };
-  for (size_t i = 0; i < n; ++i) {
-    auto& v = (*stack)[base + i];
-    if (v.isTensor()) {
-      v = local(v.toTensor());
-    } else if (v.isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const auto& t : v.toTensorList()) ts.push_back(local(t));
-      v = c10::List<at::Tensor>(ts);
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> ts;
-      for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
-        ts.push_back(t ? std::optional<at::Tensor>(local(*t)) : t);
-      v = ts;
-    }
-  }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  op.callBoxed(stack);
-  return true;
-}
-
 // The functional overload of an out= op (`sum.IntList_out` -> `sum.dim_IntList`): the overload of the same name
 // whose arguments are the out= op's without its written keyword-only ones. Found from the schemas (overload names
 // do not map), once per op.
@@ -267,19 +209,14 @@ std::optional<c10::OperatorHandle> functional_overload(const c10::OperatorHandle
   auto& d = c10::Dispatcher::singleton();
   auto it = cache.find(op.operator_name());
   if (it == cache.end()) {
-    std::vector<const c10::Argument*> wanted;
-    for (const auto& a : op.schema().arguments())
-      if (!(a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite())) wanted.push_back(&a);
     std::optional<c10::OperatorName> found;
     for (const auto& name : d.getAllOpNames()) {
       if (name.name != op.operator_name().name || name == op.operator_name()) continue;
       auto h = d.findOp(name);
-      if (!h) continue;
-      const auto& args = h->schema().arguments();
-      bool same = args.size() == wanted.size() && h->schema().returns().size() == op.schema().returns().size();
-      for (size_t i = 0; same && i < args.size(); ++i)
-        same = args[i].name() == wanted[i]->name() && *args[i].type() == *wanted[i]->type() && !args[i].alias_info();
-      if (same) found = name;
+      if (h && h->schema().returns().size() == op.schema().returns().size() &&
+          ops::same_arguments(op.schema(), h->schema(),
+                              [](const c10::Argument& a) { return a.kwarg_only() && ops::is_written(a); }))
+        found = name;
     }
     it = cache.emplace(op.operator_name(), found).first;
   }
@@ -287,34 +224,50 @@ std::optional<c10::OperatorHandle> functional_overload(const c10::OperatorHandle
   return d.findOp(*it->second);
 }
 
-// An out= op without a rule whose outputs are plain tensors, some input split (torch.linalg.matrix_rank of a batch
-// of matrices split along the batch: its sum(S > tol, out=...) into a plain tensor): the functional overload runs on
-// its rule, and each plain output receives the whole result (gathered on every rank), as a plain tensor written
-// from ShardTensors does elsewhere. Decided from the schema and the layouts (every rank alike).
-bool run_functional_into_plain_outs(const Slot& slot, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (slot.written.empty() || slot.seeded) return false;
-  for (const auto& r : op.schema().returns())
-    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
+// An out= or in-place op without a rule that writes only plain tensors and reads ShardTensors, decided from the
+// schema and the layouts alone (every rank alike); not for ops that draw random numbers (each rank's generator):
+// - every ShardTensor Replicate (torch.linalg.matrix_rank's sum(S > tol, out=...) over a gathered svd's values):
+//   every rank holds the whole values, so the op runs on them as on one device and writes the same into its plain
+//   outputs on every rank -- no communication, nothing gathered;
+// - some input split (matrix_rank of a batch of matrices split along the batch): its functional overload runs on
+//   its rule and each plain output (an out= argument) receives the whole result, gathered on every rank, as a plain
+//   tensor written from ShardTensors does elsewhere.
+bool run_into_plain_outputs(const Slot& slot, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (slot.written.empty() || slot.seeded || !ops::returns_written(op.schema())) return false;
   const auto& args = op.schema().arguments();
   const auto n = args.size();
   const auto base = stack->size() - n;
-  bool any_shard = false, all_replicate = true;
-  std::vector<at::Tensor> outs;
+  bool any_shard = false, all_replicate = true, outs_only = true;
   for (size_t i = 0; i < n; ++i) {
     const auto& v = (*stack)[base + i];
-    if (writes(slot, i)) {
-      if (!args[i].kwarg_only() || !v.isTensor() || !v.toTensor().defined() || shard_impl(v.toTensor())) return false;
-      outs.push_back(v.toTensor());
+    if (ops::is_written(args[i])) {
+      if (v.isTensor() && v.toTensor().defined() && shard_impl(v.toTensor())) return false;
+      outs_only = outs_only && args[i].kwarg_only() && v.isTensor() && v.toTensor().defined();
       continue;
     }
-    scan_replicas(v, any_shard, all_replicate);
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined() || !shard_impl(t)) return;
+      any_shard = true;
+      all_replicate = all_replicate && shard_impl(t)->spec()->all_replicate();
+    });
   }
   if (!any_shard) return false;
-  auto functional = functional_overload(op);
+  if (all_replicate) {
+    for (size_t i = 0; i < n; ++i)
+      (*stack)[base + i] = map_shard_tensors((*stack)[base + i], [](const at::Tensor& t) { return local_or_self(t); });
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.callBoxed(stack);
+    return true;
+  }
+  auto functional = outs_only ? functional_overload(op) : std::nullopt;
   if (!functional) return false;
+  std::vector<at::Tensor> outs;
   torch::jit::Stack fstack;
-  for (size_t i = 0; i < n; ++i)
-    if (!writes(slot, i)) fstack.push_back((*stack)[base + i]);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = (*stack)[base + i];
+    if (ops::is_written(args[i])) outs.push_back(v.toTensor());
+    else fstack.push_back(v);
+  }
   functional->callBoxed(fstack);
   TORCH_INTERNAL_ASSERT(fstack.size() == outs.size(), dispatch::qualified_name(op), ": ", fstack.size(),
                         " results for ", outs.size(), " outputs");
@@ -360,7 +313,7 @@ struct SlotKernel final : c10::OperatorKernel {
     const bool fallback_op = slot->fallback && slot->level == RuleLevel::below_autograd;
     const bool may_fall_back = fallback_op && !strict();
     if (!rule) {
-      if (run_on_replicas(*slot, op, stack) || run_functional_into_plain_outs(*slot, op, stack)) return;
+      if (run_into_plain_outputs(*slot, op, stack)) return;
       if (!fallback_op) not_implemented(op, stack);
       if (consistency_check_enabled()) check_op_consistency(op, stack);
       if (!may_fall_back) {

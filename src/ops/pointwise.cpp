@@ -335,27 +335,6 @@ void pointwise_handler(PartialRule rule, const c10::OperatorHandle& op, torch::j
   }
 }
 
-// The arguments of `variant` other than those `skip` selects have the names and types of `functional`'s, in order.
-template <typename Skip>
-bool same_arguments(const c10::FunctionSchema& variant, const c10::FunctionSchema& functional, Skip skip) {
-  size_t j = 0;
-  for (const auto& a : variant.arguments()) {
-    if (skip(a)) continue;
-    if (j >= functional.arguments().size()) return false;
-    const auto& b = functional.arguments()[j++];
-    if (a.name() != b.name() || *a.type() != *b.type()) return false;
-  }
-  return j == functional.arguments().size();
-}
-
-// Every return of `s` is an alias of a written argument (the in-place / out= contract: the op returns what it wrote).
-bool returns_written(const c10::FunctionSchema& s) {
-  if (s.returns().empty()) return false;
-  for (const auto& r : s.returns())
-    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
-  return true;
-}
-
 // The functional op that `name` is the in-place or out= variant of, read from its schema (not from a list):
 // - in-place: `foo_` (overload kept) whose `self` is written and returned, with foo's arguments (rrelu_with_noise_
 //   also writes `noise`, as its functional does);
