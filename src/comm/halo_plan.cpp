@@ -1,4 +1,6 @@
 #include "comm/halo_plan.h"
+
+#include "comm/dtype_limits.h"
 #include "comm/functional.h"
 #include "comm/host_metadata.h"
 
@@ -53,10 +55,7 @@ namespace {
 
 at::Scalar fill_scalar(at::ScalarType t, double fill) {
   if (!std::isinf(fill) || at::isFloatingType(t) || at::isComplexType(t)) return fill;
-  if (t == at::kBool) return fill > 0;
-  return AT_DISPATCH_INTEGRAL_TYPES(t, "halo fill", [&] {
-    return at::Scalar(fill < 0 ? std::numeric_limits<scalar_t>::lowest() : std::numeric_limits<scalar_t>::max());
-  });
+  return dtype_limit(t, fill < 0);
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 #include "ops/arg_checks.h"
 #include "ops/concrete_ints.h"
 #include "ops/common.h"
+#include "comm/dtype_limits.h"
 #include "ops/moments.h"
 
 #include <ATen/AccumulateType.h>
@@ -97,31 +98,11 @@ bool empty_reduction(const at::Tensor& local, const std::vector<int64_t>& dims) 
   return false;
 }
 
-// The identity of max (lowest) and min (highest) in dtype `t`: an empty shard's term of a pending max/min. It must be
-// representable in `t` (at::full refuses an int64 bound for an int16 tensor, on that rank only).
-template <typename T>
-at::Scalar integral_limit(bool low) {
-  return low ? at::Scalar(std::numeric_limits<T>::lowest()) : at::Scalar(std::numeric_limits<T>::max());
-}
-at::Scalar limit(at::ScalarType t, bool low) {
-  if (at::isFloatingType(t)) return (low ? -1 : 1) * std::numeric_limits<double>::infinity();
-  switch (t) {
-    case at::kBool: return !low;
-    case at::kByte: return integral_limit<uint8_t>(low);
-    case at::kChar: return integral_limit<int8_t>(low);
-    case at::kShort: return integral_limit<int16_t>(low);
-    case at::kInt: return integral_limit<int32_t>(low);
-    case at::kUInt16: return integral_limit<uint16_t>(low);
-    case at::kUInt32: return integral_limit<uint32_t>(low);
-    case at::kUInt64: return integral_limit<uint64_t>(low);
-    default: return integral_limit<int64_t>(low);
-  }
-}
 at::Scalar lowest(at::ScalarType t) {
-  return limit(t, /*low=*/true);
+  return comm::dtype_limit(t, /*low=*/true);
 }
 at::Scalar highest(at::ScalarType t) {
-  return limit(t, /*low=*/false);
+  return comm::dtype_limit(t, /*low=*/false);
 }
 
 enum class Kind { Sum, Mean, Amax, Amin, All, Any, Prod, Norm, NanSum, CountNonzero };
