@@ -260,3 +260,71 @@ def case_margin_losses(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_margin_losses(world):
     harness.run(world, case_margin_losses, world)
+
+
+def case_ctc_loss(seed):
+    """CTC loss with the batch split (a speech model's frame logits, per-sample targets): each rank runs aten's
+    kernel on its own samples -- 2-D and concatenated 1-D targets, list and tensor lengths, every reduction,
+    zero_infinity with an impossible sample, uneven and empty batch shards -- in strict mode (no gather); the frames
+    split decline to the fallback (the alpha recursion runs along them), strict mode refuses them on every rank."""
+    m = mesh()
+    w = m.size()
+    g = torch.Generator().manual_seed(seed)
+    T, N, C, S = 12, 5, 6, 4
+    x = randn(T, N, C, seed=seed)
+    target_lengths = [3, 0, 4, 2, 4]
+    input_lengths = [12, 7, 9, 12, 3]   # the last sample cannot emit its 4 labels in 3 frames: an infinite loss
+    targets2d = torch.randint(1, C, (N, S), generator=g)
+    targets1d = torch.cat([targets2d[i, :n] for i, n in enumerate(target_lengths)])
+    lays = [([st.Shard(1)], {0: uneven_extents(N, w, seed)})]
+    if w == 3:
+        lays.append(([st.Shard(1)], {0: [3, 0, 2]}))
+    with st.use_strict():
+        for lay in lays:
+            for red in ("none", "mean", "sum"):
+                for tg, kind in ((targets2d, "2-D"), (targets1d, "1-D")):
+                    for tensors in (False, True):
+                        il = torch.tensor(input_lengths) if tensors else input_lengths
+                        tl = torch.tensor(target_lengths) if tensors else target_lengths
+                        check_op(lambda a, t: F.ctc_loss(a.log_softmax(2), t, il, tl, reduction=red,
+                                                         zero_infinity=True),
+                                 [x, tg], [lay, None], m, rtol=1e-5, atol=1e-5,
+                                 what=f"ctc {red} {kind} targets, lengths as {'tensors' if tensors else 'lists'}")
+            # without zero_infinity the impossible sample's loss is inf on one device and here (its gradient NaN)
+            check_op(lambda a, t: F.ctc_loss(a.log_softmax(2), t, input_lengths, target_lengths, reduction="none"),
+                     [x, targets2d], [lay, None], m, grad=False, what="ctc inf loss")
+            # the targets split like the batch (a user who distributed them too)
+            check_op(lambda a, t: F.ctc_loss(a.log_softmax(2), t, input_lengths, target_lengths, blank=0,
+                                             zero_infinity=True),
+                     [x, targets2d], [lay, ([st.Shard(0)], {0: lay[1][0]})], m, rtol=1e-5, atol=1e-5,
+                     what="ctc targets split")
+    if w > 1:
+        frames = st.distribute_tensor(x.clone(), m, [st.Shard(0)])
+        with st.use_strict(), pytest.raises(NotImplementedError, match="only the batch"):
+            F.ctc_loss(frames.log_softmax(2), targets2d, input_lengths, target_lengths)
+        # without strict mode the fallback gives one device's value
+        check_op(lambda a, t: F.ctc_loss(a.log_softmax(2), t, input_lengths, target_lengths, zero_infinity=True),
+                 [x, targets2d], [([st.Shard(0)], None), None], m, rtol=1e-5, atol=1e-5, what="ctc frames split")
+    return True
+
+
+def case_ctc_loss_2d(seed):
+    """A 2x2 mesh: the batch on one mesh dim, the other replicated (a data x domain mesh whose domain dim ends
+    replicated at the head)."""
+    m = mesh((2, 2), ("batch", "rep"))
+    x = randn(9, 5, 4, seed=seed)
+    targets = torch.randint(1, 4, (5, 3), generator=torch.Generator().manual_seed(seed))
+    il, tl = [9, 8, 9, 5, 9], [3, 1, 2, 3, 0]
+    with st.use_strict():
+        check_op(lambda a, t: F.ctc_loss(a.log_softmax(2), t, il, tl), [x, targets],
+                 [([st.Shard(1), st.Replicate()], {0: [2, 3]}), None], m, rtol=1e-5, atol=1e-5, what="ctc 2x2")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ctc_loss(world):
+    harness.run(world, case_ctc_loss, world)
+
+
+def test_ctc_loss_2d():
+    harness.run(4, case_ctc_loss_2d, 4)
