@@ -233,6 +233,90 @@ def case_embedding_max_norm(seed):
     return True
 
 
+def case_embedding_bag(seed):
+    """F.embedding_bag / nn.EmbeddingBag with the bags split: a 2-D [bags, L] input split along its bags (every mode,
+    padding_idx, per-sample weights split like the input, the table replicated or split along its columns) and 1-D
+    indices with offsets split at bag boundaries (include_last_offset, empty bags, a rank without bags), in strict
+    mode: each rank its own bags, the table gradient a pending sum. A bag crossing a shard boundary declines (strict
+    mode refuses on every rank; the fallback gives one device's value)."""
+    m = mesh()
+    w = m.size()
+    g = torch.Generator().manual_seed(seed)
+    table = randn(10, 4, seed=seed)
+    idx2 = torch.randint(0, 10, (6, 3), generator=g)
+    psw2 = torch.rand(6, 3, generator=g) + 0.5
+    bags = ([st.Shard(0)], {0: uneven_extents(6, w, seed)})
+    cols = ([st.Shard(1)], {0: uneven_extents(4, w, seed + 1)})
+    # 1-D indices: bags of lengths 2, 0, 3, 1, 0, 4 (10 indices); shard boundaries on bag starts
+    idx1 = torch.randint(0, 10, (10,), generator=g)
+    starts = [0, 2, 2, 5, 6, 6]
+    offsets = torch.tensor(starts)
+    cuts = {1: [10], 2: [5, 5], 3: [2, 0, 8] if seed % 2 else [5, 1, 4], 4: [2, 3, 1, 4]}[w]
+    flat = ([st.Shard(0)], {0: cuts})
+    with st.use_strict():
+        for mode in ("sum", "mean", "max"):
+            check_op(lambda i, t: F.embedding_bag(i, t, mode=mode), [idx2, table], [bags, None], m,
+                     what=f"embedding_bag 2-D {mode}")
+            check_op(lambda i, t: F.embedding_bag(i, t, mode=mode, padding_idx=3), [idx2, table], [bags, None], m,
+                     what=f"embedding_bag 2-D {mode}, padding_idx")
+            check_op(lambda i, t: F.embedding_bag(i, t, mode=mode, padding_idx=3), [idx2, table], [None, cols], m,
+                     what=f"embedding_bag 2-D {mode}, padding_idx, column-split table")
+            check_op(lambda i, t: F.embedding_bag(i, t, offsets, mode=mode), [idx1, table], [flat, None], m,
+                     what=f"embedding_bag 1-D {mode}")
+            check_op(lambda i, t: F.embedding_bag(i, t, torch.tensor(starts + [10]), mode=mode,
+                                                  include_last_offset=True),
+                     [idx1, table], [flat, None], m, what=f"embedding_bag 1-D {mode}, include_last_offset")
+        check_op(lambda i, t, p: F.embedding_bag(i, t, per_sample_weights=p, mode="sum"), [idx2, table, psw2],
+                 [bags, None, bags], m, what="embedding_bag per-sample weights")
+        check_op(lambda i, t, p: F.embedding_bag(i, t, per_sample_weights=p, mode="sum", padding_idx=1),
+                 [idx2, table, psw2], [None, cols, None], m,
+                 what="embedding_bag per-sample weights, padding_idx, column-split table")
+        check_op(lambda i, t, p: F.embedding_bag(i, t, offsets, per_sample_weights=p, mode="sum"),
+                 [idx1, table, psw2.reshape(-1)[:10]], [flat, None, flat], m,
+                 what="embedding_bag 1-D per-sample weights")
+        check_op(lambda i, t, p: F.embedding_bag(i, t, torch.tensor(starts + [10]), per_sample_weights=p, mode="sum",
+                                                 include_last_offset=True),
+                 [idx1, table, psw2.reshape(-1)[:10]], [flat, None, flat], m,
+                 what="embedding_bag 1-D per-sample weights, include_last_offset")
+        # nn.EmbeddingBag: its weight gradient against one device
+        torch.manual_seed(seed)
+        ref_mod = torch.nn.EmbeddingBag(10, 4, mode="mean")
+        mod = torch.nn.EmbeddingBag(10, 4, mode="mean")
+        mod.load_state_dict(ref_mod.state_dict())
+        ref_mod(idx2).pow(2).sum().backward()
+        out = mod(st.distribute_tensor(idx2, m, *bags))
+        assert st.placements(out) == (st.Shard(0),)
+        out.pow(2).sum().backward()
+        close(full(mod.weight.grad), ref_mod.weight.grad, rtol=1e-5, atol=1e-6, what="EmbeddingBag weight grad")
+    if w > 1:
+        across = ([st.Shard(0)], {0: [3] + [7 // (w - 1) + (1 if i < 7 % (w - 1) else 0) for i in range(w - 1)]})
+        ids = st.distribute_tensor(idx1, m, *across)
+        with st.use_strict(), pytest.raises(NotImplementedError, match="crosses a shard boundary"):
+            F.embedding_bag(ids, table, offsets)
+        check_op(lambda i, t: F.embedding_bag(i, t, offsets), [idx1, table], [across, None], m,
+                 what="embedding_bag, a bag across ranks (fallback)")
+    return True
+
+
+def case_embedding_bag_2d(seed):
+    """A 2x2 mesh: the bags on one mesh dim, the table's columns on the other (every mode, per-sample weights)."""
+    m = mesh((2, 2))
+    g = torch.Generator().manual_seed(seed)
+    table = randn(10, 5, seed=seed)
+    idx = torch.randint(0, 10, (5, 3), generator=g)
+    psw = torch.rand(5, 3, generator=g) + 0.5
+    bags = ([st.Shard(0), st.Replicate()], {0: [4, 1]})
+    cols = ([st.Replicate(), st.Shard(1)], {1: [2, 3]})
+    with st.use_strict():
+        for mode in ("sum", "mean", "max"):
+            check_op(lambda i, t: F.embedding_bag(i, t, mode=mode), [idx, table], [bags, cols], m,
+                     what=f"embedding_bag 2x2 {mode}", expect_placements=[st.Shard(0), st.Shard(1)])
+        check_op(lambda i, t, p: F.embedding_bag(i, t, per_sample_weights=p, mode="sum"), [idx, table, psw],
+                 [bags, cols, bags],
+                 m, what="embedding_bag 2x2 per-sample weights")
+    return True
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_embedding_max_norm(world):
     harness.run(world, case_embedding_max_norm, world)
@@ -266,6 +350,15 @@ def test_softmax(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_embedding(world):
     harness.run(world, case_embedding, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_embedding_bag(world):
+    harness.run(world, case_embedding_bag, world)
+
+
+def test_embedding_bag_2d():
+    harness.run(4, case_embedding_bag_2d, 4)
 
 
 def case_bilinear(world):
