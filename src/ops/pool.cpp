@@ -157,6 +157,19 @@ void plan_adaptive_dim(SpDim& d, const Mesh& mesh, int64_t lout, bool allow_part
   d.W = static_cast<int64_t>(d.want[me].size());
 }
 
+// Whether every coordinate of a split dim wants exactly its own rows, in order (no halo along it). The same answer on
+// every rank: it reads every coordinate's requests.
+bool reads_own_rows_only(const SpDim& d) {
+  const auto off = offsets(d.in_ext);
+  for (size_t c = 0; c < d.want.size(); ++c) {
+    const auto& w = d.want[c];
+    if (static_cast<int64_t>(w.size()) != d.in_ext[c]) return false;
+    for (size_t j = 0; j < w.size(); ++j)
+      if (w[j] != off[c] + static_cast<int64_t>(j)) return false;
+  }
+  return true;
+}
+
 const char* name_of(PoolKind kind) {
   switch (kind) {
     case PoolKind::Max: return "max_pool";
@@ -293,6 +306,9 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
       continue;
     }
     plan.out_ext[d.dim] = d.out_ext;
+    // An adaptive dim whose every rank reads exactly its own rows (its cells one row each -- the dim a pass of
+    // adaptive_avg_pool keeps -- or aligned with the shards) exchanges nothing: the local rows are its window.
+    if (adaptive && reads_own_rows_only(d)) continue;
     by_mesh.push_back({d.mesh_dim, static_cast<int64_t>(i)});
   }
   std::sort(by_mesh.begin(), by_mesh.end());
@@ -729,6 +745,30 @@ size_t halo_sp(const PoolPlan& plan) {
 
 at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
 
+// A spatial dim the pooling keeps as it is (one cell per row, the window its rows): its averaging matrix is the
+// identity, and applying it would cost a matrix product for nothing.
+bool keeps_dim(const SpDim& d) { return d.Lout == d.L && d.n == d.W; }
+
+// Averaging matrix i applied along its dim (or transposed, for the gradient), unless the pooling keeps that dim.
+at::Tensor average_along(const PoolPlan& plan, size_t i, const at::Tensor& y, bool transposed) {
+  if (keeps_dim(plan.sp[i])) return y;
+  auto A = comm::plan_constant(plan.avg_matrices[i], y).to(y.options());
+  return apply_along(y, plan.sp[i].dim, transposed ? A.t() : A);
+}
+
+// Adaptive average pooling over several dims whose halos all travel (a 2-D mesh splitting H and W) runs as passes
+// of one exchanged dim each -- it is separable: pooling the first such dim (and the unsplit dims) while the others
+// keep their sizes, then the rest -- so each pass runs without a window (a window over two split dims is a copy of
+// the block with its halos and corners). The output sizes of the first pass, or nullopt for one exchanged dim.
+// From the layout alone (not this rank's output count): every rank takes the same passes and exchanges.
+std::optional<std::vector<int64_t>> first_pass_sizes(const PoolPlan& plan) {
+  if (plan.halo.size() < 2) return std::nullopt;
+  const auto first_dim = plan.halo.dim(0).dim;
+  std::vector<int64_t> sizes;
+  for (const auto& d : plan.sp) sizes.push_back(d.mesh_dim >= 0 && d.dim != first_dim ? d.L : d.Lout);
+  return sizes;
+}
+
 // An adaptive pooling whose every spatial size is a multiple of its output size is a plain pooling with kernel =
 // stride = L / O (the same cells, the same indices): the windowed pools run it without a window, through the
 // single-device kernel (an averaging matrix would cost O times the FLOPs, a cell table several passes). Not when a
@@ -774,8 +814,12 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
       y = y.defined() ? y.add_(term) : term;
     }
     for (size_t i = 0; i < plan.sp.size(); ++i)
-      if (i != k) y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()));
+      if (i != k) y = average_along(plan, i, y, false);
     return wrap_out(plan, shard_impl(x)->spec()->mesh, y.to(local.scalar_type()));
+  }
+  if (auto sizes = first_pass_sizes(plan)) {
+    auto once = adaptive_avg_pool(nsp, x, c10::fromIntArrayRefSlow(*sizes));
+    return adaptive_avg_pool(nsp, once, output_size);
   }
   auto window = gather_window(plan, x);
   at::Tensor out;
@@ -783,8 +827,7 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
     out = at::zeros(plan.local_out_shape, window.options());
   } else {
     auto y = acc_type(window);
-    for (size_t i = 0; i < plan.sp.size(); ++i)
-      y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()));
+    for (size_t i = 0; i < plan.sp.size(); ++i) y = average_along(plan, i, y, false);
     out = y.to(window.scalar_type()).contiguous();
   }
   return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
@@ -803,6 +846,14 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
   auto a = adaptive_args(PoolKind::AdaptiveAvg, out_size);
   auto [spec, planp] = backward_plan(op_name, {grad_output, self}, self, nsp, a);
   const auto& plan = *planp;
+  if (auto sizes = first_pass_sizes(plan)) {
+    // The passes' gradients in reverse: the second's against the first's output layout (only its layout is read:
+    // a broadcast zero stands for its values), then the first's.
+    const auto& first = *pool_plan(*spec, nsp, adaptive_args(PoolKind::AdaptiveAvg, *sizes), self.device());
+    auto once = wrap_out(first, spec->mesh, at::zeros({}, grad_output.options()).expand(first.local_out_shape));
+    auto g_once = adaptive_avg_pool_backward(op_name, nsp, grad_output, once);
+    return adaptive_avg_pool_backward(op_name, nsp, g_once, self);
+  }
   auto g = grad_local(plan, grad_output, spec->mesh);
   if (adaptive_avg_direct(plan)) {
     // The transposed matrices: the halo rows' gradients first, sent home (scatter_add's messages) while the own
@@ -811,7 +862,7 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
     const auto dim = plan.sp[k].dim;
     auto y = acc_type(g);
     for (size_t i = 0; i < plan.sp.size(); ++i)
-      if (i != k) y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()).t());
+      if (i != k) y = average_along(plan, i, y, true);
     auto A = comm::plan_constant(plan.avg_matrices[k], y).to(y.options());
     const auto [p, r0, c] = plan.halo.own_run(0);
     const auto W = plan.halo.window_rows(0);
@@ -835,8 +886,7 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
     gi = at::zeros(plan.window_shape, g.options());
   } else {
     auto y = acc_type(g);
-    for (size_t i = 0; i < plan.sp.size(); ++i)
-      y = apply_along(y, plan.sp[i].dim, comm::plan_constant(plan.avg_matrices[i], y).to(y.options()).t());
+    for (size_t i = 0; i < plan.sp.size(); ++i) y = average_along(plan, i, y, true);
     gi = y.to(g.scalar_type()).contiguous();
   }
   return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh), spec);

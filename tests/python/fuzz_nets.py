@@ -608,7 +608,7 @@ def build_stats_chain(seed):
         elif kind == "aminmax":
             def f(t, d=d):
                 lo, hi = torch.amin(t, d, keepdim=True), torch.amax(t, d, keepdim=True)
-                return (t - lo) / (hi - lo + 1.0)
+                return (t - 0.9 * lo) / (hi - lo + 1.0)  # not an exact zero at the minimum (see above)
             add(f"amin/amax scale ({d})", f)
         elif kind == "median":
             add(f"t - median({d})", lambda t, d=d: t - t.median(d, keepdim=True).values)

@@ -146,6 +146,19 @@ def case_pool_2d_mesh(seed):
             check_op(lambda t: F.adaptive_avg_pool2d(t, size), [x], [lay], m, **TOL, what=f"2-D mesh adaptive avg {size}")
             check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [x], [lay], m, **TOL,
                      what=f"2-D mesh adaptive max {size}")
+    # PSPNet's pyramid (1, 2, 3, 6) over H and W split, and a volume split along D and W (H whole between them):
+    # adaptive averages over two exchanged dims run as two passes of one exchanged dim each (no window), in strict
+    # mode, forward and backward.
+    xp = randn(1, 2, 13, 11, seed=seed + 7)
+    xv = randn(1, 2, 7, 5, 9, seed=seed + 8)
+    with st.use_strict():
+        for ext in ({0: [7, 6], 1: [5, 6]}, {0: [0, 13], 1: [11, 0]}, {0: [12, 1], 1: [1, 10]}):
+            for size in (1, 2, 3, 6, (4, 5)):
+                check_op(lambda t: F.adaptive_avg_pool2d(t, size), [xp], [([st.Shard(2), st.Shard(3)], ext)], m,
+                         **TOL, what=f"pyramid adaptive avg {size} {ext}")
+        for size in ((3, 2, 4), (2, 5, 2), (1, 3, 9)):
+            check_op(lambda t: F.adaptive_avg_pool3d(t, size), [xv], [([st.Shard(4), st.Shard(2)], {0: [4, 5], 1: [3, 4]})],
+                     m, **TOL, what=f"volume adaptive avg {size}")
     # One mesh dim shards the batch, the other a spatial dim.
     lay = ([st.Shard(0), st.Shard(3)], {1: [5, 3]})
     check_op(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), [x], [lay], m, **TOL, what="batch x width max")
