@@ -40,7 +40,8 @@ std::vector<int64_t> host_lengths(const at::Tensor& lengths, const char* op, con
 // Checks the global arguments as aten's kernel does (before any rank cuts its part, so a bad argument is refused on
 // every rank alike) and cuts this rank's samples.
 CtcPart ctc_part(const char* op, const at::Tensor& log_probs, const at::Tensor& targets,
-                 const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths) {
+                 const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths,
+                 int64_t blank) {
   CtcPart part;
   part.mesh = dispatch::common_mesh(op, {log_probs, targets});
   auto lp = resolve_partial(dispatch::as_shard(log_probs, part.mesh));
@@ -61,7 +62,11 @@ CtcPart ctc_part(const char* op, const at::Tensor& log_probs, const at::Tensor& 
                     "sample (", n, "), got ", input_lengths.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(target_lengths.size()) == n, op, ": target_lengths must have one entry per ",
                     "sample (", n, "), got ", target_lengths.size());
+  TORCH_CHECK_VALUE(blank >= 0 && blank < spec.global_shape[2], op, ": blank must be in label range [0, ",
+                    spec.global_shape[2], "), got ", blank);
   auto tg = whole_value(targets);
+  TORCH_CHECK_VALUE(at::isIntegralType(tg.scalar_type(), /*includeBool=*/false), op, ": targets must be integral, got ",
+                    tg.scalar_type());
   int64_t total_targets = 0;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(input_lengths[i] >= 0 && input_lengths[i] <= t_max, op, ": input_lengths[", i, "] = ",
@@ -126,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor> ctc_forward(const at::Tensor& log_probs, cons
                                                const std::vector<int64_t>& input_lengths,
                                                const std::vector<int64_t>& target_lengths, int64_t blank,
                                                bool zero_infinity) {
-  auto part = ctc_part(kForward, log_probs, targets, input_lengths, target_lengths);
+  auto part = ctc_part(kForward, log_probs, targets, input_lengths, target_lengths, blank);
   at::Tensor nll, log_alpha;
   if (no_samples_here(part)) {
     nll = at::empty({0}, part.log_probs.options());
@@ -150,7 +155,7 @@ at::Tensor ctc_backward(const at::Tensor& grad, const at::Tensor& log_probs, con
                         const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths,
                         const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
                         bool zero_infinity) {
-  auto part = ctc_part(kBackward, log_probs, targets, input_lengths, target_lengths);
+  auto part = ctc_part(kBackward, log_probs, targets, input_lengths, target_lengths, blank);
   Placements pl(part.mesh->ndim(), Placement::replicate());
   DimExtents ext;
   if (part.batch_mesh_dim >= 0) {

@@ -937,18 +937,23 @@ at::Tensor upsample_trilinear3d_backward_rule(const at::Tensor& grad_output, c10
 
 // Antialiased bilinear/bicubic run locally when no spatial dim is sharded (batch/channel shards). A split spatial dim
 // (the filter's support grows with the downscale, so no fixed halo serves it) moves to the batch or the channel dim
-// first, the larger that is free and as large as the mesh dim (one all-to-all), else is refused.
+// first, the larger that is free and as large as the mesh dim (one all-to-all).
 // When neither can take it (a single field: batch and channels smaller than the mesh dim), the separable filter runs
-// in two stages with the split moved between them, as the multi-dim FFT does (aa_staged_*).
+// in two stages with the split moved between them, as the multi-dim FFT does (aa_staged_*); with both spatial dims
+// split, one may move to the batch or channels and the other stages. Both staying (a single-channel field on a 2x2
+// mesh) is refused.
 // The op's tensor (the input, or the gradient of the output) with pending sums completed and the spatial splits moved
-// to the batch or channel dim; nullopt when a split cannot move there.
-std::optional<at::Tensor> aa_tensor(const at::Tensor& x_in) {
+// to the batch or channel dim where one can take them; `all_moved` says whether every spatial split moved. Two split
+// spatial dims (a 2x2 mesh) with one image of a few channels: one split moves to the channels and the other stays
+// for the staged passes. Decided from the layout and the global sizes alone.
+at::Tensor aa_tensor(const at::Tensor& x_in, bool& all_moved) {
   auto x = x_in;
+  all_moved = true;
   for (int64_t d = 2; d < x.dim(); ++d) {
     if (shard_impl(x)->spec()->mesh_dim_of(d) < 0) continue;
     auto moved = split_moved_off(x, d, [](int64_t other) { return other < 2; });
-    if (!moved) return std::nullopt;
-    x = *moved;
+    if (moved) x = *moved;
+    else all_moved = false;
   }
   return x;
 }
@@ -1061,10 +1066,9 @@ at::Tensor upsample_aa_staged(const at::Tensor& self, c10::SymIntArrayRef output
 template <AaOp local_op>
 at::Tensor upsample_aa_rule(const at::Tensor& self, c10::SymIntArrayRef output_size, bool align_corners,
                             std::optional<double> scales_h, std::optional<double> scales_w) {
-  auto resolved = resolve_partial(self);
-  auto moved = aa_tensor(resolved);
-  if (!moved) return upsample_aa_staged<local_op>(resolved, output_size, align_corners, scales_h, scales_w);
-  auto x = *moved;
+  bool all_moved = false;
+  auto x = aa_tensor(resolve_partial(self), all_moved);
+  if (!all_moved) return upsample_aa_staged<local_op>(x, output_size, align_corners, scales_h, scales_w);
   const auto& local = shard_impl(x)->local();
   // torch's kernels accept an empty batch only: a rank without batch rows or channels makes its empty result.
   auto out = local.size(0) * local.size(1) == 0
@@ -1123,12 +1127,10 @@ template <AaBackwardOp local_op>
 at::Tensor upsample_aa_backward_rule(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
                                      c10::SymIntArrayRef input_size, bool align_corners,
                                      std::optional<double> scales_h, std::optional<double> scales_w) {
-  auto resolved = resolve_partial(grad_output);
-  auto moved = aa_tensor(resolved);
-  if (!moved)
-    return upsample_aa_backward_staged<local_op>(resolved, output_size, input_size, align_corners, scales_h,
-                                                 scales_w);
-  auto x = *moved;
+  bool all_moved = false;
+  auto x = aa_tensor(resolve_partial(grad_output), all_moved);
+  if (!all_moved)
+    return upsample_aa_backward_staged<local_op>(x, output_size, input_size, align_corners, scales_h, scales_w);
   const auto& g = shard_impl(x)->local();
   const auto isize = aa_local_input_size(input_size, g);
   auto out = g.size(0) * g.size(1) == 0

@@ -306,9 +306,10 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
       continue;
     }
     plan.out_ext[d.dim] = d.out_ext;
-    // An adaptive dim whose every rank reads exactly its own rows (its cells one row each -- the dim a pass of
-    // adaptive_avg_pool keeps -- or aligned with the shards) exchanges nothing: the local rows are its window.
-    if (adaptive && reads_own_rows_only(d)) continue;
+    // A dim whose every rank reads exactly its own rows exchanges nothing: the local rows are its window (windows
+    // aligned with the shards -- a UNet's k2 s2 pooling of even extents --, an adaptive pass's kept dim, one row
+    // per cell). Over two split dims one of them aligned, the other runs the one-dim window-free path.
+    if (reads_own_rows_only(d)) continue;
     by_mesh.push_back({d.mesh_dim, static_cast<int64_t>(i)});
   }
   std::sort(by_mesh.begin(), by_mesh.end());
@@ -422,35 +423,68 @@ at::Tensor wrap_out(const PoolPlan& plan, const MeshPtr& mesh, const at::Tensor&
   return wrap(local, mesh, plan.out_placements, plan.out_shape, plan.out_ext);
 }
 
-// Flat window index -> flat global index over the spatial plane. `first`, `rows`: along the split dim the kernel's
-// input held `rows` rows from window position `first` on (-1: the whole window).
-at::Tensor window_to_global(const PoolPlan& plan, const at::Tensor& idx, int64_t first = -1, int64_t rows = -1) {
-  auto rem = idx;
-  auto out = at::zeros_like(idx);
-  int64_t gstride = 1;
-  for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+// Flat window index <-> flat global index over the spatial plane, in few passes over the indices (they are as many as
+// the outputs; integer division is the costly pass). With window coordinates c_i (window sizes W_i, window starts
+// s_i, global sizes L_i), w = sum_i c_i V_i and g = sum_i (s_i + c_i) G_i, V and G the row-major strides of W and L:
+//   g = w + sum_i s_i G_i + sum_{i < n-1} (w div V_i) (L_{i+1} - W_{i+1}) G_{i+1}
+// (the window's prefixes telescope); a term vanishes where the next dim's window is the whole dim, so a split of the
+// first spatial dim costs one addition and a split of two dims one division. `first`, `rows`: along the split dim
+// the kernel's input held `rows` rows from window position `first` on (-1: the whole window).
+struct PlaneStrides {
+  std::vector<int64_t> L, W, start, G, V;
+  int64_t base = 0;
+};
+
+PlaneStrides plane_strides(const PoolPlan& plan, int64_t first = -1, int64_t rows = -1) {
+  PlaneStrides p;
+  const auto n = static_cast<size_t>(plan.nsp);
+  for (size_t i = 0; i < n; ++i) {
     const auto& d = plan.sp[i];
-    const bool part = first >= 0 && i == plan.split_sp;
-    const auto W = part ? rows : d.W, start = part ? d.ws + first : d.ws;
-    auto coord = rem.remainder(W);
-    rem = rem.div(W, "floor");
-    out.add_((coord + start) * gstride);
-    gstride *= d.L;
+    const bool part = first >= 0 && static_cast<int64_t>(i) == plan.split_sp;
+    p.L.push_back(d.L);
+    p.W.push_back(part ? rows : d.W);
+    p.start.push_back(part ? d.ws + first : d.ws);
   }
-  return out;
+  p.G.assign(n, 1);
+  p.V.assign(n, 1);
+  for (size_t i = n - 1; i-- > 0;) {
+    p.G[i] = p.G[i + 1] * p.L[i + 1];
+    p.V[i] = p.V[i + 1] * p.W[i + 1];
+  }
+  for (size_t i = 0; i < n; ++i) p.base += p.start[i] * p.G[i];
+  return p;
 }
 
-// Flat global index -> flat window index.
+// `idx` is the kernel's own index tensor: converted in place (the quotients are taken before it changes).
+at::Tensor window_to_global_(const PoolPlan& plan, at::Tensor idx, int64_t first = -1, int64_t rows = -1) {
+  const auto p = plane_strides(plan, first, rows);
+  std::vector<std::pair<at::Tensor, int64_t>> terms;
+  for (size_t i = 0; i + 1 < p.L.size(); ++i) {
+    const auto coef = (p.L[i + 1] - p.W[i + 1]) * p.G[i + 1];
+    if (coef != 0) terms.emplace_back(idx.div(p.V[i], "floor"), coef);
+  }
+  idx.add_(p.base);
+  for (const auto& [q, coef] : terms) idx.add_(q, coef);
+  return idx;
+}
+
+// The inverse: the global digits' prefixes P_i = g div G_i give the window coordinates c_i = P_i - P_{i-1} L_i - s_i,
+// and w = g - sum_i s_i G_i - sum_{i < n-1} c_i (G_i - V_i).
 at::Tensor global_to_window(const PoolPlan& plan, const at::Tensor& idx) {
-  auto rem = idx;
-  auto out = at::zeros_like(idx);
-  int64_t wstride = 1;
-  for (int64_t i = plan.nsp - 1; i >= 0; --i) {
-    const auto& d = plan.sp[i];
-    auto coord = rem.remainder(d.L);
-    rem = rem.div(d.L, "floor");
-    out.add_((coord - d.ws) * wstride);
-    wstride *= d.W;
+  const auto p = plane_strides(plan);
+  auto out = idx.sub(p.base);
+  int64_t last = -1;  // the last dim whose term is not zero (prefixes are needed up to it)
+  for (size_t i = 0; i + 1 < p.L.size(); ++i)
+    if (p.G[i] != p.V[i]) last = static_cast<int64_t>(i);
+  at::Tensor prev;
+  for (int64_t i = 0; i <= last; ++i) {
+    auto prefix = idx.div(p.G[i], "floor");
+    const auto coef = p.G[i] - p.V[i];
+    if (coef != 0) {
+      auto c = i == 0 ? prefix.sub(p.start[0]) : prefix.sub(prev, p.L[i]).sub_(p.start[i]);
+      out.sub_(c, coef);
+    }
+    prev = std::move(prefix);
   }
   return out;
 }
@@ -467,16 +501,17 @@ at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const 
   if (!plan.no_outputs && wn > 0) {
     // Reduced dims: only the rank holding the selected row takes the gradient.
     auto gg = g;
-    auto keep = at::ones_like(global_idx, global_idx.options().dtype(at::kBool));
     bool masked = false;
-    auto rem = global_idx;
-    for (int64_t i = plan.nsp - 1; i >= 0; --i) {
-      const auto& d = plan.sp[i];
-      auto coord = rem.remainder(d.L);
-      rem = rem.div(d.L, "floor");
-      if (d.reduce) {
-        keep = keep.logical_and(coord.ge(d.ws)).logical_and(coord.lt(d.ws + d.W));
-        masked = true;
+    for (const auto& d : plan.sp) masked = masked || d.reduce;
+    at::Tensor keep;
+    if (masked) {  // the coordinates along every dim (only when some dim is reduced: divisions are costly)
+      keep = at::ones_like(global_idx, global_idx.options().dtype(at::kBool));
+      auto rem = global_idx;
+      for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+        const auto& d = plan.sp[i];
+        auto coord = rem.remainder(d.L);
+        rem = rem.div(d.L, "floor");
+        if (d.reduce) keep = keep.logical_and(coord.ge(d.ws)).logical_and(coord.lt(d.ws + d.W));
       }
     }
     auto widx = global_to_window(plan, global_idx);
@@ -527,7 +562,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
                              : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
       // Indices name rows of the kernel's input: the main call's starts at window position `pad`, a border
       // window's at its first position.
-      return {o, window_to_global(plan, i, first, in.size(dim))};
+      return {o, window_to_global_(plan, i, first, in.size(dim))};
     };
     auto outs = comm::border_forward(plan.halo, plan.split, shard_impl(x)->local(), *mesh, kernel);
     return {wrap_out(plan, mesh, outs[0]), wrap_out(plan, mesh, outs[1])};
@@ -541,7 +576,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
     auto lp = local_padding(plan, a.p);
     std::tie(out, idx) = nsp == 2 ? at::max_pool2d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil)
                                   : at::max_pool3d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil);
-    idx = window_to_global(plan, idx);
+    idx = window_to_global_(plan, idx);
   }
   return {wrap_out(plan, mesh, out), wrap_out(plan, mesh, idx)};
 }

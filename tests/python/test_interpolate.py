@@ -260,6 +260,36 @@ def case_antialias_spatial_split(world):
     return True
 
 
+def case_antialias_one_image_2d_mesh(seed):
+    """Both spatial dims split on a 2x2 mesh, one image of a few channels (the batch cannot take a split): one split
+    moves to the channels and the other runs the staged passes -- strict mode, only all-to-alls, the output divided,
+    forward and gradient against one device, uneven and zero-extent shards. A single-channel image leaves both splits
+    in place: refused on every rank (strict mode; else the fallback)."""
+    m = mesh((2, 2))
+    x = randn(1, 3, 11, 13, seed=seed, dtype=torch.float64)
+    with st.use_strict():
+        for ext in ({0: [5, 6], 1: [7, 6]}, {0: [0, 11], 1: [13, 0]}, {0: [10, 1], 1: [2, 11]}):
+            lay = ([st.Shard(2), st.Shard(3)], ext)
+            for kw in (dict(mode="bilinear", antialias=True, scale_factor=0.5),
+                       dict(mode="bicubic", antialias=True, size=(7, 20), align_corners=True),
+                       dict(mode="bicubic", antialias=True, size=(22, 5))):
+                xs = st.distribute_tensor(x, m, *lay)
+                st.reset_comm_stats()
+                out = F.interpolate(xs, **kw)
+                assert set(st.comm_stats()["calls"]) <= {"all_to_all"}, st.comm_stats()["calls"]
+                assert st.to_local(out).numel() < out.numel() or out.numel() == 0, st.placements(out)
+                check_op(lambda t, kw=kw: F.interpolate(t, **kw), [x], [lay], m, rtol=1e-12, atol=1e-12,
+                         what=f"one image 2x2 {kw} {ext}")
+        one = st.distribute_tensor(x[:, :1].contiguous(), m, [st.Shard(2), st.Shard(3)])
+        with pytest.raises(NotImplementedError, match="antialias"):
+            F.interpolate(one, scale_factor=0.5, mode="bilinear", antialias=True)
+    return True
+
+
+def test_antialias_one_image_2d_mesh():
+    harness.run(4, case_antialias_one_image_2d_mesh, 4)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_antialias_spatial_split(world):
     harness.run(world, case_antialias_spatial_split, world)

@@ -298,6 +298,10 @@ def case_ctc_loss(seed):
                                              zero_infinity=True),
                      [x, targets2d], [lay, ([st.Shard(0)], {0: lay[1][0]})], m, rtol=1e-5, atol=1e-5,
                      what="ctc targets split")
+        # a blank outside the classes: refused on every rank, a rank without samples too (it runs no kernel)
+        with pytest.raises(ValueError, match="blank"):
+            F.ctc_loss(st.distribute_tensor(x.log_softmax(2), m, *lays[-1]), targets2d, input_lengths,
+                       target_lengths, blank=C)
     if w > 1:
         frames = st.distribute_tensor(x.clone(), m, [st.Shard(0)])
         with st.use_strict(), pytest.raises(NotImplementedError, match="only the batch"):

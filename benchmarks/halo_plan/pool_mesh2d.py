@@ -1,8 +1,9 @@
-"""Adaptive average pooling over two split dims (a 2x2 mesh splitting H and W; PSPNet's pyramid sizes), to compare
-two builds of the library: per rank the median time of a training step (forward, backward) and of a no_grad forward,
-the allocator peak over the step, and the halo bytes (st.CommCounter). Max over the ranks.
+"""Pooling over two split dims (a 2x2 mesh splitting H and W), to compare two builds of the library: adaptive average
+pooling to PSPNet's pyramid sizes on a map no size divides (509 x 509), and a UNet's k2 s2 max / average pooling of
+even extents (512 x 512). Per workload the median time of a training step (forward, backward) and of a no_grad
+forward, the allocator peak over the step, and the halo bytes (st.CommCounter); max over the ranks.
 
-    PYTHONPATH=python .venv/bin/python benchmarks/halo_plan/adaptive_mesh2d.py --label after --json after.json
+    PYTHONPATH=python .venv/bin/python benchmarks/halo_plan/pool_mesh2d.py --label after --json after.json
 """
 from __future__ import annotations
 
@@ -22,41 +23,45 @@ import shardtensor as st
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_util import init_cpu_rank, peak_bytes, timed  # noqa: E402
 
-SIZES = [2, 3, 6]
+WORKLOADS = [("adaptive_avg_pool2d 2", 509, lambda t: F.adaptive_avg_pool2d(t, 2)),
+             ("adaptive_avg_pool2d 3", 509, lambda t: F.adaptive_avg_pool2d(t, 3)),
+             ("adaptive_avg_pool2d 6", 509, lambda t: F.adaptive_avg_pool2d(t, 6)),
+             ("max_pool2d k2 s2", 512, lambda t: F.max_pool2d(t, 2)),
+             ("avg_pool2d k2 s2", 512, lambda t: F.avg_pool2d(t, 2))]
 
 
 def run_rank(rank, world, port, args, out_path):
     mesh = init_cpu_rank(rank, world, port, mesh_shape=(2, 2), mesh_dim_names=("h", "w"))
-    torch.manual_seed(0)
-    x = torch.randn(1, args.channels, args.size, args.size)
     rows = []
-    for size in SIZES:
+    for name, size, op in WORKLOADS:
+        torch.manual_seed(0)
+        x = torch.randn(1, args.channels, size, size)
         xs = st.distribute_tensor(x, mesh, [st.Shard(2), st.Shard(3)]).requires_grad_()
 
         def step():
             xs.grad = None
-            F.adaptive_avg_pool2d(xs, size).square().mean().backward()
+            op(xs).square().mean().backward()
 
         def forward():
             with torch.no_grad():
-                F.adaptive_avg_pool2d(xs, size)
+                op(xs)
 
         step_s = timed(step, warmup=2, iters=args.iters)
         fwd_s = timed(forward, warmup=2, iters=args.iters)
         peak = peak_bytes(step, torch.device("cpu"))
         with st.CommCounter() as c:
             step()
-        rows.append({"size": size, "step_s": step_s, "forward_s": fwd_s, "peak_bytes": peak,
+        rows.append({"workload": name, "step_s": step_s, "forward_s": fwd_s, "peak_bytes": peak,
                      "halo_bytes": c.bytes.get("halo", 0)})
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
         merged = []
-        for i, size in enumerate(SIZES):
-            merged.append({"size": size, **{k: max(g[i][k] for g in gathered) for k in rows[i] if k != "size"}})
+        for i, (name, size, _) in enumerate(WORKLOADS):
+            merged.append({"workload": name, "input": [1, args.channels, size, size],
+                           **{k: max(g[i][k] for g in gathered) for k in rows[i] if k != "workload"}})
         with open(out_path, "w") as f:
-            json.dump({"label": args.label, "input": [1, args.channels, args.size, args.size], "rows": merged}, f,
-                      indent=1)
+            json.dump({"label": args.label, "rows": merged}, f, indent=1)
     dist.destroy_process_group()
 
 
@@ -64,7 +69,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--label", required=True)
     ap.add_argument("--json", required=True)
-    ap.add_argument("--size", type=int, default=509)  # prime: no pyramid size divides it (uniform cells)
     ap.add_argument("--channels", type=int, default=32)
     ap.add_argument("--iters", type=int, default=7)
     args = ap.parse_args()
