@@ -59,8 +59,7 @@ std::optional<Plan> plan_for(const at::Tensor& x, int64_t dim, int64_t n) {
   for (int64_t d = 0; d < x.dim(); ++d)
     if (d != dim && spec.mesh_dim_of(d) < 0 && x.size(d) >= plan.ranks) return std::nullopt;
   plan.rows = row_count(n, plan.ranks);
-  if (plan.rows == 0) return std::nullopt;
-  plan.columns = n / plan.rows;
+  plan.columns = plan.rows > 0 ? n / plan.rows : 0;  // rows == 0: no factorization (a prime length): Bluestein
   return plan;
 }
 
@@ -99,7 +98,7 @@ at::Tensor twiddle(const at::Tensor& b, int64_t dim, int64_t n, bool forward) {
   return make_shard_tensor(local * factor.view(shape), spec);
 }
 
-at::Tensor run(const at::Tensor& x_in, int64_t dim, int64_t normalization, bool forward, const Plan& plan) {
+at::Tensor four_step(const at::Tensor& x_in, int64_t dim, int64_t normalization, bool forward, const Plan& plan) {
   const auto n = x_in.size(dim);
   // 1. Whole rows of the (N1, N2) view on each rank: the split in multiples of N2.
   auto x = split_along(x_in, plan, dim, times(default_split(plan.rows, plan.ranks), plan.columns));
@@ -114,6 +113,72 @@ at::Tensor run(const at::Tensor& x_in, int64_t dim, int64_t normalization, bool 
   // 5. Output k = k1 + N1 * k2: the transpose, split along k2, flattened.
   auto y = split_along(c.transpose(dim, dim + 1), plan, dim, default_split(plan.columns, plan.ranks));
   return at::reshape(y, x_in.sizes());
+}
+
+// exp(sign * pi i j^2 / n) for this rank's indices j along `dim` of `t` (its global offsets), shaped to broadcast
+// over the local block; j^2 taken mod 2n in integers, so the angle keeps full precision for long signals.
+at::Tensor chirp(const at::Tensor& t, int64_t dim, int64_t n, double sign) {
+  const auto& spec = shard_impl(t)->spec();
+  const auto& local = shard_impl(t)->local();
+  auto j = at::arange(local.size(dim), at::TensorOptions().dtype(at::kLong)) + spec->local_offset(dim);
+  auto angle = (j * j).remainder(2 * n).to(at::kDouble) * (sign * c10::pi<double> / static_cast<double>(n));
+  auto factor = at::polar(at::ones_like(angle), angle).to(local.scalar_type());
+  std::vector<int64_t> shape(local.dim(), 1);
+  shape[dim] = local.size(dim);
+  return factor.view(shape);
+}
+
+// Bluestein's algorithm for a length n that has no four-step factorization (a prime): with w_j = exp(s pi i j^2 / n)
+// (s = -1 forward), X_k = w_k sum_j (x_j w_j) conj(w)_{k-j}, a linear convolution, computed as a circular one of a
+// length M >= 2n - 1 that the four-step can take (a power of two): the chirped signal zero-padded to M, its four-step
+// transform times that of the chirp filter, the four-step inverse, the first n entries chirped again. Every step is a
+// rule on ShardTensors (pad, four-step, pointwise, slice, redistribution): nothing whole on a rank; the filter's
+// transform is computed split like the signal's. The result is split along `dim` by the default split.
+at::Tensor bluestein(const at::Tensor& x, int64_t dim, int64_t normalization, bool forward, const Plan& plan) {
+  const auto n = x.size(dim);
+  const double sign = forward ? -1.0 : 1.0;
+  int64_t m = 1;
+  while (m < 2 * n - 1) m *= 2;
+  Plan big = plan;
+  for (;; m *= 2) {
+    big.rows = row_count(m, plan.ranks);
+    if (big.rows > 0) break;
+  }
+  big.columns = m / big.rows;
+  const auto& xs = shard_impl(x)->spec();
+  auto a = make_shard_tensor(shard_impl(x)->local() * chirp(x, dim, n, sign), xs);
+  std::vector<int64_t> pad(2 * (x.dim() - dim), 0);
+  pad.back() = m - n;  // after `dim`; constant_pad_nd lists the last dim first
+  auto fa = four_step(at::constant_pad_nd(a, pad, 0), dim, /*normalization=*/0, true, big);
+  // The filter conj(w)_q for q in (-n, n), circular over M, laid out like the signal along `dim` (each rank its
+  // block of the default split of M), other dims of size 1.
+  std::vector<int64_t> fshape(x.dim(), 1);
+  fshape[dim] = m;
+  auto fspec = ShardSpec::make_with_dim_extents(xs->mesh, [&] {
+    Placements pl(xs->mesh->ndim(), Placement::replicate());
+    pl[plan.mesh_dim] = Placement::shard(dim);
+    return pl;
+  }(), fshape, {{dim, default_split(m, plan.ranks)}});
+  const auto first = fspec->local_offset(dim), count = fspec->local_shape[dim];
+  auto q = at::arange(count, at::TensorOptions().dtype(at::kLong)) + first;
+  auto lag = at::where(q < n, q, m - q);  // the circular lag; entries with n <= lag are zero
+  auto angle = (lag * lag).remainder(2 * n).to(at::kDouble) * (-sign * c10::pi<double> / static_cast<double>(n));
+  auto filter = at::polar(at::ones_like(angle), angle) * (lag < n).to(at::kDouble);
+  filter = filter.to(shard_impl(x)->local().scalar_type()).view(fspec->local_shape);
+  auto ff = four_step(make_shard_tensor(filter, fspec), dim, 0, true, big);
+  auto conv = four_step(fa * ff, dim, /*normalization=*/2, false, big);  // by 1/M: the circular convolution
+  auto head = at::slice(conv, dim, 0, n);
+  auto y = split_along(head, plan, dim, default_split(n, plan.ranks));
+  const auto& ys = shard_impl(y)->spec();
+  auto out = shard_impl(y)->local() * chirp(y, dim, n, sign);
+  if (normalization == 1) out = out / std::sqrt(static_cast<double>(n));
+  if (normalization == 2) out = out / static_cast<double>(n);
+  return make_shard_tensor(out, ys);
+}
+
+at::Tensor run(const at::Tensor& x, int64_t dim, int64_t normalization, bool forward, const Plan& plan) {
+  return plan.rows > 0 ? four_step(x, dim, normalization, forward, plan)
+                       : bluestein(x, dim, normalization, forward, plan);
 }
 
 } // namespace

@@ -190,7 +190,8 @@ def case_four_step(shape):
     """A 1-D transform along the only dim that could hold the split (a long signal; batch and channels of 1): the
     four-step FFT on ShardTensors -- a rule (strict mode), all-to-alls only, the output split along the transformed
     dim; forward and input gradients of every transform kind and norm against one device, uneven and tiny
-    extents, even and odd lengths."""
+    extents, even and odd lengths; prime lengths through Bluestein's algorithm (its convolution a four-step of a
+    power-of-two length)."""
     m = mesh()
     w = m.size()
     n = shape[-1]
@@ -219,23 +220,45 @@ def case_four_step(shape):
             y = torch.fft.fft(xs)
     assert st.placements(y) == (st.Shard(dim),), st.placements(y)
     assert set(c.calls) <= {"all_to_all"}, dict(c.calls)
-    assert c.calls.get("all_to_all", 0) <= 4, dict(c.calls)
+    # Bluestein (a prime length): three four-steps of at most four each (the signal, the chirp filter, the inverse)
+    # and the re-layout of its first n outputs
+    prime = all(n % d for d in range(2, int(n ** 0.5) + 1))
+    assert c.calls.get("all_to_all", 0) <= (13 if prime else 4), dict(c.calls)
+    return True
+
+
+def case_bluestein_2d_mesh():
+    """A prime length along a dim split by one mesh dim of a 2x2 mesh while the other splits the batch (which then
+    cannot take the shard): Bluestein through the four-step, strict mode, forward and gradients, all-to-alls only."""
+    m = mesh((2, 2))
+    x = randn(2, 13, seed=31, dtype=torch.float64)
+    lay = ([st.Shard(0), st.Shard(1)], {1: [9, 4]})
+    with st.use_strict():
+        for nm in NORMS:
+            check_op(lambda t, nm=nm: _real(torch.fft.fft(t, dim=1, norm=nm)), [x], [lay], m, rtol=1e-9, atol=1e-9,
+                     what=f"2x2 prime fft {nm}")
+            check_op(lambda t, nm=nm: torch.fft.irfft(torch.fft.rfft(t, dim=1, norm=nm), n=13, dim=1, norm=nm), [x],
+                     [lay], m, rtol=1e-9, atol=1e-9, what=f"2x2 prime irfft(rfft) {nm}")
+        xs = st.distribute_tensor(x, m, *lay)
+        with st.CommCounter() as c:
+            torch.fft.fft(xs, dim=1)
+    assert set(c.calls) <= {"all_to_all"}, dict(c.calls)
     return True
 
 
 def refuse_no_dim_for_the_shard():
-    m = mesh()
-    x = st.distribute_tensor(torch.randn(7), m, [st.Shard(0)])
+    m = mesh((2, 2))
+    x = st.distribute_tensor(torch.randn(5, 6), m, [st.Shard(0), st.Shard(1)])
     with st.use_strict():
-        torch.fft.fft(x)  # a 1-D signal of prime length: no other dim can hold the shard, no four-step factors
+        torch.fft.fft2(x)  # both dims transformed and split: no third dim for the pencil
 
 
 def case_no_dim_falls_back():
     """Without strict mode the declined transform runs through the gather-compute fallback: right values."""
-    m = mesh()
-    f = torch.randn(11, generator=torch.Generator().manual_seed(12))
-    x = st.distribute_tensor(f, m, [st.Shard(0)], {0: uneven_extents(11, m.size(), seed=13)})
-    close(full(torch.fft.rfft(x)), torch.fft.rfft(f), **TOL, what="1-D rfft via the fallback")
+    m = mesh((2, 2))
+    f = torch.randn(5, 6, generator=torch.Generator().manual_seed(12))
+    x = st.distribute_tensor(f, m, [st.Shard(0), st.Shard(1)], {0: [4, 1], 1: [2, 4]})
+    close(full(torch.fft.rfft2(x)), torch.fft.rfft2(f), **TOL, what="2-D rfft2 via the fallback")
     return True
 
 
@@ -269,15 +292,21 @@ def test_fno_block(world, alloc):
     harness.run(world, case_fno_block, alloc)
 
 
-@pytest.mark.parametrize("world,shape", [(2, (12,)), (3, (1, 1, 45)), (4, (1, 32)), (2, (1, 1, 9))])
+# (13,), (1, 31), (1, 1, 7): prime lengths, Bluestein's algorithm through the four-step
+@pytest.mark.parametrize("world,shape", [(2, (12,)), (3, (1, 1, 45)), (4, (1, 32)), (2, (1, 1, 9)), (2, (13,)),
+                                         (3, (1, 31)), (4, (1, 1, 7))])
 def test_four_step(world, shape):
     harness.run(world, case_four_step, shape)
 
 
+def test_bluestein_2d_mesh():
+    harness.run(4, case_bluestein_2d_mesh)
+
+
 def test_refusal():
-    harness.expect_error(2, refuse_no_dim_for_the_shard, match="no other dim can hold its shard",
+    harness.expect_error(4, refuse_no_dim_for_the_shard, match="no other dim can hold its shard",
                          kinds=("NotImplementedError",))
-    harness.run(2, case_no_dim_falls_back)
+    harness.run(4, case_no_dim_falls_back)
 
 
 class AFNOFilter(torch.nn.Module):
