@@ -203,8 +203,8 @@ def bad_mixed_meshes():
 
 def unsupported_op():
     x = st.distribute_tensor(torch.randn(7, 4), mesh(), [st.Shard(0)])
-    with st.use_strict():   # else the FFT rule's refusal runs the gather-compute fallback (test_fallback.py)
-        torch.fft.rfft(x[:, 0])   # a 1-D signal of prime length along its sharded dim: no dim, no four-step
+    with st.use_strict():   # else the mode rule's refusal runs the gather-compute fallback (test_fallback.py)
+        torch.mode(x[:, 0])   # the mode of a 1-D input along its split dim: no dim to take the split
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

@@ -210,20 +210,19 @@ def case_sync_module_dtensor(seed):
 
 
 def case_sharded_dim_refused(op):
-    m = mesh()
-    x = st.distribute_tensor(randn(5, 8), m, [st.Shard(1)])
-    pairs = st.distribute_tensor(randn(5, 4, 2), m, [st.Shard(2)])
-    # FFTs along a sharded dim move the shard to another dim (test_fft_sharded.py); a 1-D signal has none, and the
-    # four-step (test_fft_sharded.py::test_four_step) needs a length with two factors at least the mesh size: 7 has none.
-    signal = st.distribute_tensor(randn(7), m, [st.Shard(0)])
+    pairs = st.distribute_tensor(randn(5, 4, 2), mesh(), [st.Shard(2)])
+    # FFTs along a sharded dim move the shard to another dim (test_fft_sharded.py), or run the four-step / Bluestein
+    # along a 1-D signal (test_fft_sharded.py::test_four_step); a matrix split along both its dims on a 2x2 mesh and
+    # transformed along both has no dim for either shard.
+    matrix = st.distribute_tensor(randn(5, 6), mesh((2, 2)), [st.Shard(0), st.Shard(1)]) if op != "view_as_complex" else None
     # strict: the rules' refusals, not the gather-compute fallback they would run otherwise (test_fallback.py)
     with st.use_strict():
-        _sharded_dim_op(op, x, pairs, signal)
+        _sharded_dim_op(op, pairs, matrix)
 
 
-def _sharded_dim_op(op, x, pairs, signal):
-    {"fft": lambda: torch.fft.fft(signal), "rfft": lambda: torch.fft.rfft(signal),
-     "fftn": lambda: torch.fft.fftn(signal),
+def _sharded_dim_op(op, pairs, matrix):
+    {"fft": lambda: torch.fft.fft2(matrix), "rfft": lambda: torch.fft.rfft2(matrix),
+     "fftn": lambda: torch.fft.fftn(matrix),
      "view_as_complex": lambda: torch.view_as_complex(pairs)}[op]()
 
 
@@ -485,7 +484,8 @@ def test_fft(world):
 
 @pytest.mark.parametrize("op", ["fft", "rfft", "fftn", "view_as_complex"])
 def test_sort_fft_sharded_dim_refused(op):
-    errors = harness.expect_error(2, case_sharded_dim_refused, op, kinds=("NotImplementedError",))
+    errors = harness.expect_error(2 if op == "view_as_complex" else 4, case_sharded_dim_refused, op,
+                                  kinds=("NotImplementedError",))
     for _, msg, _ in errors.values():
         assert "sharded dim" in msg and "Replicate()" in msg, msg
 
