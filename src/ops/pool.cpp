@@ -490,14 +490,25 @@ at::Tensor global_to_window(const PoolPlan& plan, const at::Tensor& idx) {
 }
 
 // Scatter-add `g` (local output layout) into a window of the plan at window-flat indices, then send halos home.
+// Padding 0 on sharded dims: the window is exact there, so the local kernel yields exactly the owned outputs.
+std::vector<int64_t> local_padding(const PoolPlan& plan, const std::vector<int64_t>& p) {
+  auto out = p;
+  for (size_t i = 0; i < plan.sp.size(); ++i)
+    if (plan.sp[i].mesh_dim >= 0) out[i] = 0;
+  return out;
+}
+
+// `windowed`: a max pooling's arguments (kernel, stride, padding, ...): the window gradient comes from aten's own
+// max-pooling backward kernel over the window-local indices (one vectorized pass) instead of a flat scatter_add;
+// null for adaptive pooling, whose cells are no sliding window.
 at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const at::Tensor& global_idx,
-                               const Mesh& mesh) {
+                               const Mesh& mesh, const PoolArgs* windowed = nullptr) {
   const auto& wshape = plan.window_shape;
   std::vector<int64_t> flat(wshape.begin(), wshape.end() - plan.nsp);
   int64_t wn = 1;
   for (const auto& d : plan.sp) wn *= d.W;
   flat.push_back(wn);
-  auto gi = at::zeros(flat, g.options());
+  at::Tensor gi;
   if (!plan.no_outputs && wn > 0) {
     // Reduced dims: only the rank holding the selected row takes the gradient.
     auto gg = g;
@@ -519,8 +530,18 @@ at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const 
       gg = at::where(keep, g, at::zeros({}, g.options()));
       widx = at::where(keep, widx, at::zeros({}, widx.options()));
     }
+    if (windowed && !masked) {
+      const auto& a = *windowed;
+      auto like = at::zeros({}, g.options()).expand(wshape);  // only its shape is read
+      const auto lp = local_padding(plan, a.p);
+      auto gw = plan.nsp == 2 ? at::max_pool2d_with_indices_backward(g, like, a.k, a.s, lp, a.dil, a.ceil, widx)
+                              : at::max_pool3d_with_indices_backward(g, like, a.k, a.s, lp, a.dil, a.ceil, widx);
+      return plan.halo.scatter_add(gw, mesh, /*consume=*/true);  // gw: our own temporary
+    }
     const auto lead = g.dim() - plan.nsp;
-    gi.scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
+    gi = at::zeros(flat, g.options()).scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
+  } else {
+    gi = at::zeros(flat, g.options());
   }
   return plan.halo.scatter_add(gi.view(wshape), mesh, /*consume=*/true);  // gi: our own temporary
 }
@@ -539,14 +560,6 @@ PoolArgs max_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, a
     a.dil.push_back(expand(dilation, i, 1));
   }
   return a;
-}
-
-// Padding 0 on sharded dims: the window is exact there, so the local kernel yields exactly the owned outputs.
-std::vector<int64_t> local_padding(const PoolPlan& plan, const std::vector<int64_t>& p) {
-  auto out = p;
-  for (size_t i = 0; i < plan.sp.size(); ++i)
-    if (plan.sp[i].mesh_dim >= 0) out[i] = 0;
-  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
@@ -588,7 +601,7 @@ at::Tensor max_pool_backward(std::string_view op_name, int64_t nsp, const at::Te
   const auto& mesh = spec->mesh;
   auto g = grad_local(plan, grad_output, mesh);
   auto idx = local_aligned(dispatch::as_shard(indices, mesh), mesh, plan.out_shape, plan.out_placements, plan.out_ext);
-  return make_shard_tensor(max_backward_common(plan, g, idx, *mesh), spec);
+  return make_shard_tensor(max_backward_common(plan, g, idx, *mesh, &a), spec);
 }
 
 // max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1,
