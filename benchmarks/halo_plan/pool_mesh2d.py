@@ -10,18 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import shardtensor as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_util import init_cpu_rank, peak_bytes, timed  # noqa: E402
+from bench_util import (init_cpu_rank, peak_bytes, reduce_over_ranks, spawn_rank0_rows, timed,  # noqa: E402
+                        write_rank0_rows)
 
 WORKLOADS = [("adaptive_avg_pool2d 2", 509, lambda t: F.adaptive_avg_pool2d(t, 2)),
              ("adaptive_avg_pool2d 3", 509, lambda t: F.adaptive_avg_pool2d(t, 3)),
@@ -30,7 +29,7 @@ WORKLOADS = [("adaptive_avg_pool2d 2", 509, lambda t: F.adaptive_avg_pool2d(t, 2
              ("avg_pool2d k2 s2", 512, lambda t: F.avg_pool2d(t, 2))]
 
 
-def run_rank(rank, world, port, args, out_path):
+def run_rank(rank, world, port, scratch, args):
     mesh = init_cpu_rank(rank, world, port, mesh_shape=(2, 2), mesh_dim_names=("h", "w"))
     rows = []
     for name, size, op in WORKLOADS:
@@ -51,17 +50,10 @@ def run_rank(rank, world, port, args, out_path):
         peak = peak_bytes(step, torch.device("cpu"))
         with st.CommCounter() as c:
             step()
-        rows.append({"workload": name, "step_s": step_s, "forward_s": fwd_s, "peak_bytes": peak,
-                     "halo_bytes": c.bytes.get("halo", 0)})
-    gathered = [None] * world
-    dist.all_gather_object(gathered, rows)
-    if rank == 0:
-        merged = []
-        for i, (name, size, _) in enumerate(WORKLOADS):
-            merged.append({"workload": name, "input": [1, args.channels, size, size],
-                           **{k: max(g[i][k] for g in gathered) for k in rows[i] if k != "workload"}})
-        with open(out_path, "w") as f:
-            json.dump({"label": args.label, "rows": merged}, f, indent=1)
+        measured = {"step_s": step_s, "forward_s": fwd_s, "peak_bytes": peak, "halo_bytes": c.bytes.get("halo", 0)}
+        rows.append({"workload": name, "input": [1, args.channels, size, size],
+                     **{k: type(v)(reduce_over_ranks(v)) for k, v in measured.items()}})
+    write_rank0_rows(rank, rows, scratch)
     dist.destroy_process_group()
 
 
@@ -72,13 +64,11 @@ def main():
     ap.add_argument("--channels", type=int, default=32)
     ap.add_argument("--iters", type=int, default=7)
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(run_rank, args=(4, port, args, args.json), nprocs=4, join=True)
-    with open(args.json) as f:
-        for r in json.load(f)["rows"]:
-            print(args.label, r)
+    rows = spawn_rank0_rows(run_rank, 4, args.json + ".rows", args)
+    with open(args.json, "w") as f:
+        json.dump({"label": args.label, "rows": rows}, f, indent=1)
+    for r in rows:
+        print(args.label, r)
 
 
 if __name__ == "__main__":

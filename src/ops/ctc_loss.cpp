@@ -103,14 +103,20 @@ CtcPart ctc_part(const char* op, const at::Tensor& log_probs, const at::Tensor& 
   return part;
 }
 
-// A per-sample result laid out like the batch: Shard(0) on the batch's mesh dim, Replicate elsewhere.
-at::Tensor wrap_per_sample(at::Tensor local, const CtcPart& part, std::vector<int64_t> global) {
+// The layout of a per-sample tensor (the losses, log_alpha, their gradients): Shard(0) on the batch's mesh dim,
+// Replicate elsewhere.
+std::pair<Placements, DimExtents> per_sample_layout(const CtcPart& part) {
   Placements pl(part.mesh->ndim(), Placement::replicate());
   DimExtents ext;
   if (part.batch_mesh_dim >= 0) {
     pl[part.batch_mesh_dim] = Placement::shard(0);
     ext[0] = part.batch_extents;
   }
+  return {pl, ext};
+}
+
+at::Tensor wrap_per_sample(at::Tensor local, const CtcPart& part, std::vector<int64_t> global) {
+  auto [pl, ext] = per_sample_layout(part);
   return wrap(std::move(local), part.mesh, std::move(pl), std::move(global), ext);
 }
 
@@ -156,12 +162,7 @@ at::Tensor ctc_backward(const at::Tensor& grad, const at::Tensor& log_probs, con
                         const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
                         bool zero_infinity) {
   auto part = ctc_part(kBackward, log_probs, targets, input_lengths, target_lengths, blank);
-  Placements pl(part.mesh->ndim(), Placement::replicate());
-  DimExtents ext;
-  if (part.batch_mesh_dim >= 0) {
-    pl[part.batch_mesh_dim] = Placement::shard(0);
-    ext[0] = part.batch_extents;
-  }
+  const auto [pl, ext] = per_sample_layout(part);
   auto g = local_in(grad, part.mesh, pl, ext);
   auto nll = local_in(neg_log_likelihood, part.mesh, pl, ext);
   auto alpha = local_in(log_alpha, part.mesh, pl, ext).narrow(2, 0, 2 * local_max(part.target_lengths) + 1);

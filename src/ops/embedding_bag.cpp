@@ -28,8 +28,8 @@ struct BagSplit {
 };
 
 [[noreturn]] void decline(const char* op, const at::Tensor& weight, const at::Tensor& indices, const std::string& why) {
-  dispatch::not_implemented(c10::str(op, " with weight ", describe_spec(weight), " and indices ", describe_spec(indices),
-                                     ": ", why));
+  dispatch::not_implemented(
+      c10::str(op, " with weight ", describe_spec(weight), " and indices ", describe_spec(indices), ": ", why));
 }
 
 BagSplit split_bags(const char* op, const MeshPtr& mesh, const at::Tensor& weight, const at::Tensor& indices,
@@ -99,8 +99,9 @@ at::Tensor local_table(const char* op, const at::Tensor& weight, const at::Tenso
     if (wspec.placements[m].dim == 0)
       decline(op, weight, indices, "the table's rows are split (split its embedding dim, or redistribute it)");
     if (m == s.index_mesh_dim)
-      decline(op, weight, indices, "one mesh dim splits both the table's columns and the indices (split them on different mesh dims, "
-                                      "or redistribute one of them to Replicate())");
+      decline(op, weight, indices,
+              "one mesh dim splits both the table's columns and the indices (split them on different mesh dims, or "
+              "redistribute one of them to Replicate())");
     column_pl[m] = Placement::shard(1);
     column_ext[1] = wspec.extents[m];
   }
@@ -311,7 +312,7 @@ at::Tensor embedding_bag_psw_backward_rule(const at::Tensor& grad, const at::Ten
   constexpr const char* op = "aten::_embedding_bag_per_sample_weights_backward";
   auto mesh = dispatch::common_mesh(op, {grad, weight, indices, offsets, offset2bag});
   // The forward's offsets come back as they were: one more than the bags with include_last_offset.
-  const bool include_last = whole_value(offsets).numel() == grad.size(0) + 1;
+  const bool include_last = offsets.numel() == grad.size(0) + 1;  // global sizes: nothing gathered for this
   auto s = split_bags(op, mesh, weight, indices, offsets, include_last);
   Placements column_pl;
   DimExtents column_ext;

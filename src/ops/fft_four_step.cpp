@@ -115,17 +115,20 @@ at::Tensor four_step(const at::Tensor& x_in, int64_t dim, int64_t normalization,
   return at::reshape(y, x_in.sizes());
 }
 
-// exp(sign * pi i j^2 / n) for this rank's indices j along `dim` of `t` (its global offsets), shaped to broadcast
-// over the local block; j^2 taken mod 2n in integers, so the angle keeps full precision for long signals.
-at::Tensor chirp(const at::Tensor& t, int64_t dim, int64_t n, double sign) {
-  const auto& spec = shard_impl(t)->spec();
-  const auto& local = shard_impl(t)->local();
-  auto j = at::arange(local.size(dim), at::TensorOptions().dtype(at::kLong)) + spec->local_offset(dim);
+// exp(sign * pi i j^2 / n) for the integers j (complex double); j^2 taken mod 2n in integers, so the angle keeps
+// full precision for long signals.
+at::Tensor chirp_values(const at::Tensor& j, int64_t n, double sign) {
   auto angle = (j * j).remainder(2 * n).to(at::kDouble) * (sign * c10::pi<double> / static_cast<double>(n));
-  auto factor = at::polar(at::ones_like(angle), angle).to(local.scalar_type());
+  return at::polar(at::ones_like(angle), angle);
+}
+
+// chirp_values for this rank's indices along `dim` of `t` (its global offsets), shaped to broadcast over the block.
+at::Tensor chirp(const at::Tensor& t, int64_t dim, int64_t n, double sign) {
+  const auto& local = shard_impl(t)->local();
+  auto j = at::arange(local.size(dim), at::TensorOptions().dtype(at::kLong)) + shard_impl(t)->spec()->local_offset(dim);
   std::vector<int64_t> shape(local.dim(), 1);
   shape[dim] = local.size(dim);
-  return factor.view(shape);
+  return chirp_values(j, n, sign).to(local.scalar_type()).view(shape);
 }
 
 // Bluestein's algorithm for a length n that has no four-step factorization (a prime): with w_j = exp(s pi i j^2 / n)
@@ -162,9 +165,9 @@ at::Tensor bluestein(const at::Tensor& x, int64_t dim, int64_t normalization, bo
   const auto first = fspec->local_offset(dim), count = fspec->local_shape[dim];
   auto q = at::arange(count, at::TensorOptions().dtype(at::kLong)) + first;
   auto lag = at::where(q < n, q, m - q);  // the circular lag; entries with n <= lag are zero
-  auto angle = (lag * lag).remainder(2 * n).to(at::kDouble) * (-sign * c10::pi<double> / static_cast<double>(n));
-  auto filter = at::polar(at::ones_like(angle), angle) * (lag < n).to(at::kDouble);
-  filter = filter.to(shard_impl(x)->local().scalar_type()).view(fspec->local_shape);
+  auto filter = (chirp_values(lag, n, -sign) * (lag < n).to(at::kDouble))
+                    .to(shard_impl(x)->local().scalar_type())
+                    .view(fspec->local_shape);
   auto ff = four_step(make_shard_tensor(filter, fspec), dim, 0, true, big);
   auto conv = four_step(fa * ff, dim, /*normalization=*/2, false, big);  // by 1/M: the circular convolution
   auto head = at::slice(conv, dim, 0, n);

@@ -508,41 +508,34 @@ at::Tensor max_backward_common(const PoolPlan& plan, const at::Tensor& g, const 
   int64_t wn = 1;
   for (const auto& d : plan.sp) wn *= d.W;
   flat.push_back(wn);
-  at::Tensor gi;
-  if (!plan.no_outputs && wn > 0) {
-    // Reduced dims: only the rank holding the selected row takes the gradient.
-    auto gg = g;
-    bool masked = false;
-    for (const auto& d : plan.sp) masked = masked || d.reduce;
-    at::Tensor keep;
-    if (masked) {  // the coordinates along every dim (only when some dim is reduced: divisions are costly)
-      keep = at::ones_like(global_idx, global_idx.options().dtype(at::kBool));
-      auto rem = global_idx;
-      for (int64_t i = plan.nsp - 1; i >= 0; --i) {
-        const auto& d = plan.sp[i];
-        auto coord = rem.remainder(d.L);
-        rem = rem.div(d.L, "floor");
-        if (d.reduce) keep = keep.logical_and(coord.ge(d.ws)).logical_and(coord.lt(d.ws + d.W));
-      }
-    }
-    auto widx = global_to_window(plan, global_idx);
-    if (masked) {
-      gg = at::where(keep, g, at::zeros({}, g.options()));
-      widx = at::where(keep, widx, at::zeros({}, widx.options()));
-    }
-    if (windowed && !masked) {
-      const auto& a = *windowed;
-      auto like = at::zeros({}, g.options()).expand(wshape);  // only its shape is read
-      const auto lp = local_padding(plan, a.p);
-      auto gw = plan.nsp == 2 ? at::max_pool2d_with_indices_backward(g, like, a.k, a.s, lp, a.dil, a.ceil, widx)
-                              : at::max_pool3d_with_indices_backward(g, like, a.k, a.s, lp, a.dil, a.ceil, widx);
-      return plan.halo.scatter_add(gw, mesh, /*consume=*/true);  // gw: our own temporary
-    }
-    const auto lead = g.dim() - plan.nsp;
-    gi = at::zeros(flat, g.options()).scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
-  } else {
-    gi = at::zeros(flat, g.options());
+  if (plan.no_outputs || wn == 0) return plan.halo.scatter_add(at::zeros(wshape, g.options()), mesh, true);
+  auto widx = global_to_window(plan, global_idx);
+  if (windowed) {  // a sliding window reduces no dim to one cell: nothing to mask
+    const auto& a = *windowed;
+    auto like = at::zeros({}, g.options()).expand(wshape);  // only its shape is read
+    const auto lp = local_padding(plan, a.p);
+    auto gw = plan.nsp == 2 ? at::max_pool2d_with_indices_backward(g, like, a.k, a.s, lp, a.dil, a.ceil, widx)
+                            : at::max_pool3d_with_indices_backward(g, like, a.k, a.s, lp, a.dil, a.ceil, widx);
+    return plan.halo.scatter_add(gw, mesh, /*consume=*/true);  // gw: our own temporary
   }
+  // Reduced dims: only the rank holding the selected row takes the gradient.
+  auto gg = g;
+  bool masked = false;
+  for (const auto& d : plan.sp) masked = masked || d.reduce;
+  if (masked) {  // the coordinates along every dim (only when some dim is reduced: divisions are costly)
+    auto keep = at::ones_like(global_idx, global_idx.options().dtype(at::kBool));
+    auto rem = global_idx;
+    for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+      const auto& d = plan.sp[i];
+      auto coord = rem.remainder(d.L);
+      rem = rem.div(d.L, "floor");
+      if (d.reduce) keep = keep.logical_and(coord.ge(d.ws)).logical_and(coord.lt(d.ws + d.W));
+    }
+    gg = at::where(keep, g, at::zeros({}, g.options()));
+    widx = at::where(keep, widx, at::zeros({}, widx.options()));
+  }
+  const auto lead = g.dim() - plan.nsp;
+  auto gi = at::zeros(flat, g.options()).scatter_add_(lead, widx.flatten(lead), gg.flatten(lead));
   return plan.halo.scatter_add(gi.view(wshape), mesh, /*consume=*/true);  // gi: our own temporary
 }
 
