@@ -1,7 +1,9 @@
 """Pooling over two split dims (a 2x2 mesh splitting H and W), to compare two builds of the library: adaptive average
 pooling to PSPNet's pyramid sizes on a map no size divides (509 x 509), and a UNet's k2 s2 max / average pooling of
 even extents (512 x 512). Per workload the median time of a training step (forward, backward) and of a no_grad
-forward, the allocator peak over the step, and the halo bytes (st.CommCounter); max over the ranks.
+forward, the allocator peak over the step, and the halo bytes (st.CommCounter); max over the ranks. Beside them the
+same op on each rank's own block as a plain tensor (no communication, the border outputs computed with padding):
+the local-only step and forward, measured in the same run.
 
     PYTHONPATH=python .venv/bin/python benchmarks/halo_plan/pool_mesh2d.py --label after --json after.json
 """
@@ -26,7 +28,10 @@ WORKLOADS = [("adaptive_avg_pool2d 2", 509, lambda t: F.adaptive_avg_pool2d(t, 2
              ("adaptive_avg_pool2d 3", 509, lambda t: F.adaptive_avg_pool2d(t, 3)),
              ("adaptive_avg_pool2d 6", 509, lambda t: F.adaptive_avg_pool2d(t, 6)),
              ("max_pool2d k2 s2", 512, lambda t: F.max_pool2d(t, 2)),
-             ("avg_pool2d k2 s2", 512, lambda t: F.avg_pool2d(t, 2))]
+             ("avg_pool2d k2 s2", 512, lambda t: F.avg_pool2d(t, 2)),
+             ("max_pool2d k3 s2 p1", 512, lambda t: F.max_pool2d(t, 3, 2, 1)),
+             ("avg_pool2d k3 s2 p1", 512, lambda t: F.avg_pool2d(t, 3, 2, 1)),
+             ("avg_pool2d k3 s1 p1", 512, lambda t: F.avg_pool2d(t, 3, 1, 1, count_include_pad=False))]
 
 
 def run_rank(rank, world, port, scratch, args):
@@ -45,12 +50,25 @@ def run_rank(rank, world, port, scratch, args):
             with torch.no_grad():
                 op(xs)
 
+        xl = xs.to_local().detach().clone().requires_grad_()
+
+        def local_step():
+            xl.grad = None
+            op(xl).square().mean().backward()
+
+        def local_forward():
+            with torch.no_grad():
+                op(xl)
+
         step_s = timed(step, warmup=2, iters=args.iters)
         fwd_s = timed(forward, warmup=2, iters=args.iters)
+        local_step_s = timed(local_step, warmup=2, iters=args.iters)
+        local_fwd_s = timed(local_forward, warmup=2, iters=args.iters)
         peak = peak_bytes(step, torch.device("cpu"))
         with st.CommCounter() as c:
             step()
-        measured = {"step_s": step_s, "forward_s": fwd_s, "peak_bytes": peak, "halo_bytes": c.bytes.get("halo", 0)}
+        measured = {"step_s": step_s, "forward_s": fwd_s, "local_step_s": local_step_s, "local_forward_s": local_fwd_s,
+                    "peak_bytes": peak, "halo_bytes": c.bytes.get("halo", 0)}
         rows.append({"workload": name, "input": [1, args.channels, size, size],
                      **{k: type(v)(reduce_over_ranks(v)) for k, v in measured.items()}})
     write_rank0_rows(rank, rows, scratch)

@@ -57,6 +57,11 @@ struct SpDim {
   int64_t ws = 0, W = 0;   // this rank's window: global start of row 0 (may be negative) and length
   bool partial = false;    // adaptive avg to size 1: Partial(sum) of local sums
   bool reduce = false;     // adaptive max to size 1: local max over own rows, then combined across the mesh dim
+  // Adaptive pooling along a split dim: the cells this rank's rows touch, [t0, t0 + tn) (its own cells among them),
+  // and by coordinate the cells whose partial sums travel: those this rank touches and the peer owns (sent), and
+  // those it owns and the peer touches (received), as (first cell, count).
+  int64_t t0 = 0, tn = 0;
+  std::vector<std::pair<int64_t, int64_t>> send_cells, recv_cells;
 };
 
 // A pooling's plan: a pure function of the (resolved) input layout and the arguments, cached and shared by the
@@ -155,6 +160,33 @@ void plan_adaptive_dim(SpDim& d, const Mesh& mesh, int64_t lout, bool allow_part
   d.ws = d.n > 0 ? ad_start(d.o0, d.L, lout) : 0;
   d.want = std::move(part.want);
   d.W = static_cast<int64_t>(d.want[me].size());
+  // The cells each coordinate's rows touch (a cell may straddle shards; cells overlap when they outnumber the rows).
+  const auto coords = static_cast<int64_t>(d.in_ext.size());
+  const auto out_off = offsets(d.out_ext);
+  std::vector<std::pair<int64_t, int64_t>> touch(coords, {0, 0});
+  for (int64_t c = 0; c < coords; ++c) {
+    if (d.in_ext[c] == 0) continue;
+    int64_t lo = 0;
+    while (last[lo] < off[c]) ++lo;
+    auto hi = lo;
+    while (hi < lout && first[hi] < off[c + 1]) ++hi;
+    touch[c] = {lo, hi};
+  }
+  auto overlap = [](std::pair<int64_t, int64_t> a, int64_t b0, int64_t b1) -> std::pair<int64_t, int64_t> {
+    const auto lo = std::max(a.first, b0), hi = std::min(a.second, b1);
+    return hi > lo ? std::make_pair(lo, hi - lo) : std::make_pair(int64_t{0}, int64_t{0});
+  };
+  d.t0 = touch[me].first;
+  d.tn = touch[me].second - touch[me].first;
+  TORCH_INTERNAL_ASSERT(d.n == 0 || (d.o0 >= d.t0 && d.o0 + d.n <= d.t0 + d.tn),
+                        "adaptive pooling: a rank's cells start in its own rows");
+  d.send_cells.assign(coords, {0, 0});
+  d.recv_cells.assign(coords, {0, 0});
+  for (int64_t q = 0; q < coords; ++q) {
+    if (q == me) continue;
+    d.send_cells[q] = overlap(touch[me], out_off[q], out_off[q + 1]);
+    d.recv_cells[q] = overlap(touch[q], out_off[me], out_off[me + 1]);
+  }
 }
 
 // Whether every coordinate of a split dim wants exactly its own rows, in order (no halo along it). The same answer on
@@ -233,6 +265,19 @@ at::Tensor avg_matrix(const SpDim& d) {
     const auto e = d.partial ? d.W : ad_end(o, d.L, d.Lout) - d.ws;
     const auto len = d.partial ? d.L : e - s;
     for (auto r = s; r < e; ++r) acc[j][r] = 1.0 / static_cast<double>(len);
+  }
+  return m;
+}
+
+// Adaptive avg pooling along a split dim, from the own rows: (tn, own rows); row j holds the weights of the own rows in
+// cell t0 + j (the cell's average restricted to them: a partial sum of the average).
+at::Tensor touch_matrix(const SpDim& d, int64_t own_first, int64_t own_rows) {
+  auto m = at::zeros({d.tn, own_rows}, at::TensorOptions().dtype(at::kDouble));
+  auto acc = m.accessor<double, 2>();
+  for (int64_t j = 0; j < d.tn; ++j) {
+    const auto s = ad_start(d.t0 + j, d.L, d.Lout), e = ad_end(d.t0 + j, d.L, d.Lout);
+    for (auto r = std::max(s, own_first); r < std::min(e, own_first + own_rows); ++r)
+      acc[j][r - own_first] = 1.0 / static_cast<double>(e - s);
   }
   return m;
 }
@@ -360,8 +405,17 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
       plan.divisor = div.to(device);
     }
   }
-  if (a.kind == PoolKind::AdaptiveAvg && !plan.no_outputs)
-    for (const auto& d : plan.sp) plan.avg_matrices.push_back(avg_matrix(d).to(device));
+  if (a.kind == PoolKind::AdaptiveAvg) {
+    // The exchanged dim of a one-dim exchange pools the own rows into partial cells (cell_partials); a rank without
+    // cells of its own may still hold rows of its neighbours' cells.
+    const auto me_of = [&](const SpDim& d) { return mesh.coordinate(d.mesh_dim); };
+    for (const auto& d : plan.sp) {
+      if (plan.halo.size() == 1 && d.dim == plan.halo.dim(0).dim)
+        plan.avg_matrices.push_back(touch_matrix(d, offsets(d.in_ext)[me_of(d)], d.in_ext[me_of(d)]).to(device));
+      else
+        plan.avg_matrices.push_back(avg_matrix(d).to(device));
+    }
+  }
   if (a.kind == PoolKind::AdaptiveMax && !plan.no_outputs) {
     for (const auto& d : plan.sp) {
       int64_t k;
@@ -770,11 +824,28 @@ at::Tensor apply_along(const at::Tensor& t, int64_t dim, const at::Tensor& mat) 
   return out.view(sizes);
 }
 
-// Adaptive avg pooling is linear along the gathered dim: the averaging matrix's columns over the rank's own rows
-// apply to those rows where they lie, its columns over the halo to the received rows, and the terms add up — no
-// window (one sharded spatial dim, the halo's rows runs).
-bool adaptive_avg_direct(const PoolPlan& plan) {
-  return plan.halo.size() == 1 && plan.halo.runs(0) && !plan.no_outputs;
+// Adaptive avg pooling is linear along the split dim: each rank pools its own rows into the cells they touch (partial
+// sums of those cells' averages) and sends the partial sums of cells a neighbour owns to that neighbour, which adds
+// them to its own -- a few output rows travel instead of the input rows of every cell straddling a shard (a cell
+// of 509 rows pooled to 2 starts on the first rank's last row: that rank read and pooled the whole dim alone), and
+// every rank pools only its own rows. No window, no halo of input rows. One exchanged dim (several: the separable
+// passes of first_pass_sizes, one dim each).
+bool cell_partials(const PoolPlan& plan) { return plan.halo.size() == 1; }
+
+// Rows of cell sums along d's split dim: `rows`' rows are cells [first, ...); by coordinate, `send` names the cells
+// (first, count) that go to that peer and `recv` those that come from it. The received rows, by coordinate.
+std::vector<at::Tensor> cell_exchange(const at::Tensor& rows, const SpDim& d,
+                                      const std::vector<std::pair<int64_t, int64_t>>& send, int64_t first,
+                                      const std::vector<std::pair<int64_t, int64_t>>& recv, const Mesh& mesh) {
+  std::vector<at::Tensor> out;
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t q = 0; q < send.size(); ++q) {
+    out.push_back(rows.narrow(d.dim, send[q].second > 0 ? send[q].first - first : 0, send[q].second));
+    auto shape = rows.sizes().vec();
+    shape[d.dim] = recv[q].second;
+    shapes.push_back(std::move(shape));
+  }
+  return comm::peer_exchange_start(out, shapes, rows, mesh, d.mesh_dim).wait();
 }
 
 // The spatial dim the halo gathers.
@@ -835,28 +906,21 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
   auto a = adaptive_args(PoolKind::AdaptiveAvg, c10::IntArrayRef(concrete_ints(output_size)));
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
-  if (adaptive_avg_direct(plan)) {
-    // The own rows' terms while the halo travels, then the halo's; the other dims' matrices on the small result.
+  if (cell_partials(plan)) {
     const auto& local = shard_impl(x)->local();
     const auto& mesh = *shard_impl(x)->spec()->mesh;
     const auto k = halo_sp(plan);
-    const auto dim = plan.sp[k].dim;
-    auto rows = plan.halo.post(0, local, mesh);
-    const auto [p, r0, c] = plan.halo.own_run(0);
-    const auto W = plan.halo.window_rows(0);
+    const auto& d = plan.sp[k];
     auto xa = acc_type(local);
-    auto A = comm::plan_constant(plan.avg_matrices[k], xa).to(xa.options());
-    at::Tensor y;
-    if (c > 0) y = apply_along(xa.narrow(dim, r0, c), dim, A.narrow(1, p, c));
-    auto received = rows.wait();
-    for (const auto& [b, len] : {std::make_pair(int64_t{0}, p), std::make_pair(p + c, W - p - c)}) {
-      if (len == 0) continue;
-      auto term = apply_along(acc_type(plan.halo.window_slice(0, local, received, b, len)), dim, A.narrow(1, b, len));
-      y = y.defined() ? y.add_(term) : term;
-    }
+    // The touched cells' partial sums along the split dim, then the other dims' averages on the small result.
+    auto y = apply_along(xa, d.dim, comm::plan_constant(plan.avg_matrices[k], xa).to(xa.options()));
     for (size_t i = 0; i < plan.sp.size(); ++i)
       if (i != k) y = average_along(plan, i, y, false);
-    return wrap_out(plan, shard_impl(x)->spec()->mesh, y.to(local.scalar_type()));
+    auto received = cell_exchange(y, d, d.send_cells, d.t0, d.recv_cells, mesh);
+    auto out = y.narrow(d.dim, d.n > 0 ? d.o0 - d.t0 : 0, d.n);
+    for (size_t q = 0; q < received.size(); ++q)
+      if (d.recv_cells[q].second > 0) out.narrow(d.dim, d.recv_cells[q].first - d.o0, d.recv_cells[q].second).add_(received[q]);
+    return wrap_out(plan, shard_impl(x)->spec()->mesh, out.to(local.scalar_type()).contiguous());
   }
   if (auto sizes = first_pass_sizes(plan)) {
     auto once = adaptive_avg_pool(nsp, x, c10::fromIntArrayRefSlow(*sizes));
@@ -896,30 +960,26 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
     return adaptive_avg_pool_backward(op_name, nsp, g_once, self);
   }
   auto g = grad_local(plan, grad_output, spec->mesh);
-  if (adaptive_avg_direct(plan)) {
-    // The transposed matrices: the halo rows' gradients first, sent home (scatter_add's messages) while the own
-    // rows' gradient is computed into the local gradient, to which the returns are added.
+  if (cell_partials(plan)) {
+    // The adjoint: each owner sends the gradient of its cells to the ranks whose rows they touch, then every rank
+    // spreads the touched cells' gradient over its own rows.
     const auto k = halo_sp(plan);
-    const auto dim = plan.sp[k].dim;
+    const auto& d = plan.sp[k];
     auto y = acc_type(g);
+    auto received = cell_exchange(y, d, d.recv_cells, d.o0, d.send_cells, *spec->mesh);
+    std::vector<std::pair<int64_t, at::Tensor>> pieces{{d.o0, y}};  // by first cell: the touched cells in order
+    for (size_t q = 0; q < received.size(); ++q)
+      if (d.send_cells[q].second > 0) pieces.emplace_back(d.send_cells[q].first, received[q]);
+    std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<at::Tensor> rows;
+    for (auto& [first, t] : pieces)
+      if (t.size(d.dim) > 0) rows.push_back(t);
+    auto touched = rows.empty() ? y : rows.size() == 1 ? rows[0] : at::cat(rows, d.dim);  // empty: no cells here
+    TORCH_INTERNAL_ASSERT(touched.size(d.dim) == d.tn, "adaptive pooling: the touched cells' gradient");
     for (size_t i = 0; i < plan.sp.size(); ++i)
-      if (i != k) y = average_along(plan, i, y, true);
-    auto A = comm::plan_constant(plan.avg_matrices[k], y).to(y.options());
-    const auto [p, r0, c] = plan.halo.own_run(0);
-    const auto W = plan.halo.window_rows(0);
-    std::vector<std::pair<int64_t, at::Tensor>> halo_rows;
-    for (const auto& [b, len] : {std::make_pair(int64_t{0}, p), std::make_pair(p + c, W - p - c)})
-      if (len > 0) halo_rows.emplace_back(b, apply_along(y, dim, A.narrow(1, b, len).t()).to(g.scalar_type()));
-    auto back = plan.halo.post_returns(0, halo_rows, spec->local_shape, g, *spec->mesh);
-    at::Tensor gi;
-    if (c == spec->local_shape[dim] && r0 == 0) {
-      gi = apply_along(y, dim, A.narrow(1, p, c).t()).to(g.scalar_type());
-    } else {
-      gi = at::zeros(spec->local_shape, g.options());
-      if (c > 0) gi.narrow(dim, r0, c).add_(apply_along(y, dim, A.narrow(1, p, c).t()));
-    }
-    auto pieces = back.wait();
-    plan.halo.add_returns(0, gi, pieces);
+      if (i != k) touched = average_along(plan, i, touched, true);
+    auto A = comm::plan_constant(plan.avg_matrices[k], touched).to(touched.options());
+    auto gi = apply_along(touched, d.dim, A.t()).to(g.scalar_type()).contiguous();
     return make_shard_tensor(gi, spec);
   }
   at::Tensor gi;
