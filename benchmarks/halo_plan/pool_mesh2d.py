@@ -1,5 +1,5 @@
 """Pooling over two split dims (a 2x2 mesh splitting H and W), to compare two builds of the library: adaptive average
-pooling to PSPNet's pyramid sizes on a map no size divides (509 x 509), and a UNet's k2 s2 max / average pooling of
+pooling to PSPNet's pyramid sizes and adaptive max pooling on a map no size divides (509 x 509), and a UNet's k2 s2 max / average pooling of
 even extents (512 x 512). Per workload the median time of a training step (forward, backward) and of a no_grad
 forward, the allocator peak over the step, and the halo bytes (st.CommCounter); max over the ranks. Beside them the
 same op on each rank's own block as a plain tensor (no communication, the border outputs computed with padding):
@@ -27,6 +27,8 @@ from bench_util import (init_cpu_rank, peak_bytes, reduce_over_ranks, spawn_rank
 WORKLOADS = [("adaptive_avg_pool2d 2", 509, lambda t: F.adaptive_avg_pool2d(t, 2)),
              ("adaptive_avg_pool2d 3", 509, lambda t: F.adaptive_avg_pool2d(t, 3)),
              ("adaptive_avg_pool2d 6", 509, lambda t: F.adaptive_avg_pool2d(t, 6)),
+             ("adaptive_max_pool2d 3", 509, lambda t: F.adaptive_max_pool2d(t, 3)),
+             ("adaptive_max_pool2d 6", 509, lambda t: F.adaptive_max_pool2d(t, 6)),
              ("max_pool2d k2 s2", 512, lambda t: F.max_pool2d(t, 2)),
              ("avg_pool2d k2 s2", 512, lambda t: F.avg_pool2d(t, 2)),
              ("max_pool2d k3 s2 p1", 512, lambda t: F.max_pool2d(t, 3, 2, 1)),

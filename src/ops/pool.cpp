@@ -83,8 +83,9 @@ struct PoolPlan {
   int64_t kernel_divisor = 1;              // avg: the divisor the local kernels apply (the divisor, when one for all)
   bool divides = false;                    // avg: the kernels' divisor is the global one (no division after them)
   std::vector<at::Tensor> avg_matrices;    // adaptive avg: per dim (n, W), double
-  std::vector<at::Tensor> cell_rows, cell_valid;  // adaptive max: per dim (n, K) window rows and validity
+  std::vector<at::Tensor> cell_rows;       // adaptive max: per dim (n, K) window rows of each cell
   std::vector<int64_t> cell_k;
+  std::vector<int64_t> cell_n, cell_ws;            // adaptive max: per dim the table's cells and its window's row 0
 };
 
 int64_t expand(at::IntArrayRef v, int64_t i, int64_t dflt) {
@@ -282,24 +283,22 @@ at::Tensor touch_matrix(const SpDim& d, int64_t own_first, int64_t own_rows) {
   return m;
 }
 
-// Adaptive max pooling: (n, K) window rows of each cell of one dim (padded with the cell's first row) and their
-// validity.
-void cell_rows(const SpDim& d, int64_t& kmax, at::Tensor& rows, at::Tensor& valid) {
-  auto cell_start = [&](int64_t j) { return d.reduce ? 0 : ad_start(d.o0 + j, d.L, d.Lout) - d.ws; };
-  auto cell_end = [&](int64_t j) { return d.reduce ? d.W : ad_end(d.o0 + j, d.L, d.Lout) - d.ws; };
+// Adaptive max pooling: (count, K) window rows of cells [first, first + count) of one dim, over a window whose row 0
+// is global row `ws` and which holds `W` rows (a cell's rows clipped to it), a shorter cell padded with its last row
+// again: a repeat of the last row can neither win a tie (the first maximum wins, and the real row comes first) nor
+// name another row as the last NaN, so no mask is needed. A reduced dim (pooled to one cell across its mesh dim) takes
+// the whole window.
+at::Tensor cell_rows(const SpDim& d, int64_t first, int64_t count, int64_t ws, int64_t W, int64_t& kmax) {
+  auto cell_start = [&](int64_t j) { return d.reduce ? 0 : std::max(ad_start(first + j, d.L, d.Lout) - ws, int64_t{0}); };
+  auto cell_end = [&](int64_t j) { return d.reduce ? W : std::min(ad_end(first + j, d.L, d.Lout) - ws, W); };
   kmax = 1;
-  for (int64_t j = 0; j < d.n; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
-  std::vector<int64_t> r(d.n * kmax), v(d.n * kmax);
-  for (int64_t j = 0; j < d.n; ++j) {
+  for (int64_t j = 0; j < count; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
+  std::vector<int64_t> r(count * kmax);
+  for (int64_t j = 0; j < count; ++j) {
     const auto s = cell_start(j), e = cell_end(j);
-    for (int64_t q = 0; q < kmax; ++q) {
-      r[j * kmax + q] = s + q < e ? s + q : s;
-      v[j * kmax + q] = s + q < e;
-    }
+    for (int64_t q = 0; q < kmax; ++q) r[j * kmax + q] = s + q < e ? s + q : e - 1;
   }
-  const auto lopts = at::TensorOptions().dtype(at::kLong);
-  rows = at::tensor(r, lopts).view({d.n, kmax});
-  valid = at::tensor(v, lopts).to(at::kBool).view({d.n, kmax});
+  return at::tensor(r, at::TensorOptions().dtype(at::kLong)).view({count, kmax});
 }
 
 PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c10::Device device) {
@@ -416,14 +415,20 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
         plan.avg_matrices.push_back(avg_matrix(d).to(device));
     }
   }
-  if (a.kind == PoolKind::AdaptiveMax && !plan.no_outputs) {
+  if (a.kind == PoolKind::AdaptiveMax) {
+    // An exchanged dim takes the max over the own rows of every cell they touch (cell_partials); the other dims
+    // their cells over their window.
     for (const auto& d : plan.sp) {
+      bool touched = false;
+      for (size_t h = 0; h < plan.halo.size(); ++h) touched = touched || d.dim == plan.halo.dim(h).dim;
+      const auto me = d.mesh_dim >= 0 ? mesh.coordinate(d.mesh_dim) : 0;
+      const auto first = touched ? d.t0 : d.o0, count = touched ? d.tn : d.n;
+      const auto ws = touched ? offsets(d.in_ext)[me] : d.ws, W = touched ? d.in_ext[me] : d.W;
       int64_t k;
-      at::Tensor rows, valid;
-      cell_rows(d, k, rows, valid);
+      plan.cell_rows.push_back(cell_rows(d, first, count, ws, W, k).to(device));
       plan.cell_k.push_back(k);
-      plan.cell_rows.push_back(rows.to(device));
-      plan.cell_valid.push_back(valid.to(device));
+      plan.cell_n.push_back(count);
+      plan.cell_ws.push_back(ws);
     }
   }
   return plan;
@@ -824,13 +829,22 @@ at::Tensor apply_along(const at::Tensor& t, int64_t dim, const at::Tensor& mat) 
   return out.view(sizes);
 }
 
-// Adaptive avg pooling is linear along the split dim: each rank pools its own rows into the cells they touch (partial
-// sums of those cells' averages) and sends the partial sums of cells a neighbour owns to that neighbour, which adds
-// them to its own -- a few output rows travel instead of the input rows of every cell straddling a shard (a cell
-// of 509 rows pooled to 2 starts on the first rank's last row: that rank read and pooled the whole dim alone), and
-// every rank pools only its own rows. No window, no halo of input rows. One exchanged dim (several: the separable
-// passes of first_pass_sizes, one dim each).
-bool cell_partials(const PoolPlan& plan) { return plan.halo.size() == 1; }
+// Adaptive pooling of cells that straddle shards, from partial cells: each rank pools its own rows into every cell
+// they touch and sends the partial result of a cell its neighbour owns to that neighbour, which combines it with its
+// own (averages add their partial sums, maxima keep the winner) -- a few output rows travel instead of the input rows
+// of every straddling cell (a cell of 509 rows pooled to 2 starts on the first rank's last row: that rank read and
+// pooled the whole dim alone), and every rank pools only its own rows. No window, no halo of input rows. Averages take
+// one exchanged dim at a time (several: the separable passes of first_pass_sizes); maxima combine over several
+// exchanged dims one mesh dim after the other (the combination is associative), since indices do not pass through a
+// second pooling.
+bool cell_partials(const PoolPlan& plan) { return plan.halo.size() >= 1; }
+
+// The spatial dim of the plan's h-th exchanged dim.
+size_t exchanged_sp(const PoolPlan& plan, size_t h) {
+  for (size_t i = 0; i < plan.sp.size(); ++i)
+    if (plan.sp[i].dim == plan.halo.dim(h).dim) return i;
+  TORCH_INTERNAL_ASSERT(false, "adaptive pooling: the halo's dim is not spatial");
+}
 
 // Rows of cell sums along d's split dim: `rows`' rows are cells [first, ...); by coordinate, `send` names the cells
 // (first, count) that go to that peer and `recv` those that come from it. The received rows, by coordinate.
@@ -848,12 +862,6 @@ std::vector<at::Tensor> cell_exchange(const at::Tensor& rows, const SpDim& d,
   return comm::peer_exchange_start(out, shapes, rows, mesh, d.mesh_dim).wait();
 }
 
-// The spatial dim the halo gathers.
-size_t halo_sp(const PoolPlan& plan) {
-  for (size_t i = 0; i < plan.sp.size(); ++i)
-    if (plan.sp[i].dim == plan.halo.dim(0).dim) return i;
-  TORCH_INTERNAL_ASSERT(false, "adaptive pooling: the halo's dim is not spatial");
-}
 
 at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
 
@@ -906,10 +914,10 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
   auto a = adaptive_args(PoolKind::AdaptiveAvg, c10::IntArrayRef(concrete_ints(output_size)));
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
-  if (cell_partials(plan)) {
+  if (plan.halo.size() == 1) {  // cell_partials, one exchanged dim
     const auto& local = shard_impl(x)->local();
     const auto& mesh = *shard_impl(x)->spec()->mesh;
-    const auto k = halo_sp(plan);
+    const auto k = exchanged_sp(plan, 0);
     const auto& d = plan.sp[k];
     auto xa = acc_type(local);
     // The touched cells' partial sums along the split dim, then the other dims' averages on the small result.
@@ -960,10 +968,10 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
     return adaptive_avg_pool_backward(op_name, nsp, g_once, self);
   }
   auto g = grad_local(plan, grad_output, spec->mesh);
-  if (cell_partials(plan)) {
+  if (plan.halo.size() == 1) {  // cell_partials, one exchanged dim
     // The adjoint: each owner sends the gradient of its cells to the ranks whose rows they touch, then every rank
     // spreads the touched cells' gradient over its own rows.
-    const auto k = halo_sp(plan);
+    const auto k = exchanged_sp(plan, 0);
     const auto& d = plan.sp[k];
     auto y = acc_type(g);
     auto received = cell_exchange(y, d, d.recv_cells, d.o0, d.send_cells, *spec->mesh);
@@ -994,77 +1002,127 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
 }
 
 // Adaptive max pooling: (values, global indices).
+// Adaptive max pooling's cell table over `window` (its rows of dim i start at global row plan.cell_ws[i]): the max
+// over each cell's rows and its global flat index over the spatial plane, for plan.cell_n[i] cells of dim i; ties go
+// to the first element in row-major order and NaN to the last, as on one device.
+std::pair<at::Tensor, at::Tensor> cell_max(const PoolPlan& plan, const at::Tensor& window) {
+  // One spatial dim at a time from the first, each pass over the cells' rows side by side (the first pass copies
+  // the window's rows once, whole rows: one block copy each; the later ones read the far smaller pooled result).
+  // The first pass keeps, per position of the later dims, the first row holding the maximum (the last NaN). A later
+  // pass picks among its candidates by their row-major order over the dims pooled so far -- the smallest global
+  // flat key among the maxima, the largest among NaN -- which is the first (last NaN) in row-major order of the whole
+  // cell, as aten's kernels pick; each pass carries its winners' coordinates along the dims already pooled.
+  const auto nsp = plan.nsp;
+  const auto lead = window.dim() - nsp;
+  const bool floating = at::isFloatingType(window.scalar_type());
+  auto vals = window;
+  std::vector<at::Tensor> coord(nsp);  // global coordinates of the winners along the dims pooled so far
+  for (int64_t i = 0; i < nsp; ++i) {
+    const auto d = lead + i;
+    const auto n = plan.cell_n[i], kmax = plan.cell_k[i];
+    const auto rows = comm::plan_constant(plan.cell_rows[i], window);  // (n, K) window rows
+    auto sizes = vals.sizes().vec();
+    sizes[d] = kmax;
+    sizes.insert(sizes.begin() + d, n);
+    auto G = vals.index_select(d, rows.flatten()).view(sizes);  // (..., n, K, ...)
+    std::vector<int64_t> rshape(G.dim(), 1);
+    rshape[d] = n;
+    rshape[d + 1] = kmax;
+    at::Tensor v, k;
+    if (i == 0) {
+      std::tie(v, k) = G.max(d + 1);
+      if (floating) {
+        // max(dim) stops at the first NaN; aten's pooling kernels keep the last: its position from the back. On the
+        // CPU only when a NaN won somewhere (the check costs nothing there); on a GPU always (no host sync).
+        const auto nan = v.isnan();
+        if (!window.device().is_cpu() || nan.any().item<bool>())
+          k = at::where(nan, (kmax - 1) - G.isnan().flip(d + 1).to(at::kByte).argmax(d + 1), k);
+      }
+    } else {
+      // The candidates' row-major keys over the dims pooled so far (this dim's global row the last digit).
+      auto key = (rows + plan.cell_ws[i]).view(rshape);
+      int64_t stride = plan.sp[i].L;
+      for (int64_t j = i - 1; j >= 0; --j) {
+        key = key + coord[j].index_select(d, rows.flatten()).view(sizes) * stride;
+        stride *= plan.sp[j].L;
+      }
+      v = std::get<0>(G.max(d + 1));
+      const auto big = std::numeric_limits<int64_t>::max();
+      k = at::where(G.eq(v.unsqueeze(d + 1)), key, big).argmin(d + 1);
+      if (floating) {
+        const auto nan = v.isnan();
+        k = at::where(nan, at::where(G.isnan(), key, -1).argmax(d + 1), k);
+      }
+    }
+    // The winners' coordinates: the earlier dims' at the picked slices, this dim's from its cell's rows.
+    auto pick = k.unsqueeze(d + 1);
+    for (int64_t j = 0; j < i; ++j)
+      coord[j] = coord[j].index_select(d, rows.flatten()).view(sizes).gather(d + 1, pick).squeeze(d + 1);
+    coord[i] = (rows + plan.cell_ws[i]).view(rshape).expand(sizes).gather(d + 1, pick).squeeze(d + 1);
+    vals = v;
+  }
+  auto idx = coord[0].clone();
+  for (int64_t i = 1; i < nsp; ++i) idx.mul_(plan.sp[i].L).add_(coord[i]);
+  return {vals.contiguous(), idx};
+}
+
+// Combines `other`'s (max, global index) of the same cells into (v, i), in place: the larger value wins, ties go to
+// the smaller index (the first in row-major order) and NaN wins with the larger index (aten's kernels keep the last
+// NaN they meet). A rank without rows offers -inf with an index no real one exceeds, which never wins.
+void merge_max_(at::Tensor& v, at::Tensor& i, const at::Tensor& ov, const at::Tensor& oi) {
+  const auto vn = v.isnan(), on = ov.isnan();
+  const auto nan_wins = on.logical_and(vn.logical_not().logical_or(oi.gt(i)));
+  const auto larger = vn.logical_or(on).logical_not().logical_and(ov.gt(v).logical_or(ov.eq(v).logical_and(oi.lt(i))));
+  const auto take = nan_wins.logical_or(larger);
+  v.copy_(at::where(take, ov, v));
+  i.copy_(at::where(take, oi, i));
+}
+
+// Adaptive max pooling: (values, global indices).
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tensor& self, at::IntArrayRef output_size) {
   if (auto k = uniform_cells(self, nsp, output_size)) return max_pool(nsp, self, max_args(nsp, *k, *k, {0}, {1}, false));
   auto a = adaptive_args(PoolKind::AdaptiveMax, output_size);
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
   const auto& mesh = shard_impl(x)->spec()->mesh;
-  auto window = gather_window(plan, x);
+  // Cells straddling shards (cell_partials): each rank takes the max over its own rows of every cell they touch and
+  // the owners combine the partial maxima -- no window.
+  const bool partials = cell_partials(plan);
+  auto window = partials ? shard_impl(x)->local() : gather_window(plan, x);
+  std::vector<int64_t> table_shape(window.sizes().begin(), window.sizes().end() - nsp);
+  for (auto n : plan.cell_n) table_shape.push_back(n);
   at::Tensor out, idx;
   bool empty_local = false;
   for (const auto& d : plan.sp) empty_local = empty_local || (d.reduce && d.W == 0);
-  if (plan.no_outputs || empty_local) {
+  if ((plan.no_outputs && !partials) || empty_local || window.numel() == 0 || c10::multiply_integers(table_shape) == 0) {
     // No outputs, or nothing of a reduced dim here: -inf with a sentinel index that never wins a combine.
-    out = at::full(plan.local_out_shape, empty_local ? -std::numeric_limits<double>::infinity() : 0.0, window.options());
-    idx = at::full(plan.local_out_shape, empty_local ? std::numeric_limits<int64_t>::max() : 0,
+    out = at::full(table_shape, empty_local ? -std::numeric_limits<double>::infinity() : 0.0, window.options());
+    idx = at::full(table_shape, empty_local ? std::numeric_limits<int64_t>::max() : 0,
                    window.options().dtype(at::kLong));
   } else {
-    const auto lead = window.dim() - nsp;
-    auto lopts = at::TensorOptions().dtype(at::kLong).device(window.device());
-    // Per dim: (n, K) window rows of each cell (padded with the cell's first row) and a validity mask.
-    std::vector<at::Tensor> rows;
-    for (const auto& r : plan.cell_rows) rows.push_back(comm::plan_constant(r, window));
-    const auto& K = plan.cell_k;
-    auto G = window;
-    at::Tensor mask;
-    for (int64_t i = 0; i < nsp; ++i) {
-      const auto& d = plan.sp[i];
-      const auto& rt = rows[i];
-      const auto vt = comm::plan_constant(plan.cell_valid[i], window);
-      const auto kmax = K[i];
-      // G: lead + (n_0, K_0, ..., n_{i-1}, K_{i-1}, W_i, ...) -> split dim lead + 2i
-      const auto gd = lead + 2 * i;
-      auto sizes = G.sizes().vec();
-      G = G.index_select(gd, rt.flatten());
-      sizes[gd] = kmax;
-      sizes.insert(sizes.begin() + gd, d.n);
-      G = G.view(sizes);
-      std::vector<int64_t> mshape(2 * nsp, 1);
-      mshape[2 * i] = d.n;
-      mshape[2 * i + 1] = kmax;
-      auto vm = vt.view(mshape);
-      mask = mask.defined() ? mask.logical_and(vm) : vm;
-    }
-    G = G.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
-    std::vector<int64_t> perm;
-    for (int64_t t = 0; t < lead; ++t) perm.push_back(t);
-    for (int64_t i = 0; i < nsp; ++i) perm.push_back(lead + 2 * i);
-    for (int64_t i = 0; i < nsp; ++i) perm.push_back(lead + 2 * i + 1);
-    G = G.permute(perm).flatten(lead + nsp);
-    auto [val, arg] = G.max(-1);
-    out = val.contiguous();
-    // arg -> per-dim k -> window row -> global coordinate.
-    idx = at::zeros_like(arg);
-    auto rem = arg;
-    std::vector<at::Tensor> kd(nsp);
-    for (int64_t i = nsp - 1; i >= 0; --i) {
-      kd[i] = rem.remainder(K[i]);
-      rem = rem.div(K[i], "floor");
-    }
-    int64_t gstride = 1;
-    for (int64_t i = nsp - 1; i >= 0; --i) {
-      const auto& d = plan.sp[i];
-      std::vector<int64_t> shape(arg.dim(), 1);
-      shape[lead + i] = d.n;
-      auto cell = at::arange(d.n, lopts).view(shape);
-      auto r = at::take(rows[i], cell * K[i] + kd[i]);
-      idx.add_((r + d.ws) * gstride);
-      gstride *= d.L;
+    std::tie(out, idx) = cell_max(plan, window);
+  }
+  for (size_t h = 0; partials && h < plan.halo.size(); ++h) {
+    // The partial maxima of the cells other ranks own along this dim go to them; this rank combines what it receives
+    // into its own cells (then the next exchanged dim, over the cells this dim's combination left here).
+    const auto& d = plan.sp[exchanged_sp(plan, h)];
+    auto vals = cell_exchange(out, d, d.send_cells, d.t0, d.recv_cells, *mesh);
+    auto idxs = cell_exchange(idx, d, d.send_cells, d.t0, d.recv_cells, *mesh);
+    const auto own = d.n > 0 ? d.o0 - d.t0 : 0;
+    out = out.narrow(d.dim, own, d.n);
+    idx = idx.narrow(d.dim, own, d.n);
+    for (size_t q = 0; q < vals.size(); ++q) {
+      const auto [first, count] = d.recv_cells[q];
+      if (count == 0) continue;
+      auto v = out.narrow(d.dim, first - d.o0, count), i = idx.narrow(d.dim, first - d.o0, count);
+      merge_max_(v, i, vals[q], idxs[q]);
     }
   }
-  // Reduced dims (size 1): every rank's (value, global index) along the mesh dim; the largest value wins, ties
-  // (and NaN, which wins) go to the smallest global index, the first in row-major order as on one device.
+  if (partials) {
+    out = out.contiguous();
+    idx = idx.contiguous();
+  }
+  // Reduced dims (size 1): every rank's (value, global index) along the mesh dim, combined in rank order.
   for (int64_t m = 0; m < mesh->ndim(); ++m) {
     for (const auto& d : plan.sp) {
       if (!d.reduce || d.mesh_dim != m) continue;
@@ -1072,10 +1130,9 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
       std::vector<int64_t> ones(n, 1);
       auto vals = comm::all_gather_v(out.unsqueeze(0), 0, ones, *mesh, m);
       auto idxs = comm::all_gather_v(idx.unsqueeze(0), 0, ones, *mesh, m);
-      auto mx = std::get<0>(vals.max(0));
-      auto cand = vals.eq(mx.unsqueeze(0)).logical_or(vals.isnan());
-      idx = std::get<0>(at::where(cand, idxs, std::numeric_limits<int64_t>::max()).min(0));
-      out = mx.contiguous();
+      out = vals[0].clone();
+      idx = idxs[0].clone();
+      for (int64_t r = 1; r < n; ++r) merge_max_(out, idx, vals[r], idxs[r]);
     }
   }
   return {wrap_out(plan, mesh, out), wrap_out(plan, mesh, idx)};
@@ -1092,6 +1149,50 @@ at::Tensor adaptive_max_pool_backward(std::string_view op_name, int64_t nsp, con
   const auto& mesh = spec->mesh;
   auto g = grad_local(plan, grad_output, mesh);
   auto idx = local_aligned(dispatch::as_shard(indices, mesh), mesh, plan.out_shape, plan.out_placements, plan.out_ext);
+  if (cell_partials(plan)) {
+    // Each owner sends its cells' gradients and indices to the ranks whose rows the cells touch; every rank adds
+    // those whose element lies in its own rows into its gradient (the outputs are few: per-element divisions are
+    // cheap here). No window.
+    // Several exchanged dims: the forward's combination reversed, the last dim's first; along a dim already
+    // exchanged a rank then holds the touched cells in an order of its own, which travels whole (each gradient
+    // keeps its index beside it) and matches its peers' (they share its coordinate on that mesh dim).
+    auto gt = g, it = idx;
+    for (size_t h = plan.halo.size(); h-- > 0;) {
+      const auto& d = plan.sp[exchanged_sp(plan, h)];
+      auto gs = cell_exchange(gt, d, d.recv_cells, d.o0, d.send_cells, *mesh);
+      auto is = cell_exchange(it, d, d.recv_cells, d.o0, d.send_cells, *mesh);
+      gs.push_back(gt);
+      is.push_back(it);
+      gt = at::cat(gs, d.dim);
+      it = at::cat(is, d.dim);
+    }
+    const auto lead = gt.dim() - plan.nsp;
+    auto keep = at::ones_like(it, it.options().dtype(at::kBool));
+    auto flat = at::zeros_like(it);
+    auto rem = it;
+    int64_t local_stride = 1;
+    for (int64_t i = plan.nsp - 1; i >= 0; --i) {
+      const auto& sd = plan.sp[i];
+      auto coord = rem.remainder(sd.L);
+      rem = rem.div(sd.L, "floor");
+      int64_t first = 0, rows = sd.L;
+      if (sd.mesh_dim >= 0) {
+        const auto me = mesh->coordinate(sd.mesh_dim);
+        first = offsets(sd.in_ext)[me];
+        rows = sd.in_ext[me];
+        keep = keep.logical_and(coord.ge(first)).logical_and(coord.lt(first + rows));
+      }
+      flat.add_((coord - first) * local_stride);
+      local_stride *= rows;
+    }
+    auto gk = at::where(keep, gt, at::zeros({}, gt.options()));
+    flat = at::where(keep, flat, at::zeros({}, flat.options()));
+    std::vector<int64_t> flat_shape(spec->local_shape.begin(), spec->local_shape.begin() + lead);
+    flat_shape.push_back(local_stride);
+    auto gi = at::zeros(flat_shape, g.options());
+    if (gi.numel() > 0 && gk.numel() > 0) gi.scatter_add_(lead, flat.flatten(lead), gk.flatten(lead));
+    return make_shard_tensor(gi.view(spec->local_shape), spec);
+  }
   return make_shard_tensor(max_backward_common(plan, g, idx, *mesh), spec);
 }
 

@@ -207,6 +207,39 @@ def case_adaptive(seed):
     return True
 
 
+def case_adaptive_max_straddling(seed):
+    """Adaptive max pooling whose cells straddle shards (ops/pool.cpp cell_partials): each rank's maxima over its own
+    rows meet at the cell's owner. Ties (small integer values: the first element in row-major order wins, across
+    ranks too) and one NaN on each side of a shard boundary in the same cell (the later one wins, as on one device),
+    split along H or W (the row-major order interleaves W's shards), on 1-D and 2x2 meshes, uneven and empty shards."""
+    m = mesh() if seed else mesh((2, 2), ("a", "b"))
+    w = m.size()
+    torch.manual_seed(seed)
+    x = torch.randint(0, 3, (2, 2, 13, 11)).double()
+    ties = x.clone()
+    x[0, 1, 5, 2] = float("nan")   # cell (1, 0) of (3, 2) cells: rows [4, 9), cols [0, 6)
+    x[0, 1, 8, 3] = float("nan")
+    x[1, 0, 2, 4] = float("nan")   # cell (0, 0): rows [0, 5), cols [0, 6)
+    x[1, 0, 2, 5] = float("nan")
+    if seed:
+        layouts = [([st.Shard(2)], {0: e}) for e in ([13 - 6 * (w - 1)] + [6] * (w - 1) if w > 1 else [13],
+                                                     narrow_extents(13, w))]
+        layouts += [([st.Shard(3)], {0: narrow_extents(11, w)})]
+    else:
+        layouts = [([st.Shard(2), st.Shard(3)], {0: [7, 6], 1: [3, 8]}), ([st.Shard(2), st.Shard(3)], {0: [0, 13], 1: [11, 0]})]
+    for lay in layouts:
+        for size in ((3, 2), (4, 3), (2, 5), (13, 3)):
+            check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [ties], [lay], m,
+                     what=f"ties {size} {lay}")
+            xs = st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1])
+            with st.use_strict():
+                vs, js = F.adaptive_max_pool2d(xs, size, return_indices=True)
+            v, j = F.adaptive_max_pool2d(x, size, return_indices=True)
+            torch.testing.assert_close(full(vs), v, equal_nan=True, msg=lambda s: f"NaN values {size} {lay}: {s}")
+            assert torch.equal(full(js), j), f"NaN indices {size} {lay}: {full(js)} vs {j}"
+    return True
+
+
 def case_no_grad_and_modules(seed):
     """Inference paths (no autograd: composite kernels may take other routes) and nn modules."""
     m = mesh()
@@ -480,6 +513,15 @@ def test_pool_2d_mesh():
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_adaptive(world):
     harness.run(world, case_adaptive, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_adaptive_max_straddling(world):
+    harness.run(world, case_adaptive_max_straddling, world)
+
+
+def test_adaptive_max_straddling_2d_mesh():
+    harness.run(4, case_adaptive_max_straddling, 0)
 
 
 @pytest.mark.parametrize("world", [2, 3])
