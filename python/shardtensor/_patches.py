@@ -166,10 +166,18 @@ def _reduce_ex(original):
     return _on_shards(original, refuse)
 
 
-def _refuse_host_access(name: str):
-    """Host views of the data need one buffer holding the whole tensor; a ShardTensor's wrapper has no storage."""
+def _refuse_host_access(name: str, values: bool = False):
+    """Host views of the data need one buffer holding the whole tensor; a ShardTensor's wrapper has no storage.
+    ``values``: an op that reads values (``tolist``, ``numpy``) answers where no shard stands in the way -- every
+    placement ``Replicate`` (each rank's local tensor is the whole tensor: no communication), or one element (a
+    collective where the element is sharded or a pending sum, as ``item()`` is: call it on every rank)."""
     def build(original):
         def refuse(self, *args, **kwargs):
+            if values:
+                if all(p.is_replicate() for p in self.placements):
+                    return original(self.to_local(), *args, **kwargs)
+                if self.numel() == 1:
+                    return original(self.full_tensor(), *args, **kwargs)
             raise _api().ShardTensorHostAccessError(
                 f"ShardTensor.{name}(): a ShardTensor has no single buffer (each rank holds a shard); use "
                 f"x.full_tensor().{name}() for the whole tensor (a collective: call it on every rank) or "
@@ -289,8 +297,10 @@ PATCHES: tuple[Patch, ...] = (
           _soft_attribute("_local_tensor", _local_tensor_hint)),
     Patch(_TENSOR, "__repr__", "repr(x) of a ShardTensor shows the layout and never communicates", _repr),
     Patch(_TENSOR, "__reduce_ex__", "pickling a ShardTensor raises, naming full_tensor()/to_local()", _reduce_ex),
-    Patch(_TENSOR, "tolist", "a ShardTensor has no single buffer: a clear error", _refuse_host_access("tolist")),
-    Patch(_TENSOR, "numpy", "a ShardTensor has no single buffer: a clear error", _refuse_host_access("numpy")),
+    Patch(_TENSOR, "tolist", "a ShardTensor has no single buffer: replicated or one element, else a clear error",
+          _refuse_host_access("tolist", values=True)),
+    Patch(_TENSOR, "numpy", "a ShardTensor has no single buffer: replicated or one element, else a clear error",
+          _refuse_host_access("numpy", values=True)),
     Patch(_TENSOR, "data_ptr", "a ShardTensor has no single buffer: a clear error", _refuse_host_access("data_ptr")),
     Patch(_TENSOR, "__deepcopy__", "copy.deepcopy of a ShardTensor (a module with sharded parameters) clones it",
           _deepcopy),

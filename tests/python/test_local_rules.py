@@ -183,6 +183,17 @@ def case_host_access_plain_and_remedies():
         xs.data_ptr()
     except RuntimeError as e:  # still what PyTorch raised before, for code that catches it
         assert isinstance(e, TypeError)
+    # Where no shard stands in the way the values come back: a replicated tensor (each rank's local tensor is the
+    # whole tensor, no communication) and one element (a collective where it is sharded or a pending sum, as item()).
+    import numpy as np
+
+    xr = st.distribute_tensor(x, m, [st.Replicate()])
+    assert xr.tolist() == x.tolist() and (xr.numpy() == x.numpy()).all() and (np.asarray(xr) == x.numpy()).all()
+    total = xs.sum()  # Partial(sum)
+    assert abs(total.tolist() - x.sum().item()) < 1e-5 and abs(float(total.numpy()) - x.sum().item()) < 1e-5
+    one = st.distribute_tensor(x[:1, :1].contiguous(), m, [st.Shard(0)])  # one rank holds the element
+    assert one.tolist() == x[:1, :1].tolist() and (one.numpy() == x[:1, :1].numpy()).all()
+    assert xs.long().sum(0, keepdim=True)[:, :1].tolist() == x.long().sum(0, keepdim=True)[:, :1].tolist()
     return True
 
 
