@@ -1,9 +1,9 @@
 """Pooling over two split dims (a 2x2 mesh splitting H and W), to compare two builds of the library: adaptive average
-pooling to PSPNet's pyramid sizes and adaptive max pooling on a map no size divides (509 x 509), and a UNet's k2 s2 max / average pooling of
-even extents (512 x 512). Per workload the median time of a training step (forward, backward) and of a no_grad
-forward, the allocator peak over the step, and the halo bytes (st.CommCounter); max over the ranks. Beside them the
-same op on each rank's own block as a plain tensor (no communication, the border outputs computed with padding):
-the local-only step and forward, measured in the same run.
+pooling to PSPNet's pyramid sizes and adaptive max pooling on a map no size divides (509 x 509), a UNet's k2 s2 max /
+average pooling of even extents and k3 windows with halos along both dims (512 x 512). Per workload the median time
+of a training step (forward, backward) and of a no_grad forward, the allocator peak over the step, and the halo
+bytes (st.CommCounter); max over the ranks. Beside them the same op on each rank's own block as a plain tensor (no
+communication, the border outputs computed with padding): the local-only step and forward, measured in the same run.
 
     PYTHONPATH=python .venv/bin/python benchmarks/halo_plan/pool_mesh2d.py --label after --json after.json
 """

@@ -289,7 +289,9 @@ at::Tensor touch_matrix(const SpDim& d, int64_t own_first, int64_t own_rows) {
 // name another row as the last NaN, so no mask is needed. A reduced dim (pooled to one cell across its mesh dim) takes
 // the whole window.
 at::Tensor cell_rows(const SpDim& d, int64_t first, int64_t count, int64_t ws, int64_t W, int64_t& kmax) {
-  auto cell_start = [&](int64_t j) { return d.reduce ? 0 : std::max(ad_start(first + j, d.L, d.Lout) - ws, int64_t{0}); };
+  auto cell_start = [&](int64_t j) {
+    return d.reduce ? 0 : std::max(ad_start(first + j, d.L, d.Lout) - ws, int64_t{0});
+  };
   auto cell_end = [&](int64_t j) { return d.reduce ? W : std::min(ad_end(first + j, d.L, d.Lout) - ws, W); };
   kmax = 1;
   for (int64_t j = 0; j < count; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
@@ -862,7 +864,6 @@ std::vector<at::Tensor> cell_exchange(const at::Tensor& rows, const SpDim& d,
   return comm::peer_exchange_start(out, shapes, rows, mesh, d.mesh_dim).wait();
 }
 
-
 at::Tensor acc_type(const at::Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
 
 // A spatial dim the pooling keeps as it is (one cell per row, the window its rows): its averaging matrix is the
@@ -926,8 +927,10 @@ at::Tensor adaptive_avg_pool(int64_t nsp, const at::Tensor& self, c10::SymIntArr
       if (i != k) y = average_along(plan, i, y, false);
     auto received = cell_exchange(y, d, d.send_cells, d.t0, d.recv_cells, mesh);
     auto out = y.narrow(d.dim, d.n > 0 ? d.o0 - d.t0 : 0, d.n);
-    for (size_t q = 0; q < received.size(); ++q)
-      if (d.recv_cells[q].second > 0) out.narrow(d.dim, d.recv_cells[q].first - d.o0, d.recv_cells[q].second).add_(received[q]);
+    for (size_t q = 0; q < received.size(); ++q) {
+      const auto [first, count] = d.recv_cells[q];
+      if (count > 0) out.narrow(d.dim, first - d.o0, count).add_(received[q]);
+    }
     return wrap_out(plan, shard_impl(x)->spec()->mesh, out.to(local.scalar_type()).contiguous());
   }
   if (auto sizes = first_pass_sizes(plan)) {
@@ -1001,7 +1004,6 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
   return make_shard_tensor(plan.halo.scatter_add(gi, *spec->mesh), spec);
 }
 
-// Adaptive max pooling: (values, global indices).
 // Adaptive max pooling's cell table over `window` (its rows of dim i start at global row plan.cell_ws[i]): the max
 // over each cell's rows and its global flat index over the spatial plane, for plan.cell_n[i] cells of dim i; ties go
 // to the first element in row-major order and NaN to the last, as on one device.
@@ -1039,11 +1041,13 @@ std::pair<at::Tensor, at::Tensor> cell_max(const PoolPlan& plan, const at::Tenso
           k = at::where(nan, (kmax - 1) - G.isnan().flip(d + 1).to(at::kByte).argmax(d + 1), k);
       }
     } else {
-      // The candidates' row-major keys over the dims pooled so far (this dim's global row the last digit).
+      // The candidates' row-major keys over the dims pooled so far (this dim's global row the last digit); the
+      // earlier dims' coordinates laid out like G.
+      for (int64_t j = 0; j < i; ++j) coord[j] = coord[j].index_select(d, rows.flatten()).view(sizes);
       auto key = (rows + plan.cell_ws[i]).view(rshape);
       int64_t stride = plan.sp[i].L;
       for (int64_t j = i - 1; j >= 0; --j) {
-        key = key + coord[j].index_select(d, rows.flatten()).view(sizes) * stride;
+        key = key + coord[j] * stride;
         stride *= plan.sp[j].L;
       }
       v = std::get<0>(G.max(d + 1));
@@ -1056,8 +1060,7 @@ std::pair<at::Tensor, at::Tensor> cell_max(const PoolPlan& plan, const at::Tenso
     }
     // The winners' coordinates: the earlier dims' at the picked slices, this dim's from its cell's rows.
     auto pick = k.unsqueeze(d + 1);
-    for (int64_t j = 0; j < i; ++j)
-      coord[j] = coord[j].index_select(d, rows.flatten()).view(sizes).gather(d + 1, pick).squeeze(d + 1);
+    for (int64_t j = 0; j < i; ++j) coord[j] = coord[j].gather(d + 1, pick).squeeze(d + 1);
     coord[i] = (rows + plan.cell_ws[i]).view(rshape).expand(sizes).gather(d + 1, pick).squeeze(d + 1);
     vals = v;
   }
@@ -1094,7 +1097,8 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool(int64_t nsp, const at::Tens
   at::Tensor out, idx;
   bool empty_local = false;
   for (const auto& d : plan.sp) empty_local = empty_local || (d.reduce && d.W == 0);
-  if ((plan.no_outputs && !partials) || empty_local || window.numel() == 0 || c10::multiply_integers(table_shape) == 0) {
+  if ((plan.no_outputs && !partials) || empty_local || c10::multiply_integers(table_shape) == 0 ||
+      window.numel() == 0) {
     // No outputs, or nothing of a reduced dim here: -inf with a sentinel index that never wins a combine.
     out = at::full(table_shape, empty_local ? -std::numeric_limits<double>::infinity() : 0.0, window.options());
     idx = at::full(table_shape, empty_local ? std::numeric_limits<int64_t>::max() : 0,

@@ -140,12 +140,12 @@ def case_pool_2d_mesh(seed):
     for ext in ({0: uneven_extents(9, 2, seed), 1: uneven_extents(8, 2, seed + 1)}, {0: [1, 8], 1: [0, 8]}):
         lay = ([st.Shard(2), st.Shard(3)], ext)
         _max_sweep(x, lay, m, 2, f"2-D mesh {ext}", [(3, 2, 1, 1, True), (3, 1, 1, 2, False), ((2, 4), (2, 3), (1, 2), 1, True)])
-        # Average pooling with a halo along both split dims runs as two separable passes (ops/pool.cpp avg_passes):
-        # per-dim kernels, ceil mode's overhanging windows, both divisor rules and an override.
-        _avg_sweep(x, lay, m, 2, f"2-D mesh {ext}", [(3, 2, 1, True, False, None), (3, 2, 1, True, True, None),
-                                                     (2, 1, 1, False, True, 3), ((3, 5), (2, 3), (1, 2), True, False, None),
-                                                     ((4, 3), (3, 1), (2, 1), True, True, None),
-                                                     ((4, 3), (3, 2), (2, 0), True, False, 5), (3, 1, 0, False, True, None)])
+        # Average pooling with a halo along both split dims (the window over both): per-dim kernels, ceil mode's
+        # overhanging windows, both divisor rules and an override.
+        _avg_sweep(x, lay, m, 2, f"2-D mesh {ext}",
+                   [(3, 2, 1, True, False, None), (3, 2, 1, True, True, None), (2, 1, 1, False, True, 3),
+                    ((3, 5), (2, 3), (1, 2), True, False, None), ((4, 3), (3, 1), (2, 1), True, True, None),
+                    ((4, 3), (3, 2), (2, 0), True, False, 5), (3, 1, 0, False, True, None)])
         # (3, 4) and (9, 2) divide the sizes: plain poolings with kernel = stride (ops/pool.cpp uniform_cells).
         for size in ((3, 2), (4, 5), (1, 3), (1, 1), (9, 8), (3, 4), (9, 2)):
             check_op(lambda t: F.adaptive_avg_pool2d(t, size), [x], [lay], m, **TOL, what=f"2-D mesh adaptive avg {size}")
@@ -164,8 +164,8 @@ def case_pool_2d_mesh(seed):
         for size in ((3, 2, 4), (2, 5, 2), (1, 3, 9)):
             check_op(lambda t: F.adaptive_avg_pool3d(t, size), [xv], [([st.Shard(4), st.Shard(2)], {0: [4, 5], 1: [3, 4]})],
                      m, **TOL, what=f"volume adaptive avg {size}")
-    # Separable average pooling of a volume split along D and W, and in bfloat16 (the passes accumulate in float and
-    # round once, as one device does), in strict mode.
+    # Average pooling of a volume split along D and W, and in bfloat16 (accumulated in float and rounded once, as one
+    # device does), in strict mode.
     with st.use_strict():
         _avg_sweep(xv, ([st.Shard(4), st.Shard(2)], {0: [4, 5], 1: [3, 4]}), m, 3, "volume D x W",
                    [(3, 2, 1, True, False, None), ((2, 3, 3), (2, 1, 2), (1, 1, 1), False, True, None),
@@ -226,7 +226,8 @@ def case_adaptive_max_straddling(seed):
                                                      narrow_extents(13, w))]
         layouts += [([st.Shard(3)], {0: narrow_extents(11, w)})]
     else:
-        layouts = [([st.Shard(2), st.Shard(3)], {0: [7, 6], 1: [3, 8]}), ([st.Shard(2), st.Shard(3)], {0: [0, 13], 1: [11, 0]})]
+        layouts = [([st.Shard(2), st.Shard(3)], {0: [7, 6], 1: [3, 8]}),
+                   ([st.Shard(2), st.Shard(3)], {0: [0, 13], 1: [11, 0]})]
     for lay in layouts:
         for size in ((3, 2), (4, 3), (2, 5), (13, 3)):
             check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [ties], [lay], m,
