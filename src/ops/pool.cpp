@@ -86,6 +86,7 @@ struct PoolPlan {
   std::vector<at::Tensor> cell_rows;       // adaptive max: per dim (n, K) window rows of each cell
   std::vector<int64_t> cell_k;
   std::vector<int64_t> cell_n, cell_ws;            // adaptive max: per dim the table's cells and its window's row 0
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> cell_spans;  // adaptive max: per dim (first window row, rows)
 };
 
 int64_t expand(at::IntArrayRef v, int64_t i, int64_t dflt) {
@@ -288,7 +289,8 @@ at::Tensor touch_matrix(const SpDim& d, int64_t own_first, int64_t own_rows) {
 // again: a repeat of the last row can neither win a tie (the first maximum wins, and the real row comes first) nor
 // name another row as the last NaN, so no mask is needed. A reduced dim (pooled to one cell across its mesh dim) takes
 // the whole window.
-at::Tensor cell_rows(const SpDim& d, int64_t first, int64_t count, int64_t ws, int64_t W, int64_t& kmax) {
+at::Tensor cell_rows(const SpDim& d, int64_t first, int64_t count, int64_t ws, int64_t W, int64_t& kmax,
+                     std::vector<std::pair<int64_t, int64_t>>& spans) {
   auto cell_start = [&](int64_t j) {
     return d.reduce ? 0 : std::max(ad_start(first + j, d.L, d.Lout) - ws, int64_t{0});
   };
@@ -296,8 +298,10 @@ at::Tensor cell_rows(const SpDim& d, int64_t first, int64_t count, int64_t ws, i
   kmax = 1;
   for (int64_t j = 0; j < count; ++j) kmax = std::max(kmax, cell_end(j) - cell_start(j));
   std::vector<int64_t> r(count * kmax);
+  spans.clear();
   for (int64_t j = 0; j < count; ++j) {
     const auto s = cell_start(j), e = cell_end(j);
+    spans.emplace_back(s, e - s);
     for (int64_t q = 0; q < kmax; ++q) r[j * kmax + q] = s + q < e ? s + q : e - 1;
   }
   return at::tensor(r, at::TensorOptions().dtype(at::kLong)).view({count, kmax});
@@ -427,7 +431,9 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
       const auto first = touched ? d.t0 : d.o0, count = touched ? d.tn : d.n;
       const auto ws = touched ? offsets(d.in_ext)[me] : d.ws, W = touched ? d.in_ext[me] : d.W;
       int64_t k;
-      plan.cell_rows.push_back(cell_rows(d, first, count, ws, W, k).to(device));
+      std::vector<std::pair<int64_t, int64_t>> spans;
+      plan.cell_rows.push_back(cell_rows(d, first, count, ws, W, k, spans).to(device));
+      plan.cell_spans.push_back(std::move(spans));
       plan.cell_k.push_back(k);
       plan.cell_n.push_back(count);
       plan.cell_ws.push_back(ws);
@@ -1007,9 +1013,13 @@ at::Tensor adaptive_avg_pool_backward(std::string_view op_name, int64_t nsp, con
 // Adaptive max pooling's cell table over `window` (its rows of dim i start at global row plan.cell_ws[i]): the max
 // over each cell's rows and its global flat index over the spatial plane, for plan.cell_n[i] cells of dim i; ties go
 // to the first element in row-major order and NaN to the last, as on one device.
+// Up to this many cells along the first spatial dim, the table's first pass reduces each cell's rows as a view.
+constexpr int64_t kCellsByView = 64;
+
 std::pair<at::Tensor, at::Tensor> cell_max(const PoolPlan& plan, const at::Tensor& window) {
-  // One spatial dim at a time from the first, each pass over the cells' rows side by side (the first pass copies
-  // the window's rows once, whole rows: one block copy each; the later ones read the far smaller pooled result).
+  // One spatial dim at a time from the first, each pass over the cells' rows side by side (the first pass reduces
+  // each cell's rows where they lie, or with many cells copies the rows once, whole rows: one block copy each; the
+  // later ones read the far smaller pooled result).
   // The first pass keeps, per position of the later dims, the first row holding the maximum (the last NaN). A later
   // pass picks among its candidates by their row-major order over the dims pooled so far -- the smallest global
   // flat key among the maxima, the largest among NaN -- which is the first (last NaN) in row-major order of the whole
@@ -1022,6 +1032,25 @@ std::pair<at::Tensor, at::Tensor> cell_max(const PoolPlan& plan, const at::Tenso
   for (int64_t i = 0; i < nsp; ++i) {
     const auto d = lead + i;
     const auto n = plan.cell_n[i], kmax = plan.cell_k[i];
+    if (i == 0 && n > 0 && n <= kCellsByView) {
+      // Few cells: each cell's rows are a view of the window, reduced where they lie (no copy of the rows; max(dim)
+      // keeps the first maximum, as aten's kernels do).
+      std::vector<at::Tensor> vs, ks;
+      for (const auto& [first, len] : plan.cell_spans[0]) {
+        auto rows_of_cell = vals.narrow(d, first, len);
+        auto [v, k] = rows_of_cell.max(d);
+        if (floating) {
+          const auto nan = v.isnan();
+          if (!window.device().is_cpu() || nan.any().item<bool>())
+            k = at::where(nan, (len - 1) - rows_of_cell.isnan().flip(d).to(at::kByte).argmax(d), k);
+        }
+        vs.push_back(v);
+        ks.push_back(k.add_(first + plan.cell_ws[0]));
+      }
+      vals = at::stack(vs, d);
+      coord[0] = at::stack(ks, d);
+      continue;
+    }
     const auto rows = comm::plan_constant(plan.cell_rows[i], window);  // (n, K) window rows
     auto sizes = vals.sizes().vec();
     sizes[d] = kmax;

@@ -238,6 +238,18 @@ def case_adaptive_max_straddling(seed):
             v, j = F.adaptive_max_pool2d(x, size, return_indices=True)
             torch.testing.assert_close(full(vs), v, equal_nan=True, msg=lambda s: f"NaN values {size} {lay}: {s}")
             assert torch.equal(full(js), j), f"NaN indices {size} {lay}: {full(js)} vs {j}"
+    # More cells along H than the table reduces as views (ops/pool.cpp kCellsByView): the copied-rows first pass.
+    tall = torch.randint(0, 3, (1, 2, 75, 11)).double()
+    tall[0, 0, 30, 1] = tall[0, 0, 30, 2] = float("nan")
+    lay = (([st.Shard(2)], {0: narrow_extents(75, w)}) if seed
+           else ([st.Shard(2), st.Shard(3)], {0: [40, 35], 1: [5, 6]}))
+    for t in (tall, tall.nan_to_num()):
+        vs, js = F.adaptive_max_pool2d(st.distribute_tensor(t, m, lay[0], sharding_shapes=lay[1]), (70, 4), True)
+        v, j = F.adaptive_max_pool2d(t, (70, 4), return_indices=True)
+        torch.testing.assert_close(full(vs), v, equal_nan=True)
+        assert torch.equal(full(js), j), "many cells: indices"
+    check_op(lambda t: F.adaptive_max_pool2d(t, (70, 4), return_indices=True), [tall.nan_to_num()], [lay], m,
+             what="many cells")
     return True
 
 
