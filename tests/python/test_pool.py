@@ -210,7 +210,8 @@ def case_adaptive(seed):
 def case_adaptive_max_straddling(seed):
     """Adaptive max pooling whose cells straddle shards (ops/pool.cpp cell_partials): each rank's maxima over its own
     rows meet at the cell's owner. Ties (small integer values: the first element in row-major order wins, across
-    ranks too) and one NaN on each side of a shard boundary in the same cell (the later one wins, as on one device),
+    ranks too) and NaN on each side of a shard boundary in the same cell and twice in one column of a rank's rows (the
+    later one wins, as on one device),
     split along H or W (the row-major order interleaves W's shards), on 1-D and 2x2 meshes, uneven and empty shards."""
     m = mesh() if seed else mesh((2, 2), ("a", "b"))
     w = m.size()
@@ -221,6 +222,8 @@ def case_adaptive_max_straddling(seed):
     x[0, 1, 8, 3] = float("nan")
     x[1, 0, 2, 4] = float("nan")   # cell (0, 0): rows [0, 5), cols [0, 6)
     x[1, 0, 2, 5] = float("nan")
+    x[0, 0, 4, 2] = float("nan")   # two in one column of cell (1, 0), on one rank of the H splits: the later wins
+    x[0, 0, 6, 2] = float("nan")
     if seed:
         layouts = [([st.Shard(2)], {0: e}) for e in ([13 - 6 * (w - 1)] + [6] * (w - 1) if w > 1 else [13],
                                                      narrow_extents(13, w))]
@@ -241,6 +244,7 @@ def case_adaptive_max_straddling(seed):
     # More cells along H than the table reduces as views (ops/pool.cpp kCellsByView): the copied-rows first pass.
     tall = torch.randint(0, 3, (1, 2, 75, 11)).double()
     tall[0, 0, 30, 1] = tall[0, 0, 30, 2] = float("nan")
+    tall[0, 1, 31, 5] = tall[0, 1, 32, 5] = float("nan")  # one column of cell 29 (rows [31, 33)): the later wins
     lay = (([st.Shard(2)], {0: narrow_extents(75, w)}) if seed
            else ([st.Shard(2), st.Shard(3)], {0: [40, 35], 1: [5, 6]}))
     for t in (tall, tall.nan_to_num()):
