@@ -36,6 +36,18 @@ WORKLOADS = [("adaptive_avg_pool2d 2", 509, lambda t: F.adaptive_avg_pool2d(t, 2
              ("avg_pool2d k3 s1 p1", 512, lambda t: F.avg_pool2d(t, 3, 1, 1, count_include_pad=False))]
 
 
+def step_and_forward(op, t):
+    """A training step of ``op`` on ``t`` (the gradient cleared first) and a no_grad forward."""
+    def step():
+        t.grad = None
+        op(t).square().mean().backward()
+
+    def forward():
+        with torch.no_grad():
+            op(t)
+    return step, forward
+
+
 def run_rank(rank, world, port, scratch, args):
     mesh = init_cpu_rank(rank, world, port, mesh_shape=(2, 2), mesh_dim_names=("h", "w"))
     rows = []
@@ -44,23 +56,9 @@ def run_rank(rank, world, port, scratch, args):
         x = torch.randn(1, args.channels, size, size)
         xs = st.distribute_tensor(x, mesh, [st.Shard(2), st.Shard(3)]).requires_grad_()
 
-        def step():
-            xs.grad = None
-            op(xs).square().mean().backward()
-
-        def forward():
-            with torch.no_grad():
-                op(xs)
-
-        xl = xs.to_local().detach().clone().requires_grad_()
-
-        def local_step():
-            xl.grad = None
-            op(xl).square().mean().backward()
-
-        def local_forward():
-            with torch.no_grad():
-                op(xl)
+        step, forward = step_and_forward(op, xs)
+        # The same op on this rank's own block as a plain tensor: no communication.
+        local_step, local_forward = step_and_forward(op, xs.to_local().detach().clone().requires_grad_())
 
         step_s = timed(step, warmup=2, iters=args.iters)
         fwd_s = timed(forward, warmup=2, iters=args.iters)

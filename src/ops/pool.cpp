@@ -413,10 +413,10 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
   if (a.kind == PoolKind::AdaptiveAvg) {
     // The exchanged dim of a one-dim exchange pools the own rows into partial cells (cell_partials); a rank without
     // cells of its own may still hold rows of its neighbours' cells.
-    const auto me_of = [&](const SpDim& d) { return mesh.coordinate(d.mesh_dim); };
     for (const auto& d : plan.sp) {
       if (plan.halo.size() == 1 && d.dim == plan.halo.dim(0).dim)
-        plan.avg_matrices.push_back(touch_matrix(d, offsets(d.in_ext)[me_of(d)], d.in_ext[me_of(d)]).to(device));
+        plan.avg_matrices.push_back(
+            touch_matrix(d, spec.local_offset(d.dim), spec.local_shape[d.dim]).to(device));
       else
         plan.avg_matrices.push_back(avg_matrix(d).to(device));
     }
@@ -427,9 +427,8 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
     for (const auto& d : plan.sp) {
       bool touched = false;
       for (size_t h = 0; h < plan.halo.size(); ++h) touched = touched || d.dim == plan.halo.dim(h).dim;
-      const auto me = d.mesh_dim >= 0 ? mesh.coordinate(d.mesh_dim) : 0;
       const auto first = touched ? d.t0 : d.o0, count = touched ? d.tn : d.n;
-      const auto ws = touched ? offsets(d.in_ext)[me] : d.ws, W = touched ? d.in_ext[me] : d.W;
+      const auto ws = touched ? spec.local_offset(d.dim) : d.ws, W = touched ? spec.local_shape[d.dim] : d.W;
       int64_t k;
       std::vector<std::pair<int64_t, int64_t>> spans;
       plan.cell_rows.push_back(cell_rows(d, first, count, ws, W, k, spans).to(device));
@@ -1208,13 +1207,8 @@ at::Tensor adaptive_max_pool_backward(std::string_view op_name, int64_t nsp, con
       const auto& sd = plan.sp[i];
       auto coord = rem.remainder(sd.L);
       rem = rem.div(sd.L, "floor");
-      int64_t first = 0, rows = sd.L;
-      if (sd.mesh_dim >= 0) {
-        const auto me = mesh->coordinate(sd.mesh_dim);
-        first = offsets(sd.in_ext)[me];
-        rows = sd.in_ext[me];
-        keep = keep.logical_and(coord.ge(first)).logical_and(coord.lt(first + rows));
-      }
+      const auto first = spec->local_offset(sd.dim), rows = spec->local_shape[sd.dim];
+      if (sd.mesh_dim >= 0) keep = keep.logical_and(coord.ge(first)).logical_and(coord.lt(first + rows));
       flat.add_((coord - first) * local_stride);
       local_stride *= rows;
     }
