@@ -164,6 +164,109 @@ BorderForward border_forward(const HaloPlan& plan, const BorderSplit& split, con
   return r;
 }
 
+std::pair<int64_t, int64_t> window_of_outputs(const SlidingWindow& w, int64_t first, int64_t count) {
+  return {first * w.stride, (count - 1) * w.stride + w.span()};
+}
+
+std::pair<int64_t, int64_t> interior_outputs(const BorderSplit& split, int64_t out_len) {
+  int64_t lo = 0, hi = out_len;
+  for (const auto& b : split.borders) {
+    if (b.out_len == 0) continue;
+    if (b.out_begin == lo) lo = b.out_begin + b.out_len;
+    else hi = std::min(hi, b.out_begin);
+  }
+  return {lo, std::max(lo, hi)};
+}
+
+bool multi_border_applies(const HaloPlan& plan, const std::vector<BorderSplit>& splits) {
+  if (plan.size() < 2 || splits.size() != plan.size()) return false;
+  for (size_t k = 0; k < plan.size(); ++k)
+    if (!plan.runs(k) || !splits[k].direct || !splits[k].main) return false;
+  return true;
+}
+
+std::vector<at::Tensor> multi_border_forward(const HaloPlan& plan, const std::vector<BorderSplit>& splits,
+                                             const std::vector<SlidingWindow>& windows, const at::Tensor& local,
+                                             const Mesh& mesh, const MultiWindowKernel& kernel, bool overlap) {
+  TORCH_INTERNAL_ASSERT(multi_border_applies(plan, splits) && windows.size() == plan.size(),
+                        "multi_border_forward: not a direct split over several dims");
+  const auto n = plan.size();
+  using Range = std::pair<int64_t, int64_t>;
+  std::vector<std::vector<at::Tensor>> received(n);
+  // Step k sends rows of the window along the dims of steps < k with the local rows of the later ones.
+  auto post = [&](size_t k) {
+    auto shape = local.sizes().vec();
+    for (size_t d = 0; d < k; ++d) shape[plan.dim(d).dim] = plan.window_rows(d);
+    return plan.post_rows(
+        k,
+        [&](int64_t first, int64_t count) {
+          std::vector<Range> ranges;
+          for (size_t d = 0; d < n; ++d)
+            ranges.push_back(d < k    ? Range{0, plan.window_rows(d)}
+                             : d == k ? Range{first, count}
+                                      : Range{0, local.size(plan.dim(d).dim)});
+          return plan.region(local, received, ranges, k);
+        },
+        shape, local, mesh);
+  };
+  auto first_step = post(0);
+  if (!overlap) received[0] = first_step.wait();
+  std::vector<int64_t> padding;
+  for (const auto& s : splits) padding.push_back(s.padding);
+  auto outs = kernel(local, padding, padding);
+  TORCH_INTERNAL_ASSERT(!outs.empty(), "multi_border_forward: the kernel gave no output");
+  if (overlap) received[0] = first_step.wait();
+  const std::vector<int64_t> no_padding(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    PeerExchange next;
+    if (k + 1 < n) {
+      next = post(k + 1);
+      if (!overlap) received[k + 1] = next.wait();
+    }
+    for (const auto& border : splits[k].borders) {
+      if (border.out_len == 0) continue;
+      // Outputs: the border along k, every one along the earlier dims, the interior along the later ones (they read
+      // own rows and padding there, so the slab needs the halo of steps <= k only).
+      std::vector<Range> outputs, ranges;
+      bool empty = false;
+      for (size_t d = 0; d < n; ++d) {
+        const auto len = outs[0].size(plan.dim(d).dim);
+        const auto o = d == k  ? Range{border.out_begin, border.out_len}
+                       : d < k ? Range{0, len}
+                               : [&] {
+                                   const auto [lo, hi] = interior_outputs(splits[d], len);
+                                   return Range{lo, hi - lo};
+                                 }();
+        empty = empty || o.second == 0;
+        outputs.push_back(o);
+        ranges.push_back(o.second > 0 ? window_of_outputs(windows[d], o.first, o.second) : Range{0, 0});
+      }
+      if (empty) continue;
+      std::vector<at::Tensor> dst;
+      for (const auto& out : outs) {
+        auto t = out;
+        for (size_t d = 0; d < n; ++d) t = t.narrow(plan.dim(d).dim, outputs[d].first, outputs[d].second);
+        dst.push_back(t);
+      }
+      if (dst[0].numel() == 0) continue;  // an empty dim outside the plan (a batch): nothing to compute
+      TORCH_INTERNAL_ASSERT(ranges[k] == Range(border.win_begin, border.win_len), "multi_border_forward: border window [",
+                            ranges[k].first, ", +", ranges[k].second, ")");
+      std::vector<int64_t> firsts;
+      for (const auto& r : ranges) firsts.push_back(r.first);
+      auto slab = kernel(plan.region(local, received, ranges, n), no_padding, firsts);
+      TORCH_INTERNAL_ASSERT(slab.size() == outs.size(), "multi_border_forward: ", slab.size(), " slab outputs for ",
+                            outs.size());
+      for (size_t i = 0; i < outs.size(); ++i) {
+        TORCH_INTERNAL_ASSERT(slab[i].sizes() == dst[i].sizes(), "multi_border_forward: slab ", slab[i].sizes(),
+                              " for ", dst[i].sizes());
+        dst[i].copy_(slab[i]);
+      }
+    }
+    if (k + 1 < n && overlap) received[k + 1] = next.wait();
+  }
+  return outs;
+}
+
 namespace {
 // border_backward's body: `windows(b)` gives border b's input windows (none for a linear op), `shapes` the local
 // inputs' shapes (their gradients').

@@ -15,7 +15,8 @@
 // computed by that neighbour, to which the gradient rows of the border outputs travel (as many rows as the halo) —
 // one exchange instead of the input's halo and then its gradient.
 //
-// One executor runs the pattern for every family (border_forward / border_backward): the op supplies the split and a
+// One executor runs the pattern for every family (border_forward / border_backward, multi_border_forward over
+// several sharded dims): the op supplies the split and a
 // kernel that computes a call (the main call, or a border's outputs from its window); the executor posts the halo
 // (several inputs in one message per peer), overlaps it with the main call, assembles the outputs in the main call's
 // buffers and, backward, sends the border windows' halo gradients home while the main call runs. Convolution and
@@ -79,6 +80,32 @@ using WindowKernel =
 // travel when `overlap`), then each border's call, written into the main call's outputs, which are returned.
 std::vector<at::Tensor> border_forward(const HaloPlan& plan, const BorderSplit& split, const at::Tensor& local,
                                        const Mesh& mesh, const WindowKernel& kernel, bool overlap = true);
+
+// Several exchanged dims (the plan's steps, `splits[k]` and `windows[k]` for step k's dim, each split direct with a
+// main call; every step's maps runs): the main call on the own block with each dim's split padding gives every
+// output of this rank, those near an edge computed with the halo read as padding, while the first dim's halo
+// travels; then each further dim's exchange sends the earlier dims' windows of its halo rows (the corners travel as a
+// second hop: one message per neighbour and step, as the window path's gather sends, in the same order, so ranks on
+// either path match) and travels while dim k's border slabs are computed: its border outputs over every output of
+// the earlier dims and the interior ones of the later dims, each from its region window (halo-sized along k, the
+// windows of its outputs along the others), written over the main call's rows. The slabs cover every output that
+// reads the halo once. Memory traffic beyond the single-device op: the halo and the slabs' region windows.
+// `kernel(input, padding, first)`: `padding[k]` and `first[k]` per step as WindowKernel's (the main call: the splits'
+// paddings, its first row at window position padding[k]; a slab: no padding, its region's first window positions).
+using MultiWindowKernel = std::function<std::vector<at::Tensor>(
+    const at::Tensor& input, const std::vector<int64_t>& padding, const std::vector<int64_t>& first)>;
+std::vector<at::Tensor> multi_border_forward(const HaloPlan& plan, const std::vector<BorderSplit>& splits,
+                                             const std::vector<SlidingWindow>& windows, const at::Tensor& local,
+                                             const Mesh& mesh, const MultiWindowKernel& kernel, bool overlap = true);
+// Whether multi_border_forward applies to this rank: two or more steps, each running and its split direct with a
+// main call.
+bool multi_border_applies(const HaloPlan& plan, const std::vector<BorderSplit>& splits);
+// Its geometry, for the backward of a multi-dim border execution (ops/conv.cpp): the window positions of outputs
+// [first, first + count) along a dim with window `w` (from the first one's first tap to the last one's last), and
+// the outputs of `out_len` that no border of `split` holds, [first, end) (with a main call the borders sit at the
+// ends).
+std::pair<int64_t, int64_t> window_of_outputs(const SlidingWindow& w, int64_t first, int64_t count);
+std::pair<int64_t, int64_t> interior_outputs(const BorderSplit& split, int64_t out_len);
 
 // The general form, for kernels whose main call is not a padding of the border calls (neighbourhood attention's
 // windows shift inward at the edges, so its main call runs the rank's rows as a whole tensor of their own) and for

@@ -609,98 +609,24 @@ std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan
   return {gi, gw};
 }
 
-// The window positions of outputs [first, first + count) along plan dim k: from the first one's first tap to the
-// last one's last (window position 0 is output 0's first tap).
-std::pair<int64_t, int64_t> window_of_outputs(const ConvPlan& plan, size_t k, int64_t first, int64_t count) {
-  const auto& w = plan.dims[k].window;
-  return {first * w.stride, (count - 1) * w.stride + w.span()};
-}
-
-// The outputs along plan dim k (of `out_len`) that no border of its split holds: [first, end). On the multi-dim
-// paths a main call exists, so the borders sit at the ends.
-std::pair<int64_t, int64_t> interior_of(const ConvPlan& plan, size_t k, int64_t out_len) {
-  int64_t lo = 0, hi = out_len;
-  for (const auto& b : plan.splits[k].borders) {
-    if (b.out_len == 0) continue;
-    if (b.out_begin == lo) lo = b.out_begin + b.out_len;
-    else hi = std::min(hi, b.out_begin);
-  }
-  return {lo, std::max(lo, hi)};
-}
-
-// The forward over several sharded dims without the window: the single-device call on the rank's own block with
-// each dim's symmetric split padding (every output of this rank, the halo read as zeros), while the first dim's
-// halo travels; then each further dim's exchange sends the earlier dims' windows of its halo rows (the corners
-// travel as a second hop, one message per neighbour and step as the window path sends, in the same order), and
-// the border slabs of each dim (its border outputs over every output of the other dims) are computed from region
-// windows (halo-sized along the dim, the full window along the others) and written over the main call's.
+// The forward over several sharded dims without the window (comm::multi_border_forward): the single-device call on
+// the rank's own block with each dim's symmetric split padding while the halo travels, the border slabs written
+// over its rows.
 at::Tensor multi_direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
                                 const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
                                 int64_t groups, const Mesh& mesh) {
-  const auto n = plan.dims.size();
-  const bool overlap = overlap_enabled();
-  std::vector<std::vector<at::Tensor>> received(n);
-  auto post = [&](size_t k) {
-    // Step k sends rows of the window along dims < k with the local rows of dims > k.
-    auto shape = x.sizes().vec();
-    for (size_t d = 0; d < k; ++d) shape[plan.dims[d].dim] = plan.halo.window_rows(d);
-    return plan.halo.post_rows(
-        k,
-        [&](int64_t first, int64_t count) {
-          Region r;
-          r.stop = k;
-          for (size_t d = 0; d < n; ++d)
-            r.range.emplace_back(d < k ? std::make_pair<int64_t, int64_t>(0, plan.halo.window_rows(d))
-                                 : d == k ? std::make_pair(first, count)
-                                          : std::make_pair<int64_t, int64_t>(0, x.size(plan.dims[d].dim)));
-          return build_region(plan, x, received, r);
-        },
-        shape, x, mesh);
-  };
-  auto first = post(0);
-  if (!overlap) received[0] = first.wait();
-  auto padding = plan.local_padding;
-  for (size_t k = 0; k < n; ++k) padding[plan.dims[k].dim - 2] = plan.splits[k].padding;
-  auto out = at::convolution(x, w, b, stride, padding, dilation, false, plan.local_output_padding, groups);
-  if (overlap) received[0] = first.wait();
-  // Dim k's border slab spans every output along the earlier dims and the interior ones along the later dims, so it
-  // reads the halo of steps <= k only (the later dims' interior windows are own rows and padding): step k + 1 is
-  // posted first and travels while it is computed. Together the slabs cover every output that reads the halo once.
-  for (size_t k = 0; k < n; ++k) {
-    comm::PeerExchange next;
-    if (k + 1 < n) {
-      next = post(k + 1);
-      if (!overlap) received[k + 1] = next.wait();
-    }
-    for (const auto& border : plan.splits[k].borders) {
-      if (border.out_len == 0) continue;
-      Region r;
-      r.stop = n;
-      auto dst = out;
-      for (size_t d = 0; d < n; ++d) {
-        const auto dim = plan.dims[d].dim;
-        const auto outs = d == k  ? std::make_pair(border.out_begin, border.out_len)
-                          : d < k ? std::make_pair<int64_t, int64_t>(0, out.size(dim))
-                                  : [&] {
-                                      const auto [lo, hi] = interior_of(plan, d, out.size(dim));
-                                      return std::make_pair(lo, hi - lo);
-                                    }();
-        dst = dst.narrow(dim, outs.first, outs.second);
-        r.range.push_back(outs.second > 0 ? window_of_outputs(plan, d, outs.first, outs.second)
-                                          : std::make_pair<int64_t, int64_t>(0, 0));
-      }
-      if (dst.numel() == 0) continue;
-      TORCH_INTERNAL_ASSERT(r.range[k] == std::make_pair(border.win_begin, border.win_len),
-                            "convolution border window [", r.range[k].first, ", +", r.range[k].second, ")");
-      auto slab = at::convolution(build_region(plan, x, received, r), w, b, stride, plan.local_padding, dilation,
-                                  false, plan.local_output_padding, groups);
-      TORCH_INTERNAL_ASSERT(slab.sizes() == dst.sizes(), "convolution border slab ", slab.sizes(), " for ",
-                            dst.sizes());
-      dst.copy_(slab);
-    }
-    if (k + 1 < n && overlap) received[k + 1] = next.wait();
+  std::vector<comm::SlidingWindow> windows;
+  for (size_t k = 0; k < plan.dims.size(); ++k) {
+    TORCH_INTERNAL_ASSERT(plan.dims[k].dim == plan.halo.dim(k).dim, "convolution: plan dims out of the halo's order");
+    windows.push_back(plan.dims[k].window);
   }
-  return out;
+  auto kernel = [&](const at::Tensor& in, const std::vector<int64_t>& pad, const std::vector<int64_t>&) {
+    auto padding = plan.local_padding;
+    for (size_t k = 0; k < plan.dims.size(); ++k) padding[plan.dims[k].dim - 2] = pad[k];
+    return std::vector<at::Tensor>{
+        at::convolution(in, w, b, stride, padding, dilation, false, plan.local_output_padding, groups)};
+  };
+  return comm::multi_border_forward(plan.halo, plan.splits, windows, x, mesh, kernel, overlap_enabled())[0];
 }
 
 // The backward over several sharded dims without the window, the adjoint of multi_direct_forward. The
@@ -735,7 +661,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
   std::vector<std::vector<at::Tensor>> halo_grad;
   if (mask[0]) halo_grad = plan.halo.zero_pieces(x);
   std::vector<std::pair<int64_t, int64_t>> interior;
-  for (size_t k = 0; k < n; ++k) interior.push_back(interior_of(plan, k, g.size(plan.dims[k].dim)));
+  for (size_t k = 0; k < n; ++k) interior.push_back(comm::interior_outputs(plan.splits[k], g.size(plan.dims[k].dim)));
   // Dim k's slabs: its border outputs across every output of the earlier dims and the interior ones of the later
   // dims (as in the forward), so their input gradients reach the halo of steps <= k only.
   auto slabs_of = [&](size_t k) {
@@ -753,7 +679,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
                                                    : std::make_pair<int64_t, int64_t>(0, g.size(dim));
         empty = empty || outs.second == 0;
         slab = slab.narrow(dim, outs.first, outs.second);
-        r.range.push_back(outs.second > 0 ? window_of_outputs(plan, d, outs.first, outs.second)
+        r.range.push_back(outs.second > 0 ? comm::window_of_outputs(plan.dims[d].window, outs.first, outs.second)
                                           : std::make_pair<int64_t, int64_t>(0, 0));
       }
       if (empty) continue;

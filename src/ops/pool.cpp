@@ -74,6 +74,12 @@ struct PoolPlan {
   // can (comm/halo_borders.h).
   comm::BorderSplit split;
   int64_t split_sp = -1;
+  // Windowed pools with several gathered dims: each step's split, window and spatial dim, and whether this rank runs
+  // without the window over them (comm::multi_border_forward).
+  std::vector<comm::BorderSplit> splits;
+  std::vector<comm::SlidingWindow> step_windows;
+  std::vector<int64_t> step_sp;
+  bool multi_direct = false;
   std::vector<int64_t> out_shape;
   Placements out_placements;
   DimExtents out_ext;
@@ -371,17 +377,28 @@ PoolPlan make_pool_plan(const ShardSpec& spec, int64_t nsp, const PoolArgs& a, c
   // Max pooling fills outside rows with -inf (never selected); averages see zeros (their divisors are exact).
   const auto fill = comm::fill_value(a.kind == PoolKind::Max ? comm::PadMode::NegInf : comm::PadMode::Zeros);
   plan.halo = comm::HaloPlan(halo_dims, mesh.coordinates(), device, fill);
-  if (!adaptive && by_mesh.size() == 1 && plan.halo.runs(0)) {
-    const auto i = by_mesh[0].second;
+  // PyTorch's pooling kernels take at most half the kernel size as padding (dilation aside). avg_pool3d refuses an
+  // input (before padding) shorter than its kernel: a main call on fewer own rows than the kernel builds the window
+  // instead (it holds the padding rows).
+  auto split_of = [&](int64_t i) {
     const auto& d = plan.sp[i];
     const auto w = window_of(a, i);
-    // PyTorch's pooling kernels take at most half the kernel size as padding (dilation aside).
-    plan.split = comm::border_split(d.in_ext, d.out_ext, mesh.coordinate(d.mesh_dim), d.L, w, w.kernel / 2);
-    plan.split_sp = i;
-    // avg_pool3d refuses an input (before padding) shorter than its kernel: a main call on fewer own rows than
-    // the kernel builds the window instead (it holds the padding rows).
-    if (a.kind == PoolKind::Avg && nsp == 3 && plan.split.main && d.in_ext[mesh.coordinate(d.mesh_dim)] < w.kernel)
-      plan.split.direct = false;
+    auto split = comm::border_split(d.in_ext, d.out_ext, mesh.coordinate(d.mesh_dim), d.L, w, w.kernel / 2);
+    if (a.kind == PoolKind::Avg && nsp == 3 && split.main && d.in_ext[mesh.coordinate(d.mesh_dim)] < w.kernel)
+      split.direct = false;
+    return split;
+  };
+  if (!adaptive && by_mesh.size() == 1 && plan.halo.runs(0)) {
+    plan.split = split_of(by_mesh[0].second);
+    plan.split_sp = by_mesh[0].second;
+  }
+  if (!adaptive && by_mesh.size() >= 2) {
+    for (const auto& [m, i] : by_mesh) {
+      plan.splits.push_back(split_of(i));
+      plan.step_windows.push_back(window_of(a, i));
+      plan.step_sp.push_back(i);
+    }
+    plan.multi_direct = comm::multi_border_applies(plan.halo, plan.splits);
   }
   plan.local_out_shape.assign(spec.local_shape.begin(), spec.local_shape.end() - nsp);
   plan.window_shape = plan.local_out_shape;
@@ -494,22 +511,26 @@ at::Tensor wrap_out(const PoolPlan& plan, const MeshPtr& mesh, const at::Tensor&
 // s_i, global sizes L_i), w = sum_i c_i V_i and g = sum_i (s_i + c_i) G_i, V and G the row-major strides of W and L:
 //   g = w + sum_i s_i G_i + sum_{i < n-1} (w div V_i) (L_{i+1} - W_{i+1}) G_{i+1}
 // (the window's prefixes telescope); a term vanishes where the next dim's window is the whole dim, so a split of the
-// first spatial dim costs one addition and a split of two dims one division. `first`, `rows`: along the split dim
-// the kernel's input held `rows` rows from window position `first` on (-1: the whole window).
+// first spatial dim costs one addition and a split of two dims one division. `parts`, by spatial dim (empty: none):
+// the kernel's input held `rows` rows from window position `first` on along that dim (first -1: the whole window).
+struct WindowPart {
+  int64_t first = -1, rows = -1;
+};
+
 struct PlaneStrides {
   std::vector<int64_t> L, W, start, G, V;
   int64_t base = 0;
 };
 
-PlaneStrides plane_strides(const PoolPlan& plan, int64_t first = -1, int64_t rows = -1) {
+PlaneStrides plane_strides(const PoolPlan& plan, const std::vector<WindowPart>& parts = {}) {
   PlaneStrides p;
   const auto n = static_cast<size_t>(plan.nsp);
   for (size_t i = 0; i < n; ++i) {
     const auto& d = plan.sp[i];
-    const bool part = first >= 0 && static_cast<int64_t>(i) == plan.split_sp;
+    const bool part = i < parts.size() && parts[i].first >= 0;
     p.L.push_back(d.L);
-    p.W.push_back(part ? rows : d.W);
-    p.start.push_back(part ? d.ws + first : d.ws);
+    p.W.push_back(part ? parts[i].rows : d.W);
+    p.start.push_back(part ? d.ws + parts[i].first : d.ws);
   }
   p.G.assign(n, 1);
   p.V.assign(n, 1);
@@ -522,8 +543,8 @@ PlaneStrides plane_strides(const PoolPlan& plan, int64_t first = -1, int64_t row
 }
 
 // `idx` is the kernel's own index tensor: converted in place (the quotients are taken before it changes).
-at::Tensor window_to_global_(const PoolPlan& plan, at::Tensor idx, int64_t first = -1, int64_t rows = -1) {
-  const auto p = plane_strides(plan, first, rows);
+at::Tensor window_to_global_(const PoolPlan& plan, at::Tensor idx, const std::vector<WindowPart>& parts = {}) {
+  const auto p = plane_strides(plan, parts);
   std::vector<std::pair<at::Tensor, int64_t>> terms;
   for (size_t i = 0; i + 1 < p.L.size(); ++i) {
     const auto coef = (p.L[i + 1] - p.W[i + 1]) * p.G[i + 1];
@@ -634,9 +655,28 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
                              : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
       // Indices name rows of the kernel's input: the main call's starts at window position `pad`, a border
       // window's at its first position.
-      return {o, window_to_global_(plan, i, first, in.size(dim))};
+      std::vector<WindowPart> parts(nsp);
+      parts[plan.split_sp] = {first, in.size(dim)};
+      return {o, window_to_global_(plan, i, parts)};
     };
     auto outs = comm::border_forward(plan.halo, plan.split, shard_impl(x)->local(), *mesh, kernel);
+    return {wrap_out(plan, mesh, outs[0]), wrap_out(plan, mesh, outs[1])};
+  }
+  if (plan.multi_direct && !plan.no_outputs) {
+    auto kernel = [&](const at::Tensor& in, const std::vector<int64_t>& pad, const std::vector<int64_t>& first) {
+      auto lp = local_padding(plan, a.p);
+      std::vector<WindowPart> parts(nsp);
+      for (size_t k = 0; k < plan.step_sp.size(); ++k) {
+        const auto i = plan.step_sp[k];
+        lp[i] = pad[k];
+        parts[i] = {first[k], in.size(plan.sp[i].dim)};
+      }
+      auto [o, i] = nsp == 2 ? at::max_pool2d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil)
+                             : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
+      return std::vector<at::Tensor>{o, window_to_global_(plan, i, parts)};
+    };
+    auto outs = comm::multi_border_forward(plan.halo, plan.splits, plan.step_windows, shard_impl(x)->local(), *mesh,
+                                           kernel);
     return {wrap_out(plan, mesh, outs[0]), wrap_out(plan, mesh, outs[1])};
   }
   auto window = gather_window(plan, x);
@@ -743,6 +783,19 @@ at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
                        : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)};
     };
     auto sum = comm::border_forward(plan.halo, plan.split, local, mesh, kernel)[0];
+    return wrap_out(plan, shard_impl(x)->spec()->mesh, averaged(plan, a, sum).to(local.scalar_type()));
+  }
+  if (plan.multi_direct && !plan.no_outputs) {
+    const auto& local = shard_impl(x)->local();
+    const auto& mesh = *shard_impl(x)->spec()->mesh;
+    auto kernel = [&](const at::Tensor& in, const std::vector<int64_t>& pad, const std::vector<int64_t>&) {
+      auto w = low_precision(in) ? in.to(at::kFloat) : in;
+      auto lp = local_padding(plan, a.p);
+      for (size_t k = 0; k < plan.step_sp.size(); ++k) lp[plan.step_sp[k]] = pad[k];
+      return std::vector<at::Tensor>{nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
+                                              : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)};
+    };
+    auto sum = comm::multi_border_forward(plan.halo, plan.splits, plan.step_windows, local, mesh, kernel)[0];
     return wrap_out(plan, shard_impl(x)->spec()->mesh, averaged(plan, a, sum).to(local.scalar_type()));
   }
   auto window = gather_window(plan, x);

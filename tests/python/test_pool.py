@@ -175,6 +175,27 @@ def case_pool_2d_mesh(seed):
                    lambda t: F.avg_pool2d(t, (5, 3), 2, (2, 1), divisor_override=7)):
             check_op(fn, [xb], [([st.Shard(2), st.Shard(3)], {0: [6, 5], 1: [3, 7]})], m, rtol=1e-2, atol=1e-2,
                      what="2-D mesh bf16 avg")
+    # Max pooling with a halo along both split dims runs without the window (comm::multi_border_forward: the call on
+    # the own block, border slabs from region windows over the corners): ties (small integers: the first maximum in
+    # row-major order wins) and NaN on both sides of both boundaries (the kernel keeps the last), indices compared
+    # exactly; a volume split along D and W; strict mode.
+    g = torch.Generator().manual_seed(seed + 10)
+    xt = torch.randint(0, 3, (1, 2, 11, 10), generator=g).float()
+    xn = xt.clone()
+    xn[0, 0, 5, 3] = xn[0, 0, 6, 4] = xn[0, 1, 5, 4] = xn[0, 1, 6, 3] = float("nan")
+    configs = [(3, 2, 1, 1, False), (3, 1, 1, 1, True), (2, 2, 1, 1, True), ((3, 5), (1, 2), (1, 2), 1, False)]
+    with st.use_strict():
+        for ext in ({0: [6, 5], 1: [4, 6]}, {0: [3, 8], 1: [7, 3]}):
+            lay = ([st.Shard(2), st.Shard(3)], ext)
+            _max_sweep(xt, lay, m, 2, f"2-D mesh ties {ext}", configs)
+            for k, s, p, d, ceil in configs:
+                vs, js = F.max_pool2d(st.distribute_tensor(xn, m, lay[0], sharding_shapes=ext), k, s, p, d, ceil,
+                                      return_indices=True)
+                v, j = F.max_pool2d(xn, k, s, p, d, ceil, return_indices=True)
+                torch.testing.assert_close(full(vs), v, equal_nan=True, msg=lambda e: f"NaN max {k} {s} {ext}: {e}")
+                assert torch.equal(full(js), j), f"NaN max indices {k} {s} {ext}: {full(js)} vs {j}"
+        _max_sweep(xv, ([st.Shard(4), st.Shard(2)], {0: [4, 5], 1: [3, 4]}), m, 3, "volume D x W",
+                   [(3, 2, 1, 1, True), ((2, 3, 3), (2, 1, 2), (1, 1, 1), 1, False), (3, 1, 1, 2, False)])
     # One mesh dim shards the batch, the other a spatial dim.
     lay = ([st.Shard(0), st.Shard(3)], {1: [5, 3]})
     check_op(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), [x], [lay], m, **TOL, what="batch x width max")
