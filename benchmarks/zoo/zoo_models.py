@@ -1052,6 +1052,23 @@ def _twin(spec: "ModelSpec", model: torch.nn.Module, dt: torch.dtype, seed: int)
         return twin
 
 
+def _memory_format(ndim: int):
+    """The memory format SHARDTENSOR_ZOO_MEMORY_FORMAT asks for an input of ``ndim`` dims (None: as built)."""
+    if os.environ.get("SHARDTENSOR_ZOO_MEMORY_FORMAT", "") != "channels_last":
+        return None
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(ndim)
+
+
+def _to_channels_last(model: torch.nn.Module):
+    """Every 4-D parameter and buffer in channels_last order, every 5-D one in channels_last_3d (Module.to's
+    memory_format takes one format for both ranks, which a model with 2-D and 3-D convolutions refuses)."""
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.dim() in formats:
+                t.data = t.data.contiguous(memory_format=formats[t.dim()])
+
+
 def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims: Optional[Sequence[int]] = None,
               even: bool = False, dtype: str = "float64", seed: int = 0) -> dict:
     """Run model ``name`` on every rank of the default process group (see the module docstring).
@@ -1092,6 +1109,12 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         ref = _twin(spec, model, dt, seed)
         g = torch.Generator().manual_seed(seed + 2)
         x = torch.randn(spec.shape, generator=g, dtype=torch.float64).to(dt)
+        # SHARDTENSOR_ZOO_MEMORY_FORMAT=channels_last: the model's parameters and the input (the reference's and
+        # every rank's shard) in channels-last order, as mixed-precision CNN training sets them up; 4-D / 5-D inputs.
+        fmt = _memory_format(len(spec.shape))
+        if fmt is not None:
+            _to_channels_last(model), _to_channels_last(ref)
+            x = x.contiguous(memory_format=fmt)
         extra = {k: (v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
                  for k, v in (spec.extra() if spec.extra else {}).items()}
         extents = {}
@@ -1119,8 +1142,10 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
 
         stage = "forward"
-        xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims),
-                                  sharding_shapes=extents).requires_grad_(not spec.forward_only)
+        xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims), sharding_shapes=extents)
+        if fmt is not None:
+            xs = xs.contiguous(memory_format=fmt)
+        xs = xs.requires_grad_(not spec.forward_only)
         share = _ActivationShare(model if not backend else torch.nn.Identity())
         run = torch.compile(model, backend=backend) if backend else model
         reseed()
@@ -1177,7 +1202,10 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
 
         stage = "eval"
         model.eval(), ref.eval()
-        with torch.no_grad():
+        # SHARDTENSOR_ZOO_EVAL=inference_mode: the eval forward under torch.inference_mode (inference tensors, no
+        # version counters, no views tracked), as inference scripts run; the default is no_grad.
+        eval_mode = torch.inference_mode if os.environ.get("SHARDTENSOR_ZOO_EVAL") == "inference_mode" else torch.no_grad
+        with eval_mode():
             reseed()
             raw_eval_ref = run_ref(x, **extra)
             reseed()

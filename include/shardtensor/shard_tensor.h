@@ -42,6 +42,11 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // Replace the local tensor and the spec together: an in-place view op (squeeze_, transpose_, ...) changes the
   // tensor's shape and layout; the global sizes and strides follow.
   void set_local_and_spec(at::Tensor local, SpecPtr spec);
+  // Under torch.inference_mode a new wrapper is an inference tensor (no autograd keys, no version counter). A view
+  // of a normal tensor must be a normal one (ADInplaceOrView then gives it its base's version counter), as aten's
+  // views are, even where the rule's local result is computed (a split dim gathered): the dispatcher calls this on
+  // a view op's fresh results before autograd sees them.
+  void make_normal_tensor();
 
  private:
   template <typename VersionCounter>

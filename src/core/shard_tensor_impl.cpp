@@ -71,6 +71,12 @@ void ShardTensorImpl::refresh_metadata() {
   refresh_contiguous();
 }
 
+void ShardTensorImpl::make_normal_tensor() {
+  if (!is_inference()) return;
+  key_set_ = key_set_ | c10::getAutogradRelatedKeySetFromBackend(c10::toBackendComponent(kShardKey));
+  version_counter_ = c10::VariableVersion(/*version=*/0);
+}
+
 void ShardTensorImpl::set_local(at::Tensor local) {
   TORCH_INTERNAL_ASSERT(local.sizes() == local_.sizes() && local.dtype() == local_.dtype());
   local_ = std::move(local);

@@ -30,6 +30,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/function.h>
@@ -300,10 +301,33 @@ struct SlotKernel final : c10::OperatorKernel {
     // Autocast decided at the op's own level (the device's autocast kernel ran on the ShardTensors, see
     // ShardTensorImpl); the rule's local ops run as they are given, as a device kernel's internals do.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const bool view_of_normal = slot->returns_view && c10::InferenceMode::is_enabled() && first_arg_normal(op, stack);
     try {
       run(op, stack);
     } catch (const c10::DistBackendError& e) {
       rethrow_with_op(op, stack, e);
+    }
+    if (view_of_normal) keep_views_normal(op, stack);
+  }
+  // Under inference mode a view of a normal tensor is a normal tensor (ADInplaceOrView, which runs after this kernel,
+  // gives it the base's version counter); a rule whose local result is computed (a gathered split dim) made an
+  // inference tensor.
+  static bool first_arg_normal(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+    const auto n = op.schema().arguments().size();
+    if (n == 0 || stack->size() < n) return false;
+    const auto& self = (*stack)[stack->size() - n];
+    return self.isTensor() && self.toTensor().defined() && !self.toTensor().is_inference();
+  }
+  static void keep_views_normal(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const auto n = op.schema().returns().size();
+    auto normal = [](const at::Tensor& t) {
+      if (auto* impl = t.defined() ? shard_impl(t) : nullptr) impl->make_normal_tensor();
+    };
+    for (size_t i = stack->size() - std::min(n, stack->size()); i < stack->size(); ++i) {
+      const auto& v = (*stack)[i];
+      if (v.isTensor()) normal(v.toTensor());
+      else if (v.isTensorList())
+        for (const auto& t : v.toTensorList()) normal(t);
     }
   }
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -68,6 +68,9 @@ std::shared_ptr<const W> cached_windows(const at::Tensor& data, const at::Tensor
     std::vector<int64_t> params;
     std::shared_ptr<const W> windows;
   };
+  // Inference tensors keep no version (and may change in place inside inference mode): no backward reuses their
+  // windows anyway, so they are not cached (every rank runs the same mode, so every rank misses alike).
+  if (data.is_inference() || input.is_inference()) return make();
   thread_local std::deque<Entry> recent;
   constexpr size_t kEntries = 16;
   for (const auto& e : recent) {

@@ -111,6 +111,10 @@ std::shared_ptr<const Plan> cached_for_tensors(const std::vector<at::Tensor>& he
   static std::mutex mutex;
   static std::list<Entry> entries;
   constexpr size_t kCapacity = 32;
+  // Inference tensors keep no version (and may change in place inside inference mode): plans made from them are
+  // not cached (the same decision on every rank: the tensors are the module's, alike everywhere).
+  for (const auto& t : held)
+    if (t.is_inference()) return std::make_shared<const Plan>(make());
   std::vector<const void*> ids;
   std::vector<uint32_t> versions;
   for (const auto& t : held) {

@@ -53,6 +53,7 @@ QUICK = {
     "test_torchvision_detection.py": ["test_roi_align[2-uneven]", "test_batch_buffer[2]"],
     "test_deform_conv.py": ["test_deform_conv[2-uneven]"],
     "test_indexing_rules.py": ["test_index_select[3]"],
+    "test_inference_mode.py": ["test_model_eval[2]"],
     "test_inplace_views.py": ["test_inplace_views[0-2]"],
     "test_interpolate.py": ["test_interp_module_and_layout"],
     "test_io.py": ["test_roundtrip[npy-3]"],
