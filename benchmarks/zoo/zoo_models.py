@@ -1069,6 +1069,22 @@ def _to_channels_last(model: torch.nn.Module):
                 t.data = t.data.contiguous(memory_format=formats[t.dim()])
 
 
+def _enable_checkpointing(model: torch.nn.Module) -> bool:
+    """Switch on the library's activation checkpointing in ``model`` or the outermost submodule that has a switch;
+    False when none has."""
+    for mod in model.modules():
+        for switch, args in (("set_grad_checkpointing", (True,)), ("enable_gradient_checkpointing", ()),
+                             ("gradient_checkpointing_enable", ())):
+            fn = getattr(mod, switch, None)
+            if callable(fn):
+                try:
+                    fn(*args)
+                except (ValueError, NotImplementedError, AssertionError, TypeError):
+                    continue  # a model class that declares the switch but does not support it
+                return True
+    return False
+
+
 def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims: Optional[Sequence[int]] = None,
               even: bool = False, dtype: str = "float64", seed: int = 0) -> dict:
     """Run model ``name`` on every rank of the default process group (see the module docstring).
@@ -1115,6 +1131,14 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         if fmt is not None:
             _to_channels_last(model), _to_channels_last(ref)
             x = x.contiguous(memory_format=fmt)
+        # SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING=1: the library's own activation checkpointing switched on in both
+        # (timm's set_grad_checkpointing, diffusers' enable_gradient_checkpointing, transformers'
+        # gradient_checkpointing_enable): the training step recomputes the blocks in the backward. A model without
+        # such a switch is an `n/a` row.
+        if os.environ.get("SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING") == "1":
+            if not (_enable_checkpointing(model) and _enable_checkpointing(ref)):
+                res.update(result="n/a", detail="no activation checkpointing switch", seconds=0.0)
+                return res
         extra = {k: (v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
                  for k, v in (spec.extra() if spec.extra else {}).items()}
         extents = {}
