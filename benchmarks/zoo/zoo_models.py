@@ -1135,6 +1135,12 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         # (timm's set_grad_checkpointing, diffusers' enable_gradient_checkpointing, transformers'
         # gradient_checkpointing_enable): the training step recomputes the blocks in the backward. A model without
         # such a switch is an `n/a` row.
+        # SHARDTENSOR_ZOO_INPUT_GRAD=0: the input takes no gradient, as in training (only the parameters do), so each
+        # first layer's backward computes no input gradient. A model without parameters is an `n/a` row then.
+        input_grad = os.environ.get("SHARDTENSOR_ZOO_INPUT_GRAD", "1") != "0"
+        if not input_grad and not any(p.requires_grad for p in model.parameters()):
+            res.update(result="n/a", detail="no parameters: nothing to train without an input gradient", seconds=0.0)
+            return res
         if os.environ.get("SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING") == "1":
             if not (_enable_checkpointing(model) and _enable_checkpointing(ref)):
                 res.update(result="n/a", detail="no activation checkpointing switch", seconds=0.0)
@@ -1157,7 +1163,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         # (kornia's crops gather where eagerly they slice), which need not agree with its eager one.
         run_ref = torch.compile(ref, backend=backend) if backend else ref
         model.train(), ref.train()
-        xr = x.clone().requires_grad_(not spec.forward_only)
+        xr = x.clone().requires_grad_(not spec.forward_only and input_grad)
         reseed = (lambda: torch.manual_seed(seed + 3)) if spec.reseed else (lambda: None)
         reseed()
         out_ref = _flat_tensors(run_ref(xr, **extra))
@@ -1169,7 +1175,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims), sharding_shapes=extents)
         if fmt is not None:
             xs = xs.contiguous(memory_format=fmt)
-        xs = xs.requires_grad_(not spec.forward_only)
+        xs = xs.requires_grad_(not spec.forward_only and input_grad)
         share = _ActivationShare(model if not backend else torch.nn.Identity())
         run = torch.compile(model, backend=backend) if backend else model
         reseed()

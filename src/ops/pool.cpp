@@ -642,6 +642,13 @@ PoolArgs max_args(int64_t nsp, at::IntArrayRef kernel, at::IntArrayRef stride, a
   return a;
 }
 
+// The local max pooling of `in` with padding `lp` by spatial dim (window indices over `in`, converted by the caller).
+std::tuple<at::Tensor, at::Tensor> local_max_pool(int64_t nsp, const at::Tensor& in, const PoolArgs& a,
+                                                  at::IntArrayRef lp) {
+  return nsp == 2 ? at::max_pool2d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil)
+                  : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
+}
+
 std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
@@ -651,8 +658,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
     auto kernel = [&](const at::Tensor& in, int64_t pad, int64_t first) -> std::vector<at::Tensor> {
       auto lp = local_padding(plan, a.p);
       lp[plan.split_sp] = pad;
-      auto [o, i] = nsp == 2 ? at::max_pool2d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil)
-                             : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
+      auto [o, i] = local_max_pool(nsp, in, a, lp);
       // Indices name rows of the kernel's input: the main call's starts at window position `pad`, a border
       // window's at its first position.
       std::vector<WindowPart> parts(nsp);
@@ -667,12 +673,11 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
       auto lp = local_padding(plan, a.p);
       std::vector<WindowPart> parts(nsp);
       for (size_t k = 0; k < plan.step_sp.size(); ++k) {
-        const auto i = plan.step_sp[k];
-        lp[i] = pad[k];
-        parts[i] = {first[k], in.size(plan.sp[i].dim)};
+        const auto sp = plan.step_sp[k];
+        lp[sp] = pad[k];
+        parts[sp] = {first[k], in.size(plan.sp[sp].dim)};
       }
-      auto [o, i] = nsp == 2 ? at::max_pool2d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil)
-                             : at::max_pool3d_with_indices(in, a.k, a.s, lp, a.dil, a.ceil);
+      auto [o, i] = local_max_pool(nsp, in, a, lp);
       return std::vector<at::Tensor>{o, window_to_global_(plan, i, parts)};
     };
     auto outs = comm::multi_border_forward(plan.halo, plan.splits, plan.step_windows, shard_impl(x)->local(), *mesh,
@@ -685,9 +690,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool(int64_t nsp, const at::Tensor& self,
     out = at::zeros(plan.local_out_shape, window.options());
     idx = at::zeros(plan.local_out_shape, window.options().dtype(at::kLong));
   } else {
-    auto lp = local_padding(plan, a.p);
-    std::tie(out, idx) = nsp == 2 ? at::max_pool2d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil)
-                                  : at::max_pool3d_with_indices(window, a.k, a.s, lp, a.dil, a.ceil);
+    std::tie(out, idx) = local_max_pool(nsp, window, a, local_padding(plan, a.p));
     idx = window_to_global_(plan, idx);
   }
   return {wrap_out(plan, mesh, out), wrap_out(plan, mesh, idx)};
@@ -769,47 +772,45 @@ bool low_precision(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
+// The local kernels' sum (or average, when plan.divides) of `in` with padding `lp` by spatial dim; half-precision
+// inputs pooled in float (rounded once by the caller).
+at::Tensor local_avg_pool(const PoolPlan& plan, const at::Tensor& in, const PoolArgs& a, at::IntArrayRef lp) {
+  auto w = low_precision(in) ? in.to(at::kFloat) : in;
+  return plan.nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
+                       : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor);
+}
+
 at::Tensor avg_pool(int64_t nsp, const at::Tensor& self, const PoolArgs& a) {
   auto [x, planp] = forward_plan(self, nsp, a);
   const auto& plan = *planp;
+  const auto& local = shard_impl(x)->local();
+  const auto& mesh = shard_impl(x)->spec()->mesh;
   if (plan.split.direct && !plan.no_outputs) {
-    const auto& local = shard_impl(x)->local();
-    const auto& mesh = *shard_impl(x)->spec()->mesh;
     auto kernel = [&](const at::Tensor& in, int64_t pad, int64_t) -> std::vector<at::Tensor> {
-      auto w = low_precision(in) ? in.to(at::kFloat) : in;
       auto lp = local_padding(plan, a.p);
       lp[plan.split_sp] = pad;
-      return {nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
-                       : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)};
+      return {local_avg_pool(plan, in, a, lp)};
     };
-    auto sum = comm::border_forward(plan.halo, plan.split, local, mesh, kernel)[0];
-    return wrap_out(plan, shard_impl(x)->spec()->mesh, averaged(plan, a, sum).to(local.scalar_type()));
+    auto sum = comm::border_forward(plan.halo, plan.split, local, *mesh, kernel)[0];
+    return wrap_out(plan, mesh, averaged(plan, a, sum).to(local.scalar_type()));
   }
   if (plan.multi_direct && !plan.no_outputs) {
-    const auto& local = shard_impl(x)->local();
-    const auto& mesh = *shard_impl(x)->spec()->mesh;
     auto kernel = [&](const at::Tensor& in, const std::vector<int64_t>& pad, const std::vector<int64_t>&) {
-      auto w = low_precision(in) ? in.to(at::kFloat) : in;
       auto lp = local_padding(plan, a.p);
       for (size_t k = 0; k < plan.step_sp.size(); ++k) lp[plan.step_sp[k]] = pad[k];
-      return std::vector<at::Tensor>{nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
-                                              : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)};
+      return std::vector<at::Tensor>{local_avg_pool(plan, in, a, lp)};
     };
-    auto sum = comm::multi_border_forward(plan.halo, plan.splits, plan.step_windows, local, mesh, kernel)[0];
-    return wrap_out(plan, shard_impl(x)->spec()->mesh, averaged(plan, a, sum).to(local.scalar_type()));
+    auto sum = comm::multi_border_forward(plan.halo, plan.splits, plan.step_windows, local, *mesh, kernel)[0];
+    return wrap_out(plan, mesh, averaged(plan, a, sum).to(local.scalar_type()));
   }
   auto window = gather_window(plan, x);
   at::Tensor out;
   if (plan.no_outputs) {
     out = at::zeros(plan.local_out_shape, window.options());
   } else {
-    auto w = low_precision(window) ? window.to(at::kFloat) : window;
-    auto lp = local_padding(plan, a.p);
-    auto sum = nsp == 2 ? at::avg_pool2d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor)
-                        : at::avg_pool3d(w, a.k, a.s, lp, a.ceil, true, plan.kernel_divisor);
-    out = averaged(plan, a, sum).to(window.scalar_type());
+    out = averaged(plan, a, local_avg_pool(plan, window, a, local_padding(plan, a.p))).to(window.scalar_type());
   }
-  return wrap_out(plan, shard_impl(x)->spec()->mesh, out);
+  return wrap_out(plan, mesh, out);
 }
 
 at::Tensor avg_pool_backward(std::string_view op_name, int64_t nsp, const at::Tensor& grad_output,
