@@ -1234,7 +1234,8 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         model.eval(), ref.eval()
         # SHARDTENSOR_ZOO_EVAL=inference_mode: the eval forward under torch.inference_mode (inference tensors, no
         # version counters, no views tracked), as inference scripts run; the default is no_grad.
-        eval_mode = torch.inference_mode if os.environ.get("SHARDTENSOR_ZOO_EVAL") == "inference_mode" else torch.no_grad
+        inference = os.environ.get("SHARDTENSOR_ZOO_EVAL") == "inference_mode"
+        eval_mode = torch.inference_mode if inference else torch.no_grad
         with eval_mode():
             reseed()
             raw_eval_ref = run_ref(x, **extra)

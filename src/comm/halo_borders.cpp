@@ -249,8 +249,8 @@ std::vector<at::Tensor> multi_border_forward(const HaloPlan& plan, const std::ve
         dst.push_back(t);
       }
       if (dst[0].numel() == 0) continue;  // an empty dim outside the plan (a batch): nothing to compute
-      TORCH_INTERNAL_ASSERT(ranges[k] == Range(border.win_begin, border.win_len), "multi_border_forward: border window [",
-                            ranges[k].first, ", +", ranges[k].second, ")");
+      TORCH_INTERNAL_ASSERT(ranges[k] == Range(border.win_begin, border.win_len),
+                            "multi_border_forward: border window [", ranges[k].first, ", +", ranges[k].second, ")");
       std::vector<int64_t> firsts;
       for (const auto& r : ranges) firsts.push_back(r.first);
       auto slab = kernel(plan.region(local, received, ranges, n), no_padding, firsts);
