@@ -1052,21 +1052,23 @@ def _twin(spec: "ModelSpec", model: torch.nn.Module, dt: torch.dtype, seed: int)
         return twin
 
 
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}  # by tensor rank
+
+
 def _memory_format(ndim: int):
     """The memory format SHARDTENSOR_ZOO_MEMORY_FORMAT asks for an input of ``ndim`` dims (None: as built)."""
     if os.environ.get("SHARDTENSOR_ZOO_MEMORY_FORMAT", "") != "channels_last":
         return None
-    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(ndim)
+    return _CHANNELS_LAST.get(ndim)
 
 
 def _to_channels_last(model: torch.nn.Module):
     """Every 4-D parameter and buffer in channels_last order, every 5-D one in channels_last_3d (Module.to's
     memory_format takes one format for both ranks, which a model with 2-D and 3-D convolutions refuses)."""
-    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
-            if t.dim() in formats:
-                t.data = t.data.contiguous(memory_format=formats[t.dim()])
+            if t.dim() in _CHANNELS_LAST:
+                t.data = t.data.contiguous(memory_format=_CHANNELS_LAST[t.dim()])
 
 
 def _enable_checkpointing(model: torch.nn.Module) -> bool:
@@ -1131,16 +1133,16 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         if fmt is not None:
             _to_channels_last(model), _to_channels_last(ref)
             x = x.contiguous(memory_format=fmt)
-        # SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING=1: the library's own activation checkpointing switched on in both
-        # (timm's set_grad_checkpointing, diffusers' enable_gradient_checkpointing, transformers'
-        # gradient_checkpointing_enable): the training step recomputes the blocks in the backward. A model without
-        # such a switch is an `n/a` row.
         # SHARDTENSOR_ZOO_INPUT_GRAD=0: the input takes no gradient, as in training (only the parameters do), so each
         # first layer's backward computes no input gradient. A model without parameters is an `n/a` row then.
         input_grad = os.environ.get("SHARDTENSOR_ZOO_INPUT_GRAD", "1") != "0"
         if not input_grad and not any(p.requires_grad for p in model.parameters()):
             res.update(result="n/a", detail="no parameters: nothing to train without an input gradient", seconds=0.0)
             return res
+        # SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING=1: the library's own activation checkpointing switched on in both
+        # (timm's set_grad_checkpointing, diffusers' enable_gradient_checkpointing, transformers'
+        # gradient_checkpointing_enable): the training step recomputes the blocks in the backward. A model without
+        # such a switch is an `n/a` row.
         if os.environ.get("SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING") == "1":
             if not (_enable_checkpointing(model) and _enable_checkpointing(ref)):
                 res.update(result="n/a", detail="no activation checkpointing switch", seconds=0.0)

@@ -164,10 +164,9 @@ BorderForward border_forward(const HaloPlan& plan, const BorderSplit& split, con
   return r;
 }
 
-std::pair<int64_t, int64_t> window_of_outputs(const SlidingWindow& w, int64_t first, int64_t count) {
-  return {first * w.stride, (count - 1) * w.stride + w.span()};
-}
-
+namespace {
+// The outputs of `out_len` that no border of `split` holds, as (first, count); with a main call the borders sit at
+// the ends.
 std::pair<int64_t, int64_t> interior_outputs(const BorderSplit& split, int64_t out_len) {
   int64_t lo = 0, hi = out_len;
   for (const auto& b : split.borders) {
@@ -175,7 +174,27 @@ std::pair<int64_t, int64_t> interior_outputs(const BorderSplit& split, int64_t o
     if (b.out_begin == lo) lo = b.out_begin + b.out_len;
     else hi = std::min(hi, b.out_begin);
   }
-  return {lo, std::max(lo, hi)};
+  return {lo, std::max(lo, hi) - lo};
+}
+} // namespace
+
+BorderSlab border_slab(const std::vector<BorderSplit>& splits, const std::vector<SlidingWindow>& windows, size_t k,
+                       const BorderSplit::Border& border, const std::vector<int64_t>& out_len) {
+  BorderSlab slab;
+  for (size_t d = 0; d < splits.size(); ++d) {
+    const auto o = d == k  ? std::make_pair(border.out_begin, border.out_len)
+                   : d < k ? std::make_pair<int64_t, int64_t>(0, int64_t{out_len[d]})
+                           : interior_outputs(splits[d], out_len[d]);
+    slab.empty = slab.empty || o.second == 0;
+    slab.outputs.push_back(o);
+    const auto& w = windows[d];
+    slab.window.push_back(o.second > 0 ? std::make_pair(o.first * w.stride, (o.second - 1) * w.stride + w.span())
+                                       : std::make_pair<int64_t, int64_t>(0, 0));
+  }
+  TORCH_INTERNAL_ASSERT(slab.empty || slab.window[k] == std::make_pair(border.win_begin, border.win_len),
+                        "border slab: window [", slab.window[k].first, ", +", slab.window[k].second,
+                        ") for the border's [", border.win_begin, ", +", border.win_len, ")");
+  return slab;
 }
 
 bool multi_border_applies(const HaloPlan& plan, const std::vector<BorderSplit>& splits) {
@@ -217,6 +236,8 @@ std::vector<at::Tensor> multi_border_forward(const HaloPlan& plan, const std::ve
   TORCH_INTERNAL_ASSERT(!outs.empty(), "multi_border_forward: the kernel gave no output");
   if (overlap) received[0] = first_step.wait();
   const std::vector<int64_t> no_padding(n, 0);
+  std::vector<int64_t> out_len;
+  for (size_t d = 0; d < n; ++d) out_len.push_back(outs[0].size(plan.dim(d).dim));
   for (size_t k = 0; k < n; ++k) {
     PeerExchange next;
     if (k + 1 < n) {
@@ -225,35 +246,21 @@ std::vector<at::Tensor> multi_border_forward(const HaloPlan& plan, const std::ve
     }
     for (const auto& border : splits[k].borders) {
       if (border.out_len == 0) continue;
-      // Outputs: the border along k, every one along the earlier dims, the interior along the later ones (they read
-      // own rows and padding there, so the slab needs the halo of steps <= k only).
-      std::vector<Range> outputs, ranges;
-      bool empty = false;
-      for (size_t d = 0; d < n; ++d) {
-        const auto len = outs[0].size(plan.dim(d).dim);
-        const auto o = d == k  ? Range{border.out_begin, border.out_len}
-                       : d < k ? Range{0, len}
-                               : [&] {
-                                   const auto [lo, hi] = interior_outputs(splits[d], len);
-                                   return Range{lo, hi - lo};
-                                 }();
-        empty = empty || o.second == 0;
-        outputs.push_back(o);
-        ranges.push_back(o.second > 0 ? window_of_outputs(windows[d], o.first, o.second) : Range{0, 0});
-      }
-      if (empty) continue;
+      const auto geometry = border_slab(splits, windows, k, border, out_len);
+      if (geometry.empty) continue;
       std::vector<at::Tensor> dst;
       for (const auto& out : outs) {
         auto t = out;
-        for (size_t d = 0; d < n; ++d) t = t.narrow(plan.dim(d).dim, outputs[d].first, outputs[d].second);
+        for (size_t d = 0; d < n; ++d) {
+          const auto [first, count] = geometry.outputs[d];
+          t = t.narrow(plan.dim(d).dim, first, count);
+        }
         dst.push_back(t);
       }
       if (dst[0].numel() == 0) continue;  // an empty dim outside the plan (a batch): nothing to compute
-      TORCH_INTERNAL_ASSERT(ranges[k] == Range(border.win_begin, border.win_len),
-                            "multi_border_forward: border window [", ranges[k].first, ", +", ranges[k].second, ")");
       std::vector<int64_t> firsts;
-      for (const auto& r : ranges) firsts.push_back(r.first);
-      auto slab = kernel(plan.region(local, received, ranges, n), no_padding, firsts);
+      for (const auto& r : geometry.window) firsts.push_back(r.first);
+      auto slab = kernel(plan.region(local, received, geometry.window, n), no_padding, firsts);
       TORCH_INTERNAL_ASSERT(slab.size() == outs.size(), "multi_border_forward: ", slab.size(), " slab outputs for ",
                             outs.size());
       for (size_t i = 0; i < outs.size(); ++i) {

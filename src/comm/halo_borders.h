@@ -100,12 +100,19 @@ std::vector<at::Tensor> multi_border_forward(const HaloPlan& plan, const std::ve
 // Whether multi_border_forward applies to this rank: two or more steps, each running and its split direct with a
 // main call.
 bool multi_border_applies(const HaloPlan& plan, const std::vector<BorderSplit>& splits);
-// Its geometry, for the backward of a multi-dim border execution (ops/conv.cpp): the window positions of outputs
-// [first, first + count) along a dim with window `w` (from the first one's first tap to the last one's last), and
-// the outputs of `out_len` that no border of `split` holds, [first, end) (with a main call the borders sit at the
-// ends).
-std::pair<int64_t, int64_t> window_of_outputs(const SlidingWindow& w, int64_t first, int64_t count);
-std::pair<int64_t, int64_t> interior_outputs(const BorderSplit& split, int64_t out_len);
+// A border slab of multi_border_forward, whose geometry its adjoint (a linear op's backward over the same slabs,
+// ops/conv.cpp) shares: step k's `border` outputs along k, every output along the earlier steps' dims and the
+// interior ones (no border of their split holds them) along the later ones -- they read own rows and padding there,
+// so the slab needs the halo of steps <= k only; the slabs of all steps cover every output that reads the halo once.
+// `outputs[d]` and `window[d]` (first, count) along step d's dim: the outputs and the window positions they read
+// (from the first one's first tap to the last one's last). `empty`: some dim has no outputs. `out_len[d]`: the
+// outputs along step d's dim.
+struct BorderSlab {
+  std::vector<std::pair<int64_t, int64_t>> outputs, window;
+  bool empty = false;
+};
+BorderSlab border_slab(const std::vector<BorderSplit>& splits, const std::vector<SlidingWindow>& windows, size_t k,
+                       const BorderSplit::Border& border, const std::vector<int64_t>& out_len);
 
 // The general form, for kernels whose main call is not a padding of the border calls (neighbourhood attention's
 // windows shift inward at the edges, so its main call runs the rank's rows as a whole tensor of their own) and for

@@ -609,24 +609,29 @@ std::pair<at::Tensor, at::Tensor> transposed_multi_backward(const ConvPlan& plan
   return {gi, gw};
 }
 
+// The sliding window of each plan dim, in the halo's step order (the multi-dim border slabs' geometry).
+std::vector<comm::SlidingWindow> dim_windows(const ConvPlan& plan) {
+  std::vector<comm::SlidingWindow> windows;
+  for (size_t k = 0; k < plan.dims.size(); ++k) {
+    TORCH_INTERNAL_ASSERT(plan.dims[k].dim == plan.halo.dim(k).dim, "convolution: plan dims out of the halo's order");
+    windows.push_back(plan.dims[k].window);
+  }
+  return windows;
+}
+
 // The forward over several sharded dims without the window (comm::multi_border_forward): the single-device call on
 // the rank's own block with each dim's symmetric split padding while the halo travels, the border slabs written
 // over its rows.
 at::Tensor multi_direct_forward(const ConvPlan& plan, const at::Tensor& x, const at::Tensor& w,
                                 const std::optional<at::Tensor>& b, at::IntArrayRef stride, at::IntArrayRef dilation,
                                 int64_t groups, const Mesh& mesh) {
-  std::vector<comm::SlidingWindow> windows;
-  for (size_t k = 0; k < plan.dims.size(); ++k) {
-    TORCH_INTERNAL_ASSERT(plan.dims[k].dim == plan.halo.dim(k).dim, "convolution: plan dims out of the halo's order");
-    windows.push_back(plan.dims[k].window);
-  }
   auto kernel = [&](const at::Tensor& in, const std::vector<int64_t>& pad, const std::vector<int64_t>&) {
     auto padding = plan.local_padding;
     for (size_t k = 0; k < plan.dims.size(); ++k) padding[plan.dims[k].dim - 2] = pad[k];
     return std::vector<at::Tensor>{
         at::convolution(in, w, b, stride, padding, dilation, false, plan.local_output_padding, groups)};
   };
-  return comm::multi_border_forward(plan.halo, plan.splits, windows, x, mesh, kernel, overlap_enabled())[0];
+  return comm::multi_border_forward(plan.halo, plan.splits, dim_windows(plan), x, mesh, kernel, overlap_enabled())[0];
 }
 
 // The backward over several sharded dims without the window, the adjoint of multi_direct_forward. The
@@ -660,45 +665,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_direct_backward(const ConvP
   else main_call();
   std::vector<std::vector<at::Tensor>> halo_grad;
   if (mask[0]) halo_grad = plan.halo.zero_pieces(x);
-  std::vector<std::pair<int64_t, int64_t>> interior;
-  for (size_t k = 0; k < n; ++k) interior.push_back(comm::interior_outputs(plan.splits[k], g.size(plan.dims[k].dim)));
-  // Dim k's slabs: its border outputs across every output of the earlier dims and the interior ones of the later
-  // dims (as in the forward), so their input gradients reach the halo of steps <= k only.
+  const auto windows = dim_windows(plan);
+  std::vector<int64_t> out_len;
+  for (size_t k = 0; k < n; ++k) out_len.push_back(g.size(plan.dims[k].dim));
+  // Dim k's slabs (comm::border_slab, as in the forward): their input gradients reach the halo of steps <= k only.
   auto slabs_of = [&](size_t k) {
     for (const auto& border : plan.splits[k].borders) {
       if (border.out_len == 0) continue;
+      const auto geometry = comm::border_slab(plan.splits, windows, k, border, out_len);
+      if (geometry.empty) continue;
       auto slab = g;
-      Region r;
-      r.stop = n;
-      bool empty = false;
       for (size_t d = 0; d < n; ++d) {
-        const auto dim = plan.dims[d].dim;
-        std::pair<int64_t, int64_t> outs = d == k   ? std::make_pair(border.out_begin, border.out_len)
-                                           : d > k ? std::make_pair(interior[d].first,
-                                                                     interior[d].second - interior[d].first)
-                                                   : std::make_pair<int64_t, int64_t>(0, g.size(dim));
-        empty = empty || outs.second == 0;
-        slab = slab.narrow(dim, outs.first, outs.second);
-        r.range.push_back(outs.second > 0 ? comm::window_of_outputs(plan.dims[d].window, outs.first, outs.second)
-                                          : std::make_pair<int64_t, int64_t>(0, 0));
+        const auto [first, count] = geometry.outputs[d];
+        slab = slab.narrow(plan.dims[d].dim, first, count);
       }
-      if (empty) continue;
-      TORCH_INTERNAL_ASSERT(r.range[k] == std::make_pair(border.win_begin, border.win_len),
-                            "convolution border window [", r.range[k].first, ", +", r.range[k].second, ") for [",
-                            border.win_begin, ", +", border.win_len, ")");
       at::Tensor halo_only;
       if (mask[1]) {
-        halo_only = build_region(plan, x, received, r, /*zero_own=*/true);
+        halo_only = plan.halo.region(x, received, geometry.window, n, /*zero_own=*/true);
       } else {
         auto shape = x.sizes().vec();
-        for (size_t d = 0; d < n; ++d) shape[plan.dims[d].dim] = r.range[d].second;
+        for (size_t d = 0; d < n; ++d) shape[plan.dims[d].dim] = geometry.window[d].second;
         halo_only = at::empty(shape, x.options());
       }
       auto [gri, grw, unused] =
           local_conv_backward(slab, halo_only, w, std::nullopt, stride, plan.local_padding, dilation, false,
                               plan.local_output_padding, groups, {mask[0], mask[1], false});
       if (mask[1]) gw.add_(grw);
-      if (mask[0]) plan.halo.add_region(gi, halo_grad, n, r.range, gri, /*skip_own=*/true);
+      if (mask[0]) plan.halo.add_region(gi, halo_grad, n, geometry.window, gri, /*skip_own=*/true);
     }
   };
   // The last dim's slabs first: then the last step's pieces are complete and go home (scatter_add's messages, in its

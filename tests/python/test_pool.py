@@ -30,6 +30,15 @@ def _max_sweep(x, lay, m, nd, tag, params):
     return done
 
 
+def _same_with_nan(fn, x, lay, m, what):
+    """``fn`` (giving values and indices) of the sharded ``x`` against one device's: NaN compared equal, indices
+    exactly."""
+    vs, js = fn(st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1]))
+    v, j = fn(x)
+    torch.testing.assert_close(full(vs), v, equal_nan=True, msg=lambda e: f"{what}: {e}")
+    assert torch.equal(full(js), j), f"{what} indices: {full(js)} vs {j}"
+
+
 def case_max_pool1d_sweep(seed):
     m = mesh()
     w = m.size()
@@ -189,11 +198,8 @@ def case_pool_2d_mesh(seed):
             lay = ([st.Shard(2), st.Shard(3)], ext)
             _max_sweep(xt, lay, m, 2, f"2-D mesh ties {ext}", configs)
             for k, s, p, d, ceil in configs:
-                vs, js = F.max_pool2d(st.distribute_tensor(xn, m, lay[0], sharding_shapes=ext), k, s, p, d, ceil,
-                                      return_indices=True)
-                v, j = F.max_pool2d(xn, k, s, p, d, ceil, return_indices=True)
-                torch.testing.assert_close(full(vs), v, equal_nan=True, msg=lambda e: f"NaN max {k} {s} {ext}: {e}")
-                assert torch.equal(full(js), j), f"NaN max indices {k} {s} {ext}: {full(js)} vs {j}"
+                _same_with_nan(lambda t: F.max_pool2d(t, k, s, p, d, ceil, return_indices=True), xn, lay, m,
+                               f"NaN max {k} {s} {ext}")
         _max_sweep(xv, ([st.Shard(4), st.Shard(2)], {0: [4, 5], 1: [3, 4]}), m, 3, "volume D x W",
                    [(3, 2, 1, 1, True), ((2, 3, 3), (2, 1, 2), (1, 1, 1), 1, False), (3, 1, 1, 2, False)])
     # One mesh dim shards the batch, the other a spatial dim.
@@ -256,12 +262,9 @@ def case_adaptive_max_straddling(seed):
         for size in ((3, 2), (4, 3), (2, 5), (13, 3)):
             check_op(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), [ties], [lay], m,
                      what=f"ties {size} {lay}")
-            xs = st.distribute_tensor(x, m, lay[0], sharding_shapes=lay[1])
             with st.use_strict():
-                vs, js = F.adaptive_max_pool2d(xs, size, return_indices=True)
-            v, j = F.adaptive_max_pool2d(x, size, return_indices=True)
-            torch.testing.assert_close(full(vs), v, equal_nan=True, msg=lambda s: f"NaN values {size} {lay}: {s}")
-            assert torch.equal(full(js), j), f"NaN indices {size} {lay}: {full(js)} vs {j}"
+                _same_with_nan(lambda t: F.adaptive_max_pool2d(t, size, return_indices=True), x, lay, m,
+                               f"NaN {size} {lay}")
     # More cells along H than the table reduces as views (ops/pool.cpp kCellsByView): the copied-rows first pass.
     tall = torch.randint(0, 3, (1, 2, 75, 11)).double()
     tall[0, 0, 30, 1] = tall[0, 0, 30, 2] = float("nan")
@@ -269,10 +272,7 @@ def case_adaptive_max_straddling(seed):
     lay = (([st.Shard(2)], {0: narrow_extents(75, w)}) if seed
            else ([st.Shard(2), st.Shard(3)], {0: [40, 35], 1: [5, 6]}))
     for t in (tall, tall.nan_to_num()):
-        vs, js = F.adaptive_max_pool2d(st.distribute_tensor(t, m, lay[0], sharding_shapes=lay[1]), (70, 4), True)
-        v, j = F.adaptive_max_pool2d(t, (70, 4), return_indices=True)
-        torch.testing.assert_close(full(vs), v, equal_nan=True)
-        assert torch.equal(full(js), j), "many cells: indices"
+        _same_with_nan(lambda u: F.adaptive_max_pool2d(u, (70, 4), return_indices=True), t, lay, m, "many cells")
     check_op(lambda t: F.adaptive_max_pool2d(t, (70, 4), return_indices=True), [tall.nan_to_num()], [lay], m,
              what="many cells")
     return True
