@@ -108,16 +108,26 @@ def from_local(local: torch.Tensor, mesh, placements, sharding_shapes="infer", g
     return _C.from_local(local, cpp, to_wire(pl), mode, shapes, gs, bool(check))
 
 
+def _linear_on_dual(fn, x):
+    """``fn(x)`` for a linear layout change ``fn``; for a dual tensor of forward-mode AD (``torch.autograd.forward_ad``)
+    the primal and the tangent are mapped alike and paired again: the C++ autograd functions behind these calls have
+    no forward derivative of their own."""
+    primal, tangent = torch.autograd.forward_ad.unpack_dual(x)
+    if tangent is None:
+        return fn(x)
+    return torch.autograd.forward_ad.make_dual(fn(primal), fn(tangent))
+
+
 def to_local(x) -> torch.Tensor:
     """This rank's local tensor (differentiable; its gradient is rewrapped with ``x``'s layout)."""
     _check(x, "to_local")
-    return _C.to_local(x)
+    return _linear_on_dual(_C.to_local, x)
 
 
 def full_tensor(x) -> torch.Tensor:
     """The whole global tensor on every rank (a collective; differentiable)."""
     _check(x, "full_tensor")
-    return _C.full_tensor(x)
+    return _linear_on_dual(_C.full_tensor, x)
 
 
 def redistribute(x, *args, placements=None, sharding_shapes=None, device_mesh=None, async_op=False) -> torch.Tensor:
@@ -129,7 +139,7 @@ def redistribute(x, *args, placements=None, sharding_shapes=None, device_mesh=No
     _check(x, "redistribute")
     placements, sharding_shapes = redistribute_arguments(x, args, placements, sharding_shapes, device_mesh)
     pl = normalize_placements(placements, len(_C.mesh_of(x).shape))
-    return _C.redistribute(x, to_wire(pl), _shapes(sharding_shapes, pl))
+    return _linear_on_dual(lambda t: _C.redistribute(t, to_wire(pl), _shapes(sharding_shapes, pl)), x)
 
 
 @keyword_aliases(device_mesh="mesh")

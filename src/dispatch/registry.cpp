@@ -287,12 +287,67 @@ bool run_into_plain_outputs(const Slot& slot, const c10::OperatorHandle& op, tor
   return true;
 }
 
+// Arguments whose derivatives the library's autograd rules cannot take, so that the op's own autograd runs instead:
+//  - functorch's wrappers: torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd, hessian) run autograd on their
+//    own wrappers of the ShardTensors (functorch's TensorWrapper carries its inner tensor's PrivateUse1 keys, so the
+//    wrappers reach the autograd key), which the rules cannot read; functorch also refuses the C++ autograd
+//    Functions the rules record;
+//  - dual tensors of forward-mode AD (torch.autograd.forward_ad at the default level): C++ autograd Functions have
+//    no forward derivative.
+// The op's own derivative formula (or composite decomposition) then runs, whose ops reach the rules below autograd
+// on the ShardTensors, tangents included.
+// A tangent at any forward-AD level (read without the autograd meta's lock: a tensor's own tangents are set by the
+// thread that computes it; every op's dispatch asks, so no lock and no level lookup).
+bool is_dual(const at::Tensor& t) {
+  const auto* meta = torch::autograd::impl::get_autograd_meta(t);
+  return meta && meta->fw_grad_ && !meta->fw_grad_->empty();
+}
+
+template <class Pred>
+bool any_tensor_arg(const c10::OperatorHandle& op, const torch::jit::Stack* stack, Pred&& pred) {
+  const auto n = op.schema().arguments().size();
+  bool found = false;
+  for (size_t i = stack->size() - n; i < stack->size() && !found; ++i)
+    for_each_tensor((*stack)[i], [&](const at::Tensor& t) { found = found || (t.defined() && pred(t)); });
+  return found;
+}
+
+bool needs_own_autograd(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode)) return true;
+  const bool forward_ad = c10::AutogradState::get_tls_state().get_fw_grad_mode();
+  return any_tensor_arg(op, stack, [&](const at::Tensor& t) {
+    return t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper) || (forward_ad && is_dual(t));
+  });
+}
+
+bool has_dual_tensors(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  return c10::AutogradState::get_tls_state().get_fw_grad_mode() && any_tensor_arg(op, stack, is_dual);
+}
+
+// Above autograd, for such arguments: the op's own autograd (its composite decomposition, whose ops each find their
+// rule, or its derivative formula over the rules below autograd), as on a plain tensor.
+void run_own_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+    return op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(c10::DispatchKey::Autograd), "ShardTensor: ",
+                              qualified_name(op), " has a domain-parallel rule above autograd and no derivative "
+                              "formula of its own, so it cannot run inside a torch.func transform (grad, vjp, jvp, "
+                              "jacrev, ...); call it outside the transform, or on x.to_local()");
+  op.redispatchBoxed((ks - c10::autograd_dispatch_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther),
+                     stack);
+}
+
 struct SlotKernel final : c10::OperatorKernel {
-  explicit SlotKernel(Slot* s) : slot(s) {}
+  SlotKernel(Slot* s, bool autograd_key) : slot(s), at_autograd_key(autograd_key) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     bind_new_ops();
     // Above autograd (linear, matmul, attention, ...): a DTensor argument is refused before the rule unwraps it.
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
+    if (at_autograd_key && needs_own_autograd(op, stack)) return run_own_autograd(op, ks, stack);
+    // Below autograd the op's autograd kernel takes the tangents of dual arguments (its forward formula, after this
+    // returns): nothing the rule records may take them again (its C++ autograd Functions have no forward derivative).
+    std::optional<c10::AutoFwGradMode> no_forward_ad;
+    if (!at_autograd_key && has_dual_tensors(op, stack)) no_forward_ad.emplace(false);
     // A rule above autograd records its own graph: its ShardTensor leaves get the gradient-layout hook, as the
     // promote kernel gives every other op's (a rank's local gradient dense and in its leaf's local layout, even
     // where the global strides, equal on every rank, cannot tell the layouts apart).
@@ -377,17 +432,18 @@ struct SlotKernel final : c10::OperatorKernel {
     for (const auto& t : written) after_write(t);
   }
   Slot* slot;
+  bool at_autograd_key;  // bound on the autograd key (a rule above autograd), not the backend key
 };
 
 struct PromoteKernel final : c10::OperatorKernel {
-  explicit PromoteKernel(Slot* s) : slot(s) {}
+  PromoteKernel(Slot* s, bool /*autograd_key: always*/) : slot(s) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     bind_new_ops();
     // A DTensor argument: refuse here, above the Python key, before DTensor's dispatch sees ShardTensors.
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     ViewReplayGuard replay(slot->returns_view);
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
-    if (at::GradMode::is_enabled()) {
+    if (at::GradMode::is_enabled() && !needs_own_autograd(op, stack)) {
       accumulators = prepare_autograd_args(op, stack);
       const AutogradHandler* rule = slot->autograd_handler.load(std::memory_order_acquire);
       if (rule) {
@@ -405,6 +461,11 @@ struct PromoteKernel final : c10::OperatorKernel {
     }
     // Run the op's generated autograd kernel, which is also bound to AutogradOther.
     auto next = (ks - c10::autograd_dispatch_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther);
+    // A promoted ZeroTensor argument (forward-mode AD's absent tangent) is a ShardTensor of real zeros now: the
+    // ZeroTensor kernels must not run (they take every argument they do not see as zero for the zero one).
+    if (next.has(c10::DispatchKey::ZeroTensor) &&
+        !any_tensor_arg(op, stack, [](const at::Tensor& t) { return t._is_zerotensor(); }))
+      next = next.remove(c10::DispatchKey::ZeroTensor);
     op.redispatchBoxed(next, stack);
   }
   Slot* slot;
@@ -428,7 +489,7 @@ void bind_kernel(Registry& r, const c10::OperatorName& name, c10::DispatchKey ke
   const auto ns = name.name.substr(0, sep);
   const auto local_name = qualified(name).substr(sep + 2);
   library_for(key == kShardKey ? r.shard_libs : r.autograd_libs, ns, key)
-      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(slot)));
+      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(slot, key == kShardAutogradKey)));
 }
 
 // Bind one op to the shard key (and its autograd kernel where the op has a derivative formula).

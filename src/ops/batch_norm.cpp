@@ -129,6 +129,39 @@ variable_list batch_norm_backward_recorded(const at::Tensor& g_in, const at::Ten
   return out;
 }
 
+// The gradients of batch norm, not recorded: `mean` and `invstd` this rank's channels' statistics in the
+// accumulation dtype (batch statistics when `batch_stats`, else the running ones), `want` the input's, the weight's
+// and the bias's (the bias's also without a bias tensor: a plain per-channel sum, as torch's kernels give it).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_grads(const at::Tensor& g_shard, const at::Tensor& x_shard,
+                                                                const at::Tensor& weight, const at::Tensor& bias,
+                                                                const at::Tensor& mean, const at::Tensor& invstd,
+                                                                bool batch_stats, std::array<bool, 3> want) {
+  auto l = bn_layout(x_shard);
+  const auto& x = shard_impl(x_shard)->local();
+  const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
+  auto g = local_aligned(resolve_partial(dispatch::as_shard(g_shard, l.spec->mesh)), l.spec->mesh, x_shard.sizes(),
+                         l.spec->placements, l.spec->dim_extents()).to(acc);
+  const auto nd = x.dim();
+  auto xhat = (x.to(acc) - channel_view(mean, nd)) * channel_view(invstd, nd);
+  // One fused all-reduce: per channel, sum(g) and sum(g * xhat).
+  auto sums = sum_over(at::stack({g.sum(l.reduce_dims), (g * xhat).sum(l.reduce_dims)}), l);
+  auto sg = sums[0], sgx = sums[1];
+  auto w = local_channels(weight, l);
+  auto scale = channel_view(w.defined() ? invstd * w.to(acc) : invstd, nd);
+  at::Tensor gi, gw, gb;
+  if (want[0]) {
+    auto gl = batch_stats ? scale * (g - channel_view(sg / l.count, nd) - xhat * channel_view(sgx / l.count, nd))
+                          : scale * g;
+    gi = make_shard_tensor(gl.to(x.scalar_type()), l.spec);
+  }
+  if (want[1] && weight.defined()) gw = as_param_grad(all_channels(sgx, l).to(weight.scalar_type()), weight);
+  if (want[2]) {
+    const auto dtype = bias.defined() ? bias.scalar_type() : x.scalar_type();
+    gb = bias.defined() ? as_param_grad(all_channels(sg, l).to(dtype), bias) : all_channels(sg, l).to(dtype);
+  }
+  return {gi, gw, gb};
+}
+
 // Forward returns {output, mean, invstd}: the statistics are those of this rank's channels (the internal ops
 // below return them, gathered over a sharded channel dim); they carry no gradient, as on one device.
 struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
@@ -198,30 +231,60 @@ struct BatchNormFn : torch::autograd::Function<BatchNormFn> {
                                           bias.defined() && ctx->needs_input_grad(2), ctx->saved_data["eps"].toDouble(),
                                           batch_stats ? at::Tensor() : ctx->saved_data["eval_stats"].toTensor());
     at::NoGradGuard no_grad;
-    auto l = bn_layout(x_shard);
-    const auto& x = shard_impl(x_shard)->local();
-    const auto acc = at::isReducedFloatingType(x.scalar_type()) ? at::kFloat : x.scalar_type();
-    auto g = local_aligned(resolve_partial(grads[0]), l.spec->mesh, x_shard.sizes(), l.spec->placements,
-                           l.spec->dim_extents()).to(acc);
-    const auto nd = x.dim();
-    auto xhat = (x.to(acc) - channel_view(mean, nd)) * channel_view(invstd, nd);
-    // One fused all-reduce: per channel, sum(g) and sum(g * xhat).
-    auto sums = sum_over(at::stack({g.sum(l.reduce_dims), (g * xhat).sum(l.reduce_dims)}), l);
-    auto sg = sums[0], sgx = sums[1];
-    auto w = local_channels(weight, l);
-    auto scale = channel_view(w.defined() ? invstd * w.to(acc) : invstd, nd);
     // Asked of the graph, not of the saved tensor: a Partial input was completed into a new tensor in forward,
     // which does not itself require grad (the gradient of the completed value is that of every pending term).
-    if (ctx->needs_input_grad(0)) {
-      auto gi = batch_stats ? scale * (g - channel_view(sg / l.count, nd) - xhat * channel_view(sgx / l.count, nd))
-                            : scale * g;
-      out[0] = make_shard_tensor(gi.to(x.scalar_type()), l.spec);
-    }
-    if (weight.defined() && ctx->needs_input_grad(1)) out[1] = as_param_grad(all_channels(sgx, l).to(weight.scalar_type()), weight);
-    if (bias.defined() && ctx->needs_input_grad(2)) out[2] = as_param_grad(all_channels(sg, l).to(bias.scalar_type()), bias);
+    auto [gi, gw, gb] = batch_norm_grads(grads[0], x_shard, weight, bias, mean, invstd, batch_stats,
+                                         {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(1),
+                                          bias.defined() && ctx->needs_input_grad(2)});
+    out[0] = gi, out[1] = gw, out[2] = gb;
     return once_differentiable(std::move(out), "batch_norm (BatchNorm, InstanceNorm)", recording);
   }
 };
+
+// native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? running_mean,
+//                            Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps,
+//                            bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+// batch_norm_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? running_mean, Tensor? running_var,
+//                     Tensor? save_mean, Tensor? save_var, bool update, float eps, bool[3] output_mask,
+//                     Tensor reserve) -> (Tensor, Tensor, Tensor)
+// The internal ops' own derivative formulas call these where the rules above autograd do not run: inside functorch's
+// transforms (torch.func.grad, vjp, jacrev over a BatchNorm in evaluation, or in training without running
+// statistics). Training uses the saved batch statistics (the forward's Replicate per-channel tensors; save_var is
+// 1 / sqrt(var + eps) on every device torch runs), evaluation the running ones.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward_rule(
+    const at::Tensor& grad_out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& save_mean, const std::optional<at::Tensor>& save_invstd, bool train, double eps,
+    std::array<bool, 3> output_mask) {
+  const auto w = weight.value_or(at::Tensor());
+  const auto input_s = input_on_mesh("native_batch_norm_backward", input,
+                                     {grad_out, w, running_mean.value_or(at::Tensor()),
+                                      running_var.value_or(at::Tensor())});
+  const auto l = bn_layout(input_s);
+  const auto acc = at::isReducedFloatingType(input.scalar_type()) ? at::kFloat : input.scalar_type();
+  auto stat = [&](const std::optional<at::Tensor>& t, const char* name) {
+    TORCH_CHECK_VALUE(t && t->defined() && t->numel() > 0, "native_batch_norm_backward: ", name, " is needed");
+    return local_channels(t->to(acc), l);
+  };
+  at::Tensor mean, invstd;
+  if (train) {
+    mean = stat(save_mean, "save_mean");
+    invstd = stat(save_invstd, "save_invstd");
+  } else {
+    mean = stat(running_mean, "running_mean");
+    invstd = (stat(running_var, "running_var") + eps).rsqrt();
+  }
+  return batch_norm_grads(grad_out, resolve_partial(input_s), w, at::Tensor(), mean, invstd, train, output_mask);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_rule(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& save_mean, const std::optional<at::Tensor>& save_var, bool update, double eps,
+    std::array<bool, 3> output_mask, const at::Tensor& /*reserve*/) {
+  return native_batch_norm_backward_rule(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                                         update, eps, output_mask);
+}
 
 // batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps, cudnn_enabled)
 at::Tensor batch_norm_entry(const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -320,6 +383,8 @@ SHARDTENSOR_RULE_FAMILY(batch_norm) {
                         above);
   dispatch::set_handler("aten::_batch_norm_with_update", typed_handler(&batch_norm_update_rule<true>), above);
   dispatch::set_handler("aten::_batch_norm_no_update", typed_handler(&batch_norm_update_rule<false>), above);
+  dispatch::set_handler("aten::native_batch_norm_backward", typed_handler(&native_batch_norm_backward_rule));
+  dispatch::set_handler("aten::batch_norm_backward", typed_handler(&batch_norm_backward_rule));
 }
 
 } // namespace shardtensor::ops

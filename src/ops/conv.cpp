@@ -884,6 +884,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> border_backward(const ConvPlan& p
 // convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride,
 //                      SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups,
 //                      bool[3] output_mask) -> (grad_input, grad_weight, grad_bias)
+// functorch's per-sample input gradients (vmap of grad over a convolution: its convolution_backward batch rule)
+// ask for the input gradient with a placeholder input, a 0-dim tensor expanded to the input's shape, whose values
+// the input gradient never reads. Made from a split tensor by new_empty({}), the placeholder is Replicate, and the
+// input gradient would be whole on every rank; when only the input gradient is asked and the output gradient is
+// split along spatial dims, the placeholder takes those splits (the output gradient's extents where the input has
+// the output's size, else the default split), so the work stays divided. A tensor with real strides keeps its layout.
+at::Tensor placeholder_like_gradient(const at::Tensor& xs, const at::Tensor& grad_output, std::array<bool, 3> mask) {
+  const auto* xi = shard_impl(xs);
+  const auto* gi = shard_impl(grad_output);
+  if (mask[1] || !xi || !gi || !xi->spec()->all_replicate() || xs.numel() == 0) return xs;
+  const auto& x = xi->local();
+  for (auto stride : x.strides())
+    if (stride != 0) return xs;
+  const auto& gspec = *gi->spec();
+  Placements p(gspec.mesh->ndim(), Placement::replicate());
+  std::map<int64_t, std::vector<int64_t>> ext;
+  bool split = false;
+  for (size_t m = 0; m < p.size(); ++m) {
+    const auto& pl = gspec.placements[m];
+    if (!pl.is_shard() || pl.dim < 2) continue;
+    p[m] = pl;
+    split = true;
+    if (xs.size(pl.dim) == grad_output.size(pl.dim)) ext[pl.dim] = gspec.extents[m];
+  }
+  if (!split) return xs;
+  auto spec = ShardSpec::make_with_dim_extents(gspec.mesh, p, xs.sizes().vec(), ext);
+  return make_shard_tensor(x.as_strided(spec->local_shape, std::vector<int64_t>(spec->local_shape.size(), 0)), spec);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::OptionalIntArrayRef bias_sizes_arg, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
@@ -892,8 +921,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_rule(
   auto bias_sizes = bias_sizes_arg ? std::optional<std::vector<int64_t>>(bias_sizes_arg->vec()) : std::nullopt;
   const auto groups = concrete_int(groups_arg);
   // The forward's complete value of a pending-sum input, and its plan: nothing is resolved or planned again.
-  auto xs = channel_split_to_space(resolve_partial_once(dispatch::as_shard(input, mesh), false), weight.sizes(),
-                                   transposed, groups);
+  auto xs = placeholder_like_gradient(
+      channel_split_to_space(resolve_partial_once(dispatch::as_shard(input, mesh), false), weight.sizes(), transposed,
+                             groups),
+      grad_output, mask);
   const auto& spec = shard_impl(xs)->spec();
   const auto& x = shard_impl(xs)->local();
   auto planp = conv_plan(*spec, weight.sizes(), stride, padding, dilation, transposed, output_padding, groups,

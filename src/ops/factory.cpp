@@ -144,6 +144,55 @@ bool is_same_size_rule(const at::Tensor& self, const at::Tensor& other) {
   return self.sizes() == other.sizes();
 }
 
+// Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) keeps a tangent as it is only when it is laid out like
+// its primal (sizes, strides, storage offset and this), so that the primal's views can be taken of it; otherwise it
+// copies the tangent into _new_zeros_with_same_feature_meta(tangent, primal). A ShardTensor has no global storage:
+// two ShardTensors are laid out alike when their layouts are (mesh, placements, extents), which every rank answers
+// alike; a ShardTensor and a plain tensor are not.
+// _has_same_storage_numel(Tensor self, Tensor other) -> bool
+bool has_same_storage_numel_rule(const at::Tensor& self, const at::Tensor& other) {
+  const auto* a = shard_impl(self);
+  const auto* b = shard_impl(other);
+  return a && b && a->spec()->same_layout(*b->spec());
+}
+
+// _new_zeros_with_same_feature_meta(Tensor self, Tensor other, *, int self_num_batch_dims=0) -> Tensor: zeros laid
+// out like `other` (its layout: a ShardTensor's shards, a plain tensor's whole) behind `self`'s first
+// `self_num_batch_dims` dims (functorch's batch dims over a jvp), in self's dtype. The batch dims must be whole: a
+// tangent split along a batch dim would need zeros split along a dim the primal does not have.
+at::Tensor new_zeros_with_same_feature_meta_rule(const at::Tensor& self, const at::Tensor& other,
+                                                 int64_t self_num_batch_dims) {
+  const auto n = self_num_batch_dims;
+  TORCH_CHECK_VALUE(n >= 0 && n <= self.dim(), "_new_zeros_with_same_feature_meta: self_num_batch_dims ", n,
+                    " for a ", self.dim(), "-d tensor");
+  const auto* s = shard_impl(self);
+  const auto* o = shard_impl(other);
+  if (s) {
+    const auto& spec = *s->spec();
+    for (size_t m = 0; m < spec.placements.size(); ++m)
+      TORCH_CHECK_NOT_IMPLEMENTED(!spec.placements[m].is_shard() || spec.placements[m].dim >= n,
+                                  "ShardTensor _new_zeros_with_same_feature_meta (forward-mode AD): a tangent ",
+                                  spec.str(), " split along batch dim ", spec.placements[m].dim,
+                                  " of its first ", n, " has no layout for its primal's zeros; keep the batch "
+                                  "dims whole (vmap over a whole dim) or redistribute the tangent");
+  }
+  // Only self's batch sizes (whole, so global = local) and dtype are read.
+  const auto& self_local = s ? s->local() : self;
+  if (!o) return at::_new_zeros_with_same_feature_meta(self_local, other, n);
+  const auto& ospec = *o->spec();
+  auto shape = self.sizes().slice(0, n).vec();
+  shape.insert(shape.end(), ospec.global_shape.begin(), ospec.global_shape.end());
+  Placements p(ospec.mesh->ndim(), Placement::replicate());
+  std::map<int64_t, std::vector<int64_t>> ext;
+  for (size_t m = 0; m < p.size(); ++m) {
+    if (!ospec.placements[m].is_shard()) continue;  // a pending sum's zeros are complete: Replicate
+    p[m] = Placement::shard(ospec.placements[m].dim + n);
+    ext[ospec.placements[m].dim + n] = ospec.extents[m];
+  }
+  auto spec = ShardSpec::make_with_dim_extents(ospec.mesh, p, shape, ext);
+  return make_shard_tensor(at::_new_zeros_with_same_feature_meta(self_local, o->local(), n), spec);
+}
+
 // as_strided on a ShardTensor. There is no global storage to restride (the global strides are dense strides in the
 // local tensor's order), so a geometry is honoured only when it addresses exactly the tensor's own elements in place:
 // the same sizes and storage offset, and the same strides on every dim of size > 1 (a size-1 dim's stride addresses
@@ -296,6 +345,9 @@ SHARDTENSOR_RULE_FAMILY(factory) {
   dispatch::set_handler("aten::_assert_async", assert_async_handler);
   dispatch::set_handler("aten::_assert_async.msg", assert_async_handler);
   dispatch::set_handler("aten::is_same_size", typed_handler(&is_same_size_rule));
+  dispatch::set_handler("aten::_has_same_storage_numel", typed_handler(&has_same_storage_numel_rule));
+  dispatch::set_handler("aten::_new_zeros_with_same_feature_meta",
+                        typed_handler(&new_zeros_with_same_feature_meta_rule));
   dispatch::set_handler("aten::as_strided", typed_handler(&as_strided_rule));
   dispatch::set_handler("aten::as_strided_", typed_handler(&as_strided_inplace_rule));
   dispatch::set_autograd_handler("aten::as_strided", [](const c10::OperatorHandle& op, torch::jit::Stack* s) {
