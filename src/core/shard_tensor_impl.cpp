@@ -161,11 +161,6 @@ at::Tensor make_shard_tensor(at::Tensor local, SpecPtr spec) {
   TORCH_INTERNAL_ASSERT(spec);
   // Every op's result is wrapped here: one load on the usual path.
   if (C10_UNLIKELY(spec->mesh->simulation() != 0)) check_simulation_alive(*spec->mesh, "ShardTensor");
-  // A ZeroTensor (forward-mode AD's stand-in for an absent tangent, torch._efficientzerotensor) takes no writes:
-  // kept as a local, the buffers the rules allocate like it would stay zero whatever is written into them (a
-  // tangent added to a promoted ZeroTensor came out zero). It is materialized once, as a ShardTensor holds its
-  // values.
-  if (C10_UNLIKELY(local._is_zerotensor())) local = at::zeros(local.sizes(), local.options());
   return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec));
 }
 

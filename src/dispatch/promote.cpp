@@ -9,7 +9,6 @@
 #include "dispatch/grad_layout.h"
 
 #include <torch/autograd.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -82,11 +81,7 @@ torch::autograd::Edge leaf_edge(const at::Tensor& t) {
 } // namespace
 
 bool param_grad_deferrable(const at::Tensor& t) {
-  // Inside a torch.func transform the gradient goes to functorch's wrapper, not to a parameter's accumulator that
-  // the buckets would complete: it is completed where it is computed.
-  // (functorch includes its dynamic-layer keys in the thread's dispatch while any transform is active.)
-  if (!t.defined() || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode))
-    return false;
+  if (!t.defined()) return false;
   if (!shard_impl(t)) return grad_edge_deferrable(leaf_edge(t));
   auto* node = dynamic_cast<PromoteBackward*>(t.grad_fn().get());
   return node && grad_edge_deferrable(node->next_edge(0));

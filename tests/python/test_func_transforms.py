@@ -77,8 +77,9 @@ def _transform(kind, net, x, t):
     if kind == "vmap":  # per-sample outputs and gradients over the batch dim
         per = lambda v: net(v.unsqueeze(0)).squeeze(0)  # noqa: E731
         return torch.func.vmap(per)(x), torch.func.vmap(torch.func.grad(lambda v: per(v).square().sum()))(x)
-    if kind == "params":  # gradients with respect to the parameters (functional_call)
-        params = {k: v.detach() for k, v in net.named_parameters()}
+    if kind in ("params", "params_live"):  # gradients with respect to the parameters (functional_call)
+        # detached copies, or the module's own parameters (leaves that require grad outside the transform)
+        params = {k: v.detach() if kind == "params" else v for k, v in net.named_parameters()}
         g = torch.func.grad(lambda p: torch.func.functional_call(net, p, (x,)).square().sum())(params)
         return tuple(g[k] for k in sorted(g))
     raise ValueError(kind)
@@ -97,7 +98,7 @@ def case_transform(seed, kind, mesh_shape):
         got = _transform(kind, net, xs, ts)
     assert len(got) == len(ref)
     for i, (a, b) in enumerate(zip(got, ref)):
-        if kind == "params":
+        if kind.startswith("params"):
             # A plain parameter's gradient comes back as the formulas computed it: plain, Replicate, or a pending
             # sum (documented in docs/python-api.md: st.full_tensor gives the plain value), never split.
             assert not st.is_shard_tensor(a) or not any(p.is_shard() for p in st.placements(a)), \
@@ -207,7 +208,7 @@ def case_tangent_layouts(seed):
     return True
 
 
-@pytest.mark.parametrize("kind", ["grad", "vjp", "jvp", "dual", "hvp", "vmap", "params"])
+@pytest.mark.parametrize("kind", ["grad", "vjp", "jvp", "dual", "hvp", "vmap", "params", "params_live"])
 def test_transform(kind):
     harness.run(2, case_transform, 0, kind, (2,))
 
