@@ -781,6 +781,24 @@ def _():
 # ------------------------------------------------------------------------------------ running and judging
 
 RTOL = {torch.float64: 1e-9, torch.float32: 2e-4}
+# SHARDTENSOR_ZOO_AUTOCAST=bfloat16 (or float16): every forward, the reference's and the sharded one, under
+# torch.autocast on the input's device type, as mixed-precision training runs; run with --dtype float32. Two
+# bfloat16 computations that sum in another order differ by units of bfloat16's last place, which a deep model
+# amplifies: the tolerance is that of the low-precision format, not of float32.
+AUTOCAST = os.environ.get("SHARDTENSOR_ZOO_AUTOCAST", "")
+AUTOCAST_RTOL = 5e-2
+
+
+def _autocast(fn):
+    """``fn`` run under torch.autocast (SHARDTENSOR_ZOO_AUTOCAST), or ``fn`` itself."""
+    if not AUTOCAST:
+        return fn
+    dtype = getattr(torch, AUTOCAST)
+
+    def run(x, **kwargs):
+        with torch.autocast(x.device.type, dtype=dtype):
+            return fn(x, **kwargs)
+    return run
 # SHARDTENSOR_ZOO_ANOMALY=1: a backward error also prints the forward stack of the op whose backward failed.
 # SHARDTENSOR_ZOO_COMPILE=<backend> (aot_eager, inductor): the sharded model and the one-process reference run as
 # torch.compile(model, backend=...) in the training step and the eval forward; activations are not measured then
@@ -1108,7 +1126,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         raise ValueError(f"{len(shard_dims)} shard dims for a {len(mesh_shape)}-D mesh")
     dtype = spec.dtype or dtype
     dt = getattr(torch, dtype)
-    rtol = RTOL[dt]
+    rtol = AUTOCAST_RTOL if AUTOCAST else RTOL[dt]
     t0 = time.perf_counter()
     res = {"model": name, "library": spec.library, "world": world, "mesh": list(mesh_shape),
            "shard_dims": list(shard_dims), "dtype": dtype}
@@ -1163,7 +1181,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         backend = os.environ.get("SHARDTENSOR_ZOO_COMPILE")
         # Compiled, the reference is compiled too: a library may take another path under torch.compile
         # (kornia's crops gather where eagerly they slice), which need not agree with its eager one.
-        run_ref = torch.compile(ref, backend=backend) if backend else ref
+        run_ref = _autocast(torch.compile(ref, backend=backend) if backend else ref)
         model.train(), ref.train()
         xr = x.clone().requires_grad_(not spec.forward_only and input_grad)
         reseed = (lambda: torch.manual_seed(seed + 3)) if spec.reseed else (lambda: None)
@@ -1179,7 +1197,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             xs = xs.contiguous(memory_format=fmt)
         xs = xs.requires_grad_(not spec.forward_only and input_grad)
         share = _ActivationShare(model if not backend else torch.nn.Identity())
-        run = torch.compile(model, backend=backend) if backend else model
+        run = _autocast(torch.compile(model, backend=backend) if backend else model)
         reseed()
         with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
             out = _flat_tensors(run(xs, **extra))
@@ -1231,6 +1249,43 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             if b.is_floating_point() or b.dtype in (torch.int64, torch.int32):
                 cmp(f"buffer {bn}", b.to(torch.float64) if not b.is_floating_point() else b,
                     br.to(torch.float64) if not br.is_floating_point() else br)
+
+        # SHARDTENSOR_ZOO_STEPS=2: a second training step after an optimizer step (SGD with momentum on both, one
+        # learning rate from the reference's gradients, so no parameter moves by more than 1e-2), as a training loop
+        # runs: what a layer caches across calls (local weights, plans, version-keyed windows) must follow the
+        # parameters the optimizer changed in place. The sharded model then takes the reference's parameters and
+        # buffers (in place again), so the second step starts from the same values: the first step's rounding
+        # differences, which some models amplify (FRN, BN over few elements), do not count against the second.
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if int(os.environ.get("SHARDTENSOR_ZOO_STEPS", "1")) > 1 and not spec.forward_only and trainable:
+            stage = "second step"
+            lr = 1e-2 / grad_scale if grad_scale > 0 else 1e-2
+            opts = [torch.optim.SGD([p for p in mm.parameters() if p.requires_grad], lr=lr, momentum=0.9)
+                    for mm in (model, ref)]
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for t, tr in zip(list(model.parameters()) + list(model.buffers()),
+                                 list(ref.parameters()) + list(ref.buffers())):
+                    t.copy_(tr)
+            xr.grad, xs.grad = None, None
+            reseed()
+            out_ref = _flat_tensors(run_ref(xr, **extra))
+            sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
+            reseed()
+            out = _flat_tensors(run(xs, **extra))
+            sum((o * w).sum() for o, w in zip(out, weights) if o.is_floating_point()).backward()
+            grad_scale = max([pr.grad.abs().max().item() for pr in ref.parameters()
+                              if pr.grad is not None and pr.grad.numel()] or [0.0])
+            for i, (o, r) in enumerate(zip(out, out_ref)):
+                cmp(f"step 2 output {i}", o, r)
+            cmp("step 2 input grad", xs.grad, xr.grad)
+            for (pn, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+                cmp(f"step 2 grad {pn}", p.grad, pr.grad, GRAD_FLOOR[dt] * grad_scale)
+            for (bn, b), (_, br) in zip(model.named_buffers(), ref.named_buffers()):
+                if b.is_floating_point():
+                    cmp(f"step 2 buffer {bn}", b, br)
 
         stage = "eval"
         model.eval(), ref.eval()
