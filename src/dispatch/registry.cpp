@@ -60,6 +60,10 @@ struct Slot {
   bool fallback = false;                                         // functional: may run through the fallback
   bool returns_view = false;                                     // the result aliases an argument (Tensor(a))
   bool seeded = false;                                           // draws random numbers (shard_random.h)
+  // A composite op bound above autograd that autocast does not handle itself on a device (einsum on the CPU; CUDA
+  // autocast lists it): on one device its decomposition's ops see autocast (its bmm casts both operands), so the
+  // rule's ops see it too.
+  bool composite_autocast_cpu = false, composite_autocast_cuda = false;
   std::string family, autograd_family; // the built-in families that own the rules (empty: none)
 };
 
@@ -354,8 +358,10 @@ struct SlotKernel final : c10::OperatorKernel {
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the rule has recorded edges
     if (slot->level == RuleLevel::above_autograd && at::GradMode::is_enabled()) accumulators = leaf_hooks(op, stack);
     // Autocast decided at the op's own level (the device's autocast kernel ran on the ShardTensors, see
-    // ShardTensorImpl); the rule's local ops run as they are given, as a device kernel's internals do.
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // ShardTensorImpl); the rule's local ops run as they are given, as a device kernel's internals do -- except a
+    // composite op's that autocast leaves to its decomposition (Slot::autocast_inside).
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autocast;
+    if (!autocast_inside(op, stack)) no_autocast.emplace(c10::autocast_dispatch_keyset);
     const bool view_of_normal = slot->returns_view && c10::InferenceMode::is_enabled() && first_arg_normal(op, stack);
     try {
       run(op, stack);
@@ -363,6 +369,14 @@ struct SlotKernel final : c10::OperatorKernel {
       rethrow_with_op(op, stack, e);
     }
     if (view_of_normal) keep_views_normal(op, stack);
+  }
+  // Whether the rule runs with autocast left on (Slot::composite_autocast_*), by the device of the first tensor.
+  bool autocast_inside(const c10::OperatorHandle& op, const torch::jit::Stack* stack) const {
+    if (!slot->composite_autocast_cpu && !slot->composite_autocast_cuda) return false;
+    std::optional<c10::DeviceType> device;
+    any_tensor_arg(op, stack, [&](const at::Tensor& t) { return (device = t.device().type()), true; });
+    return device && ((*device == c10::kCPU && slot->composite_autocast_cpu) ||
+                      (*device == c10::kCUDA && slot->composite_autocast_cuda));
   }
   // Under inference mode a view of a normal tensor is a normal tensor (ADInplaceOrView, which runs after this kernel,
   // gives it the base's version counter); a rule whose local result is computed (a gathered split dim) made an
@@ -523,6 +537,9 @@ Slot* bind_above_autograd(Registry& r, const c10::OperatorName& name, const c10:
   auto slot = std::make_unique<Slot>(name);
   slot->level = RuleLevel::above_autograd;
   slot->seeded = handle.hasTag(at::Tag::nondeterministic_seeded);
+  const bool composite = decomposes_before_shard_key(handle);
+  slot->composite_autocast_cpu = composite && !handle.hasKernelForDispatchKey(c10::DispatchKey::AutocastCPU);
+  slot->composite_autocast_cuda = composite && !handle.hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA);
   auto* raw = slot.get();
   bind_kernel<SlotKernel>(r, name, kShardAutogradKey, raw);
   bind_kernel<SlotKernel>(r, name, kShardKey, raw);

@@ -43,6 +43,10 @@ def ops():
         "linear (float32 in)": (lambda a: F.linear(a.float(), randn(4, 8, seed=2)), "tokens"),
         "cumsum over the split tokens": (lambda a: a.cumsum(1), "tokens"),
         "logsumexp over the split tokens": (lambda a: a.logsumexp(1), "tokens"),
+        # einsum is no autocast op: its decomposition's bmm casts, so a bfloat16 and a float32 operand meet
+        # (MaxViT's and MViT's attention, MONAI's GlobalNet on an autocast result and a float32 tensor).
+        "einsum with a float32 operand": (lambda a: torch.einsum("bld,de->ble", a, randn(8, 3, seed=3)), "tokens"),
+        "einsum over the split tokens": (lambda a: torch.einsum("bld,ble->bde", a, a.float()), "tokens"),
     }
 
 
