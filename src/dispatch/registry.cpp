@@ -291,15 +291,6 @@ bool run_into_plain_outputs(const Slot& slot, const c10::OperatorHandle& op, tor
   return true;
 }
 
-// Arguments whose derivatives the library's autograd rules cannot take, so that the op's own autograd runs instead:
-//  - functorch's wrappers: torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd, hessian) run autograd on their
-//    own wrappers of the ShardTensors (functorch's TensorWrapper carries its inner tensor's PrivateUse1 keys, so the
-//    wrappers reach the autograd key), which the rules cannot read; functorch also refuses the C++ autograd
-//    Functions the rules record;
-//  - dual tensors of forward-mode AD (torch.autograd.forward_ad at the default level): C++ autograd Functions have
-//    no forward derivative.
-// The op's own derivative formula (or composite decomposition) then runs, whose ops reach the rules below autograd
-// on the ShardTensors, tangents included.
 // A tangent at any forward-AD level (read without the autograd meta's lock: a tensor's own tangents are set by the
 // thread that computes it; every op's dispatch asks, so no lock and no level lookup).
 bool is_dual(const at::Tensor& t) {
@@ -316,6 +307,15 @@ bool any_tensor_arg(const c10::OperatorHandle& op, const torch::jit::Stack* stac
   return found;
 }
 
+// Whether the library's autograd rules must give way to the op's own autograd:
+//  - inside a torch.func transform (grad, vjp, jacrev, jvp, jacfwd, hessian, vmap of them: functorch includes its
+//    dynamic-layer keys in the thread's dispatch while one is active), and for functorch's wrappers of ShardTensors
+//    (its TensorWrapper carries the inner tensor's PrivateUse1 keys, so the wrappers reach the autograd key): the
+//    rules cannot read a wrapper, and functorch refuses the C++ autograd Functions they record;
+//  - for dual tensors of forward-mode AD (torch.autograd.forward_ad): C++ autograd Functions have no forward
+//    derivative.
+// The op's own derivative formula (or composite decomposition) then runs, whose ops reach the rules below autograd
+// on the ShardTensors, tangents included.
 bool needs_own_autograd(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
   if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode)) return true;
   const bool forward_ad = c10::AutogradState::get_tls_state().get_fw_grad_mode();
@@ -359,7 +359,7 @@ struct SlotKernel final : c10::OperatorKernel {
     if (slot->level == RuleLevel::above_autograd && at::GradMode::is_enabled()) accumulators = leaf_hooks(op, stack);
     // Autocast decided at the op's own level (the device's autocast kernel ran on the ShardTensors, see
     // ShardTensorImpl); the rule's local ops run as they are given, as a device kernel's internals do -- except a
-    // composite op's that autocast leaves to its decomposition (Slot::autocast_inside).
+    // composite op's that autocast leaves to its decomposition (Slot::composite_autocast_*).
     std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autocast;
     if (!autocast_inside(op, stack)) no_autocast.emplace(c10::autocast_dispatch_keyset);
     const bool view_of_normal = slot->returns_view && c10::InferenceMode::is_enabled() && first_arg_normal(op, stack);
@@ -374,7 +374,10 @@ struct SlotKernel final : c10::OperatorKernel {
   bool autocast_inside(const c10::OperatorHandle& op, const torch::jit::Stack* stack) const {
     if (!slot->composite_autocast_cpu && !slot->composite_autocast_cuda) return false;
     std::optional<c10::DeviceType> device;
-    any_tensor_arg(op, stack, [&](const at::Tensor& t) { return (device = t.device().type()), true; });
+    any_tensor_arg(op, stack, [&](const at::Tensor& t) {
+      device = t.device().type();
+      return true;  // the first tensor decides
+    });
     return device && ((*device == c10::kCPU && slot->composite_autocast_cpu) ||
                       (*device == c10::kCUDA && slot->composite_autocast_cuda));
   }
@@ -503,7 +506,8 @@ void bind_kernel(Registry& r, const c10::OperatorName& name, c10::DispatchKey ke
   const auto ns = name.name.substr(0, sep);
   const auto local_name = qualified(name).substr(sep + 2);
   library_for(key == kShardKey ? r.shard_libs : r.autograd_libs, ns, key)
-      .impl(local_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(slot, key == kShardAutogradKey)));
+      .impl(local_name.c_str(),
+            torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(slot, key == kShardAutogradKey)));
 }
 
 // Bind one op to the shard key (and its autograd kernel where the op has a derivative formula).
