@@ -44,9 +44,24 @@ def _check(x, what: str):
     if type(x).__name__ == "TracedShard":
         raise NotImplementedError(f"{what} inside a torch.compile'd region is not supported yet: call it outside the "
                                   "compiled function (ShardTensors enter and leave compiled code as they are)")
+    if isinstance(x, torch.Tensor) and _wraps_shard_tensor(x):
+        raise NotImplementedError(f"{what} inside a torch.func transform (grad, vjp, jvp, vmap, ...) is not supported: "
+                                  "the transform hands its own wrapper of the ShardTensor to it. Call it on the "
+                                  "transform's result, or reduce with ShardTensor ops inside (x.sum(), x.mean(): "
+                                  "their results are complete on every rank)")
     if not isinstance(x, torch.Tensor) or not _C.is_shard_tensor(x):
         raise NotAShardTensorError(f"{what}: expected a ShardTensor, got {'a plain tensor' if isinstance(x, torch.Tensor) else type(x).__name__}; "
                         "build one with shardtensor.from_local, distribute_tensor or scatter_tensor")
+
+
+def _wraps_shard_tensor(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a functorch wrapper (torch.func's transforms) around a ShardTensor, at any depth."""
+    functorch = torch._C._functorch
+    if not functorch.is_functorch_wrapped_tensor(x):
+        return False
+    while functorch.is_functorch_wrapped_tensor(x):
+        x = functorch.get_unwrapped(x)
+    return _C.is_shard_tensor(x)
 
 
 def _shapes(sharding_shapes, placements) -> dict:

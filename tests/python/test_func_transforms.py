@@ -208,6 +208,25 @@ def case_tangent_layouts(seed):
     return True
 
 
+def case_layout_calls_inside_transform(seed):
+    """st.full_tensor / redistribute / to_local inside a torch.func transform get functorch's wrapper of the
+    ShardTensor: a NotImplementedError naming the transform and the remedy on every rank (not "expected a
+    ShardTensor, got a plain tensor"); outside, on the transform's result, they work."""
+    m = mesh()
+    torch.manual_seed(seed)
+    conv = nn.Conv2d(1, 1, 3, padding=1).double()
+    x = randn(1, 1, 7, 4, seed=seed, dtype=torch.float64)
+    xs = st.distribute_tensor(x, m, [st.Shard(2)])
+    calls = {"full_tensor": st.full_tensor, "to_local": st.to_local,
+             "redistribute": lambda y: st.redistribute(y, [st.Replicate()])}
+    for name, fn in calls.items():
+        with pytest.raises(NotImplementedError, match=f"{name} inside a torch.func transform"):
+            torch.func.grad(lambda v: fn(conv(v)).sum())(xs)
+    g = torch.func.grad(lambda v: conv(v).square().sum())(xs)
+    torch.testing.assert_close(st.full_tensor(g), torch.func.grad(lambda v: conv(v).square().sum())(x))
+    return True
+
+
 @pytest.mark.parametrize("kind", ["grad", "vjp", "jvp", "dual", "hvp", "vmap", "params", "params_live"])
 def test_transform(kind):
     harness.run(2, case_transform, 0, kind, (2,))
@@ -234,3 +253,7 @@ def test_pinn(world):
 
 def test_tangent_layouts():
     harness.run(2, case_tangent_layouts, 0)
+
+
+def test_layout_calls_inside_transform():
+    harness.run(2, case_layout_calls_inside_transform, 0)
