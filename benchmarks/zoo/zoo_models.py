@@ -912,6 +912,17 @@ def _compare_detections(out, ref, cmp, tie_rtol: float = 1e-9):
                 cmp(f"eval image {i} {key} (untied)", o[key][oi].to(rv.dtype), rv[ri])
 
 
+def _weighted_loss(outs, weights) -> torch.Tensor:
+    """The training step's loss: every floating output against its fixed random weights."""
+    return sum((o * w).sum() for o, w in zip(outs, weights) if o.is_floating_point())
+
+
+def _grad_scale(ref: torch.nn.Module) -> float:
+    """The reference's largest parameter gradient (the scale of the gradient comparisons' floor)."""
+    return max([p.grad.abs().max().item() for p in ref.parameters() if p.grad is not None and p.grad.numel()]
+               or [0.0])
+
+
 def _rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
     """max |a - b| / max(max |b|, floor): ``floor`` (a fraction of the model's gradient scale) keeps a gradient
     that is zero in exact arithmetic (a key bias under softmax) from comparing rounding noise with itself."""
@@ -1189,7 +1200,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         out_ref = _flat_tensors(run_ref(xr, **extra))
         weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in out_ref]
         if not spec.forward_only:
-            sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
+            _weighted_loss(out_ref, weights).backward()
 
         stage = "forward"
         xs = st.distribute_tensor(x, m, _placements_for(spec, mesh_shape, shard_dims), sharding_shapes=extents)
@@ -1205,7 +1216,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         share.reduce()
         stage = "backward"
         with st.CommCounter() as bwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
-            loss = sum((o * w).sum() for o, w in zip(out, weights) if o.is_floating_point())
+            loss = _weighted_loss(out, weights)
             if not spec.forward_only:
                 loss.backward()
         res["calls_forward"], res["calls_backward"] = _calls(fwd), _calls(bwd)
@@ -1220,9 +1231,6 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         stage = "compare"
         problems = []   # (quantity, relative error)
 
-        grad_scale = max([pr.grad.abs().max().item() for pr in ref.parameters()
-                          if pr.grad is not None and pr.grad.numel()] or [0.0])
-
         def cmp(what, a, b, floor=0.0):
             if a is None or b is None:
                 if (a is None) != (b is None):
@@ -1232,23 +1240,29 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             if not e <= rtol:
                 problems.append((what, e))
 
-        for i, (o, r) in enumerate(zip(out, out_ref)):
-            cmp(f"output {i}", o, r)
-        if len(out) != len(out_ref):
-            problems.append((f"{len(out)} outputs, expected {len(out_ref)}", float("inf")))
-        if xs.grad is not None and not st.is_shard_tensor(xs.grad):
-            problems.append(("input gradient is plain", float("inf")))
-        cmp("input grad", xs.grad, xr.grad)
-        for (pn, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-            if p.grad is not None and st.is_shard_tensor(p.grad):
-                problems.append((f"grad {pn} is a ShardTensor", float("inf")))
-            cmp(f"grad {pn}", p.grad, pr.grad, GRAD_FLOOR[dt] * grad_scale)
-        for (bn, b), (_, br) in zip(model.named_buffers(), ref.named_buffers()):
-            if st.is_shard_tensor(b):
-                problems.append((f"buffer {bn} became a ShardTensor", float("inf")))
-            if b.is_floating_point() or b.dtype in (torch.int64, torch.int32):
-                cmp(f"buffer {bn}", b.to(torch.float64) if not b.is_floating_point() else b,
-                    br.to(torch.float64) if not br.is_floating_point() else br)
+        def compare_step(prefix):
+            """A training step's outputs, input gradient, parameter gradients and buffers against the reference's
+            (quantities named after `prefix`)."""
+            grad_scale = _grad_scale(ref)
+            for i, (o, r) in enumerate(zip(out, out_ref)):
+                cmp(f"{prefix}output {i}", o, r)
+            if len(out) != len(out_ref):
+                problems.append((f"{prefix}{len(out)} outputs, expected {len(out_ref)}", float("inf")))
+            if xs.grad is not None and not st.is_shard_tensor(xs.grad):
+                problems.append((f"{prefix}input gradient is plain", float("inf")))
+            cmp(f"{prefix}input grad", xs.grad, xr.grad)
+            for (pn, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+                if p.grad is not None and st.is_shard_tensor(p.grad):
+                    problems.append((f"{prefix}grad {pn} is a ShardTensor", float("inf")))
+                cmp(f"{prefix}grad {pn}", p.grad, pr.grad, GRAD_FLOOR[dt] * grad_scale)
+            for (bn, b), (_, br) in zip(model.named_buffers(), ref.named_buffers()):
+                if st.is_shard_tensor(b):
+                    problems.append((f"{prefix}buffer {bn} became a ShardTensor", float("inf")))
+                if b.is_floating_point() or b.dtype in (torch.int64, torch.int32):
+                    cmp(f"{prefix}buffer {bn}", b.to(torch.float64) if not b.is_floating_point() else b,
+                        br.to(torch.float64) if not br.is_floating_point() else br)
+
+        compare_step("")
 
         # SHARDTENSOR_ZOO_STEPS=2: a second training step after an optimizer step (SGD with momentum on both, one
         # learning rate from the reference's gradients, so no parameter moves by more than 1e-2), as a training loop
@@ -1259,6 +1273,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         trainable = [p for p in model.parameters() if p.requires_grad]
         if int(os.environ.get("SHARDTENSOR_ZOO_STEPS", "1")) > 1 and not spec.forward_only and trainable:
             stage = "second step"
+            grad_scale = _grad_scale(ref)
             lr = 1e-2 / grad_scale if grad_scale > 0 else 1e-2
             opts = [torch.optim.SGD([p for p in mm.parameters() if p.requires_grad], lr=lr, momentum=0.9)
                     for mm in (model, ref)]
@@ -1272,20 +1287,11 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             xr.grad, xs.grad = None, None
             reseed()
             out_ref = _flat_tensors(run_ref(xr, **extra))
-            sum((o * w).sum() for o, w in zip(out_ref, weights) if o.is_floating_point()).backward()
+            _weighted_loss(out_ref, weights).backward()
             reseed()
             out = _flat_tensors(run(xs, **extra))
-            sum((o * w).sum() for o, w in zip(out, weights) if o.is_floating_point()).backward()
-            grad_scale = max([pr.grad.abs().max().item() for pr in ref.parameters()
-                              if pr.grad is not None and pr.grad.numel()] or [0.0])
-            for i, (o, r) in enumerate(zip(out, out_ref)):
-                cmp(f"step 2 output {i}", o, r)
-            cmp("step 2 input grad", xs.grad, xr.grad)
-            for (pn, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-                cmp(f"step 2 grad {pn}", p.grad, pr.grad, GRAD_FLOOR[dt] * grad_scale)
-            for (bn, b), (_, br) in zip(model.named_buffers(), ref.named_buffers()):
-                if b.is_floating_point():
-                    cmp(f"step 2 buffer {bn}", b, br)
+            _weighted_loss(out, weights).backward()
+            compare_step("step 2 ")
 
         stage = "eval"
         model.eval(), ref.eval()
