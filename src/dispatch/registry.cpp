@@ -300,10 +300,11 @@ bool is_dual(const at::Tensor& t) {
 
 template <class Pred>
 bool any_tensor_arg(const c10::OperatorHandle& op, const torch::jit::Stack* stack, Pred&& pred) {
-  const auto n = op.schema().arguments().size();
   bool found = false;
-  for (size_t i = stack->size() - n; i < stack->size() && !found; ++i)
-    for_each_tensor((*stack)[i], [&](const at::Tensor& t) { found = found || (t.defined() && pred(t)); });
+  for (const auto& v : op_args(op, stack)) {
+    for_each_tensor(v, [&](const at::Tensor& t) { found = found || (t.defined() && pred(t)); });
+    if (found) break;
+  }
   return found;
 }
 
