@@ -5,6 +5,7 @@
 // keys. Static objects of one translation unit are constructed in order, so every schema exists when a rule is
 // registered for it.
 #include "comm/spec_holder.h"
+#include "dispatch/promote.h"
 #include "dispatch/registry.h"
 #include "dispatch/rule_family.h"
 
@@ -14,6 +15,12 @@ TORCH_LIBRARY(shardtensor, m) {
   // The differentiable API keeps specs and meshes in autograd contexts (comm/api.cpp, comm/ring_api.cpp).
   m.class_<shardtensor::SpecHolder>("_SpecHolder");
   m.class_<shardtensor::MeshHolder>("_MeshHolder");  // the ring pass's context (comm/ring_api.cpp)
+
+  // Plain tensors meeting ShardTensors inside torch.func transforms (src/dispatch/promote.cpp): plain -> Replicate,
+  // and the gradient back to plain (each the other's backward).
+  m.def("promote_plain(Tensor plain, __torch__.torch.classes.shardtensor._MeshHolder mesh) -> Tensor");
+  m.def("plain_gradient(Tensor grad) -> Tensor");
+  m.def("mesh_of(Tensor shard) -> __torch__.torch.classes.shardtensor._MeshHolder");
 
   // Point search (src/ops/point_search*.cpp, python/shardtensor/ops).
   m.def("knn(Tensor points, Tensor queries, int k) -> (Tensor indices, Tensor distances)");
@@ -40,6 +47,7 @@ namespace {
 // remaining aten op below autograd (which skips ops bound already).
 struct Installer {
   Installer() {
+    dispatch::register_transform_promotion_kernels();
     dispatch::install_rule_families();
     dispatch::install_dispatch();
   }

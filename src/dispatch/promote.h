@@ -24,6 +24,14 @@ namespace shardtensor::dispatch {
 std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const c10::OperatorHandle& op,
                                                                           torch::jit::Stack* stack);
 
+// Inside a torch.func transform or under forward-mode AD (where the op's own derivative formula runs): replace plain
+// arguments that require grad at this transform level by `shardtensor::promote_plain` on the mesh of the op's
+// ShardTensors, whose autograd node gives them plain gradients (functorch records it at every level).
+void promote_plain_args_in_transform(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Registers shardtensor::promote_plain / plain_gradient / mesh_of's kernels; called once by the library's installer.
+void register_transform_promotion_kernels();
+
 // A plain tensor (not a wrapped number) that requires grad: what an op mixing it with ShardTensors promotes.
 bool promotable(const at::Tensor& t);
 

@@ -348,7 +348,10 @@ struct SlotKernel final : c10::OperatorKernel {
     bind_new_ops();
     // Above autograd (linear, matmul, attention, ...): a DTensor argument is refused before the rule unwraps it.
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
-    if (at_autograd_key && needs_own_autograd(op, stack)) return run_own_autograd(op, ks, stack);
+    if (at_autograd_key && needs_own_autograd(op, stack)) {
+      if (at::GradMode::is_enabled()) promote_plain_args_in_transform(op, stack);
+      return run_own_autograd(op, ks, stack);
+    }
     // Below autograd the op's autograd kernel takes the tangents of dual arguments (its forward formula, after this
     // returns): nothing the rule records may take them again (its C++ autograd Functions have no forward derivative).
     std::optional<c10::AutoFwGradMode> no_forward_ad;
@@ -461,7 +464,9 @@ struct PromoteKernel final : c10::OperatorKernel {
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     ViewReplayGuard replay(slot->returns_view);
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
-    if (at::GradMode::is_enabled() && !needs_own_autograd(op, stack)) {
+    const bool own_autograd = needs_own_autograd(op, stack);
+    if (at::GradMode::is_enabled() && own_autograd) promote_plain_args_in_transform(op, stack);
+    if (at::GradMode::is_enabled() && !own_autograd) {
       accumulators = prepare_autograd_args(op, stack);
       const AutogradHandler* rule = slot->autograd_handler.load(std::memory_order_acquire);
       if (rule) {

@@ -747,7 +747,8 @@ at::Tensor convolution_rule(const at::Tensor& input, const at::Tensor& weight, c
   auto mesh = dispatch::common_mesh("aten::convolution", {input, weight, bias.value_or(at::Tensor())});
   const auto groups = concrete_int(groups_arg);
   check_convolution_args(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
-  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(input), "ShardTensor convolution: the input must be the ShardTensor");
+  // A plain input is Replicate (as_shard below): a forward-mode formula convolves the input's absent tangent (a plain
+  // zero tensor) with a promoted weight, jvp over the parameters inside a torch.func transform.
   // A pending-sum input is completed once; when a backward may follow, the complete value stays with the input,
   // which autograd saves: the weight gradient reads it without a second all-reduce.
   const bool keep = at::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad() || requires_grad(bias));

@@ -11,7 +11,12 @@ mode: nothing falls back to a gather).
 - `native_batch_norm_backward` / `batch_norm_backward` have rules (the formulas' backward, evaluation and training).
 - `vmap` over a batch dim or over the split points themselves (a PINN's per-point Jacobian, Hessian and Laplacian):
   the work stays divided and pointwise networks communicate nothing.
+- Gradients with respect to plain parameters (`functional_call` under grad, per-sample, an ensemble's vmap, Hessians
+  and Hessian-vector products with respect to parameters) are plain tensors: the promotion there is a dispatcher op
+  functorch records (`shardtensor::promote_plain` / `plain_gradient`, with vmap batching rules).
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -82,6 +87,23 @@ def _transform(kind, net, x, t):
         params = {k: v.detach() if kind == "params" else v for k, v in net.named_parameters()}
         g = torch.func.grad(lambda p: torch.func.functional_call(net, p, (x,)).square().sum())(params)
         return tuple(g[k] for k in sorted(g))
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    ploss = lambda p: torch.func.functional_call(net, p, (x,)).square().sum()  # noqa: E731
+    if kind == "param_hvp":  # forward over reverse with respect to the parameters (second order through promotion)
+        tangents = {k: torch.ones_like(v) * 0.25 for k, v in params.items()}
+        g, hv = torch.func.jvp(torch.func.grad(ploss), (params,), (tangents,))
+        return tuple(g[k] for k in sorted(g)) + tuple(hv[k] for k in sorted(hv))
+    if kind == "param_vmap":  # per-sample parameter gradients (vmap over the batch of the input, parameters shared)
+        per = lambda p, v: torch.func.functional_call(net, p, (v.unsqueeze(0),)).square().sum()  # noqa: E731
+        g = torch.func.vmap(torch.func.grad(per), in_dims=(None, 0))(params, x)
+        return tuple(g[k] for k in sorted(g))
+    if kind == "param_hessian":  # reverse over reverse: jacrev's cotangents batched by vmap (group norm's bias)
+        b_loss = lambda b: ploss({**params, "gn.bias": b})  # noqa: E731
+        return (torch.func.hessian(b_loss)(params["gn.bias"]),)
+    if kind == "param_ensemble":  # vmap over batched plain parameters (three weights at once)
+        w = torch.stack([params["conv2.weight"] * s for s in (1.0, -0.5, 2.0)])
+        w_loss = lambda w1: ploss({**params, "conv2.weight": w1})  # noqa: E731
+        return (torch.func.vmap(torch.func.grad(w_loss))(w),)
     raise ValueError(kind)
 
 
@@ -94,15 +116,17 @@ def case_transform(seed, kind, mesh_shape):
     xs = st.distribute_tensor(x, m, placements, sharding_shapes=ext)
     ts = st.distribute_tensor(t, m, placements, sharding_shapes=ext)
     ref = _transform(kind, net, x, t)
-    with st.use_strict():
+    with st.use_strict(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         got = _transform(kind, net, xs, ts)
+    # vmap runs the promotion's ops by their batching rules, not functorch's per-sample fallback (which warns)
+    assert not [w for w in caught if "batching rule" in str(w.message)], [str(w.message) for w in caught]
     assert len(got) == len(ref)
     for i, (a, b) in enumerate(zip(got, ref)):
-        if kind.startswith("params"):
-            # A plain parameter's gradient comes back as the formulas computed it: plain, Replicate, or a pending
-            # sum (documented in docs/python-api.md: st.full_tensor gives the plain value), never split.
-            assert not st.is_shard_tensor(a) or not any(p.is_shard() for p in st.placements(a)), \
-                f"{kind}: parameter gradient {i} is {st.placements(a)}"
+        if kind.startswith("param"):
+            # A plain parameter's gradient (and its Hessian-vector product) is plain, as from .backward(): the
+            # promotion inside the transform (shardtensor::promote_plain) completes it.
+            assert not st.is_shard_tensor(a), f"{kind}: parameter gradient {i} is {st.placements(a)}"
         else:
             assert st.is_shard_tensor(a), f"{kind}: result {i} is not a ShardTensor (the work was not divided)"
             assert any(p.is_shard() for p in st.placements(a)), f"{kind}: result {i} is {st.placements(a)}"
@@ -227,7 +251,8 @@ def case_layout_calls_inside_transform(seed):
     return True
 
 
-@pytest.mark.parametrize("kind", ["grad", "vjp", "jvp", "dual", "hvp", "vmap", "params", "params_live"])
+@pytest.mark.parametrize("kind", ["grad", "vjp", "jvp", "dual", "hvp", "vmap", "params", "params_live", "param_hvp",
+                                  "param_vmap", "param_hessian", "param_ensemble"])
 def test_transform(kind):
     harness.run(2, case_transform, 0, kind, (2,))
 
