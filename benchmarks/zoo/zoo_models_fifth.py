@@ -200,6 +200,36 @@ def _():
     return _timm("pnasnet5large")
 
 
+@model("timm", "timm/nasnetalarge", (1, 3, 64, 64), spatial_out=False,
+       note="NASNet cells: ZeroPad2d((1, 0, 1, 0)), pooling, then x[:, :, 1:, 1:] (a one-row shift)")
+def _():
+    return _timm("nasnetalarge")
+
+
+@model("timm", "timm/convmixer", (2, 3, 64, 64), spatial_out=False, note="patch stem, k9 depthwise + 1x1 mixing")
+def _():
+    from timm.models.convmixer import ConvMixer
+    return ConvMixer(dim=32, depth=2, kernel_size=9, patch_size=7, num_classes=10)
+
+
+@model("timm", "timm/mobilenetv5_base", (1, 3, 64, 64), align=32, dtype="float32", spatial_out=False,
+       note="Gemma 3n's MobileNet-V5: universal inverted residuals, multi-query attention, RmsNorm2d, MSFA")
+def _():
+    return _timm("mobilenetv5_base")
+
+
+@model("timm", "timm/vit_base_mci", (1, 3, 64, 64), align=16, dtype="float32", spatial_out=False,
+       note="MobileCLIP hybrid: FastViT-style stem, then ViT blocks")
+def _():
+    return _timm("vit_base_mci_224", img_size=64, depth=2)
+
+
+@model("timm", "timm/vgg11_bn", (1, 3, 64, 64), align=32, dtype="float32", spatial_out=False,
+       note="VGG with timm's ConvMlp head (a 7x7 convolution over the pooled map)")
+def _():
+    return _timm("vgg11_bn", mlp_ratio=0.25)
+
+
 # ============================================================ torchvision
 class _Feats(torch.nn.Module):
     """Returns a backbone's feature dict as a list (the harness flattens)."""
