@@ -29,19 +29,33 @@ namespace shardtensor::ops {
 
 namespace {
 
+// Whether torch's CPU bfloat16 3-D convolution weight gradient (oneDNN) is wrong for this call: with an input
+// extent below the kernel's span along a spatial dim (a (1, 32, 2, 4, 4) input, kernel 3, padding 1: off by 1e30, or
+// NaN; the input gradient and the forward are right) -- a shape a two-row shard, and a border slab of the window-free
+// backward, have far more often than a whole tensor.
+bool short_block_weight_grad(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef dilation, bool transposed,
+                             std::array<bool, 3> mask) {
+  if (transposed || !mask[1] || x.dim() != 5 || w.dim() != 5) return false;
+  for (int64_t d = 0; d < 3; ++d)
+    if (x.size(2 + d) < (w.size(2 + d) - 1) * dilation[d] + 1) return true;
+  return false;
+}
+
 // at::convolution_backward on local blocks. torch's CPU half / bfloat16 transposed-convolution backward (oneDNN)
 // returns a wrong input gradient for some of the odd shapes a rank's block has where the whole tensor's does not
 // (a (1, 3, 3, 4, 1) input against a (1, 3, 7, 6, 3) gradient, stride 2: off by ~30 where the values are ~10; one
-// thread or several): there the gradients are computed in float and rounded once.
+// thread or several), and its 3-D convolution a wrong weight gradient for short blocks (short_block_weight_grad):
+// there the gradients are computed in float and rounded once.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_conv_backward(
     const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, at::OptionalIntArrayRef bias_sizes,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
     at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
-  if (!transposed || !x.device().is_cpu() || !at::isReducedFloatingType(x.scalar_type()))
+  if (!x.device().is_cpu() || !at::isReducedFloatingType(x.scalar_type()) ||
+      !(transposed || short_block_weight_grad(x, w, dilation, transposed, mask)))
     return at::convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                                     mask);
   auto [gi, gw, gb] = at::convolution_backward(g.to(at::kFloat), x.to(at::kFloat), w.to(at::kFloat), bias_sizes,
-                                               stride, padding, dilation, true, output_padding, groups, mask);
+                                               stride, padding, dilation, transposed, output_padding, groups, mask);
   return {gi.defined() ? gi.to(x.scalar_type()) : gi, gw.defined() ? gw.to(w.scalar_type()) : gw,
           gb.defined() ? gb.to(g.scalar_type()) : gb};
 }

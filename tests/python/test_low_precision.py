@@ -42,6 +42,37 @@ def test_transposed_conv_bf16():
     harness.run(4, case_transposed_conv_bf16)
 
 
+def case_conv3d_short_blocks_bf16(world):
+    """A 3-D convolution (kernel 3, padding 1) split along depth into blocks of two rows: torch's CPU bfloat16 weight
+    gradient (oneDNN) of a (N, C, 2, H, W) input is off by up to 1e30 or NaN (right for the whole tensor's depth),
+    and the window-free backward's border slabs are that short whatever the shards; the rule computes such local
+    gradients in float and rounds once. MONAI's UNETR and MedNeXt, diffusers' temporal blocks under autocast."""
+    m = mesh((world,))
+    g = torch.Generator().manual_seed(world)
+    x = torch.randn(1, 32, 2 * world, 4, 4, generator=g)
+    w = (torch.randn(16, 32, 3, 3, 3, generator=g) * 0.1).bfloat16()
+    b = torch.randn(16, generator=g).bfloat16()
+    wr, ws = w.clone().requires_grad_(), w.clone().requires_grad_()
+    xr = x.bfloat16().requires_grad_()
+    xs = st.distribute_tensor(x.bfloat16(), m, [st.Shard(2)]).requires_grad_()
+    ref = F.conv3d(xr, wr, b, padding=1)
+    out = F.conv3d(xs, ws, b, padding=1)
+    _close_lp(full(out), ref, "forward")
+    cot = torch.randn(ref.shape, generator=g).bfloat16()
+    ref.backward(cot)
+    out.backward(st.distribute_tensor(cot, m, st.placements(out), st.sharding_shapes(out)))
+    exact = torch.ops.aten.convolution_backward(cot.float(), x, w.float(), None, [1] * 3, [1] * 3, [1] * 3, False,
+                                                [0] * 3, 1, [False, True, False])[1]
+    _close_lp(ws.grad, exact, "weight gradient")
+    _close_lp(full(xs.grad), xr.grad, "input gradient")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_conv3d_short_blocks_bf16(world):
+    harness.run(world, case_conv3d_short_blocks_bf16, world)
+
+
 def case_layer_norm_stats_dtype(mesh_shape):
     """native_layer_norm over normalized dims split across ranks: the saved mean / rstd in the dtype the device's kernel
     returns (the input's on CPU), as on one device; values within rounding."""
