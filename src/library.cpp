@@ -17,9 +17,10 @@ TORCH_LIBRARY(shardtensor, m) {
   m.class_<shardtensor::MeshHolder>("_MeshHolder");  // the ring pass's context (comm/ring_api.cpp)
 
   // Plain tensors meeting ShardTensors inside torch.func transforms (src/dispatch/promote.cpp): plain -> Replicate,
-  // and the gradient back to plain (each the other's backward).
+  // and a ShardTensor's whole value as a plain tensor (the promotion's backward, st.full_tensor there; each the
+  // other's backward); the mesh beneath functorch's wrappers.
   m.def("promote_plain(Tensor plain, __torch__.torch.classes.shardtensor._MeshHolder mesh) -> Tensor");
-  m.def("plain_gradient(Tensor grad) -> Tensor");
+  m.def("full_plain(Tensor shard) -> Tensor");
   m.def("mesh_of(Tensor shard) -> __torch__.torch.classes.shardtensor._MeshHolder");
 
   // Point search (src/ops/point_search*.cpp, python/shardtensor/ops).

@@ -47,8 +47,8 @@ def _check(x, what: str):
     if isinstance(x, torch.Tensor) and _wraps_shard_tensor(x):
         raise NotImplementedError(f"{what} inside a torch.func transform (grad, vjp, jvp, vmap, ...) is not supported: "
                                   "the transform hands its own wrapper of the ShardTensor to it. Call it on the "
-                                  "transform's result, or reduce with ShardTensor ops inside (x.sum(), x.mean(): "
-                                  "their results are complete on every rank)")
+                                  "transform's result, or use st.full_tensor (supported there) or ShardTensor ops "
+                                  "inside (x.sum(), x.mean(): their results are complete on every rank)")
     if not isinstance(x, torch.Tensor) or not _C.is_shard_tensor(x):
         raise NotAShardTensorError(f"{what}: expected a ShardTensor, got {'a plain tensor' if isinstance(x, torch.Tensor) else type(x).__name__}; "
                         "build one with shardtensor.from_local, distribute_tensor or scatter_tensor")
@@ -141,6 +141,10 @@ def to_local(x) -> torch.Tensor:
 
 def full_tensor(x) -> torch.Tensor:
     """The whole global tensor on every rank (a collective; differentiable)."""
+    if isinstance(x, torch.Tensor) and _wraps_shard_tensor(x):
+        # Inside a torch.func transform: the dispatcher op functorch records at each level (its gradient comes back
+        # Replicate, as the input's layout is not known there).
+        return torch.ops.shardtensor.full_plain(x)
     _check(x, "full_tensor")
     return _linear_on_dual(_C.full_tensor, x)
 

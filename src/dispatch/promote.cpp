@@ -164,8 +164,9 @@ std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const 
 // the ShardTensor the formulas computed (Replicate, or a pending sum). Instead the plain argument goes through
 // `shardtensor::promote_plain`, a dispatcher op with an autograd node of its own, which functorch records at each
 // transform level like any op (it refuses C++ autograd Functions); the node's backward is
-// `shardtensor::plain_gradient` (the promotion's completion as an op), whose own backward is the promotion again,
-// so gradients of gradients (hessian, jvp of grad) compose. Forward AD: the tangent is promoted alike. The mesh
+// `shardtensor::full_plain` (the promotion's completion as an op: a ShardTensor's whole value as a plain tensor,
+// also `st.full_tensor` inside a transform), whose own backward is the promotion again, so gradients of gradients
+// (hessian, jvp of grad) compose. Forward AD: the tangent is promoted or completed alike. The mesh
 // travels as an argument, not as a tensor to take it from: vmap would batch such a tensor and run the promotion per
 // sample (functorch's fallback), copying the parameter as many times.
 //
@@ -195,8 +196,8 @@ at::Tensor call_promote_plain(const at::Tensor& plain, const MeshArg& mesh) {
   return op.call(plain, mesh);
 }
 
-at::Tensor call_plain_gradient(const at::Tensor& grad) {
-  static const auto op = schema_of("shardtensor::plain_gradient").typed<at::Tensor(const at::Tensor&)>();
+at::Tensor call_full_plain(const at::Tensor& grad) {
+  static const auto op = schema_of("shardtensor::full_plain").typed<at::Tensor(const at::Tensor&)>();
   return op.call(grad);
 }
 
@@ -205,14 +206,15 @@ struct PromotePlainBackward final : torch::autograd::Node {
   std::string name() const override { return "shardtensor::PromotePlainBackward"; }
   variable_list apply(variable_list&& grads) override {
     const auto& g = grads[0];
-    return {shard_beneath(g) ? call_plain_gradient(g) : g};
+    return {shard_beneath(g) ? call_full_plain(g) : g};
   }
 };
 
-// plain_gradient's backward: the plain gradient's cotangent promoted back onto the mesh.
-struct PlainGradientBackward final : torch::autograd::Node {
-  explicit PlainGradientBackward(MeshArg m) : mesh(std::move(m)) {}
-  std::string name() const override { return "shardtensor::PlainGradientBackward"; }
+// full_plain's backward: the plain value's cotangent promoted back onto the mesh (Replicate: its input's layout is
+// not known at a transform level; the value is the input's gradient).
+struct FullPlainBackward final : torch::autograd::Node {
+  explicit FullPlainBackward(MeshArg m) : mesh(std::move(m)) {}
+  std::string name() const override { return "shardtensor::FullPlainBackward"; }
   variable_list apply(variable_list&& grads) override {
     const auto& g = grads[0];
     return {g.defined() && !shard_beneath(g) ? call_promote_plain(g, mesh) : g};
@@ -246,12 +248,12 @@ at::Tensor promote_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& plai
       [&](const at::Tensor& t) { return shard_beneath(t) ? t : call_promote_plain(t, mesh); });
 }
 
-at::Tensor plain_gradient_autograd(c10::DispatchKeySet ks, const at::Tensor& grad) {
-  static const auto op = schema_of("shardtensor::plain_gradient").typed<at::Tensor(const at::Tensor&)>();
+at::Tensor full_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& grad) {
+  static const auto op = schema_of("shardtensor::full_plain").typed<at::Tensor(const at::Tensor&)>();
   return with_autograd(
-      grad, [&] { return new PlainGradientBackward(call_mesh_of(grad)); },
+      grad, [&] { return new FullPlainBackward(call_mesh_of(grad)); },
       [&] { return op.redispatch(ks & c10::after_autograd_keyset, grad); },
-      [&](const at::Tensor& t) { return shard_beneath(t) ? call_plain_gradient(t) : t; });
+      [&](const at::Tensor& t) { return shard_beneath(t) ? call_full_plain(t) : t; });
 }
 
 // Below autograd and functorch, on the innermost tensors.
@@ -260,7 +262,7 @@ at::Tensor promote_plain_kernel(const at::Tensor& plain, const MeshArg& mesh) {
   return make_shard_tensor(plain.detach(), replicate_spec(mesh->mesh, plain.sizes()));
 }
 
-at::Tensor plain_gradient_kernel(const at::Tensor& grad) { return complete_to_plain(grad); }
+at::Tensor full_plain_kernel(const at::Tensor& grad) { return complete_to_plain(grad); }
 
 MeshArg mesh_of_kernel(const at::Tensor& t) {
   auto* impl = shard_impl(t);
@@ -291,7 +293,7 @@ at::Tensor promote_plain_batched(const at::Tensor& plain, const MeshArg& mesh) {
   return batched(plain, [&](const at::Tensor& v) { return call_promote_plain(v, mesh); });
 }
 
-at::Tensor plain_gradient_batched(const at::Tensor& grad) { return batched(grad, call_plain_gradient); }
+at::Tensor full_plain_batched(const at::Tensor& grad) { return batched(grad, call_full_plain); }
 
 } // namespace
 
@@ -342,16 +344,16 @@ void register_transform_promotion_kernels() {
   };
   auto* autograd = lib(c10::DispatchKey::Autograd);
   autograd->impl("promote_plain", TORCH_FN(promote_plain_autograd));
-  autograd->impl("plain_gradient", TORCH_FN(plain_gradient_autograd));
+  autograd->impl("full_plain", TORCH_FN(full_plain_autograd));
   autograd->impl("mesh_of", torch::CppFunction::makeFallthrough());
   lib(c10::DispatchKey::CompositeExplicitAutograd)->impl("promote_plain", TORCH_FN(promote_plain_kernel));
   auto* shard = lib(kShardKey);
-  shard->impl("plain_gradient", TORCH_FN(plain_gradient_kernel));
+  shard->impl("full_plain", TORCH_FN(full_plain_kernel));
   shard->impl("mesh_of", TORCH_FN(mesh_of_kernel));
   auto* vmap = lib(c10::DispatchKey::FuncTorchBatched);
   vmap->impl("mesh_of", TORCH_FN(mesh_of_batched));
   vmap->impl("promote_plain", TORCH_FN(promote_plain_batched));
-  vmap->impl("plain_gradient", TORCH_FN(plain_gradient_batched));
+  vmap->impl("full_plain", TORCH_FN(full_plain_batched));
 }
 
 } // namespace shardtensor::dispatch

@@ -29,7 +29,7 @@ std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const 
 // ShardTensors, whose autograd node gives them plain gradients (functorch records it at every level).
 void promote_plain_args_in_transform(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Registers shardtensor::promote_plain / plain_gradient / mesh_of's kernels; called once by the library's installer.
+// Registers shardtensor::promote_plain / full_plain / mesh_of's kernels; called once by the library's installer.
 void register_transform_promotion_kernels();
 
 // A plain tensor (not a wrapped number) that requires grad: what an op mixing it with ShardTensors promotes.

@@ -13,7 +13,7 @@ mode: nothing falls back to a gather).
   the work stays divided and pointwise networks communicate nothing.
 - Gradients with respect to plain parameters (`functional_call` under grad, per-sample, an ensemble's vmap, Hessians
   and Hessian-vector products with respect to parameters) are plain tensors: the promotion there is a dispatcher op
-  functorch records (`shardtensor::promote_plain` / `plain_gradient`, with vmap batching rules).
+  functorch records (`shardtensor::promote_plain` / `full_plain`, with vmap batching rules).
 """
 import warnings
 
@@ -232,22 +232,49 @@ def case_tangent_layouts(seed):
     return True
 
 
+def _whole(u):
+    """st.full_tensor of a (wrapped) ShardTensor; a plain tensor (the one-device reference) as it is."""
+    return st.full_tensor(u) if st.is_shard_tensor(u) or st._wraps_shard_tensor(u) else u
+
+
 def case_layout_calls_inside_transform(seed):
-    """st.full_tensor / redistribute / to_local inside a torch.func transform get functorch's wrapper of the
-    ShardTensor: a NotImplementedError naming the transform and the remedy on every rank (not "expected a
-    ShardTensor, got a plain tensor"); outside, on the transform's result, they work."""
+    """st.redistribute / to_local inside a torch.func transform get functorch's wrapper of the ShardTensor: a
+    NotImplementedError naming the transform and the remedy on every rank (not "expected a ShardTensor, got a plain
+    tensor"); outside, on the transform's result, they work. st.full_tensor works inside (shardtensor::full_plain):
+    grad, jvp, vmap over the batch and hessian through a loss on the whole field, equal to one device."""
     m = mesh()
     torch.manual_seed(seed)
     conv = nn.Conv2d(1, 1, 3, padding=1).double()
-    x = randn(1, 1, 7, 4, seed=seed, dtype=torch.float64)
+    x = randn(2, 1, 7, 4, seed=seed, dtype=torch.float64)
     xs = st.distribute_tensor(x, m, [st.Shard(2)])
-    calls = {"full_tensor": st.full_tensor, "to_local": st.to_local,
-             "redistribute": lambda y: st.redistribute(y, [st.Replicate()])}
+    calls = {"to_local": st.to_local, "redistribute": lambda y: st.redistribute(y, [st.Replicate()])}
     for name, fn in calls.items():
         with pytest.raises(NotImplementedError, match=f"{name} inside a torch.func transform"):
             torch.func.grad(lambda v: fn(conv(v)).sum())(xs)
     g = torch.func.grad(lambda v: conv(v).square().sum())(xs)
     torch.testing.assert_close(st.full_tensor(g), torch.func.grad(lambda v: conv(v).square().sum())(x))
+
+    loss = lambda v: (_whole(conv(v)).sin() * _whole(conv(v))).sum()  # noqa: E731
+    per = lambda v: _whole(conv(v.unsqueeze(0))).square().mean()  # noqa: E731
+    t = randn(2, 1, 7, 4, seed=seed + 1, dtype=torch.float64)
+    ts = st.distribute_tensor(t, m, [st.Shard(2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = (torch.func.grad(loss)(xs), *torch.func.jvp(loss, (xs,), (ts,)), torch.func.vmap(per)(xs),
+               torch.func.vmap(torch.func.grad(per))(xs))
+    assert not [w for w in caught if "batching rule" in str(w.message)], [str(w.message) for w in caught]
+    ref = (torch.func.grad(loss)(x), *torch.func.jvp(loss, (x,), (t,)), torch.func.vmap(per)(x),
+           torch.func.vmap(torch.func.grad(per))(x))
+    for i, (a, b) in enumerate(zip(got, ref)):
+        torch.testing.assert_close(full(a), b, msg=lambda e: f"result {i}: {e}")
+    # second order: the Hessian of the loss with respect to the convolution's bias, through st.full_tensor
+    def bias_loss(v):
+        def f(b):
+            u = _whole(torch.func.functional_call(conv, {"weight": conv.weight.detach(), "bias": b}, (v,)))
+            return (u.sin() * u).sum()
+        return f
+    torch.testing.assert_close(torch.func.hessian(bias_loss(xs))(conv.bias.detach()),
+                               torch.func.hessian(bias_loss(x))(conv.bias.detach()))
     return True
 
 
