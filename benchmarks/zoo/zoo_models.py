@@ -927,6 +927,23 @@ def _weighted_loss(outs, weights) -> torch.Tensor:
     return sum((o * w).sum() for o, w in zip(outs, weights) if o.is_floating_point())
 
 
+def _func_grad_step(model: torch.nn.Module, xs: torch.Tensor, extra: dict, weights, input_grad: bool) -> list:
+    """SHARDTENSOR_ZOO_FUNC=grad: the training step's gradients by torch.func.grad over functional_call (the input's
+    and the trainable parameters'), stored in ``.grad`` as .backward() would; returns the outputs (grad's aux)."""
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+    def loss(p, x):
+        outs = _flat_tensors(torch.func.functional_call(model, p, (x,), extra))
+        return _weighted_loss(outs, weights), [o.detach() for o in outs]
+    (g_params, g_input), out = torch.func.grad(loss, argnums=(0, 1), has_aux=True)(params, xs.detach())
+    for n, p in model.named_parameters():
+        if n in g_params:
+            p.grad = g_params[n]
+    if input_grad:
+        xs.grad = g_input
+    return out
+
+
 def _grad_scale(ref: torch.nn.Module) -> float:
     """The reference's largest parameter gradient (the scale of the gradient comparisons' floor)."""
     return max([p.grad.abs().max().item() for p in ref.parameters() if p.grad is not None and p.grad.numel()]
@@ -1203,7 +1220,12 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         # Compiled, the reference is compiled too: a library may take another path under torch.compile
         # (kornia's crops gather where eagerly they slice), which need not agree with its eager one.
         run_ref = _autocast(torch.compile(ref, backend=backend) if backend else ref)
-        model.train(), ref.train()
+        # SHARDTENSOR_ZOO_FUNC=grad: the sharded model's gradients come from torch.func.grad over
+        # torch.func.functional_call (input and parameters), as functional training code (a PINN's loss) takes them;
+        # the reference's from .backward(). Both in evaluation mode: functorch refuses, on one device too, the
+        # running-statistics update of a batch norm in training inside grad.
+        func = os.environ.get("SHARDTENSOR_ZOO_FUNC") == "grad"
+        model.train(not func), ref.train(not func)
         xr = x.clone().requires_grad_(not spec.forward_only and input_grad)
         reseed = (lambda: torch.manual_seed(seed + 3)) if spec.reseed else (lambda: None)
         reseed()
@@ -1211,6 +1233,10 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in out_ref]
         if not spec.forward_only:
             _weighted_loss(out_ref, weights).backward()
+            if func:  # torch.func.grad gives a parameter the loss does not reach zeros, .backward() no gradient
+                for p in [*ref.parameters(), xr]:
+                    if p.requires_grad and p.grad is None:
+                        p.grad = torch.zeros_like(p)
         noise, ref_exact = {}, None   # autocast: each quantity's noise scale (see AUTOCAST)
         if AUTOCAST:
             stage = "single-process without autocast"
@@ -1238,17 +1264,23 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         if fmt is not None:
             xs = xs.contiguous(memory_format=fmt)
         xs = xs.requires_grad_(not spec.forward_only and input_grad)
-        share = _ActivationShare(model if not backend else torch.nn.Identity())
+        # (forward hooks inside compiled code or a torch.func transform see no ShardTensors: not measured there)
+        share = _ActivationShare(model if not backend and not func else torch.nn.Identity())
         run = _autocast(torch.compile(model, backend=backend) if backend else model)
         reseed()
-        with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
-            out = _flat_tensors(run(xs, **extra))
+        if func and not spec.forward_only:
+            stage = "torch.func.grad"
+            with st.CommCounter() as fwd:
+                out = _func_grad_step(model, xs, extra, weights, input_grad)  # (its collectives all count here)
+        else:
+            with st.CommCounter() as fwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
+                out = _flat_tensors(run(xs, **extra))
         share.remove()
         share.reduce()
         stage = "backward"
         with st.CommCounter() as bwd, torch.autograd.set_detect_anomaly(ANOMALY, check_nan=False):
             loss = _weighted_loss(out, weights)
-            if not spec.forward_only:
+            if not spec.forward_only and not func:
                 loss.backward()
         res["calls_forward"], res["calls_backward"] = _calls(fwd), _calls(bwd)
         res["calls_step"] = fwd.total_calls + bwd.total_calls
@@ -1359,8 +1391,9 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
                        max_err=worst[1], wrong=[p[0] for p in problems[:20]])
         else:
             res.update(result="pass", detail="", max_err=0.0)
-            # Compiled (SHARDTENSOR_ZOO_COMPILE): activations are not measured, the outputs' layout still is.
-            why = _not_parallel(spec, out, res["share"] if not backend else 0.0, int(torch.tensor(mesh_shape).prod()))
+            # Compiled or under torch.func: activations are not measured, the outputs' layout still is.
+            why = _not_parallel(spec, out, res["share"] if not backend and not func else 0.0,
+                                int(torch.tensor(mesh_shape).prod()))
             if why:
                 res.update(result="not-parallel", detail=why)
     except Exception as e:  # noqa: BLE001 -- the verdict of a model that does not run

@@ -196,9 +196,9 @@ at::Tensor call_promote_plain(const at::Tensor& plain, const MeshArg& mesh) {
   return op.call(plain, mesh);
 }
 
-at::Tensor call_full_plain(const at::Tensor& grad) {
+at::Tensor call_full_plain(const at::Tensor& shard) {
   static const auto op = schema_of("shardtensor::full_plain").typed<at::Tensor(const at::Tensor&)>();
-  return op.call(grad);
+  return op.call(shard);
 }
 
 // promote_plain's backward: the gradient completed into a plain tensor.
@@ -248,11 +248,11 @@ at::Tensor promote_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& plai
       [&](const at::Tensor& t) { return shard_beneath(t) ? t : call_promote_plain(t, mesh); });
 }
 
-at::Tensor full_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& grad) {
+at::Tensor full_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& shard) {
   static const auto op = schema_of("shardtensor::full_plain").typed<at::Tensor(const at::Tensor&)>();
   return with_autograd(
-      grad, [&] { return new FullPlainBackward(call_mesh_of(grad)); },
-      [&] { return op.redispatch(ks & c10::after_autograd_keyset, grad); },
+      shard, [&] { return new FullPlainBackward(call_mesh_of(shard)); },
+      [&] { return op.redispatch(ks & c10::after_autograd_keyset, shard); },
       [&](const at::Tensor& t) { return shard_beneath(t) ? call_full_plain(t) : t; });
 }
 
@@ -262,7 +262,9 @@ at::Tensor promote_plain_kernel(const at::Tensor& plain, const MeshArg& mesh) {
   return make_shard_tensor(plain.detach(), replicate_spec(mesh->mesh, plain.sizes()));
 }
 
-at::Tensor full_plain_kernel(const at::Tensor& grad) { return complete_to_plain(grad); }
+// A tensor of its own (a replicated input's value is its local tensor): the autograd kernel may give it a history,
+// which a ShardTensor's local tensor must not carry.
+at::Tensor full_plain_kernel(const at::Tensor& shard) { return complete_to_plain(shard).detach(); }
 
 MeshArg mesh_of_kernel(const at::Tensor& t) {
   auto* impl = shard_impl(t);
@@ -293,7 +295,7 @@ at::Tensor promote_plain_batched(const at::Tensor& plain, const MeshArg& mesh) {
   return batched(plain, [&](const at::Tensor& v) { return call_promote_plain(v, mesh); });
 }
 
-at::Tensor full_plain_batched(const at::Tensor& grad) { return batched(grad, call_full_plain); }
+at::Tensor full_plain_batched(const at::Tensor& shard) { return batched(shard, call_full_plain); }
 
 } // namespace
 

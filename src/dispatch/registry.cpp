@@ -464,9 +464,10 @@ struct PromoteKernel final : c10::OperatorKernel {
     if (ks.has(c10::DispatchKey::Python)) refuse_python_subclass_args(op, stack);
     ViewReplayGuard replay(slot->returns_view);
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators; // alive until the op has recorded edges
-    const bool own_autograd = needs_own_autograd(op, stack);
-    if (at::GradMode::is_enabled() && own_autograd) promote_plain_args_in_transform(op, stack);
-    if (at::GradMode::is_enabled() && !own_autograd) {
+    const bool grad_mode = at::GradMode::is_enabled();
+    const bool own_autograd = grad_mode && needs_own_autograd(op, stack);
+    if (own_autograd) promote_plain_args_in_transform(op, stack);
+    if (grad_mode && !own_autograd) {
       accumulators = prepare_autograd_args(op, stack);
       const AutogradHandler* rule = slot->autograd_handler.load(std::memory_order_acquire);
       if (rule) {

@@ -208,10 +208,17 @@ void write_rows(at::Tensor& out, const ShardSpec& spec, int64_t dim, const at::T
   }
 }
 
+// A plain written tensor is Replicate on the source's (or the index's) mesh, its storage written in place: every
+// rank writes the whole update into its own copy (the source read whole), so it stays equal on every rank, as on one
+// device. Derivative formulas write into plain zeros this way (index_select's backward inside a torch.func
+// transform: neuraloperator's GINO).
+at::Tensor written_as_shard(const at::Tensor& self, const at::Tensor& index, const at::Tensor& source,
+                            const char* op) {
+  if (shard_impl(self)) return self;
+  return dispatch::as_shard(self, dispatch::common_mesh(op, {index, source}));
+}
+
 const ShardSpec& written_spec(const at::Tensor& self, const char* op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(shard_impl(self), "ShardTensor ", op,
-                              ": the written tensor is a plain tensor and the source or index a ShardTensor; "
-                              "distribute the written tensor too");
   const auto& spec = *shard_impl(self)->spec();
   if (spec.has_partial())
     dispatch::not_implemented(std::string(op) + " writes into a Partial (pending sum) tensor; complete it first "
@@ -228,8 +235,9 @@ int64_t checked_dim(const at::Tensor& self, int64_t dim, const at::Tensor& index
   return at::maybe_wrap_dim(dim, self.dim());
 }
 
-at::Tensor write_functional(const at::Tensor& self, int64_t dim_arg, const at::Tensor& index,
+at::Tensor write_functional(const at::Tensor& self_arg, int64_t dim_arg, const at::Tensor& index,
                             const at::Tensor& source, const IndexWrite& w, const char* op) {
+  const auto self = written_as_shard(self_arg, index, source, op);
   const auto& spec = written_spec(self, op);
   const auto dim = checked_dim(self, dim_arg, index, op);
   auto out = shard_impl(self)->local().clone();
@@ -239,9 +247,10 @@ at::Tensor write_functional(const at::Tensor& self, int64_t dim_arg, const at::T
 
 at::Tensor& write_inplace(at::Tensor& self, int64_t dim_arg, const at::Tensor& index, const at::Tensor& source,
                           const IndexWrite& w, const char* op) {
-  const auto& spec = written_spec(self, op);
-  const auto dim = checked_dim(self, dim_arg, index, op);
-  auto local = shard_impl(self)->local();
+  const auto written = written_as_shard(self, index, source, op);  // a plain self: its own storage
+  const auto& spec = written_spec(written, op);
+  const auto dim = checked_dim(written, dim_arg, index, op);
+  auto local = shard_impl(written)->local();
   write_rows(local, spec, dim, index, source, w, op);
   return self;
 }

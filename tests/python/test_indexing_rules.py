@@ -551,6 +551,43 @@ def case_index_writes(seed, tiny):
     return True
 
 
+def case_index_writes_into_plain(seed):
+    """A plain written tensor with a ShardTensor source (and whole or source-sharded index) is Replicate: every rank
+    holds the whole result, equal to one device; in place, the plain tensor itself is written (what aten's derivative
+    formulas do with plain zeros: index_select's backward inside a torch.func transform, over a plain table)."""
+    m = mesh()
+    src = randn(6, 4, seed=seed)
+    idx = torch.tensor([0, 3, 3, 1, 4, 0])
+    base = randn(5, 4, seed=seed + 1)
+    ref = base.index_add(0, idx, src, alpha=2)
+    srcs = st.distribute_tensor(src, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(6, m.size(), seed)})
+    idxs = st.distribute_tensor(idx, m, [st.Shard(0)], sharding_shapes=st.sharding_shapes(srcs))
+    with st.use_strict():
+        for index in (idx, idxs):
+            out = base.index_add(0, index, srcs, alpha=2)
+            close(full(out), ref, what="index_add into a plain tensor")
+            written = base.clone()
+            written.index_add_(0, index, srcs, alpha=2)
+            assert not st.is_shard_tensor(written)
+            close(written, ref, what="index_add_ into a plain tensor")
+        # the gradient of a plain table read at a sharded index, inside torch.func.grad and by .backward()
+        table = randn(5, 4, seed=seed + 2)
+        loss = lambda t: (t.index_select(0, idxs) * srcs).square().sum()  # noqa: E731
+        g = torch.func.grad(loss)(table)
+        t = table.clone().requires_grad_()
+        loss(t).backward()
+    g_ref = torch.func.grad(lambda t: (t.index_select(0, idx) * src).square().sum())(table)
+    assert not st.is_shard_tensor(g) and not st.is_shard_tensor(t.grad)
+    close(g, g_ref, what="torch.func.grad of a plain table")
+    close(t.grad, g_ref, what="backward of a plain table")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_index_writes_into_plain(world):
+    harness.run(world, case_index_writes_into_plain, world)
+
+
 @pytest.mark.parametrize("world,tiny", [(1, False), (2, False), (3, False), (3, True)])
 def test_index_writes(world, tiny):
     harness.run(world, case_index_writes, world, tiny)
