@@ -1241,7 +1241,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
         if AUTOCAST:
             stage = "single-process without autocast"
             ref_exact = _twin(spec, model, dt, seed)
-            ref_exact.train()
+            ref_exact.train(not func)
             x_exact = x.clone().requires_grad_(xr.requires_grad)
             reseed()
             out_exact = _flat_tensors(ref_exact(x_exact, **extra))

@@ -89,6 +89,29 @@ at::Tensor promote_to_replicate(const at::Tensor& plain, const MeshPtr& mesh) {
 }
 
 namespace {
+// Replaces each tensor of the op's arguments that it only reads (written arguments keep theirs) by `map(t)`.
+template <class Map>
+void map_read_args(const c10::OperatorHandle& op, torch::jit::Stack* stack, Map&& map) {
+  const auto& schema = op.schema();
+  const auto n = schema.arguments().size();
+  const auto base = stack->size() - n;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& arg = schema.arguments()[i];
+    if (arg.alias_info() && arg.alias_info()->isWrite()) continue;
+    auto& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      v = map(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) list.set(j, map(list.get(j)));
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t j = 0; j < list.size(); ++j)
+        if (c10::IValue e = list.get(j); e.isTensor()) list.set(j, map(e.toTensor()));
+    }
+  }
+}
+
 torch::autograd::Edge leaf_edge(const at::Tensor& t) {
   if (!t.defined() || shard_impl(t) || !t.is_leaf() || !t.requires_grad()) return {};
   auto acc = torch::autograd::impl::try_get_grad_accumulator(t);
@@ -125,35 +148,11 @@ std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const 
     });
   }
   if (!mesh) return keep;
-  for (size_t i = 0; i < n; ++i) {
-    const auto& arg = schema.arguments()[i];
-    if (arg.alias_info() && arg.alias_info()->isWrite()) continue;
-    auto& v = (*stack)[base + i];
-    if (v.isTensor()) {
-      if (promotable(v.toTensor())) v = promote_to_replicate(v.toTensor(), mesh);
-      else hook(v.toTensor());
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      bool changed = false;
-      for (size_t j = 0; j < list.size(); ++j) {
-        at::Tensor t = list.get(j);
-        hook(t);
-        if (promotable(t)) {
-          list.set(j, promote_to_replicate(t, mesh));
-          changed = true;
-        }
-      }
-      if (changed) v = list;
-    } else if (v.isList()) {
-      auto list = v.toList();
-      for (size_t j = 0; j < list.size(); ++j) {
-        c10::IValue e = list.get(j);
-        if (!e.isTensor()) continue;
-        if (promotable(e.toTensor())) list.set(j, promote_to_replicate(e.toTensor(), mesh));
-        else hook(e.toTensor());
-      }
-    }
-  }
+  map_read_args(op, stack, [&](const at::Tensor& t) {
+    if (promotable(t)) return promote_to_replicate(t, mesh);
+    hook(t);
+    return t;
+  });
   return keep;
 }
 
@@ -316,24 +315,7 @@ void promote_plain_args_in_transform(const c10::OperatorHandle& op, torch::jit::
   }
   if (!with_mesh.defined() || !any) return;
   const auto mesh = call_mesh_of(with_mesh);
-  for (size_t i = 0; i < n; ++i) {
-    const auto& arg = schema.arguments()[i];
-    if (arg.alias_info() && arg.alias_info()->isWrite()) continue;
-    auto& v = (*stack)[base + i];
-    if (v.isTensor()) {
-      if (promotable_here(v.toTensor())) v = call_promote_plain(v.toTensor(), mesh);
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j)
-        if (at::Tensor t = list.get(j); promotable_here(t)) list.set(j, call_promote_plain(t, mesh));
-      v = list;
-    } else if (v.isList()) {
-      auto list = v.toList();
-      for (size_t j = 0; j < list.size(); ++j)
-        if (c10::IValue e = list.get(j); e.isTensor() && promotable_here(e.toTensor()))
-          list.set(j, call_promote_plain(e.toTensor(), mesh));
-    }
-  }
+  map_read_args(op, stack, [&](const at::Tensor& t) { return promotable_here(t) ? call_promote_plain(t, mesh) : t; });
 }
 
 // The kernels, registered by the library's installer once the schemas and the mesh class exist (src/library.cpp: a
