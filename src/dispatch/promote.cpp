@@ -137,15 +137,13 @@ std::vector<std::shared_ptr<torch::autograd::Node>> prepare_autograd_args(const 
   auto hook = [&](const at::Tensor& t) {
     if (auto acc = ensure_grad_layout_hook(t)) keep.push_back(std::move(acc));
   };
-  const auto& schema = op.schema();
-  const auto n = schema.arguments().size();
-  const auto base = stack->size() - n;
   MeshPtr mesh;
-  for (size_t i = 0; i < n && !mesh; ++i) {
-    for_each_tensor((*stack)[base + i], [&](const at::Tensor& t) {
+  for (const auto& v : op_args(op, stack)) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
       if (!mesh)
         if (auto* impl = shard_impl(t)) mesh = impl->spec()->mesh;
     });
+    if (mesh) break;
   }
   if (!mesh) return keep;
   map_read_args(op, stack, [&](const at::Tensor& t) {
@@ -190,15 +188,21 @@ MeshArg call_mesh_of(const at::Tensor& t) {
   return op.call(t);
 }
 
-at::Tensor call_promote_plain(const at::Tensor& plain, const MeshArg& mesh) {
+const auto& promote_plain_op() {
   static const auto op = schema_of("shardtensor::promote_plain").typed<at::Tensor(const at::Tensor&, const MeshArg&)>();
-  return op.call(plain, mesh);
+  return op;
 }
 
-at::Tensor call_full_plain(const at::Tensor& shard) {
+const auto& full_plain_op() {
   static const auto op = schema_of("shardtensor::full_plain").typed<at::Tensor(const at::Tensor&)>();
-  return op.call(shard);
+  return op;
 }
+
+at::Tensor call_promote_plain(const at::Tensor& plain, const MeshArg& mesh) {
+  return promote_plain_op().call(plain, mesh);
+}
+
+at::Tensor call_full_plain(const at::Tensor& shard) { return full_plain_op().call(shard); }
 
 // promote_plain's backward: the gradient completed into a plain tensor.
 struct PromotePlainBackward final : torch::autograd::Node {
@@ -240,18 +244,16 @@ at::Tensor with_autograd(const at::Tensor& input, MakeNode&& make_node, Below&& 
 }
 
 at::Tensor promote_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& plain, const MeshArg& mesh) {
-  static const auto op = schema_of("shardtensor::promote_plain").typed<at::Tensor(const at::Tensor&, const MeshArg&)>();
   return with_autograd(
       plain, [] { return new PromotePlainBackward(); },
-      [&] { return op.redispatch(ks & c10::after_autograd_keyset, plain, mesh); },
+      [&] { return promote_plain_op().redispatch(ks & c10::after_autograd_keyset, plain, mesh); },
       [&](const at::Tensor& t) { return shard_beneath(t) ? t : call_promote_plain(t, mesh); });
 }
 
 at::Tensor full_plain_autograd(c10::DispatchKeySet ks, const at::Tensor& shard) {
-  static const auto op = schema_of("shardtensor::full_plain").typed<at::Tensor(const at::Tensor&)>();
   return with_autograd(
       shard, [&] { return new FullPlainBackward(call_mesh_of(shard)); },
-      [&] { return op.redispatch(ks & c10::after_autograd_keyset, shard); },
+      [&] { return full_plain_op().redispatch(ks & c10::after_autograd_keyset, shard); },
       [&](const at::Tensor& t) { return shard_beneath(t) ? call_full_plain(t) : t; });
 }
 
@@ -299,16 +301,13 @@ at::Tensor full_plain_batched(const at::Tensor& shard) { return batched(shard, c
 } // namespace
 
 void promote_plain_args_in_transform(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const auto n = schema.arguments().size();
-  const auto base = stack->size() - n;
   auto promotable_here = [](const at::Tensor& t) {
     return t.defined() && t.requires_grad() && !shard_beneath(t) && !t.unsafeGetTensorImpl()->is_wrapped_number();
   };
   at::Tensor with_mesh;
   bool any = false;
-  for (size_t i = 0; i < n; ++i) {
-    for_each_tensor((*stack)[base + i], [&](const at::Tensor& t) {
+  for (const auto& v : op_args(op, stack)) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
       if (!with_mesh.defined() && shard_beneath(t)) with_mesh = t;
       any = any || promotable_here(t);
     });
