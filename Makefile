@@ -30,10 +30,14 @@ $(VENV)/.test-stamp: tests/requirements.txt | $(VENV)/.stamp
 # Optional: the model zoo's libraries (timm, MONAI, smp, diffusers, neuraloperator, PhysicsNeMo, transformers,
 # torch-harmonics), tried once, on the same pip line as the torch pin so torch stays pinned. A failure is reported
 # and recorded, never fatal: the zoo tests then skip naming the missing library. `make zoo-deps` tries again.
+# Packages whose own pins contradict the zoo's (nnU-Net's dynamic-network-architectures asks timm < 1.0.23) go in
+# a second file, installed without their dependencies (the zoo's models from them need none it lacks).
 ZOO_REQS := tests/requirements-zoo.txt
-$(VENV)/.zoo-stamp: $(ZOO_REQS) | $(VENV)/.stamp
+ZOO_NODEPS := tests/requirements-zoo-nodeps.txt
+$(VENV)/.zoo-stamp: $(ZOO_REQS) $(ZOO_NODEPS) | $(VENV)/.stamp
 	@echo "== optional test dependencies: $(ZOO_REQS) (pinned against $(TORCH_PIN)); about a minute"; date +%s > .stage-start
-	@if $(PY) -m pip install -q "$(TORCH_PIN)" -r $(ZOO_REQS); then echo ok > $@; else \
+	@if $(PY) -m pip install -q "$(TORCH_PIN)" -r $(ZOO_REQS) && \
+	    $(PY) -m pip install -q --no-deps -r $(ZOO_NODEPS); then echo ok > $@; else \
 	  echo "failed: the zoo tests will skip; \`make zoo-deps\` retries" | tee $@; fi
 	$(STAGE_DONE)
 

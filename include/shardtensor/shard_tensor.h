@@ -47,6 +47,11 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // views are, even where the rule's local result is computed (a split dim gathered): the dispatcher calls this on
   // a view op's fresh results before autograd sees them.
   void make_normal_tensor();
+  // A permutation's result takes its input's global strides permuted (`strides`, as one device's permute gives)
+  // instead of those derived from the local tensor: a sharded dim that some rank holds at most one row of has no
+  // order the local tensor can tell, and placing it by position misplaced it in permuted layouts (W split 3 ways,
+  // `x.permute(0, 2, 3, 1)`: W put outside C, so `reshape` merging H and W copied where one device has a view).
+  void set_global_strides(c10::IntArrayRef strides);
 
  private:
   template <typename VersionCounter>

@@ -71,6 +71,12 @@ void ShardTensorImpl::refresh_metadata() {
   refresh_contiguous();
 }
 
+void ShardTensorImpl::set_global_strides(c10::IntArrayRef strides) {
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(strides.size()) == dim());
+  for (size_t i = 0; i < strides.size(); ++i) sizes_and_strides_.stride_at_unchecked(i) = strides[i];
+  refresh_contiguous();
+}
+
 void ShardTensorImpl::make_normal_tensor() {
   if (!is_inference()) return;
   key_set_ = key_set_ | c10::getAutogradRelatedKeySetFromBackend(c10::toBackendComponent(kShardKey));

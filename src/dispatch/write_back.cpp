@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,24 @@ struct Entry {
   SpecPtr owned, scattered;
   // A scattered copy of the same base to refresh after this copy's write reached the base (register_refresh).
   std::shared_ptr<const Entry> refresh;
+  // How the copy was made from steps[0]'s base, for computing it again after the base is written: the selected
+  // slice's layout on its owner and the layout it was moved to (the copy's, the selected dim kept, size 1).
+  SpecPtr slice_owned, slice_moved;
+  const c10::StorageImpl* base_key = nullptr;
+  uint64_t seq = 0; // registration order (alike on every rank), shared with the view copies'
+};
+
+// A view computed as a copy (register_relaid_view_copy): the copy, its base, and the layouts between them.
+// `base_key` identifies the base's buffer (the weak reference keeps the address from being reused); `seq` orders
+// the copies of one base alike on every rank (registration order: the same program registers them alike).
+struct RelaidEntry {
+  Local copy, base;
+  SpecPtr copy_spec, viewed, aligned, base_spec;
+  const c10::StorageImpl* base_key = nullptr;
+  uint64_t seq = 0;
+  // When the base was itself such a copy (einops' split-permute-merge with two re-layouts): its entry, to tell
+  // whether a write into this copy, once the base is freed, still had an input to reach.
+  std::shared_ptr<const RelaidEntry> parent;
 };
 
 // A re-laid-out view's buffer: writes into it are refused.
@@ -67,6 +86,8 @@ struct Registry {
   std::mutex mu;
   std::unordered_map<const c10::StorageImpl*, Entry> entries;
   std::unordered_map<const c10::StorageImpl*, Refusal> refusals;
+  std::unordered_map<const c10::StorageImpl*, RelaidEntry> relaid;
+  uint64_t seq = 0;
   size_t sweep_at = 64;
 };
 
@@ -92,8 +113,19 @@ void sweep(Registry& r) {
       ++it;
     }
   }
-  r.sweep_at = 2 * (r.entries.size() + r.refusals.size()) + 64;
-  g_entries = r.entries.size() + r.refusals.size();
+  for (auto it = r.relaid.begin(); it != r.relaid.end();) {
+    if (it->second.copy.storage.expired()) {
+      it = r.relaid.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  r.sweep_at = 2 * (r.entries.size() + r.refusals.size() + r.relaid.size()) + 64;
+  g_entries = r.entries.size() + r.refusals.size() + r.relaid.size();
+}
+
+size_t registered(const Registry& r) {
+  return r.entries.size() + r.refusals.size() + r.relaid.size();
 }
 
 const c10::StorageImpl* storage_key(const at::Tensor& local) {
@@ -150,9 +182,104 @@ void write_entry(const Entry& entry, const c10::StorageImpl* key) {
   }
 }
 
-void write_back_storage(const c10::StorageImpl* key) {
+// The local shape `spec` gives this rank.
+std::vector<int64_t> own_local_shape(const ShardSpec& spec) {
+  auto shape = spec.global_shape;
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const auto& p = spec.placements[m];
+    if (p.is_shard()) shape[p.dim] = spec.extents[m][spec.mesh->coordinate(static_cast<int64_t>(m))];
+  }
+  return shape;
+}
+
+void write_back_storage(const c10::StorageImpl* key, const c10::StorageImpl* except = nullptr);
+
+// A view's copy carried back into its base (register_relaid_view_copy). Every rank runs the same collectives: the
+// entry, the layouts and whether the buffers are gone are alike on every rank (the same program made and freed them).
+void write_relaid(const RelaidEntry& e, const c10::StorageImpl* key) {
+  auto copy = e.copy.get();
+  if (!copy.defined() || storage_key(copy) != key) return;
+  auto local = copy;
+  if (!e.copy_spec->same_layout(*e.viewed)) local = redistribute_local(local, *e.copy_spec, *e.viewed);
+  local = local.reshape(own_local_shape(*e.aligned));
+  if (!e.aligned->same_layout(*e.base_spec)) local = redistribute_local(local, *e.aligned, *e.base_spec);
+  auto base = e.base.get();
+  if (!base.defined()) {
+    // The base was a temporary copy made by an earlier view (freed alike on every rank). If an input further up is
+    // still alive, one device's write would reach it and this one cannot: refused on every rank alike.
+    for (auto p = e.parent; p; p = p->parent)
+      TORCH_CHECK_NOT_IMPLEMENTED(p->base.storage.expired(),
+                                  "ShardTensor: an in-place write into a view computed from an earlier view's copy "
+                                  "that is gone (two views of a sharded tensor that each re-laid it out, e.g. a "
+                                  "split then a merge of the sharded dim), while their input is alive: the write "
+                                  "cannot reach it. Keep the intermediate view in a variable, or write into the "
+                                  "input instead");
+    return;
+  }
+  base.copy_(local);
+  // The base may itself be a copy (a view of a view, a select copy): carry the write on up; and its other views
+  // computed as copies see the write, as a view would on one device.
+  write_back_storage(e.base_key, key);
+}
+
+// A copy of the buffer `key` to compute again after `key` was written: a view's copy, or a select's (one step).
+struct Derived {
+  uint64_t seq;
+  std::optional<RelaidEntry> view;
+  std::optional<Entry> select;
+};
+
+// The live copies made from the buffer `key` (but `except`), in registration order (the same on every rank).
+std::vector<Derived> copies_of(const c10::StorageImpl* key, const c10::StorageImpl* except) {
+  std::vector<Derived> found;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& [copy_key, e] : r.relaid)
+    if (e.base_key == key && copy_key != except && !e.copy.storage.expired()) found.push_back({e.seq, e, {}});
+  for (const auto& [copy_key, e] : r.entries)
+    if (e.base_key == key && copy_key != except && e.slice_owned && !e.copy.storage.expired())
+      found.push_back({e.seq, {}, e});
+  std::sort(found.begin(), found.end(), [](const Derived& a, const Derived& b) { return a.seq < b.seq; });
+  return found;
+}
+
+// After the buffer `key` was written, the copies made from it by views and selects (and theirs) are computed
+// again, as a view would show the write on one device: the forward's collectives repeated (a select's row moved
+// from its owner again; a view's re-layout).
+void refresh_copies_of(const c10::StorageImpl* key, const c10::StorageImpl* except) {
+  for (const auto& d : copies_of(key, except)) {
+    at::Tensor copy;
+    if (d.view) {
+      const auto& e = *d.view;
+      auto base = e.base.get();
+      copy = e.copy.get();
+      if (!base.defined() || !copy.defined()) continue; // alike on every rank
+      auto local = base;
+      if (!e.aligned->same_layout(*e.base_spec)) local = redistribute_local(local, *e.base_spec, *e.aligned);
+      local = local.reshape(own_local_shape(*e.viewed));
+      if (!e.copy_spec->same_layout(*e.viewed)) local = redistribute_local(local, *e.viewed, *e.copy_spec);
+      if (local.is_alias_of(copy)) local = local.clone();
+      copy.copy_(local);
+    } else {
+      const auto& e = *d.select;
+      const auto& st = e.steps.front();
+      auto base = st.base.get();
+      copy = e.copy.get();
+      if (!base.defined() || !copy.defined()) continue;
+      const auto row = own_row(st);
+      auto slice = base.narrow(st.dim, row.value_or(0), row ? 1 : 0);
+      copy.copy_(redistribute_local(slice, *e.slice_owned, *e.slice_moved).select(st.dim, 0));
+    }
+    refresh_copies_of(storage_key(copy), nullptr);
+  }
+}
+
+// `key` was written: carry the write to where it must be seen (the base of a copy, the other copies of a buffer).
+// `except`: the copy whose write-back wrote `key` (it holds the values already).
+void write_back_storage(const c10::StorageImpl* key, const c10::StorageImpl* except) {
   if (!key) return;
   std::optional<Entry> found;
+  std::optional<RelaidEntry> relaid;
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
@@ -164,19 +291,30 @@ void write_back_storage(const c10::StorageImpl* key) {
                                     "write cannot reach the input. Write into the input before the view, or use "
                                     "the out-of-place op and keep its result");
     }
+    // A buffer is registered in one map at a time (each registration clears the other), but an entry of a freed
+    // buffer stays until the next sweep: only a live one counts (its address may now be another buffer's).
+    if (auto rel = r.relaid.find(key); rel != r.relaid.end() && !rel->second.copy.storage.expired())
+      relaid = rel->second;
     auto it = r.entries.find(key);
-    if (it == r.entries.end()) return;
-    found = it->second;
+    if (it != r.entries.end()) found = it->second;
   }
-  write_entry(*found, key);
-  // Every rank, whether or not it held a part of the write: the refresh is a collective.
-  if (found->refresh) refresh_scattered(*found->refresh);
+  if (relaid) {
+    write_relaid(*relaid, key);
+  } else if (found) {
+    write_entry(*found, key);
+    // Every rank, whether or not it held a part of the write: the refresh is a collective.
+    if (found->refresh) refresh_scattered(*found->refresh);
+    // The base's other copies see the write (a re-laid view of it, another select's overlapping copy).
+    if (found->base_key) refresh_copies_of(found->base_key, key);
+  }
+  refresh_copies_of(key, except);
 }
 
 } // namespace
 
 void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_t dim, int64_t index,
-                          int64_t mesh_dim, SpecPtr owned, SpecPtr scattered) {
+                          int64_t mesh_dim, SpecPtr owned, SpecPtr scattered, SpecPtr slice_owned,
+                          SpecPtr slice_moved) {
   auto* bimpl = shard_impl(base);
   auto* cimpl = shard_impl(copy);
   TORCH_INTERNAL_ASSERT(bimpl && cimpl);
@@ -189,8 +327,12 @@ void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_
   if (!key || !base_key || key == base_key) return;
   Entry e{Local(cimpl->local()), {Step{Local(bimpl->local()), bimpl->spec(), dim, index, mesh_dim}},
           std::move(owned), std::move(scattered)};
+  e.slice_owned = std::move(slice_owned);
+  e.slice_moved = std::move(slice_moved);
+  e.base_key = base_key;
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  e.seq = r.seq++;
   if (auto it = r.entries.find(base_key); it != r.entries.end() && !it->second.copy.storage.expired()) {
     if (e.scattered || it->second.scattered) {
       // A chain through a scattered copy would have to move each link back in turn: refused (rare: selects along
@@ -198,14 +340,15 @@ void register_select_copy(const at::Tensor& base, const at::Tensor& copy, int64_
       r.refusals.insert_or_assign(key, Refusal{cimpl->local().storage().getWeakStorageImpl(),
                                                "a select along a sharded dim of a tensor that was itself selected "
                                                "along a sharded dim (a copy of a copy)"});
-      g_entries = r.entries.size() + r.refusals.size();
+      g_entries = registered(r);
       return;
     }
     e.steps.insert(e.steps.end(), it->second.steps.begin(), it->second.steps.end());
   }
+  r.relaid.erase(key);
   r.entries.insert_or_assign(key, std::move(e));
-  if (r.entries.size() + r.refusals.size() >= r.sweep_at) sweep(r);
-  g_entries = r.entries.size() + r.refusals.size();
+  if (registered(r) >= r.sweep_at) sweep(r);
+  g_entries = registered(r);
 }
 
 std::optional<SelectOrigin> scattered_select_origin(const at::Tensor& copy) {
@@ -257,8 +400,35 @@ void register_relaid_view(const at::Tensor& copy, std::string what) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.refusals.insert_or_assign(key, Refusal{local.storage().getWeakStorageImpl(), std::move(what)});
-  if (r.entries.size() + r.refusals.size() >= r.sweep_at) sweep(r);
-  g_entries = r.entries.size() + r.refusals.size();
+  if (registered(r) >= r.sweep_at) sweep(r);
+  g_entries = registered(r);
+}
+
+void register_relaid_view_copy(const at::Tensor& base, const at::Tensor& copy, SpecPtr aligned, SpecPtr viewed) {
+  auto* bimpl = shard_impl(base);
+  auto* cimpl = shard_impl(copy);
+  TORCH_INTERNAL_ASSERT(bimpl && cimpl);
+  const auto& local = cimpl->local();
+  const auto* key = storage_key(local);
+  const auto* base_key = storage_key(bimpl->local());
+  // While torch.compile traces there is no buffer to carry a write into: refused, as before this write-back existed.
+  if (comm::tracing(local)) {
+    register_relaid_view(copy, "a view that re-laid out its input, while torch.compile traces");
+    return;
+  }
+  // A result that aliases its base (a mesh dim of one rank moves nothing) is a real view: writes reach the base.
+  if (!key || !base_key || key == base_key) return;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.entries.erase(key);
+  std::shared_ptr<const RelaidEntry> parent;
+  if (auto it = r.relaid.find(base_key); it != r.relaid.end() && !it->second.copy.storage.expired())
+    parent = std::make_shared<const RelaidEntry>(it->second);
+  r.relaid.insert_or_assign(key, RelaidEntry{Local(local), Local(bimpl->local()), cimpl->spec(), std::move(viewed),
+                                             std::move(aligned), bimpl->spec(), base_key, r.seq++,
+                                             std::move(parent)});
+  if (registered(r) >= r.sweep_at) sweep(r);
+  g_entries = registered(r);
 }
 
 bool any_select_copies() {

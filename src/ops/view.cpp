@@ -263,16 +263,16 @@ at::Tensor view_impl(const char* op_name, const at::Tensor& self_arg, c10::SymIn
     out = local.reshape(local_shape);
   }
   auto result = wrap(out, spec.mesh, layout->placements, out_shape, layout->extents);
+  const auto viewed = shard_impl(result)->spec();
   const auto inner = inner_split_layout(*layout, self.sizes(), out_shape, *spec.mesh, groups);
   if (inner)
     result = redistribute_to(result, ShardSpec::make_with_dim_extents(spec.mesh, inner->placements, out_shape,
                                                                       inner->extents));
-  // A re-laid-out `view` is a copy where one device has an alias: refuse in-place writes into it (never silently
-  // leave the input unchanged). `_unsafe_view` is reshape's copy path: not an alias on one device either.
+  // A re-laid-out `view` is a copy where one device has an alias: an in-place write into it is carried back into
+  // the input (write_back.h), never silently left out. `_unsafe_view` is reshape's copy path: not an alias on one
+  // device either.
   if ((relaid || inner) && !unsafe)
-    dispatch::register_relaid_view(result, std::string(op_name) + " from " + c10::str(self_arg.sizes()) + " to " +
-                                               c10::str(c10::IntArrayRef(out_shape)) + " with " +
-                                               to_string(spec_of(self_arg).placements));
+    dispatch::register_relaid_view_copy(self_arg, result, shard_impl(self)->spec(), viewed);
   return result;
 }
 
@@ -309,7 +309,11 @@ at::Tensor permute_local(const at::Tensor& self, std::vector<int64_t> dims) {
   std::vector<int64_t> out_shape(ndim);
   for (int64_t k = 0; k < ndim; ++k) out_shape[k] = self.size(dims[k]);
   auto out = shard_impl(self)->local().permute(dims);
-  return wrap(out, spec.mesh, out_p, out_shape, out_ext);
+  auto result = wrap(out, spec.mesh, out_p, out_shape, out_ext);
+  std::vector<int64_t> strides(ndim);
+  for (int64_t k = 0; k < ndim; ++k) strides[k] = self.stride(dims[k]);
+  shard_impl(result)->set_global_strides(strides);
+  return result;
 }
 
 // permute(Tensor(a) self, int[] dims)
@@ -581,9 +585,15 @@ at::Tensor select_rule(const at::Tensor& self, int64_t dim_arg, c10::SymInt inde
   auto out_shape = self.sizes().vec();
   out_shape.erase(out_shape.begin() + dim);
   auto out = wrap(shard_impl(t)->local().select(dim, index), spec.mesh, out_p, out_shape, out_ext);
+  // One device's strides (the input's without `dim`), also for a copy, whose local tensor is dense: a row of a
+  // (3, 6, 5) tensor is not contiguous there, so `x[:, 2].reshape(15)` copies (a write into it leaves x alone)
+  // rather than viewing the copy and writing through to x.
+  auto strides = self.strides().vec();
+  strides.erase(strides.begin() + dim);
+  shard_impl(out)->set_global_strides(strides);
   if (sharded_on >= 0)
     dispatch::register_select_copy(self, out, dim, global_index, sharded_on, landing >= 0 ? owned : nullptr,
-                                   landing >= 0 ? shard_impl(t)->spec() : nullptr);
+                                   landing >= 0 ? shard_impl(t)->spec() : nullptr, owned, shard_impl(t)->spec());
   return out;
 }
 

@@ -8,7 +8,6 @@ an `as_strided` that is not the identity raises on every rank."""
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import harness
 import shardtensor as st
@@ -68,8 +67,8 @@ def _check_all(x, lay, m, tag, views=VIEWS):
             with torch.no_grad():
                 view(probe * 1.0).mul_(1.0)
         except NotImplementedError:
-            # Not a view the library reads in this layout, or one it must re-lay out (a copy: writes into it are
-            # refused, test_relaid_view_write_refused) — decided from the layout, alike on every rank.
+            # Not a view the library reads in this layout -- decided from the layout, alike on every rank. (Views
+            # it computes as copies carry writes back into the input: test_relaid_view_written.)
             continue
         done += 1
         for oname, op in OPS:
@@ -268,13 +267,130 @@ def test_as_strided(world):
                              kinds=("NotImplementedError",))
 
 
-def relaid_view_written():
-    """A view that re-lays out its input (the sharded inner dim of a merge) is a copy: writing into it raises on
-    every rank instead of silently leaving the input unchanged."""
+# Views the library computes as copies (the input re-laid out first, or the result moved after a local view), written
+# in place: the write is carried back into the input (write_back.h), so the input and everything read from it after
+# the write equal one device, gradients too. (name, view, full shape, placements)
+RELAID = [
+    # a sharded inner dim of a merge (the shard moves to the outer dim first)
+    ("view(4, 30)[:, 5:]", lambda h: h.view(4, 30)[:, 5:], (4, 6, 5), [st.Shard(2)]),
+    # einops' rearrange(x, 'b c h w -> b (h w) c') with W split (vit-pytorch's CCT tokenizer, then `x += pos`)
+    ("permute.reshape", lambda h: h.permute(0, 2, 3, 1).reshape(2, 30, 3), (2, 3, 6, 5), [st.Shard(3)]),
+    # a split whose outer factor is small (the result's shard moves inward after a local view)
+    ("view(2, 2, 6, 5)", lambda h: h.view(2, 2, 6, 5), (2, 12, 5), [st.Shard(1)]),
+    # a view of a re-laid view
+    ("view.view", lambda h: h.view(4, 30).view(4, 6, 5)[:, 1:], (4, 6, 5), [st.Shard(2)]),
+    # a select copy (a row of the sharded dim, scattered along its rows) viewed, with a re-layout where the extents
+    # do not fit: the write goes back through both
+    ("select.view", lambda h: h[2].view(2, 10), (6, 4, 5), [st.Shard(0)]),
+    # a select copy of 3 dims, scattered from the owner along the next dim
+    ("select scattered", lambda h: h[:, 1], (3, 4, 6, 5), [st.Shard(1)]),
+    # a select copy that one device cannot view either (x[:, 2] is not contiguous): reshape copies, the write stays
+    # in the copy (the copy's strides are one device's, not its dense local tensor's)
+    ("select.reshape", lambda h: h[:, 2].reshape(15), (3, 6, 5), [st.Shard(1)]),
+]
+
+
+def case_relaid_view_written(k, seed):
+    """Every in-place op of OPS through a re-laid view, then the input read: against one device."""
     m = mesh()
-    x = st.distribute_tensor(randn(4, 6, 5, seed=11), m, [st.Shard(2)])
-    h = x * 1.0
-    h.view(4, 30)[:, 5:].mul_(2.0)
+    vname, view, shape, pl = RELAID[k]
+    x = randn(*shape, seed=seed)
+    p = randn(5, seed=9)
+    lay = (pl, {0: uneven_extents(shape[pl[0].dim], m.size(), seed)})
+    for oname, op in OPS:
+        def fn(t, p, view=view, op=op):
+            h = t * 1.0
+            v = view(h)
+            op(v, p)
+            return h * 1.5, v * 0.5
+
+        check_op(fn, [x, p], [lay, None], m, **TOL, what=f"{vname}.{oname}")
+    return True
+
+
+def case_relaid_view_base_written(k, seed):
+    """The input written in place after the view was taken: the view's copy is computed again, as a view would show
+    the write on one device."""
+    m = mesh()
+    vname, view, shape, pl = RELAID[k]
+    x = randn(*shape, seed=seed)
+    p = randn(5, seed=9)
+    lay = (pl, {0: uneven_extents(shape[pl[0].dim], m.size(), seed)})
+    for oname, op in OPS:
+        def fn(t, p, view=view, op=op):
+            h = t * 1.0
+            v = view(h)
+            op(h, p)
+            return v * 0.5, h * 1.5
+
+        check_op(fn, [x, p], [lay, None], m, **TOL, what=f"base written, {vname}.{oname}")
+    return True
+
+
+def _two_relayouts(h):
+    """Two views that each re-lay the input out on 2 ranks with extents (1, 5): a split of the sharded dim whose
+    extents are not multiples of its inner factor, then a merge of it under the leading dim."""
+    a = h.view(4, 3, 2, 5)
+    return a, a.view(12, 2, 5)
+
+
+def case_relaid_chain_written():
+    """A write into the second of two re-laid views reaches the input through the first (kept alive), and the
+    input's other views computed as copies are computed again."""
+    m = mesh()
+    x = randn(4, 6, 5, seed=3)
+    p = randn(5, seed=9)
+    lay = ([st.Shard(1)], {0: [1, 5]})
+    for oname, op in OPS:
+        def fn(t, p, op=op):
+            h = t * 1.0
+            a, b = _two_relayouts(h)
+            op(b, p)
+            return h * 1.5, a * 0.5, b * 2.0
+
+        check_op(fn, [x, p], [lay, None], m, **TOL, what=f"chain {oname}")
+    return True
+
+
+def chain_middle_freed():
+    """The first view's copy freed before the write, its input alive: the write cannot reach it, refused. (Under
+    inference mode: elsewhere autograd's view record of the second view keeps the first alive, and the write goes
+    through it.)"""
+    m = mesh()
+    with torch.inference_mode():
+        h = st.distribute_tensor(randn(4, 6, 5, seed=3), m, [st.Shard(1)], sharding_shapes={0: [1, 5]}) * 1.0
+        b = _two_relayouts(h)[1]
+        b.mul_(2.0)
+
+
+def case_chain_middle_dropped():
+    """The first view's variable dropped before the write (autograd's view record keeps it): the write reaches the
+    input as on one device."""
+    m = mesh()
+    x = randn(4, 6, 5, seed=3)
+    h = st.distribute_tensor(x, m, [st.Shard(1)], sharding_shapes={0: [1, 5]}) * 1.0
+    b = _two_relayouts(h)[1]
+    b.mul_(2.0)
+    close(full(h), x * 2.0, what="input written through two re-laid views")
+    return True
+
+
+def case_relaid_view_written_2d_mesh():
+    """H and W of an image split on a 2x2 mesh, the pixels flattened into tokens (the W shard cannot stay under H's)
+    and written: the write reaches the image."""
+    m = mesh((2, 2), ("a", "b"))
+    x = randn(2, 3, 6, 5, seed=5)
+    p = randn(5, seed=9)
+    for oname, op in OPS:
+        def fn(t, p, op=op):
+            h = t * 1.0
+            v = h.permute(0, 2, 3, 1).reshape(2, 30, 3)
+            op(v, p)
+            return h * 1.5, v * 0.5
+
+        check_op(fn, [x, p], [([st.Shard(2), st.Shard(3)], {0: [4, 2], 1: [2, 3]}), None], m, **TOL,
+                 what=f"2x2 flatten.{oname}")
+    return True
 
 
 def case_relaid_view_read():
@@ -289,7 +405,24 @@ def case_relaid_view_read():
     return True
 
 
-def test_relaid_view_write_refused():
-    harness.expect_error(2, relaid_view_written, match="re-lay out its input", kinds=("NotImplementedError",))
-    harness.expect_error(3, relaid_view_written, match="re-lay out its input", kinds=("NotImplementedError",))
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("k", range(len(RELAID)), ids=[r[0] for r in RELAID])
+def test_relaid_view_written(world, k):
+    harness.run(world, case_relaid_view_written, k, 30 + k)
+
+
+@pytest.mark.parametrize("k", range(len(RELAID) - 1), ids=[r[0] for r in RELAID[:-1]])
+def test_relaid_view_base_written(k):
+    harness.run(3, case_relaid_view_base_written, k, 40 + k)
+
+
+def test_relaid_chain():
+    harness.run(2, case_relaid_chain_written)
+    harness.run(2, case_chain_middle_dropped)
+    harness.expect_error(2, chain_middle_freed, match="copy that is gone", kinds=("NotImplementedError",))
+
+
+def test_relaid_view_written_2d_mesh():
+    harness.run(4, case_relaid_view_written_2d_mesh)
     harness.run(2, case_relaid_view_read)
+

@@ -80,6 +80,9 @@ ZOO = [
     ("torchaudio/HDemucs", 2, None, None),  # waveform and spectrogram branches (stft / istft) of a split signal
     ("neuralop_losses/H1Loss_nonperiodic_abs", 3, None, None),  # one-sided differences written into zeros_like rows
     ("physicsnemo_healpix/HEALPixUNet", 4, (2, 2), None),  # every face split along H and W: HEALPix padding routed
+    ("vit_pytorch/CCT", 2, None, (3,)),       # einops tokens `b (h w) c` of a W-split map, then `x += pos` in place
+    ("ddpm/GaussianDiffusion", 2, None, None),  # a diffusion U-Net's training loss: linear and full attention
+    ("nnunet/PlainConvUNet3d_deep_supervision", 2, None, None),  # nnU-Net: instance norm, outputs at every scale
 ]
 XFAIL = {}
 
