@@ -168,29 +168,6 @@ PYBIND11_MODULE(_C, m) {
     return make_shard_tensor(local, ShardSpec::make(mesh, to_placements(placements), std::move(global_shape), shapes));
   });
   m.def("_local_of", [](const at::Tensor& t) { return checked_shard_impl(t, "_local_of").local(); });
-  // torch.autograd.Function.apply's patch (_patches.py): when a Function gets ShardTensors, its plain arguments that
-  // require grad are promoted (Replicate, differentiable) as every dispatched op's are, so the gradients its
-  // backward returns for them (ShardTensors) reach the plain parameters as plain, reduced tensors. None: no change.
-  m.def("_promote_function_args", [](const py::tuple& args) -> py::object {
-    MeshPtr mesh;
-    bool any_promotable = false;
-    for (const auto& a : args) {
-      if (!THPVariable_Check(a.ptr())) continue;
-      const auto& t = THPVariable_Unpack(a.ptr());
-      if (auto* impl = shard_impl(t)) {
-        if (!mesh) mesh = impl->spec()->mesh;
-      } else {
-        any_promotable = any_promotable || dispatch::promotable(t);
-      }
-    }
-    if (!mesh || !any_promotable) return py::none();
-    py::list out;
-    for (const auto& a : args) {
-      const bool promote = THPVariable_Check(a.ptr()) && dispatch::promotable(THPVariable_Unpack(a.ptr()));
-      out.append(promote ? py::cast(dispatch::promote_to_replicate(THPVariable_Unpack(a.ptr()), mesh)) : a);
-    }
-    return py::tuple(out);
-  });
   m.def("full_tensor", [](const at::Tensor& t) { return with_context("full_tensor", [&] { return layout_of(t); }, [&] { return full_tensor(t); }); },
         py::call_guard<py::gil_scoped_release>());
   m.def("redistribute", [](const at::Tensor& t, const std::vector<std::tuple<int, int64_t, std::string>>& p,

@@ -260,23 +260,60 @@ def _refuse_shard_tensors(name: str):
     return build
 
 
+def _plain_gradient_backward(backward):
+    """A Function's ``backward`` whose gradients for the plain tensors it was applied to (positions recorded on the
+    context by ``_promoting_apply``) come back plain: a ShardTensor gradient there is turned into its whole value
+    (a pending sum all-reduced, a split one gathered: one collective, issued alike on every rank, since every rank
+    runs the same backward)."""
+    @functools.wraps(backward)
+    def wrapped(ctx, *grads):
+        out = backward(ctx, *grads)
+        plain = getattr(ctx, "_shardtensor_plain_inputs", None)
+        if not plain:
+            return out
+        from . import _C
+        single = not isinstance(out, tuple)
+        items = [out] if single else list(out)
+        for i in plain:
+            if i < len(items) and isinstance(items[i], torch.Tensor) and _C.is_shard_tensor(items[i]):
+                items[i] = items[i].full_tensor()
+        return items[0] if single else tuple(items)
+    wrapped._shardtensor_plain_gradients = True
+    return wrapped
+
+
 def _promoting_apply(original):
-    """``torch.autograd.Function.apply`` that promotes a Function's plain arguments requiring grad to Replicate
-    ShardTensors when another argument is a ShardTensor (``_C._promote_function_args``), as the dispatcher does for
-    every op: the gradients the Function's backward computes for them are ShardTensors, which would otherwise land
-    in a plain parameter's ``.grad`` (torch-harmonics' DISCO convolution takes its weight through a Function).
-    torch's own Functions (DDP's output sink, FSDP's hooks, reentrant checkpointing) pass tensors through and are
-    left alone, so the types of what they return stay the caller's."""
+    """``torch.autograd.Function.apply`` for a Function given ShardTensors and plain tensors that require grad: the
+    gradients its backward computes for the plain ones are ShardTensors (pending sums, replicas), which would land in
+    a plain parameter's ``.grad`` (torch-harmonics' DISCO convolution takes its weight through a Function). The
+    Function is applied to its arguments unchanged -- an adjoint method (torchdiffeq's ``odeint_adjoint``) passes
+    the model's parameters only to name what its backward differentiates with ``torch.autograd.grad``, so a
+    stand-in (a promoted copy, as this patch once passed) is unused there and its gradient silently zero -- and the
+    class's ``backward`` turns those positions' ShardTensor gradients into plain whole values. torch's own Functions
+    (DDP's output sink, FSDP's hooks, reentrant checkpointing) pass tensors through and are left alone."""
     func = original.__func__
 
     @functools.wraps(func)
     def apply(cls, *args, **kwargs):
-        if args and torch.is_grad_enabled() and not cls.__module__.startswith("torch."):
-            from . import _C
-            promoted = _C._promote_function_args(args)
-            if promoted is not None:
-                args = promoted
-        return func(cls, *args, **kwargs)
+        if not (args and torch.is_grad_enabled() and not cls.__module__.startswith("torch.")):
+            return func(cls, *args, **kwargs)
+        from . import _C
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        plain = [i for i, a in tensors if a.requires_grad and not _C.is_shard_tensor(a)]
+        if not plain or not any(_C.is_shard_tensor(a) for _, a in tensors):
+            return func(cls, *args, **kwargs)
+        # The method autograd calls (BackwardCFunction.apply): `vjp` where the class defines it, else `backward`.
+        name = "vjp" if cls.vjp is not torch.autograd.Function.vjp else "backward"
+        user_fn = getattr(cls, name)    # the staticmethod's function, wherever in the class's bases it is defined
+        if user_fn is not getattr(torch.autograd.Function, name) and \
+                not getattr(user_fn, "_shardtensor_plain_gradients", False):
+            setattr(cls, name, staticmethod(_plain_gradient_backward(user_fn)))
+        out = func(cls, *args, **kwargs)
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor) and o.grad_fn is not None:
+                o.grad_fn._shardtensor_plain_inputs = plain   # the context the backward receives
+                break
+        return out
     return classmethod(apply)
 
 
@@ -336,8 +373,9 @@ PATCHES: tuple[Patch, ...] = (
             "split), or the ranks relay the state along a time split, instead of gathering every gate op by op "
             "(shardtensor/rnn.py)", _rnn_forward) for cls in ("RNN", "LSTM", "GRU")),
     Patch("torch.autograd.Function", "apply",
-          "a Function taking ShardTensors and plain tensors that require grad: the plain ones are promoted (Replicate, "
-          "differentiable), so plain parameters receive plain gradients", _promoting_apply),
+          "a Function taking ShardTensors and plain tensors that require grad: the gradients its backward returns for "
+          "the plain ones are made plain (whole values), so plain parameters receive plain gradients",
+          _promoting_apply),
     *(Patch("torch.distributed", name, "a ShardTensor passed to a c10d collective: a clear error naming the remedy",
             _refuse_shard_tensors(name)) for name in _C10D_COLLECTIVES),
 )

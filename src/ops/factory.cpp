@@ -6,6 +6,7 @@
 #include <shardtensor/simulation.h>
 #include <c10/util/strides.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace shardtensor::ops {
@@ -226,6 +227,78 @@ bool addresses_self(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIn
   dispatch::not_implemented(why.str());
 }
 
+// A geometry that selects a sub-grid of the tensor's elements, rebuilt from view ops that have rules, or nullopt.
+// The wrapper's global strides are dense (a permutation of a contiguous tensor's), so the storage offset names one
+// index per dim, and an output dim whose stride is a multiple of some dim's stride walks that dim with a step:
+// slices of the walked dims, selects of the others at their indices, a permutation, size-1 dims added. That covers
+// what code asks of as_strided besides the identity -- one element (`torch.as_strided(y, (), ())`, torchdiffeq's
+// adjoint; a select along a sharded dim is a collective, every rank runs it alike), a strided sub-grid, a
+// transposition. Overlapping, expanded (stride 0) or out-of-range geometries give nullopt (refused as before).
+std::optional<at::Tensor> as_strided_by_views(const at::Tensor& self, at::IntArrayRef size, at::IntArrayRef stride,
+                                              std::optional<int64_t> storage_offset) {
+  const auto ndim = self.dim();
+  if (stride.size() != size.size()) return std::nullopt;
+  for (auto n : size)
+    if (n == 0) return std::nullopt; // an empty result addresses nothing: left to the refusal (no caller needs it)
+  int64_t rel = storage_offset.value_or(self.storage_offset()) - self.storage_offset();
+  if (rel < 0 || self.numel() == 0) return std::nullopt;
+  // Source dims of size > 1, outermost (largest stride) first; the offset's index along each.
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (self.size(d) > 1) order.push_back(d);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return self.stride(a) > self.stride(b); });
+  std::vector<int64_t> index(ndim, 0);
+  for (auto d : order) {
+    index[d] = rel / self.stride(d);
+    rel -= index[d] * self.stride(d);
+    if (index[d] >= self.size(d)) return std::nullopt;
+  }
+  if (rel != 0) return std::nullopt;
+  // Each output dim of size > 1 walks one source dim (the outermost whose stride divides its stride) with a step.
+  std::vector<int64_t> walked(size.size(), -1), step(size.size(), 1);
+  std::vector<bool> used(ndim, false);
+  for (size_t k = 0; k < size.size(); ++k) {
+    if (size[k] == 1) continue;
+    if (stride[k] <= 0) return std::nullopt;
+    for (auto d : order) {
+      if (used[d] || stride[k] % self.stride(d) != 0) continue;
+      const auto st = stride[k] / self.stride(d);
+      if (index[d] + (size[k] - 1) * st >= self.size(d)) continue;
+      walked[k] = d;
+      step[k] = st;
+      used[d] = true;
+      break;
+    }
+    if (walked[k] < 0) return std::nullopt;
+  }
+  auto out = self;
+  for (size_t k = 0; k < size.size(); ++k)
+    if (walked[k] >= 0)
+      out = at::slice(out, walked[k], index[walked[k]], index[walked[k]] + (size[k] - 1) * step[k] + 1, step[k]);
+  for (int64_t d = ndim - 1; d >= 0; --d)
+    if (!used[d]) out = at::select(out, d, index[d]);
+  // The walked dims remain in source order; put them in output order, then add the output's size-1 dims.
+  std::vector<int64_t> kept;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (used[d]) kept.push_back(d);
+  std::vector<int64_t> perm;
+  for (size_t k = 0; k < size.size(); ++k)
+    if (walked[k] >= 0)
+      perm.push_back(std::find(kept.begin(), kept.end(), walked[k]) - kept.begin());
+  if (!perm.empty()) out = at::permute(out, perm);
+  for (size_t k = 0; k < size.size(); ++k)
+    if (walked[k] < 0) out = at::unsqueeze(out, static_cast<int64_t>(k));
+  return out;
+}
+
+std::optional<at::Tensor> as_strided_by_views(const at::Tensor& self, c10::SymIntArrayRef size,
+                                              c10::SymIntArrayRef stride,
+                                              const std::optional<c10::SymInt>& storage_offset) {
+  std::optional<int64_t> offset;
+  if (storage_offset) offset = storage_offset->expect_int();
+  return as_strided_by_views(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), offset);
+}
+
 // Give the wrapper the requested strides (they differ from its own on size-1 dims only), so its memory format is the
 // one the caller asked for, as on one device.
 void set_strides(const at::Tensor& t, at::IntArrayRef stride) {
@@ -248,7 +321,10 @@ at::Tensor as_strided_rule(const at::Tensor& self, c10::SymIntArrayRef size, c10
                            std::optional<c10::SymInt> storage_offset) {
   auto* impl = shard_impl(self);
   if (!addresses_self(self, size, stride, storage_offset)) {
-    if (!restrides_locally(self)) refuse_as_strided(self, size, stride);
+    if (!restrides_locally(self)) {
+      if (auto views = as_strided_by_views(self, size, stride, storage_offset)) return *views;
+      refuse_as_strided(self, size, stride);
+    }
     auto out = impl->local().as_strided_symint(size, stride, storage_offset);
     return make_shard_tensor(out, ShardSpec::make(impl->spec()->mesh, impl->spec()->placements, out.sizes().vec()));
   }
@@ -278,7 +354,16 @@ bool as_strided_autograd(bool inplace, const c10::OperatorHandle& op, torch::jit
   const auto stride = args["stride"].toDimVector();
   std::optional<int64_t> offset;
   if (!args["storage_offset"].isNone()) offset = args["storage_offset"].toInt();
-  if (!addresses_self(self, size, stride, offset)) return false;
+  if (!addresses_self(self, size, stride, offset)) {
+    // A sub-grid rebuilt from view ops (recorded by autograd as those views: their backward ops have rules). A
+    // tensor that restrides locally (Replicate) goes on to the op's own autograd kernel, as before.
+    if (inplace || restrides_locally(self)) return false;
+    auto views = as_strided_by_views(self, size, stride, offset);
+    if (!views) return false;
+    torch::jit::drop(*stack, args.all().size());
+    torch::jit::push(*stack, std::move(*views));
+    return true;
+  }
   at::Tensor out = self;
   if (!inplace) out = at::alias(self);
   set_strides(out, stride);

@@ -707,8 +707,10 @@ at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
         continue;
       }
       (i < ref_index ? before : after) += t.size(dim);
-      if ((i < ref_index && me == 0) || (i > ref_index && me == n - 1))
-        locals.push_back(local_of(t, joiner_placements, joiner_ext));
+      // Every rank takes the joiner's local (a pending sum completes by a collective of the whole mesh dim, so all
+      // must run it); the edge rank keeps it.
+      auto joiner = local_of(t, joiner_placements, joiner_ext);
+      if ((i < ref_index && me == 0) || (i > ref_index && me == n - 1)) locals.push_back(std::move(joiner));
     }
     auto out_ext = ext;
     out_ext[dim].front() += before;
@@ -754,7 +756,8 @@ at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
         if (skipped(t)) continue;
         if (home[i] >= 0) {
           out_e[home[i]] += t.size(dim);
-          if (me == home[i]) locals.push_back(local_of(t, joiner_placements, joiner_ext));
+          auto joiner = local_of(t, joiner_placements, joiner_ext); // on every rank: it may be a collective
+          if (me == home[i]) locals.push_back(std::move(joiner));
           continue;
         }
         auto e = ext;

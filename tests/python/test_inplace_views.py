@@ -3,8 +3,9 @@
 allowed), views of views, transposes/permutes, unsqueeze/squeeze, reshapes, selects (along a sharded dim too),
 `x[...] = v`, an in-place op on the base after a view was taken, the in-place activation after InstanceNorm
 (whose output is a view) of MONAI's blocks; 1-4 ranks and a 2-D mesh. Autograd replays these views with the ops
-that made them (CopySlices never needs `as_strided`); `unbind` pieces refuse in-place writes as on one device, and
-an `as_strided` that is not the identity raises on every rank."""
+that made them (CopySlices never needs `as_strided`); `unbind` pieces refuse in-place writes as on one device; an
+`as_strided` of a sub-grid is rebuilt from views, any other non-identity one raises on every rank. Views computed as
+copies (re-laid out) carry writes back into their input, and writes into the input into them."""
 import pytest
 import torch
 import torch.nn as nn
@@ -227,11 +228,36 @@ def case_as_strided_identity(seed):
 
 
 def case_as_strided_refused(kind):
+    """Overlapping windows (two output dims walking the same dim) are no sub-grid: refused on every rank."""
     m = mesh()
     xs = st.distribute_tensor(randn(3, 4, seed=1), m, [st.Shard(1)]).requires_grad_(kind == "grad")
     if kind == "inplace":
         xs.as_strided_((3, 4), (1, 3))
-    xs.as_strided((3, 2), (4, 2))
+    xs.as_strided((2, 3), (1, 1))
+
+
+# Geometries of a contiguous (3, 4, 5) tensor that select a sub-grid of its elements: (size, stride, offset).
+SUB_GRIDS = [
+    ((), (), None),               # the first element (torchdiffeq's adjoint: torch.as_strided(y, (), ()))
+    ((), (), 27),                 # one element by its offset (index (1, 1, 2))
+    ((3, 2, 5), (20, 10, 1), None),  # x[:, ::2]
+    ((2, 3), (1, 20), 6),         # x[:, 1, 1:3].t(): a transposition
+    ((2, 2, 1), (20, 5, 7), 26),  # x[1:3, 1:3, 1:2] with a size-1 dim of any stride
+    ((4, 3), (5, 20), 0),         # x[:, :, 0].t()
+]
+
+
+def case_as_strided_sub_grids(seed):
+    """Sub-grids are rebuilt from slices, selects and a permutation: values and gradients equal one device on
+    uneven shards of every dim."""
+    m = mesh()
+    x = randn(3, 4, 5, seed=seed)
+    for d in range(3):
+        lay = ([st.Shard(d)], {0: uneven_extents(x.shape[d], m.size(), seed + d)})
+        for size, stride, offset in SUB_GRIDS:
+            check_op(lambda t: torch.as_strided(t, size, stride, offset) * 2.0, [x], [lay], m, **TOL,
+                     what=f"as_strided{size, stride, offset} with dim {d} split")
+    return True
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -257,6 +283,11 @@ def test_norm_act(world):
 def test_unbind():
     harness.run(2, case_unbind_read)
     harness.expect_error(2, case_unbind_inplace_refused, match="multiple views", kinds=("RuntimeError",))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_as_strided_sub_grids(world):
+    harness.run(world, case_as_strided_sub_grids, 50 + world)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

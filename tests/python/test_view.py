@@ -207,6 +207,31 @@ def case_cat_joins_2d():
     return True
 
 
+def case_cat_pending_joiner():
+    """A pending sum joining a sharded dim (torchdiffeq's adjoint flattens its state tuple: a time derivative left
+    pending beside the split field) completes on every rank -- it is a collective of the whole mesh dim -- though only
+    the edge rank keeps it; completed by the edge rank alone, the ranks issued different collectives. Both the join
+    onto a sharded input and the join among several split inputs in coordinate order, with empty shards."""
+    m = mesh()
+    w, r = m.size(), torch.distributed.get_rank()
+    want_sum = float(sum(range(1, w + 1)))
+    ext = [6] + [0] * (w - 1)
+    a = st.distribute_tensor(torch.arange(6.0), m, [st.Shard(0)], sharding_shapes={0: ext})
+    for name, pieces, expect in [
+            ("one split input", lambda p: [p, a, torch.ones(2)], [want_sum] + list(range(6)) + [1.0, 1.0]),
+            ("split inputs in order", lambda p: [p, a, a * 2, torch.ones(2)],
+             [want_sum] + list(range(6)) + [2.0 * i for i in range(6)] + [1.0, 1.0])]:
+        pending = st.from_local(torch.full((1,), float(r + 1)), m, [st.Partial("sum")], global_shape=[1])
+        out = torch.cat(pieces(pending))
+        close(full(out), torch.tensor(expect), what=f"cat with a pending joiner, {name}")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cat_pending_joiner(world):
+    harness.run(world, case_cat_pending_joiner)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_cat_joins_stay_sharded(world):
     harness.run(world, case_cat_joins, world)

@@ -83,6 +83,7 @@ ZOO = [
     ("vit_pytorch/CCT", 2, None, (3,)),       # einops tokens `b (h w) c` of a W-split map, then `x += pos` in place
     ("ddpm/GaussianDiffusion", 2, None, None),  # a diffusion U-Net's training loss: linear and full attention
     ("nnunet/PlainConvUNet3d_deep_supervision", 2, None, None),  # nnU-Net: instance norm, outputs at every scale
+    ("torchdiffeq/dopri5_adjoint", 2, None, None),  # neural ODE: adaptive steps agreed by norms, the adjoint backward
 ]
 XFAIL = {}
 

@@ -4,8 +4,9 @@ Most of a library reaches ShardTensors op by op through the dispatcher. A few li
 allocate their output as a plain tensor of the *global* shape (``torch.zeros(B, C, T)`` from ``x.shape``) and let a
 custom kernel fill it, so every rank would hold, and the kernel would compute, the whole result. For those the
 library routes the Python function itself (``st.register_function``) to an implementation that keeps the work
-divided. (One integration routes nothing: it tells opt_einsum which backend serves a traced shard inside
-torch.compile.) Each integration module names the functions it routes; ``INTEGRATIONS`` maps the library module that
+divided. (Two integrations route nothing: one tells opt_einsum which backend serves a traced shard inside
+torch.compile; one gives torchdiffeq's solver modules a ``torch`` whose ``empty`` lays their buffers out like the
+state.) Each integration module names the functions it routes; ``INTEGRATIONS`` maps the library module that
 defines them to the module that routes them.
 
 The routing is installed the moment the library module is imported (before or after ``import shardtensor``): an
@@ -42,6 +43,9 @@ INTEGRATIONS = {
     "torchvision.ops.poolers": "torchvision_roi_pooling",
     "diffusers.models.transformers.transformer_ltx": "rotary_positions",
     "timm.models.gemma4_vit": "rotary_positions",
+    "torchdiffeq._impl.odeint": "torchdiffeq_buffers",
+    "torchdiffeq._impl.solvers": "torchdiffeq_buffers",
+    "torchdiffeq._impl.rk_common": "torchdiffeq_buffers",
 }
 
 _installed: set = set()
