@@ -16,29 +16,13 @@ def _register(name, shape, build, **kw):
     model("vit_pytorch", f"vit_pytorch/{name}", shape, spatial_out=kw.pop("spatial_out", False), **kw)(build)
 
 
-def _vit():
-    from vit_pytorch import ViT
-    return ViT(image_size=32, patch_size=8, **_SMALL)
-
-
-def _vit_mean():
-    from vit_pytorch import ViT
-    return ViT(image_size=32, patch_size=8, pool="mean", **_SMALL)
-
-
-def _simple_vit():
-    from vit_pytorch import SimpleViT
-    return SimpleViT(image_size=32, patch_size=8, **_SMALL)
-
-
-def _cait():
-    from vit_pytorch.cait import CaiT
-    return CaiT(image_size=32, patch_size=8, cls_depth=1, **_SMALL)
-
-
-def _deepvit():
-    from vit_pytorch.deepvit import DeepViT
-    return DeepViT(image_size=32, patch_size=8, **_SMALL)
+def _patch_vit(module, cls, **kw):
+    """A builder of vit-pytorch's ``module.cls`` for the 32 x 32 image in patches of 8, small."""
+    def build():
+        import importlib
+        return getattr(importlib.import_module(f"vit_pytorch.{module}"), cls)(image_size=32, patch_size=8, **_SMALL,
+                                                                              **kw)
+    return build
 
 
 def _cross_vit():
@@ -133,46 +117,6 @@ def _t2t():
                   t2t_layers=((7, 4), (3, 2)))
 
 
-def _xcit():
-    from vit_pytorch.xcit import XCiT
-    return XCiT(image_size=32, patch_size=8, cls_depth=1, **_SMALL)
-
-
-def _rvt():
-    from vit_pytorch.rvt import RvT
-    return RvT(image_size=32, patch_size=8, **_SMALL)
-
-
-def _parallel_vit():
-    from vit_pytorch.parallel_vit import ViT
-    return ViT(image_size=32, patch_size=8, num_parallel_branches=2, **_SMALL)
-
-
-def _vit_small_dataset():
-    from vit_pytorch.vit_for_small_dataset import ViT
-    return ViT(image_size=32, patch_size=8, **_SMALL)
-
-
-def _vit_patch_merger():
-    from vit_pytorch.vit_with_patch_merger import ViT
-    return ViT(image_size=32, patch_size=8, patch_merge_layer=1, patch_merge_num_tokens=4, **_SMALL)
-
-
-def _simple_vit_registers():
-    from vit_pytorch.simple_vit_with_register_tokens import SimpleViT
-    return SimpleViT(image_size=32, patch_size=8, num_register_tokens=2, **_SMALL)
-
-
-def _simple_vit_qk_norm():
-    from vit_pytorch.simple_vit_with_qk_norm import SimpleViT
-    return SimpleViT(image_size=32, patch_size=8, **_SMALL)
-
-
-def _simple_vit_fft():
-    from vit_pytorch.simple_vit_with_fft import SimpleViT
-    return SimpleViT(image_size=32, patch_size=8, freq_patch_size=8, **_SMALL)
-
-
 def _normalized_vit():
     from vit_pytorch.normalized_vit import nViT
     return nViT(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=2, mlp_dim=64, dim_head=16)
@@ -204,11 +148,16 @@ def _simple_vit_1d():
     return SimpleViT(seq_len=64, patch_size=8, channels=3, **_SMALL)
 
 
-_register("ViT", _IMG, _vit, align=8, note="cls token concatenated, pos_embedding sliced to the sequence")
-_register("ViT_mean_pool", _IMG, _vit_mean, align=8, note="mean over the split token sequence")
-_register("SimpleViT", _IMG, _simple_vit, align=8, note="2-D sin-cos position embedding computed from the grid")
-_register("CaiT", _IMG, _cait, align=8, note="class-attention layers: the cls token attends to the patch tokens")
-_register("DeepViT", _IMG, _deepvit, align=8, note="re-attention: a head-mixing matrix on the attention map")
+_register("ViT", _IMG, _patch_vit("vit", "ViT"), align=8,
+          note="cls token concatenated, pos_embedding sliced to the sequence")
+_register("ViT_mean_pool", _IMG, _patch_vit("vit", "ViT", pool="mean"), align=8,
+          note="mean over the split token sequence")
+_register("SimpleViT", _IMG, _patch_vit("simple_vit", "SimpleViT"), align=8,
+          note="2-D sin-cos position embedding computed from the grid")
+_register("CaiT", _IMG, _patch_vit("cait", "CaiT", cls_depth=1), align=8,
+          note="class-attention layers: the cls token attends to the patch tokens")
+_register("DeepViT", _IMG, _patch_vit("deepvit", "DeepViT"), align=8,
+          note="re-attention: a head-mixing matrix on the attention map")
 _register("CrossViT", _IMG, _cross_vit, align=16, note="two patch sizes, cross attention between their cls tokens")
 _register("CCT", _IMG, _cct, note="convolutional tokenizer, sequence pooling (attention-weighted token mean)")
 _register("CCT_sine", _IMG, _cct_sine, note="sine position embedding")
@@ -230,15 +179,24 @@ _register("MobileViT", (2, 3, 64, 64), _mobile_vit, align=32, note="MobileNet-v2
 _register("TwinsSVT", (2, 3, 64, 64), _twins_svt, align=32,
           note="locally-grouped and global sub-sampled attention, positional encoding generator (conv)")
 _register("T2TViT", _IMG, _t2t, align=8, note="tokens-to-token: nn.Unfold soft splits between transformer layers")
-_register("XCiT", _IMG, _xcit, align=8, note="cross-covariance attention (over channels), local patch interaction")
-_register("RvT", _IMG, _rvt, align=8, note="rotary embedding over the patch grid, depth-wise conv projections")
-_register("ParallelViT", _IMG, _parallel_vit, align=8, note="parallel attention and feed-forward branches")
-_register("ViT_small_dataset", _IMG, _vit_small_dataset, align=8,
+_register("XCiT", _IMG, _patch_vit("xcit", "XCiT", cls_depth=1), align=8,
+          note="cross-covariance attention (over channels), local patch interaction")
+_register("RvT", _IMG, _patch_vit("rvt", "RvT"), align=8,
+          note="rotary embedding over the patch grid, depth-wise conv projections")
+_register("ParallelViT", _IMG, _patch_vit("parallel_vit", "ViT", num_parallel_branches=2), align=8,
+          note="parallel attention and feed-forward branches")
+_register("ViT_small_dataset", _IMG, _patch_vit("vit_for_small_dataset", "ViT"), align=8,
           note="shifted patch tokenization (F.pad shifts), locality self-attention (diagonal mask)")
-_register("ViT_patch_merger", _IMG, _vit_patch_merger, align=8, note="a learned query pooling tokens to 4")
-_register("SimpleViT_registers", _IMG, _simple_vit_registers, align=8, note="register tokens packed and unpacked")
-_register("SimpleViT_qk_norm", _IMG, _simple_vit_qk_norm, align=8, note="normalized queries and keys")
-_register("SimpleViT_fft", _IMG, _simple_vit_fft, align=8, note="a second token stream from the image's 2-D FFT")
+_register("ViT_patch_merger", _IMG,
+          _patch_vit("vit_with_patch_merger", "ViT", patch_merge_layer=1, patch_merge_num_tokens=4), align=8,
+          note="a learned query pooling tokens to 4")
+_register("SimpleViT_registers", _IMG,
+          _patch_vit("simple_vit_with_register_tokens", "SimpleViT", num_register_tokens=2), align=8,
+          note="register tokens packed and unpacked")
+_register("SimpleViT_qk_norm", _IMG, _patch_vit("simple_vit_with_qk_norm", "SimpleViT"), align=8,
+          note="normalized queries and keys")
+_register("SimpleViT_fft", _IMG, _patch_vit("simple_vit_with_fft", "SimpleViT", freq_patch_size=8), align=8,
+          note="a second token stream from the image's 2-D FFT")
 _register("nViT", _IMG, _normalized_vit, align=8, note="normalized transformer: hypersphere L2 norms throughout")
 _register("ViT_3d", (2, 3, 8, 32, 32), _vit_3d, align=8, shard_dims=(3,), spatial=(2, 3, 4),
           note="a volume (frames, H, W) in 2 x 8 x 8 patches (a 4 x 4 x 4 grid), split along H")

@@ -311,7 +311,10 @@ def _promoting_apply(original):
         out = func(cls, *args, **kwargs)
         for o in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(o, torch.Tensor) and o.grad_fn is not None:
-                o.grad_fn._shardtensor_plain_inputs = plain   # the context the backward receives
+                try:
+                    o.grad_fn._shardtensor_plain_inputs = plain   # the context the backward receives
+                except AttributeError:
+                    pass    # a node that takes no attributes (not a Python Function's context): nothing to mark
                 break
         return out
     return classmethod(apply)
