@@ -140,16 +140,18 @@ std::optional<int64_t> own_row(const Step& st) {
   return st.index - off;
 }
 
-// A live scattered copy made equal to its base's slice again: the owner's row moved back along the mesh dim.
-void refresh_scattered(const Entry& e) {
+// A live select copy made equal to its base's slice again: the owner's row moved again as the select moved it
+// (scattered or broadcast). Returns the copy, or undefined when it or its base is gone (alike on every rank: the same
+// program frees them).
+at::Tensor refresh_select(const Entry& e) {
   auto copy = e.copy.get();
   const auto& st = e.steps.front();
   auto base = st.base.get();
-  if (!copy.defined() || !base.defined()) return; // gone alike on every rank (the same program frees them)
+  if (!copy.defined() || !base.defined()) return {};
   const auto row = own_row(st);
   auto slice = base.narrow(st.dim, row.value_or(0), row ? 1 : 0);
-  auto moved = redistribute_local(slice, *e.owned, *e.scattered);
-  copy.copy_(moved.select(st.dim, 0));
+  copy.copy_(redistribute_local(slice, *e.slice_owned, *e.slice_moved).select(st.dim, 0));
+  return copy;
 }
 
 // The write of one registered copy into its base(s), as far as this rank holds a part of it.
@@ -261,14 +263,8 @@ void refresh_copies_of(const c10::StorageImpl* key, const c10::StorageImpl* exce
       if (local.is_alias_of(copy)) local = local.clone();
       copy.copy_(local);
     } else {
-      const auto& e = *d.select;
-      const auto& st = e.steps.front();
-      auto base = st.base.get();
-      copy = e.copy.get();
-      if (!base.defined() || !copy.defined()) continue;
-      const auto row = own_row(st);
-      auto slice = base.narrow(st.dim, row.value_or(0), row ? 1 : 0);
-      copy.copy_(redistribute_local(slice, *e.slice_owned, *e.slice_moved).select(st.dim, 0));
+      copy = refresh_select(*d.select);
+      if (!copy.defined()) continue;
     }
     refresh_copies_of(storage_key(copy), nullptr);
   }
@@ -303,7 +299,7 @@ void write_back_storage(const c10::StorageImpl* key, const c10::StorageImpl* exc
   } else if (found) {
     write_entry(*found, key);
     // Every rank, whether or not it held a part of the write: the refresh is a collective.
-    if (found->refresh) refresh_scattered(*found->refresh);
+    if (found->refresh) refresh_select(*found->refresh);
     // The base's other copies see the write (a re-laid view of it, another select's overlapping copy).
     if (found->base_key) refresh_copies_of(found->base_key, key);
   }
