@@ -65,6 +65,7 @@ LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_model
                     "torchaudio": "torchaudio", "vit_pytorch": "vit_pytorch",
                     "denoising_diffusion_pytorch": "denoising_diffusion_pytorch",
                     "dynamic_network_architectures": "dynamic_network_architectures", "torchdiffeq": "torchdiffeq",
+                    "aurora": "aurora",
                     "torch": "torch"}
 
 
@@ -1134,7 +1135,8 @@ def _enable_checkpointing(model: torch.nn.Module) -> bool:
     False when none has."""
     for mod in model.modules():
         for switch, args in (("set_grad_checkpointing", (True,)), ("enable_gradient_checkpointing", ()),
-                             ("gradient_checkpointing_enable", ())):
+                             ("gradient_checkpointing_enable", ()),
+                             ("configure_activation_checkpointing", ())):  # Aurora's (torch's checkpoint_wrapper)
             fn = getattr(mod, switch, None)
             if callable(fn):
                 try:
@@ -1199,7 +1201,7 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             return res
         # SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING=1: the library's own activation checkpointing switched on in both
         # (timm's set_grad_checkpointing, diffusers' enable_gradient_checkpointing, transformers'
-        # gradient_checkpointing_enable): the training step recomputes the blocks in the backward. A model without
+        # gradient_checkpointing_enable, Aurora's configure_activation_checkpointing): the training step recomputes the blocks in the backward. A model without
         # such a switch is an `n/a` row.
         if os.environ.get("SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING") == "1":
             if not (_enable_checkpointing(model) and _enable_checkpointing(ref)):
@@ -1433,7 +1435,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to twentieth sets of models (registered on import; they import this module's registry).
+# The second to twenty-first sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1453,6 +1455,7 @@ from benchmarks.zoo import zoo_models_seventeenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_eighteenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_nineteenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentieth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_twentyfirst  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

@@ -297,11 +297,14 @@ at::Tensor sdpa_core(const at::Tensor& query, const at::Tensor& key, const at::T
         xk[nd - 2] = kv_extents(m, nd - 2);
       }
     } else {
-      // q replicated here: follow k/v's shard (q is sliced locally; the output is gathered back at the end).
+      // q replicated here: follow k/v's shard (q is sliced locally). A leading (batch or heads) dim keeps the shard
+      // in the output, as a broadcast elementwise op would (its rows depend on their own q, k, v rows only; the
+      // Perceiver of Aurora attends from learned latents, a replicated q, to a batch of sharded tokens); a sequence
+      // shard is gathered back at the end (every query attends to every key).
       const Placement& b = pk[m].is_shard() ? pk[m] : pv[m];
       if (!b.is_shard()) continue;
       const auto d = b.dim;
-      q_changed = true;
+      if (d == nd - 2) q_changed = true;
       tk[m] = Placement::shard(d);
       xk[d] = kv_extents(m, d);
       tq[m] = Placement::shard(d);
@@ -333,10 +336,15 @@ at::Tensor sdpa_core(const at::Tensor& query, const at::Tensor& key, const at::T
   else
     out = attention::ring_attention(qc, kc, vc, attn_mask, sc, is_causal, gqa);
   if (q_changed) {
-    // Back to q's own layout (after Partial resolution).
-    const auto& qspec = *shard_impl(q)->spec();
-    out = to_layout(out, qspec.placements, qspec.dim_extents());
-    if (lse) *lse = to_layout(*lse, qspec.placements, qspec.dim_extents());
+    // The sequence back to q's own layout (after Partial resolution); leading dims keep their shards.
+    Placements po = tq;
+    DimExtents xo;
+    for (int64_t m = 0; m < nm; ++m)
+      if (po[m].is_shard(nd - 2) && !pq[m].is_shard(nd - 2)) po[m] = pq[m];
+    for (const auto& p : po)
+      if (p.is_shard()) xo[p.dim] = p.dim == nd - 2 ? eq.at(nd - 2) : xq.at(p.dim);
+    out = to_layout(out, po, xo);
+    if (lse) *lse = to_layout(*lse, po, xo);
   }
   return out;
 }

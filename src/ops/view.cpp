@@ -668,6 +668,21 @@ at::Tensor cat_rule(at::TensorList list, int64_t dim_arg) {
   auto ext = ref->spec()->dim_extents();
   const auto m = ref->spec()->mesh_dim_of(dim);
   auto skipped = [&](const at::Tensor& t) { return t.dim() == 1 && t.size(0) == 0 && ndim != 1; };  // legacy empty
+  // A mesh dim the reference leaves replicated but another input splits along a dim other than the cat dim (the two
+  // grids of a meshgrid, latitudes split on one mesh dim and longitudes on the other, stacked: Aurora's position
+  // encoding): the result takes that split too, so the inputs replicated there are sliced locally instead of the
+  // split one being gathered. Decided from the specs alone (the same on every rank).
+  for (size_t mm = 0; mm < placements.size(); ++mm) {
+    if (!placements[mm].is_replicate()) continue;
+    for (const auto& t : list) {
+      if (skipped(t) || !is_shard_tensor(t) || t.dim() != ndim) continue;
+      const auto& p = spec_of(t).placements[mm];
+      if (!p.is_shard() || p.dim == dim || ext.count(p.dim)) continue;
+      placements[mm] = p;
+      ext[p.dim] = spec_of(t).dim_extents().at(p.dim);
+      break;
+    }
+  }
   bool whole_joiners = m >= 0;
   for (int64_t i = 0; i < static_cast<int64_t>(list.size()) && whole_joiners; ++i)
     if (i != ref_index && !skipped(list[i]) && is_shard_tensor(list[i]) &&

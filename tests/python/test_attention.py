@@ -118,6 +118,20 @@ def case_replicated_sides():
     # Batch-sharded (no sequence sharding): local.
     bat = ([st.Shard(0)], None)
     check_op(sdpa(is_causal=True), [q, k, v], [bat, bat, bat], m, **TOL, what="batch sharded")
+    # q replicated or plain (learned latents, a Perceiver), k/v split along the batch or the heads: every output row
+    # needs its own q, k, v rows only, so the output keeps k/v's split as a broadcast elementwise op does -- no
+    # gather (Aurora's level aggregation gathered its tokens here).
+    qb, kb, vb = randn(5, 3, 4, 8, seed=23), randn(5, 3, 6, 8, seed=24), randn(5, 3, 6, 8, seed=25)
+    for d in (0, 1):
+        lay = ([st.Shard(d)], None)
+        for q_lay, name in ((rep, "replicated"), (None, "plain")):
+            check_op(sdpa(), [qb, kb, vb], [q_lay, lay, lay], m, **TOL, what=f"q {name}, k/v Shard({d})",
+                     expect_placements=[st.Shard(d)])
+            qs = qb if q_lay is None else st.distribute_tensor(qb, m, q_lay[0])
+            ks, vs = (st.distribute_tensor(t, m, lay[0]) for t in (kb, vb))
+            with st.CommCounter() as cc:
+                F.scaled_dot_product_attention(qs, ks, vs)
+            assert not cc.calls and not cc.replications, f"q {name}, k/v Shard({d}): {cc.calls}"
     # k sharded, v replicated: v is brought to k's layout.
     check_op(sdpa(), [q, k, v], [lq, lkv, rep], m, **TOL, what="k sharded v replicated")
     return True

@@ -204,6 +204,18 @@ def case_cat_joins_2d():
     lay = ([st.Shard(1), st.Shard(0)], {0: [4, 2], 1: [1, 2]})
     check_op(lambda t, c: torch.cat([c.expand(3, -1, -1), t], 1), [x, cls], [lay, None], m, what="cat 2-D",
              expect_placements=[st.Shard(1), st.Shard(0)])
+    # Inputs split on different mesh dims along different dims (a meshgrid of latitudes split on mesh dim 0 and
+    # longitudes on mesh dim 1, stacked): the result takes both splits, every input sliced locally -- no gather.
+    lat, lon = randn(5, seed=7), randn(6, seed=8)
+    lays = [([st.Shard(0), st.Replicate()], {0: [4, 1]}), ([st.Replicate(), st.Shard(0)], {1: [2, 4]})]
+    grid = lambda a, b: torch.stack(torch.meshgrid(a, b, indexing="xy"), 0)  # noqa: E731
+    check_op(grid, [lat, lon], lays, m, what="stacked meshgrid 2-D",
+             expect_placements=[st.Shard(2), st.Shard(1)])
+    a, b = (st.distribute_tensor(t, m, pl, sharding_shapes=e) for t, (pl, e) in zip((lat, lon), lays))
+    with st.CommCounter() as c:
+        out = grid(a, b)
+    assert not c.calls, c.calls
+    assert st.sharding_shapes(out) == {0: [4, 1], 1: [2, 4]}, st.sharding_shapes(out)
     return True
 
 

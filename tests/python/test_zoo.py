@@ -84,6 +84,7 @@ ZOO = [
     ("ddpm/GaussianDiffusion", 2, None, None),  # a diffusion U-Net's training loss: linear and full attention
     ("nnunet/PlainConvUNet3d_deep_supervision", 2, None, None),  # nnU-Net: instance norm, outputs at every scale
     ("torchdiffeq/dopri5_adjoint", 2, None, None),  # neural ODE: adaptive steps agreed by norms, the adjoint backward
+    ("aurora/Aurora_rollout", 4, (2, 2), None),  # weather: Perceiver from learned latents, 3-D Swin, a 2-step roll-out
 ]
 XFAIL = {}
 
