@@ -65,7 +65,7 @@ LIBRARY_PACKAGES = {"timm": "timm", "monai": "monai", "smp": "segmentation_model
                     "torchaudio": "torchaudio", "vit_pytorch": "vit_pytorch",
                     "denoising_diffusion_pytorch": "denoising_diffusion_pytorch",
                     "dynamic_network_architectures": "dynamic_network_architectures", "torchdiffeq": "torchdiffeq",
-                    "aurora": "aurora",
+                    "aurora": "aurora", "the_well": "the_well",
                     "torch": "torch"}
 
 
@@ -1435,7 +1435,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to twenty-first sets of models (registered on import; they import this module's registry).
+# The second to twenty-second sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1456,6 +1456,7 @@ from benchmarks.zoo import zoo_models_eighteenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_nineteenth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentieth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentyfirst  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_twentysecond  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.

@@ -6,6 +6,7 @@
 // whole, the values come from the whole source, and nothing is sent. Index and mask tensors that are sharded are
 // gathered (integers and bools: what the single-device op reads too); a plain written tensor takes the full
 // values. A Partial written tensor raises (a pending sum cannot take a write).
+#include "comm/halo.h"
 #include "comm/redistribute.h"
 #include "ops/common.h"
 #include "ops/concrete_ints.h"
@@ -53,23 +54,72 @@ at::Tensor fresh_copy(const at::Tensor& self, const at::Tensor& a, const at::Ten
   return dispatch::as_shard(self.clone(), shard_impl(shard_impl(a) ? a : b)->spec()->mesh);
 }
 
+// The source elements at this rank's positions (`take`, in its block's row-major order) routed from their owners,
+// when the source is split along its leading dim by one mesh dim m and nothing else (a masked_select result kept
+// split -- a field split on its batch, the selection each rank's block -- whose gradient masked_select's backward
+// scatters back into zeros laid out like the field): every rank of an m group receives only the elements its block
+// takes (one neighbour exchange; none leaves a rank whose block takes its own rows), not the whole source. The
+// requests of every coordinate along m come from the whole mask and the specs, so every rank builds the same plan.
+// nullopt for other layouts (the whole source is read).
+std::optional<at::Tensor> routed_source(const at::Tensor& self, const at::Tensor& source, const at::Tensor& full_mask,
+                                        const at::Tensor& pos) {
+  auto* si = shard_impl(source);
+  if (!si || source.dim() == 0) return std::nullopt;
+  const auto& ss = *si->spec();
+  const auto& spec = *shard_impl(self)->spec();
+  if (ss.has_partial() || ss.mesh->ndim() != spec.mesh->ndim()) return std::nullopt;
+  int64_t m = -1;
+  for (size_t k = 0; k < ss.placements.size(); ++k) {
+    if (!ss.placements[k].is_shard()) continue;
+    if (m >= 0 || !ss.placements[k].is_shard(0)) return std::nullopt;
+    m = static_cast<int64_t>(k);
+  }
+  if (m < 0) return std::nullopt;
+  const auto& mesh = *spec.mesh;
+  const auto n = mesh.size(m);
+  const int64_t inner = source.size(0) == 0 ? 0 : source.numel() / source.size(0);
+  std::vector<int64_t> flat_extents(ss.extents[m].begin(), ss.extents[m].end());
+  for (auto& e : flat_extents) e *= inner;
+  comm::RowRequests want(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    // The block of the rank at coordinate c along m (this rank's coordinates on the other mesh dims).
+    auto block_mask = full_mask;
+    auto block_pos = pos;
+    for (size_t k = 0; k < spec.placements.size(); ++k) {
+      if (!spec.placements[k].is_shard()) continue;
+      const auto mk = static_cast<int64_t>(k);
+      const auto coord = mk == m ? c : mesh.coordinate(mk);
+      const auto d = spec.placements[k].dim;
+      const auto begin = spec.offset_of(mk, coord), extent = spec.extents[k][coord];
+      block_mask = block_mask.narrow(d, begin, extent);
+      block_pos = block_pos.narrow(d, begin, extent);
+    }
+    auto taken = block_pos.masked_select(block_mask).contiguous();
+    want[c].assign(taken.data_ptr<int64_t>(), taken.data_ptr<int64_t>() + taken.numel());
+  }
+  return comm::gather_rows(si->local().reshape({-1}), 0, flat_extents, want, mesh, m);
+}
+
 // masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 at::Tensor& masked_scatter_rule(at::Tensor& self, const at::Tensor& mask_in, const at::Tensor& source_in) {
   auto mask = whole(mask_in);
-  auto source = whole(source_in);
   TORCH_CHECK_VALUE(mask.scalar_type() == at::kBool, "masked_scatter_ only supports boolean masks, but got mask "
                     "with dtype ", mask.scalar_type());
-  if (!shard_impl(self)) return self.masked_scatter_(mask, source);
+  if (!shard_impl(self)) return self.masked_scatter_(mask, whole(source_in));
   auto b = block_of(self, "masked_scatter_");
   auto full_mask = mask.expand(self.sizes());
   // The index into source of every selected element: the running count of the mask in row-major order.
   auto pos = full_mask.reshape({-1}).cumsum(0, at::kLong).sub_(1).view(self.sizes());
   const auto selected = self.numel() == 0 ? 0 : pos.reshape({-1})[-1].item<int64_t>() + 1;
-  TORCH_CHECK_VALUE(source.numel() >= selected, "masked_scatter_: expected source to have at least ", selected,
-                    " elements (the number of true mask entries), but got ", source.numel());
+  TORCH_CHECK_VALUE(source_in.numel() >= selected, "masked_scatter_: expected source to have at least ", selected,
+                    " elements (the number of true mask entries), but got ", source_in.numel());
   auto local_mask = narrow_to(full_mask, b);
+  if (auto routed = routed_source(self, source_in, full_mask, pos)) {
+    b.local.masked_scatter_(local_mask, *routed);
+    return self;
+  }
   auto take = narrow_to(pos, b).masked_select(local_mask);
-  b.local.masked_scatter_(local_mask, source.reshape({-1}).index_select(0, take));
+  b.local.masked_scatter_(local_mask, whole(source_in).reshape({-1}).index_select(0, take));
   return self;
 }
 

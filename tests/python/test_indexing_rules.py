@@ -459,6 +459,30 @@ def case_masked_select(seed):
         row = x[:1]
         check_op(lambda t: torch.masked_select(t, t < 0), [row], [_lay(row.shape, 1, w, seed)], m,
                  what="masked_select, [1, N] split on N")
+        # A field split on its batch under a plain mask broadcast over it (the selected spectral modes of The Well's
+        # ReFNO, real and complex): the selection stays split, and its gradient -- masked_select's backward, a
+        # masked_scatter_ of the split gradient into zeros laid out like the field -- reaches every rank's block
+        # from the ranks that hold it (one neighbour exchange), no rank gathering the whole selection.
+        for dt in (torch.float64, torch.complex128):
+            f = randn(w + 2, 5, 3, seed=seed + 1).to(dt)
+            fmask = torch.tensor([True, False, True, True, False]).view(1, 5, 1)
+            flay = _lay(f.shape, 0, w, seed)
+            check_op(lambda t: torch.masked_select(t, fmask), [f], [flay], m, what=f"masked_select {dt}, batch split")
+            fs = st.distribute_tensor(f, m, *flay).requires_grad_()
+            sel = torch.masked_select(fs, fmask)
+            if w > 1:
+                assert st.placements(sel) == (st.Shard(0),), st.placements(sel)
+            with st.CommCounter() as c:
+                (grad,) = torch.autograd.grad(sel, fs, sel.detach() * 2)
+            assert "all_gather" not in c.calls and not c.replications, (dict(c.calls), c.replications)
+            close(full(grad), torch.where(fmask, f * 2, torch.zeros_like(f)), what=f"masked_select {dt} grad")
+        # masked_scatter_ of a split source whose shards are not the blocks' selections (the default split of the
+        # source): each rank still receives exactly the elements its block takes.
+        dst = st.distribute_tensor(torch.zeros(w + 2, 5, 3, dtype=torch.float64), m, *flay)
+        src = randn(48, seed=seed + 3, dtype=torch.float64)
+        dst.masked_scatter_(fmask, st.distribute_tensor(src, m, [st.Shard(0)]))
+        want = torch.zeros(w + 2, 5, 3, dtype=torch.float64).masked_scatter_(fmask, src)
+        close(full(dst), want, what="masked_scatter_, split source")
     return True
 
 

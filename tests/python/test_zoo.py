@@ -85,6 +85,7 @@ ZOO = [
     ("nnunet/PlainConvUNet3d_deep_supervision", 2, None, None),  # nnU-Net: instance norm, outputs at every scale
     ("torchdiffeq/dopri5_adjoint", 2, None, None),  # neural ODE: adaptive steps agreed by norms, the adjoint backward
     ("aurora/Aurora_rollout", 4, (2, 2), None),  # weather: Perceiver from learned latents, 3-D Swin, a 2-step roll-out
+    ("the_well/ReFNO2d", 3, None, None),  # spectral modes chosen by a mask (masked_select kept split, routed backward)
 ]
 XFAIL = {}
 
