@@ -324,8 +324,8 @@ at::Tensor target_of_write(const at::Tensor& written, bool in_place, const MeshP
 
 // scatter / scatter_add / scatter_reduce along a sharded dim (a graph's edge messages summed into the nodes a rank
 // owns; a write addressed by global rows): each source element goes to the rank owning its target row. The index
-// (and the source, cut to the index's shape) keep a shard of `dim` on its mesh dim when they have one, else are read
-// whole; on every other dim they are aligned to self's layout (same size along its sharded dims, as along
+// (and the source, cut to the index's shape) keep a shard of `dim` on its mesh dim when they have one (the index's,
+// or the source's with the index cut to it), else are read whole; on every other dim they are aligned to self's layout (same size along its sharded dims, as along
 // unsharded dims). Whole, every rank takes the elements that land in its block (nothing travels); sharded, every
 // rank sends each element to its target's owner (the pair counts in one small all-gather, the values and the flat
 // target positions in one all-to-all each: ops/element_routing.h). Each rank then runs the op on its flattened block
@@ -356,9 +356,20 @@ void scatter_sharded_dim(const c10::OperatorHandle& op, torch::jit::Stack* stack
   DimExtents ext = spec.dim_extents();
   ext.erase(dim);
   const auto* iimpl = shard_impl(index);
-  const bool routed = iimpl && iimpl->spec()->placements[m].is_shard(dim);
-  if (routed) ext[dim] = iimpl->spec()->extents[m];
-  else target[m] = Placement::replicate();
+  const auto* simpl = has_src ? shard_impl(src) : nullptr;
+  bool routed = iimpl && iimpl->spec()->placements[m].is_shard(dim);
+  if (routed) {
+    ext[dim] = iimpl->spec()->extents[m];
+  } else if (simpl && simpl->spec()->placements[m].is_shard(dim)) {
+    // A whole index with a source split along `dim` (PyTorch Geometric's messages, one per edge and split with the
+    // edges, summed into the nodes by `scatter_add_(0, edge_index[1] broadcast, messages)`): the index is cut to the
+    // source's split (a local slice) and the elements routed to their rows' owners, instead of the source gathered
+    // to every rank.
+    routed = true;
+    ext[dim] = simpl->spec()->extents[m];
+  } else {
+    target[m] = Placement::replicate();
+  }
   auto idx = local_as(dispatch::as_shard(index, mesh), mesh, target, ext).to(at::kLong);
   at::Tensor vals;
   if (has_src) vals = local_in(src, mesh, target, ext);

@@ -105,8 +105,9 @@ def case_scatter_sharded_dim(seed, tiny):
     """scatter / scatter_add / scatter_reduce along the sharded dim: a whole index gives each rank the elements that
     land in its rows (no collective); an index sharded on that dim (a graph's edges split across ranks, their
     messages summed into the nodes a rank owns) sends each element to its target's owner: one small all-gather of
-    counts and one all-to-all each for values and positions; index and source smaller than the input, scalars,
-    every reduction, forward and gradients."""
+    counts and one all-to-all each for values and positions -- so does a whole index with a sharded source (the
+    index cut to the source's split); index and source smaller than the input, scalars, every reduction, forward
+    and gradients."""
     m = mesh()
     w = m.size()
     nodes, edges, F_ = 7, 12, 3
@@ -146,6 +147,14 @@ def case_scatter_sharded_dim(seed, tiny):
         xs.scatter_add(0, index_s, msg_s)
         calls = st.comm_stats()["calls"]
         assert calls == ({"all_gather": 1, "all_to_all": 2} if w > 1 else {}), calls
+        # A whole index with a source split along the dim (PyTorch Geometric's `scatter`: the edge messages split
+        # with the edges, `edge_index[1]` read whole by every rank): the index is cut to the source's split and the
+        # elements routed like a split index's -- the source is not gathered to every rank.
+        for reduce in ("sum", "amax"):
+            st.reset_comm_stats()
+            xs.scatter_reduce(0, index, msg_s, reduce, include_self=False)
+            calls = st.comm_stats()["calls"]
+            assert calls == ({"all_gather": 1, "all_to_all": 2} if w > 1 else {}), (reduce, calls)
     return True
 
 

@@ -86,6 +86,7 @@ ZOO = [
     ("torchdiffeq/dopri5_adjoint", 2, None, None),  # neural ODE: adaptive steps agreed by norms, the adjoint backward
     ("aurora/Aurora_rollout", 4, (2, 2), None),  # weather: Perceiver from learned latents, 3-D Swin, a 2-step roll-out
     ("the_well/ReFNO2d", 3, None, None),  # spectral modes chosen by a mask (masked_select kept split, routed backward)
+    ("pyg/GAT_knn", 3, None, None),           # PyG: split nodes, whole edge_index, messages scattered to their owners
 ]
 XFAIL = {}
 
