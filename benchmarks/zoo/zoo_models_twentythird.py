@@ -8,8 +8,14 @@ range of nodes is a band of the mesh, most edges stay on their rank, a halo of n
 neighbours of 150 random points in the unit cube (a point cloud's k-NN graph, whose edges cross ranks freely).
 PyG's own model classes, unmodified: GCN (symmetric degree normalisation with self-loops), GAT and GATv2 (attention
 soft-maxed over each node's incoming edges), GraphSAGE, GIN, EdgeCNN (dynamic-free EdgeConv on the given graph), PNA
-(mean / min / max / std aggregators with degree scalers) and a graph transformer layer (TransformerConv). Registered
-like zoo_models.py's (zoo_models.py imports this module at its end)."""
+(mean / min / max / std aggregators with degree scalers) and a graph transformer layer (TransformerConv); and on the
+grid, graph-level readouts of three graphs in one batch (`global_add_pool` / `global_mean_pool` / `global_max_pool`
+over a whole `batch` vector: scatters of split nodes into a few rows), edge features (GINEConv, GENConv's soft-max
+aggregation with a learned temperature: `edge_attr` whole, one row per edge), GPS (a GIN layer beside multi-head
+attention over each graph's nodes, `to_dense_batch`) and AttentiveFP (GRU updates, graph attention, a readout
+GRU), and GraphUNet (top-k node pooling and unpooling, its adjacency squared as a sparse matrix built from edge
+weights `x.new_ones(E)`: sparse tensors hold whole values). Registered like zoo_models.py's (zoo_models.py imports
+this module at its end)."""
 import torch
 
 from benchmarks.zoo.zoo_models import model
@@ -73,3 +79,83 @@ def _register(graph, nodes, edges):
 
 _register("grid", 120, _grid_edges)
 _register("knn", 150, _knn_edges)
+
+
+# Graph-level readouts, edge features and models with a per-graph batch vector (the grid graph, three graphs of 40
+# nodes each in one batch: contiguous node ranges, as PyG's DataLoader batches them).
+
+def _batch(n=120, graphs=3):
+    return torch.arange(n) * graphs // n
+
+
+def _edge_features():
+    g = torch.Generator().manual_seed(3)
+    edges = _grid_edges()
+    return {"edge_index": edges, "edge_attr": torch.randn(edges.shape[1], 4, generator=g, dtype=torch.float64)}
+
+
+class _Readout(torch.nn.Module):
+    """A node model, then one of PyG's global poolings over the batch vector: one row per graph."""
+
+    def __init__(self, nodes, pool):
+        super().__init__()
+        self.nodes, self.pool = nodes, pool
+
+    def forward(self, x, edge_index, batch):
+        import torch_geometric.nn as gnn
+        return getattr(gnn, self.pool)(self.nodes(x, edge_index), batch)
+
+
+class _EdgeConv(torch.nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv(x, edge_index, edge_attr)
+
+
+class _GPS(torch.nn.Module):
+    """A linear lift, then one GPS layer: a GIN convolution beside multi-head attention within each graph."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import GINConv, GPSConv
+        self.lift = torch.nn.Linear(_F, 16)
+        mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+        self.gps = GPSConv(16, GINConv(mlp), heads=2, norm=None)
+
+    def forward(self, x, edge_index, batch):
+        return self.gps(self.lift(x), edge_index, batch)
+
+
+def _mlp(i, o):
+    return torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))
+
+
+def _register_graph_level():
+    def reg(name, build, extra, note, spatial_out=True):
+        model("torch_geometric", f"pyg/{name}", (120, _F), shard_dims=(0,), spatial=(0,), extra=extra, note=note,
+              spatial_out=spatial_out)(build)
+
+    with_batch = lambda: {"edge_index": _grid_edges(), "batch": _batch()}  # noqa: E731
+    reg("GIN_add_pool", lambda: _Readout(_models().GIN(_F, 16, 2, 4), "global_add_pool"), with_batch,
+        "sum readout per graph", spatial_out=False)
+    reg("GCN_mean_pool", lambda: _Readout(_models().GCN(_F, 16, 2, 4), "global_mean_pool"), with_batch,
+        "mean readout per graph", spatial_out=False)
+    reg("GAT_max_pool", lambda: _Readout(_models().GAT(_F, 16, 2, 4), "global_max_pool"), with_batch,
+        "max readout per graph", spatial_out=False)
+    reg("GINEConv", lambda: _EdgeConv(__import__("torch_geometric.nn", fromlist=["GINEConv"]).GINEConv(
+        _mlp(_F, 16), edge_dim=4)), _edge_features, "edge features added to the messages")
+    reg("GENConv", lambda: _EdgeConv(__import__("torch_geometric.nn", fromlist=["GENConv"]).GENConv(
+        _F, 16, aggr="softmax", t=1.0, learn_t=True, edge_dim=4)), _edge_features,
+        "soft-max aggregation with a learned temperature, edge features")
+    reg("GPSConv", _GPS, with_batch, "GIN beside multi-head attention within each graph (to_dense_batch)")
+    reg("AttentiveFP", lambda: _models().AttentiveFP(_F, 16, 4, edge_dim=4, num_layers=2, num_timesteps=2),
+        lambda: {**_edge_features(), "batch": _batch()}, "graph attention, GRU updates, a readout per graph",
+        spatial_out=False)
+    reg("GraphUNet", lambda: _models().GraphUNet(_F, 16, 4, depth=2, pool_ratios=0.5),
+        lambda: {"edge_index": _grid_edges()}, "top-k pooling and unpooling, a sparse adjacency squared")
+
+
+_register_graph_level()

@@ -312,3 +312,32 @@ def case_new_kernel_on_2d_mesh(seed):
 
 def test_new_kernel_on_2d_mesh():
     harness.run(4, case_new_kernel_on_2d_mesh, 0)
+
+
+def case_sparse_of_shard_tensors():
+    """A sparse tensor built of ShardTensor indices or values (PyG's GraphUNet: an adjacency whose edge weights are
+    `x.new_ones(E)`, a replicated ShardTensor; split values too) holds their whole values and is a plain sparse
+    tensor: its kernels run as on one device, and gradients reach the split values (the ShardTensor used to be stored
+    inside the sparse tensor, and the first kernel failed with "Cannot access data pointer")."""
+    m = mesh()
+    w = m.size()
+    idx = torch.tensor([[0, 1, 1, 2, 3], [1, 0, 2, 3, 3]])
+    vals = randn(5, seed=3, dtype=torch.float64)
+    x = st.distribute_tensor(randn(8, 2, seed=4), m, [st.Shard(0)])
+    for name, v in (("replicated", x.new_ones(5, dtype=torch.float64) * vals),
+                    ("split", st.distribute_tensor(vals, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(5, w, 1)}))):
+        v = v.detach().requires_grad_()
+        coo = torch.sparse_coo_tensor(idx, v, (4, 4))
+        csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 3, 4, 5]), idx[1], v, size=(4, 4))
+        assert not st.is_shard_tensor(coo) and not st.is_shard_tensor(csr), name
+        dense = torch.sparse_coo_tensor(idx, vals, (4, 4)).to_dense()
+        close((coo @ coo).to_dense(), dense @ dense, what=f"coo product, {name} values")
+        close((csr @ csr).to_dense(), dense @ dense, what=f"csr product, {name} values")
+        (coo.to_dense() * torch.arange(16.0, dtype=torch.float64).view(4, 4)).sum().backward()
+        close(full(v.grad), torch.tensor([1.0, 4.0, 6.0, 11.0, 15.0], dtype=torch.float64), what=f"{name} grad")
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sparse_of_shard_tensors(world):
+    harness.run(world, case_sparse_of_shard_tensors)
