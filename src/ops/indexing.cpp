@@ -325,8 +325,8 @@ at::Tensor target_of_write(const at::Tensor& written, bool in_place, const MeshP
 // scatter / scatter_add / scatter_reduce along a sharded dim (a graph's edge messages summed into the nodes a rank
 // owns; a write addressed by global rows): each source element goes to the rank owning its target row. The index
 // (and the source, cut to the index's shape) keep a shard of `dim` on its mesh dim when they have one (the index's,
-// or the source's with the index cut to it), else are read whole; on every other dim they are aligned to self's layout (same size along its sharded dims, as along
-// unsharded dims). Whole, every rank takes the elements that land in its block (nothing travels); sharded, every
+// or the source's with the index cut to it), else are read whole; on every other dim they are aligned to self's
+// layout (same size along its sharded dims, as along unsharded dims). Whole, every rank takes the elements that land in its block (nothing travels); sharded, every
 // rank sends each element to its target's owner (the pair counts in one small all-gather, the values and the flat
 // target positions in one all-to-all each: ops/element_routing.h). Each rank then runs the op on its flattened block
 // with the flat positions, so every reduction (the mean's count, include_self) is the op's own, in one call.

@@ -67,7 +67,7 @@ std::optional<at::Tensor> routed_source(const at::Tensor& self, const at::Tensor
   if (!si || source.dim() == 0) return std::nullopt;
   const auto& ss = *si->spec();
   const auto& spec = *shard_impl(self)->spec();
-  if (ss.has_partial() || ss.mesh->ndim() != spec.mesh->ndim()) return std::nullopt;
+  if (ss.has_partial() || !ss.mesh->same_as(*spec.mesh)) return std::nullopt;
   int64_t m = -1;
   for (size_t k = 0; k < ss.placements.size(); ++k) {
     if (!ss.placements[k].is_shard()) continue;
