@@ -1436,7 +1436,7 @@ def _mesh(shape):
     return _meshes[key]
 
 
-# The second to twenty-third sets of models (registered on import; they import this module's registry).
+# The second to twenty-fourth sets of models (registered on import; they import this module's registry).
 from benchmarks.zoo import zoo_models_more  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_third  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_fourth  # noqa: E402,F401
@@ -1459,6 +1459,7 @@ from benchmarks.zoo import zoo_models_twentieth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentyfirst  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentysecond  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentythird  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_twentyfourth  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.
