@@ -4,9 +4,10 @@ split time, gated attention and channel mixing), PatchTST pre-training (random p
 generator, reseeded alike), the vanilla Time Series Transformer (lagged inputs gathered by index from the split
 context, time features, a mean scaler) and Autoformer (series decomposition by a moving average with replicate
 padding, auto-correlation by FFT along the split time and its top-k delays rolled in; float32: the model builds
-float32 tensors itself). Informer is not registered: on 2 and 3 ranks it differs from one process by 1e-9 relative
-in float64 (its ProbSparse attention; not explained yet). Registered like zoo_models.py's (zoo_models.py imports this
-module at its end)."""
+float32 tensors itself) and Informer (ProbSparse attention: keys sampled by `torch.randint` from the global generator,
+reseeded alike, the top-u queries by an unsorted top-k; float32: its masked decoder attention starts from a float32
+`cumsum` along time, whose split scan rounds differently from one device's sequential one -- 1e-9 relative in a
+float64 run, float32 noise). Registered like zoo_models.py's (zoo_models.py imports this module at its end)."""
 import torch
 
 from benchmarks.zoo.zoo_models import model
@@ -59,6 +60,12 @@ def _time_series_transformer():
         transformers.TimeSeriesTransformerConfig(**_forecaster_config()))
 
 
+def _informer():
+    import transformers
+    return transformers.InformerForPrediction(
+        transformers.InformerConfig(**_forecaster_config(attention_type="prob", sampling_factor=2, distil=False)))
+
+
 def _autoformer():
     import transformers
     return transformers.AutoformerForPrediction(
@@ -77,3 +84,6 @@ _series("time_series_transformer", (2, 27), _time_series_transformer,
 _series("autoformer", (2, 27), _autoformer,
         "series decomposition (moving average), auto-correlation by FFT along the split time, top-k delays rolled",
         extra=_forecaster_inputs(), dtype="float32")
+_series("informer", (2, 27), _informer,
+        "ProbSparse attention: sampled keys, top-u queries, a float32 cumsum along the split time",
+        extra=_forecaster_inputs(), dtype="float32", reseed=True)
