@@ -550,6 +550,19 @@ at::Tensor renorm_rule(const at::Tensor& self, const at::Scalar& p, int64_t dim,
   return at::mul(self, factor.to(c10::toRealValueType(self.scalar_type())));
 }
 
+// _is_all_true / _is_any_true (torch's boolean checks, `if not torch._is_all_true(valid)`: transformers' time-series
+// models check their lag indices with it): all / any of a bool tensor, a 0-dim result complete on every rank (the
+// reduction rule above). Non-bool input raises as torch's does (a RuntimeError).
+at::Tensor is_all_true_rule(const at::Tensor& self) {
+  TORCH_CHECK(self.scalar_type() == at::kBool, "_is_all_true: expected a bool tensor, got ", self.scalar_type());
+  return at::all(self);
+}
+
+at::Tensor is_any_true_rule(const at::Tensor& self) {
+  TORCH_CHECK(self.scalar_type() == at::kBool, "_is_any_true: expected a bool tensor, got ", self.scalar_type());
+  return at::any(self);
+}
+
 } // namespace
 
 SHARDTENSOR_RULE_FAMILY(reduction) {
@@ -569,6 +582,8 @@ SHARDTENSOR_RULE_FAMILY(reduction) {
   set_handler("aten::any", decomposable<Kind::Any>);
   set_handler("aten::any.dim", decomposable<Kind::Any>);
   set_handler("aten::any.dims", decomposable<Kind::Any>);
+  set_handler("aten::_is_all_true", typed_handler(&is_all_true_rule));
+  set_handler("aten::_is_any_true", typed_handler(&is_any_true_rule));
   set_handler("aten::nansum", decomposable<Kind::NanSum>);
   set_handler("aten::count_nonzero", decomposable<Kind::CountNonzero>);
   set_handler("aten::count_nonzero.dim_IntList", decomposable<Kind::CountNonzero>);

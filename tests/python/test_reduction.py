@@ -54,7 +54,12 @@ def case_reductions(dim_sharded, seed):
                                     ("aminmax", lambda t: torch.aminmax(t), x, False),
                                     ("aminmax dim keepdim", lambda t: torch.aminmax(t, dim=dim_sharded, keepdim=True),
                                      x, False),
-                                    ("aminmax other dim", lambda t: torch.aminmax(t, dim=2 - dim_sharded), x, False)]:
+                                    ("aminmax other dim", lambda t: torch.aminmax(t, dim=2 - dim_sharded), x, False),
+                                    # torch's boolean checks (transformers' time-series models check lag indices)
+                                    ("_is_all_true", lambda t: torch._is_all_true(t > -3), x, False),
+                                    ("_is_all_true false", lambda t: torch._is_all_true(t > 0), x, False),
+                                    ("_is_any_true", lambda t: torch._is_any_true(t > 1.5), x, False),
+                                    ("_is_any_true false", lambda t: torch._is_any_true(t > 99), x, False)]:
             check_op(fn, [inp], [lay], m, grad=grad, rtol=1e-5, atol=1e-5, what=name)
     return True
 
