@@ -87,6 +87,7 @@ ZOO = [
     ("aurora/Aurora_rollout", 4, (2, 2), None),  # weather: Perceiver from learned latents, 3-D Swin, a 2-step roll-out
     ("the_well/ReFNO2d", 3, None, None),  # spectral modes chosen by a mask (masked_select kept split, routed backward)
     ("pyg/GAT_knn", 3, None, None),           # PyG: split nodes, whole edge_index, messages scattered to their owners
+    ("transformers/autoformer", 3, None, None),  # auto-correlation by FFT along a split time, rolled top-k delays
 ]
 XFAIL = {}
 
