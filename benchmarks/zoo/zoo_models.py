@@ -1202,8 +1202,8 @@ def run_model(name: str, mesh_shape: Optional[Sequence[int]] = None, shard_dims:
             return res
         # SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING=1: the library's own activation checkpointing switched on in both
         # (timm's set_grad_checkpointing, diffusers' enable_gradient_checkpointing, transformers'
-        # gradient_checkpointing_enable, Aurora's configure_activation_checkpointing): the training step recomputes the blocks in the backward. A model without
-        # such a switch is an `n/a` row.
+        # gradient_checkpointing_enable, Aurora's configure_activation_checkpointing): the training step recomputes the
+        # blocks in the backward. A model without such a switch is an `n/a` row.
         if os.environ.get("SHARDTENSOR_ZOO_ACTIVATION_CHECKPOINTING") == "1":
             if not (_enable_checkpointing(model) and _enable_checkpointing(ref)):
                 res.update(result="n/a", detail="no activation checkpointing switch", seconds=0.0)

@@ -38,20 +38,30 @@ def _knn_edges(n=150, k=6):
     return torch.stack([nbr.reshape(-1), torch.arange(n).repeat_interleave(k)])  # source -> target
 
 
-class _Conv(torch.nn.Module):
-    """One PyG convolution layer as a model (a layer class has no models.* wrapper)."""
+class _Layer(torch.nn.Module):
+    """One PyG convolution layer as a model (a layer class has no models.* wrapper); the graph (`edge_index`, and
+    `edge_attr` where the layer takes edge features) comes as the zoo's keyword arguments."""
 
     def __init__(self, conv):
         super().__init__()
         self.conv = conv
 
-    def forward(self, x, edge_index):
-        return self.conv(x, edge_index)
+    def forward(self, x, **graph):
+        return self.conv(x, **graph)
 
 
 def _models():
     from torch_geometric.nn import models
     return models
+
+
+def _layers():
+    import torch_geometric.nn
+    return torch_geometric.nn
+
+
+def _mlp(i, o):
+    return torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))
 
 
 _BUILDERS = {
@@ -65,8 +75,7 @@ _BUILDERS = {
                                  scalers=["identity", "amplification", "attenuation"],
                                  deg=torch.tensor([0, 2, 4, 6, 4, 2])),
             "four aggregators, degree scalers"),
-    "TransformerConv": (lambda: _Conv(__import__("torch_geometric.nn", fromlist=["TransformerConv"])
-                                      .TransformerConv(_F, 8, heads=2)),
+    "TransformerConv": (lambda: _Layer(_layers().TransformerConv(_F, 8, heads=2)),
                         "graph transformer: scaled dot-product attention over incoming edges"),
 }
 
@@ -106,31 +115,16 @@ class _Readout(torch.nn.Module):
         return getattr(gnn, self.pool)(self.nodes(x, edge_index), batch)
 
 
-class _EdgeConv(torch.nn.Module):
-    def __init__(self, conv):
-        super().__init__()
-        self.conv = conv
-
-    def forward(self, x, edge_index, edge_attr):
-        return self.conv(x, edge_index, edge_attr)
-
-
 class _GPS(torch.nn.Module):
     """A linear lift, then one GPS layer: a GIN convolution beside multi-head attention within each graph."""
 
     def __init__(self):
         super().__init__()
-        from torch_geometric.nn import GINConv, GPSConv
         self.lift = torch.nn.Linear(_F, 16)
-        mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
-        self.gps = GPSConv(16, GINConv(mlp), heads=2, norm=None)
+        self.gps = _layers().GPSConv(16, _layers().GINConv(_mlp(16, 16)), heads=2, norm=None)
 
     def forward(self, x, edge_index, batch):
         return self.gps(self.lift(x), edge_index, batch)
-
-
-def _mlp(i, o):
-    return torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))
 
 
 def _register_graph_level():
@@ -145,11 +139,10 @@ def _register_graph_level():
         "mean readout per graph", spatial_out=False)
     reg("GAT_max_pool", lambda: _Readout(_models().GAT(_F, 16, 2, 4), "global_max_pool"), with_batch,
         "max readout per graph", spatial_out=False)
-    reg("GINEConv", lambda: _EdgeConv(__import__("torch_geometric.nn", fromlist=["GINEConv"]).GINEConv(
-        _mlp(_F, 16), edge_dim=4)), _edge_features, "edge features added to the messages")
-    reg("GENConv", lambda: _EdgeConv(__import__("torch_geometric.nn", fromlist=["GENConv"]).GENConv(
-        _F, 16, aggr="softmax", t=1.0, learn_t=True, edge_dim=4)), _edge_features,
-        "soft-max aggregation with a learned temperature, edge features")
+    reg("GINEConv", lambda: _Layer(_layers().GINEConv(_mlp(_F, 16), edge_dim=4)), _edge_features,
+        "edge features added to the messages")
+    reg("GENConv", lambda: _Layer(_layers().GENConv(_F, 16, aggr="softmax", t=1.0, learn_t=True, edge_dim=4)),
+        _edge_features, "soft-max aggregation with a learned temperature, edge features")
     reg("GPSConv", _GPS, with_batch, "GIN beside multi-head attention within each graph (to_dense_batch)")
     reg("AttentiveFP", lambda: _models().AttentiveFP(_F, 16, 4, edge_dim=4, num_layers=2, num_timesteps=2),
         lambda: {**_edge_features(), "batch": _batch()}, "graph attention, GRU updates, a readout per graph",

@@ -265,25 +265,23 @@ _SPARSE_CONSTRUCTORS = ("sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_te
                         "sparse_bsc_tensor", "sparse_compressed_tensor")
 
 
-def _whole_sparse_parts(name: str):
+def _whole_sparse_parts(original):
     """A sparse tensor of ShardTensor indices or values (PyG's GraphUNet builds its adjacency from edge weights made
     by ``x.new_ones(E)``, a ShardTensor like x) is built of their whole values (``full_tensor``: free for replicated
     ones, a gather for split ones; differentiable) and is a plain sparse tensor; before, the ShardTensor was stored
     inside the sparse tensor and its first kernel failed ("Cannot access data pointer of Tensor that doesn't have
     storage"). Plain arguments pass through untouched."""
-    def build(original):
-        @functools.wraps(original)
-        def construct(*args, **kwargs):
-            if any(_holds_shard_tensor(a) for a in args) or any(_holds_shard_tensor(v) for v in kwargs.values()):
-                from . import full_tensor
+    @functools.wraps(original)
+    def construct(*args, **kwargs):
+        if any(_holds_shard_tensor(a) for a in args) or any(_holds_shard_tensor(v) for v in kwargs.values()):
+            from . import full_tensor
 
-                def whole(v):
-                    return full_tensor(v) if _holds_shard_tensor(v) and isinstance(v, torch.Tensor) else v
-                args = tuple(whole(a) for a in args)
-                kwargs = {k: whole(v) for k, v in kwargs.items()}
-            return original(*args, **kwargs)
-        return construct
-    return build
+            def whole(v):
+                return full_tensor(v) if isinstance(v, torch.Tensor) and _holds_shard_tensor(v) else v
+            args = tuple(whole(a) for a in args)
+            kwargs = {k: whole(v) for k, v in kwargs.items()}
+        return original(*args, **kwargs)
+    return construct
 
 
 def _plain_gradient_backward(backward):
@@ -408,7 +406,7 @@ PATCHES: tuple[Patch, ...] = (
     *(Patch("torch.distributed", name, "a ShardTensor passed to a c10d collective: a clear error naming the remedy",
             _refuse_shard_tensors(name)) for name in _C10D_COLLECTIVES),
     *(Patch("torch", name, "a sparse tensor built of ShardTensor indices or values holds their whole values (plain)",
-            _whole_sparse_parts(name)) for name in _SPARSE_CONSTRUCTORS),
+            _whole_sparse_parts) for name in _SPARSE_CONSTRUCTORS),
 )
 
 # The one patch that is not an attribute: Python kernels at AutogradCPU/AutogradCUDA of the ops whose rules run

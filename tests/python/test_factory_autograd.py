@@ -324,8 +324,8 @@ def case_sparse_of_shard_tensors():
     idx = torch.tensor([[0, 1, 1, 2, 3], [1, 0, 2, 3, 3]])
     vals = randn(5, seed=3, dtype=torch.float64)
     x = st.distribute_tensor(randn(8, 2, seed=4), m, [st.Shard(0)])
-    for name, v in (("replicated", x.new_ones(5, dtype=torch.float64) * vals),
-                    ("split", st.distribute_tensor(vals, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(5, w, 1)}))):
+    split = st.distribute_tensor(vals, m, [st.Shard(0)], sharding_shapes={0: uneven_extents(5, w, 1)})
+    for name, v in (("replicated", x.new_ones(5, dtype=torch.float64) * vals), ("split", split)):
         v = v.detach().requires_grad_()
         coo = torch.sparse_coo_tensor(idx, v, (4, 4))
         csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 3, 4, 5]), idx[1], v, size=(4, 4))
