@@ -12,23 +12,11 @@ autoencoder's random token choice (`x[arange(B)[:, None], ids]`: a routed read; 
 and the sharded runs the same draw)."""
 import torch
 
-from benchmarks.zoo.zoo_models import model  # noqa: F401
+from benchmarks.zoo.zoo_models import Seeded, model  # noqa: F401
 
 
 def _g():
     return torch.Generator().manual_seed(5)
-
-
-class _Seeded(torch.nn.Module):
-    """Reseed the global generator before forward (models sampling noise)."""
-
-    def __init__(self, net, fn=None):
-        super().__init__()
-        self.net, self.fn = net, fn
-
-    def forward(self, x, **kw):
-        torch.manual_seed(123)
-        return self.fn(self.net, x, **kw) if self.fn else self.net(x, **kw)
 
 
 class _Call(torch.nn.Module):
@@ -378,7 +366,7 @@ def _vae_call(net, x):
        note="flatten -> Linear mu/logvar, reparameterise (reseeded), Linear -> decoder")
 def _():
     from monai.networks.nets import VarAutoEncoder
-    return _Seeded(VarAutoEncoder(spatial_dims=2, in_shape=(1, 32, 32), out_channels=1, latent_size=8,
+    return Seeded(VarAutoEncoder(spatial_dims=2, in_shape=(1, 32, 32), out_channels=1, latent_size=8,
                                   channels=(4, 8), strides=(2, 2)))
 
 

@@ -8,11 +8,7 @@ AnimateDiff's motion U-Net, the temporal-decoder VAE, Kandinsky 3, HunyuanDiT, L
 embeddings to float32)."""
 import torch
 
-from benchmarks.zoo.zoo_models import _timm, model  # noqa: F401
-
-import torch
-
-from benchmarks.zoo.zoo_models import _timm, model  # noqa: F401
+from benchmarks.zoo.zoo_models import Seeded, _timm, model  # noqa: F401
 
 
 # ================================================================ additions: timm
@@ -402,21 +398,9 @@ def _():
     from physicsnemo.models.geotransolver import GeoTransolver
     return GeoTransolver(functional_dim=4, out_dim=2, n_layers=2, n_hidden=32, n_head=2, slice_num=8, use_te=False)
 
-class _Seeded(torch.nn.Module):
-    """Reseeds the global generator before the model's forward, so that its sampled noise (torch.randn_like of
-    the VAE latent) is the same draw in one process and on every rank."""
-
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        torch.manual_seed(123)
-        return self.net(x)
-
 @model("monai", "monai/SegResNetVAE-seeded", (2, 1, 32, 32), align=8,
        note="SegResNetVAE with the generator reseeded per forward (the VAE samples its latent with randn_like)")
 def _():
     from monai.networks.nets import SegResNetVAE
-    return _Seeded(SegResNetVAE(input_image_size=(32, 32), spatial_dims=2, init_filters=8, in_channels=1,
+    return Seeded(SegResNetVAE(input_image_size=(32, 32), spatial_dims=2, init_filters=8, in_channels=1,
                                 out_channels=2, blocks_down=(1, 1, 1, 1), blocks_up=(1, 1, 1), vae_nz=8))

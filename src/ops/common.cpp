@@ -220,6 +220,14 @@ at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const Di
   return redistribute(t, dst->placements, dst->sharding_shapes());
 }
 
+int64_t shard_count(const at::Tensor& t) {
+  const auto* impl = shard_impl(t);
+  if (!impl) return 0;
+  int64_t n = 0;
+  for (const auto& p : impl->spec()->placements) n += p.is_shard() ? 1 : 0;
+  return n;
+}
+
 int64_t leading_split(const ShardSpec& spec) {
   int64_t mesh_dim = -1;
   for (size_t m = 0; m < spec.placements.size(); ++m) {

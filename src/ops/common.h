@@ -112,6 +112,8 @@ at::Tensor recorded_param_grad(const at::Tensor& grad, const at::Tensor& param);
 // Differentiable redistribution to `placements` with extents keyed by tensor dim; `t` itself when the layout
 // already matches.
 at::Tensor to_layout(const at::Tensor& t, const Placements& placements, const DimExtents& extents);
+// The number of mesh dims on which `t` is sharded (plain tensors: 0).
+int64_t shard_count(const at::Tensor& t);
 // The mesh dim that splits `spec`'s tensor on its leading dim (every dim before the sharded one of size 1; one
 // sharded mesh dim, no pending sum), or -1. A row-major walk of such a tensor meets the ranks' blocks in rank order.
 int64_t leading_split(const ShardSpec& spec);

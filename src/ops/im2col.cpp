@@ -7,7 +7,8 @@
 // it where the border split applies (comm/halo_borders.h: im2col of the own rows with a symmetric H padding, the
 // border block rows redone from border windows once the halo has arrived). The blocks dim
 // L = oh * ow is sharded in whole block rows (extents b * ow). A sharded W is moved onto H first (one all-to-all),
-// or gathered when another mesh dim already shards H: the blocks dim can carry one mesh dim. Batch and channel
+// or, when another mesh dim already shards H, onto an unsplit batch with a row per rank (else it is gathered): the
+// blocks dim can carry one mesh dim. Batch and channel
 // shards stay local (the channels are the outer factor of C * kh * kw). Under autograd im2col has its own backward
 // (local col2im of the window, halo gradients home) so the input gradient keeps the input's extents.
 //
@@ -122,7 +123,8 @@ SpecPtr cols_spec(const ShardSpec& img, const Blocks& b, const std::vector<int64
   return ShardSpec::make_with_dim_extents(img.mesh, pl, {N, C * b.k(), oh * ow}, ext);
 }
 
-// The image layout im2col works on: no Partial, W unsharded (moved onto H when H is free, else gathered).
+// The image layout im2col works on: no Partial, W unsharded (moved onto H when H is free, else onto the batch when
+// it is free and holds a row per rank, else gathered).
 SpecPtr im2col_layout(const ShardSpec& spec) {
   auto pl = spec.placements;
   auto ext = spec.dim_extents();
@@ -132,6 +134,11 @@ SpecPtr im2col_layout(const ShardSpec& spec) {
     if (spec.mesh_dim_of(2) < 0) {
       pl[mw] = Placement::shard(2);
       ext[2] = default_split(spec.global_shape[2], spec.mesh->size(mw));
+    } else if (spec.mesh_dim_of(0) < 0 && spec.global_shape[0] >= spec.mesh->size(mw)) {
+      // H is split already: the batch takes W's mesh dim (one all-to-all, as a view merging two split dims does),
+      // so the columns stay divided over both mesh dims (TNT's, PiT's and T2T-ViT's nn.Unfold on a 2-D mesh).
+      pl[mw] = Placement::shard(0);
+      ext[0] = default_split(spec.global_shape[0], spec.mesh->size(mw));
     } else {
       pl[mw] = Placement::replicate();
     }

@@ -63,6 +63,15 @@ void check_indices_in_range(const at::Tensor& idx, int64_t n, const char* op) {
                     "(): index out of range for a dim of size ", n);
 }
 
+// An index into a dim of `size` rows as global rows: long, negative entries wrapped, every entry range-checked on
+// the whole index (an IndexError raised on every rank alike).
+at::Tensor global_rows(const at::Tensor& index, int64_t size) {
+  auto idx = index.to(at::kLong);
+  idx = at::where(idx.lt(0), idx + size, idx);
+  check_indices_in_range(idx, size, "index");
+  return idx;
+}
+
 // The rows `rows` (global, along `dim`, which mesh dim `m` shards) of the tensor whose block is `local`, fetched
 // from their owners: the requests (row, where it goes) travel to the owners and the rows come back, each by element
 // routing (ops/element_routing.h: counts in one all-gather, one all-to-all each way). Traffic: the rows asked for,
@@ -326,10 +335,11 @@ at::Tensor target_of_write(const at::Tensor& written, bool in_place, const MeshP
 // owns; a write addressed by global rows): each source element goes to the rank owning its target row. The index
 // (and the source, cut to the index's shape) keep a shard of `dim` on its mesh dim when they have one (the index's,
 // or the source's with the index cut to it), else are read whole; on every other dim they are aligned to self's
-// layout (same size along its sharded dims, as along unsharded dims). Whole, every rank takes the elements that land in its block (nothing travels); sharded, every
-// rank sends each element to its target's owner (the pair counts in one small all-gather, the values and the flat
-// target positions in one all-to-all each: ops/element_routing.h). Each rank then runs the op on its flattened block
-// with the flat positions, so every reduction (the mean's count, include_self) is the op's own, in one call.
+// layout (same size along its sharded dims, as along unsharded dims). Whole, every rank takes the elements that land
+// in its block (nothing travels); sharded, every rank sends each element to its target's owner (the pair counts in
+// one small all-gather, the values and the flat target positions in one all-to-all each: ops/element_routing.h). Each
+// rank then runs the op on its flattened block with the flat positions, so every reduction (the mean's count,
+// include_self) is the op's own, in one call.
 void scatter_sharded_dim(const c10::OperatorHandle& op, torch::jit::Stack* stack, const at::Tensor& written,
                          const at::Tensor& self, int64_t dim, bool in_place) {
   dispatch::NamedArgs args(op, stack);
@@ -571,6 +581,14 @@ c10::List<std::optional<at::Tensor>> local_index_list(const AdvancedIndex& a) {
   return out;
 }
 
+// The broadcast shape of the index tensors as they stand (narrowed to this rank's block where align_owned cut them).
+std::vector<int64_t> index_shape(const AdvancedIndex& a) {
+  std::vector<int64_t> shape;
+  for (size_t k = 0; k < a.indices.size(); ++k)
+    if (a.indexed[k]) shape = at::infer_size(shape, a.indices[k].sizes());
+  return shape;
+}
+
 // A sharded dim that is indexed: each rank reads the entries whose index falls in its rows, the others' are zero.
 struct OwnedDim {
   int64_t mesh_dim, dim, offset, extent;
@@ -620,18 +638,76 @@ at::Tensor localize_owned(AdvancedIndex& a, const std::vector<OwnedDim>& owned, 
   if (owned.empty()) return {};
   at::Tensor mine;
   for (const auto& o : owned) {
-    auto idx = a.indices[o.dim].to(at::kLong);
-    idx = at::where(idx.lt(0), idx + sizes[o.dim], idx);
-    check_indices_in_range(idx, sizes[o.dim], "index");
+    const auto idx = global_rows(a.indices[o.dim], sizes[o.dim]);
     auto own = idx.ge(o.offset).logical_and(idx.lt(o.offset + o.extent));
     mine = mine.defined() ? mine.logical_and(own) : own;
     empty = empty || o.extent == 0;
     a.indices[o.dim] = (idx - o.offset).clamp(0, std::max<int64_t>(o.extent - 1, 0));
   }
-  std::vector<int64_t> bshape;
-  for (size_t k = 0; k < a.indices.size(); ++k)
-    if (a.indexed[k]) bshape = at::infer_size(bshape, a.indices[k].sizes());
-  return mine.expand(bshape);
+  return mine.expand(index_shape(a));
+}
+
+// An indexed sharded dim whose index follows the result's own layout: a dim `bdim` of the indices' broadcast shape
+// has the dim's global size and every entry at position i along it names a row of the block that owns row i (a masked
+// autoencoder's `x[arange(B)[:, None], ids]` with the batch split: each rank's batch rows read from its own rows).
+// The result keeps that split along `bdim` (x's extents) and nothing travels along that mesh dim.
+struct AlignedDim {
+  int64_t mesh_dim, dim, bdim;
+};
+
+// Finds the aligned dims among `owned` (see AlignedDim), takes them out of `owned`, narrows every index to this rank's
+// block along their broadcast dims, turns their values into local rows and puts the split into the result's layout
+// (`p`, `ext`). Decided from the spec and the whole index, alike on every rank; skipped where index values cannot be
+// read (a trace, a simulation: `local` carries the tracer's key or the simulation runs; undefined = readable).
+std::vector<AlignedDim> align_owned(const ShardSpec& spec, AdvancedIndex& a, std::vector<OwnedDim>& owned,
+                                    Placements& p, DimExtents& ext, const at::Tensor& local) {
+  std::vector<AlignedDim> aligned;
+  if (owned.empty() || (local.defined() && !routed_reads_possible(local))) return aligned;
+  const auto bshape = index_shape(a);
+  const auto nb = static_cast<int64_t>(bshape.size());
+  const auto pos = index_dims_position(a);
+  // Every owned dim is checked on the whole index first (the same decision on every rank), then applied.
+  std::vector<bool> bdim_taken(nb, false);
+  std::vector<OwnedDim> rest;
+  std::vector<std::pair<OwnedDim, at::Tensor>> apply;  // an aligned dim and its index's values
+  for (const auto& o : owned) {
+    const auto size = spec.global_shape[o.dim];
+    const auto idx = global_rows(a.indices[o.dim], size);
+    const auto l = dim_layout(spec, o.mesh_dim, idx.device());
+    const auto value_owner = owner_of(l, idx.expand(bshape).contiguous());
+    int64_t found = -1;
+    for (int64_t j = 0; j < nb && found < 0; ++j) {
+      if (bdim_taken[j] || bshape[j] != size) continue;
+      std::vector<int64_t> along(nb, 1);
+      along[j] = size;
+      const auto position_owner = owner_of(l, at::arange(size, idx.options())).view(along);
+      if (value_owner.eq(position_owner).all().item<bool>()) found = j;
+    }
+    if (found < 0) {
+      rest.push_back(o);
+      continue;
+    }
+    bdim_taken[found] = true;
+    aligned.push_back({o.mesh_dim, o.dim, found});
+    apply.emplace_back(o, idx - o.offset);
+  }
+  for (size_t i = 0; i < apply.size(); ++i) {
+    const auto& [o, rows] = apply[i];
+    const auto j = aligned[i].bdim;
+    a.indices[o.dim] = rows;
+    for (size_t k = 0; k < a.indices.size(); ++k) {
+      if (!a.indexed[k]) continue;
+      auto& t = a.indices[k];
+      // Not where the index broadcasts along j (size 1 in a longer dim); a dim of global size 1 is narrowed too
+      // (to nothing on a rank with an empty block).
+      const auto td = j - (nb - t.dim());
+      if (td >= 0 && t.size(td) == bshape[j]) t = t.narrow(td, o.offset, o.extent);
+    }
+    p[o.mesh_dim] = Placement::shard(pos + j);
+    ext[pos + j] = spec.extents[o.mesh_dim];
+  }
+  owned = rest;
+  return aligned;
 }
 
 // `mine` (the broadcast index shape) viewed to broadcast over a result of `ndim` dims.
@@ -647,16 +723,21 @@ at::Tensor mask_over_result(const at::Tensor& mine, const AdvancedIndex& a, int6
 // first of equals). Negative indices are wrapped and every index is range-checked here, on the whole index, so an
 // IndexError is raised on every rank alike. Decided from the spec and the index's shape (the same on every rank).
 std::optional<RoutedRead> index_read_plan(const SpecPtr& spec, const AdvancedIndex& a,
-                                          const std::vector<OwnedDim>& owned, const at::Tensor& local) {
+                                          const std::vector<OwnedDim>& owned, const at::Tensor& local,
+                                          const std::vector<AlignedDim>& aligned = {}) {
   if (owned.size() != 1 || (local.defined() && !routed_reads_possible(local))) return std::nullopt;
-  std::vector<int64_t> shape;
-  for (size_t k = 0; k < a.indices.size(); ++k)
-    if (a.indexed[k]) shape = at::infer_size(shape, a.indices[k].sizes());
-  if (shape.empty()) return std::nullopt;
+  const auto shape = index_shape(a);
   const auto m = owned[0].mesh_dim;
   const auto n = spec->mesh->size(m);
-  const auto j = std::max_element(shape.begin(), shape.end()) - shape.begin();
-  if (shape[j] < n) return std::nullopt;
+  // The largest broadcast dim that an aligned dim does not split already (those are narrowed to this rank's block;
+  // the others have their global sizes, so the choice is the same on every rank).
+  int64_t j = -1;
+  for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i) {
+    bool taken = false;
+    for (const auto& al : aligned) taken = taken || al.bdim == i;
+    if (!taken && (j < 0 || shape[i] > shape[j])) j = i;
+  }
+  if (j < 0 || shape[j] < n) return std::nullopt;
   RoutedRead r;
   r.spec = spec;
   r.m = m;
@@ -668,11 +749,7 @@ std::optional<RoutedRead> index_read_plan(const SpecPtr& spec, const AdvancedInd
   for (size_t k = 0; k < a.indices.size(); ++k) {
     if (!a.indexed[k]) continue;
     // Unsharded indexed dims are whole on every rank (a sharded one would be owned).
-    const auto size = spec->global_shape[k];
-    auto idx = a.indices[k].to(at::kLong);
-    idx = at::where(idx.lt(0), idx + size, idx);
-    check_indices_in_range(idx, size, "index");
-    r.idx[k] = idx;
+    r.idx[k] = global_rows(a.indices[k], spec->global_shape[k]);
   }
   return r;
 }
@@ -734,7 +811,8 @@ at::Tensor index_rule(const at::Tensor& self_arg, const c10::List<std::optional<
     const auto out_spec = ShardSpec::make_with_dim_extents(mesh, p, a.result_shape, ext);
     return make_shard_tensor(at::empty(out_spec->local_shape, shard_impl(self)->local().options()), out_spec);
   }
-  if (auto r = index_read_plan(shard_impl(self)->spec(), a, owned, shard_impl(self)->local()))
+  const auto aligned = align_owned(spec, a, owned, p, ext, shard_impl(self)->local());
+  if (auto r = index_read_plan(shard_impl(self)->spec(), a, owned, shard_impl(self)->local(), aligned))
     return index_read(self, a, *r, p, ext);
   bool empty = false;
   auto mine = localize_owned(a, owned, self.sizes(), empty);
@@ -835,6 +913,14 @@ at::Tensor masked_select_rule(const at::Tensor& self, const at::Tensor& mask) {
   if (auto blocks = masked_select_blocks(self, mask)) return *blocks;
   const auto shape = at::infer_size(self.sizes(), mask.sizes());
   auto x = self.sizes().equals(shape) ? self : self.expand(shape);
+  if (const auto* xi = shard_impl(x); xi && !shard_impl(mask) && !xi->spec()->has_partial()) {
+    // A plain mask over a field split by two mesh dims (The Well's ReFNO picks its spectral modes from a spectrum
+    // split along batch and channels on a 2x2 mesh): both indexed dims would be owned and the selection completed on
+    // every rank. The leading dim's mesh dim keeps its split and the other is gathered within it, so the selection is
+    // a routed read along the leading dim, divided over that mesh dim.
+    if (shard_count(x) >= 2)
+      if (auto relaid = one_split_on_leading_dim(x)) x = *relaid;
+  }
   auto m = mask.sizes().equals(shape) ? mask : mask.expand(shape);
   c10::List<std::optional<at::Tensor>> list;
   list.push_back(std::optional<at::Tensor>(m));
@@ -897,6 +983,7 @@ at::Tensor index_put_impl(const char* op_name, const at::Tensor& written,
     auto a = advanced_index(self, list);
     std::vector<OwnedDim> owned;
     auto [p, ext] = result_layout(spec, a, &owned);
+    align_owned(spec, a, owned, p, ext, shard_impl(self)->local());
     bool empty = false;
     auto mine = localize_owned(a, owned, self.sizes(), empty);
     local_values = local_aligned(values, mesh, a.result_shape, p, ext);
@@ -975,10 +1062,21 @@ struct IndexReadMap : LinearMap {
   at::Tensor adjoint(const at::Tensor& grad) const override {
     auto a = advanced_index(at::empty(xspec->global_shape, at::TensorOptions().device(at::kMeta)), indices);
     std::vector<OwnedDim> owned;
-    result_layout(*xspec, a, &owned);
-    const auto r = index_read_plan(xspec, a, owned, {});
-    TORCH_INTERNAL_ASSERT(r, "index: the routed read's plan changed between forward and backward");
+    auto [p, ext] = result_layout(*xspec, a, &owned);
+    const auto aligned = align_owned(*xspec, a, owned, p, ext, {});
+    const auto r = index_read_plan(xspec, a, owned, {}, aligned);
     auto g = result_block(grad, out_spec);
+    if (!r) {
+      // Aligned dims read locally (and other owned dims by owner picks summed over their mesh dims, so the gradient
+      // is whole there): each rank adds the gradient of the entries it owns into its own rows.
+      TORCH_INTERNAL_ASSERT(!aligned.empty(), "index: the read's plan changed between forward and backward");
+      bool empty = false;
+      const auto mine = localize_owned(a, owned, xspec->global_shape, empty);
+      if (mine.defined()) g = at::where(mask_over_result(mine, a, g.dim()), g, at::zeros({}, g.options()));
+      auto zeros = at::zeros(xspec->local_shape, g.options());
+      if (!empty) zeros.index_put_(local_index_list(a), g, /*accumulate=*/true);
+      return make_shard_tensor(zeros, xspec);
+    }
     const auto perm = routed_result_order(a, *r, g.dim());
     std::vector<int64_t> back(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) back[perm[i]] = static_cast<int64_t>(i);
@@ -1019,9 +1117,11 @@ bool index_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto spec = shard_impl(self)->spec();
   auto a = advanced_index(self, whole);
   std::vector<OwnedDim> owned;
-  result_layout(*spec, a, &owned);
-  if (c10::multiply_integers(a.result_shape) == 0 || !index_read_plan(spec, a, owned, shard_impl(self)->local()))
-    return false;
+  auto [p, ext] = result_layout(*spec, a, &owned);
+  if (c10::multiply_integers(a.result_shape) == 0) return false;
+  const auto& local = shard_impl(self)->local();
+  const auto aligned = align_owned(*spec, a, owned, p, ext, local);
+  if (aligned.empty() && !index_read_plan(spec, a, owned, local)) return false;
   auto out = IndexReadFn::apply(self, whole);
   torch::jit::drop(*stack, args.all().size());
   torch::jit::push(*stack, std::move(out));

@@ -512,6 +512,187 @@ std::optional<EinsumEquation> explicit_einsum(c10::string_view equation, at::Ten
   return out;
 }
 
+// An einsum computed on the ranks' blocks, with no communication: every mesh dim splits at most one label, split
+// alike (same extents) in every operand that holds it (an operand that holds it unsplit is cut to the block), so each
+// rank's blocks give its block of the result -- the label's block where the output keeps it, a pending sum where it
+// is contracted. What ATen's decomposition cannot do when one operand holds two split labels of one merged group (a
+// 2-D mesh's H and W both free in kornia's colour transforms `einsum("oi,...ihw->...ohw")`, both batch labels in a
+// spectral layer's `einsum("bixy,ioxy->boxy")`): its reshape would gather one. The backward is einsum again
+// (the gradient with the other operands, on ShardTensors, through this rule; under create_graph it is recorded as
+// any einsum is).
+struct LocalEinsum {
+  MeshPtr mesh;
+  std::vector<char> label_of_mesh_dim;         // per mesh dim: the label it splits, or 0
+  std::map<char, std::vector<int64_t>> extents;  // per split label: its extents on its mesh dim
+  std::map<char, int64_t> sizes;                 // every label's size
+  std::vector<bool> pending;                     // per mesh dim: one operand is a pending sum over it
+};
+
+std::optional<LocalEinsum> local_einsum_plan(const EinsumEquation& eq, const std::vector<at::Tensor>& ops) {
+  LocalEinsum plan;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& in = eq.inputs[i];
+    for (size_t k = 0; k < in.size(); ++k) {
+      // A label twice in one operand (a diagonal) or with different sizes (a broadcast) has a backward that is not
+      // an einsum of the others: ATen's path.
+      if (in.find(in[k]) != k) return std::nullopt;
+      const auto size = ops[i].size(static_cast<int64_t>(k));
+      auto [it, fresh] = plan.sizes.emplace(in[k], size);
+      if (!fresh && it->second != size) return std::nullopt;
+    }
+    if (const auto* impl = shard_impl(ops[i])) {
+      if (plan.mesh && impl->spec()->mesh != plan.mesh) return std::nullopt;
+      plan.mesh = impl->spec()->mesh;
+    }
+  }
+  // Every label of an operand is in the output or another operand (its gradient is an einsum of the others).
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (char c : eq.inputs[i]) {
+      bool elsewhere = eq.output.find(c) != std::string::npos;
+      for (size_t j = 0; j < ops.size() && !elsewhere; ++j)
+        elsewhere = j != i && eq.inputs[j].find(c) != std::string::npos;
+      if (!elsewhere) return std::nullopt;
+    }
+  if (!plan.mesh) return std::nullopt;
+  plan.label_of_mesh_dim.assign(plan.mesh->ndim(), 0);
+  plan.pending.assign(plan.mesh->ndim(), false);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto* impl = shard_impl(ops[i]);
+    if (!impl) continue;
+    const auto& spec = *impl->spec();
+    for (int64_t m = 0; m < plan.mesh->ndim(); ++m) {
+      const auto& p = spec.placements[m];
+      if (p.is_partial()) {
+        // einsum is linear in each operand: one pending sum over a mesh dim that splits no label stays pending.
+        if (plan.pending[m] || p.op != ReduceOp::Sum) return std::nullopt;
+        plan.pending[m] = true;
+        continue;
+      }
+      if (!p.is_shard()) continue;
+      const char c = eq.inputs[i][p.dim];
+      auto& l = plan.label_of_mesh_dim[m];
+      if (l && l != c) return std::nullopt;
+      l = c;
+      auto [it, fresh] = plan.extents.emplace(c, spec.extents[m]);
+      if (!fresh && it->second != spec.extents[m]) return std::nullopt;
+    }
+  }
+  // One label per mesh dim, one mesh dim per label.
+  std::string seen;
+  for (int64_t m = 0; m < plan.mesh->ndim(); ++m) {
+    const char c = plan.label_of_mesh_dim[m];
+    if (!c) continue;
+    if (plan.pending[m] || seen.find(c) != std::string::npos) return std::nullopt;
+    seen.push_back(c);
+  }
+  // An operand split on a mesh dim along another label than the plan's was excluded above; one replicated there that
+  // holds the label is cut to the block in the forward.
+  return plan;
+}
+
+// Operand `i`'s block: its local tensor cut, along labels it holds unsplit that the plan splits, to this rank's block.
+at::Tensor einsum_block(const LocalEinsum& plan, const std::string& labels, const at::Tensor& t) {
+  const auto* impl = shard_impl(t);
+  auto local = impl ? impl->local() : t;
+  for (int64_t m = 0; m < plan.mesh->ndim(); ++m) {
+    const char c = plan.label_of_mesh_dim[m];
+    const auto k = c ? labels.find(c) : std::string::npos;
+    if (k == std::string::npos) continue;
+    if (impl && impl->spec()->placements[m].is_shard()) continue;
+    const auto& e = plan.extents.at(c);
+    const auto coord = plan.mesh->coordinate(m);
+    int64_t off = 0;
+    for (int64_t q = 0; q < coord; ++q) off += e[q];
+    local = local.narrow(static_cast<int64_t>(k), off, e[coord]);
+  }
+  return local;
+}
+
+struct LocalEinsumFn : torch::autograd::Function<LocalEinsumFn> {
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList operands, const std::string& equation,
+                            const std::string& output) {
+    std::vector<at::Tensor> ops(operands.begin(), operands.end());
+    auto eq = explicit_einsum(equation, ops);
+    TORCH_INTERNAL_ASSERT(eq && eq->output == output, "einsum: the equation changed");
+    auto plan = local_einsum_plan(*eq, ops);
+    TORCH_INTERNAL_ASSERT(plan, "einsum: the local plan changed");
+    std::vector<at::Tensor> blocks;
+    std::string local_eq;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      blocks.push_back(einsum_block(*plan, eq->inputs[i], ops[i]));
+      local_eq += (i ? "," : "") + eq->inputs[i];
+    }
+    local_eq += "->" + eq->output;
+    auto out = at::einsum(local_eq, blocks);
+    Placements p(plan->mesh->ndim(), Placement::replicate());
+    DimExtents ext;
+    std::vector<int64_t> shape;
+    for (char c : eq->output) shape.push_back(plan->sizes.at(c));
+    for (int64_t m = 0; m < plan->mesh->ndim(); ++m) {
+      const char c = plan->label_of_mesh_dim[m];
+      if (plan->pending[m]) p[m] = Placement::partial();
+      if (!c) continue;
+      const auto at = eq->output.find(c);
+      if (at == std::string::npos) {
+        p[m] = Placement::partial();
+      } else {
+        p[m] = Placement::shard(static_cast<int64_t>(at));
+        ext[static_cast<int64_t>(at)] = plan->extents.at(c);
+      }
+    }
+    ctx->save_for_backward(ops);
+    ctx->saved_data["inputs"] = c10::List<std::string>(eq->inputs);
+    ctx->saved_data["output"] = eq->output;
+    return make_shard_tensor(out, ShardSpec::make_with_dim_extents(plan->mesh, p, shape, ext));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto ops = ctx->get_saved_variables();
+    const auto inputs = ctx->saved_data["inputs"].toList();
+    const auto output = ctx->saved_data["output"].toStringRef();
+    variable_list out(ops.size() + 2);  // the operands', then none for the two strings
+    if (!grads[0].defined()) return out;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (!ctx->needs_input_grad(k)) continue;
+      std::string eq = output;
+      std::vector<at::Tensor> args{grads[0]};
+      for (size_t j = 0; j < ops.size(); ++j) {
+        if (j == k) continue;
+        eq += "," + inputs.get(j).toStringRef();
+        args.push_back(ops[j].is_complex() ? ops[j].conj() : ops[j]);
+      }
+      eq += "->" + inputs.get(k).toStringRef();
+      out[k] = at::einsum(eq, args);
+    }
+    return out;
+  }
+};
+
+// The local einsum when some operand is split or pending over two or more mesh dims (a 2-D mesh: two split labels,
+// or a split label and a pending sum, which ATen's path would complete or re-lay out) and the plan holds; every
+// operand a ShardTensor (plain ones promoted: their gradient is reduced once).
+std::optional<at::Tensor> local_einsum(const EinsumEquation& eq, at::TensorList operands) {
+  bool two = false;
+  MeshPtr mesh;
+  for (const auto& t : operands)
+    if (const auto* impl = shard_impl(t)) {
+      int64_t n = 0;
+      for (const auto& p : impl->spec()->placements) n += p.is_replicate() ? 0 : 1;
+      two = two || n >= 2;
+      mesh = impl->spec()->mesh;
+    }
+  if (!two) return std::nullopt;
+  std::vector<at::Tensor> ops(operands.begin(), operands.end());
+  // A pending sum over a mesh dim that splits no label stays pending (a spherical harmonic transform's spectrum is
+  // completed later, onto latitude, by the inverse transform's FFT); other pending sums: ATen's path.
+  if (!local_einsum_plan(eq, ops)) return std::nullopt;
+  for (auto& t : ops) t = as_shard_input(t, mesh);
+  std::string equation;
+  for (size_t i = 0; i < ops.size(); ++i) equation += (i ? "," : "") + eq.inputs[i];
+  equation += "->" + eq.output;
+  return LocalEinsumFn::apply(at::TensorList(ops), equation, eq.output);
+}
+
 // torch.einsum on ShardTensors. ATen's decomposition permutes each pair of operands to (batch labels, free labels,
 // contracted labels), in output order and then in label order, and merges each group with one reshape; a split
 // label that is not the first of its group makes that reshape re-lay the operand out (an all-to-all onto the
@@ -528,6 +709,7 @@ at::Tensor einsum_autograd(c10::string_view equation, at::TensorList operands, a
   auto parsed = any_split ? explicit_einsum(equation, operands) : std::nullopt;
   if (!parsed) return at::native::einsum(equation, operands, path);
   const auto& eq = *parsed;
+  if (auto local = local_einsum(eq, operands)) return *local;
   // The split labels, by operand and mesh dim order.
   std::string split;
   for (size_t i = 0; i < operands.size(); ++i)

@@ -148,13 +148,25 @@ std::optional<ViewLayout> local_view_layout(const ShardSpec& spec, at::IntArrayR
 // - otherwise (a merge under an outer dim of size > 1, e.g. flatten(0, 1) of (B, N, C) with N sharded) the shard
 //   moves to the outermost input dim of size > 1, default-split in multiples of the quantum (one all-to-all; fewer
 //   bytes than gathering, and every rank keeps a part);
-// other sharded dims of the group are gathered (a tensor dim is sharded by at most one mesh dim, so two shards
-// cannot both stay on one merged dim), as is a sharded size-1 dim the view removes. Everything is decided from the
-// spec and the shapes, so every rank picks the same target.
+// other sharded dims of the group move onto the leading dim when it passes through the view unsplit and holds a row
+// per rank (a batch), else are gathered (a tensor dim is sharded by at most one mesh dim, so two shards cannot both
+// stay on one merged dim), as is a sharded size-1 dim the view removes. Everything is decided from the spec and the
+// shapes, so every rank picks the same target.
 SpecPtr view_aligned_spec(const ShardSpec& spec, at::IntArrayRef in, at::IntArrayRef out,
                           const std::vector<Group>& groups) {
   auto placements = spec.placements;
   auto ext = spec.dim_extents();
+  // The leading input dim (the first of size > 1: a batch) when it passes through the view untouched and no mesh
+  // dim splits it: where a merge's second split can go instead of being gathered.
+  int64_t lead = 0;
+  while (lead < static_cast<int64_t>(in.size()) && in[lead] == 1) ++lead;
+  bool lead_free = lead < static_cast<int64_t>(in.size()) && spec.mesh_dim_of(lead) < 0;
+  if (lead_free) {
+    const Group* lg = nullptr;
+    for (const auto& g : groups)
+      if (std::find(g.in.begin(), g.in.end(), lead) != g.in.end()) lg = &g;
+    lead_free = lg && lg->in.size() == 1 && lg->out.size() == 1 && out[lg->out[0]] == in[lead];
+  }
   for (const auto& g : groups) {
     std::vector<int64_t> sharded; // the group's sharded input dims, outermost first
     for (auto k : g.in)
@@ -163,6 +175,18 @@ SpecPtr view_aligned_spec(const ShardSpec& spec, at::IntArrayRef in, at::IntArra
       const auto d = sharded[i];
       const auto m = spec.mesh_dim_of(d);
       if (i > 0 || g.out.empty()) {
+        // A merge keeps one split (one tensor dim takes one mesh dim): a second one moves onto the leading dim when
+        // that dim passes through untouched and holds a row per rank -- a ViT's patch flatten `(B, C, H, W) ->
+        // (B, C, H*W)` with H and W on the two dims of a mesh: the batch takes W's mesh dim, one all-to-all, and the
+        // work stays divided over both mesh dims --; otherwise it is gathered.
+        const auto n = spec.mesh->size(m);
+        if (i > 0 && lead_free && in[lead] >= n) {
+          placements[m] = Placement::shard(lead);
+          ext.erase(d);
+          ext[lead] = default_split(in[lead], n);
+          lead_free = false;
+          continue;
+        }
         placements[m] = Placement::replicate();
         ext.erase(d);
         continue;
@@ -632,14 +656,6 @@ std::vector<at::Tensor> unbind_rule(const at::Tensor& self, int64_t dim_arg) {
   std::vector<at::Tensor> pieces;
   for (int64_t i = 0; i < self.size(dim); ++i) pieces.push_back(at::select(self, dim, i));
   return pieces;
-}
-
-// The number of mesh dims on which `t` is sharded (plain tensors: 0).
-int64_t shard_count(const at::Tensor& t) {
-  if (!is_shard_tensor(t)) return 0;
-  int64_t n = 0;
-  for (const auto& p : spec_of(t).placements) n += p.is_shard() ? 1 : 0;
-  return n;
 }
 
 // cat(Tensor[] tensors, int dim=0)

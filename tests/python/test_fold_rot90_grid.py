@@ -59,7 +59,14 @@ def case_unfold_2d_mesh():
     m = mesh((2, 2))
     x = randn(2, 3, 9, 8, seed=3)
     lay = ([st.Shard(2), st.Shard(3)], {0: [4, 5], 1: [6, 2]})
-    check_op(lambda t: F.unfold(t, 3, padding=1), [x], [lay], m, **TOL, what="unfold 2x2 H and W")
+    # W's mesh dim moves onto the batch (H is split already): the columns stay divided over both mesh dims.
+    check_op(lambda t: F.unfold(t, 3, padding=1), [x], [lay], m, **TOL, what="unfold 2x2 H and W",
+             expect_placements=(st.Shard(2), st.Shard(0)))
+    check_op(lambda t: F.fold(F.unfold(t, 2, stride=2), (9, 8), 2, stride=2), [x], [lay], m, **TOL,
+             what="fold after unfold 2x2 H and W")
+    # A batch of one has no row for each rank of W's mesh dim: W is gathered.
+    check_op(lambda t: F.unfold(t, 3, padding=1), [x[:1]], [lay], m, **TOL, what="unfold 2x2 H and W, one image",
+             expect_placements=(st.Shard(2), st.Replicate()))
     lay = ([st.Shard(0), st.Shard(2)], {0: [1, 1], 1: [0, 9]})
     check_op(lambda t: F.unfold(t, 2, stride=2), [x], [lay], m, **TOL, what="unfold 2x2 batch and H")
     return True

@@ -495,6 +495,25 @@ def case_masked_select(seed):
     return True
 
 
+def case_masked_select_2d_mesh(seed):
+    """A plain mask over a field split by two mesh dims (The Well's ReFNO: its spectral modes picked from a spectrum
+    split along batch and channels): the leading dim's mesh dim keeps its split (the channels gathered within it), so
+    the selection stays divided over that mesh dim instead of being completed on every rank; gradients exact."""
+    m = mesh((2, 2))
+    fmask = torch.tensor([True, False, True, True, False]).view(1, 5, 1)
+    for dt in (torch.float64, torch.complex128):
+        f = randn(5, 5, 4, seed=seed).to(dt)
+        lay = ([st.Shard(0), st.Shard(2)], {0: [3, 2], 1: [1, 3]})
+        with st.use_strict():
+            out = check_op(lambda t: torch.masked_select(t, fmask), [f], [lay], m, what=f"masked_select {dt}, 2x2")
+        assert st.placements(out) == (st.Shard(0), st.Replicate()), st.placements(out)
+    return True
+
+
+def test_masked_select_2d_mesh():
+    harness.run(4, case_masked_select_2d_mesh, 4)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_masked_select(world):
     harness.run(world, case_masked_select, world)
@@ -524,6 +543,67 @@ def case_index_sharded_dim_mesh2d(seed):
 
 def test_index_sharded_dim_mesh2d():
     harness.run(4, case_index_sharded_dim_mesh2d, 4)
+
+
+def case_aligned_index_reads(seed):
+    """An index into a split dim that follows the result's own layout reads locally along that mesh dim: a masked
+    autoencoder's `x[arange(B)[:, None], ids]` with the batch split (a 2-D mesh: the tokens on one mesh dim, the
+    batch on the other; a 1-D mesh splitting the batch) keeps the batch split (x's extents, a zero one too) and
+    routes only along the tokens' mesh dim, forward and backward; the same index writes locally
+    (`index_put`); an index that does not follow the layout (a permuted batch) reads as before."""
+    w = torch.distributed.get_world_size()
+    B, N, C, K = 5, 13, 3, 6
+    x = randn(B, N, C, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(N, generator=g)[:K] for _ in range(B)])
+    rows = torch.arange(B)[:, None]
+    read = lambda t: t[rows, ids]                      # noqa: E731
+    if w == 4:
+        m = mesh((2, 2))
+        layouts = {  # (x's layout, the result's placements, the collectives of the forward)
+            "tokens on d0, batch on d1": (([st.Shard(1), st.Shard(0)], {0: [6, 7], 1: [3, 2]}),
+                                          (st.Shard(1), st.Shard(0)), {"all_gather": 1, "all_to_all": 1}),
+            "batch on d0 (a zero block), tokens on d1": (([st.Shard(0), st.Shard(1)], {0: [0, 5], 1: [9, 4]}),
+                                                         (st.Shard(0), st.Shard(1)), {"all_gather": 1, "all_to_all": 1}),
+        }
+    else:
+        m = mesh()
+        ext = [3, 2] if w == 2 else [2, 0, 3]
+        layouts = {"batch split": (([st.Shard(0)], {0: ext}), (st.Shard(0),), {})}
+    with st.use_strict():
+        for what, (lay, placements, calls) in layouts.items():
+            out = check_op(read, [x], [lay], m, what=what, expect_placements=placements)
+            b_dim = [p.dim for p in lay[0]].index(0)
+            assert st.sharding_shapes(out)[b_dim] == lay[1][b_dim], (what, st.sharding_shapes(out))
+            xs = st.distribute_tensor(x, m, *lay).requires_grad_()
+            st.reset_comm_stats()
+            y = read(xs)
+            assert st.comm_stats()["calls"] == calls, (what, st.comm_stats())
+            st.reset_comm_stats()
+            (y * y).sum().backward()
+            back = st.comm_stats()["calls"]
+            assert back.get("all_reduce", 0) == 0 and back.get("all_to_all", 0) == calls.get("all_to_all", 0), \
+                (what, st.comm_stats())
+            # The write with the same index: each rank writes its own batch rows (values laid out like the read).
+            v = randn(B, K, C, seed=seed + 1)
+            check_op(lambda t, u: t.index_put((rows, ids), u), [x, v], [lay, lay if w != 4 else None], m,
+                     what=what + ": index_put")
+        # A batch of one on a mesh dim of 2 (an empty block): the rank without it reads nothing.
+        if w != 4:
+            one = randn(1, N, C, seed=seed + 2)
+            check_op(lambda t: t[torch.zeros(1, 1, dtype=torch.long), ids[:1]], [one],
+                     [([st.Shard(0)], {0: [1] + [0] * (w - 1)})], m, what="a batch of one",
+                     expect_placements=(st.Shard(0),))
+        # A batch index that does not follow the layout reads through the owners as before.
+        perm = torch.tensor([4, 0, 3, 1, 2])[:, None]
+        lay = layouts[next(iter(layouts))][0]
+        check_op(lambda t: t[perm, ids], [x], [lay], m, what="permuted batch")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_aligned_index_reads(world):
+    harness.run(world, case_aligned_index_reads, world)
 
 
 def case_index_writes(seed, tiny):

@@ -134,9 +134,52 @@ def case_einsum_split_labels(seed):
         check_op(lambda a, b: torch.einsum("bchw,dc->bdhw", a, b), [h, randn(2, 3, seed=seed + 10)],
                  [([st.Replicate(), st.Shard(2)], {1: [4, 2]}), None], m2, what="2-D mesh, height",
                  expect_placements=[st.Replicate(), st.Shard(2)])
-        # two split free labels of one operand share ATen's one merged group: values right (one is re-laid out)
-        check_op(lambda a, b: torch.einsum("bchw,dc->bdhw", a, b), [h, randn(2, 3, seed=seed + 10)],
-                 [([st.Shard(0), st.Shard(2)], {1: [4, 2]}), None], m2, what="2-D mesh, batch and height")
+        # Two split labels of one operand, which ATen's decomposition would merge into one group (and gather one):
+        # the blocks' own einsum, no communication. Free labels (kornia's colour transforms, a batch and a height),
+        # batch labels with a plain weight (a spectral layer's modes, complex, a zero block), a contracted one (a
+        # pending sum), an operand holding a split label unsplit (cut to the block).
+        kernel = randn(2, 3, seed=seed + 10)
+        spectrum = torch.complex(randn(3, 4, 5, 3, seed=seed + 11), randn(3, 4, 5, 3, seed=seed + 12))
+        weight = torch.complex(randn(4, 2, 5, 3, seed=seed + 13), randn(4, 2, 5, 3, seed=seed + 14))
+        cases = [
+            ("oi,...ihw->...ohw", [kernel, h], [None, ([st.Shard(2), st.Shard(3)], {0: [4, 2], 1: [1, 4]})],
+             (st.Shard(2), st.Shard(3))),
+            ("bchw,dc->bdhw", [h, kernel], [([st.Shard(0), st.Shard(2)], {1: [4, 2]}), None],
+             (st.Shard(0), st.Shard(2))),
+            ("bixy,ioxy->boxy", [spectrum, weight], [([st.Shard(2), st.Shard(3)], {0: [5, 0], 1: [2, 1]}), None],
+             (st.Shard(2), st.Shard(3))),
+            ("bixy,ioxy->boxy", [spectrum.real.contiguous(), weight.real.contiguous()],
+             [([st.Shard(2), st.Shard(3)], {0: [2, 3], 1: [2, 1]}), None], (st.Shard(2), st.Shard(3))),
+            ("bchw,bwk->bhk", [h, randn(4, 5, 2, seed=seed + 15)],
+             [([st.Shard(2), st.Shard(3)], {0: [3, 3], 1: [2, 3]}), ([st.Replicate(), st.Shard(1)], {1: [2, 3]})],
+             (st.Shard(1), st.Partial())),
+            ("bchw,hw->bc", [h, randn(6, 5, seed=seed + 16)], [([st.Shard(2), st.Shard(3)], None), None],
+             (st.Partial(), st.Partial())),
+        ]
+        # A pending sum over the other mesh dim stays pending (a spherical harmonic transform's spectrum, split
+        # along the batch, weighted by a plain tensor): ATen's path re-laid the batch out onto the modes.
+        pending = randn(4, 3, 5, 6, 7, seed=seed + 17)
+        check_op(lambda a, b: torch.einsum("...ilm,oil->...olm", a.sum(-1), b), [pending, randn(2, 3, 5, seed=seed)],
+                 [([st.Shard(0), st.Shard(4)], {0: [3, 1], 1: [4, 3]}), None], m2, what="2-D mesh: a pending sum",
+                 expect_placements=(st.Shard(0), st.Partial()))
+        # Twice differentiable: the local einsum's backward is einsum through the same rule.
+        def second(x, k):
+            y = torch.einsum("oi,...ihw->...ohw", k, x)
+            g, = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+            (g * g * g).sum().backward()
+        xr, kr, kt = h.clone().requires_grad_(), kernel.clone().requires_grad_(), kernel.clone().requires_grad_()
+        xs = st.distribute_tensor(h.clone(), m2, [st.Shard(2), st.Shard(3)]).requires_grad_()
+        second(xr, kr)
+        second(xs, kt)
+        close(full(xs.grad), xr.grad, what="second derivative, input")
+        close(kt.grad, kr.grad, what="second derivative, kernel")
+        for eq, inputs, lays, placements in cases:
+            check_op(lambda *t, eq=eq: torch.einsum(eq, *t), inputs, lays, m2, what="2-D mesh: " + eq,
+                     expect_placements=placements)
+            args = [st.distribute_tensor(t, m2, *lay) if lay else t for t, lay in zip(inputs, lays)]
+            with st.CommCounter() as c:
+                torch.einsum(eq, *args)
+            assert not c.calls, (eq, c.calls)
     return True
 
 

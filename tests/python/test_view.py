@@ -116,6 +116,31 @@ def test_view_2d():
     harness.run(4, case_view_2d, 2)
 
 
+def case_merge_two_splits_onto_batch(seed):
+    """A merge of two split dims on a 2x2 mesh (a ViT's patch flatten `(B, C, H, W) -> (B, C, H*W)`, an FNO channel
+    MLP's `reshape(B, C, -1)`): the outer split stays on the merged dim and the inner one moves onto the batch when it
+    holds a row per rank -- the work stays divided over both mesh dims, no replication (strict mode) -- and the way
+    back (`unflatten`) and the gradients equal one device; a batch of one cannot take it: the inner split is gathered,
+    as before."""
+    m = mesh((2, 2))
+    lay = ([st.Shard(2), st.Shard(3)], {0: [3, 4], 1: [2, 4]})
+    x = randn(2, 3, 7, 6, seed=seed)
+    with st.use_strict():
+        out = check_op(lambda t: t.flatten(2), [x], [lay], m, what="flatten(2) of H x W")
+        assert st.placements(out) == (st.Shard(2), st.Shard(0)), st.placements(out)
+        check_op(lambda t: t.flatten(2).transpose(1, 2).relu().transpose(1, 2).unflatten(2, (7, 6)), [x], [lay], m,
+                 what="flatten, tokens, unflatten")
+        check_op(lambda t: t.reshape(2, 3, -1) * 2, [x], [lay], m, what="reshape(B, C, -1)")
+    one = randn(1, 3, 7, 6, seed=seed + 1)
+    out = check_op(lambda t: t.flatten(2), [one], [lay], m, what="batch of one: gathered")
+    assert st.placements(out) == (st.Shard(2), st.Replicate()), st.placements(out)
+    return True
+
+
+def test_merge_two_splits_onto_batch():
+    harness.run(4, case_merge_two_splits_onto_batch, 3)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_inner_merge(world):
     harness.run(world, case_inner_merge)

@@ -46,6 +46,7 @@ ZOO = [
     ("monai/UNet", 2, None, None),
     ("monai/BasicUNet", 2, None, None),
     ("monai/DenseNet", 4, (2, 2), None),
+    ("monai/MaskedAutoEncoderViT", 4, (2, 2), None),  # batch moved onto a mesh dim, x[arange(B)[:, None], ids]
     ("smp/Unet-resnet18", 2, None, None),
     ("smp/FPN", 2, None, None),
     ("diffusers/UNet2DModel", 2, None, None),
