@@ -454,6 +454,13 @@ def case_masked_select(seed):
         check_op(lambda t: torch.masked_select(t, t > 0.3), [x], [lay], m, what="masked_select, sharded mask")
         check_op(lambda t: torch.masked_select(t, mask[0]), [x], [lay], m, what="masked_select, broadcast mask")
         check_op(lambda t: t[t > 0.3], [x], [lay], m, what="x[x > 0.3]")
+        # A mask over the leading dims (rows picked with their trailing dim whole), split and plain.
+        x3 = randn(3, 9, 4, seed=seed + 5)
+        lay3 = _lay(x3.shape, 1, w, seed)
+        pick = torch.rand(3, 9, generator=torch.Generator().manual_seed(seed)) > 0.5
+        check_op(lambda t: t[t.sum(-1) > 0], [x3], [lay3], m, what="x[mask] over (B, N), N split, C whole")
+        check_op(lambda t: t[pick], [x3], [lay3], m, what="x[plain mask] over (B, N), N split")
+        check_op(lambda t: t[:, t[0, :, 0] > 0], [x3], [lay3], m, what="x[:, mask] along the split dim")
         # A field split on its leading dim, masked by itself: each rank keeps its own selection (Shard(0) with its
         # count as extent), nothing gathered.
         lead = _lay(x.shape, 0, w, seed)
@@ -507,6 +514,13 @@ def case_masked_select_2d_mesh(seed):
         with st.use_strict():
             out = check_op(lambda t: torch.masked_select(t, fmask), [f], [lay], m, what=f"masked_select {dt}, 2x2")
         assert st.placements(out) == (st.Shard(0), st.Replicate()), st.placements(out)
+    # A mask that is the field's own (split like it) over both mesh dims, whole and over the leading dims only.
+    x = randn(3, 9, 5, seed=seed + 1)
+    with st.use_strict():
+        for lay in (([st.Shard(1), st.Shard(2)], {0: [4, 5], 1: [3, 2]}),
+                    ([st.Shard(0), st.Shard(1)], {0: [2, 1], 1: [4, 5]})):
+            check_op(lambda t: t[t > 0], [x], [lay], m, what=f"x[x > 0], 2x2 {lay[0]}")
+            check_op(lambda t: t[t.sum(-1) > 0], [x], [lay], m, what=f"x[mask] over leading dims, 2x2 {lay[0]}")
     return True
 
 
