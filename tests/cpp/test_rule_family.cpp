@@ -29,6 +29,7 @@ const std::map<std::string, std::string>& owned_ops() {
       {"attention", "aten::scaled_dot_product_attention"},
       {"batch_norm", "aten::batch_norm"},
       {"bucketize", "aten::bucketize.Tensor"},
+      {"segment_reduce", "aten::segment_reduce"},
       {"cdist", "aten::_cdist_forward"},
       {"ctc_loss", "aten::_ctc_loss"},
       {"conv", "aten::convolution"},
