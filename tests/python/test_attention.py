@@ -6,6 +6,7 @@ nn.MultiheadAttention, learned attention biases (mask gradients), batch-only (wi
 communication, and the refusals (dropout, sharded head dim, mismatched meshes)."""
 import pytest
 import torch
+import torch.nn.attention
 import torch.nn.functional as F
 
 import harness
@@ -63,6 +64,18 @@ def case_masks(strategy):
                 what=f"{strategy} sharded {name}")
         check_op(sdpa(attn_mask=amask, is_causal=True), [q, k, v], [lay, lay, lay], m, **TOL,
                  what=f"{strategy} mask+causal")
+        # A float64 query with a float32 additive mask (EoMT's `attention_mask.float()` in a float64 model): added in
+        # the scores' dtype, exactly. torch 2.11's CPU flash kernel reads such a mask wrongly, so the one-device
+        # reference is the math backend's.
+        m32 = amask.float()
+
+        def float32_mask(q, k, v):
+            if st.is_shard_tensor(q):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=m32)
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=m32)
+        check_op(float32_mask, [q.double(), k.double(), v.double()], [lay, lay, lay], m,
+                 what=f"{strategy} float64 query, float32 mask")
     finally:
         st.set_attention_strategy(prev)
     return True
