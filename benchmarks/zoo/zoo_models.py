@@ -1501,6 +1501,7 @@ from benchmarks.zoo import zoo_models_twentythird  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentyfourth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentyfifth  # noqa: E402,F401
 from benchmarks.zoo import zoo_models_twentysixth  # noqa: E402,F401
+from benchmarks.zoo import zoo_models_twentyseventh  # noqa: E402,F401
 
 # More sets named by the environment (comma-separated module names, e.g. a probe of models outside the zoo):
 # imported here so that the rank processes, which import this module, register them too.
