@@ -44,7 +44,8 @@ def _():
 def _():
     import transformers
     cfg = transformers.WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
-                                     encoder_ffn_dim=64, decoder_attention_heads=2, decoder_layers=1, decoder_ffn_dim=64, max_source_positions=32, dropout=0.0, attention_dropout=0.0,
+                                     encoder_ffn_dim=64, decoder_attention_heads=2, decoder_layers=1,
+                                     decoder_ffn_dim=64, max_source_positions=32, dropout=0.0, attention_dropout=0.0,
                                      activation_dropout=0.0, encoder_layerdrop=0.0)
     return transformers.WhisperModel(cfg).encoder
 

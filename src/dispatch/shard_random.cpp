@@ -33,10 +33,10 @@ bool draws_on_one_device(const c10::OperatorHandle& op, const torch::jit::Stack*
   const auto& args = op.schema().arguments();
   const auto base = stack->size() - args.size();
   const auto& name = op.schema().name();
-  const bool dropout_composite = name == "aten::dropout" || name == "aten::dropout_" || name == "aten::feature_dropout" ||
-                                 name == "aten::feature_dropout_" || name == "aten::alpha_dropout" ||
-                                 name == "aten::alpha_dropout_" || name == "aten::feature_alpha_dropout" ||
-                                 name == "aten::feature_alpha_dropout_";
+  const bool dropout_composite = name == "aten::dropout" || name == "aten::dropout_" ||
+                                 name == "aten::feature_dropout" || name == "aten::feature_dropout_" ||
+                                 name == "aten::alpha_dropout" || name == "aten::alpha_dropout_" ||
+                                 name == "aten::feature_alpha_dropout" || name == "aten::feature_alpha_dropout_";
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& arg = args[i].name();
     const auto& v = (*stack)[base + i];

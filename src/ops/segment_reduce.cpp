@@ -13,6 +13,8 @@
 #include "comm/collectives.h"
 #include "ops/common.h"
 
+#include <limits>
+
 namespace shardtensor::ops {
 
 namespace {
@@ -147,9 +149,10 @@ at::Tensor product_over_axis(const Segments& s, const at::Tensor& part) {
 
 // segment_reduce(Tensor data, str reduce, *, Tensor? lengths=None, Tensor? indices=None, Tensor? offsets=None,
 //                int axis=0, bool unsafe=False, Scalar? initial=None)
-at::Tensor segment_reduce_rule(const at::Tensor& data, c10::string_view reduce, const std::optional<at::Tensor>& lengths,
-                               const std::optional<at::Tensor>& indices, const std::optional<at::Tensor>& offsets,
-                               int64_t axis, bool unsafe, const std::optional<at::Scalar>& initial) {
+at::Tensor segment_reduce_rule(const at::Tensor& data, c10::string_view reduce,
+                               const std::optional<at::Tensor>& lengths, const std::optional<at::Tensor>& indices,
+                               const std::optional<at::Tensor>& offsets, int64_t axis, bool unsafe,
+                               const std::optional<at::Scalar>& initial) {
   TORCH_CHECK(!indices || !indices->defined(), "segment_reduce(): indices based reduction is not supported yet.");
   const auto how = segment_reduction(reduce);
   auto s = segments_of("aten::segment_reduce", data, lengths, offsets, axis, unsafe, /*check=*/true);
@@ -241,8 +244,10 @@ at::Tensor segment_reduce_backward_rule(const at::Tensor& grad, const at::Tensor
       // times the product of the segment's other rows and initial -- NaN when another row is NaN, zero when another
       // is zero, else the product of the rows that are neither, counted and multiplied over the whole segment.
       const auto special = s.local.eq(0).logical_or(s.local.isnan());
-      const auto zeros = comm::all_reduce(local_sum(s.local.eq(0).to(g.scalar_type())), ReduceOp::Sum, *s.mesh, m);
-      const auto nans = comm::all_reduce(local_sum(s.local.isnan().to(g.scalar_type())), ReduceOp::Sum, *s.mesh, m);
+      const auto counts = fused_sum({local_sum(s.local.eq(0).to(g.scalar_type())),
+                                     local_sum(s.local.isnan().to(g.scalar_type()))}, {m}, *s.mesh);
+      const auto& zeros = counts[0];
+      const auto& nans = counts[1];
       auto rest = product_over_axis(
           s, at::segment_reduce(at::where(special, at::ones({}, s.local.options()), s.local), "prod", std::nullopt,
                                 std::nullopt, s.local_bounds, s.axis, /*unsafe=*/true, std::nullopt));
