@@ -1,4 +1,4 @@
-"""The model zoo's twenty-fifth set: fourteen more Hugging Face transformers vision models (the thirty-seventh
+"""The model zoo's twenty-fifth set: seventeen more Hugging Face transformers vision models (the thirty-seventh
 session's probe), each from a small random config, registered like zoo_models.py's (zoo_models.py imports this module
 at its end): PVT v1 (spatial-reduction attention, position embeddings resized in the forward), ViTDet (windowed and
 global blocks with decomposed relative positions), DINOv3's ViT (2-D RoPE from the patch grid; in training it draws a
@@ -6,7 +6,9 @@ random rescale of the patch coordinates from the global generator, reseeded alik
 SAM's ViT image encoder (windows, global blocks, relative positions, the neck), AIMv2 and MLCD vision encoders,
 EoMT (queries joined to the patch tokens in its last blocks, masked attention from its own mask predictions),
 SuperPoint (dense keypoint scores and descriptors from a grayscale image), ViT-MAE (random token masking from the
-global generator, reseeded alike), MaskFormer over a Swin backbone, and DAB-DETR.
+global generator, reseeded alike), MaskFormer over a Swin backbone, DAB-DETR, RT-DETRv2 (deformable attention with
+per-level sampling points), V-JEPA 2's video encoder (tubelets, 3-D RoPE) and ZoeDepth (a BEiT backbone, DPT neck and
+metric bins with attractors).
 
 Three judgement notes. EoMT runs in float32: its attention mask is made float32 (`attention_mask.float()`) whatever
 the model's dtype, and torch 2.11's CPU flash kernel for `scaled_dot_product_attention` gives wrong results for a
@@ -15,6 +17,8 @@ backend is right), so a float64 reference cannot be trusted -- in float32 query 
 round through float32 inside (AIMv2's RMSNorm normalizes in float32, MLCD's rotary table is float32), so a float64
 run is judged at rtol 1e-6: a last-bit difference of a float64 sum split across ranks becomes one float32 ulp there.
 DAB-DETR builds float32 tensors itself (float32)."""
+import torch
+
 from benchmarks.zoo.zoo_models import Seeded, model
 from benchmarks.zoo.zoo_models_seventh import _TINY_VIT, _hf, _hf_vision
 
@@ -107,3 +111,52 @@ def _():
         encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
         decoder_ffn_dim=32, num_queries=4, num_labels=3, dropout=0.0, attention_dropout=0.0,
         activation_dropout=0.0))
+
+
+@model("transformers", "transformers/rt_detr_v2", (2, 3, 64, 64), align=32, spatial_out=False,
+       note="RT-DETRv2: hybrid encoder, deformable decoder with per-level sampling points, top-k query selection")
+def _():
+    import transformers
+    backbone = transformers.RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 32, 64],
+                                               depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
+    return transformers.RTDetrV2ForObjectDetection(transformers.RTDetrV2Config(
+        backbone_config=backbone, encoder_hidden_dim=16, encoder_in_channels=[32, 32, 64], encoder_ffn_dim=32,
+        encoder_attention_heads=2, d_model=16, num_queries=8, decoder_in_channels=[16, 16, 16],
+        decoder_ffn_dim=32, decoder_layers=2, decoder_attention_heads=2, decoder_n_points=2, num_denoising=0,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, anchor_image_size=None, num_labels=5))
+
+
+class _VJEPA2Encoder(torch.nn.Module):
+    """V-JEPA 2's encoder alone (the predictor is for its self-supervised objective)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x, skip_predictor=True).last_hidden_state
+
+
+@model("transformers", "transformers/vjepa2", (2, 4, 3, 32, 32), shard_dims=(3,), spatial=(3, 4), align=8,
+       spatial_out=False, note="V-JEPA 2's video encoder: 3-D tubelet embedding, 3-D RoPE over frames x H x W")
+def _():
+    import transformers
+    cfg = transformers.VJEPA2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2.0,
+                                    crop_size=32, patch_size=8, frames_per_clip=4, tubelet_size=2,
+                                    pred_hidden_size=16, pred_num_hidden_layers=1, pred_num_attention_heads=2,
+                                    pred_num_mask_tokens=2)
+    return _VJEPA2Encoder(transformers.VJEPA2Model(cfg))
+
+
+@model("transformers", "transformers/zoedepth", (2, 3, 64, 64), align=8, spatial_out=False,
+       note="ZoeDepth: BEiT backbone with relative position bias, DPT neck, metric bins with attractors")
+def _():
+    import transformers
+    backbone = transformers.BeitConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                       intermediate_size=64, image_size=64, patch_size=8, out_indices=[1, 2, 3, 4],
+                                       use_relative_position_bias=True, reshape_hidden_states=False)
+    return transformers.ZoeDepthForDepthEstimation(transformers.ZoeDepthConfig(
+        backbone_config=backbone, neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16,
+        reassemble_hidden_size=32, num_relative_features=8, bottleneck_features=16, bin_embedding_dim=16,
+        num_attractors=[4, 2, 2, 2],
+        bin_configurations=[{"n_bins": 8, "min_depth": 0.001, "max_depth": 10.0, "name": "nyu"}]))
