@@ -316,10 +316,15 @@ _hf_vision("mobilenet_v1", (2, 3, 64, 64), "MobileNetV1ForImageClassification", 
        note="hybrid encoder (attention over the last level's flattened tokens, CCFM fusion), deformable decoder, "
             "query selection by top-k over the split tokens")
 def _():
+    return tiny_rt_detr("RTDetrForObjectDetection", "RTDetrConfig")
+
+
+def tiny_rt_detr(model_class: str, config_class: str):
+    """A small RT-DETR-family detector (RT-DETR, RT-DETRv2) over a small ResNet backbone."""
     import transformers
     backbone = transformers.RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 32, 64],
                                                depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
-    return transformers.RTDetrForObjectDetection(transformers.RTDetrConfig(
+    return getattr(transformers, model_class)(getattr(transformers, config_class)(
         backbone_config=backbone, encoder_hidden_dim=16, encoder_in_channels=[32, 32, 64], encoder_ffn_dim=32,
         encoder_attention_heads=2, d_model=16, num_queries=8, decoder_in_channels=[16, 16, 16],
         decoder_ffn_dim=32, decoder_layers=2, decoder_attention_heads=2, decoder_n_points=2, num_denoising=0,

@@ -20,7 +20,7 @@ DAB-DETR builds float32 tensors itself (float32)."""
 import torch
 
 from benchmarks.zoo.zoo_models import Seeded, model
-from benchmarks.zoo.zoo_models_seventh import _TINY_VIT, _hf, _hf_vision
+from benchmarks.zoo.zoo_models_seventh import _TINY_VIT, _hf, _hf_vision, tiny_rt_detr
 
 _V = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=64,
           patch_size=8)
@@ -116,14 +116,7 @@ def _():
 @model("transformers", "transformers/rt_detr_v2", (2, 3, 64, 64), align=32, spatial_out=False,
        note="RT-DETRv2: hybrid encoder, deformable decoder with per-level sampling points, top-k query selection")
 def _():
-    import transformers
-    backbone = transformers.RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 32, 64],
-                                               depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
-    return transformers.RTDetrV2ForObjectDetection(transformers.RTDetrV2Config(
-        backbone_config=backbone, encoder_hidden_dim=16, encoder_in_channels=[32, 32, 64], encoder_ffn_dim=32,
-        encoder_attention_heads=2, d_model=16, num_queries=8, decoder_in_channels=[16, 16, 16],
-        decoder_ffn_dim=32, decoder_layers=2, decoder_attention_heads=2, decoder_n_points=2, num_denoising=0,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, anchor_image_size=None, num_labels=5))
+    return tiny_rt_detr("RTDetrV2ForObjectDetection", "RTDetrV2Config")
 
 
 class _VJEPA2Encoder(torch.nn.Module):

@@ -5,21 +5,10 @@ split log-mel frames (two strided 1-D convolutions, fixed sinusoidal positions),
 (2-D patches of a spectrogram split along time), and the encoders of the EnCodec (SEANet convolutions with an LSTM
 over the split frames) and DAC (Snake activations, strided residual convolutions) codecs. All pass on 2, 3 and 4 ranks
 with no library change."""
-import torch
 
 from benchmarks.zoo.zoo_models import model
+from benchmarks.zoo.zoo_models_fourth import _Call
 from benchmarks.zoo.zoo_models_seventh import _hf, _TINY_SPEECH
-
-
-class _Call(torch.nn.Module):
-    """Call net through fn(net, x): a codec's encoder alone (its quantizer's codes are integers, no gradient)."""
-
-    def __init__(self, net, fn):
-        super().__init__()
-        self.net, self.fn = net, fn
-
-    def forward(self, x, **kw):
-        return self.fn(self.net, x, **kw)
 
 
 @model("transformers", "transformers/wav2vec2_conformer", (2, 1600), shard_dims=(1,), spatial=(1,), align=20,

@@ -33,8 +33,8 @@ def case_axis_split(seed):
     offsets = torch.tensor([1, 3, 3, 8])        # rows outside every segment (before 1, from 8)
     with st.use_strict():
         for r in REDUCTIONS:
-            out = check_op(_segment(r, lengths=full_lengths), [x], [lay], m, what=f"{r}, lengths, axis split",
-                           expect_placements=[st.Replicate()])
+            check_op(_segment(r, lengths=full_lengths), [x], [lay], m, what=f"{r}, lengths, axis split",
+                     expect_placements=[st.Replicate()])
             check_op(_segment(r, initial=0.5, lengths=lengths), [x], [lay], m, what=f"{r}, initial, empty segment")
             check_op(_segment(r, initial=2.0, offsets=offsets), [x], [lay], m, what=f"{r}, offsets")
             # Without initial an empty segment is -inf / inf / NaN (mean) as on one device.
