@@ -24,28 +24,21 @@ void append_engine_state(std::vector<int64_t>& values, const at::mt19937& engine
   values.insert(values.end(), d.state_.begin(), d.state_.end());
 }
 
-// Whether this call draws from a generator on one device. The tag marks ops that may draw; several draw nothing for
+// Whether this call draws from a generator on one device. The tag marks ops that may draw; some draw nothing for
 // some arguments, and there the guard must not advance the generator either, or every later draw of the program
-// (a VAE's posterior noise after a self-attention block) would differ from one device's: attention with dropout_p 0
-// (the rules refuse any other), the dropout composites at p 0 or 1 or out of training (native_dropout draws even at
-// p 0 while training), rrelu and the recurrent ops out of training or with dropout 0.
+// (a VAE's posterior noise after a self-attention block) would differ from one device's. Of the tagged ops with
+// rules: attention with dropout_p 0 (the rules refuse any other), native_dropout and rrelu_with_noise out of training
+// (native_dropout draws even at p 0 while training, as on one device). The dropout composites (dropout,
+// feature_dropout, ...) and the recurrent ops (lstm, gru, ...) have no rules of their own: they decompose into ops
+// that do, and draw nothing where one device draws nothing (dropout at p 0 or 1 never reaches a random op).
 bool draws_on_one_device(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const auto base = stack->size() - args.size();
-  const auto& name = op.schema().name();
-  const bool dropout_composite = name == "aten::dropout" || name == "aten::dropout_" ||
-                                 name == "aten::feature_dropout" || name == "aten::feature_dropout_" ||
-                                 name == "aten::alpha_dropout" || name == "aten::alpha_dropout_" ||
-                                 name == "aten::feature_alpha_dropout" || name == "aten::feature_alpha_dropout_";
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& arg = args[i].name();
     const auto& v = (*stack)[base + i];
     if ((arg == "train" || arg == "training") && v.isBool() && !v.toBool()) return false;
-    if (!v.isDouble()) continue;
-    const auto p = v.toDouble();
-    if (arg == "dropout_p" && p == 0.0) return false;
-    if (arg == "dropout" && p == 0.0 && name != "aten::native_dropout") return false;
-    if (dropout_composite && arg == "p" && (p == 0.0 || p == 1.0)) return false;
+    if (arg == "dropout_p" && v.isDouble() && v.toDouble() == 0.0) return false;
   }
   return true;
 }

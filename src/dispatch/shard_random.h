@@ -14,7 +14,7 @@
 // streams are distinct and independent of the extents; a draw does not equal one device's (that would need every
 // rank to draw the whole tensor). A first argument that no mesh dim splits (Replicate, or a pending sum whose fresh
 // result is Replicate) is drawn whole on every rank, as one device draws it: no guard. Nor is there one where the
-// call draws nothing on one device (attention with dropout_p 0, dropout at p 0 or out of training, ...): the
+// call draws nothing on one device (attention with dropout_p 0, native_dropout or rrelu out of training): the
 // generator stays where one device leaves it. Not applied while tracing (fake or
 // functional locals: torch.compile handles its own RNG), under st.simulate (one process plays one rank) or to devices
 // without a default generator (meta).
